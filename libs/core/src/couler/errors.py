@@ -1,0 +1,87 @@
+"""Couler's exception hierarchy.
+
+::
+
+    CoulerError
+    ├── UserError                 the caller can fix it; retrying will not help
+    │   ├── InvalidWorkflowError  the workflow (or a program building it) is wrong
+    │   │   └── ValidationError   IR validation found problems (all of them, in .issues)
+    │   ├── UnsupportedFeatureError  an engine cannot express a feature a step uses
+    │   ├── NotFoundError
+    │   └── ConflictError
+    └── RetryableError            infrastructure trouble; the same call may succeed later
+        └── TimeoutError_
+
+Every message names the workflow, and the step and field where there is one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class CoulerError(Exception):
+    """Base of every error Couler raises on purpose."""
+
+
+class UserError(CoulerError):
+    """An error the caller must fix; retrying the same call will not help."""
+
+
+class InvalidWorkflowError(UserError):
+    """The workflow, or the program that builds it, is invalid."""
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One problem found in a workflow, located by step and field."""
+
+    workflow: str
+    step: str  # empty for workflow-level problems
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"workflow {self.workflow!r}"
+        if self.step:
+            where += f", step {self.step!r}"
+        if self.field:
+            where += f", field {self.field!r}"
+        return f"{where}: {self.message}"
+
+
+class ValidationError(InvalidWorkflowError):
+    """Validation found one or more problems; ``issues`` lists them all."""
+
+    def __init__(self, issues: Sequence[Issue]) -> None:
+        self.issues = tuple(issues)
+        lines = [str(i) for i in self.issues]
+        head = f"{len(lines)} problem{'s' if len(lines) != 1 else ''} found"
+        super().__init__(head + ":\n  " + "\n  ".join(lines))
+
+
+class UnsupportedFeatureError(UserError):
+    """An engine cannot express a feature that a step uses."""
+
+    def __init__(self, engine: str, workflow: str, step: str, feature: str, detail: str = "") -> None:
+        self.engine, self.workflow, self.step, self.feature = engine, workflow, step, feature
+        where = f"workflow {workflow!r}" + (f", step {step!r}" if step else "")
+        msg = f"{where}: engine {engine!r} does not support {feature}"
+        super().__init__(msg + (f" ({detail})" if detail else ""))
+
+
+class NotFoundError(UserError):
+    """A named thing does not exist."""
+
+
+class ConflictError(UserError):
+    """The request conflicts with the current state."""
+
+
+class RetryableError(CoulerError):
+    """Infrastructure trouble; the same call may succeed later."""
+
+
+class TimeoutError_(RetryableError):  # noqa: N801 - avoid shadowing the builtin
+    """An operation did not finish in time."""

@@ -1,0 +1,1 @@
+"""Couler runtime: adapters at the edge of the core (protobuf codec, and later I/O)."""
