@@ -1,0 +1,22 @@
+import couler.argo as couler
+
+
+def score():
+    print(0.93)
+
+
+def evaluate():
+    return couler.run_script(image="python:3.12-alpine", source=score, step_name="evaluate")
+
+
+def deploy():
+    return couler.run_container(image="alpine:3.20", command=["echo", "deploy"], step_name="deploy")
+
+
+def retrain():
+    return couler.run_container(image="alpine:3.20", command=["echo", "retrain"], step_name="retrain")
+
+
+couler.config_workflow(name="when-else")
+accuracy = evaluate()
+couler.when(couler.bigger(accuracy, 0.9), lambda: deploy(), lambda: retrain())
