@@ -78,10 +78,14 @@ def run_case(shape: str, n: int) -> dict[str, Any]:
     assert len(wf.steps) == n
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
-        "shape": shape, "steps": n,
-        "build_s": round(t1 - t0, 3), "compile_s": round(t2 - t1, 3),
-        "yaml_s": round(t3 - t2, 3), "total_s": round(t3 - t0, 3),
-        "peak_rss_mib": round(peak_kib / 1024, 1), "yaml_bytes": len(text.encode()),
+        "shape": shape,
+        "steps": n,
+        "build_s": round(t1 - t0, 3),
+        "compile_s": round(t2 - t1, 3),
+        "yaml_s": round(t3 - t2, 3),
+        "total_s": round(t3 - t0, 3),
+        "peak_rss_mib": round(peak_kib / 1024, 1),
+        "yaml_bytes": len(text.encode()),
     }
 
 
@@ -99,18 +103,27 @@ def main() -> None:
 
     sizes = [int(s) for s in args.sizes.split(",")]
     results = []
-    header = f"{'shape':8} {'steps':>7} {'build s':>8} {'compile s':>9} {'yaml s':>7} " \
-             f"{'total s':>8} {'peak MiB':>9} {'YAML bytes':>12}"
+    header = (
+        f"{'shape':8} {'steps':>7} {'build s':>8} {'compile s':>9} {'yaml s':>7} "
+        f"{'total s':>8} {'peak MiB':>9} {'YAML bytes':>12}"
+    )
     print(header, file=sys.stderr)
     for shape in args.shapes.split(","):
         for n in sizes:
-            out = subprocess.run([sys.executable, __file__, "--case", f"{shape}:{n}"],
-                                 check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, "--case", f"{shape}:{n}"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             r = json.loads(out)
             results.append(r)
-            print(f"{shape:8} {n:>7} {r['build_s']:>8} {r['compile_s']:>9} {r['yaml_s']:>7} "
-                  f"{r['total_s']:>8} {r['peak_rss_mib']:>9} {r['yaml_bytes']:>12}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{shape:8} {n:>7} {r['build_s']:>8} {r['compile_s']:>9} {r['yaml_s']:>7} "
+                f"{r['total_s']:>8} {r['peak_rss_mib']:>9} {r['yaml_bytes']:>12}",
+                file=sys.stderr,
+                flush=True,
+            )
     ratios = {}
     for shape in args.shapes.split(","):
         by_n = {r["steps"]: r["total_s"] for r in results if r["shape"] == shape}

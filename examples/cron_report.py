@@ -12,7 +12,11 @@ def report():
 
 couler.config_workflow(
     name="nightly-report",
-    cron_config={"schedule": "0 2 * * *", "timezone": "Europe/Berlin", "concurrency_policy": "Forbid"},
+    cron_config={
+        "schedule": "0 2 * * *",
+        "timezone": "Europe/Berlin",
+        "concurrency_policy": "Forbid",
+    },
 )
 report()
 

@@ -1,8 +1,8 @@
 """Run a job, then notify on success and clean up on failure (exit handlers)."""
 
 import couler.argo as couler
-from couler.argo_submitter import ArgoSubmitter
 from couler.argo import WFStatus
+from couler.argo_submitter import ArgoSubmitter
 
 
 def train():

@@ -21,12 +21,20 @@ with couler.workflow("train-and-select") as wf:
     models = couler.concurrent(
         [
             lambda: couler.run_container(
-                image="python:3.12-slim", command=["python", "-m", "train_xgb"], args=prep,
-                step_name="xgboost", retry=retry, resources={"cpu": "2", "memory": "4Gi"},
+                image="python:3.12-slim",
+                command=["python", "-m", "train_xgb"],
+                args=prep,
+                step_name="xgboost",
+                retry=retry,
+                resources={"cpu": "2", "memory": "4Gi"},
             ),
             lambda: couler.run_container(
-                image="python:3.12-slim", command=["python", "-m", "train_lgbm"], args=prep,
-                step_name="lightgbm", retry=retry, resources={"cpu": "2", "memory": "4Gi"},
+                image="python:3.12-slim",
+                command=["python", "-m", "train_lgbm"],
+                args=prep,
+                step_name="lightgbm",
+                retry=retry,
+                resources={"cpu": "2", "memory": "4Gi"},
             ),
         ]
     )

@@ -42,7 +42,9 @@ def test_every_example_compiles_to_valid_argo(example: Path) -> None:
 
 def test_compile_writes_output_file(tmp_path: Path) -> None:
     target = tmp_path / "wf.yaml"
-    status, out, err = run_cli("compile", str(ROOT / "examples" / "dag_diamond.py"), "-o", str(target))
+    status, out, err = run_cli(
+        "compile", str(ROOT / "examples" / "dag_diamond.py"), "-o", str(target)
+    )
     assert status == 0, err
     assert out == ""
     doc = yaml.safe_load(target.read_text())
@@ -75,7 +77,10 @@ def test_validate_reports_ok_with_digest() -> None:
 
 
 def test_cycle_fails_naming_the_steps(tmp_path: Path) -> None:
-    prog = write(tmp_path, "cycle.py", """
+    prog = write(
+        tmp_path,
+        "cycle.py",
+        """
         import couler.argo as couler
 
         def job(name):
@@ -84,7 +89,8 @@ def test_cycle_fails_naming_the_steps(tmp_path: Path) -> None:
         couler.config_workflow(name="cyclic")
         couler.set_dependencies(lambda: job("first"), dependencies=["second"])
         couler.set_dependencies(lambda: job("second"), dependencies=["first"])
-    """)
+    """,
+    )
     status, out, err = run_cli("validate", str(prog))
     assert status == 2
     assert out == ""
@@ -93,7 +99,10 @@ def test_cycle_fails_naming_the_steps(tmp_path: Path) -> None:
 
 
 def test_dangling_dependency_fails_naming_the_step(tmp_path: Path) -> None:
-    prog = write(tmp_path, "dangling.py", """
+    prog = write(
+        tmp_path,
+        "dangling.py",
+        """
         import couler.argo as couler
 
         couler.config_workflow(name="dangling")
@@ -101,31 +110,40 @@ def test_dangling_dependency_fails_naming_the_step(tmp_path: Path) -> None:
             lambda: couler.run_container(image="alpine", command=["true"], step_name="lonely"),
             dependencies=["ghost"],
         )
-    """)
+    """,
+    )
     status, _, err = run_cli("compile", str(prog))
     assert status == 2
     assert "step 'lonely'" in err and "ghost" in err
 
 
 def test_bad_name_fails_naming_the_step(tmp_path: Path) -> None:
-    prog = write(tmp_path, "badname.py", """
+    prog = write(
+        tmp_path,
+        "badname.py",
+        """
         import couler.argo as couler
 
         couler.config_workflow(name="bad-names")
         couler.run_container(image="alpine", command=["true"], step_name="Not_A_DNS_Name!")
-    """)
+    """,
+    )
     status, _, err = run_cli("compile", str(prog))
     assert status == 2
     assert "Not_A_DNS_Name!" in err and "DNS-1123" in err
 
 
 def test_program_exception_names_file_and_line(tmp_path: Path) -> None:
-    prog = write(tmp_path, "broken.py", """
+    prog = write(
+        tmp_path,
+        "broken.py",
+        """
         import couler.argo as couler
 
         couler.config_workflow(name="broken")
         raise RuntimeError("boom in user code")
-    """)
+    """,
+    )
     status, _, err = run_cli("compile", str(prog))
     assert status == 2
     assert "broken.py" in err and "boom in user code" in err and "line 5" in err
@@ -146,21 +164,31 @@ def test_program_without_steps_is_an_error(tmp_path: Path) -> None:
 
 def test_python_dash_m_couler_runs_in_a_subprocess(tmp_path: Path) -> None:
     """The module entry point works as a real process, with the program's own arguments."""
-    prog = write(tmp_path, "args.py", """
+    prog = write(
+        tmp_path,
+        "args.py",
+        """
         import sys
         import couler.argo as couler
 
         couler.config_workflow(name=sys.argv[1])
         couler.run_container(image="alpine", command=["echo", sys.argv[2]], step_name="echo")
-    """)
+    """,
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "couler", "compile", str(prog), "--", "from-argv", "hello"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     doc = yaml.safe_load(proc.stdout)
     assert doc["metadata"]["generateName"] == "from-argv-"
     assert "hello" in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "couler", "compile", str(tmp_path / "x.py")],
-                         capture_output=True, text=True, check=False)
+    bad = subprocess.run(
+        [sys.executable, "-m", "couler", "compile", str(tmp_path / "x.py")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert bad.returncode == 2 and "no such file" in bad.stderr and bad.stdout == ""

@@ -3,7 +3,10 @@ import couler.argo as couler
 
 def train(lr, batch):
     return couler.run_container(
-        image="python:3.12-slim", command=["python", "-m", "train"], args=[lr, batch], step_name="train"
+        image="python:3.12-slim",
+        command=["python", "-m", "train"],
+        args=[lr, batch],
+        step_name="train",
     )
 
 

@@ -8,7 +8,9 @@ def shards():
 
 
 def process(shard):
-    return couler.run_container(image="alpine:3.20", command=["echo"], args=[shard], step_name="process")
+    return couler.run_container(
+        image="alpine:3.20", command=["echo"], args=[shard], step_name="process"
+    )
 
 
 couler.config_workflow(name="map-upstream")

@@ -14,7 +14,9 @@ def deploy():
 
 
 def retrain():
-    return couler.run_container(image="alpine:3.20", command=["echo", "retrain"], step_name="retrain")
+    return couler.run_container(
+        image="alpine:3.20", command=["echo", "retrain"], step_name="retrain"
+    )
 
 
 couler.config_workflow(name="when-else")

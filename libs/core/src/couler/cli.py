@@ -88,8 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="compile a workflow program for an engine")
     p.add_argument("path", help="a Python program that builds a workflow")
-    p.add_argument("--engine", choices=sorted(COMPILERS), default="argo",
-                   help="target engine (default: argo); 'ir' prints the canonical IR JSON")
+    p.add_argument(
+        "--engine",
+        choices=sorted(COMPILERS),
+        default="argo",
+        help="target engine (default: argo); 'ir' prints the canonical IR JSON",
+    )
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.add_argument("program_args", nargs="*", help="arguments for the program (after --)")
     p.set_defaults(func=cmd_compile)
@@ -101,15 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
-         err: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
     """Run the command line; returns the exit status."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=err,
-                        format="couler: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        stream=err,
+        format="couler: %(message)s",
+    )
     func: Any = args.func
     try:
         status: int = func(args, out)

@@ -10,7 +10,7 @@
     │   ├── NotFoundError
     │   └── ConflictError
     └── RetryableError            infrastructure trouble; the same call may succeed later
-        └── TimeoutError_
+        └── OperationTimeoutError
 
 Every message names the workflow, and the step and field where there is one.
 """
@@ -64,7 +64,9 @@ class ValidationError(InvalidWorkflowError):
 class UnsupportedFeatureError(UserError):
     """An engine cannot express a feature that a step uses."""
 
-    def __init__(self, engine: str, workflow: str, step: str, feature: str, detail: str = "") -> None:
+    def __init__(
+        self, engine: str, workflow: str, step: str, feature: str, detail: str = ""
+    ) -> None:
         self.engine, self.workflow, self.step, self.feature = engine, workflow, step, feature
         where = f"workflow {workflow!r}" + (f", step {step!r}" if step else "")
         msg = f"{where}: engine {engine!r} does not support {feature}"
@@ -83,5 +85,5 @@ class RetryableError(CoulerError):
     """Infrastructure trouble; the same call may succeed later."""
 
 
-class TimeoutError_(RetryableError):  # noqa: N801 - avoid shadowing the builtin
+class OperationTimeoutError(RetryableError):
     """An operation did not finish in time."""

@@ -114,7 +114,7 @@ def _sorted_pairs(obj: object, name: str) -> None:
 # --------------------------------------------------------------------------- values
 
 
-class ValueType(str, enum.Enum):
+class ValueType(enum.StrEnum):
     """Type of a parameter value."""
 
     STRING = "string"
@@ -245,7 +245,7 @@ class InputParameter:
     type: ValueType = ValueType.STRING
 
 
-class OutputSource(str, enum.Enum):
+class OutputSource(enum.StrEnum):
     """Where a step's output parameter is read from."""
 
     PATH = "path"  # contents of a file the step writes
@@ -268,7 +268,7 @@ class OutputParameter:
 # --------------------------------------------------------------------------- artifacts
 
 
-class StorageKind(str, enum.Enum):
+class StorageKind(enum.StrEnum):
     """Kind of artifact storage."""
 
     DEFAULT = "default"  # the engine's default artifact repository
@@ -332,7 +332,7 @@ class OutputArtifact:
 # --------------------------------------------------------------------------- control flow
 
 
-class EdgeCondition(str, enum.Enum):
+class EdgeCondition(enum.StrEnum):
     """Which outcome of the upstream step lets the downstream step run."""
 
     SUCCEEDED = "succeeded"
@@ -387,7 +387,7 @@ class DependsNot:
 DependsExpr: TypeAlias = DependsTerm | DependsAll | DependsAny | DependsNot
 
 
-class CompareOp(str, enum.Enum):
+class CompareOp(enum.StrEnum):
     """Comparison operator of a condition."""
 
     EQ = "=="
@@ -452,7 +452,7 @@ class Loop:
     max_iterations: int = 100
 
 
-class RunStatus(str, enum.Enum):
+class RunStatus(enum.StrEnum):
     """Final status of a workflow, for exit hooks."""
 
     SUCCEEDED = "succeeded"
@@ -464,7 +464,7 @@ class RunStatus(str, enum.Enum):
 # --------------------------------------------------------------------------- policies
 
 
-class FailureClass(str, enum.Enum):
+class FailureClass(enum.StrEnum):
     """Which failures a retry policy retries."""
 
     TRANSIENT = "transient"  # the step's own non-zero exit
@@ -527,7 +527,7 @@ class Toleration:
     toleration_seconds: int | None = None
 
 
-class VolumeKind(str, enum.Enum):
+class VolumeKind(enum.StrEnum):
     """Kind of volume."""
 
     PVC = "pvc"  # an existing claim
@@ -583,7 +583,7 @@ class ContainerSpec:
     image_pull_policy: str = ""
 
 
-class ScriptLanguage(str, enum.Enum):
+class ScriptLanguage(enum.StrEnum):
     """Language of a script step."""
 
     PYTHON = "python"
@@ -605,7 +605,7 @@ class ScriptSpec:
     image_pull_policy: str = ""
 
 
-class JobAction(str, enum.Enum):
+class JobAction(enum.StrEnum):
     """What to do with a job's resource manifest."""
 
     CREATE = "create"
@@ -715,7 +715,7 @@ class ExitHook:
 # --------------------------------------------------------------------------- workflow
 
 
-class ConcurrencyPolicy(str, enum.Enum):
+class ConcurrencyPolicy(enum.StrEnum):
     """What a cron schedule does when the previous run is still going."""
 
     ALLOW = "allow"

@@ -54,22 +54,36 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
-LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                       r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 NATS_SUBJECT = re.compile(r"^[^\s.*>]+(\.[^\s.*>]+)*$")
 PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
-QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
+QUANTITY = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$"
+)
 
 MAX_STEP_NAME = 63
 # CronWorkflow names become CronJob-like object names, which Kubernetes caps at 52.
 MAX_WORKFLOW_NAME = 52
 
 _SUFFIX = {
-    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": Decimal("1e3"),
-    "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"), "P": Decimal("1e15"),
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
     "E": Decimal("1e18"),
 }
 
@@ -90,9 +104,12 @@ def parse_quantity(text: str) -> Decimal:
         raise ValueError(f"{text!r} is not a number") from e
     if not suffix:
         return value
-    if suffix[0] in "eE" and len(suffix) > 1:
+    if suffix in _SUFFIX:  # before the exponent case: "Ei" is a suffix, not e+"i"
+        return value * _SUFFIX[suffix]
+    try:
         return value * (Decimal(10) ** int(suffix[1:]))
-    return value * _SUFFIX[suffix]
+    except ArithmeticError as e:  # decimal.Overflow, e.g. "1e999999999"
+        raise ValueError(f"{text!r} is out of range") from e
 
 
 def validate(workflow: Workflow) -> None:
@@ -139,15 +156,23 @@ class _Checker:
             seen.add(v.name)
             if not DNS_LABEL.match(v.name):
                 self.add("", "volumes", f"volume name: {_dns_message(v.name, 63)}")
-            if v.kind in (VolumeKind.PVC, VolumeKind.CONFIG_MAP, VolumeKind.SECRET) and not v.claim_name:
-                self.add("", "volumes", f"volume {v.name!r} of kind {v.kind.value} needs claim_name")
+            if (
+                v.kind in (VolumeKind.PVC, VolumeKind.CONFIG_MAP, VolumeKind.SECRET)
+                and not v.claim_name
+            ):
+                self.add(
+                    "", "volumes", f"volume {v.name!r} of kind {v.kind.value} needs claim_name"
+                )
             if v.kind == VolumeKind.CLAIM_TEMPLATE:
                 self.check_quantity("", f"volumes.{v.name}.size", v.size, required=True)
         if wf.schedule is not None:
             fields = wf.schedule.schedule.split()
             if not (len(fields) in (5, 6) or wf.schedule.schedule.startswith("@")):
-                self.add("", "schedule.schedule",
-                         f"{wf.schedule.schedule!r} is not a cron expression of 5 fields")
+                self.add(
+                    "",
+                    "schedule.schedule",
+                    f"{wf.schedule.schedule!r} is not a cron expression of 5 fields",
+                )
         for t in wf.triggers:
             if not NATS_SUBJECT.match(t.subject.replace(".*", ".x").replace(".>", ".x")):
                 self.add("", "triggers.subject", f"{t.subject!r} is not a valid subject")
@@ -224,8 +249,9 @@ class _Checker:
             stuck = sorted(n for n, k in indegree.items() if k > 0)
             cycle = _find_cycle(stuck, by_name)
             for name in cycle:
-                self.add(name, "dependencies",
-                         "dependency cycle: " + " -> ".join([*cycle, cycle[0]]))
+                self.add(
+                    name, "dependencies", "dependency cycle: " + " -> ".join([*cycle, cycle[0]])
+                )
 
     # ------------------------------------------------------------------ one step
 
@@ -247,8 +273,11 @@ class _Checker:
         if s.depends is not None:
             for term in _terms(s.depends):
                 if term.step not in deps:
-                    self.add(name, "depends",
-                             f"expression names {term.step!r}, which is not in dependencies")
+                    self.add(
+                        name,
+                        "depends",
+                        f"expression names {term.step!r}, which is not in dependencies",
+                    )
 
         self.check_body(s, scope)
         self.check_io(s, scope, set(deps))
@@ -258,10 +287,14 @@ class _Checker:
             self.check_foreach(s, s.foreach, scope, set(deps))
         if s.loop is not None:
             if s.foreach is not None:
-                self.add(name, "loop", "a step cannot both loop and map; wrap one in a sub-workflow")
+                self.add(
+                    name, "loop", "a step cannot both loop and map; wrap one in a sub-workflow"
+                )
             if s.loop.max_iterations < 1:
                 self.add(name, "loop.max_iterations", "must be at least 1")
-            self.check_condition(s, "loop.condition", s.loop.condition, scope, set(deps), self_ok=True)
+            self.check_condition(
+                s, "loop.condition", s.loop.condition, scope, set(deps), self_ok=True
+            )
         self.check_retry(name, "retry", s.retry)
         self.check_positive(name, "timeout_seconds", s.timeout_seconds)
         self.check_positive(name, "parallelism", s.parallelism)
@@ -308,7 +341,9 @@ class _Checker:
 
     def check_env(self, s: Step, i: int, e: EnvVar) -> None:
         if not ENV_NAME.match(e.name):
-            self.add(s.name, f"env[{i}].name", f"{e.name!r} is not a valid environment variable name")
+            self.add(
+                s.name, f"env[{i}].name", f"{e.name!r} is not a valid environment variable name"
+            )
         if e.secret is not None:
             if e.value:
                 self.add(s.name, f"env.{e.name}", "set a value or a secret reference, not both")
@@ -329,13 +364,19 @@ class _Checker:
                 if ref.startswith("inputs."):
                     target = ref.removeprefix("inputs.")
                     if target not in inputs:
-                        self.add(s.name, field, f"placeholder {{{{{ref}}}}} names no input of the step")
+                        self.add(
+                            s.name, field, f"placeholder {{{{{ref}}}}} names no input of the step"
+                        )
                 elif ref == "item" or ref.startswith("item."):
                     if s.foreach is None:
                         self.add(s.name, field, f"placeholder {{{{{ref}}}}} is used outside a map")
                 elif ref not in ("workflow.name", "workflow.uid", "workflow.status"):
-                    self.add(s.name, field, f"unknown placeholder {{{{{ref}}}}}; use "
-                             "{{inputs.NAME}}, {{item}}, {{item.KEY}} or {{workflow.name}}")
+                    self.add(
+                        s.name,
+                        field,
+                        f"unknown placeholder {{{{{ref}}}}}; use "
+                        "{{inputs.NAME}}, {{item}}, {{item.KEY}} or {{workflow.name}}",
+                    )
 
     def check_io(self, s: Step, scope: dict[str, Step], deps: set[str]) -> None:
         seen: set[str] = set()
@@ -348,9 +389,12 @@ class _Checker:
                 self.add(s.name, field, f"{inp.name!r} is not a valid parameter name")
             source_type = self.check_source(s, field, inp.value, scope, deps, self_ok=False)
             if source_type is not None and not assignable(source_type, inp.type):
-                self.add(s.name, field,
-                         f"type mismatch: a {source_type.value} value feeds an input of type "
-                         f"{inp.type.value}")
+                self.add(
+                    s.name,
+                    field,
+                    f"type mismatch: a {source_type.value} value feeds an input of type "
+                    f"{inp.type.value}",
+                )
         seen.clear()
         is_job = isinstance(s.body, JobSpec)
         for out in s.outputs:
@@ -367,7 +411,9 @@ class _Checker:
                     self.add(s.name, field, f"{out.source.value} outputs are only for job steps")
                 if not out.selector:
                     self.add(s.name, field, f"a {out.source.value} output needs a selector")
-            if out.source == OutputSource.STDOUT and not isinstance(s.body, (ContainerSpec, ScriptSpec)):
+            if out.source == OutputSource.STDOUT and not isinstance(
+                s.body, (ContainerSpec, ScriptSpec)
+            ):
                 self.add(s.name, field, "stdout outputs are only for container and script steps")
         seen.clear()
         for a in s.input_artifacts:
@@ -380,9 +426,14 @@ class _Checker:
             if isinstance(a.source, StepArtifactRef):
                 self.check_step_ref(s, field, a.source.step, scope, deps, self_ok=False)
                 up = scope.get(a.source.step)
-                if up is not None and not any(o.name == a.source.artifact for o in up.output_artifacts):
-                    self.add(s.name, field,
-                             f"step {a.source.step!r} has no output artifact {a.source.artifact!r}")
+                if up is not None and not any(
+                    o.name == a.source.artifact for o in up.output_artifacts
+                ):
+                    self.add(
+                        s.name,
+                        field,
+                        f"step {a.source.step!r} has no output artifact {a.source.artifact!r}",
+                    )
             else:
                 self.check_location(s.name, field, a.source)
         seen.clear()
@@ -406,20 +457,39 @@ class _Checker:
         if loc.kind.value in ("git", "http") and not loc.url:
             self.add(step, field, f"a {loc.kind.value} artifact needs a url")
 
-    def check_step_ref(self, s: Step, field: str, target: str, scope: dict[str, Step],
-                       deps: set[str], *, self_ok: bool) -> bool:
+    def check_step_ref(
+        self,
+        s: Step,
+        field: str,
+        target: str,
+        scope: dict[str, Step],
+        deps: set[str],
+        *,
+        self_ok: bool,
+    ) -> bool:
         if target == s.name and self_ok:
             return True
         if target not in scope:
             self.add(s.name, field, f"refers to unknown step {target!r}")
             return False
         if target not in deps:
-            self.add(s.name, field, f"reads step {target!r} but does not depend on it; "
-                     "add it to dependencies")
+            self.add(
+                s.name,
+                field,
+                f"reads step {target!r} but does not depend on it; add it to dependencies",
+            )
         return True
 
-    def check_source(self, s: Step, field: str, src: ValueSource, scope: dict[str, Step],
-                     deps: set[str], *, self_ok: bool) -> ValueType | None:
+    def check_source(
+        self,
+        s: Step,
+        field: str,
+        src: ValueSource,
+        scope: dict[str, Step],
+        deps: set[str],
+        *,
+        self_ok: bool,
+    ) -> ValueType | None:
         if isinstance(src, Literal):
             return src.type if self.literal_ok(s.name, field, src) else None
         if isinstance(src, StepOutputRef):
@@ -451,10 +521,20 @@ class _Checker:
             return ValueType.JSON
         return None  # pragma: no cover - exhaustive over ValueSource
 
-    def check_condition(self, s: Step, field: str, cond: Condition, scope: dict[str, Step],
-                        deps: set[str], *, self_ok: bool) -> None:
+    def check_condition(
+        self,
+        s: Step,
+        field: str,
+        cond: Condition,
+        scope: dict[str, Step],
+        deps: set[str],
+        *,
+        self_ok: bool,
+    ) -> None:
         for side in ("left", "right"):
-            self.check_source(s, f"{field}.{side}", getattr(cond, side), scope, deps, self_ok=self_ok)
+            self.check_source(
+                s, f"{field}.{side}", getattr(cond, side), scope, deps, self_ok=self_ok
+            )
 
     def check_foreach(self, s: Step, fe: ForEach, scope: dict[str, Step], deps: set[str]) -> None:
         if bool(fe.items) == (fe.source is not None):
@@ -521,8 +601,9 @@ class _Checker:
         if value is not None and value <= 0:
             self.add(step, field, f"must be positive, got {value}")
 
-    def check_labels(self, step: str, field: str, items: Iterable[tuple[str, str]], *,
-                     values: bool) -> None:
+    def check_labels(
+        self, step: str, field: str, items: Iterable[tuple[str, str]], *, values: bool
+    ) -> None:
         for key, value in items:
             if not LABEL_KEY.match(key) or len(key.split("/")[-1]) > 63:
                 self.add(step, field, f"{key!r} is not a valid key")
@@ -550,15 +631,19 @@ def _find_cycle(stuck: list[str], by_name: dict[str, Step]) -> list[str]:
     while node not in index:
         index[node] = len(path)
         path.append(node)
-        nxt = sorted(d.step for d in by_name[node].dependencies if d.step in stuck_set)
+        nxt = sorted(
+            d.step for d in by_name[node].dependencies if d.step in stuck_set and d.step != node
+        )  # self-edges: reported apart
         if not nxt:  # pragma: no cover - every stuck node has a stuck predecessor
             return path
         node = nxt[0]
-    cycle = path[index[node]:]
+    cycle = path[index[node] :]
     cycle.reverse()  # report in execution order: upstream -> downstream
     return cycle
 
 
 def _dns_message(name: str, limit: int) -> str:
-    return (f"{name!r} is not a valid name: use at most {limit} lowercase letters, digits and "
-            "'-', starting and ending with a letter or digit (DNS-1123)")
+    return (
+        f"{name!r} is not a valid name: use at most {limit} lowercase letters, digits and "
+        "'-', starting and ending with a letter or digit (DNS-1123)"
+    )
