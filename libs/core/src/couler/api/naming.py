@@ -1,0 +1,129 @@
+"""Deterministic names for templates, steps and workflows.
+
+Names never depend on source line numbers:
+
+* a template is named after ``step_name`` when given, else after the Python
+  function that called ``run_*`` (``frame.f_code.co_name``); calls made at
+  module level, from a lambda or from a comprehension fall back to a name
+  taken from what the step runs (for containers, the image's base name:
+  ``docker/whalesay:latest`` -> ``whalesay``);
+* every name is sanitised to a DNS-1123 label (lowercase, ``_`` and ``.``
+  become ``-``, at most 63 characters); a name the user chose (``step_name``)
+  is mapped the same way but never mangled further: other characters that
+  DNS-1123 rejects are an error naming it;
+* a step is named after its template; the first use of a name is the bare
+  name, later ones get ``-2``, ``-3``, ... in creation order.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Collection
+from pathlib import Path
+from types import FrameType
+
+__all__ = [
+    "MAX_NAME",
+    "MAX_WORKFLOW_NAME",
+    "caller_function_name",
+    "image_base_name",
+    "sanitize",
+    "unique_name",
+    "user_name",
+    "workflow_name_from_path",
+]
+
+MAX_NAME = 63
+MAX_WORKFLOW_NAME = 52
+
+_INVALID = re.compile(r"[^a-z0-9-]+")
+_DASHES = re.compile(r"-{2,}")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def sanitize(text: str, *, limit: int = MAX_NAME, fallback: str = "step") -> str:
+    """Turn ``text`` into a DNS-1123 label of at most ``limit`` characters.
+
+    Args:
+        text: Any text, e.g. a Python function name.
+        limit: Maximum length of the result.
+        fallback: Returned when nothing usable is left of ``text``.
+
+    Returns:
+        Lowercase letters, digits and ``-``, starting and ending with a letter
+        or digit.
+    """
+    name = text.strip().lower().replace("_", "-").replace(".", "-")
+    name = _INVALID.sub("-", name)
+    name = _DASHES.sub("-", name).strip("-")
+    name = name[:limit].rstrip("-")
+    return name or fallback
+
+
+def user_name(name: str) -> str | None:
+    """A name the user chose, mapped to DNS-1123 (lowercase, ``_``/``.`` -> ``-``, <= 63).
+
+    Returns None when the name has characters that mapping cannot fix (the
+    caller reports it); such names are not silently rewritten.
+    """
+    mapped = name.strip().lower().replace("_", "-").replace(".", "-")
+    mapped = mapped[:MAX_NAME].rstrip("-")
+    return mapped if _DNS_LABEL.match(mapped) else None
+
+
+def image_base_name(image: str) -> str:
+    """The base name of a container image: ``docker/whalesay:latest`` -> ``whalesay``."""
+    ref = image.split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    return sanitize(last.split(":", 1)[0], fallback="step")
+
+
+def caller_function_name(frame: FrameType | None) -> str | None:
+    """The name of the function running in ``frame``, or None when it has no useful name.
+
+    Module-level code, lambdas and comprehensions (``<module>``, ``<lambda>``,
+    ``<listcomp>`` ...) have no useful name. A ``__call__`` method is named
+    after its class; other dunder methods lose their underscores.
+    """
+    if frame is None:
+        return None
+    name = frame.f_code.co_name
+    if name.startswith("<"):
+        return None
+    if name == "__call__":
+        owner = frame.f_locals.get("self")
+        if owner is not None:
+            return type(owner).__name__
+    if name.startswith("__") and name.endswith("__"):
+        name = name.strip("_")
+    return name or None
+
+
+def caller_frame(depth: int) -> FrameType | None:
+    """The frame ``depth`` levels above the caller of this function."""
+    try:
+        return sys._getframe(depth + 1)
+    except ValueError:  # pragma: no cover - the stack is never that shallow in practice
+        return None
+
+
+def unique_name(base: str, used: Collection[str]) -> str:
+    """``base`` if unused, else ``base-2``, ``base-3``, ... (kept within 63 characters)."""
+    if base not in used:
+        return base
+    n = 2
+    while True:
+        suffix = f"-{n}"
+        candidate = base[: MAX_NAME - len(suffix)].rstrip("-") + suffix
+        if candidate not in used:
+            return candidate
+        n += 1
+
+
+def workflow_name_from_path(path: str) -> str | None:
+    """A workflow name derived from a program's file name, or None if it gives none."""
+    stem = Path(path).stem
+    if not stem or stem.startswith("_") or stem.startswith("<"):
+        return None
+    return sanitize(stem, limit=MAX_WORKFLOW_NAME, fallback="workflow")
