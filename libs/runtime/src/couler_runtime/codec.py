@@ -29,11 +29,12 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar, assert_never
 
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+from google.protobuf.message import Message
+
 from couler import ir
 from couler.errors import InvalidWorkflowError
 from couler.v1 import workflow_pb2 as pb
-from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
-from google.protobuf.message import Message
 
 __all__ = ["step_from_proto", "step_to_proto", "workflow_from_proto", "workflow_to_proto"]
 
