@@ -16,8 +16,9 @@ from __future__ import annotations
 import enum
 from typing import Any, TypeVar
 
-from couler import ir
 from hypothesis import strategies as st
+
+from couler import ir
 
 __all__ = [
     "artifact_locations",

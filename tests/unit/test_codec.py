@@ -10,6 +10,9 @@ import typing
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from couler import ir
 from couler.errors import InvalidWorkflowError
 from couler.ir import model
@@ -20,9 +23,6 @@ from couler_runtime.codec import (
     workflow_from_proto,
     workflow_to_proto,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from tests.ir_strategies import steps, workflows
 
 ROUND_TRIP = settings(max_examples=200, deadline=None)

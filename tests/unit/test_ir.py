@@ -10,6 +10,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+
 from couler import ir
 from couler.errors import Issue, ValidationError
 from couler.ir.validate import MAX_WORKFLOW_NAME
