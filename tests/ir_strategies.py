@@ -116,7 +116,7 @@ output_parameters = st.builds(
 
 artifact_locations = st.builds(
     ir.ArtifactLocation,
-    kind=_enum(ir.StorageKind),
+    storage=_enum(ir.StorageKind),
     endpoint=texts,
     bucket=texts,
     key=texts,

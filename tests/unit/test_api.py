@@ -554,7 +554,7 @@ def test_output_artifacts_feed_input_artifacts_not_args() -> None:
     train, evaluate = step(wf, "train"), step(wf, "evaluate")
     assert train.output_artifacts == (
         ir.OutputArtifact("output-0", "/out/model", location=ir.ArtifactLocation(
-            kind=ir.StorageKind.S3, endpoint="minio:9000", bucket="models", key="m/1")),
+            storage=ir.StorageKind.S3, endpoint="minio:9000", bucket="models", key="m/1")),
         ir.OutputArtifact("output-1", "/out/log"),
     )
     assert evaluate.input_artifacts == (
@@ -573,7 +573,7 @@ def test_input_artifacts_from_storage_and_env_fed_by_an_output() -> None:
                              step_name="train")
 
     train = step(build(program), "train")
-    location = ir.ArtifactLocation(kind=ir.StorageKind.S3, bucket="datasets", key="train.csv")
+    location = ir.ArtifactLocation(storage=ir.StorageKind.S3, bucket="datasets", key="train.csv")
     assert train.input_artifacts == (ir.InputArtifact("dataset", "/in/data.csv", location),)
     assert train.env == (ir.EnvVar("VERSION", "{{inputs.para-train-0}}"),)
     assert inputs(train) == [("para-train-0", ir.StepOutputRef("ver", "result"),

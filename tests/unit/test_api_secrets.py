@@ -107,7 +107,7 @@ def test_artifact_credentials_become_a_secret() -> None:
     assert step is not None
     s3, oss = (a.location for a in step.output_artifacts)
     assert s3 == ir.ArtifactLocation(
-        kind=ir.StorageKind.S3, endpoint="s3.example.com", bucket="models", key="m",
+        storage=ir.StorageKind.S3, endpoint="s3.example.com", bucket="models", key="m",
         access_key=ir.SecretRef("artifacts-secret-1", "accessKey"),
         secret_key=ir.SecretRef("artifacts-secret-1", "secretKey"))
     assert oss is not None and oss.kind == ir.StorageKind.OSS

@@ -263,13 +263,11 @@ def test_canonical_json_leaves_defaults_out_and_tags_unions() -> None:
     "source",
     [
         ir.ArtifactLocation(),
-        ir.ArtifactLocation(kind=ir.StorageKind.S3, bucket="b", key="k"),
+        ir.ArtifactLocation(storage=ir.StorageKind.S3, bucket="b", key="k"),
         ir.StepArtifactRef("a", "model"),
     ],
 )
 def test_artifact_sources_round_trip(source: ir.ArtifactSource) -> None:
-    # ArtifactLocation has a field of its own called "kind" (its storage kind),
-    # so its union tag must not overwrite, or be mistaken for, that field.
     art = ir.InputArtifact("in", "/in", source)
     assert ir.from_json(ir.InputArtifact, ir.to_json(art)) == art
 

@@ -240,7 +240,7 @@ def _output_from_proto(m: pb.OutputParameter) -> ir.OutputParameter:
 
 def _location_to_proto(v: ir.ArtifactLocation) -> pb.ArtifactLocation:
     return pb.ArtifactLocation(
-        kind=_STORAGE_KIND.encode(v.kind),
+        storage=_STORAGE_KIND.encode(v.storage),
         endpoint=v.endpoint,
         bucket=v.bucket,
         key=v.key,
@@ -253,9 +253,9 @@ def _location_to_proto(v: ir.ArtifactLocation) -> pb.ArtifactLocation:
 
 
 def _location_from_proto(m: pb.ArtifactLocation) -> ir.ArtifactLocation:
-    default_kind = _default(ir.ArtifactLocation, "kind")
+    default_storage = _default(ir.ArtifactLocation, "storage")
     return ir.ArtifactLocation(
-        kind=_STORAGE_KIND.decode(m.kind, "ArtifactLocation.kind", default_kind),
+        storage=_STORAGE_KIND.decode(m.storage, "ArtifactLocation.storage", default_storage),
         endpoint=m.endpoint,
         bucket=m.bucket,
         key=m.key,

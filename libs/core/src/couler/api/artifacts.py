@@ -70,7 +70,7 @@ class _RemoteArtifact(FileArtifact):
     KIND: ClassVar[ir.StorageKind] = ir.StorageKind.DEFAULT
 
     def location(self) -> LocationDraft:
-        return LocationDraft(kind=self.KIND, endpoint=self.endpoint, bucket=self.bucket,
+        return LocationDraft(storage=self.KIND, endpoint=self.endpoint, bucket=self.bucket,
                              key=self.key, insecure=self.insecure, credentials=self.credentials)
 
 

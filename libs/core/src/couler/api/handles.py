@@ -241,7 +241,7 @@ class SecretMaterial:
 class LocationDraft:
     """An artifact storage location whose credentials are resolved when the IR is built."""
 
-    kind: StorageKind = StorageKind.DEFAULT
+    storage: StorageKind = StorageKind.DEFAULT
     endpoint: str = ""
     bucket: str = ""
     key: str = ""
@@ -252,7 +252,7 @@ class LocationDraft:
         """The IR location, with credentials as secret references."""
         creds = self.credentials
         return ArtifactLocation(
-            kind=self.kind, endpoint=self.endpoint, bucket=self.bucket, key=self.key,
+            storage=self.storage, endpoint=self.endpoint, bucket=self.bucket, key=self.key,
             insecure=self.insecure,
             access_key=creds.ref("accessKey") if creds is not None else None,
             secret_key=creds.ref("secretKey") if creds is not None else None,

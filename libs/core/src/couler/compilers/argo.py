@@ -953,7 +953,7 @@ class _Compiler:
         return self.output_ref(info, out.name)
 
     def storage(self, step: ir.Step, loc: ir.ArtifactLocation, *, for_input: bool) -> Doc:
-        kind = loc.kind
+        kind = loc.storage
         if kind == ir.StorageKind.DEFAULT:
             return {}  # the workflow's default artifact repository decides the key
         if kind == ir.StorageKind.LOCAL:

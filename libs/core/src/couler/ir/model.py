@@ -286,7 +286,7 @@ class ArtifactLocation:
     """Where an artifact is stored. Credentials are secret references only."""
 
     KIND: ClassVar[str] = "location"
-    kind: StorageKind = StorageKind.DEFAULT
+    storage: StorageKind = StorageKind.DEFAULT
     endpoint: str = ""
     bucket: str = ""
     key: str = ""

@@ -3,9 +3,7 @@
 The canonical form is a JSON object per dataclass with fields equal to their
 default left out, members of a union tagged with ``"kind"``, enums as their
 values, tuples as arrays, and keys sorted. Two equal IR values always have the
-same canonical text, so its sha256 is a content digest. (A union member with a
-field of its own called ``kind``, i.e. :class:`ArtifactLocation`, is tagged
-with ``"@kind"`` instead.)
+same canonical text, so its sha256 is a content digest.
 """
 
 from __future__ import annotations
@@ -48,12 +46,6 @@ def _fields(cls: type) -> tuple[_FieldInfo, ...]:
     return tuple(out)
 
 
-@cache
-def _tag(cls: type) -> str:
-    """The key that holds a union member's ``KIND`` in its JSON object."""
-    return "@kind" if any(f.name == "kind" for f in dataclasses.fields(cls)) else "kind"
-
-
 def _union_args(hint: Any) -> tuple[Any, ...] | None:
     origin = typing.get_origin(hint)
     if origin is typing.Union or origin is types.UnionType:
@@ -73,7 +65,7 @@ def _encode(value: Any, hint: Any) -> Any:
         out: dict[str, Any] = {}
         union = _union_args(hint)
         if union is not None and sum(1 for a in union if a is not type(None)) > 1:
-            out[_tag(type(value))] = type(value).KIND  # type: ignore[attr-defined]
+            out["kind"] = type(value).KIND  # type: ignore[attr-defined]
         for info in _fields(type(value)):
             item = getattr(value, info.name)
             if info.default is not _MISSING and item == info.default:
@@ -122,12 +114,12 @@ def _decode(data: Any, hint: Any) -> Any:
         if len(members) == 1:
             return _decode(data, members[0])
         if all(dataclasses.is_dataclass(m) for m in members):
-            if not isinstance(data, dict) or not any(_tag(m) in data for m in members):
+            if not isinstance(data, dict) or "kind" not in data:
                 raise ValueError(f"expected an object with a 'kind' for {hint}")
             for m in members:
-                if data.get(_tag(m)) == m.KIND:
+                if data["kind"] == m.KIND:
                     return _decode(data, m)
-            raise ValueError(f"unknown kind {data.get('kind')!r} for {hint}")
+            raise ValueError(f"unknown kind {data['kind']!r} for {hint}")
         for m in members:  # scalar unions such as float | None
             if m is float and isinstance(data, (int, float)) and not isinstance(data, bool):
                 return float(data)
@@ -155,7 +147,7 @@ def _decode(data: Any, hint: Any) -> Any:
             known.add(info.name)
             if info.name in data:
                 kwargs[info.name] = _decode(data[info.name], info.hint)
-        unknown = set(data) - known - {_tag(hint)}
+        unknown = set(data) - known - {"kind"}
         if unknown:
             raise ValueError(f"unknown fields for {hint.__name__}: {sorted(unknown)}")
         return hint(**kwargs)

@@ -452,10 +452,10 @@ class _Checker:
             ref = getattr(loc, attr)
             if ref is not None:
                 self.check_secret(step, f"{field}.{attr}", ref)
-        if loc.kind.value in ("s3", "oss", "gcs") and not loc.bucket:
-            self.add(step, field, f"a {loc.kind.value} artifact needs a bucket")
-        if loc.kind.value in ("git", "http") and not loc.url:
-            self.add(step, field, f"a {loc.kind.value} artifact needs a url")
+        if loc.storage.value in ("s3", "oss", "gcs") and not loc.bucket:
+            self.add(step, field, f"a {loc.storage.value} artifact needs a bucket")
+        if loc.storage.value in ("git", "http") and not loc.url:
+            self.add(step, field, f"a {loc.storage.value} artifact needs a url")
 
     def check_step_ref(
         self,

@@ -263,8 +263,8 @@ class OutputParameter(_message.Message):
     def __init__(self, name: _Optional[str] = ..., source: _Optional[_Union[OutputSource, str]] = ..., selector: _Optional[str] = ..., type: _Optional[_Union[ValueType, str]] = ..., global_name: _Optional[str] = ...) -> None: ...
 
 class ArtifactLocation(_message.Message):
-    __slots__ = ("kind", "endpoint", "bucket", "key", "url", "revision", "insecure", "access_key", "secret_key")
-    KIND_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("storage", "endpoint", "bucket", "key", "url", "revision", "insecure", "access_key", "secret_key")
+    STORAGE_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -273,7 +273,7 @@ class ArtifactLocation(_message.Message):
     INSECURE_FIELD_NUMBER: _ClassVar[int]
     ACCESS_KEY_FIELD_NUMBER: _ClassVar[int]
     SECRET_KEY_FIELD_NUMBER: _ClassVar[int]
-    kind: StorageKind
+    storage: StorageKind
     endpoint: str
     bucket: str
     key: str
@@ -282,7 +282,7 @@ class ArtifactLocation(_message.Message):
     insecure: bool
     access_key: SecretRef
     secret_key: SecretRef
-    def __init__(self, kind: _Optional[_Union[StorageKind, str]] = ..., endpoint: _Optional[str] = ..., bucket: _Optional[str] = ..., key: _Optional[str] = ..., url: _Optional[str] = ..., revision: _Optional[str] = ..., insecure: _Optional[bool] = ..., access_key: _Optional[_Union[SecretRef, _Mapping]] = ..., secret_key: _Optional[_Union[SecretRef, _Mapping]] = ...) -> None: ...
+    def __init__(self, storage: _Optional[_Union[StorageKind, str]] = ..., endpoint: _Optional[str] = ..., bucket: _Optional[str] = ..., key: _Optional[str] = ..., url: _Optional[str] = ..., revision: _Optional[str] = ..., insecure: _Optional[bool] = ..., access_key: _Optional[_Union[SecretRef, _Mapping]] = ..., secret_key: _Optional[_Union[SecretRef, _Mapping]] = ...) -> None: ...
 
 class StepArtifactRef(_message.Message):
     __slots__ = ("step", "artifact")
