@@ -110,7 +110,7 @@ def test_artifact_credentials_become_a_secret() -> None:
         storage=ir.StorageKind.S3, endpoint="s3.example.com", bucket="models", key="m",
         access_key=ir.SecretRef("artifacts-secret-1", "accessKey"),
         secret_key=ir.SecretRef("artifacts-secret-1", "secretKey"))
-    assert oss is not None and oss.kind == ir.StorageKind.OSS
+    assert oss is not None and oss.storage == ir.StorageKind.OSS
     assert oss.access_key == ir.SecretRef("artifacts-secret-2", "accessKey")
     material = {m.name: m.reveal() for m in wf.secret_material()}
     assert material == {
