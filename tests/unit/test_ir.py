@@ -348,3 +348,33 @@ def test_digest_is_stable_across_processes() -> None:
         )
         seen.add(out.stdout.strip())
     assert seen == {ir.digest(sample_workflow())}
+
+
+def _inline(outputs: tuple[ir.OutputParameter, ...], *inner: ir.Step) -> ir.Workflow:
+    wrapper = ir.Step("group", ir.SubWorkflowSpec("group", steps=inner), outputs=outputs)
+    return ir.Workflow("w", (wrapper,))
+
+
+def test_sub_workflow_output_is_forwarded_from_one_inner_step() -> None:
+    produce = ir.Step(
+        "produce",
+        ir.ContainerSpec("alpine"),
+        outputs=(ir.OutputParameter("score", selector="/tmp/score", type=ir.ValueType.FLOAT),),
+    )
+    ok = _inline((ir.OutputParameter("score", type=ir.ValueType.FLOAT),), produce)
+    assert ir.find_issues(ok) == []
+
+    missing = _inline((ir.OutputParameter("accuracy"),), produce)
+    (issue,) = ir.find_issues(missing)
+    assert (issue.step, issue.field) == ("group", "outputs.accuracy")
+    assert "0 inner steps" in issue.message
+
+    twice = _inline(
+        (ir.OutputParameter("score", type=ir.ValueType.FLOAT),),
+        produce,
+        ir.Step("again", produce.body, outputs=produce.outputs),
+    )
+    assert "2 inner steps" in ir.find_issues(twice)[0].message
+
+    wrong_type = _inline((ir.OutputParameter("score", type=ir.ValueType.INT),), produce)
+    assert "type mismatch" in ir.find_issues(wrong_type)[0].message

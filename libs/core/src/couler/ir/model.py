@@ -648,6 +648,10 @@ class SubWorkflowSpec:
     With ``steps`` it is an inline body (a loop body with several steps, a
     group of concurrent sub-tasks); without, it refers to another workflow by
     ``name`` (and ``digest`` when pinned), which is what splitting produces.
+    An output declared on an inline sub-workflow step is forwarded from the
+    one inner step that declares an output of the same name (its ``source``
+    and ``selector`` are not used). Inner steps see only each other: they do
+    not read the enclosing step's inputs or map item.
     """
 
     KIND: ClassVar[str] = "subworkflow"

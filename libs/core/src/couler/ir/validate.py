@@ -186,11 +186,11 @@ class _Checker:
             if not DNS_SUBDOMAIN.match(secret):
                 self.add("", "image_pull_secrets", f"{secret!r} is not a valid secret name")
 
-        self.check_scope(wf.steps, outer_items=False)
+        self.check_scope(wf.steps)
         for i, hook in enumerate(wf.exit_hooks):
             if not hook.steps:
                 self.add("", f"exit_hooks[{i}]", "an exit hook needs at least one step")
-            self.check_scope(hook.steps, outer_items=False)
+            self.check_scope(hook.steps)
         return self.issues
 
     def check_parameters(self, params: Sequence[Parameter]) -> None:
@@ -218,7 +218,7 @@ class _Checker:
 
     # ------------------------------------------------------------------ graph
 
-    def check_scope(self, steps: Sequence[Step], *, outer_items: bool) -> None:
+    def check_scope(self, steps: Sequence[Step]) -> None:
         by_name: dict[str, Step] = {}
         for s in steps:
             if s.name in by_name:
@@ -335,7 +335,7 @@ class _Checker:
             if not b.steps and not DNS_LABEL.match(b.name):
                 self.add(s.name, "body.name", _dns_message(b.name, MAX_WORKFLOW_NAME))
             if b.steps:
-                self.check_scope(b.steps, outer_items=s.foreach is not None)
+                self.check_scope(b.steps)
         for i, e in enumerate(s.env):
             self.check_env(s, i, e)
 
@@ -404,6 +404,9 @@ class _Checker:
             seen.add(out.name)
             if not PARAM_NAME.match(out.name):
                 self.add(s.name, field, f"{out.name!r} is not a valid parameter name")
+            if isinstance(s.body, SubWorkflowSpec) and s.body.steps:
+                self.check_forwarded_output(s, s.body, field, out.name, out.type)
+                continue
             if out.source == OutputSource.PATH and not out.selector.startswith("/"):
                 self.add(s.name, field, "an output read from a file needs an absolute path")
             if out.source in (OutputSource.JSON_PATH, OutputSource.JQ):
@@ -446,6 +449,28 @@ class _Checker:
                 self.add(s.name, field, "artifact path must be absolute")
             if oa.location is not None:
                 self.check_location(s.name, field, oa.location)
+
+    def check_forwarded_output(
+        self, s: Step, body: SubWorkflowSpec, field: str, name: str, type_: ValueType
+    ) -> None:
+        """An inline sub-workflow's output is the same-named output of exactly one inner step."""
+        producers = [inner for inner in body.steps if inner.output(name) is not None]
+        if len(producers) != 1:
+            self.add(
+                s.name,
+                field,
+                f"a sub-workflow output is forwarded from the inner step that declares "
+                f"{name!r}; {len(producers)} inner steps do",
+            )
+            return
+        inner_out = producers[0].output(name)
+        if inner_out is not None and not assignable(inner_out.type, type_):
+            self.add(
+                s.name,
+                field,
+                f"type mismatch: inner step {producers[0].name!r} produces a "
+                f"{inner_out.type.value} value for an output of type {type_.value}",
+            )
 
     def check_location(self, step: str, field: str, loc: ArtifactLocation) -> None:
         for attr in ("access_key", "secret_key"):
