@@ -298,3 +298,33 @@ def test_script_source_errors() -> None:
         build(lambda: couler.run_script(image="node:20", command=["node"], source="1"))
     with pytest.raises(UserError, match="needs source"):
         build(lambda: couler.run_script(image="python:3.12"))
+
+
+def test_name_registry_suffixes_and_rolls_back() -> None:
+    from couler.api.naming import NameRegistry
+
+    names = NameRegistry()
+    assert [names.take("job") for _ in range(3)] == ["job", "job-2", "job-3"]
+    mark = names.mark()
+    assert names.take("job") == "job-4"
+    assert names.take("other") == "other"
+    names.rollback(mark)
+    assert "job-4" not in names and "other" not in names
+    assert names.take("job") == "job-4"
+    assert names.take("other") == "other"
+    # A name taken explicitly is skipped by the suffix counter.
+    assert names.take("x-2") == "x-2"
+    assert names.take("x") == "x"
+    assert names.take("x") == "x-3"
+
+
+def test_many_steps_with_one_name_are_numbered_in_order() -> None:
+    import couler.argo as couler
+
+    with couler.workflow("many") as wf:
+        for _ in range(2000):
+            couler.run_container(image="alpine", command=["true"], step_name="job")
+        workflow = wf.to_ir()
+    names = [s.name for s in workflow.steps]
+    assert names[:3] == ["job", "job-2", "job-3"] and names[-1] == "job-2000"
+    assert len(set(names)) == 2000

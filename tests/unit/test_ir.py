@@ -378,3 +378,16 @@ def test_sub_workflow_output_is_forwarded_from_one_inner_step() -> None:
 
     wrong_type = _inline((ir.OutputParameter("score", type=ir.ValueType.INT),), produce)
     assert "type mismatch" in ir.find_issues(wrong_type)[0].message
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", "x", 'q"uote', 0, -7, 10**30, 1.5, -0.0, 1e-07, 1e300, True, False, None,
+     [], [1, "a"], {}, {"a": [1]}],
+)
+def test_literal_type_matches_the_decoded_value(value: object) -> None:
+    lit = ir.Literal.of(value)
+    assert lit.type == ir.type_of(value)
+    # Non-canonical JSON text of the same value is typed by decoding it.
+    spaced = ir.Literal(" " + lit.json + " ")
+    assert spaced.type == ir.type_of(value)

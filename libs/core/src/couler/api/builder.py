@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from couler import ir
+from couler.alloc import GrowthRelief, gc_paused
 from couler.api import naming
 from couler.api.depends import depends_steps
 from couler.api.handles import (
@@ -359,7 +360,9 @@ class WorkflowBuilder:
         self._top = _Scope("main", chain=True)
         self._scopes: list[_Scope] = [self._top]
         self._exit_scopes: dict[ir.RunStatus, _Scope] = {}
-        self._used_names: set[str] = set()
+        self._names = naming.NameRegistry()
+        self._relief = GrowthRelief()
+        self._step_count = 0
         self._dag_mode = False
         self._dedupe_depth = 0
         self._frames: list[_Frame] = []
@@ -455,7 +458,7 @@ class WorkflowBuilder:
                 scopes.append(s)
         snapshot = [(s, len(s.drafts), list(s.prev)) for s in scopes]
         exit_keys = set(self._exit_scopes)
-        used = set(self._used_names)
+        names_mark = self._names.mark()
         try:
             yield
         except BaseException:
@@ -466,7 +469,7 @@ class WorkflowBuilder:
                 s.prev = prev
             for key in [k for k in self._exit_scopes if k not in exit_keys]:
                 del self._exit_scopes[key]
-            self._used_names = used
+            self._names.rollback(names_mark)
             raise
 
     @contextlib.contextmanager
@@ -548,8 +551,7 @@ class WorkflowBuilder:
                     existing.add_dep(upstream, condition)
                 self._touch(existing, created=False)
                 return existing
-        draft.name = naming.unique_name(draft.base_name, self._used_names)
-        self._used_names.add(draft.name)
+        draft.name = self._names.take(draft.base_name)
         draft.scope = scope
         for up in draft.stdout_of:
             up.stdout_used = True
@@ -570,6 +572,8 @@ class WorkflowBuilder:
             scope.prev = [draft]
         scope.drafts.append(draft)
         scope.by_name[draft.name] = draft
+        self._step_count += 1
+        self._relief.grew(self._step_count)
         self._touch(draft, created=True)
         return draft
 
@@ -587,9 +591,7 @@ class WorkflowBuilder:
 
     def reserve_name(self, base: str) -> str:
         """A unique step name for a step built by the API itself (sub-workflows)."""
-        name = naming.unique_name(base, self._used_names)
-        self._used_names.add(name)
-        return name
+        return self._names.take(base)
 
     # ------------------------------------------------------------------ values
 
@@ -712,6 +714,11 @@ class WorkflowBuilder:
         Raises:
             couler.errors.ValidationError: listing every problem, by step and field.
         """
+        self._relief.release()
+        with gc_paused():  # freezing and validating allocate many small, acyclic objects
+            return self._to_ir()
+
+    def _to_ir(self) -> ir.Workflow:
         cfg = self.config
         steps = self._freeze_scope(self._top)
         hooks = tuple(ir.ExitHook(status, self._freeze_scope(scope))

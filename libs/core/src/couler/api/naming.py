@@ -26,6 +26,7 @@ from types import FrameType
 __all__ = [
     "MAX_NAME",
     "MAX_WORKFLOW_NAME",
+    "NameRegistry",
     "caller_function_name",
     "image_base_name",
     "sanitize",
@@ -108,17 +109,67 @@ def caller_frame(depth: int) -> FrameType | None:
         return None
 
 
-def unique_name(base: str, used: Collection[str]) -> str:
-    """``base`` if unused, else ``base-2``, ``base-3``, ... (kept within 63 characters)."""
+def unique_name(base: str, used: Collection[str], start: int = 2) -> str:
+    """``base`` if unused, else ``base-2``, ``base-3``, ... (kept within 63 characters).
+
+    ``start`` is the first suffix to try (callers that remember it stay linear).
+    """
     if base not in used:
         return base
-    n = 2
+    n = start
     while True:
-        suffix = f"-{n}"
-        candidate = base[: MAX_NAME - len(suffix)].rstrip("-") + suffix
+        candidate = _suffixed(base, n)
         if candidate not in used:
             return candidate
         n += 1
+
+
+def _suffixed(base: str, n: int) -> str:
+    suffix = f"-{n}"
+    return base[: MAX_NAME - len(suffix)].rstrip("-") + suffix
+
+
+class NameRegistry:
+    """The step names of a workflow, handed out uniquely, with an undo journal.
+
+    ``take(base)`` gives ``base``, then ``base-2``, ``base-3``, ... in amortised
+    constant time (it remembers the next suffix per base), so a program that
+    names 100k steps alike stays linear. ``mark()``/``rollback(mark)`` undo the
+    names taken since the mark, for steps removed when a scope body raises.
+    """
+
+    def __init__(self) -> None:
+        self._used: set[str] = set()
+        self._next: dict[str, int] = {}
+        self._journal: list[tuple[str, str, int | None]] = []
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._used
+
+    def take(self, base: str) -> str:
+        """Reserve and return the next free name for ``base``."""
+        previous = self._next.get(base)
+        name = unique_name(base, self._used, previous or 2)
+        if name != base:
+            n = int(name.rsplit("-", 1)[1])
+            self._next[base] = n + 1
+        self._used.add(name)
+        self._journal.append((name, base, previous))
+        return name
+
+    def mark(self) -> int:
+        """A point to roll back to."""
+        return len(self._journal)
+
+    def rollback(self, mark: int) -> None:
+        """Release every name taken since ``mark``."""
+        for name, base, previous in reversed(self._journal[mark:]):
+            self._used.discard(name)
+            if previous is None:
+                self._next.pop(base, None)
+            else:
+                self._next[base] = previous
+        del self._journal[mark:]
 
 
 def workflow_name_from_path(path: str) -> str | None:

@@ -80,19 +80,17 @@ the last attempt failed).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-import yaml
-
 from couler import ir
+from couler.alloc import gc_paused
+from couler.compilers import emit
 from couler.errors import UnsupportedFeatureError
 from couler.ir.validate import parse_quantity
 
@@ -167,7 +165,7 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> dict[str, Any
         couler.errors.UnsupportedFeatureError: the workflow uses a feature
             Argo cannot express.
     """
-    with _gc_paused():
+    with gc_paused():
         if validate:
             ir.validate(wf)
         return _Compiler(wf).compile()
@@ -175,80 +173,12 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> dict[str, Any
 
 def to_yaml(doc: Mapping[str, Any]) -> str:
     """Render a document as YAML: keys in the order built, multi-line strings as ``|`` blocks."""
-    with _gc_paused():  # the dumper builds a node graph as large as the document
-        return yaml.dump(
-            doc if type(doc) is dict else _plain(doc),
-            Dumper=_Dumper,
-            sort_keys=False,
-            default_flow_style=False,
-            allow_unicode=True,
-            width=1 << 20,
-        )
+    return emit.to_yaml(doc)
 
 
 def dump_yaml(wf: ir.Workflow) -> str:
     """Compile ``wf`` and render it as YAML."""
     return to_yaml(compile_workflow(wf))
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a document is built.
-
-    Compiling allocates hundreds of thousands of small, acyclic dicts and lists
-    for a large workflow; the collector would keep re-scanning the growing heap
-    (at 100k steps it made compiling ~35% slower and the 100k/10k time ratio
-    14-19 instead of ~11). Reference counting still frees everything.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-# --------------------------------------------------------------------------- YAML
-
-
-_BaseDumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-
-class _Dumper(_BaseDumper):  # type: ignore[misc]
-    """A safe dumper: multi-line strings as block literals, never anchors or aliases."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True  # a repeated sub-document is written out again, not as *id001
-
-
-def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in data else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-
-def _represent_tuple(dumper: yaml.SafeDumper, data: tuple[Any, ...]) -> yaml.SequenceNode:
-    return dumper.represent_list(list(data))
-
-
-_Dumper.add_representer(str, _represent_str)
-_Dumper.add_representer(tuple, _represent_tuple)
-
-
-def _plain(value: Any) -> Any:
-    """A copy of ``value`` made of plain dicts and lists (for any Mapping/Sequence)."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _yaml_text(data: Any) -> str:
-    return yaml.dump(
-        data, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-        allow_unicode=True, width=1 << 20,
-    )
 
 
 # --------------------------------------------------------------------------- helpers
@@ -879,7 +809,7 @@ class _Compiler:
         return c
 
     def job(self, body: ir.JobSpec, tr: Callable[[str], str]) -> Doc:
-        r: Doc = {"action": body.action.value, "manifest": tr(_yaml_text(body.manifest_dict))}
+        r: Doc = {"action": body.action.value, "manifest": tr(emit.to_yaml(body.manifest_dict))}
         if body.success_condition:
             r["successCondition"] = body.success_condition
         if body.failure_condition:
@@ -900,7 +830,7 @@ class _Compiler:
                     "spec": spec}
         return {
             "action": "create",
-            "manifest": _yaml_text(manifest),
+            "manifest": emit.to_yaml(manifest),
             "successCondition": "status.phase == Succeeded",
             "failureCondition": "status.phase in (Failed, Error)",
             "setOwnerReference": True,

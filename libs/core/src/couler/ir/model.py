@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
 
 Pairs: TypeAlias = tuple[tuple[str, str], ...]
+
+_JSON_INT = re.compile(r"-?(0|[1-9][0-9]*)")
+_JSON_FLOAT = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
 __all__ = [
     "ArtifactLocation",
@@ -153,7 +157,7 @@ def assignable(source: ValueType, target: ValueType) -> bool:
     return source == ValueType.INT and target == ValueType.FLOAT
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Literal:
     """A literal value, stored as canonical JSON text."""
 
@@ -183,10 +187,23 @@ class Literal:
     @property
     def type(self) -> ValueType:
         """The IR type of the value."""
+        # Canonical JSON tells its type by its first characters; decode only otherwise.
+        text = self.json
+        head = text[:1]
+        if head == '"' and text[-1:] == '"':
+            return ValueType.STRING
+        if head == "[" and text[-1:] == "]":
+            return ValueType.LIST
+        if text in ("true", "false"):
+            return ValueType.BOOL
+        if _JSON_INT.fullmatch(text):
+            return ValueType.INT
+        if _JSON_FLOAT.fullmatch(text):
+            return ValueType.FLOAT
         return type_of(self.value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepOutputRef:
     """An output parameter of another step."""
 
@@ -195,7 +212,7 @@ class StepOutputRef:
     output: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkflowParamRef:
     """A workflow-level parameter."""
 
@@ -203,7 +220,7 @@ class WorkflowParamRef:
     name: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ItemRef:
     """The current item of the enclosing ``map`` (``key`` selects a field)."""
 
@@ -214,7 +231,7 @@ class ItemRef:
 ValueSource: TypeAlias = Literal | StepOutputRef | WorkflowParamRef | ItemRef
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SecretRef:
     """A reference to one key of a secret held by the platform, never its value."""
 
@@ -225,7 +242,7 @@ class SecretRef:
 # --------------------------------------------------------------------------- parameters
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Parameter:
     """A workflow-level parameter with an optional default."""
 
@@ -236,7 +253,7 @@ class Parameter:
     enum: tuple[Literal, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InputParameter:
     """An input parameter of a step and where its value comes from."""
 
@@ -254,7 +271,7 @@ class OutputSource(enum.StrEnum):
     JQ = "jq"  # a jq filter over a job's resource object
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OutputParameter:
     """An output parameter of a step."""
 
@@ -281,7 +298,7 @@ class StorageKind(enum.StrEnum):
     HTTP = "http"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ArtifactLocation:
     """Where an artifact is stored. Credentials are secret references only."""
 
@@ -297,7 +314,7 @@ class ArtifactLocation:
     secret_key: SecretRef | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepArtifactRef:
     """An output artifact of another step."""
 
@@ -309,7 +326,7 @@ class StepArtifactRef:
 ArtifactSource: TypeAlias = ArtifactLocation | StepArtifactRef
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class InputArtifact:
     """An artifact a step reads, placed at ``path`` before it starts."""
 
@@ -318,7 +335,7 @@ class InputArtifact:
     source: ArtifactSource
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OutputArtifact:
     """An artifact a step writes at ``path``."""
 
@@ -343,7 +360,7 @@ class EdgeCondition(enum.StrEnum):
     ANY = "any"  # any terminal state, including skipped
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Dependency:
     """An edge from an upstream step."""
 
@@ -351,7 +368,7 @@ class Dependency:
     condition: EdgeCondition = EdgeCondition.SUCCEEDED
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DependsTerm:
     """One upstream step reaching one outcome (a leaf of a depends expression)."""
 
@@ -360,7 +377,7 @@ class DependsTerm:
     condition: EdgeCondition = EdgeCondition.SUCCEEDED
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DependsAll:
     """All of the sub-expressions hold."""
 
@@ -368,7 +385,7 @@ class DependsAll:
     terms: tuple[DependsExpr, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DependsAny:
     """At least one of the sub-expressions holds."""
 
@@ -376,7 +393,7 @@ class DependsAny:
     terms: tuple[DependsExpr, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DependsNot:
     """The sub-expression does not hold."""
 
@@ -412,7 +429,7 @@ _NEGATED = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Condition:
     """A comparison between two values, e.g. an upstream output and a literal."""
 
@@ -421,7 +438,7 @@ class Condition:
     right: ValueSource
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class When:
     """Run the step only when ``condition`` evaluates to ``expect``.
 
@@ -432,7 +449,7 @@ class When:
     expect: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ForEach:
     """Fan the step out over static ``items`` or over a list produced upstream."""
 
@@ -441,7 +458,7 @@ class ForEach:
     parallelism: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Loop:
     """Repeat the step while ``condition`` holds, at most ``max_iterations`` runs.
 
@@ -473,7 +490,7 @@ class FailureClass(enum.StrEnum):
     ANY = "any"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Backoff:
     """Exponential back-off between attempts: base * factor**n, capped."""
 
@@ -482,7 +499,7 @@ class Backoff:
     cap_seconds: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How failed attempts are retried."""
 
@@ -493,7 +510,7 @@ class RetryPolicy:
     memory_ceiling: str = ""  # never escalate beyond this quantity, e.g. "16Gi"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Resources:
     """Resource requests and limits as Kubernetes quantities ("500m", "2Gi")."""
 
@@ -505,7 +522,7 @@ class Resources:
     gpu_resource: str = "nvidia.com/gpu"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CachePolicy:
     """Whether and how a step's result may be reused."""
 
@@ -516,7 +533,7 @@ class CachePolicy:
     name: str = ""  # a cache name (Argo memoize ConfigMap)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Toleration:
     """A Kubernetes toleration."""
 
@@ -537,7 +554,7 @@ class VolumeKind(enum.StrEnum):
     SECRET = "secret"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Volume:
     """A workflow-level volume."""
 
@@ -549,7 +566,7 @@ class Volume:
     storage_class: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class VolumeMount:
     """A volume mounted into a step."""
 
@@ -559,7 +576,7 @@ class VolumeMount:
     sub_path: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EnvVar:
     """An environment variable: a literal value or a secret reference."""
 
@@ -571,7 +588,7 @@ class EnvVar:
 # --------------------------------------------------------------------------- step bodies
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerSpec:
     """Run a command in a container image."""
 
@@ -591,7 +608,7 @@ class ScriptLanguage(enum.StrEnum):
     SH = "sh"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ScriptSpec:
     """Run source code with an interpreter in a container image."""
 
@@ -615,7 +632,7 @@ class JobAction(enum.StrEnum):
     DELETE = "delete"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """Create a Kubernetes resource (PyTorchJob, TFJob, MPIJob, ...) and wait for it."""
 
@@ -641,7 +658,7 @@ class JobSpec:
         return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SubWorkflowSpec:
     """A nested graph of steps, run as one step.
 
@@ -666,7 +683,7 @@ StepBody: TypeAlias = ContainerSpec | ScriptSpec | JobSpec | SubWorkflowSpec
 # --------------------------------------------------------------------------- steps
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Step:
     """One node of the workflow graph."""
 
@@ -708,7 +725,7 @@ class Step:
         return next((o for o in self.outputs if o.name == name), None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ExitHook:
     """Steps run after the workflow ends with ``on`` status."""
 
@@ -727,7 +744,7 @@ class ConcurrencyPolicy(enum.StrEnum):
     REPLACE = "replace"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CronSchedule:
     """Run the workflow on a cron schedule."""
 
@@ -740,7 +757,7 @@ class CronSchedule:
     suspend: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EventTrigger:
     """Start the workflow when a message arrives on ``subject`` matching ``filter``."""
 
@@ -748,7 +765,7 @@ class EventTrigger:
     filter: str = ""  # an expression over the event body; empty = every event
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepDefaults:
     """Policies applied to every step that does not set its own."""
 
@@ -759,7 +776,7 @@ class StepDefaults:
     priority: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DnsConfig:
     """Pod DNS settings."""
 
@@ -772,7 +789,7 @@ class DnsConfig:
         _sorted_pairs(self, "options")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SecurityContext:
     """Pod security context."""
 
@@ -782,7 +799,7 @@ class SecurityContext:
     run_as_non_root: bool | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Workflow:
     """A whole workflow: the unit every front end produces and every engine runs."""
 

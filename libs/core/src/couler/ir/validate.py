@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from decimal import Decimal, InvalidOperation
 
+from couler.alloc import gc_paused
 from couler.errors import Issue, ValidationError
 from couler.ir.model import (
     ArtifactLocation,
@@ -121,7 +122,8 @@ def validate(workflow: Workflow) -> None:
 
 def find_issues(workflow: Workflow) -> list[Issue]:
     """Every problem in ``workflow``; empty when it is valid."""
-    return _Checker(workflow).run()
+    with gc_paused():
+        return _Checker(workflow).run()
 
 
 class _Checker:
