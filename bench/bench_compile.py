@@ -68,10 +68,14 @@ def build(shape: str, n: int) -> Any:
         return wf.to_ir()
 
 
-def run_once(shape: str, n: int) -> tuple[float, float, float, int]:
-    """Build, compile and dump one workflow: the three phase times and the YAML size."""
+def run_once(shape: str, n: int) -> tuple[float, float, float, int, float, float]:
+    """Build, compile and dump one workflow.
+
+    Returns the three phase times, the YAML size, and the user and system CPU seconds.
+    """
     from couler.compilers.argo import compile_workflow, to_yaml
 
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     wf = build(shape, n)
     t1 = time.perf_counter()
@@ -79,9 +83,11 @@ def run_once(shape: str, n: int) -> tuple[float, float, float, int]:
     t2 = time.perf_counter()
     text = to_yaml(doc)
     t3 = time.perf_counter()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
     if len(wf.steps) != n:
         raise SystemExit(f"{shape}: built {len(wf.steps)} steps, wanted {n}")
-    return t1 - t0, t2 - t1, t3 - t2, len(text.encode())
+    user, system = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
+    return t1 - t0, t2 - t1, t3 - t2, len(text.encode()), user, system
 
 
 def run_case(shape: str, n: int, repeat: int) -> dict[str, Any]:
@@ -90,7 +96,7 @@ def run_case(shape: str, n: int, repeat: int) -> dict[str, Any]:
     for _ in range(repeat):
         runs.append(run_once(shape, n))
         gc.collect()
-    build_s, compile_s, yaml_s, size = min(runs, key=lambda r: r[0] + r[1] + r[2])
+    build_s, compile_s, yaml_s, size, user, system = min(runs, key=lambda r: r[0] + r[1] + r[2])
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "shape": shape,
@@ -99,6 +105,8 @@ def run_case(shape: str, n: int, repeat: int) -> dict[str, Any]:
         "compile_s": round(compile_s, 3),
         "yaml_s": round(yaml_s, 3),
         "total_s": round(build_s + compile_s + yaml_s, 3),
+        "user_cpu_s": round(user, 3),
+        "system_cpu_s": round(system, 3),
         "peak_rss_mib": round(peak_kib / 1024, 1),
         "yaml_bytes": size,
     }
@@ -121,7 +129,7 @@ def main() -> None:
     results = []
     header = (
         f"{'shape':8} {'steps':>7} {'build s':>8} {'compile s':>9} {'yaml s':>7} "
-        f"{'total s':>8} {'peak MiB':>9} {'YAML bytes':>12}"
+        f"{'total s':>8} {'user s':>7} {'sys s':>6} {'peak MiB':>9} {'YAML bytes':>12}"
     )
     print(header, file=sys.stderr)
     for shape in args.shapes.split(","):
@@ -136,19 +144,26 @@ def main() -> None:
             results.append(r)
             print(
                 f"{shape:8} {n:>7} {r['build_s']:>8} {r['compile_s']:>9} {r['yaml_s']:>7} "
-                f"{r['total_s']:>8} {r['peak_rss_mib']:>9} {r['yaml_bytes']:>12}",
+                f"{r['total_s']:>8} {r['user_cpu_s']:>7} {r['system_cpu_s']:>6} "
+                f"{r['peak_rss_mib']:>9} {r['yaml_bytes']:>12}",
                 file=sys.stderr,
                 flush=True,
             )
-    ratios = {}
+    ratios, cpu_ratios = {}, {}
     for shape in args.shapes.split(","):
-        by_n = {r["steps"]: r["total_s"] for r in results if r["shape"] == shape}
-        if 10_000 in by_n and 100_000 in by_n:
-            ratios[shape] = round(by_n[100_000] / by_n[10_000], 2)
-            print(f"t(100k)/t(10k) {shape}: {ratios[shape]}", file=sys.stderr)
+        rows = {r["steps"]: r for r in results if r["shape"] == shape}
+        if 10_000 in rows and 100_000 in rows:
+            big, small = rows[100_000], rows[10_000]
+            ratios[shape] = round(big["total_s"] / small["total_s"], 2)
+            cpu_ratios[shape] = round(big["user_cpu_s"] / small["user_cpu_s"], 2)
+            print(
+                f"t(100k)/t(10k) {shape}: {ratios[shape]} (user CPU: {cpu_ratios[shape]})",
+                file=sys.stderr,
+            )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": results, "ratios": ratios}, f, indent=1)
+            report = {"results": results, "ratios": ratios, "user_cpu_ratios": cpu_ratios}
+            json.dump(report, f, indent=1)
     bad = {s: r for s, r in ratios.items() if r > 11}
     if bad:
         raise SystemExit(f"not near-linear: {bad}")
