@@ -115,7 +115,6 @@ def _block(text: str, indent: int) -> str | None:
 
 def _node(value: Any, indent: int, out: list[str], *, top: bool = False) -> None:
     """Append ``value`` as the rest of the current line plus any nested lines."""
-    pad = " " * indent
     if isinstance(value, Mapping):
         if not value:
             out.append("{}\n")
@@ -124,11 +123,8 @@ def _node(value: Any, indent: int, out: list[str], *, top: bool = False) -> None
         for key, item in value.items():
             if not isinstance(key, str):
                 raise TypeError(f"mapping keys must be strings, not {type(key).__name__}")
-            if not (first and not top):
-                out.append(pad)
+            out.append(_key_line(key, indent if top or not first else 0))
             first = False
-            out.append(_string(key))
-            out.append(":")
             _value_after_key(item, indent, out)
         return
     if isinstance(value, (list, tuple)):
@@ -137,10 +133,8 @@ def _node(value: Any, indent: int, out: list[str], *, top: bool = False) -> None
             return
         first = True
         for item in value:
-            if not (first and not top):
-                out.append(pad)
+            out.append(_dash(indent if top or not first else 0))
             first = False
-            out.append("- ")
             if isinstance(item, str) and "\n" in item:
                 block = _block(item, indent + 2)
                 out.append(block if block is not None else _quoted(item) + "\n")
@@ -149,6 +143,16 @@ def _node(value: Any, indent: int, out: list[str], *, top: bool = False) -> None
         return
     out.append(_scalar(value))
     out.append("\n")
+
+
+@functools.lru_cache(maxsize=16384)  # the same keys recur at the same depths on every line
+def _key_line(key: str, indent: int) -> str:
+    return " " * indent + _string(key) + ":"
+
+
+@functools.lru_cache(maxsize=256)
+def _dash(indent: int) -> str:
+    return " " * indent + "- "
 
 
 def _value_after_key(item: Any, indent: int, out: list[str]) -> None:
