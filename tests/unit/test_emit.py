@@ -21,6 +21,9 @@ tricky = st.sampled_from([
     " a\nb", "a\r\nb", "a\rb", "\x85", "\u2028", "\u2029", "\ufeff", "\x00", "\x07", "\x7f",
     "\x9f", "héllo", "日本", "😀", "a\\b", "{{inputs.parameters.x}}", "s3://b/k", "alpine:3.20",
     "*/30 * * * *", "a ", " a", "a  b", "a\n  b\n", "x\n \n", "key: |\n  x",
+    "-c", "- ", "-", "--", "--- a", "---", "... a", "?x", "? x", ":x", ": x", "a'b", 'a"b',
+    "a#b", "a #b", "a,b", "a]", "a[b]", "a{b}", "x: y", "a:b", "a:", "é", "a\u00a0b", "\u00a0",
+    "-1.5", "-.inf", "- a: b", "echo \"it was heads\"", "!!str", "a !b", "a&b", "a*b",
 ])
 texts = st.one_of(tricky, st.text(max_size=40), st.text(alphabet="ab:-# \n'\"\\{}", max_size=12))
 scalars = st.one_of(
@@ -77,8 +80,8 @@ def test_layout_matches_pyyaml_block_style() -> None:
 
 
 def test_plain_only_when_it_reads_back_as_the_same_string() -> None:
-    assert to_yaml(["plain text", "yes", "1.5", "{{x}}"]) == (
-        '- plain text\n- "yes"\n- "1.5"\n- "{{x}}"\n'
+    assert to_yaml(["plain text", "yes", "1.5", "{{x}}", "-c", 'echo "hi"', "- x"]) == (
+        '- plain text\n- "yes"\n- "1.5"\n- "{{x}}"\n- -c\n- echo "hi"\n- "- x"\n'
     )
 
 

@@ -30,10 +30,15 @@ __all__ = ["to_yaml"]
 
 _STR_TAG = "tag:yaml.org,2002:str"
 _RESOLVER = Resolver()
-# Characters that may start and continue a plain scalar, conservatively: no indicators
-# (-?:,[]{}#&*!|>'"%@`) at the start, no " #" or ": " inside (":" and "#" are excluded
-# from the start set; a ": " or trailing ":" is rejected separately).
-_PLAIN = re.compile(r"^[A-Za-z0-9_./(\\$][A-Za-z0-9_./()\\$=+,;:@~^<> -]*$")
+# A plain (unquoted) scalar in block context: it starts with a character that is not a YAML
+# indicator (or with "-", "?" or ":" followed by a non-space), and holds no control
+# characters, tabs or line breaks. ": " and " #" inside, a trailing blank or ":", and a
+# leading "---" or "..." (document markers) are rejected separately.
+_PLAIN = re.compile(
+    r"(?:[^\s\-?:,\[\]{}#&*!|>'\"%@`\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff]"
+    r"|[-?:][^\s,\[\]{}\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff])"
+    r"[^\t\n\r\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\ud800-\udfff]*"
+)
 # Everything YAML's c-printable set excludes, plus the characters YAML treats as line
 # breaks (NEL, LS, PS) and the byte-order mark: these must be escaped.
 _NEEDS_ESCAPE = re.compile(
@@ -66,6 +71,7 @@ def _string(text: str) -> str:
         text
         and _PLAIN.fullmatch(text)
         and not text.endswith((" ", ":"))
+        and not text.startswith(("---", "..."))
         and ": " not in text
         and " #" not in text
         and _RESOLVER.resolve(ScalarNode, text, (True, False)) == _STR_TAG  # type: ignore[no-untyped-call]
