@@ -1,0 +1,288 @@
+"""The engine contract: features, capability matrices, limits, and normalized run states.
+
+Every engine declares, per IR :class:`Feature`, whether it supports it natively,
+through a documented rewrite, or not at all (:class:`Capability`), and a table of
+:class:`Limit` values with their sources. :func:`check_capabilities` scans a workflow
+(:func:`features_used`) and raises :class:`~couler.errors.UnsupportedFeatureError`
+naming the step and the feature before anything is compiled.
+
+Adapters that run workflows report :class:`RunState` / :class:`StepState`, the same
+vocabulary on every engine, through :class:`StepStatus` and :class:`RunStatus`
+records.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from couler import ir
+from couler.errors import UnsupportedFeatureError
+
+__all__ = [
+    "Capability",
+    "Feature",
+    "Limit",
+    "RunState",
+    "RunStatus",
+    "StepState",
+    "StepStatus",
+    "Support",
+    "check_capabilities",
+    "features_used",
+]
+
+
+class Feature(enum.StrEnum):
+    """An IR feature an engine may or may not express."""
+
+    CONTAINER = "container step"
+    SCRIPT = "script step"
+    JOB = "job step (Kubernetes resource)"
+    SUBWORKFLOW_INLINE = "inline sub-workflow"
+    SUBWORKFLOW_REF = "sub-workflow reference"
+    PARAMETERS = "step parameters"
+    WORKFLOW_PARAMETERS = "workflow parameters"
+    ARTIFACTS = "artifacts"
+    EDGE_CONDITIONS = "edge conditions (failed / any)"
+    DEPENDS_EXPRESSION = "depends expression (and / or / not)"
+    WHEN = "when condition"
+    ELSE = "else branch"
+    MAP_STATIC = "map over static items"
+    MAP_DYNAMIC = "map over an upstream output"
+    MAP_PARALLELISM = "map parallelism bound"
+    LOOP = "bounded loop"
+    EXIT_HOOKS = "exit hooks"
+    RETRY = "retry"
+    RETRY_BACKOFF = "retry back-off"
+    RETRY_FAILURE_CLASSES = "retry by failure class"
+    MEMORY_ESCALATION = "memory escalation on OOM"
+    TIMEOUT = "timeout"
+    RESOURCES = "resources"
+    GPU = "GPU resources"
+    CACHE = "cache policy"
+    PRIORITY = "priority"
+    NODE_SELECTOR = "node selector"
+    TOLERATIONS = "tolerations"
+    VOLUMES = "volumes"
+    SECRETS = "secret references"
+    DAEMON = "daemon step"
+    CRON = "cron schedule"
+    EVENT_TRIGGERS = "event triggers"
+
+
+class Support(enum.StrEnum):
+    """How an engine handles a feature."""
+
+    NATIVE = "native"
+    REWRITTEN = "rewritten"  # expressed through a documented rewrite
+    UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    """An engine's support for one feature, with a note on the mapping or rewrite."""
+
+    support: Support
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """A documented limit of an engine (object size, steps, fan-out, parameter size...)."""
+
+    name: str
+    value: int
+    unit: str
+    source: str  # where the number comes from: docs page, source file, issue
+
+
+# Features are scanned per step; workflow-level ones are reported with step "".
+_STEP_BODY = {
+    ir.ContainerSpec: Feature.CONTAINER,
+    ir.ScriptSpec: Feature.SCRIPT,
+    ir.JobSpec: Feature.JOB,
+}
+
+
+def _step_features(step: ir.Step) -> Iterable[Feature]:
+    body = step.body
+    if isinstance(body, ir.SubWorkflowSpec):
+        yield Feature.SUBWORKFLOW_INLINE if body.steps else Feature.SUBWORKFLOW_REF
+    else:
+        yield _STEP_BODY[type(body)]
+    if step.inputs or step.outputs:
+        yield Feature.PARAMETERS
+    if step.input_artifacts or step.output_artifacts:
+        yield Feature.ARTIFACTS
+    if any(d.condition is not ir.EdgeCondition.SUCCEEDED for d in step.dependencies):
+        yield Feature.EDGE_CONDITIONS
+    if step.depends is not None:
+        yield Feature.DEPENDS_EXPRESSION
+    if step.when is not None:
+        yield Feature.WHEN if step.when.expect else Feature.ELSE
+    if step.foreach is not None:
+        yield Feature.MAP_STATIC if step.foreach.items else Feature.MAP_DYNAMIC
+        if step.foreach.parallelism is not None:
+            yield Feature.MAP_PARALLELISM
+    if step.loop is not None:
+        yield Feature.LOOP
+    if step.retry is not None:
+        yield from _retry_features(step.retry)
+    if step.timeout_seconds is not None:
+        yield Feature.TIMEOUT
+    if step.resources is not None:
+        yield Feature.RESOURCES
+        if step.resources.gpu:
+            yield Feature.GPU
+    if step.cache is not None and step.cache.enabled:
+        yield Feature.CACHE
+    if step.priority is not None:
+        yield Feature.PRIORITY
+    if step.node_selector:
+        yield Feature.NODE_SELECTOR
+    if step.tolerations:
+        yield Feature.TOLERATIONS
+    if step.volume_mounts:
+        yield Feature.VOLUMES
+    if any(e.secret is not None for e in step.env):
+        yield Feature.SECRETS
+    if step.daemon:
+        yield Feature.DAEMON
+
+
+def _retry_features(retry: ir.RetryPolicy) -> Iterable[Feature]:
+    yield Feature.RETRY
+    if retry.backoff is not None:
+        yield Feature.RETRY_BACKOFF
+    if set(retry.on) != {ir.FailureClass.ANY}:
+        yield Feature.RETRY_FAILURE_CLASSES
+    if retry.memory_factor is not None:
+        yield Feature.MEMORY_ESCALATION
+
+
+def features_used(wf: ir.Workflow) -> dict[Feature, list[str]]:
+    """Which features ``wf`` uses, each with the steps that use it ("" = workflow level).
+
+    Step defaults count for every step they apply to; exit-hook and inline
+    sub-workflow steps are included.
+    """
+    used: dict[Feature, list[str]] = {}
+
+    def add(feature: Feature, where: str) -> None:
+        names = used.setdefault(feature, [])
+        if where not in names:
+            names.append(where)
+
+    d = wf.defaults
+    steps = [*wf.steps, *(s for hook in wf.exit_hooks for s in hook.steps)]
+    for step in ir.all_steps(steps):
+        for feature in _step_features(step):
+            add(feature, step.name)
+        if step.retry is None and d.retry is not None:
+            for feature in _retry_features(d.retry):
+                add(feature, step.name)
+        if step.timeout_seconds is None and d.timeout_seconds is not None:
+            add(Feature.TIMEOUT, step.name)
+        if step.resources is None and d.resources is not None:
+            add(Feature.RESOURCES, step.name)
+        if step.priority is None and d.priority is not None:
+            add(Feature.PRIORITY, step.name)
+        if step.cache is None and d.cache is not None and d.cache.enabled:
+            add(Feature.CACHE, step.name)
+    if wf.parameters:
+        add(Feature.WORKFLOW_PARAMETERS, "")
+    if wf.exit_hooks:
+        add(Feature.EXIT_HOOKS, "")
+    if wf.schedule is not None:
+        add(Feature.CRON, "")
+    if wf.triggers:
+        add(Feature.EVENT_TRIGGERS, "")
+    if wf.volumes:
+        add(Feature.VOLUMES, "")
+    if wf.tolerations:
+        add(Feature.TOLERATIONS, "")
+    if wf.node_selector:
+        add(Feature.NODE_SELECTOR, "")
+    return used
+
+
+def check_capabilities(engine: str, capabilities: Mapping[Feature, Capability],
+                       wf: ir.Workflow) -> None:
+    """Raise if ``wf`` uses a feature ``engine`` cannot express, naming the step and feature.
+
+    A feature missing from ``capabilities`` counts as unsupported.
+    """
+    for feature, steps in features_used(wf).items():
+        cap = capabilities.get(feature)
+        if cap is None or cap.support is Support.UNSUPPORTED:
+            detail = cap.note if cap is not None else ""
+            raise UnsupportedFeatureError(engine, wf.name, steps[0], feature.value, detail)
+
+
+class StepState(enum.StrEnum):
+    """The state of one step, the same on every engine."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # its when was false, or an upstream edge condition was not met
+    CACHED = "cached"  # its result was reused
+    RETRYING = "retrying"  # an attempt failed and another will start
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the step will not change state again."""
+        return self in _TERMINAL_STEP
+
+
+_TERMINAL_STEP = {StepState.SUCCEEDED, StepState.FAILED, StepState.SKIPPED, StepState.CACHED,
+                  StepState.CANCELLED}
+
+
+class RunState(enum.StrEnum):
+    """The state of a whole run, the same on every engine."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the run will not change state again."""
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class StepStatus:
+    """What is known about one step (one map item / loop iteration has its own ``key``)."""
+
+    step: str
+    state: StepState
+    key: str = ""  # "" for a plain step; the item index or iteration number otherwise
+    attempts: int = 0
+    exit_code: int | None = None
+    started_at: float | None = None  # seconds since the epoch
+    finished_at: float | None = None
+    peak_cpu: float | None = None  # cores
+    peak_memory_bytes: int | None = None
+    outputs: Mapping[str, str] = field(default_factory=dict)
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """What is known about a whole run."""
+
+    run_id: str
+    workflow: str
+    state: RunState
+    steps: tuple[StepStatus, ...] = ()
+    started_at: float | None = None
+    finished_at: float | None = None
+    message: str = ""
