@@ -7,8 +7,8 @@
 __version__ = "0.2.0"
 
 # As in the open-source SDK, ``import couler; couler.run_container(...)`` works too.
+from couler import argo
 from couler.argo import *  # noqa: F403
-from couler.argo import __all__ as _argo_all
 
-__all__ = list(_argo_all)
-__all__ += ["__version__"]
+__all__ = ["__version__"]
+__all__ += argo.__all__
