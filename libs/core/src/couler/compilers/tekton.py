@@ -1,0 +1,878 @@
+"""Compile a Couler IR workflow into Tekton ``Pipeline`` + ``PipelineRun`` documents (plain data).
+
+:func:`compile_workflow` turns an :class:`couler.ir.Workflow` into two
+``tekton.dev/v1`` documents, a ``Pipeline`` and a ``PipelineRun`` that runs it
+by reference; :func:`to_yaml` renders them as one multi-document YAML text.
+The compiler is a pure function: no cluster, no network. :data:`CAPABILITIES`
+and :data:`LIMITS` are Tekton's capability matrix and limits table; the
+compiler checks the matrix (:func:`couler.engines.base.check_capabilities`)
+before building anything.
+
+Shape of the output:
+
+* One pipeline task per step, each with an embedded ``taskSpec`` holding one
+  Tekton step. Step inputs become task ``params`` (``{{inputs.NAME}}`` →
+  ``$(params.NAME)``, also inside script sources, as the Argo compiler does);
+  an input fed by another step's output is ``$(tasks.STEP.results.OUT)``,
+  by a workflow parameter ``$(params.NAME)``.
+* Outputs become task ``results``. Tekton reads a result from the file
+  ``$(results.NAME.path)``, so a step with outputs runs through a ``/bin/sh``
+  wrapper ``script`` (the image must have ``/bin/sh``): it runs the command
+  (its words are passed as the script's ``args``) or the script source (written
+  to a file by a quoted here-document and run with the interpreter), then copies
+  each file output to its result file; a stdout output is captured to a file,
+  echoed back to the log and stored with trailing newlines removed (like
+  Argo's ``outputs.result``). The step fails if an output file is missing.
+* Dependencies become ``runAfter``. Tekton skips only the task whose ``when``
+  is false; tasks ordered after it by ``runAfter`` still run, which is the IR's
+  "succeeded (or skipped by its own when)" edge. A task that *reads a result*
+  of a skipped task is skipped too (Tekton's resource dependency).
+* ``when`` with ``==`` / ``!=`` becomes a when expression ``in`` / ``notin``;
+  the else branch uses the negated operator. Ordering comparisons are rejected.
+* A map becomes a ``matrix``: static items as explicit ``include``
+  combinations (one per item, so items are zipped, not crossed), an upstream
+  list as a matrix param fed by a whole array result
+  ``$(tasks.STEP.results.OUT[*])`` (the result is declared ``type: array``).
+* A loop is unrolled (at most :data:`MAX_UNROLL` iterations): iteration *k*
+  is task ``STEP-iterK`` guarded by the loop condition on iteration *k-1*'s
+  results, so once the condition fails every later iteration is skipped.
+* An inline sub-workflow is flattened: its steps become tasks named
+  ``GROUP-STEP``, its roots run after the group's dependencies and the group's
+  dependents run after all of its steps.
+* Exit hooks become ``finally`` tasks guarded by ``$(tasks.status)``.
+* Workflow parameters become pipeline ``params`` (list-typed ones ``type:
+  array``) and are passed again by the ``PipelineRun`` when they have defaults.
+* Volumes become pipeline ``workspaces`` bound by the ``PipelineRun``; pod
+  settings (node selector, tolerations, service account, pull secrets, DNS,
+  security context) go to the run's ``taskRunTemplate.podTemplate`` or, per
+  step, to ``taskRunSpecs``.
+
+What Tekton cannot express raises :class:`~couler.errors.UnsupportedFeatureError`
+(see :data:`CAPABILITIES` for the features and why), plus, found while
+compiling: ordering comparisons in conditions, loops longer than
+:data:`MAX_UNROLL`, maps larger than the matrix limit, reading the output of a
+mapped or looped step, group-level policies on an inline sub-workflow,
+dependencies between exit-hook steps, and a workflow-wide parallelism bound.
+A ``ttl_seconds`` has no Tekton field; it is recorded in the
+``couler.io/ttl-seconds`` annotation for an external pruner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from couler import ir
+from couler.compilers import emit
+from couler.engines.base import Capability, Feature, Limit, Support, check_capabilities
+from couler.errors import UnsupportedFeatureError
+
+__all__ = [
+    "API_VERSION",
+    "CAPABILITIES",
+    "ENGINE",
+    "LIMITS",
+    "MAX_MATRIX_COMBINATIONS",
+    "MAX_UNROLL",
+    "compile_workflow",
+    "to_yaml",
+]
+
+ENGINE = "tekton"
+API_VERSION = "tekton.dev/v1"
+MAX_UNROLL = 8  # longest loop unrolled into guarded iterations
+MAX_MATRIX_COMBINATIONS = 256  # Tekton's default-max-matrix-combinations-count
+TTL_ANNOTATION = "couler.io/ttl-seconds"
+ITEM_PARAM = "couler-item"
+
+Doc = dict[str, Any]
+
+_N, _R, _U = Support.NATIVE, Support.REWRITTEN, Support.UNSUPPORTED
+
+CAPABILITIES: dict[Feature, Capability] = {
+    Feature.CONTAINER: Capability(_N, "a pipeline task with an embedded taskSpec of one step"),
+    Feature.SCRIPT: Capability(
+        _N, "step `script` with a shebang for the interpreter (a /bin/sh wrapper when the "
+            "step has outputs or a multi-word interpreter command)"),
+    Feature.JOB: Capability(
+        _U, "Tekton Pipelines has no resource step (Argo `resource` template); a kubectl task "
+            "could create the object but not evaluate Argo-style success/failure conditions"),
+    Feature.SUBWORKFLOW_INLINE: Capability(
+        _R, "flattened: inner steps become tasks GROUP-STEP, roots run after the group's "
+            "dependencies, dependents run after every inner step; group-level when/map/loop/"
+            "policies are rejected"),
+    Feature.SUBWORKFLOW_REF: Capability(
+        _U, "PipelineTask.pipelineRef exists in the v1 schema but pipelines-in-pipelines "
+            "(TEP-0056) is not implemented by the Tekton controller"),
+    Feature.PARAMETERS: Capability(
+        _R, "inputs are task params; outputs are task results, written to $(results.NAME.path) "
+            "by a /bin/sh wrapper script that copies file outputs and captures stdout "
+            "(trailing newlines trimmed); references are $(tasks.STEP.results.NAME)"),
+    Feature.WORKFLOW_PARAMETERS: Capability(
+        _N, "pipeline params with defaults (list → type array), passed by the PipelineRun"),
+    Feature.ARTIFACTS: Capability(
+        _U, "Tekton v1 has no artifact passing between tasks (task artifacts are provenance "
+            "metadata only); share files through volumes (workspaces) instead"),
+    Feature.EDGE_CONDITIONS: Capability(
+        _U, "a Tekton task runs only after its runAfter tasks succeed (or are skipped); a "
+            "failed task fails the run, and only finally tasks can react to failures"),
+    Feature.DEPENDS_EXPRESSION: Capability(
+        _U, "runAfter is a plain conjunction; Tekton has no or / not over task outcomes"),
+    Feature.WHEN: Capability(
+        _N, "when expression `in` (==) / `notin` (!=); ordering comparisons (>, <, >=, <=) are "
+            "rejected because CEL when expressions are alpha-gated"),
+    Feature.ELSE: Capability(_N, "when expression with the negated operator (`notin` / `in`)"),
+    Feature.MAP_STATIC: Capability(
+        _N, "matrix with one explicit `include` combination per item (zipped, not crossed); "
+            "at most 256 items (default-max-matrix-combinations-count)"),
+    Feature.MAP_DYNAMIC: Capability(
+        _N, "matrix param fed by a whole array result $(tasks.STEP.results.OUT[*]); items "
+            "must be strings, keyed items (item.KEY) are rejected"),
+    Feature.MAP_PARALLELISM: Capability(
+        _U, "a matrix has no concurrency bound of its own in Tekton"),
+    Feature.LOOP: Capability(
+        _R, "Tekton has no dynamic loops: unrolled into at most 8 iterations STEP-iterK, each "
+            "guarded by the condition on the previous one's results; reading a loop's outputs "
+            "downstream is rejected"),
+    Feature.EXIT_HOOKS: Capability(
+        _N, "finally tasks guarded by a when expression on $(tasks.status) (succeeded → "
+            "Succeeded/Completed, failed and error → Failed); hook steps cannot depend on each "
+            "other"),
+    Feature.RETRY: Capability(_N, "pipeline task `retries`"),
+    Feature.RETRY_BACKOFF: Capability(_U, "Tekton retries immediately; no back-off setting"),
+    Feature.RETRY_FAILURE_CLASSES: Capability(
+        _U, "Tekton retries every failure; it cannot select failures by cause"),
+    Feature.MEMORY_ESCALATION: Capability(
+        _U, "a retry reuses the same task spec; Tekton cannot raise memory per attempt"),
+    Feature.TIMEOUT: Capability(_N, "pipeline task `timeout` (Ns); workflow timeout → "
+                                    "PipelineRun timeouts.pipeline"),
+    Feature.RESOURCES: Capability(_N, "step computeResources requests / limits"),
+    Feature.GPU: Capability(_N, "step computeResources limit on the GPU resource name"),
+    Feature.CACHE: Capability(_U, "Tekton Pipelines has no result caching / memoization"),
+    Feature.PRIORITY: Capability(
+        _U, "an integer priority has no Tekton field; the pod template only takes a "
+            "priorityClassName"),
+    Feature.NODE_SELECTOR: Capability(
+        _N, "PipelineRun taskRunTemplate.podTemplate (workflow) or taskRunSpecs (step)"),
+    Feature.TOLERATIONS: Capability(
+        _N, "PipelineRun taskRunTemplate.podTemplate (workflow) or taskRunSpecs (step)"),
+    Feature.VOLUMES: Capability(
+        _N, "pipeline workspaces bound by the PipelineRun (PVC, volumeClaimTemplate, emptyDir, "
+            "configMap, secret); mounts are task workspaces with mountPath / subPath"),
+    Feature.SECRETS: Capability(_N, "step env valueFrom.secretKeyRef"),
+    Feature.DAEMON: Capability(
+        _U, "Tekton sidecars live inside one task; nothing outlives a task to serve others"),
+    Feature.CRON: Capability(
+        _U, "Tekton Pipelines has no schedules; use a Kubernetes CronJob or Tekton Triggers "
+            "(a separate project)"),
+    Feature.EVENT_TRIGGERS: Capability(
+        _U, "event triggers belong to Tekton Triggers (EventListener), a separate project"),
+}
+
+_TEKTON_DOCS = "https://tekton.dev/docs/pipelines/"
+LIMITS: tuple[Limit, ...] = (
+    Limit("Kubernetes object size (etcd request, --max-request-bytes default)", 1572864,
+          "bytes", "https://etcd.io/docs/v3.5/dev-guide/limit/ (Pipeline / PipelineRun are "
+                   "stored in etcd like any object)"),
+    Limit("Kubernetes object size (practical, leaving room for status)", 1048576, "bytes",
+          "https://etcd.io/docs/v3.5/dev-guide/limit/; " + _TEKTON_DOCS + "pipelineruns/"),
+    Limit("matrix combinations per pipeline task (default-max-matrix-combinations-count)",
+          MAX_MATRIX_COMBINATIONS, "combinations",
+          _TEKTON_DOCS + "matrix/ (Configuring a Matrix) and config/config-defaults.yaml"),
+    Limit("task result size (results via termination message, max-result-size default)", 4096,
+          "bytes", _TEKTON_DOCS + "tasks/#emitting-results (results-from: termination-message)"),
+    Limit("all results of one task (container termination message)", 4096, "bytes",
+          _TEKTON_DOCS + "tasks/#emitting-results"),
+    Limit("loop iterations unrolled by Couler", MAX_UNROLL, "iterations",
+          _TEKTON_DOCS + "pipelines/ (no dynamic loops; Couler unrolls, couler.compilers.tekton)"),
+    Limit("pipeline task name length (DNS-1123 label)", 63, "characters",
+          _TEKTON_DOCS + "pipelines/#adding-tasks-to-the-pipeline"),
+)
+
+_PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
+_NOT_PARAM_CHAR = re.compile(r"[^-a-zA-Z0-9_.]+")
+_INTERPRETER = {
+    ir.ScriptLanguage.PYTHON: ("python",),
+    ir.ScriptLanguage.BASH: ("bash",),
+    ir.ScriptLanguage.SH: ("sh",),
+}
+_EXIT_STATUS: dict[ir.RunStatus, list[str]] = {
+    ir.RunStatus.SUCCEEDED: ["Succeeded", "Completed"],
+    ir.RunStatus.FAILED: ["Failed"],
+    ir.RunStatus.ERROR: ["Failed"],
+}
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> list[dict[str, Any]]:
+    """Compile ``wf`` into ``[Pipeline, PipelineRun]`` (``tekton.dev/v1``).
+
+    Args:
+        wf: the workflow.
+        validate: run :func:`couler.ir.validate` first (the compiler assumes a
+            valid workflow).
+
+    Returns:
+        The two documents as plain data.
+
+    Raises:
+        couler.errors.ValidationError: the workflow is invalid.
+        couler.errors.UnsupportedFeatureError: the workflow uses a feature
+            Tekton cannot express (the message names the step and feature).
+    """
+    if validate:
+        ir.validate(wf)
+    check_capabilities(ENGINE, CAPABILITIES, wf)
+    return _Compiler(wf).compile()
+
+
+def to_yaml(docs: Sequence[Mapping[str, Any]]) -> str:
+    """Render documents as one multi-document YAML text (documents joined by ``---``)."""
+    return "---\n".join(emit.to_yaml(doc) for doc in docs)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _duration(seconds: int) -> str:
+    return f"{int(seconds)}s"
+
+
+def _task_ref(step: str, output: str, array: bool = False) -> str:
+    return f"$(tasks.{step}.results.{output}{'[*]' if array else ''})"
+
+
+def _item_param(key: str) -> str:
+    return ITEM_PARAM if not key else f"{ITEM_PARAM}-{_NOT_PARAM_CHAR.sub('-', key)}"
+
+
+def _toleration(t: ir.Toleration) -> Doc:
+    doc: Doc = {}
+    if t.key:
+        doc["key"] = t.key
+    if t.operator:
+        doc["operator"] = t.operator
+    if t.value:
+        doc["value"] = t.value
+    if t.effect:
+        doc["effect"] = t.effect
+    if t.toleration_seconds is not None:
+        doc["tolerationSeconds"] = t.toleration_seconds
+    return doc
+
+
+def _item_text(item: object, key: str) -> str:
+    value = item
+    if key:
+        if isinstance(item, dict):
+            value = item.get(key)
+        elif isinstance(item, list) and key.isdigit() and int(key) < len(item):
+            value = item[int(key)]
+        else:
+            value = None
+    return ir.Literal.of(value).text
+
+
+def _heredoc_marker(source: str) -> str:
+    marker, n = "COULER_SCRIPT_EOF", 0
+    lines = set(source.splitlines())
+    while marker in lines:
+        n += 1
+        marker = f"COULER_SCRIPT_EOF_{n}"
+    return marker
+
+
+@dataclasses.dataclass(slots=True)
+class _Info:
+    """How the pipeline sees one step after rewrites."""
+
+    task: str  # the task whose results are read ("" = outputs cannot be read)
+    after: list[str]  # the tasks a dependent must run after
+    reason: tuple[Feature, str] | None = None  # why outputs cannot be read
+
+
+class _Compiler:
+    def __init__(self, wf: ir.Workflow) -> None:
+        self.wf = wf
+        self.infos: dict[str, _Info] = {}
+        self.array_outputs: set[tuple[str, str]] = set()
+        self.task_pods: list[Doc] = []
+        self.group_outputs: dict[str, dict[str, str]] = {}
+
+    # ------------------------------------------------------------------ errors
+
+    def _fail(self, step: str, feature: Feature | str, detail: str) -> UnsupportedFeatureError:
+        name = feature.value if isinstance(feature, Feature) else feature
+        return UnsupportedFeatureError(ENGINE, self.wf.name, step, name, detail)
+
+    # ------------------------------------------------------------------ top level
+
+    def compile(self) -> list[Doc]:
+        wf = self.wf
+        if wf.parallelism is not None:
+            raise self._fail("", "workflow parallelism",
+                             "Tekton has no bound on the tasks of a PipelineRun running at once")
+        steps = self._resolve(self._flatten(wf.steps, prefix="", outer_deps=()))
+        for step in steps:
+            if step.foreach is not None and step.foreach.source is not None:
+                src = step.foreach.source
+                if isinstance(src, ir.StepOutputRef):
+                    self.array_outputs.add((src.step, src.output))
+        tasks: list[Doc] = []
+        for step in steps:
+            tasks.extend(self._step_tasks(step))
+        finally_tasks: list[Doc] = []
+        for hook in wf.exit_hooks:
+            for step in hook.steps:
+                finally_tasks.append(self._hook_task(hook, step))
+        pipeline_spec: Doc = {}
+        if wf.parameters:
+            pipeline_spec["params"] = [self._pipeline_param(p) for p in wf.parameters]
+        if wf.volumes:
+            pipeline_spec["workspaces"] = [{"name": v.name} for v in wf.volumes]
+        pipeline_spec["tasks"] = tasks
+        if finally_tasks:
+            pipeline_spec["finally"] = finally_tasks
+        meta = self._metadata()
+        pipeline: Doc = {"apiVersion": API_VERSION, "kind": "Pipeline",
+                         "metadata": {"name": wf.name, **meta}, "spec": pipeline_spec}
+        return [pipeline, self._pipeline_run(meta)]
+
+    def _metadata(self) -> Doc:
+        wf = self.wf
+        meta: Doc = {}
+        if wf.tenant:
+            meta["namespace"] = wf.tenant
+        if wf.labels:
+            meta["labels"] = dict(wf.labels)
+        annotations = dict(wf.annotations)
+        if wf.ttl_seconds is not None:
+            annotations[TTL_ANNOTATION] = str(wf.ttl_seconds)
+        if annotations:
+            meta["annotations"] = annotations
+        return meta
+
+    def _pipeline_param(self, p: ir.Parameter) -> Doc:
+        doc: Doc = {"name": p.name, "type": "array" if p.type is ir.ValueType.LIST else "string"}
+        if p.description:
+            doc["description"] = p.description
+        if p.default is not None:
+            doc["default"] = self._param_value(p.type, p.default)
+        return doc
+
+    @staticmethod
+    def _param_value(vtype: ir.ValueType, lit: ir.Literal) -> Any:
+        value = lit.value
+        if vtype is ir.ValueType.LIST and isinstance(value, list):
+            return [ir.Literal.of(v).text for v in value]
+        return lit.text
+
+    def _pipeline_run(self, meta: Doc) -> Doc:
+        wf = self.wf
+        spec: Doc = {"pipelineRef": {"name": wf.name}}
+        params = [{"name": p.name, "value": self._param_value(p.type, p.default)}
+                  for p in wf.parameters if p.default is not None]
+        if params:
+            spec["params"] = params
+        if wf.volumes:
+            spec["workspaces"] = [self._workspace_binding(v) for v in wf.volumes]
+        template: Doc = {}
+        if wf.service_account:
+            template["serviceAccountName"] = wf.service_account
+        pod = self._pod_template(wf.node_selector, wf.tolerations)
+        if wf.image_pull_secrets:
+            pod["imagePullSecrets"] = [{"name": s} for s in wf.image_pull_secrets]
+        if wf.dns is not None:
+            if wf.dns.policy:
+                pod["dnsPolicy"] = wf.dns.policy
+            dns: Doc = {}
+            if wf.dns.nameservers:
+                dns["nameservers"] = list(wf.dns.nameservers)
+            if wf.dns.searches:
+                dns["searches"] = list(wf.dns.searches)
+            if wf.dns.options:
+                dns["options"] = [{"name": k, "value": v} for k, v in wf.dns.options]
+            if dns:
+                pod["dnsConfig"] = dns
+        if wf.security_context is not None:
+            sc = wf.security_context
+            ctx = {k: v for k, v in (("runAsUser", sc.run_as_user),
+                                     ("runAsGroup", sc.run_as_group),
+                                     ("fsGroup", sc.fs_group),
+                                     ("runAsNonRoot", sc.run_as_non_root)) if v is not None}
+            if ctx:
+                pod["securityContext"] = ctx
+        if pod:
+            template["podTemplate"] = pod
+        if template:
+            spec["taskRunTemplate"] = template
+        if self.task_pods:
+            spec["taskRunSpecs"] = self.task_pods
+        if wf.timeout_seconds is not None:
+            spec["timeouts"] = {"pipeline": _duration(wf.timeout_seconds)}
+        run_meta: Doc = {"generateName": wf.name + "-", **meta}
+        return {"apiVersion": API_VERSION, "kind": "PipelineRun", "metadata": run_meta,
+                "spec": spec}
+
+    @staticmethod
+    def _pod_template(node_selector: ir.Pairs, tolerations: Iterable[ir.Toleration]) -> Doc:
+        pod: Doc = {}
+        if node_selector:
+            pod["nodeSelector"] = dict(node_selector)
+        tols = [_toleration(t) for t in tolerations]
+        if tols:
+            pod["tolerations"] = tols
+        return pod
+
+    @staticmethod
+    def _workspace_binding(v: ir.Volume) -> Doc:
+        doc: Doc = {"name": v.name}
+        if v.kind is ir.VolumeKind.PVC:
+            doc["persistentVolumeClaim"] = {"claimName": v.claim_name}
+        elif v.kind is ir.VolumeKind.CLAIM_TEMPLATE:
+            claim: Doc = {"accessModes": list(v.access_modes) or ["ReadWriteOnce"],
+                          "resources": {"requests": {"storage": v.size or "1Gi"}}}
+            if v.storage_class:
+                claim["storageClassName"] = v.storage_class
+            doc["volumeClaimTemplate"] = {"spec": claim}
+        elif v.kind is ir.VolumeKind.EMPTY_DIR:
+            doc["emptyDir"] = {}
+        elif v.kind is ir.VolumeKind.CONFIG_MAP:
+            doc["configMap"] = {"name": v.claim_name}
+        else:
+            doc["secret"] = {"secretName": v.claim_name}
+        return doc
+
+    # ------------------------------------------------------------------ flattening
+
+    def _flatten(self, steps: Sequence[ir.Step], prefix: str,
+                 outer_deps: Sequence[ir.Dependency]) -> list[ir.Step]:
+        """Inline sub-workflows: prefix inner step names, give inner roots the group's deps."""
+        renames = {s.name: prefix + s.name for s in steps}
+        out: list[ir.Step] = []
+        for step in steps:
+            deps = tuple(ir.Dependency(renames.get(d.step, d.step), d.condition)
+                         for d in step.dependencies)
+            if prefix and not deps:
+                deps = tuple(outer_deps)
+            name = renames[step.name]
+            body = step.body
+            if isinstance(body, ir.SubWorkflowSpec) and body.steps:
+                self._check_group(step)
+                inner = self._flatten(body.steps, name + "-", deps)
+                out.extend(inner)
+                self.infos[name] = _Info(task="", after=list(dict.fromkeys(
+                    a for s in inner for a in self.infos[s.name].after)))
+                self.group_outputs[name] = {
+                    o.name: name + "-" + s.name
+                    for o in step.outputs for s in body.steps if s.output(o.name) is not None}
+                continue
+            new = self._rename(step, renames, name)
+            out.append(dataclasses.replace(new, dependencies=deps))
+            self.infos[name] = self._info_of(new)
+        return out
+
+    def _resolve(self, steps: Sequence[ir.Step]) -> list[ir.Step]:
+        """Point dependencies at real tasks and group outputs at the inner step producing them."""
+        out = []
+        for step in steps:
+            deps: list[ir.Dependency] = []
+            for d in step.dependencies:
+                info = self.infos.get(d.step)
+                targets = info.after if info is not None else [d.step]
+                deps.extend(ir.Dependency(t, d.condition) for t in targets)
+            resolved = self._rename(step, {}, step.name, resolve=True)
+            out.append(dataclasses.replace(resolved, dependencies=tuple(deps)))
+        return out
+
+    def _rename(self, step: ir.Step, renames: Mapping[str, str], name: str,
+                resolve: bool = False) -> ir.Step:
+        def value(v: ir.ValueSource, extra: Mapping[str, str] = renames) -> ir.ValueSource:
+            if not isinstance(v, ir.StepOutputRef):
+                return v
+            target = extra.get(v.step, v.step)
+            while resolve and target in self.group_outputs:
+                inner = self.group_outputs[target].get(v.output)
+                if inner is None:
+                    break
+                target = inner
+            return ir.StepOutputRef(target, v.output)
+
+        def cond(c: ir.Condition, extra: Mapping[str, str] = renames) -> ir.Condition:
+            return ir.Condition(value(c.left, extra), c.op, value(c.right, extra))
+
+        fe = step.foreach
+        if fe is not None and isinstance(fe.source, ir.StepOutputRef):
+            src = value(fe.source)
+            assert isinstance(src, ir.StepOutputRef)
+            fe = dataclasses.replace(fe, source=src)
+        loop = step.loop
+        if loop is not None:
+            loop = dataclasses.replace(loop, condition=cond(loop.condition,
+                                                            {**renames, step.name: name}))
+        when = step.when
+        if when is not None:
+            when = ir.When(cond(when.condition), when.expect)
+        return dataclasses.replace(
+            step, name=name, foreach=fe, loop=loop, when=when,
+            inputs=tuple(dataclasses.replace(i, value=value(i.value)) for i in step.inputs))
+
+    def _check_group(self, step: ir.Step) -> None:
+        bad = [label for label, present in (
+            ("when", step.when is not None), ("map", step.foreach is not None),
+            ("loop", step.loop is not None), ("retry", step.retry is not None),
+            ("timeout", step.timeout_seconds is not None),
+            ("parallelism", step.parallelism is not None),
+            ("inputs", bool(step.inputs))) if present]
+        if bad:
+            raise self._fail(step.name, Feature.SUBWORKFLOW_INLINE,
+                             "Tekton has no task groups; a flattened sub-workflow cannot carry "
+                             "group-level " + ", ".join(bad))
+
+    def _info_of(self, step: ir.Step) -> _Info:
+        if step.loop is not None:
+            if step.foreach is not None:
+                raise self._fail(step.name, Feature.LOOP,
+                                 "a looped map cannot be unrolled on Tekton")
+            n = step.loop.max_iterations
+            if n > MAX_UNROLL:
+                raise self._fail(step.name, Feature.LOOP,
+                                 f"Tekton has no dynamic loops and Couler unrolls at most "
+                                 f"{MAX_UNROLL} iterations; this loop allows {n}")
+            names = [step.name] + [f"{step.name}-iter{k}" for k in range(2, n + 1)]
+            return _Info(task="", after=names,
+                         reason=(Feature.LOOP, "Tekton cannot select the results of the last "
+                                               "executed iteration of an unrolled loop"))
+        if step.foreach is not None:
+            feature = Feature.MAP_STATIC if step.foreach.items else Feature.MAP_DYNAMIC
+            return _Info(task="", after=[step.name],
+                         reason=(feature, "reading the outputs of a mapped step is not "
+                                          "supported on Tekton"))
+        return _Info(task=step.name, after=[step.name])
+
+    # ------------------------------------------------------------------ values
+
+    def _value(self, step: str, v: ir.ValueSource, *, feature: Feature = Feature.PARAMETERS
+               ) -> str:
+        if isinstance(v, ir.Literal):
+            return v.text
+        if isinstance(v, ir.WorkflowParamRef):
+            return f"$(params.{v.name})"
+        if isinstance(v, ir.StepOutputRef):
+            info = self.infos.get(v.step)
+            if info is None:  # a step of the main graph read by an exit hook
+                return _task_ref(v.step, v.output)
+            if info.reason is not None:
+                raise self._fail(step, info.reason[0],
+                                 f"reads output {v.output!r} of {v.step!r}: {info.reason[1]}")
+            if (info.task, v.output) in self.array_outputs:
+                raise self._fail(step, Feature.MAP_DYNAMIC,
+                                 f"output {v.output!r} of {v.step!r} is an array result (it "
+                                 "feeds a map) and cannot also be read as a string")
+            return _task_ref(info.task, v.output)
+        raise self._fail(step, feature, "the map item cannot be used here on Tekton")
+
+    def _translate(self, text: str, items: set[str]) -> str:
+        def sub(m: re.Match[str]) -> str:
+            expr = m.group(1)
+            if expr.startswith("inputs."):
+                return f"$(params.{expr[len('inputs.'):]})"
+            if expr == "item" or expr.startswith("item."):
+                key = expr[len("item."):] if expr.startswith("item.") else ""
+                items.add(key)
+                return f"$(params.{_item_param(key)})"
+            return m.group(0)
+
+        return _PLACEHOLDER.sub(sub, text)
+
+    def _when_expr(self, step: str, cond: ir.Condition, expect: bool,
+                   feature: Feature) -> Doc:
+        op = cond.op if expect else cond.op.negated()
+        if op not in (ir.CompareOp.EQ, ir.CompareOp.NE):
+            raise self._fail(step, feature,
+                             f"Tekton when expressions test set membership only (in / notin); "
+                             f"the comparison {op.value!r} cannot be expressed")
+        return {"input": self._value(step, cond.left, feature=feature),
+                "operator": "in" if op is ir.CompareOp.EQ else "notin",
+                "values": [self._value(step, cond.right, feature=feature)]}
+
+    # ------------------------------------------------------------------ tasks
+
+    def _step_tasks(self, step: ir.Step) -> list[Doc]:
+        task = self._task(step)
+        if step.loop is None:
+            return [task]
+        loop = step.loop
+        tasks = [task]
+        prev = step.name
+        for k in range(2, loop.max_iterations + 1):
+            name = f"{step.name}-iter{k}"
+            if name in self.infos:
+                raise self._fail(step.name, Feature.LOOP,
+                                 f"unrolled iteration name {name!r} is taken by another step")
+            c = loop.condition
+            cond = ir.Condition(self._loop_ref(c.left, step.name, prev), c.op,
+                                self._loop_ref(c.right, step.name, prev))
+            self.infos[prev] = _Info(task=prev, after=[prev])
+            it = dict(task)
+            it["name"] = name
+            it["runAfter"] = [prev]
+            it["when"] = [self._when_expr(step.name, cond, True, Feature.LOOP)]
+            tasks.append(it)
+            self._add_task_pod(step, name)
+            prev = name
+        self.infos[step.name] = self._info_of(step)
+        return tasks
+
+    @staticmethod
+    def _loop_ref(v: ir.ValueSource, me: str, prev: str) -> ir.ValueSource:
+        if isinstance(v, ir.StepOutputRef) and v.step == me:
+            return ir.StepOutputRef(prev, v.output)
+        return v
+
+    def _hook_task(self, hook: ir.ExitHook, step: ir.Step) -> Doc:
+        if step.dependencies or step.depends is not None:
+            raise self._fail(step.name, Feature.EXIT_HOOKS,
+                             "Tekton finally tasks run in parallel and cannot use runAfter")
+        if isinstance(step.body, ir.SubWorkflowSpec) or step.loop is not None:
+            raise self._fail(step.name, Feature.EXIT_HOOKS,
+                             "an exit hook must be a single container or script step on Tekton")
+        task = self._task(step)
+        status = _EXIT_STATUS.get(hook.on)
+        if status is not None:
+            guard = {"input": "$(tasks.status)", "operator": "in", "values": status}
+            task["when"] = [guard, *task.get("when", [])]
+        return task
+
+    def _add_task_pod(self, step: ir.Step, task_name: str) -> None:
+        pod = self._pod_template(step.node_selector, step.tolerations)
+        if pod:
+            self.task_pods.append({"pipelineTaskName": task_name, "podTemplate": pod})
+
+    def _task(self, step: ir.Step) -> Doc:
+        d = self.wf.defaults
+        items: set[str] = set()
+        task: Doc = {"name": step.name}
+        params: list[Doc] = []
+        item_inputs: dict[str, str] = {}  # input name -> item key
+        for inp in step.inputs:
+            if isinstance(inp.value, ir.ItemRef):
+                item_inputs[inp.name] = inp.value.key
+            else:
+                params.append({"name": inp.name, "value": self._value(step.name, inp.value)})
+        spec = self._task_spec(step, items)
+        matrix = self._matrix(step, item_inputs, items)
+        run_after = list(dict.fromkeys(d.step for d in step.dependencies))
+        if run_after:
+            task["runAfter"] = run_after
+        if params:
+            task["params"] = params
+        if matrix:
+            task["matrix"] = matrix
+        if step.when is not None:
+            feature = Feature.WHEN if step.when.expect else Feature.ELSE
+            task["when"] = [self._when_expr(step.name, step.when.condition, step.when.expect,
+                                            feature)]
+        retry = step.retry or d.retry
+        if retry is not None:
+            task["retries"] = retry.limit
+        timeout = step.timeout_seconds if step.timeout_seconds is not None else d.timeout_seconds
+        if timeout is not None:
+            task["timeout"] = _duration(timeout)
+        workspaces = []
+        for m in step.volume_mounts:
+            binding: Doc = {"name": m.name, "workspace": m.name}
+            if m.sub_path:
+                binding["subPath"] = m.sub_path
+            workspaces.append(binding)
+        if workspaces:
+            task["workspaces"] = workspaces
+        task["taskSpec"] = spec
+        self._add_task_pod(step, step.name)
+        return task
+
+    def _matrix(self, step: ir.Step, item_inputs: Mapping[str, str], items: set[str]) -> Doc:
+        fe = step.foreach
+        if fe is None:
+            if item_inputs or items:
+                raise self._fail(step.name, Feature.PARAMETERS, "map item used outside a map")
+            return {}
+        names = {**item_inputs, **{_item_param(k): k for k in items}}
+        if fe.items:
+            if len(fe.items) > MAX_MATRIX_COMBINATIONS:
+                raise self._fail(step.name, Feature.MAP_STATIC,
+                                 f"{len(fe.items)} items exceed Tekton's matrix limit of "
+                                 f"{MAX_MATRIX_COMBINATIONS} combinations "
+                                 "(default-max-matrix-combinations-count)")
+            include = []
+            for i, lit in enumerate(fe.items):
+                value = lit.value
+                entry: Doc = {"name": f"item-{i}"}
+                if names:
+                    entry["params"] = [{"name": n, "value": _item_text(value, k)}
+                                       for n, k in names.items()]
+                include.append(entry)
+            return {"include": include}
+        if any(k for k in names.values()):
+            raise self._fail(step.name, Feature.MAP_DYNAMIC,
+                             "items of an upstream list must be strings on Tekton (array "
+                             "results); item.KEY cannot be selected")
+        src = fe.source
+        if isinstance(src, ir.StepOutputRef):
+            info = self.infos.get(src.step)
+            if info is None or info.reason is not None or not info.task:
+                raise self._fail(step.name, Feature.MAP_DYNAMIC,
+                                 f"cannot map over the output of {src.step!r} on Tekton")
+            ref = _task_ref(info.task, src.output, array=True)
+        else:
+            assert src is not None
+            ref = f"$(params.{src.name}[*])"
+        if not names:
+            names = {ITEM_PARAM: ""}
+        if len(names) > 1:
+            raise self._fail(step.name, Feature.MAP_DYNAMIC,
+                             "a Tekton matrix crosses its params; the item can feed one "
+                             "parameter only")
+        (name,) = names
+        return {"params": [{"name": name, "value": ref}]}
+
+    def _task_spec(self, step: ir.Step, items: set[str]) -> Doc:
+        d = self.wf.defaults
+        body = step.body
+        if not isinstance(body, (ir.ContainerSpec, ir.ScriptSpec)):
+            raise self._fail(step.name, Feature.JOB if isinstance(body, ir.JobSpec)
+                             else Feature.SUBWORKFLOW_REF, "not expressible on Tekton")
+        tstep: Doc = {"name": "main", "image": body.image}
+        if body.image_pull_policy:
+            tstep["imagePullPolicy"] = body.image_pull_policy
+        if body.working_dir:
+            tstep["workingDir"] = self._translate(body.working_dir, items)
+        file_outputs = [o for o in step.outputs if o.source is ir.OutputSource.PATH]
+        stdout = [o for o in step.outputs if o.source is ir.OutputSource.STDOUT]
+        other = [o for o in step.outputs if o.source not in (ir.OutputSource.PATH,
+                                                             ir.OutputSource.STDOUT)]
+        if other:
+            raise self._fail(step.name, Feature.PARAMETERS,
+                             f"output {other[0].name!r} reads a job resource ({other[0].source}); "
+                             "Tekton has no job steps")
+        if isinstance(body, ir.ContainerSpec):
+            command = [self._translate(c, items) for c in body.command]
+            args = [self._translate(a, items) for a in body.args]
+            if step.outputs:
+                if not command:
+                    raise self._fail(step.name, Feature.PARAMETERS,
+                                     "outputs of a container that runs its image's entrypoint "
+                                     "need a command to wrap on Tekton")
+                tstep["script"] = self._wrapper('"$@"', file_outputs, stdout)
+                tstep["args"] = command + args
+            else:
+                if command:
+                    tstep["command"] = command
+                if args:
+                    tstep["args"] = args
+        else:
+            source = self._translate(body.source, items)
+            interp = list(body.command) or list(_INTERPRETER[body.language])
+            args = [self._translate(a, items) for a in body.args]
+            if step.outputs or len(interp) != 1:
+                marker = _heredoc_marker(source)
+                path = "/tmp/couler-script"
+                run = " ".join(shlex.quote(w) for w in interp) + f' {path} "$@"'
+                prologue = f"cat > {path} <<'{marker}'\n{source}"
+                if not source.endswith("\n"):
+                    prologue += "\n"
+                prologue += marker + "\n"
+                tstep["script"] = self._wrapper(run, file_outputs, stdout, prologue)
+            else:
+                shebang = interp[0] if interp[0].startswith("/") else "/usr/bin/env " + interp[0]
+                tstep["script"] = f"#!{shebang}\n{source}"
+            if args:
+                tstep["args"] = args
+        env = []
+        for e in step.env:
+            if e.secret is not None:
+                env.append({"name": e.name, "valueFrom": {"secretKeyRef": {
+                    "name": e.secret.name, "key": e.secret.key}}})
+            else:
+                env.append({"name": e.name, "value": self._translate(e.value, items)})
+        if env:
+            tstep["env"] = env
+        res = step.resources or d.resources
+        if res is not None:
+            compute = self._resources(res)
+            if compute:
+                tstep["computeResources"] = compute
+        spec: Doc = {}
+        meta: Doc = {}
+        if step.labels:
+            meta["labels"] = dict(step.labels)
+        if meta:
+            spec["metadata"] = meta
+        param_names = [i.name for i in step.inputs] + sorted(
+            _item_param(k) for k in items if _item_param(k) not in {i.name for i in step.inputs})
+        if param_names:
+            spec["params"] = [{"name": n, "type": "string"} for n in param_names]
+        if step.outputs:
+            spec["results"] = [
+                {"name": o.name,
+                 "type": "array" if (step.name, o.name) in self.array_outputs else "string"}
+                for o in step.outputs]
+        if step.volume_mounts:
+            seen: set[str] = set()
+            ws = []
+            for m in step.volume_mounts:
+                if m.name in seen:
+                    raise self._fail(step.name, Feature.VOLUMES,
+                                     f"volume {m.name!r} is mounted twice; a Tekton workspace "
+                                     "has one mount path per task")
+                seen.add(m.name)
+                w: Doc = {"name": m.name, "mountPath": m.mount_path}
+                if m.read_only:
+                    w["readOnly"] = True
+                ws.append(w)
+            spec["workspaces"] = ws
+        spec["steps"] = [tstep]
+        return spec
+
+    @staticmethod
+    def _resources(res: ir.Resources) -> Doc:
+        requests: Doc = {}
+        limits: Doc = {}
+        if res.cpu_request:
+            requests["cpu"] = res.cpu_request
+        if res.memory_request:
+            requests["memory"] = res.memory_request
+        if res.cpu_limit:
+            limits["cpu"] = res.cpu_limit
+        if res.memory_limit:
+            limits["memory"] = res.memory_limit
+        if res.gpu:
+            limits[res.gpu_resource] = str(res.gpu)
+        out: Doc = {}
+        if requests:
+            out["requests"] = requests
+        if limits:
+            out["limits"] = limits
+        return out
+
+    @staticmethod
+    def _wrapper(run: str, files: Sequence[ir.OutputParameter],
+                 stdout: Sequence[ir.OutputParameter], prologue: str = "") -> str:
+        """A /bin/sh script that runs ``run`` and writes the step's result files."""
+        lines = ["#!/bin/sh", prologue.rstrip("\n")] if prologue else ["#!/bin/sh"]
+        if stdout:
+            out = "/tmp/couler-stdout"
+            lines += [f"{run} > {out}", "rc=$?", f"cat {out}"]
+        else:
+            lines += [run, "rc=$?"]
+        lines.append('[ "$rc" -eq 0 ] || exit "$rc"')
+        for o in stdout:
+            lines.append(f"printf '%s' \"$(cat {out})\" > \"$(results.{o.name}.path)\"")
+        for o in files:
+            lines.append(f"cp {shlex.quote(o.selector)} \"$(results.{o.name}.path)\" || exit 1")
+        return "\n".join(lines) + "\n"
