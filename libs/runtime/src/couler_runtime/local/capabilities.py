@@ -1,0 +1,67 @@
+"""What the local engine supports, feature by feature."""
+
+from __future__ import annotations
+
+from couler.engines.base import Capability, Feature, Limit, Support
+
+__all__ = ["CAPABILITIES", "ENGINE", "LIMITS"]
+
+ENGINE = "local"
+
+_N, _R, _U = Support.NATIVE, Support.REWRITTEN, Support.UNSUPPORTED
+_IGNORED = "ignored on one machine"
+
+CAPABILITIES: dict[Feature, Capability] = {
+    Feature.CONTAINER: Capability(_R, "command + args run on the host as a subprocess; the image "
+                                      "is ignored unless mapped to a local command prefix"),
+    Feature.SCRIPT: Capability(_R, "source run with the local interpreter (python = the current "
+                                   "interpreter, bash, sh); the image is ignored"),
+    Feature.JOB: Capability(_U, "Kubernetes resources cannot run on one machine"),
+    Feature.SUBWORKFLOW_INLINE: Capability(_U, "not implemented by the local engine yet"),
+    Feature.SUBWORKFLOW_REF: Capability(_U, "not implemented by the local engine yet"),
+    Feature.PARAMETERS: Capability(_N, "output files are read from the step's mapped path"),
+    Feature.WORKFLOW_PARAMETERS: Capability(_N, "values given to run() or the defaults"),
+    Feature.ARTIFACTS: Capability(_R, "a local artifact store directory under the run; input "
+                                      "sources: step artifacts and local paths only"),
+    Feature.EDGE_CONDITIONS: Capability(_N),
+    Feature.DEPENDS_EXPRESSION: Capability(_N),
+    Feature.WHEN: Capability(_N, "numbers compared numerically, otherwise as strings"),
+    Feature.ELSE: Capability(_N),
+    Feature.MAP_STATIC: Capability(_N, "one execution per item; outputs aggregated as JSON lists"),
+    Feature.MAP_DYNAMIC: Capability(_N, "the upstream output must be a JSON list"),
+    Feature.MAP_PARALLELISM: Capability(_N, "also bounded by max_workers"),
+    Feature.LOOP: Capability(_N),
+    Feature.EXIT_HOOKS: Capability(_N, "run after the main graph with its final status"),
+    Feature.RETRY: Capability(_N),
+    Feature.RETRY_BACKOFF: Capability(_N),
+    Feature.RETRY_FAILURE_CLASSES: Capability(_R, "non-zero exit = transient; exit 137/-9 or the "
+                                                  "sampled memory limit = oom; failure to start "
+                                                  "= infra"),
+    Feature.MEMORY_ESCALATION: Capability(_R, "the sampled RSS limit is multiplied on OOM"),
+    Feature.TIMEOUT: Capability(_N, "the process tree is killed"),
+    Feature.RESOURCES: Capability(_R, "memory_limit enforced by sampling the tree's RSS; CPU "
+                                      "and requests ignored"),
+    Feature.GPU: Capability(_U, "GPUs are not scheduled locally"),
+    Feature.CACHE: Capability(_R, "no result cache: every step runs (retry() reuses steps that "
+                                  "succeeded)"),
+    Feature.PRIORITY: Capability(_R, _IGNORED),
+    Feature.NODE_SELECTOR: Capability(_R, _IGNORED),
+    Feature.TOLERATIONS: Capability(_R, _IGNORED),
+    Feature.VOLUMES: Capability(_R, "each volume is a directory under the run dir; mount paths "
+                                    "are rewritten"),
+    Feature.SECRETS: Capability(_N, "resolved from the secrets mapping given to the engine"),
+    Feature.DAEMON: Capability(_U, "daemon steps are not implemented by the local engine"),
+    Feature.CRON: Capability(_U, "a single run cannot be scheduled; the submitter schedules it"),
+    Feature.EVENT_TRIGGERS: Capability(_U, "a single run cannot wait for events; the submitter "
+                                           "triggers it"),
+}
+
+LIMITS: tuple[Limit, ...] = (
+    Limit(
+        "concurrent step processes",
+        4,
+        "processes",
+        "LocalEngine(max_workers=4) default; raise it per engine (a map's own parallelism "
+        "bound applies within it)",
+    ),
+)

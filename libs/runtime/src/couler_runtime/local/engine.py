@@ -1,0 +1,868 @@
+"""The local engine: runs a workflow's steps as processes on this machine.
+
+Execution rules:
+
+* A **script** step writes its source to a file and runs it with the local
+  interpreter of its language: python -> ``sys.executable``, bash -> ``bash``,
+  sh -> ``sh`` (a ``command`` of ``python``/``python3`` also means
+  ``sys.executable``; another command is used as given), followed by its args.
+* A **container** step runs ``command + args`` on the host as a subprocess.
+  The image is ignored, unless ``image_commands`` maps it to a command prefix
+  (e.g. ``{"python:3.12": ["uv", "run"]}``). A container step without a
+  command fails (the image's entrypoint is unknown on the host).
+* Placeholders ``{{inputs.NAME}}``, ``{{item}}``, ``{{item.KEY}}`` and
+  ``{{workflow.name}}`` are substituted in the command, args, env values and
+  working directory (not in script source, as the IR specifies).
+* Declared absolute paths are rewritten to a per-execution directory, see
+  :mod:`couler_runtime.local.artifacts`; the process runs in that execution's
+  directory (or the mapped ``working_dir``).
+* Env vars: the engine's own environment plus the step's; secret references
+  are resolved from the ``secrets`` mapping ``(name, key) -> value``; a
+  missing one fails the step (not retried) naming the secret.
+* Outputs: ``stdout`` -> the process's standard output, stripped; ``path`` ->
+  the mapped file's contents, stripped. A missing file fails the step.
+* Scheduling: every step whose dependencies are terminal is decided: edge
+  conditions (``succeeded`` = upstream succeeded or was skipped) or the
+  ``depends`` expression must hold, then ``when`` is evaluated (numbers
+  compared numerically when both sides parse as numbers, else strings);
+  otherwise it is SKIPPED. At most ``max_workers`` processes run at once.
+* ``map``: one execution per item (``key`` = index), at most ``parallelism``
+  at once; the step's outputs are JSON lists of the items' outputs, in order.
+* ``loop``: run (``key`` = iteration), evaluate the condition over the latest
+  outputs, repeat while it holds, at most ``max_iterations`` runs.
+* Retries: failures are classified (non-zero exit = transient; exit 137/-9 or
+  exceeding ``memory_limit`` = oom; failure to start = infra); a policy
+  retries the classes it names after ``base * factor**n`` seconds (capped).
+  A timeout kills the process tree (a transient failure).
+* Exit hooks run after the main graph with its final status (not after a
+  cancellation). A failing hook fails the run.
+* ``cancel()`` kills running processes and marks everything else CANCELLED.
+* The run record (``run.json`` in the run dir) is rewritten after every state
+  change; :meth:`LocalEngine.retry` re-runs a run reusing the outputs of the
+  steps that succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from couler import ir
+from couler.engines.base import RunState, RunStatus, StepState, StepStatus, check_capabilities
+from couler.errors import InvalidWorkflowError, NotFoundError
+
+from .artifacts import ArtifactStore, PathMap, copy_path
+from .capabilities import CAPABILITIES, ENGINE
+from .process import run_process
+
+__all__ = ["LocalEngine", "LocalRun"]
+
+EventCallback = Callable[[StepStatus], None]
+
+_PLACEHOLDER = re.compile(r"\{\{\s*(inputs\.[^}\s]+|item(?:\.[^}\s]+)?|workflow\.name)\s*\}\}")
+_DONE_OK = (StepState.SUCCEEDED, StepState.CACHED)
+
+
+class _StepError(Exception):
+    """A step cannot run (bad input, missing secret...): fail it, do not retry."""
+
+
+def _quantity(text: str) -> int | None:
+    """A memory quantity in bytes, or None when unset or not a quantity."""
+    if not text:
+        return None
+    try:
+        return int(ir.parse_quantity(text))
+    except ValueError:
+        return None
+
+
+def _text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _compare(left: str, op: ir.CompareOp, right: str) -> bool:
+    ln, rn = _number(left), _number(right)
+    a: float | str
+    b: float | str
+    a, b = (ln, rn) if ln is not None and rn is not None else (left, right)
+    if op is ir.CompareOp.EQ:
+        return a == b
+    if op is ir.CompareOp.NE:
+        return a != b
+    if op is ir.CompareOp.GT:
+        return a > b  # type: ignore[operator]
+    if op is ir.CompareOp.LT:
+        return a < b  # type: ignore[operator]
+    if op is ir.CompareOp.GE:
+        return a >= b  # type: ignore[operator]
+    return a <= b  # type: ignore[operator]
+
+
+@dataclass
+class _Record:
+    step: str
+    key: str = ""
+    state: StepState = StepState.PENDING
+    attempts: int = 0
+    exit_code: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    peak_cpu: float | None = None
+    peak_memory_bytes: int | None = None
+    outputs: dict[str, str] = field(default_factory=dict)
+    message: str = ""
+    failure: str = ""  # the failure class of the last failed attempt
+
+    def status(self) -> StepStatus:
+        return StepStatus(
+            step=self.step, state=self.state, key=self.key, attempts=self.attempts,
+            exit_code=self.exit_code, started_at=self.started_at, finished_at=self.finished_at,
+            peak_cpu=self.peak_cpu, peak_memory_bytes=self.peak_memory_bytes,
+            outputs=dict(self.outputs), message=self.message,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        data = self.status()
+        return {
+            "step": data.step, "key": data.key, "state": data.state.value,
+            "attempts": data.attempts, "exit_code": data.exit_code,
+            "started_at": data.started_at, "finished_at": data.finished_at,
+            "peak_cpu": data.peak_cpu, "peak_memory_bytes": data.peak_memory_bytes,
+            "outputs": dict(data.outputs), "message": data.message, "failure": self.failure,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> _Record:
+        def opt_float(name: str) -> float | None:
+            v = data.get(name)
+            return float(v) if isinstance(v, (int, float)) else None
+
+        def opt_int(name: str) -> int | None:
+            v = data.get(name)
+            return int(v) if isinstance(v, int) else None
+
+        outputs = data.get("outputs")
+        return cls(
+            step=str(data["step"]), key=str(data.get("key", "")),
+            state=StepState(str(data["state"])), attempts=opt_int("attempts") or 0,
+            exit_code=opt_int("exit_code"), started_at=opt_float("started_at"),
+            finished_at=opt_float("finished_at"), peak_cpu=opt_float("peak_cpu"),
+            peak_memory_bytes=opt_int("peak_memory_bytes"),
+            outputs={str(k): str(v) for k, v in outputs.items()}
+            if isinstance(outputs, dict) else {},
+            message=str(data.get("message", "")), failure=str(data.get("failure", "")),
+        )
+
+
+class LocalRun:
+    """A run in progress: wait for it, cancel it, or read its status.
+
+    Created by :meth:`LocalEngine.start`; the run executes on a background
+    thread.
+    """
+
+    def __init__(self, engine: LocalEngine, wf: ir.Workflow, run_dir: Path, *,
+                 parameters: Mapping[str, str], on_event: EventCallback | None,
+                 reuse: Mapping[str, _Record] | None = None) -> None:
+        self.engine = engine
+        self.workflow = wf
+        self.run_dir = run_dir
+        self.run_id = run_dir.name
+        self._parameters = dict(parameters)
+        self._on_event = on_event
+        self._reuse = dict(reuse or {})
+        self._lock = threading.RLock()
+        self._cancel = threading.Event()
+        self._records: dict[tuple[str, str], _Record] = {}
+        self._state = RunState.PENDING
+        self._message = ""
+        self._started_at: float | None = None
+        self._finished_at: float | None = None
+        self._store = ArtifactStore(run_dir / "artifacts")
+        self._thread = threading.Thread(target=self._main, name=f"couler-local-{self.run_id}",
+                                        daemon=True)
+
+    # ------------------------------------------------------------------ public API
+
+    def wait(self, timeout: float | None = None) -> RunStatus:
+        """Block until the run ends (or ``timeout`` seconds pass) and return its status."""
+        self._thread.join(timeout)
+        return self.status()
+
+    def cancel(self) -> None:
+        """Kill running processes and mark every step that has not finished CANCELLED."""
+        self._cancel.set()
+
+    def status(self) -> RunStatus:
+        """The current status of the run and of every step execution."""
+        with self._lock:
+            return RunStatus(
+                run_id=self.run_id, workflow=self.workflow.name, state=self._state,
+                steps=tuple(r.status() for r in self._records.values()),
+                started_at=self._started_at, finished_at=self._finished_at,
+                message=self._message,
+            )
+
+    # ------------------------------------------------------------------ records
+
+    def _start(self) -> None:
+        self._thread.start()
+
+    def _persist(self) -> None:
+        data = {
+            "run_id": self.run_id, "workflow": ir.to_dict(self.workflow),
+            "parameters": self._parameters, "state": self._state.value,
+            "started_at": self._started_at, "finished_at": self._finished_at,
+            "message": self._message,
+            "steps": [r.to_dict() for r in self._records.values()],
+        }
+        path = self.run_dir / "run.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+    def _update(self, rec: _Record, **changes: object) -> None:
+        with self._lock:
+            for name, value in changes.items():
+                setattr(rec, name, value)
+            self._records[(rec.step, rec.key)] = rec
+            self._persist()
+            status = rec.status()
+        if self._on_event is not None:
+            self._on_event(status)
+
+    def _state_of(self, step: str) -> StepState:
+        with self._lock:
+            rec = self._records.get((step, ""))
+            return rec.state if rec is not None else StepState.PENDING
+
+    def _record(self, step: str) -> _Record | None:
+        with self._lock:
+            return self._records.get((step, ""))
+
+    # ------------------------------------------------------------------ main
+
+    def _main(self) -> None:
+        with self._lock:
+            self._state = RunState.RUNNING
+            self._started_at = time.time()
+            for step in self.workflow.steps:
+                self._records[(step.name, "")] = _Record(step.name)
+            self._persist()
+        try:
+            self._graph(self.workflow.steps, reuse=True)
+            with self._lock:
+                main_steps = [self._records[(s.name, "")] for s in self.workflow.steps]
+            failed = [r for r in main_steps if r.state is StepState.FAILED]
+            if self._cancel.is_set():
+                final = RunState.CANCELLED
+                message = "cancelled"
+            else:
+                final = RunState.FAILED if failed else RunState.SUCCEEDED
+                message = ("steps failed: " + ", ".join(r.step for r in failed)) if failed else ""
+                hook_steps = self._hooks(final, failed)
+                if hook_steps:
+                    for step in hook_steps:
+                        self._update(_Record(step.name))
+                    self._graph(tuple(hook_steps), reuse=False)
+                    bad = [s.name for s in hook_steps
+                           if self._state_of(s.name) is StepState.FAILED]
+                    if bad:
+                        final = RunState.FAILED
+                        message = "; ".join(filter(None, [message, "exit hooks failed: "
+                                                          + ", ".join(bad)]))
+                    if self._cancel.is_set():
+                        final, message = RunState.CANCELLED, "cancelled"
+        except Exception as exc:  # an engine bug must still leave a final record
+            final, message = RunState.FAILED, f"local engine error: {exc!r}"
+        with self._lock:
+            self._state, self._message = final, message
+            self._finished_at = time.time()
+            self._persist()
+
+    def _hooks(self, final: RunState, failed: Sequence[_Record]) -> list[ir.Step]:
+        errored = any(r.failure == ir.FailureClass.INFRA.value for r in failed)
+        wanted = {ir.RunStatus.ANY,
+                  ir.RunStatus.SUCCEEDED if final is RunState.SUCCEEDED else ir.RunStatus.FAILED}
+        if errored:
+            wanted.add(ir.RunStatus.ERROR)
+        return [s for hook in self.workflow.exit_hooks if hook.on in wanted for s in hook.steps]
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _graph(self, steps: Sequence[ir.Step], *, reuse: bool) -> None:
+        pending = {s.name: s for s in steps}
+        futures: dict[Future[None], tuple[ir.Step, int | None]] = {}
+        maps: dict[str, _MapState] = {}
+        with ThreadPoolExecutor(self.engine.max_workers) as pool:
+            while pending or futures or maps:
+                if self._cancel.is_set():
+                    for name in list(pending):
+                        rec = self._record(name) or _Record(name)
+                        self._update(rec, state=StepState.CANCELLED, message="run cancelled")
+                        del pending[name]
+                    for ms in maps.values():
+                        ms.queue.clear()
+                progressed = True
+                while progressed and not self._cancel.is_set():
+                    progressed = False
+                    for name, step in list(pending.items()):
+                        decision = self._decide(step)
+                        if decision is None:
+                            continue
+                        del pending[name]
+                        progressed = True
+                        rec = self._record(name) or _Record(name)
+                        if decision:
+                            self._update(rec, state=StepState.SKIPPED, message=decision,
+                                         finished_at=time.time())
+                            continue
+                        prev = self._reuse.get(name) if reuse else None
+                        if prev is not None:
+                            self._update(rec, **{k: getattr(prev, k) for k in (
+                                "state", "attempts", "exit_code", "started_at", "finished_at",
+                                "peak_cpu", "peak_memory_bytes", "outputs")},
+                                message="reused from the previous attempt of this run")
+                            continue
+                        if step.foreach is not None:
+                            try:
+                                items = self._items(step)
+                            except _StepError as exc:
+                                self._update(rec, state=StepState.FAILED, message=str(exc),
+                                             finished_at=time.time())
+                                continue
+                            maps[name] = _MapState(step, items)
+                            self._update(rec, state=StepState.RUNNING, started_at=time.time())
+                            if not items:
+                                self._finish_map(maps.pop(name))
+                        else:
+                            futures[pool.submit(self._run_step, step)] = (step, None)
+                for name, ms in list(maps.items()):
+                    limit = ms.step.foreach.parallelism if ms.step.foreach else None
+                    while ms.queue and (limit is None or ms.running < limit):
+                        index = ms.queue.pop(0)
+                        ms.running += 1
+                        fut = pool.submit(self._run_item, ms.step, index, ms.items[index])
+                        futures[fut] = (ms.step, index)
+                    if not ms.queue and ms.running == 0:
+                        self._finish_map(maps.pop(name))
+                if not futures:
+                    if pending and not maps:  # cannot happen for a validated graph
+                        for name in list(pending):
+                            rec = self._record(name) or _Record(name)
+                            self._update(rec, state=StepState.FAILED,
+                                         message="dependencies can never be satisfied")
+                            del pending[name]
+                    continue
+                done, _ = wait(list(futures), timeout=0.1, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    step, item_index = futures.pop(fut)
+                    fut.result()
+                    if item_index is not None:
+                        maps[step.name].running -= 1
+
+    def _decide(self, step: ir.Step) -> str | None:
+        """None = not yet; "" = run; otherwise the reason to skip."""
+        names = [d.step for d in step.dependencies]
+        if step.depends is not None:
+            names += _expr_steps(step.depends)
+        states = {n: self._state_of(n) for n in names}
+        if any(not s.terminal for s in states.values()):
+            return None
+        if step.depends is not None:
+            if not self._expr(step.depends):
+                return "its depends expression does not hold"
+        else:
+            for dep in step.dependencies:
+                if not self._edge(dep.step, dep.condition):
+                    return f"dependency {dep.step!r} did not reach {dep.condition.value}"
+        if step.when is not None:
+            try:
+                holds = self._condition(step.when.condition, step, {})
+            except _StepError as exc:
+                return f"when cannot be evaluated: {exc}"
+            if holds != step.when.expect:
+                return "its when condition is " + ("false" if step.when.expect else "true")
+        return ""
+
+    def _edge(self, name: str, cond: ir.EdgeCondition) -> bool:
+        state = self._state_of(name)
+        rec = self._record(name)
+        failure = rec.failure if rec is not None else ""
+        if cond is ir.EdgeCondition.SUCCEEDED:
+            return state in (*_DONE_OK, StepState.SKIPPED)
+        if cond is ir.EdgeCondition.FAILED:
+            return state is StepState.FAILED
+        if cond is ir.EdgeCondition.ERRORED:
+            return state is StepState.FAILED and failure == ir.FailureClass.INFRA.value
+        if cond is ir.EdgeCondition.SKIPPED:
+            return state is StepState.SKIPPED
+        if cond is ir.EdgeCondition.COMPLETED:
+            return state in (*_DONE_OK, StepState.FAILED)
+        return state.terminal
+
+    def _expr(self, expr: ir.DependsExpr) -> bool:
+        if isinstance(expr, ir.DependsTerm):
+            return self._edge(expr.step, expr.condition)
+        if isinstance(expr, ir.DependsAll):
+            return all(self._expr(t) for t in expr.terms)
+        if isinstance(expr, ir.DependsAny):
+            return any(self._expr(t) for t in expr.terms)
+        return not self._expr(expr.term)
+
+    # ------------------------------------------------------------------ values
+
+    def _value(self, source: ir.ValueSource, step: ir.Step, item: object,
+               own: Mapping[str, str], where: str) -> str:
+        wf = self.workflow.name
+        if isinstance(source, ir.Literal):
+            return source.text
+        if isinstance(source, ir.WorkflowParamRef):
+            if source.name in self._parameters:
+                return self._parameters[source.name]
+            param = self.workflow.parameter(source.name)
+            if param is None or param.default is None:
+                raise _StepError(f"workflow {wf!r}, step {step.name!r}, field {where!r}: "
+                                 f"workflow parameter {source.name!r} has no value")
+            return param.default.text
+        if isinstance(source, ir.ItemRef):
+            if source.key:
+                if not isinstance(item, dict) or source.key not in item:
+                    raise _StepError(f"workflow {wf!r}, step {step.name!r}, field {where!r}: "
+                                     f"map item has no key {source.key!r}")
+                return _text(item[source.key])
+            return _text(item)
+        if source.step == step.name and source.output in own:
+            return own[source.output]
+        rec = self._record(source.step)
+        if rec is None or source.output not in rec.outputs:
+            raise _StepError(f"workflow {wf!r}, step {step.name!r}, field {where!r}: step "
+                             f"{source.step!r} has no output {source.output!r}")
+        return rec.outputs[source.output]
+
+    def _condition(self, cond: ir.Condition, step: ir.Step, own: Mapping[str, str]) -> bool:
+        left = self._value(cond.left, step, None, own, "condition")
+        right = self._value(cond.right, step, None, own, "condition")
+        return _compare(left, cond.op, right)
+
+    def _items(self, step: ir.Step) -> list[object]:
+        assert step.foreach is not None
+        if step.foreach.source is None:
+            return [lit.value for lit in step.foreach.items]
+        text = self._value(step.foreach.source, step, None, {}, "foreach.source")
+        try:
+            items = json.loads(text)
+        except ValueError:
+            items = None
+        if not isinstance(items, list):
+            raise _StepError(f"workflow {self.workflow.name!r}, step {step.name!r}, field "
+                             f"'foreach.source': expected a JSON list, got {text[:200]!r}")
+        return items
+
+    # ------------------------------------------------------------------ execution
+
+    def _run_step(self, step: ir.Step) -> None:
+        rec = self._record(step.name) or _Record(step.name)
+        if step.loop is None:
+            self._execute(step, rec, "main", None)
+            return
+        self._update(rec, state=StepState.RUNNING, started_at=time.time())
+        loop = step.loop
+        last: _Record | None = None
+        for n in range(max(loop.max_iterations, 1)):
+            last = _Record(step.name, key=str(n))
+            self._execute(step, last, f"iter-{n}", None)
+            if last.state is not StepState.SUCCEEDED:
+                break
+            try:
+                again = self._condition(loop.condition, step, last.outputs)
+            except _StepError as exc:
+                last = _Record(step.name, state=StepState.FAILED, message=str(exc))
+                break
+            if not again:
+                break
+        assert last is not None
+        with self._lock:
+            iterations = [r for (s, k), r in self._records.items() if s == step.name and k]
+        self._update(rec, state=last.state, outputs=dict(last.outputs), message=last.message,
+                     attempts=sum(r.attempts for r in iterations), exit_code=last.exit_code,
+                     failure=last.failure, finished_at=time.time(),
+                     peak_cpu=max((r.peak_cpu or 0.0 for r in iterations), default=None),
+                     peak_memory_bytes=max((r.peak_memory_bytes or 0 for r in iterations),
+                                           default=None))
+
+    def _run_item(self, step: ir.Step, index: int, item: object) -> None:
+        self._execute(step, _Record(step.name, key=str(index)), f"item-{index}", item)
+
+    def _finish_map(self, ms: _MapState) -> None:
+        name = ms.step.name
+        with self._lock:
+            items = [self._records.get((name, str(i))) for i in range(len(ms.items))]
+        recs = [r for r in items if r is not None]
+        failed = [r for r in recs if r.state is not StepState.SUCCEEDED]
+        if self._cancel.is_set() and (failed or len(recs) < len(ms.items)):
+            state = StepState.CANCELLED
+        else:
+            state = StepState.FAILED if failed or len(recs) < len(ms.items) else \
+                StepState.SUCCEEDED
+        outputs = {o.name: json.dumps([r.outputs.get(o.name, "") for r in recs])
+                   for o in ms.step.outputs}
+        rec = self._record(name) or _Record(name)
+        self._update(rec, state=state, outputs=outputs, finished_at=time.time(),
+                     attempts=sum(r.attempts for r in recs),
+                     failure=failed[0].failure if failed else "",
+                     message=(f"items failed: {', '.join(r.key for r in failed)}"
+                              if failed else ""),
+                     peak_cpu=max((r.peak_cpu or 0.0 for r in recs), default=None),
+                     peak_memory_bytes=max((r.peak_memory_bytes or 0 for r in recs),
+                                           default=None))
+
+    def _execute(self, step: ir.Step, rec: _Record, label: str, item: object) -> None:
+        wf = self.workflow
+        policy = step.retry or wf.defaults.retry
+        timeout = step.timeout_seconds or wf.defaults.timeout_seconds
+        resources = step.resources or wf.defaults.resources
+        memory_limit = _quantity(resources.memory_limit) if resources else None
+        ceiling = _quantity(policy.memory_ceiling) if policy else None
+        self._update(rec, state=StepState.RUNNING, started_at=time.time(), attempts=0)
+        retries = 0
+        while True:
+            self._update(rec, attempts=rec.attempts + 1, state=StepState.RUNNING)
+            failure = self._attempt(step, rec, label, item, timeout=timeout,
+                                    memory_limit=memory_limit)
+            if failure is None:
+                self._update(rec, state=StepState.SUCCEEDED, finished_at=time.time(),
+                             failure="")
+                return
+            if failure == "cancelled":
+                self._update(rec, state=StepState.CANCELLED, finished_at=time.time())
+                return
+            retryable = (failure != "fatal" and policy is not None and retries < policy.limit
+                         and (ir.FailureClass.ANY in policy.on
+                              or ir.FailureClass(failure) in policy.on))
+            if not retryable or policy is None:
+                self._update(rec, state=StepState.FAILED, finished_at=time.time(),
+                             failure="" if failure == "fatal" else failure)
+                return
+            delay = 0.0
+            if policy.backoff is not None:
+                b = policy.backoff
+                delay = b.base_seconds * b.factor ** retries
+                if b.cap_seconds is not None:
+                    delay = min(delay, b.cap_seconds)
+            if (failure == ir.FailureClass.OOM.value and policy.memory_factor
+                    and memory_limit is not None):
+                memory_limit = int(memory_limit * policy.memory_factor)
+                if ceiling is not None:
+                    memory_limit = min(memory_limit, ceiling)
+            retries += 1
+            self._update(rec, state=StepState.RETRYING, failure=failure)
+            if self._cancel.wait(delay):
+                self._update(rec, state=StepState.CANCELLED, finished_at=time.time())
+                return
+
+    def _attempt(self, step: ir.Step, rec: _Record, label: str, item: object, *,
+                 timeout: int | None, memory_limit: int | None) -> str | None:
+        """Run one attempt; None on success, else the failure class, "fatal" or "cancelled"."""
+        wf = self.workflow
+        exec_dir = self.run_dir / "steps" / step.name / label
+        exec_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            argv, env, cwd, paths = self._prepare(step, exec_dir, item)
+        except _StepError as exc:
+            self._update(rec, message=str(exc))
+            return "fatal"
+        result = run_process(argv, cwd=cwd, env=env, stdout_path=exec_dir / "stdout",
+                             stderr_path=exec_dir / "stderr", timeout_seconds=timeout,
+                             memory_limit_bytes=memory_limit, cancel=self._cancel)
+        where = f"workflow {wf.name!r}, step {step.name!r}"
+        changes: dict[str, object] = {
+            "exit_code": result.exit_code,
+            "peak_cpu": max(rec.peak_cpu or 0.0, result.peak_cpu),
+            "peak_memory_bytes": max(rec.peak_memory_bytes or 0, result.peak_memory_bytes),
+        }
+        if result.cancelled:
+            self._update(rec, message="cancelled", **changes)
+            return "cancelled"
+        if not result.started:
+            self._update(rec, message=f"{where}: cannot start the process: {result.error}",
+                         **changes)
+            return ir.FailureClass.INFRA.value
+        if result.timed_out:
+            self._update(rec, message=f"{where}: timed out after {timeout} s", **changes)
+            return ir.FailureClass.TRANSIENT.value
+        if result.oom_killed or result.exit_code in (137, -9):
+            self._update(rec, message=f"{where}: killed for exceeding its memory (exit "
+                                      f"{result.exit_code})", **changes)
+            return ir.FailureClass.OOM.value
+        if result.exit_code != 0:
+            err = (exec_dir / "stderr").read_text(errors="replace").strip()[-500:]
+            self._update(rec, message=f"{where}: exit code {result.exit_code}"
+                                      + (f": {err}" if err else ""), **changes)
+            return ir.FailureClass.TRANSIENT.value
+        try:
+            changes["outputs"] = self._outputs(step, exec_dir, paths)
+        except _StepError as exc:
+            self._update(rec, message=str(exc), **changes)
+            return "fatal"
+        self._update(rec, message="", **changes)
+        return None
+
+    def _prepare(self, step: ir.Step, exec_dir: Path, item: object
+                 ) -> tuple[list[str], dict[str, str], Path, PathMap]:
+        wf = self.workflow
+        where = f"workflow {wf.name!r}, step {step.name!r}"
+        inputs = {i.name: self._value(i.value, step, item, {}, f"inputs.{i.name}")
+                  for i in step.inputs}
+        volumes = {v.name for v in wf.volumes}
+        mounts: dict[str, Path] = {}
+        for m in step.volume_mounts:
+            if m.name not in volumes and wf.volumes:
+                raise _StepError(f"{where}, field 'volume_mounts': unknown volume {m.name!r}")
+            host = self.run_dir / "volumes" / m.name
+            mounts[m.mount_path] = host / m.sub_path if m.sub_path else host
+        declared = [o.selector for o in step.outputs if o.source is ir.OutputSource.PATH]
+        declared += [a.path for a in step.output_artifacts]
+        declared += [a.path for a in step.input_artifacts]
+        paths = PathMap(exec_dir / "root", declared, mounts)
+        for host in mounts.values():
+            host.mkdir(parents=True, exist_ok=True)
+        for path in declared:
+            paths.host(path).parent.mkdir(parents=True, exist_ok=True)
+
+        def sub(text: str, field: str) -> str:
+            def repl(match: re.Match[str]) -> str:
+                name = match.group(1)
+                if name == "workflow.name":
+                    return wf.name
+                if name.startswith("inputs."):
+                    key = name[len("inputs."):]
+                    if key not in inputs:
+                        raise _StepError(f"{where}, field {field!r}: no input named {key!r}")
+                    return inputs[key]
+                key = name[len("item."):] if name.startswith("item.") else ""
+                return self._value(ir.ItemRef(key), step, item, {}, field)
+
+            return paths.rewrite(_PLACEHOLDER.sub(repl, text))
+
+        body = step.body
+        if isinstance(body, ir.ScriptSpec):
+            ext = {"python": ".py", "bash": ".sh", "sh": ".sh"}[body.language.value]
+            script = exec_dir / f"script{ext}"
+            script.write_text(paths.rewrite(body.source))
+            default = {"python": [sys.executable], "bash": ["bash"], "sh": ["sh"]}
+            interpreter = list(body.command) or default[body.language.value]
+            if interpreter[0] in ("python", "python3"):
+                interpreter[0] = sys.executable
+            argv = [*interpreter, str(script), *(sub(a, "args") for a in body.args)]
+            working_dir = body.working_dir
+        elif isinstance(body, ir.ContainerSpec):
+            argv = [*(sub(c, "command") for c in body.command),
+                    *(sub(a, "args") for a in body.args)]
+            if not argv:
+                raise _StepError(f"{where}, field 'command': a container step needs a command "
+                                 "on the local engine (the image's entrypoint is unknown)")
+            argv = [*self.engine.image_commands.get(body.image, ()), *argv]
+            working_dir = body.working_dir
+        else:
+            raise _StepError(f"{where}: the local engine cannot run a {body.KIND} step")
+        cwd = Path(sub(working_dir, "working_dir")) if working_dir else exec_dir
+        if working_dir and not working_dir.startswith("/"):
+            cwd = exec_dir / working_dir
+        cwd.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        for var in step.env:
+            if var.secret is None:
+                env[var.name] = sub(var.value, f"env.{var.name}")
+                continue
+            value = self.engine.secrets.get((var.secret.name, var.secret.key))
+            if value is None:
+                raise _StepError(f"{where}, field 'env.{var.name}': secret "
+                                 f"{var.secret.name!r} key {var.secret.key!r} is not in the "
+                                 "local engine's secrets")
+            env[var.name] = value
+        for art in step.input_artifacts:
+            self._fetch(step, art, paths.host(art.path), where)
+        return argv, env, cwd, paths
+
+    def _fetch(self, step: ir.Step, art: ir.InputArtifact, dst: Path, where: str) -> None:
+        src = art.source
+        field_ = f"input_artifacts.{art.name}"
+        try:
+            if isinstance(src, ir.StepArtifactRef):
+                self._store.get(src.step, src.artifact, dst)
+                return
+            if src.storage is ir.StorageKind.LOCAL:
+                path = Path(src.key or src.url)
+                if not path.exists():
+                    raise _StepError(f"{where}, field {field_!r}: local path {path} not found")
+                copy_path(path, dst)
+                return
+        except FileNotFoundError as exc:
+            raise _StepError(f"{where}, field {field_!r}: {exc}") from exc
+        raise _StepError(f"{where}, field {field_!r}: the local engine cannot read "
+                         f"{src.storage.value} storage")
+
+    def _outputs(self, step: ir.Step, exec_dir: Path, paths: PathMap) -> dict[str, str]:
+        where = f"workflow {self.workflow.name!r}, step {step.name!r}"
+        outputs: dict[str, str] = {}
+        for out in step.outputs:
+            if out.source is ir.OutputSource.STDOUT:
+                outputs[out.name] = (exec_dir / "stdout").read_text(errors="replace").strip()
+            elif out.source is ir.OutputSource.PATH:
+                host = paths.host(out.selector)
+                if not host.is_file():
+                    raise _StepError(f"{where}, field 'outputs.{out.name}': the step did not "
+                                     f"write {out.selector} (host path {host})")
+                outputs[out.name] = host.read_text(errors="replace").strip()
+            else:
+                raise _StepError(f"{where}, field 'outputs.{out.name}': {out.source.value} "
+                                 "outputs need a job step")
+        for art in step.output_artifacts:
+            host = paths.host(art.path)
+            if not host.exists():
+                raise _StepError(f"{where}, field 'output_artifacts.{art.name}': the step did "
+                                 f"not write {art.path} (host path {host})")
+            self._store.put(step.name, art.name, host)
+        return outputs
+
+
+@dataclass
+class _MapState:
+    step: ir.Step
+    items: list[object]
+    queue: list[int] = field(default_factory=list)
+    running: int = 0
+
+    def __post_init__(self) -> None:
+        self.queue = list(range(len(self.items)))
+
+
+def _expr_steps(expr: ir.DependsExpr) -> list[str]:
+    if isinstance(expr, ir.DependsTerm):
+        return [expr.step]
+    if isinstance(expr, ir.DependsNot):
+        return _expr_steps(expr.term)
+    return [n for t in expr.terms for n in _expr_steps(t)]
+
+
+class LocalEngine:
+    """Runs workflows as processes on this machine.
+
+    Args:
+        work_dir: Directory holding one sub-directory per run.
+        max_workers: At most this many step processes run at once.
+        secrets: Secret values by ``(secret name, key)``.
+        image_commands: Optional command prefix per container image.
+    """
+
+    name = ENGINE
+    capabilities = CAPABILITIES
+
+    def __init__(self, work_dir: str | Path, max_workers: int = 4,
+                 secrets: Mapping[tuple[str, str], str] | None = None,
+                 image_commands: Mapping[str, Sequence[str]] | None = None) -> None:
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be at least 1, got {max_workers}")
+        self.work_dir = Path(work_dir)
+        self.max_workers = max_workers
+        self.secrets: Mapping[tuple[str, str], str] = dict(secrets or {})
+        self.image_commands: Mapping[str, Sequence[str]] = {
+            k: tuple(v) for k, v in (image_commands or {}).items()}
+
+    def run(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
+            on_event: EventCallback | None = None) -> RunStatus:
+        """Run ``wf`` to completion.
+
+        Args:
+            wf: The workflow.
+            parameters: Values of workflow parameters (defaults otherwise).
+            on_event: Called with a step's status on every change (from worker threads).
+
+        Returns:
+            The final status of the run.
+
+        Raises:
+            UnsupportedFeatureError: ``wf`` uses a feature the local engine lacks.
+            InvalidWorkflowError: A dependency names a step that does not exist.
+        """
+        return self.start(wf, parameters=parameters, on_event=on_event).wait()
+
+    def start(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
+              on_event: EventCallback | None = None) -> LocalRun:
+        """Start ``wf`` on a background thread and return its handle (see :meth:`run`)."""
+        _check(wf)
+        run_id = f"{wf.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        run_dir = self.work_dir / run_id
+        run_dir.mkdir(parents=True)
+        handle = LocalRun(self, wf, run_dir, parameters=parameters or {},
+                          on_event=on_event)
+        handle._start()
+        return handle
+
+    def retry(self, run_dir: str | Path, *, on_event: EventCallback | None = None) -> RunStatus:
+        """Re-run a finished run in its directory, reusing the steps that succeeded.
+
+        Args:
+            run_dir: The run's directory (holding ``run.json``).
+            on_event: As for :meth:`run`.
+
+        Returns:
+            The final status of the new attempt.
+
+        Raises:
+            NotFoundError: ``run_dir`` holds no run record.
+        """
+        return self.resume(run_dir, on_event=on_event).wait()
+
+    def resume(self, run_dir: str | Path, *, on_event: EventCallback | None = None) -> LocalRun:
+        """Start re-running a run from its failure point and return its handle."""
+        path = Path(run_dir) / "run.json"
+        if not path.is_file():
+            raise NotFoundError(f"no local run record at {path}")
+        data = json.loads(path.read_text())
+        wf = ir.from_dict(ir.Workflow, data["workflow"])
+        records = [_Record.from_dict(r) for r in data["steps"]]
+        main = {s.name for s in wf.steps}
+        reuse = {r.step: r for r in records
+                 if not r.key and r.step in main and r.state in _DONE_OK}
+        handle = LocalRun(self, wf, Path(run_dir), parameters=data.get("parameters") or {},
+                          on_event=on_event, reuse=reuse)
+        handle._start()
+        return handle
+
+
+def _check(wf: ir.Workflow) -> None:
+    check_capabilities(ENGINE, CAPABILITIES, wf)
+    for group in (wf.steps, *(h.steps for h in wf.exit_hooks)):
+        names = {s.name for s in group}
+        for step in group:
+            refs = [d.step for d in step.dependencies]
+            if step.depends is not None:
+                refs += _expr_steps(step.depends)
+            for ref in refs:
+                if ref not in names:
+                    raise InvalidWorkflowError(
+                        f"workflow {wf.name!r}, step {step.name!r}, field 'dependencies': "
+                        f"no step named {ref!r}")

@@ -1,0 +1,154 @@
+"""Run one command as a subprocess, sample its process tree, enforce limits.
+
+The process starts in its own session (process group) so that a timeout, a
+memory-limit kill or a cancellation kills the whole tree. Every
+``SAMPLE_SECONDS`` the tree's CPU (in cores) and resident memory are sampled
+with psutil; the peaks are returned with the exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]
+
+__all__ = ["SAMPLE_SECONDS", "ProcessResult", "run_process"]
+
+SAMPLE_SECONDS = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessResult:
+    """What happened to one process.
+
+    Attributes:
+        exit_code: The exit code; negative for a signal (-9 for SIGKILL); None
+            when the process could not be started.
+        started: False when the process could not be started at all.
+        timed_out: The process was killed because it exceeded its timeout.
+        oom_killed: The process tree was killed for exceeding its memory limit.
+        cancelled: The process was killed because the run was cancelled.
+        peak_cpu: Peak CPU use of the tree, in cores.
+        peak_memory_bytes: Peak resident memory of the tree, in bytes.
+        error: Why the process could not start, if it did not.
+    """
+
+    exit_code: int | None
+    started: bool = True
+    timed_out: bool = False
+    oom_killed: bool = False
+    cancelled: bool = False
+    peak_cpu: float = 0.0
+    peak_memory_bytes: int = 0
+    error: str = ""
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        children = []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for child in children:  # processes that left the group
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+
+
+class _Sampler:
+    """Peak CPU and RSS over a process tree."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.procs: dict[int, object] = {}
+        self.peak_cpu = 0.0
+        self.peak_rss = 0
+
+    def sample(self) -> int:
+        try:
+            root = psutil.Process(self.pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0
+        rss, cpu = 0, 0.0
+        for proc in tree:
+            cached = self.procs.setdefault(int(proc.pid), proc)
+            try:
+                rss += int(cached.memory_info().rss)  # type: ignore[attr-defined]
+                cpu += float(cached.cpu_percent(None)) / 100.0  # type: ignore[attr-defined]
+            except psutil.Error:
+                continue
+        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_cpu = max(self.peak_cpu, cpu)
+        return rss
+
+
+def run_process(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    stdout_path: Path,
+    stderr_path: Path,
+    timeout_seconds: float | None = None,
+    memory_limit_bytes: int | None = None,
+    cancel: threading.Event | None = None,
+) -> ProcessResult:
+    """Run ``argv`` to completion, sampling it and enforcing the limits.
+
+    Args:
+        argv: The command line.
+        cwd: Working directory.
+        env: The complete environment.
+        stdout_path: File receiving standard output.
+        stderr_path: File receiving standard error.
+        timeout_seconds: Kill the tree after this long.
+        memory_limit_bytes: Kill the tree when its sampled RSS exceeds this.
+        cancel: Kill the tree as soon as this event is set.
+
+    Returns:
+        The exit code, the peaks, and why the process was killed, if it was.
+    """
+    with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+        try:
+            proc = subprocess.Popen(
+                list(argv), cwd=cwd, env=dict(env), stdout=out, stderr=err,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        except OSError as exc:
+            return ProcessResult(exit_code=None, started=False, error=f"{argv[0]!r}: {exc}")
+        sampler = _Sampler(proc.pid)
+        deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        timed_out = oom = cancelled = False
+        while True:
+            rss = sampler.sample()
+            code = proc.poll()
+            if code is not None:
+                break
+            if cancel is not None and cancel.is_set():
+                cancelled = True
+            elif deadline is not None and time.monotonic() >= deadline:
+                timed_out = True
+            elif memory_limit_bytes is not None and rss > memory_limit_bytes:
+                oom = True
+            if cancelled or timed_out or oom:
+                _kill_tree(proc)
+                code = proc.wait()
+                break
+            if cancel is not None:
+                cancel.wait(SAMPLE_SECONDS)
+            else:
+                time.sleep(SAMPLE_SECONDS)
+        _kill_tree(proc)  # reap anything the step left running in its group
+    return ProcessResult(
+        exit_code=code, timed_out=timed_out, oom_killed=oom, cancelled=cancelled,
+        peak_cpu=sampler.peak_cpu, peak_memory_bytes=sampler.peak_rss,
+    )
