@@ -349,3 +349,33 @@ def test_golden_exit_handlers(engine: LocalEngine) -> None:
     assert by_key(status, "hello").outputs == {"result": "hello from a script body"}
     assert by_key(status, "celebrate").state is StepState.SUCCEEDED
     assert all(s.step != "mourn" for s in status.steps)
+
+
+def test_steps_after_a_map_run_when_it_finishes(tmp_path: Path) -> None:
+    """Regression: the map finished after its dependents were examined in the same pass."""
+    import couler.argo as couler
+
+    with couler.workflow("after-map") as wf:
+        couler.map(
+            lambda x: couler.run_container(image="alpine", command=["echo"], args=[x],
+                                           step_name="each"),
+            ["a", "b", "c"],
+        )
+        couler.run_container(image="alpine", command=["echo", "done"], step_name="after")
+        workflow = wf.to_ir()
+    status = LocalEngine(tmp_path).run(workflow)
+    states = {s.step: s.state for s in status.steps if not s.key}
+    assert status.state == RunState.SUCCEEDED, status.message
+    assert states == {"each": StepState.SUCCEEDED, "after": StepState.SUCCEEDED}
+
+
+def test_relative_work_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: a relative work dir broke script paths (steps run in their own dirs)."""
+    monkeypatch.chdir(tmp_path)
+    wf = ir.Workflow(
+        "rel", (ir.Step("s", ir.ScriptSpec("python", "print('ok')"),
+                        outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT),)),),
+    )
+    status = LocalEngine("runs").run(wf)
+    assert status.state == RunState.SUCCEEDED, status.message
+    assert status.steps[0].outputs == {"result": "ok"}

@@ -192,3 +192,18 @@ def test_python_dash_m_couler_runs_in_a_subprocess(tmp_path: Path) -> None:
         check=False,
     )
     assert bad.returncode == 2 and "no such file" in bad.stderr and bad.stdout == ""
+
+
+def test_compile_for_tekton_gives_pipeline_and_run() -> None:
+    status, out, err = run_cli("compile", str(ROOT / "examples" / "dag_diamond.py"),
+                               "--engine", "tekton")
+    assert status == 0, err
+    kinds = [d["kind"] for d in yaml.safe_load_all(out)]
+    assert kinds == ["Pipeline", "PipelineRun"]
+
+
+def test_compile_for_tekton_names_an_unsupported_feature() -> None:
+    status, _, err = run_cli("compile", str(ROOT / "examples" / "cron_report.py"),
+                             "--engine", "tekton")
+    assert status == 2
+    assert "tekton" in err and "cron schedule" in err

@@ -2,21 +2,32 @@
 
 ::
 
-    couler compile PATH.py [--engine argo|ir] [-o FILE] [-- ARGS...]
+    couler compile PATH.py [--engine argo|tekton|ir] [-o FILE] [-- ARGS...]
     couler validate PATH.py [-- ARGS...]
+    couler run PATH.py [--engine local] [--json] [--workers N] [--work-dir DIR] [-p NAME=VALUE]
 
 The program runs with submission turned off: a ``couler.run(...)`` inside it
 records the workflow instead of submitting it. Problems go to stderr with a
 non-zero exit status (2 for a problem in the program or workflow, 1 for an
-unexpected failure), naming the workflow, step and field.
+unexpected failure), naming the workflow, step and field. ``couler run`` exits 0
+when the run succeeded and 1 when it failed or was cancelled.
+
+``run`` needs the ``couler-runtime`` distribution (the local engine lives there);
+it is imported only when ``run`` is used.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import enum
+import json
 import logging
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -35,12 +46,19 @@ def _compile_argo(workflows: Sequence[ir.Workflow]) -> str:
     return "---\n".join(argo.to_yaml(argo.compile_workflow(wf)) for wf in workflows)
 
 
+def _compile_tekton(workflows: Sequence[ir.Workflow]) -> str:
+    from couler.compilers import tekton
+
+    return "---\n".join(tekton.to_yaml(tekton.compile_workflow(wf)) for wf in workflows)
+
+
 def _compile_ir(workflows: Sequence[ir.Workflow]) -> str:
     return "".join(ir.to_json(wf) + "\n" for wf in workflows)
 
 
 COMPILERS: dict[str, Callable[[Sequence[ir.Workflow]], str]] = {
     "argo": _compile_argo,
+    "tekton": _compile_tekton,
     "ir": _compile_ir,
 }
 
@@ -76,6 +94,117 @@ def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+class _Progress:
+    """One line per step transition on stderr: the run's live progress display."""
+
+    _MARK = {"running": ">", "succeeded": "ok", "failed": "FAIL", "skipped": "skip",
+             "cached": "cache", "retrying": "retry", "cancelled": "stop", "pending": "."}
+
+    def __init__(self, err: TextIO) -> None:
+        self.err = err
+        self.start = time.monotonic()
+        self.lock = threading.Lock()
+        self.seen: dict[tuple[str, str], tuple[str, int]] = {}  # (step, key) -> shown
+
+    def __call__(self, status: Any) -> None:
+        state = str(status.state)
+        with self.lock:  # engines report samples too: print transitions only
+            key = (status.step, status.key)
+            # A new attempt shows again only once it is running; samples never do.
+            shown = (state, status.attempts if state == "running" and status.attempts > 1 else 0)
+            if self.seen.get(key) == shown:
+                return
+            self.seen[key] = shown
+        name = status.step + (f"[{status.key}]" if status.key else "")
+        detail = []
+        if status.attempts > 1 and state in ("running", "retrying", "failed"):
+            detail.append(f"attempt {status.attempts}")
+        if status.started_at and status.finished_at:
+            detail.append(f"{status.finished_at - status.started_at:.1f}s")
+        if status.peak_memory_bytes:
+            detail.append(f"{status.peak_memory_bytes / 2**20:.0f} MiB")
+        if status.exit_code not in (None, 0):
+            detail.append(f"exit {status.exit_code}")
+        if status.message and state in ("failed", "retrying", "cancelled"):
+            detail.append(status.message)
+        line = f"[{time.monotonic() - self.start:6.1f}s] {self._MARK.get(state, state):>5} {name}"
+        with self.lock:
+            self.err.write(line + (f"  ({'; '.join(detail)})" if detail else "") + "\n")
+            self.err.flush()
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def run_record(status: Any) -> dict[str, Any]:
+    """A run's final status as JSON-ready data, with per-step durations."""
+    record: dict[str, Any] = _plain(status)
+    for step in record["steps"]:
+        started, finished = step.get("started_at"), step.get("finished_at")
+        step["duration_seconds"] = (
+            round(finished - started, 3) if started is not None and finished is not None else None
+        )
+    started, finished = record.get("started_at"), record.get("finished_at")
+    record["duration_seconds"] = (
+        round(finished - started, 3) if started is not None and finished is not None else None
+    )
+    return record
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        from couler_runtime.local import LocalEngine
+    except ImportError as e:  # pragma: no cover - the runtime is installed with the CLI here
+        raise UserError("couler run needs the couler-runtime package") from e
+    parameters = {}
+    for item in args.param:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise UserError(f"-p {item!r}: use NAME=VALUE")
+        parameters[name] = value
+    workflows = _capture(args.path, args.program_args)
+    engine = LocalEngine(Path(args.work_dir), max_workers=args.workers)
+    progress = None if args.quiet else _Progress(err)
+    final = 0
+    for wf in workflows:
+        handle = engine.start(wf, parameters=parameters, on_event=progress)
+        if not args.quiet:
+            err.write(f"couler: running workflow {wf.name!r} ({handle.run_dir})\n")
+        previous = _cancel_on_interrupt(handle)
+        try:
+            status = handle.wait()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if args.json:
+            out.write(json.dumps(run_record(status), indent=1, sort_keys=True) + "\n")
+        if not args.quiet:
+            err.write(f"couler: workflow {wf.name!r} {status.state}\n")
+        if str(status.state) != "succeeded":
+            final = 1
+    return final
+
+
+def _cancel_on_interrupt(handle: Any) -> Any:
+    """Ctrl-C cancels the run (its processes are killed) instead of leaving them behind."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum: int, frame: Any) -> None:
+        handle.cancel()
+
+    return signal.signal(signal.SIGINT, interrupt)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``couler`` command."""
     parser = argparse.ArgumentParser(
@@ -97,6 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.add_argument("program_args", nargs="*", help="arguments for the program (after --)")
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="run a workflow program on the local engine")
+    p.add_argument("path", help="a Python program that builds a workflow")
+    p.add_argument("--engine", choices=["local"], default="local", help="where to run it")
+    p.add_argument("--json", action="store_true", help="print the final run record as JSON")
+    p.add_argument("--workers", type=int, default=4, help="steps running at once (default 4)")
+    p.add_argument("--work-dir", default=".couler/runs", help="where runs keep their files")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a workflow parameter (repeatable)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("program_args", nargs="*", help="arguments for the program (after --)")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("validate", help="check a workflow program without compiling it")
     p.add_argument("path", help="a Python program that builds a workflow")
@@ -120,7 +261,7 @@ def main(
     )
     func: Any = args.func
     try:
-        status: int = func(args, out)
+        status: int = func(args, out, err) if func is cmd_run else func(args, out)
     except UserError as e:
         err.write(f"couler: error: {e}\n")
         return EXIT_USER_ERROR

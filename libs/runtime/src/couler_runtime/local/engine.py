@@ -354,10 +354,9 @@ class LocalRun:
                                 continue
                             maps[name] = _MapState(step, items)
                             self._update(rec, state=StepState.RUNNING, started_at=time.time())
-                            if not items:
-                                self._finish_map(maps.pop(name))
                         else:
                             futures[pool.submit(self._run_step, step)] = (step, None)
+                map_finished = False
                 for name, ms in list(maps.items()):
                     limit = ms.step.foreach.parallelism if ms.step.foreach else None
                     while ms.queue and (limit is None or ms.running < limit):
@@ -367,7 +366,10 @@ class LocalRun:
                         futures[fut] = (ms.step, index)
                     if not ms.queue and ms.running == 0:
                         self._finish_map(maps.pop(name))
+                        map_finished = True
                 if not futures:
+                    if map_finished:
+                        continue  # its dependents may be ready now: look at them again
                     if pending and not maps:  # cannot happen for a validated graph
                         for name in list(pending):
                             rec = self._record(name) or _Record(name)
@@ -785,7 +787,7 @@ class LocalEngine:
                  image_commands: Mapping[str, Sequence[str]] | None = None) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
-        self.work_dir = Path(work_dir)
+        self.work_dir = Path(work_dir).resolve()  # steps run in their own directories
         self.max_workers = max_workers
         self.secrets: Mapping[tuple[str, str], str] = dict(secrets or {})
         self.image_commands: Mapping[str, Sequence[str]] = {

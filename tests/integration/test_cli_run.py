@@ -1,0 +1,116 @@
+"""`couler run`: a program runs on the local engine with progress, exit status and a JSON record."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from couler.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = main(list(argv), out=out, err=err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def program(tmp_path: Path, source: str) -> Path:
+    path = tmp_path / "wf.py"
+    path.write_text(textwrap.dedent(source), encoding="utf-8")
+    return path
+
+
+def test_run_succeeds_with_progress_and_json_record(tmp_path: Path) -> None:
+    status, out, err = run_cli(
+        "run", str(ROOT / "examples" / "coin_flip.py"), "--json", "--work-dir", str(tmp_path)
+    )
+    assert status == 0, err
+    record = json.loads(out)
+    assert record["workflow"] == "coin-flip" and record["state"] == "succeeded"
+    steps = {s["step"]: s for s in record["steps"] if not s["key"]}
+    flip = steps["flip-coin"]
+    assert flip["state"] == "succeeded" and flip["attempts"] == 1
+    assert flip["outputs"]["result"] in ("heads", "tails")
+    assert flip["duration_seconds"] is not None and flip["duration_seconds"] >= 0
+    assert flip["peak_memory_bytes"] is not None
+    # Exactly one branch ran: the other was skipped by its condition.
+    assert sorted(steps[n]["state"] for n in ("heads", "tails")) == ["skipped", "succeeded"]
+    # The progress display names every step as it changes state.
+    assert "flip-coin" in err and "workflow 'coin-flip' succeeded" in err
+    assert (Path(tmp_path) / record["run_id"] / "run.json").exists()
+
+
+def test_failed_run_exits_1_and_records_attempts(tmp_path: Path) -> None:
+    prog = program(tmp_path, """
+        import couler.argo as couler
+
+        couler.config_workflow(name="fails")
+        couler.run_container(image="alpine", command=["sh", "-c", "echo boom >&2; exit 3"],
+                             step_name="broken", retry=2)
+        couler.run_container(image="alpine", command=["echo", "never"], step_name="after")
+    """)
+    status, out, err = run_cli("run", str(prog), "--json", "--work-dir", str(tmp_path / "runs"))
+    assert status == 1
+    record = json.loads(out)
+    steps = {s["step"]: s for s in record["steps"] if not s["key"]}
+    assert record["state"] == "failed"
+    assert steps["broken"]["state"] == "failed" and steps["broken"]["attempts"] == 3
+    assert steps["broken"]["exit_code"] == 3
+    assert steps["after"]["state"] != "succeeded"
+    assert "FAIL broken" in err and "workflow 'fails' failed" in err
+
+
+def test_run_passes_workflow_parameters(tmp_path: Path) -> None:
+    prog = program(tmp_path, """
+        import couler.argo as couler
+
+        with couler.workflow("params") as wf:
+            who = couler.workflow_parameter("who", default="nobody")
+            couler.run_container(
+                image="alpine", command=["sh", "-c", 'printf "hello %s" "$0" > /tmp/greeting'],
+                args=[who], step_name="hello",
+                output=couler.create_parameter_artifact("/tmp/greeting", name="greeting"),
+            )
+    """)
+    status, out, err = run_cli("run", str(prog), "--json", "-q", "-p", "who=couler",
+                               "--work-dir", str(tmp_path / "runs"))
+    assert status == 0, err
+    steps = {s["step"]: s for s in json.loads(out)["steps"]}
+    assert steps["hello"]["outputs"] == {"greeting": "hello couler"}
+    status, out, _ = run_cli("run", str(prog), "--json", "-q", "--work-dir", str(tmp_path / "r2"))
+    assert {s["step"]: s for s in json.loads(out)["steps"]}["hello"]["outputs"] == {
+        "greeting": "hello nobody"
+    }
+    bad, _, err = run_cli("run", str(prog), "-p", "oops", "--work-dir", str(tmp_path / "runs"))
+    assert bad == 2 and "NAME=VALUE" in err
+
+
+def test_run_of_an_invalid_program_names_the_step(tmp_path: Path) -> None:
+    prog = program(tmp_path, """
+        import couler.argo as couler
+
+        couler.config_workflow(name="bad")
+        couler.set_dependencies(
+            lambda: couler.run_container(image="alpine", command=["true"], step_name="x"),
+            dependencies=["ghost"],
+        )
+    """)
+    status, out, err = run_cli("run", str(prog), "--work-dir", str(tmp_path / "runs"))
+    assert status == 2 and out == ""
+    assert "step 'x'" in err and "ghost" in err
+
+
+def test_couler_run_as_a_process(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "couler", "run", str(ROOT / "examples" / "map_batches.py"),
+         "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ok train[3]" in proc.stderr and "workflow 'map-batches' succeeded" in proc.stderr
