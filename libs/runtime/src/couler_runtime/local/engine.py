@@ -37,9 +37,12 @@ Execution rules:
 * Exit hooks run after the main graph with its final status (not after a
   cancellation). A failing hook fails the run.
 * ``cancel()`` kills running processes and marks everything else CANCELLED.
-* The run record (``run.json`` in the run dir) is rewritten after every state
-  change; :meth:`LocalEngine.retry` re-runs a run reusing the outputs of the
-  steps that succeeded.
+* The run record survives a crash: every state change is appended, as one
+  JSON line, to ``run.journal`` (constant cost per change), and ``run.json``,
+  the full snapshot, is rewritten at most once a second and when the run
+  ends; loading replays the journal lines newer than the snapshot.
+  :meth:`LocalEngine.retry` re-runs a run reusing the outputs of the steps
+  that succeeded.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from couler import ir
 from couler.engines.base import RunState, RunStatus, StepState, StepStatus, check_capabilities
@@ -70,6 +74,7 @@ EventCallback = Callable[[StepStatus], None]
 
 _PLACEHOLDER = re.compile(r"\{\{\s*(inputs\.[^}\s]+|item(?:\.[^}\s]+)?|workflow\.name)\s*\}\}")
 _DONE_OK = (StepState.SUCCEEDED, StepState.CACHED)
+_SNAPSHOT_INTERVAL = 1.0  # seconds between full run.json snapshots while a run goes on
 
 
 class _StepError(Exception):
@@ -200,6 +205,9 @@ class LocalRun:
         self._started_at: float | None = None
         self._finished_at: float | None = None
         self._store = ArtifactStore(run_dir / "artifacts")
+        self._seq = 0  # number of changes journaled so far
+        self._snapshot_at = 0.0  # monotonic time of the last run.json snapshot
+        self._journal: TextIO | None = None
         self._thread = threading.Thread(target=self._main, name=f"couler-local-{self.run_id}",
                                         daemon=True)
 
@@ -230,7 +238,10 @@ class LocalRun:
         self._thread.start()
 
     def _persist(self) -> None:
+        """Write the full snapshot ``run.json`` (it covers journal lines up to ``seq``)."""
+        self._snapshot_at = time.monotonic()
         data = {
+            "seq": self._seq,
             "run_id": self.run_id, "workflow": ir.to_dict(self.workflow),
             "parameters": self._parameters, "state": self._state.value,
             "started_at": self._started_at, "finished_at": self._finished_at,
@@ -247,10 +258,25 @@ class LocalRun:
             for name, value in changes.items():
                 setattr(rec, name, value)
             self._records[(rec.step, rec.key)] = rec
-            self._persist()
+            self._journal_record(rec)
+            if time.monotonic() - self._snapshot_at >= _SNAPSHOT_INTERVAL:
+                self._persist()
             status = rec.status()
         if self._on_event is not None:
             self._on_event(status)
+
+    def _journal_record(self, rec: _Record) -> None:
+        """Append one change to ``run.journal``; flushed, so a crash loses nothing written."""
+        if self._journal is None:
+            self._journal = (self.run_dir / "run.journal").open("a", encoding="utf-8")
+        self._seq += 1
+        self._journal.write(json.dumps({"seq": self._seq, "record": rec.to_dict()}) + "\n")
+        self._journal.flush()
+
+    def _close_journal(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
 
     def _state_of(self, step: str) -> StepState:
         with self._lock:
@@ -300,6 +326,7 @@ class LocalRun:
             self._state, self._message = final, message
             self._finished_at = time.time()
             self._persist()
+            self._close_journal()
 
     def _hooks(self, final: RunState, failed: Sequence[_Record]) -> list[ir.Step]:
         errored = any(r.failure == ir.FailureClass.INFRA.value for r in failed)
@@ -845,7 +872,18 @@ class LocalEngine:
             raise NotFoundError(f"no local run record at {path}")
         data = json.loads(path.read_text())
         wf = ir.from_dict(ir.Workflow, data["workflow"])
-        records = [_Record.from_dict(r) for r in data["steps"]]
+        latest = {(r.step, r.key): r for r in (_Record.from_dict(d) for d in data["steps"])}
+        journal = Path(run_dir) / "run.journal"
+        if journal.is_file():  # changes newer than the snapshot (a crash before it was rewritten)
+            for line in journal.read_text(encoding="utf-8").splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    break  # a line cut short by the crash: everything before it counts
+                if entry["seq"] > data.get("seq", 0):
+                    rec = _Record.from_dict(entry["record"])
+                    latest[(rec.step, rec.key)] = rec
+        records = list(latest.values())
         main = {s.name for s in wf.steps}
         reuse = {r.step: r for r in records
                  if not r.key and r.step in main and r.state in _DONE_OK}
