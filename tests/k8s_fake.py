@@ -1,0 +1,391 @@
+"""A stand-in Kubernetes API server for the Argo adapter tests.
+
+No Kubernetes can run here; this server speaks the few endpoints the adapter uses,
+with the status codes and ``Status`` bodies the real API server returns for them:
+
+* ``/apis/argoproj.io/v1alpha1/namespaces/{ns}/{workflows|cronworkflows}[/{name}]``:
+  POST (``generateName`` honoured; 409 on a duplicate name, 422 without an entrypoint,
+  400 on a namespace mismatch), GET, LIST (``labelSelector`` of ``k=v`` terms,
+  ``fieldSelector`` ``metadata.name=...``), PATCH (``application/merge-patch+json``
+  only, RFC 7386), and ``?watch=true``: newline-delimited JSON events streamed with
+  chunked encoding, replaying events after ``resourceVersion``, kept open until
+  ``timeoutSeconds`` (capped at :attr:`FakeKube.max_watch_seconds`) or shutdown.
+* ``/api/v1/namespaces/{ns}/secrets[/{name}]``: POST (409 on a duplicate) and PUT.
+* ``/api/v1/namespaces/{ns}/pods/{pod}/log``: GET, the text set by :meth:`FakeKube.set_log`.
+
+Every request needs ``Authorization: Bearer <token>`` (401 otherwise). The tests play
+the Argo controller by mutating stored objects with :meth:`FakeKube.update`, which
+bumps ``resourceVersion`` and notifies watchers, as the API server would.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+Obj = dict[str, Any]
+
+_CUSTOM = re.compile(r"^/apis/argoproj\.io/v1alpha1/namespaces/([^/]+)/(workflows|cronworkflows)"
+                     r"(?:/([^/]+))?$")
+_SECRETS = re.compile(r"^/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?$")
+_LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
+_KINDS = {"workflows": "Workflow", "cronworkflows": "CronWorkflow"}
+
+
+@dataclass
+class Request:
+    """One request as the server saw it (secret bodies included: tests check them)."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    content_type: str
+    body: Any
+
+
+class HttpError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _labels_match(obj: Obj, selector: str) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key.strip()) != value.strip().lstrip("="):
+            return False
+    return True
+
+
+def _fields_match(obj: Obj, selector: str) -> bool:
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if key != "metadata.name":
+            raise HttpError(400, "BadRequest", f"field label not supported: {key}")
+        if (obj.get("metadata") or {}).get("name") != value:
+            return False
+    return True
+
+
+class FakeKube:
+    """The store and the HTTP server; use as a context manager."""
+
+    max_watch_seconds = 5.0
+
+    def __init__(self, token: str = "T") -> None:
+        self.token = token
+        self.cond = threading.Condition()
+        self.objects: dict[tuple[str, str, str], Obj] = {}  # (plural, namespace, name)
+        self.secrets: dict[tuple[str, str], Obj] = {}
+        self.logs: dict[tuple[str, str], str] = {}
+        self.requests: list[Request] = []
+        self.events: list[tuple[int, str, str, str, Obj]] = []  # (rv, plural, ns, type, obj)
+        self.watchers = 0
+        self._rv = itertools.count(1)
+        self._suffix = itertools.count(1)
+        self._closed = False
+        fake = self
+
+        class Handler(_Handler):
+            server_fake = fake
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.02,),
+                                        daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def __enter__(self) -> FakeKube:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self.cond:
+            self._closed = True
+            self.cond.notify_all()
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)
+
+    # ------------------------------------------------------------------ controller side
+
+    def get(self, plural: str, namespace: str, name: str) -> Obj:
+        with self.cond:
+            return copy.deepcopy(self.objects[(plural, namespace, name)])
+
+    def names(self, plural: str, namespace: str) -> list[str]:
+        with self.cond:
+            return sorted(n for p, ns, n in self.objects if p == plural and ns == namespace)
+
+    def update(self, plural: str, namespace: str, name: str,
+               mutate: Callable[[Obj], None]) -> Obj:
+        """Change a stored object as the Argo controller would, then notify watchers."""
+        with self.cond:
+            obj = copy.deepcopy(self.objects[(plural, namespace, name)])
+            mutate(obj)
+            return self._store(plural, namespace, obj, "MODIFIED")
+
+    def set_log(self, namespace: str, pod: str, text: str) -> None:
+        with self.cond:
+            self.logs[(namespace, pod)] = text
+
+    def requests_of(self, method: str) -> list[Request]:
+        with self.cond:
+            return [r for r in self.requests if r.method == method]
+
+    def wait_for_watchers(self, n: int = 1, timeout: float = 5.0) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.watchers >= n, timeout)
+
+    # ------------------------------------------------------------------ internals
+
+    def _store(self, plural: str, namespace: str, obj: Obj, event: str) -> Obj:
+        rv = next(self._rv)
+        obj["metadata"]["resourceVersion"] = str(rv)
+        self.objects[(plural, namespace, obj["metadata"]["name"])] = obj
+        self.events.append((rv, plural, namespace, event, copy.deepcopy(obj)))
+        self.cond.notify_all()
+        return copy.deepcopy(obj)
+
+    def _create(self, plural: str, namespace: str, body: Any) -> Obj:
+        if not isinstance(body, dict):
+            raise HttpError(400, "BadRequest", "the body is not an object")
+        kind = _KINDS[plural]
+        if body.get("kind") != kind:
+            raise HttpError(400, "BadRequest", f"kind {body.get('kind')!r} sent to {plural}")
+        meta = body.setdefault("metadata", {})
+        if meta.get("namespace", namespace) != namespace:
+            raise HttpError(400, "BadRequest", "the namespace of the provided object does not "
+                            "match the namespace sent on the request")
+        spec = body.get("spec") or {}
+        wf_spec = spec.get("workflowSpec") if plural == "cronworkflows" else spec
+        if not (wf_spec or {}).get("entrypoint") and not (wf_spec or {}).get(
+                "workflowTemplateRef"):
+            raise HttpError(422, "Invalid", f'{kind}.argoproj.io "{meta.get("name", "")}" is '
+                            "invalid: spec.entrypoint: Required value")
+        with self.cond:
+            if "name" not in meta:
+                if not meta.get("generateName"):
+                    raise HttpError(422, "Invalid", f"{kind}: metadata.name: Required value")
+                meta["name"] = f"{meta['generateName']}{next(self._suffix):05d}"[:63]
+            if (plural, namespace, meta["name"]) in self.objects:
+                raise HttpError(409, "AlreadyExists",
+                                f'{plural}.argoproj.io "{meta["name"]}" already exists')
+            meta["namespace"] = namespace
+            meta["uid"] = f"uid-{next(self._suffix)}"
+            meta["creationTimestamp"] = "2024-05-01T10:00:00Z"
+            return self._store(plural, namespace, body, "ADDED")
+
+    def _patch(self, plural: str, namespace: str, name: str, content_type: str,
+               body: Any) -> Obj:
+        if content_type != "application/merge-patch+json":
+            raise HttpError(415, "UnsupportedMediaType",
+                            f"the fake accepts merge patches only, not {content_type}")
+        with self.cond:
+            obj = self.objects.get((plural, namespace, name))
+            if obj is None:
+                raise _not_found(plural, name)
+            patched = merge_patch(obj, body)
+            patched["metadata"]["name"] = name
+            return self._store(plural, namespace, patched, "MODIFIED")
+
+
+def _not_found(plural: str, name: str) -> HttpError:
+    group = "" if plural in ("secrets", "pods") else ".argoproj.io"
+    return HttpError(404, "NotFound", f'{plural}{group} "{name}" not found')
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_fake: FakeKube
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # quiet
+
+    # -------------------------------------------------------------- plumbing
+
+    def _send(self, code: int, payload: Any, content_type: str = "application/json") -> None:
+        data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _status(self, err: HttpError) -> None:
+        self._send(err.code, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                              "status": "Failure", "message": err.message,
+                              "reason": err.reason, "code": err.code})
+
+    def _dispatch(self, method: str) -> None:
+        fake = self.server_fake
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        with fake.cond:
+            fake.requests.append(Request(method, url.path, query, content_type, body))
+        try:
+            if self.headers.get("Authorization") != f"Bearer {fake.token}":
+                raise HttpError(401, "Unauthorized", "Unauthorized")
+            self._route(method, url.path, query, content_type, body)
+        except HttpError as e:
+            self._status(e)
+
+    def _route(self, method: str, path: str, query: dict[str, str], content_type: str,
+               body: Any) -> None:
+        fake = self.server_fake
+        if m := _CUSTOM.match(path):
+            ns, plural, name = m.groups()
+            if name is None and method == "POST":
+                return self._send(201, fake._create(plural, ns, body))
+            if name is None and method == "GET":
+                if query.get("watch") in ("true", "1"):
+                    return self._watch(plural, ns, query)
+                with fake.cond:
+                    items = [copy.deepcopy(o) for (p, n, _), o in sorted(fake.objects.items())
+                             if p == plural and n == ns
+                             and _labels_match(o, query.get("labelSelector", ""))
+                             and _fields_match(o, query.get("fieldSelector", ""))]
+                    rv = str(fake.events[-1][0]) if fake.events else "0"
+                return self._send(200, {"apiVersion": "argoproj.io/v1alpha1",
+                                        "kind": _KINDS[plural] + "List",
+                                        "metadata": {"resourceVersion": rv}, "items": items})
+            if name is not None and method == "GET":
+                with fake.cond:
+                    obj = fake.objects.get((plural, ns, name))
+                    if obj is None:
+                        raise _not_found(plural, name)
+                    return self._send(200, obj)
+            if name is not None and method == "PATCH":
+                return self._send(200, fake._patch(plural, ns, name, content_type, body))
+            raise HttpError(405, "MethodNotAllowed", f"{method} {path}")
+        if m := _SECRETS.match(path):
+            ns, name = m.groups()
+            secret_name = ((body or {}).get("metadata") or {}).get("name", "")
+            with fake.cond:
+                if method == "POST" and name is None:
+                    if (ns, secret_name) in fake.secrets:
+                        raise HttpError(409, "AlreadyExists",
+                                        f'secrets "{secret_name}" already exists')
+                    fake.secrets[(ns, secret_name)] = body
+                    return self._send(201, body)
+                if method == "PUT" and name is not None:
+                    if (ns, name) not in fake.secrets:
+                        raise _not_found("secrets", name)
+                    fake.secrets[(ns, name)] = body
+                    return self._send(200, body)
+            raise HttpError(405, "MethodNotAllowed", f"{method} {path}")
+        if (m := _LOG.match(path)) and method == "GET":
+            ns, pod = m.groups()
+            with fake.cond:
+                text = fake.logs.get((ns, pod))
+            if text is None:
+                raise _not_found("pods", pod)
+            return self._send(200, text, "text/plain")
+        raise HttpError(404, "NotFound", f"the server could not find the requested resource "
+                        f"({method} {path})")
+
+    def _watch(self, plural: str, ns: str, query: dict[str, str]) -> None:
+        fake = self.server_fake
+        timeout = min(float(query.get("timeoutSeconds") or fake.max_watch_seconds),
+                      fake.max_watch_seconds)
+        labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
+        _fields_match({}, fields)  # reject unsupported selectors before streaming
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.close_connection = True
+
+        def chunk(data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        with fake.cond:
+            fake.watchers += 1
+            fake.cond.notify_all()
+            if "resourceVersion" in query:
+                seen = int(query["resourceVersion"] or 0)
+                pending: list[tuple[str, Obj]] = []
+            else:  # no version: the current objects, as ADDED
+                seen = fake.events[-1][0] if fake.events else 0
+                pending = [("ADDED", copy.deepcopy(o)) for (p, n, _), o in
+                           sorted(fake.objects.items()) if p == plural and n == ns]
+        try:
+            deadline = threading.Event()
+            timer = threading.Timer(timeout, lambda: (deadline.set(), _notify(fake)))
+            timer.start()
+            try:
+                while True:
+                    for etype, obj in pending:
+                        if _labels_match(obj, labels) and _fields_match(obj, fields):
+                            chunk(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+                    with fake.cond:
+                        fake.cond.wait_for(lambda last=seen: deadline.is_set() or fake._closed
+                                           or (bool(fake.events) and fake.events[-1][0] > last))
+                        if deadline.is_set() or fake._closed:
+                            break
+                        new = [e for e in fake.events if e[0] > seen]
+                        seen = new[-1][0]
+                        pending = [(t, copy.deepcopy(o)) for _, p, n, t, o in new
+                                   if p == plural and n == ns]
+            finally:
+                timer.cancel()
+            chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            with fake.cond:
+                fake.watchers -= 1
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+
+def _notify(fake: FakeKube) -> None:
+    with fake.cond:
+        fake.cond.notify_all()
