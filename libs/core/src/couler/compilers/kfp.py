@@ -1,0 +1,808 @@
+"""Compile a Couler IR workflow into a Kubeflow Pipelines v2 ``PipelineSpec`` with the KFP SDK.
+
+:func:`compile_workflow` builds a ``@dsl.pipeline`` dynamically from an
+:class:`couler.ir.Workflow` and compiles it with ``kfp.compiler.Compiler``; the
+result is the compiled ``PipelineSpec`` (KFP IR YAML, ``schemaVersion 2.1.0``)
+as plain data. The SDK is imported lazily inside the functions, so this module
+(and :data:`CAPABILITIES` / :data:`LIMITS`) imports without ``kfp``; kfp pins
+``protobuf < 7``, so it lives in its own environment ``.venv-kfp``
+(``scripts/setup-engine-venv.sh kfp``).
+
+Shape of the output (the faithful, container mode):
+
+* Every step is a KFP container component named after the step (its task in
+  ``root.dag.tasks`` carries the step name). A container step runs its image,
+  command and args; a script step runs the interpreter on the source
+  (``python -c SOURCE`` / ``bash -c`` / ``sh -c``, or the step's interpreter
+  command followed by ``-c``).
+* Inputs become component input parameters (names made into Python identifiers:
+  ``para-a-0`` → ``para_a_0``); ``{{inputs.NAME}}`` (also inside script
+  sources, like the Argo and Tekton compilers) becomes
+  ``{{$.inputs.parameters['NAME']}}``. Literal inputs are passed as their text
+  (command lines are text), workflow parameters keep their type, upstream
+  outputs keep the upstream output's type.
+* STDOUT / PATH outputs become ``dsl.OutputPath`` outputs. The command then
+  runs under a ``/bin/sh -c`` wrapper (the image needs ``/bin/sh``) whose
+  positional arguments are the output files followed by the command: stdout is
+  captured, echoed back to the log and written with trailing newlines removed
+  (Argo's ``outputs.result``); a file output is copied to its output file. The
+  step fails when the command fails or an output file is missing. A
+  ``working_dir`` also uses the wrapper (``cd DIR``), since the KFP container
+  spec has no working directory.
+* Dependencies become ``.after()``. A task that depends on (or reads) a step
+  guarded by ``when`` is rejected: KFP forbids dependencies into a ``dsl.If``
+  from outside it.
+* ``when`` becomes ``dsl.If`` on the upstream output (``==``, ``!=``, ``<``,
+  ``>``, ``<=``, ``>=``); the else branch is a ``dsl.If`` with the negated
+  operator (equivalent to ``dsl.Else`` and independent of step order). A string
+  output compared by an ordering operator with a number is declared a float
+  output, so KFP compares numbers, not strings.
+* A map becomes ``dsl.ParallelFor`` over static items (leaf values rendered as
+  text) or over an upstream list output (declared ``list``), with
+  ``parallelism``. Reading a mapped step's outputs downstream is rejected.
+* Retries → ``set_retry`` (back-off base / factor / cap), resources →
+  ``set_cpu_request`` / ``set_cpu_limit`` / ``set_memory_*`` /
+  ``set_accelerator_*``, env literals → ``set_env_variable``. KFP caches every
+  task by default; Couler does not, so a step without a cache policy gets
+  ``set_caching_options(False)``.
+* Exit hooks: one ``any``-status hook with one step becomes the
+  ``dsl.ExitHandler`` exit task; ``succeeded`` hook steps run after every
+  other task (a run that fails never reaches them); ``failed`` / ``error``
+  hooks are rejected (KFP only offers a status-independent exit task).
+* Workflow parameters become pipeline parameters; a workflow timeout and TTL go
+  to ``dsl.PipelineConfig`` (``active_deadline_seconds``,
+  ``ttl_seconds_after_finished``).
+
+Local mode (``local=True`` in :func:`build_pipeline`, used by
+:func:`run_locally`): ``kfp.local``'s ``SubprocessRunner`` runs only
+lightweight Python components (container components need the DockerRunner and
+a Docker engine). In local mode every step becomes a lightweight Python
+component whose body runs the step's command on the host in a subprocess
+(script steps: the current Python interpreter, or ``bash`` / ``sh``, with
+``-c SOURCE``; container steps: the command and args as-is, so they must be
+host commands such as ``echo`` or ``sh``), then writes the outputs like the
+wrapper above. The image is not used. Graph, conditions, maps, retries and
+parameters are the same as in container mode.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import keyword
+import os
+import re
+import shlex
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from couler import ir
+from couler.engines.base import Capability, Feature, Limit, Support, check_capabilities
+from couler.errors import UnsupportedFeatureError, UserError
+
+__all__ = [
+    "CAPABILITIES",
+    "ENGINE",
+    "LIMITS",
+    "build_pipeline",
+    "compile_workflow",
+    "run_locally",
+]
+
+ENGINE = "kfp"
+LOCAL_DIR_ENV = "COULER_KFP_LOCAL_DIR"
+
+_N, _R, _U = Support.NATIVE, Support.REWRITTEN, Support.UNSUPPORTED
+_KK = "needs the kfp-kubernetes extension (not part of core kfp; not emitted)"
+
+CAPABILITIES: dict[Feature, Capability] = {
+    Feature.CONTAINER: Capability(_N, "a container component (dsl.ContainerSpec) per step"),
+    Feature.SCRIPT: Capability(
+        _R, "a container component running the interpreter on the source (python -c SOURCE, "
+            "bash -c / sh -c); in local mode a lightweight Python component running it in a "
+            "subprocess"),
+    Feature.JOB: Capability(
+        _U, "KFP v2 has no resource step (v1 ResourceOp was dropped); use a component that "
+            "talks to the Kubernetes API"),
+    Feature.SUBWORKFLOW_INLINE: Capability(
+        _U, "not implemented for KFP yet (a nested @dsl.pipeline could express it)"),
+    Feature.SUBWORKFLOW_REF: Capability(
+        _U, "KFP compiles one pipeline at a time; a reference to another workflow is not "
+            "resolved"),
+    Feature.PARAMETERS: Capability(
+        _R, "component input parameters ({{$.inputs.parameters['X']}}); outputs are "
+            "dsl.OutputPath outputs written by a /bin/sh -c wrapper (stdout captured with "
+            "trailing newlines trimmed, files copied); parameter names become identifiers"),
+    Feature.WORKFLOW_PARAMETERS: Capability(_N, "pipeline parameters with defaults and types"),
+    Feature.ARTIFACTS: Capability(
+        _U, "not mapped yet: KFP artifacts (dsl.Input/Output[Artifact]) are stored in the "
+            "pipeline root, not at IR artifact locations"),
+    Feature.EDGE_CONDITIONS: Capability(
+        _U, "a KFP task runs only after its upstream tasks succeed; only the ExitHandler exit "
+            "task runs after failures"),
+    Feature.DEPENDS_EXPRESSION: Capability(
+        _U, "dependentTasks is a plain conjunction; no or / not over task outcomes"),
+    Feature.WHEN: Capability(
+        _N, "dsl.If on the upstream output (==, !=, <, >, <=, >=; a string output compared "
+            "with a number is declared float); dependents of a conditional step are rejected "
+            "(KFP forbids dependencies into a dsl.If from outside)"),
+    Feature.ELSE: Capability(_R, "dsl.If with the negated operator (equivalent to dsl.Else)"),
+    Feature.MAP_STATIC: Capability(
+        _N, "dsl.ParallelFor over the static items (leaf values rendered as text)"),
+    Feature.MAP_DYNAMIC: Capability(
+        _N, "dsl.ParallelFor over an upstream output declared as a list; reading a mapped "
+            "step's outputs downstream (dsl.Collected) is rejected"),
+    Feature.MAP_PARALLELISM: Capability(_N, "dsl.ParallelFor(parallelism=N) (iteratorPolicy)"),
+    Feature.LOOP: Capability(
+        _U, "KFP v2 dropped recursive graph components (v1 @dsl.graph_component); no "
+            "while loop (kubeflow/pipelines#10748)"),
+    Feature.EXIT_HOOKS: Capability(
+        _R, "an `any` hook with one step → dsl.ExitHandler exit task; `succeeded` hook steps "
+            "→ tasks after every other task; `failed` / `error` hooks are rejected (KFP has "
+            "one status-independent exit task; PipelineTaskFinalStatus only reaches Python "
+            "components)"),
+    Feature.RETRY: Capability(_N, "task.set_retry(num_retries)"),
+    Feature.RETRY_BACKOFF: Capability(
+        _N, "set_retry(backoff_duration, backoff_factor, backoff_max_duration)"),
+    Feature.RETRY_FAILURE_CLASSES: Capability(
+        _U, "KFP retries every failure; it cannot select failures by cause"),
+    Feature.MEMORY_ESCALATION: Capability(
+        _U, "a retry reuses the same task spec; KFP cannot raise memory per attempt"),
+    Feature.TIMEOUT: Capability(
+        _U, "per-task timeout " + _KK + " (kubernetes.set_timeout); a workflow timeout maps to "
+            "PipelineConfig.active_deadline_seconds"),
+    Feature.RESOURCES: Capability(
+        _N, "set_cpu_request / set_cpu_limit / set_memory_request / set_memory_limit"),
+    Feature.GPU: Capability(_N, "set_accelerator_type(resource name) + set_accelerator_limit"),
+    Feature.CACHE: Capability(
+        _R, "set_caching_options(True) (KFP's own content key; salt / max age / key are not "
+            "expressible); steps without a policy get set_caching_options(False)"),
+    Feature.PRIORITY: Capability(_U, "no task priority in KFP"),
+    Feature.NODE_SELECTOR: Capability(_U, "node selectors " + _KK),
+    Feature.TOLERATIONS: Capability(_U, "tolerations " + _KK),
+    Feature.VOLUMES: Capability(_U, "PVC mounts " + _KK),
+    Feature.SECRETS: Capability(_U, "secret env vars " + _KK + " (use_secret_as_env)"),
+    Feature.DAEMON: Capability(_U, "no daemon / sidecar tasks in KFP v2"),
+    Feature.CRON: Capability(
+        _U, "recurring runs are created through the KFP API server (client."
+            "create_recurring_run), not in the PipelineSpec"),
+    Feature.EVENT_TRIGGERS: Capability(_U, "KFP has no event triggers"),
+}
+
+_KFP_DOCS = "https://www.kubeflow.org/docs/components/pipelines/"
+LIMITS: tuple[Limit, ...] = (
+    Limit("Argo Workflow object size the compiled pipeline runs as (Kubernetes/etcd request, "
+          "--max-request-bytes default)", 1572864, "bytes",
+          "https://etcd.io/docs/v3.5/dev-guide/limit/ (the KFP backend turns a run into an "
+          "Argo Workflow object)"),
+    Limit("KFP API server gRPC message size (pipeline upload / run creation)", 4194304, "bytes",
+          "gRPC default max receive message size, used by the KFP API server "
+          "(backend/src/apiserver/main.go)"),
+    Limit("pipeline / task name length (DNS-1123 label, Kubernetes object names)", 63,
+          "characters", _KFP_DOCS + "user-guides/core-functions/ and Kubernetes names"),
+    Limit("ParallelFor parallelism (iteratorPolicy.parallelismLimit, int32)", 2147483647,
+          "tasks", _KFP_DOCS + "user-guides/core-functions/control-flow/#parallel-looping-"
+                   "dslparallelfor (0 = unbounded)"),
+    Limit("output parameter size (read back by the launcher; stored in MLMD)", 524288, "bytes",
+          "https://github.com/kubeflow/pipelines/issues/4545 (large parameters; use "
+          "artifacts)"),
+)
+
+_PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
+_INTERPRETER = {
+    ir.ScriptLanguage.PYTHON: ("python",),
+    ir.ScriptLanguage.BASH: ("bash",),
+    ir.ScriptLanguage.SH: ("sh",),
+}
+_ORDERING = {ir.CompareOp.GT, ir.CompareOp.LT, ir.CompareOp.GE, ir.CompareOp.LE}
+_PY_TYPE: dict[ir.ValueType, type] = {
+    ir.ValueType.STRING: str,
+    ir.ValueType.INT: int,
+    ir.ValueType.FLOAT: float,
+    ir.ValueType.BOOL: bool,
+    ir.ValueType.LIST: list,
+    ir.ValueType.JSON: str,
+}
+
+
+# --------------------------------------------------------------------------- kfp import
+
+
+def _import(module: str) -> Any:
+    """Import a kfp module lazily, typed ``Any`` (kfp is not in the main environment)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise UserError(
+            "compiling for Kubeflow Pipelines needs the kfp SDK, which is not installed in "
+            f"this environment ({exc}); install kfp (requirements-kfp.txt) or use .venv-kfp "
+            "(create it with scripts/setup-engine-venv.sh kfp)") from exc
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> dict[str, Any]:
+    """Compile ``wf`` into a KFP ``PipelineSpec`` (plain data) with the KFP SDK.
+
+    Raises:
+        couler.errors.UserError: kfp is not installed.
+        couler.errors.ValidationError: the workflow is invalid.
+        couler.errors.UnsupportedFeatureError: the workflow uses a feature KFP cannot
+            express (the message names the step and feature).
+    """
+    _import("kfp")
+    yaml = _import("yaml")
+    compiler = _import("kfp.compiler")
+    pipeline = build_pipeline(wf, validate=validate)
+    with tempfile.TemporaryDirectory(prefix="couler-kfp-") as tmp:
+        path = os.path.join(tmp, "pipeline.yaml")
+        compiler.Compiler().compile(pipeline_func=pipeline, package_path=path)
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+    if not isinstance(doc, dict):
+        raise UserError(f"workflow {wf.name!r}: kfp produced no pipeline spec")
+    return doc
+
+
+def build_pipeline(wf: ir.Workflow, *, validate: bool = True, local: bool = False,
+                   workdir: str | None = None) -> Any:
+    """Build the ``@dsl.pipeline`` (a kfp ``GraphComponent``) for ``wf``.
+
+    ``local=True`` builds the local mode (lightweight Python components running
+    the steps on the host, see the module docstring); it writes the generated
+    component source into ``workdir`` (a new temporary directory when None).
+    """
+    _import("kfp")
+    if validate:
+        ir.validate(wf)
+    check_capabilities(ENGINE, CAPABILITIES, wf)
+    return _Builder(wf, local=local, workdir=workdir).build()
+
+
+def run_locally(wf: ir.Workflow, pipeline_root: str) -> dict[str, list[str]]:
+    """Run ``wf`` with ``kfp.local`` (SubprocessRunner, no venv) in local mode.
+
+    Returns, per step that ran, the standard output of each of its executions
+    (one per map item), sorted. Raises ``RuntimeError`` (from kfp) when the run fails.
+    """
+    local = _import("kfp.local")
+    os.makedirs(pipeline_root, exist_ok=True)
+    logdir = tempfile.mkdtemp(prefix="couler-kfp-log-", dir=pipeline_root)
+    pipeline = build_pipeline(wf, local=True, workdir=logdir)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=pipeline_root,
+               raise_on_error=True)
+    old = os.environ.get(LOCAL_DIR_ENV)
+    os.environ[LOCAL_DIR_ENV] = logdir
+    try:
+        pipeline()
+    finally:
+        if old is None:
+            os.environ.pop(LOCAL_DIR_ENV, None)
+        else:
+            os.environ[LOCAL_DIR_ENV] = old
+    runs: dict[str, list[str]] = {}
+    for name in sorted(os.listdir(logdir)):
+        if not name.endswith(".out"):
+            continue
+        step = name.rsplit(".", 2)[0]
+        with open(os.path.join(logdir, name), encoding="utf-8") as fh:
+            runs.setdefault(step, []).append(fh.read())
+    return {step: sorted(outs) for step, outs in runs.items()}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _ident(name: str, taken: set[str]) -> str:
+    base = re.sub(r"\W", "_", name) or "p"
+    if base[0].isdigit() or keyword.iskeyword(base):
+        base = "p_" + base
+    ident, n = base, 1
+    while ident in taken:
+        n += 1
+        ident = f"{base}_{n}"
+    taken.add(ident)
+    return ident
+
+
+def _static_key(key: str) -> str:
+    """A static item's key as a KFP loop sub-variable (a Python identifier)."""
+    ident = re.sub(r"\W", "_", key)
+    return ident if ident.isidentifier() and not keyword.iskeyword(ident) else f"k_{ident}"
+
+
+def _item_text(value: object) -> object:
+    if isinstance(value, dict):
+        return {_static_key(str(k)): ir.Literal.of(v).text for k, v in value.items()}
+    return ir.Literal.of(value).text
+
+
+class _StepPlan:
+    """What the builder knows about one step: kfp names and types of inputs and outputs."""
+
+    def __init__(self, step: ir.Step) -> None:
+        self.step = step
+        taken: set[str] = set()
+        self.inputs: dict[str, str] = {}  # IR input name / "{{item...}}" key → identifier
+        self.outputs: dict[str, str] = {o.name: _ident(o.name, taken) for o in step.outputs}
+        for i in step.inputs:
+            self.inputs[i.name] = _ident(i.name, taken)
+        self.item_keys: dict[str, str] = {}  # item key ("" = whole item) → identifier
+        self.taken = taken
+
+    def item_input(self, key: str) -> str:
+        if key not in self.item_keys:
+            self.item_keys[key] = _ident("couler_item" + (f"_{key}" if key else ""), self.taken)
+        return self.item_keys[key]
+
+
+class _Builder:
+    def __init__(self, wf: ir.Workflow, *, local: bool, workdir: str | None) -> None:
+        self.wf = wf
+        self.local = local
+        self.workdir = workdir
+        self.dsl: Any = _import("kfp.dsl")
+        self.hooks_any: list[ir.Step] = []
+        self.hooks_ok: list[ir.Step] = []
+        self.output_types: dict[tuple[str, str], ir.ValueType] = {}
+        self.plans: dict[str, _StepPlan] = {}
+        self.param_ids: dict[str, str] = {}
+
+    def _fail(self, step: str, feature: Feature | str, detail: str) -> UnsupportedFeatureError:
+        name = feature.value if isinstance(feature, Feature) else feature
+        return UnsupportedFeatureError(ENGINE, self.wf.name, step, name, detail)
+
+    # ------------------------------------------------------------------ checks
+
+    def _check(self) -> list[ir.Step]:
+        wf = self.wf
+        for attr, what in (("parallelism", "workflow parallelism"),
+                           ("service_account", "service account"),
+                           ("image_pull_secrets", "image pull secrets"),
+                           ("dns", "DNS config"), ("security_context", "security context")):
+            if getattr(wf, attr):
+                raise self._fail("", what, "not expressible in a core KFP PipelineSpec")
+        for hook in wf.exit_hooks:
+            if hook.on is ir.RunStatus.ANY:
+                self.hooks_any.extend(hook.steps)
+            elif hook.on is ir.RunStatus.SUCCEEDED:
+                self.hooks_ok.extend(hook.steps)
+            else:
+                raise self._fail(hook.steps[0].name if hook.steps else "", Feature.EXIT_HOOKS,
+                                 f"a {hook.on.value} hook: KFP has only one status-independent "
+                                 "exit task (dsl.ExitHandler)")
+        if len(self.hooks_any) > 1:
+            raise self._fail(self.hooks_any[1].name, Feature.EXIT_HOOKS,
+                             "dsl.ExitHandler takes exactly one exit task")
+        by_name = {s.name: s for s in wf.steps}
+        for step in [*wf.steps, *self.hooks_any, *self.hooks_ok]:
+            if step.labels:
+                raise self._fail(step.name, "step labels", _KK)
+            body = step.body
+            if isinstance(body, (ir.ContainerSpec, ir.ScriptSpec)) and body.image_pull_policy:
+                raise self._fail(step.name, "image pull policy", _KK)
+            upstream = {d.step for d in step.dependencies}
+            upstream |= {i.value.step for i in step.inputs if isinstance(i.value, ir.StepOutputRef)}
+            for name in sorted(upstream):
+                up = by_name.get(name)
+                if up is None:
+                    continue
+                if up.when is not None:
+                    raise self._fail(step.name, "dependency on a conditional step",
+                                     f"{name!r} runs under dsl.If; KFP forbids dependencies "
+                                     "into a dsl.If from outside it")
+            for i in step.inputs:
+                if isinstance(i.value, ir.StepOutputRef):
+                    up = by_name.get(i.value.step)
+                    if up is not None and up.foreach is not None:
+                        raise self._fail(step.name, "reading a mapped step's output",
+                                         "needs dsl.Collected, not mapped")
+            if step in self.hooks_any and any(isinstance(i.value, ir.StepOutputRef)
+                                              for i in step.inputs):
+                raise self._fail(step.name, Feature.EXIT_HOOKS,
+                                 "the exit task is created before the tasks it would read")
+        return self._order(wf.steps)
+
+    def _order(self, steps: Sequence[ir.Step]) -> list[ir.Step]:
+        names = {s.name for s in steps}
+        done: set[str] = set()
+        out: list[ir.Step] = []
+        pending = list(steps)
+        while pending:
+            progressed = False
+            for step in list(pending):
+                ups = {d.step for d in step.dependencies}
+                ups |= {i.value.step for i in step.inputs
+                        if isinstance(i.value, ir.StepOutputRef)}
+                if step.foreach is not None and isinstance(step.foreach.source,
+                                                           ir.StepOutputRef):
+                    ups.add(step.foreach.source.step)
+                if (ups & names) <= done:
+                    out.append(step)
+                    done.add(step.name)
+                    pending.remove(step)
+                    progressed = True
+            if not progressed:
+                raise self._fail(pending[0].name, "dependency cycle", "")
+        return out
+
+    # ------------------------------------------------------------------ types
+
+    def _collect_types(self, steps: Sequence[ir.Step]) -> None:
+        for step in steps:
+            for o in step.outputs:
+                self.output_types[(step.name, o.name)] = o.type
+        for step in steps:
+            if step.foreach is not None and isinstance(step.foreach.source, ir.StepOutputRef):
+                src = step.foreach.source
+                self.output_types[(src.step, src.output)] = ir.ValueType.LIST
+            if step.when is not None:
+                cond = step.when.condition
+                if cond.op in _ORDERING:
+                    for a, b in ((cond.left, cond.right), (cond.right, cond.left)):
+                        key = (a.step, a.output) if isinstance(a, ir.StepOutputRef) else None
+                        if (key is not None and isinstance(b, ir.Literal)
+                                and b.type in (ir.ValueType.INT, ir.ValueType.FLOAT)
+                                and self.output_types.get(key) in (ir.ValueType.STRING,
+                                                                   ir.ValueType.JSON)):
+                            self.output_types[key] = ir.ValueType.FLOAT
+
+    def _input_type(self, v: ir.ValueSource) -> type:
+        if isinstance(v, ir.WorkflowParamRef):
+            p = self.wf.parameter(v.name)
+            return _PY_TYPE[p.type] if p is not None else str
+        if isinstance(v, ir.StepOutputRef):
+            return _PY_TYPE[self.output_types.get((v.step, v.output), ir.ValueType.STRING)]
+        return str
+
+    # ------------------------------------------------------------------ components
+
+    def _argv(self, step: ir.Step, plan: _StepPlan) -> list[str]:
+        """The step's command line with IR placeholders replaced by ``\\0NAME\\0`` marks."""
+        body = step.body
+
+        def mark(text: str) -> str:
+            def repl(m: re.Match[str]) -> str:
+                expr = m.group(1)
+                if expr.startswith("inputs.") and expr[7:] in plan.inputs:
+                    return f"\0{plan.inputs[expr[7:]]}\0"
+                if expr == "item" or expr.startswith("item."):
+                    if step.foreach is None:
+                        raise self._fail(step.name, "item placeholder", "outside a map")
+                    return f"\0{plan.item_input(expr[5:])}\0"
+                return m.group(0)
+            return _PLACEHOLDER.sub(repl, text)
+
+        if isinstance(body, ir.ContainerSpec):
+            return [mark(w) for w in (*body.command, *body.args)]
+        assert isinstance(body, ir.ScriptSpec)
+        interp = body.command or _INTERPRETER[body.language]
+        return [*interp, "-c", mark(body.source), *(mark(a) for a in body.args)]
+
+    def _signature(self, step: ir.Step, plan: _StepPlan) -> list[inspect.Parameter]:
+        dsl = self.dsl
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        params = [inspect.Parameter(plan.inputs[i.name], kind, annotation=self._input_type(i.value))
+                  for i in step.inputs]
+        params += [inspect.Parameter(ident, kind, annotation=str)
+                   for ident in plan.item_keys.values()]
+        params += [inspect.Parameter(
+            plan.outputs[o.name], kind,
+            annotation=dsl.OutputPath(_PY_TYPE[self.output_types[(step.name, o.name)]]))
+            for o in step.outputs]
+        return params
+
+    def _container_component(self, step: ir.Step, plan: _StepPlan) -> Any:
+        dsl = self.dsl
+        argv = self._argv(step, plan)
+        params = self._signature(step, plan)
+        body = step.body
+        assert isinstance(body, (ir.ContainerSpec, ir.ScriptSpec))
+        wrap = bool(step.outputs) or bool(body.working_dir)
+
+        def fn(*args: Any) -> Any:
+            values = {p.name: str(a) for p, a in zip(params, args, strict=True)}
+
+            def fill(word: str) -> str:
+                parts = word.split("\0")
+                return "".join(values[p] if k % 2 else p for k, p in enumerate(parts))
+
+            words = [fill(w) for w in argv]
+            if not wrap:
+                return dsl.ContainerSpec(image=body.image, command=words)
+            outs = [values[plan.outputs[o.name]] for o in step.outputs]
+            script = _wrapper(step.outputs, body.working_dir)
+            return dsl.ContainerSpec(image=body.image,
+                                     command=["/bin/sh", "-c", script, "couler-step"],
+                                     args=[*outs, *words])
+
+        fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            params, return_annotation=dsl.ContainerSpec)
+        fn.__name__ = step.name
+        fn.__qualname__ = step.name
+        fn.__doc__ = f"Couler step {step.name!r}."
+        return dsl.container_component(fn)
+
+    def _local_component(self, step: ir.Step, plan: _StepPlan) -> Any:
+        argv = self._argv(step, plan)
+        body = step.body
+        assert isinstance(body, (ir.ContainerSpec, ir.ScriptSpec))
+        params = self._signature(step, plan)
+        exprs = []
+        for k, word in enumerate(argv):
+            parts = word.split("\0")
+            pieces = [f"str({p})" if i % 2 else repr(p) for i, p in enumerate(parts)
+                      if i % 2 or p]
+            expr = " + ".join(pieces) or "''"
+            if k == 0 and isinstance(body, ir.ScriptSpec) and word in ("python", "python3"):
+                expr = "sys.executable"
+            exprs.append(expr)
+        sig = ", ".join(
+            f"{p.name}: {_annotation_src(p.annotation)}" for p in params)
+        stdout_outs = [plan.outputs[o.name] for o in step.outputs
+                       if o.source is ir.OutputSource.STDOUT]
+        file_outs = [(plan.outputs[o.name], o.selector) for o in step.outputs
+                     if o.source is ir.OutputSource.PATH]
+        env = {e.name: e.value for e in step.env if e.secret is None}
+        fname = _ident(step.name, set())
+        lines = [
+            f"def {fname}({sig}):",
+            "    import os, subprocess, sys, uuid",
+            f"    argv = [{', '.join(exprs)}]",
+            f"    env = dict(os.environ, **{env!r})",
+            f"    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env, "
+            f"cwd={body.working_dir or None!r})",
+            "    sys.stdout.write(proc.stdout)",
+            f"    logdir = os.environ.get({LOCAL_DIR_ENV!r})",
+            "    if logdir:",
+            f"        name = os.path.join(logdir, {step.name!r} + '.' + uuid.uuid4().hex + '.out')",
+            "        with open(name, 'w') as fh:",
+            "            fh.write(proc.stdout)",
+            "    if proc.returncode:",
+            f"        raise RuntimeError({step.name!r} + ' exited with ' + str(proc.returncode))",
+        ]
+        for ident in stdout_outs:
+            lines += [f"    with open({ident}, 'w') as fh:",
+                      "        fh.write(proc.stdout.rstrip('\\n'))"]
+        for ident, selector in file_outs:
+            lines += [f"    with open({selector!r}) as src, open({ident}, 'w') as fh:",
+                      "        fh.write(src.read())"]
+        source = "from kfp import dsl\n\n\n" + "\n".join(lines) + "\n"
+        workdir = self.workdir or tempfile.mkdtemp(prefix="couler-kfp-")
+        path = os.path.join(workdir, f"couler_kfp_step_{fname}.py")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(source)
+        spec = importlib.util.spec_from_file_location(f"couler_kfp_step_{fname}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        func = getattr(module, fname)
+        image = body.image if "python" in body.image else "python:3.11"
+        return self.dsl.component(func, base_image=image)
+
+    # ------------------------------------------------------------------ pipeline
+
+    def build(self) -> Any:
+        dsl = self.dsl
+        wf = self.wf
+        steps = self._check()
+        self._collect_types([*steps, *self.hooks_any, *self.hooks_ok])
+        components: dict[str, Any] = {}
+        for step in [*steps, *self.hooks_any, *self.hooks_ok]:
+            plan = _StepPlan(step)
+            self.plans[step.name] = plan
+            self._argv(step, plan)  # registers item placeholders
+            make = self._local_component if self.local else self._container_component
+            components[step.name] = make(step, plan)
+            components[step.name].name = step.name
+
+        taken: set[str] = set()
+        pparams = []
+        for p in wf.parameters:
+            ident = _ident(p.name, taken)
+            self.param_ids[p.name] = ident
+            default: Any = inspect.Parameter.empty
+            if p.default is not None:
+                default = p.default.value if p.type is not ir.ValueType.JSON else p.default.text
+            pparams.append(inspect.Parameter(ident, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                             annotation=_PY_TYPE[p.type], default=default))
+        pparams.sort(key=lambda q: q.default is not inspect.Parameter.empty)
+
+        def body(*args: Any) -> None:
+            channels = {q.name: a for q, a in zip(pparams, args, strict=True)}
+            tasks: dict[str, Any] = {}
+            exit_task = None
+            if self.hooks_any:
+                exit_task = self._task(self.hooks_any[0], components, tasks, channels)
+            if exit_task is not None:
+                with dsl.ExitHandler(exit_task, name="couler-exit-handler"):
+                    for step in steps:
+                        self._add(step, components, tasks, channels)
+            else:
+                for step in steps:
+                    self._add(step, components, tasks, channels)
+            main = [tasks[s.name] for s in steps]
+            for step in self.hooks_ok:
+                task = self._task(step, components, tasks, channels)
+                for t in main:
+                    task.after(t)
+
+        body.__signature__ = inspect.Signature(pparams)  # type: ignore[attr-defined]
+        body.__name__ = _ident(wf.name, set())
+        config = None
+        if wf.timeout_seconds is not None or wf.ttl_seconds is not None:
+            config = dsl.PipelineConfig(ttl_seconds_after_finished=wf.ttl_seconds,
+                                        active_deadline_seconds=wf.timeout_seconds)
+        try:
+            return dsl.pipeline(name=wf.name, pipeline_config=config)(body)
+        except UnsupportedFeatureError:
+            raise
+        except Exception as exc:  # kfp's own checks (topology, types)
+            raise self._fail("", "this graph", f"kfp rejected it: {exc}") from exc
+
+    def _add(self, step: ir.Step, components: Mapping[str, Any], tasks: dict[str, Any],
+             channels: Mapping[str, Any]) -> None:
+        dsl = self.dsl
+        item: Any = None
+        if step.foreach is not None:
+            fe = step.foreach
+            items: Any
+            if fe.source is None:
+                items = [_item_text(lit.value) for lit in fe.items]
+            else:
+                items = self._value(step, fe.source, tasks, channels, None)
+            kwargs: dict[str, Any] = {}
+            if fe.parallelism is not None:
+                kwargs["parallelism"] = fe.parallelism
+            with dsl.ParallelFor(items, **kwargs) as item:
+                self._add_when(step, components, tasks, channels, item)
+        else:
+            self._add_when(step, components, tasks, channels, item)
+
+    def _add_when(self, step: ir.Step, components: Mapping[str, Any], tasks: dict[str, Any],
+                  channels: Mapping[str, Any], item: Any) -> None:
+        if step.when is None:
+            self._task(step, components, tasks, channels, item)
+            return
+        cond = step.when.condition
+        op = cond.op if step.when.expect else cond.op.negated()
+        left = self._operand(step, cond.left, tasks, channels, item)
+        right = self._operand(step, cond.right, tasks, channels, item)
+        if not _is_channel(left):
+            if not _is_channel(right):
+                raise self._fail(step.name, Feature.WHEN, "a condition between two constants")
+            left, right = right, left
+            op = _SWAPPED[op]
+        expr = _compare(left, op, right)
+        with self.dsl.If(expr, name=f"{step.name}-when"):
+            self._task(step, components, tasks, channels, item)
+
+    def _operand(self, step: ir.Step, v: ir.ValueSource, tasks: Mapping[str, Any],
+                 channels: Mapping[str, Any], item: Any) -> Any:
+        if isinstance(v, ir.Literal):
+            value = v.value
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return value
+            return v.text
+        return self._value(step, v, tasks, channels, item)
+
+    def _value(self, step: ir.Step, v: ir.ValueSource, tasks: Mapping[str, Any],
+               channels: Mapping[str, Any], item: Any) -> Any:
+        if isinstance(v, ir.Literal):
+            return v.text
+        if isinstance(v, ir.WorkflowParamRef):
+            return channels[self.param_ids[v.name]]
+        if isinstance(v, ir.StepOutputRef):
+            up = tasks.get(v.step)
+            if up is None:
+                raise self._fail(step.name, Feature.PARAMETERS,
+                                 f"reads {v.step}.{v.output}, which is not a task here")
+            return up.outputs[self.plans[v.step].outputs[v.output]]
+        if item is None:
+            raise self._fail(step.name, "item reference", "outside a map")
+        if not v.key:
+            return item
+        static = step.foreach is not None and step.foreach.source is None
+        return getattr(item, _static_key(v.key) if static else v.key)
+
+    def _task(self, step: ir.Step, components: Mapping[str, Any], tasks: dict[str, Any],
+              channels: Mapping[str, Any], item: Any = None) -> Any:
+        plan = self.plans[step.name]
+        kwargs = {plan.inputs[i.name]: self._value(step, i.value, tasks, channels, item)
+                  for i in step.inputs}
+        for key, ident in plan.item_keys.items():
+            kwargs[ident] = self._value(step, ir.ItemRef(key), tasks, channels, item)
+        task = components[step.name](**kwargs)
+        task.set_display_name(step.name)
+        for dep in step.dependencies:
+            if dep.step in tasks:
+                task.after(tasks[dep.step])
+        self._policies(step, task)
+        tasks[step.name] = task
+        return task
+
+    def _policies(self, step: ir.Step, task: Any) -> None:
+        d = self.wf.defaults
+        retry = step.retry or d.retry
+        if retry is not None:
+            kw: dict[str, Any] = {"num_retries": retry.limit}
+            if retry.backoff is not None:
+                kw["backoff_duration"] = f"{int(retry.backoff.base_seconds)}s"
+                kw["backoff_factor"] = retry.backoff.factor
+                if retry.backoff.cap_seconds is not None:
+                    kw["backoff_max_duration"] = f"{int(retry.backoff.cap_seconds)}s"
+            task.set_retry(**kw)
+        res = step.resources or d.resources
+        if res is not None:
+            for value, setter in ((res.cpu_request, task.set_cpu_request),
+                                  (res.cpu_limit, task.set_cpu_limit),
+                                  (res.memory_request, task.set_memory_request),
+                                  (res.memory_limit, task.set_memory_limit)):
+                if value:
+                    setter(value)
+            if res.gpu:
+                task.set_accelerator_type(res.gpu_resource)
+                task.set_accelerator_limit(res.gpu)
+        cache = step.cache or d.cache
+        task.set_caching_options(enable_caching=cache is not None and cache.enabled)
+        for e in step.env:
+            if e.secret is None:
+                task.set_env_variable(e.name, e.value)
+
+
+_SWAPPED = {
+    ir.CompareOp.EQ: ir.CompareOp.EQ, ir.CompareOp.NE: ir.CompareOp.NE,
+    ir.CompareOp.GT: ir.CompareOp.LT, ir.CompareOp.LT: ir.CompareOp.GT,
+    ir.CompareOp.GE: ir.CompareOp.LE, ir.CompareOp.LE: ir.CompareOp.GE,
+}
+
+_COMPARE: dict[ir.CompareOp, Callable[[Any, Any], Any]] = {
+    ir.CompareOp.EQ: lambda a, b: a == b,
+    ir.CompareOp.NE: lambda a, b: a != b,
+    ir.CompareOp.GT: lambda a, b: a > b,
+    ir.CompareOp.LT: lambda a, b: a < b,
+    ir.CompareOp.GE: lambda a, b: a >= b,
+    ir.CompareOp.LE: lambda a, b: a <= b,
+}
+
+
+def _compare(left: Any, op: ir.CompareOp, right: Any) -> Any:
+    return _COMPARE[op](left, right)
+
+
+def _is_channel(value: object) -> bool:
+    return isinstance(value, _import("kfp.dsl.pipeline_channel").PipelineChannel)
+
+
+def _annotation_src(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    inner = getattr(annotation, "type", str)
+    return f"dsl.OutputPath({getattr(inner, '__name__', 'str')})"
+
+
+def _wrapper(outputs: Sequence[ir.OutputParameter], working_dir: str) -> str:
+    """The ``/bin/sh -c`` script: $1..$k are the output files, then the command."""
+    lines = ["set -u"]
+    for k in range(len(outputs)):
+        lines.append(f'o{k}="$1"; shift')
+    if working_dir:
+        lines.append(f"cd {shlex.quote(working_dir)} || exit 1")
+    stdout = any(o.source is ir.OutputSource.STDOUT for o in outputs)
+    if stdout:
+        lines += ['couler_out=$(mktemp)', '"$@" > "$couler_out"; rc=$?', 'cat "$couler_out"',
+                  '[ "$rc" -eq 0 ] || exit "$rc"']
+    else:
+        lines.append('"$@" || exit $?')
+    for k, o in enumerate(outputs):
+        lines.append(f'mkdir -p "$(dirname "$o{k}")"')
+        if o.source is ir.OutputSource.STDOUT:
+            lines.append(f'printf \'%s\' "$(cat "$couler_out")" > "$o{k}"')
+        else:
+            lines.append(f'cp {shlex.quote(o.selector)} "$o{k}" || exit 1')
+    return "\n".join(lines) + "\n"
+
