@@ -1,0 +1,827 @@
+"""Compile a Couler IR workflow into the source of one Apache Airflow 3.x DAG file.
+
+:func:`compile_workflow` is a pure function: it does not import Airflow, it
+returns Python source text that imports ``airflow.sdk`` when Airflow loads it.
+:data:`CAPABILITIES` and :data:`LIMITS` are Airflow's capability matrix and
+limits table; the compiler checks the matrix
+(:func:`couler.engines.base.check_capabilities`) before generating anything.
+
+Shape of the generated file:
+
+* A module-level ``STEPS`` table holds every step's static description
+  (command, args, script source, inputs, outputs, conditions) as plain Python
+  literals, and a small runner ``_couler_run`` executes one step. Every step is
+  one TaskFlow task ``task(_couler_run, task_id=STEP, multiple_outputs=True)``
+  called with the step's name and its upstream values as ``XComArg``\\ s; no
+  Jinja templates are involved, so literal ``{{`` in commands is safe.
+* **Execution.** The runner starts the step as a subprocess *on the Airflow
+  worker*: a container step runs ``command + args`` as an argv list (no shell,
+  no quoting issues), a script step writes its source to a temporary file and
+  runs it with the interpreter (the worker's own Python for ``python``). The
+  step's **image is ignored**: running it would need ``KubernetesPodOperator``
+  and a cluster; the worker-subprocess mapping keeps ``airflow dags test``
+  runnable anywhere. Untrusted code never runs inside the scheduler or the
+  DAG processor: parsing the file only builds the graph.
+* **Parameters.** Placeholders ``{{inputs.NAME}}``, ``{{item}}``,
+  ``{{item.KEY}}``, ``{{workflow.name}}`` (the DAG id), ``{{workflow.uid}}``
+  (the run id) and ``{{workflow.status}}`` (fixed in succeeded/failed exit
+  hooks, otherwise derived from the run's task states) are substituted by the
+  runner (also in script sources and env values). Outputs are returned from
+  the task and pushed as one XCom per output name (``multiple_outputs``): a
+  ``stdout`` output is the whole standard output with trailing newlines
+  removed (Argo's ``result``), a ``path`` output the contents of the file
+  after the command ends (missing file = step failure). List-typed outputs are
+  decoded from JSON so a map can expand over them. Consumers read them as
+  ``t["STEP"]["OUTPUT"]``; reading a mapped step's output gives the JSON list
+  of its per-item values (Airflow gathers the mapped XComs).
+* **Dependencies** become ``>>``; the edge condition becomes the task's
+  ``trigger_rule`` (one per task, so all edges of a step must share one
+  condition): succeeded → ``none_failed`` (upstream succeeded or was skipped),
+  failed / errored → ``all_failed``, skipped → ``all_skipped``, completed /
+  any → ``all_done``.
+* **when / else** are evaluated by the runner before the command starts; a
+  false condition raises ``AirflowSkipException`` so the task ends *skipped*
+  and ``none_failed`` dependents still run. Comparisons are numeric when both
+  sides parse as numbers, textual otherwise.
+* **Maps** use dynamic task mapping: static items ``.expand(item=[0, 1, ...])``
+  (indices into ``STEPS``, so item text is never templated); an upstream list
+  or a list workflow parameter through a helper task ``STEP--items`` that
+  decodes the JSON list (Airflow maps only over a task's ``return_value``),
+  ``.expand(item=t["STEP--items"])``; the parallelism bound is
+  ``max_active_tis_per_dagrun``.
+* **Loops** run inside one task: the runner repeats the command while the
+  condition (over the step's own fresh outputs) holds, at most
+  ``max_iterations`` times; the last iteration's outputs are the task's.
+* **Inline sub-workflows** become a ``TaskGroup`` (task ids ``GROUP.STEP``);
+  group outputs are forwarded from the inner step declaring them.
+* **Exit hooks** are tasks downstream of every workflow task with trigger
+  rule ``none_failed`` (on succeeded), ``one_failed`` (on failed / error) or
+  ``all_done`` (any), plus a ``couler-exit-status`` task (``one_failed``,
+  always fails) that keeps the run failed when a step failed.
+* **Policies**: retries → ``retries`` / ``retry_delay`` /
+  ``retry_exponential_backoff`` (the factor) / ``max_retry_delay``; timeout →
+  ``execution_timeout`` (workflow timeout → ``dagrun_timeout``); priority →
+  ``priority_weight``; workflow parallelism → ``max_active_tasks``.
+* **Secrets**: an env var from a secret is read at run time with
+  ``Variable.get("SECRET/KEY")``: store the value as an Airflow Variable (or in
+  a secrets backend such as Vault that serves Variables).
+* **Workflow** parameters → ``params`` with ``Param`` defaults; a cron schedule
+  → ``schedule`` (``CronTriggerTimetable`` when it has a time zone), suspend →
+  ``is_paused_upon_creation``, concurrency ``forbid`` → ``max_active_runs=1``.
+
+Workflow settings with no Airflow meaning are not emitted: tenant, service
+account, image pull secrets, DNS, security context, annotations, TTL, and the
+cron starting deadline / history limits. Labels become DAG ``tags``
+(``key=value``).
+
+Rejected while compiling (:class:`~couler.errors.UnsupportedFeatureError`):
+mixed edge conditions on one step, dependencies between exit-hook steps,
+group-level policies on an inline sub-workflow, static maps longer than
+``max_map_length``, and cron ``replace`` concurrency.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from couler import ir
+from couler.engines.base import Capability, Feature, Limit, Support, check_capabilities
+from couler.errors import UnsupportedFeatureError
+
+__all__ = [
+    "AIRFLOW_VERSION",
+    "CAPABILITIES",
+    "ENGINE",
+    "EXIT_STATUS_TASK",
+    "ITEMS_SUFFIX",
+    "LIMITS",
+    "MAX_MAP_LENGTH",
+    "TRIGGER_RULES",
+    "compile_workflow",
+]
+
+ENGINE = "airflow"
+AIRFLOW_VERSION = "3.3.2"  # the version the generated files are tested against
+MAX_MAP_LENGTH = 1024  # [core] max_map_length default
+EXIT_STATUS_TASK = "couler-exit-status"
+ITEMS_SUFFIX = "--items"  # helper task decoding the list a map expands over
+
+_N, _R, _U = Support.NATIVE, Support.REWRITTEN, Support.UNSUPPORTED
+
+CAPABILITIES: dict[Feature, Capability] = {
+    Feature.CONTAINER: Capability(
+        _R, "a TaskFlow task running command + args as a subprocess on the Airflow worker "
+            "(argv, no shell); the image is ignored (KubernetesPodOperator would need a "
+            "cluster; the worker subprocess keeps `airflow dags test` runnable)"),
+    Feature.SCRIPT: Capability(
+        _R, "the source is written to a temporary file and run by the interpreter in a "
+            "subprocess on the worker (python = the worker's Python); never exec'd in the "
+            "scheduler; the image is ignored"),
+    Feature.JOB: Capability(
+        _U, "no cluster-independent operator creates a Kubernetes resource and evaluates "
+            "Argo-style success/failure conditions"),
+    Feature.SUBWORKFLOW_INLINE: Capability(
+        _N, "a TaskGroup (task ids GROUP.STEP); group outputs are forwarded from the inner "
+            "step that declares them; group-level when/map/loop/policies are rejected"),
+    Feature.SUBWORKFLOW_REF: Capability(
+        _U, "a referenced workflow would be a separate DAG (TriggerDagRunOperator) whose "
+            "outputs cannot be read back; not generated"),
+    Feature.PARAMETERS: Capability(
+        _N, "outputs are XComs (multiple_outputs, one per output name; stdout = whole output "
+            "with trailing newlines trimmed, path = file contents read after the command); "
+            "inputs are XComArgs substituted into {{inputs.NAME}} by the step runner"),
+    Feature.WORKFLOW_PARAMETERS: Capability(
+        _N, "DAG params (Param with default and JSON-schema type), read at run time"),
+    Feature.ARTIFACTS: Capability(
+        _U, "Airflow passes values through XCom only; share files through object storage "
+            "or a shared volume instead"),
+    Feature.EDGE_CONDITIONS: Capability(
+        _N, "the task's trigger_rule: failed/errored → all_failed, skipped → all_skipped, "
+            "completed/any → all_done (succeeded → none_failed); one rule per task, so all "
+            "edges of a step must share one condition"),
+    Feature.DEPENDS_EXPRESSION: Capability(
+        _U, "a trigger_rule is one quantifier over all upstream tasks; and/or/not over "
+            "individual task outcomes cannot be expressed"),
+    Feature.WHEN: Capability(
+        _R, "evaluated by the step runner on the upstream XComs before the command runs; "
+            "false raises AirflowSkipException (task skipped, none_failed dependents run); "
+            "numeric comparison when both sides parse as numbers"),
+    Feature.ELSE: Capability(_R, "the same runner check, skipping when the condition holds"),
+    Feature.MAP_STATIC: Capability(
+        _N, "dynamic task mapping .expand(item=[indices]) over the static items; at most "
+            "max_map_length (1024) items"),
+    Feature.MAP_DYNAMIC: Capability(
+        _N, "dynamic task mapping .expand(item=XComArg) over a helper task STEP--items that "
+            "decodes the upstream list output (or list workflow parameter) from JSON"),
+    Feature.MAP_PARALLELISM: Capability(_N, "max_active_tis_per_dagrun of the mapped task"),
+    Feature.LOOP: Capability(
+        _R, "Airflow DAGs are acyclic: the loop runs inside one task, the runner repeating "
+            "the command while the condition over its fresh outputs holds (at most "
+            "max_iterations); retries restart the whole loop"),
+    Feature.EXIT_HOOKS: Capability(
+        _R, "tasks downstream of every workflow task with trigger_rule none_failed "
+            "(succeeded), one_failed (failed/error) or all_done (any), plus a "
+            "couler-exit-status task that fails the run when a step failed; hook steps "
+            "cannot depend on each other"),
+    Feature.RETRY: Capability(_N, "task retries (Airflow's default retry_delay, 300 s, "
+                                  "unless a back-off is given)"),
+    Feature.RETRY_BACKOFF: Capability(
+        _N, "retry_delay = base, retry_exponential_backoff = factor, max_retry_delay = cap"),
+    Feature.RETRY_FAILURE_CLASSES: Capability(
+        _U, "every failure of the subprocess looks the same to Airflow (a non-zero exit); "
+            "transient / infra / OOM cannot be told apart"),
+    Feature.MEMORY_ESCALATION: Capability(
+        _U, "tasks run as worker subprocesses without memory limits to raise"),
+    Feature.TIMEOUT: Capability(
+        _N, "execution_timeout (the subprocess is killed); workflow timeout → dagrun_timeout"),
+    Feature.RESOURCES: Capability(
+        _U, "worker subprocesses have no per-task CPU/memory requests or limits (that needs "
+            "the KubernetesExecutor pod_override)"),
+    Feature.GPU: Capability(_U, "worker subprocesses cannot request GPUs"),
+    Feature.CACHE: Capability(_U, "Airflow has no result caching / memoization of tasks"),
+    Feature.PRIORITY: Capability(_N, "task priority_weight"),
+    Feature.NODE_SELECTOR: Capability(
+        _U, "tasks run on any worker; node placement needs the KubernetesExecutor"),
+    Feature.TOLERATIONS: Capability(
+        _U, "tasks run on any worker; tolerations need the KubernetesExecutor"),
+    Feature.VOLUMES: Capability(_U, "worker subprocesses mount no volumes"),
+    Feature.SECRETS: Capability(
+        _R, "env value read at run time with Variable.get('SECRET/KEY'): store it as an "
+            "Airflow Variable or serve it from a secrets backend"),
+    Feature.DAEMON: Capability(
+        _U, "an Airflow task cannot keep serving other tasks while they run"),
+    Feature.CRON: Capability(
+        _N, "DAG schedule (CronTriggerTimetable with a time zone), suspend → "
+            "is_paused_upon_creation, forbid → max_active_runs=1; replace is rejected"),
+    Feature.EVENT_TRIGGERS: Capability(
+        _U, "Airflow triggers DAGs from asset events, not from message subjects with filters"),
+}
+
+_AIRFLOW_DOCS = "https://airflow.apache.org/docs/apache-airflow/stable/"
+LIMITS: tuple[Limit, ...] = (
+    Limit("mapped task instances per task ([core] max_map_length default)", MAX_MAP_LENGTH,
+          "items", _AIRFLOW_DOCS + "configurations-ref.html#max-map-length"),
+    Limit("running task instances per DAG ([core] max_active_tasks_per_dag default)", 16,
+          "tasks", _AIRFLOW_DOCS + "configurations-ref.html#max-active-tasks-per-dag"),
+    Limit("active runs per DAG ([core] max_active_runs_per_dag default)", 16, "runs",
+          _AIRFLOW_DOCS + "configurations-ref.html#max-active-runs-per-dag"),
+    Limit("task id / dag id length (ID_LEN)", 250, "characters",
+          "airflow/models/base.py ID_LEN"),
+    Limit("XCom value size (MySQL backend, LONGBLOB; SQLite/Postgres are larger)", 4294967295,
+          "bytes", _AIRFLOW_DOCS + "core-concepts/xcoms.html"),
+)
+
+_RULE_OF_EDGE: dict[ir.EdgeCondition, str] = {
+    ir.EdgeCondition.SUCCEEDED: "none_failed",
+    ir.EdgeCondition.FAILED: "all_failed",
+    ir.EdgeCondition.ERRORED: "all_failed",
+    ir.EdgeCondition.SKIPPED: "all_skipped",
+    ir.EdgeCondition.COMPLETED: "all_done",
+    ir.EdgeCondition.ANY: "all_done",
+}
+TRIGGER_RULES: Mapping[ir.EdgeCondition, str] = _RULE_OF_EDGE
+_RULE_OF_HOOK: dict[ir.RunStatus, str] = {
+    ir.RunStatus.SUCCEEDED: "none_failed",
+    ir.RunStatus.FAILED: "one_failed",
+    ir.RunStatus.ERROR: "one_failed",
+    ir.RunStatus.ANY: "all_done",
+}
+_HOOK_STATUS: dict[ir.RunStatus, str] = {  # {{workflow.status}} inside an exit hook
+    ir.RunStatus.SUCCEEDED: "Succeeded",
+    ir.RunStatus.FAILED: "Failed",
+    ir.RunStatus.ERROR: "Failed",
+}
+_PARAM_TYPE: dict[ir.ValueType, str] = {
+    ir.ValueType.STRING: "string",
+    ir.ValueType.INT: "integer",
+    ir.ValueType.FLOAT: "number",
+    ir.ValueType.BOOL: "boolean",
+    ir.ValueType.LIST: "array",
+}
+_PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
+
+# The runner, copied verbatim into every generated file. It runs on the worker.
+_RUNTIME = '''
+_PLACEHOLDER = re.compile(r"\\{\\{\\s*([^}]*?)\\s*\\}\\}")
+_OPS = {"==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt,
+        ">=": operator.ge, "<=": operator.le}
+
+
+def _couler_text(value: Any) -> str:
+    """A value as the text a command line sees (strings unquoted, the rest as JSON)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if not isinstance(value, (dict, int, float)) and hasattr(value, "__iter__"):
+        value = list(value)  # e.g. the lazy sequence of a mapped task's outputs
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _couler_value(src: dict[str, Any], xcoms: dict[str, Any], item: Any,
+                  own: dict[str, Any]) -> str:
+    """Resolve one value source of the STEPS table."""
+    if "literal" in src:
+        return str(src["literal"])
+    if "xcom" in src:
+        return _couler_text(xcoms.get(src["xcom"]))
+    if "own" in src:
+        return _couler_text(own.get(src["own"]))
+    if "param" in src:
+        return _couler_text(get_current_context()["params"].get(src["param"]))
+    key, value = src["item"], item
+    if key:
+        if isinstance(item, dict):
+            value = item.get(key)
+        elif isinstance(item, list) and key.isdigit() and int(key) < len(item):
+            value = item[int(key)]
+        else:
+            value = None
+    return _couler_text(value)
+
+
+def _couler_holds(cond: dict[str, Any], xcoms: dict[str, Any], item: Any,
+                  own: dict[str, Any]) -> bool:
+    """Evaluate a condition; numeric when both sides parse as numbers."""
+    left = _couler_value(cond["left"], xcoms, item, own)
+    right = _couler_value(cond["right"], xcoms, item, own)
+    try:
+        return bool(_OPS[cond["op"]](float(left), float(right)))
+    except ValueError:
+        return bool(_OPS[cond["op"]](left, right))
+
+
+def _couler_once(step: str, spec: dict[str, Any], fill: Any,
+                 env: dict[str, str]) -> dict[str, Any]:
+    """Run the step's command once as a subprocess and collect its outputs."""
+    with tempfile.TemporaryDirectory(prefix="couler-") as tmp:
+        if spec["kind"] == "script":
+            path = os.path.join(tmp, "script")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(fill(spec["source"]))
+            interpreter = list(spec["interpreter"])
+            if interpreter[0] in ("python", "python3"):
+                interpreter[0] = sys.executable
+            argv = [*interpreter, path, *(fill(a) for a in spec["args"])]
+        else:
+            argv = [fill(w) for w in [*spec["command"], *spec["args"]]]
+        print("couler: running", shlex.join(argv), flush=True)
+        proc = subprocess.run(argv, cwd=spec["working_dir"] or None, env=env, text=True,
+                              capture_output=True, check=False)
+        print(proc.stdout, end="", flush=True)
+        print(proc.stderr, end="", file=sys.stderr, flush=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"step {step} exited with code {proc.returncode}")
+        outputs: dict[str, Any] = {}
+        for out in spec["outputs"]:
+            if out["source"] == "stdout":
+                value = proc.stdout.rstrip("\\n")
+            else:
+                with open(out["path"], encoding="utf-8") as f:
+                    value = f.read()
+            if out["type"] == "list":
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    pass
+            outputs[out["name"]] = value
+        return outputs
+
+
+def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str, Any]:
+    """Run one step of STEPS on the worker; returns its outputs (one XCom each)."""
+    spec = STEPS[step]
+    if spec["items"] is not None:
+        item = spec["items"][item]
+    inputs = {name: _couler_value(src, xcoms, item, {}) for name, src in spec["inputs"].items()}
+    when = spec["when"]
+    if when is not None and _couler_holds(when, xcoms, item, {}) != when["expect"]:
+        raise AirflowSkipException(f"when condition of {step} is {not when['expect']}")
+
+    def fill(text: str) -> str:
+        def sub(m: re.Match[str]) -> str:
+            ref = m.group(1)
+            if ref.startswith("inputs.") and ref[7:] in inputs:
+                return inputs[ref[7:]]
+            if ref == "item" or ref.startswith("item."):
+                return _couler_value({"item": ref[5:]}, xcoms, item, {})
+            if ref == "workflow.name":
+                return WORKFLOW_NAME
+            if ref == "workflow.uid":
+                return str(get_current_context()["run_id"])
+            if ref == "workflow.status":
+                return spec.get("status") or _couler_status()
+            return m.group(0)
+        return _PLACEHOLDER.sub(sub, text)
+
+    env = dict(os.environ)
+    for var in spec["env"]:
+        env[var["name"]] = Variable.get(var["secret"]) if "secret" in var else fill(var["value"])
+    loop = spec["loop"]
+    outputs: dict[str, Any] = {}
+    for _ in range(loop["max_iterations"] if loop is not None else 1):
+        outputs = _couler_once(step, spec, fill, env)
+        if loop is None or not _couler_holds(loop, xcoms, item, outputs):
+            break
+    return outputs
+
+
+def _couler_status() -> str:
+    """Succeeded / Failed: whether any task of this DAG run failed so far."""
+    ti = get_current_context()["ti"]
+    try:
+        states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id])
+    except Exception:  # noqa: BLE001 - older task SDKs: the status is unknown
+        return "Running"
+    todo: list[Any] = [states]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            todo.extend(value.values())
+        elif str(value).lower() in ("failed", "upstream_failed"):
+            return "Failed"
+    return "Succeeded"
+
+
+def _couler_items(value: Any = None, param: str = "") -> list[Any]:
+    """The list a mapped step expands over: an upstream output or a workflow parameter."""
+    if param:
+        value = get_current_context()["params"].get(param)
+    if isinstance(value, str):
+        value = json.loads(value)
+    if value is None:
+        return []  # the producer was skipped: map over nothing
+    if not isinstance(value, list):
+        raise TypeError(f"a map needs a JSON list, got {value!r}")
+    return value
+
+
+def _couler_exit_status() -> None:
+    """Runs only when a workflow step failed: keeps the DAG run failed after exit hooks."""
+    raise RuntimeError("a step of the workflow failed")
+'''
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> str:
+    """Compile ``wf`` into the source text of one Airflow 3.x DAG file.
+
+    Args:
+        wf: the workflow.
+        validate: run :func:`couler.ir.validate` first (the compiler assumes a
+            valid workflow).
+
+    Returns:
+        Python source defining the DAG ``wf.name``; deterministic for a given IR.
+
+    Raises:
+        couler.errors.ValidationError: the workflow is invalid.
+        couler.errors.UnsupportedFeatureError: the workflow uses a feature
+            Airflow cannot express (the message names the step and feature).
+    """
+    if validate:
+        ir.validate(wf)
+    check_capabilities(ENGINE, CAPABILITIES, wf)
+    return _Compiler(wf).compile()
+
+
+# --------------------------------------------------------------------------- compiler
+
+
+def _py(value: object, indent: int = 0) -> str:
+    """A Python literal for ``value``: one dict key per line, short values inline."""
+    flat = repr(value)
+    pad = "    " * indent
+    if len(flat) + len(pad) <= 88 or not isinstance(value, (dict, list)) or not value:
+        return flat
+    if isinstance(value, dict):
+        items = [f"{pad}    {k!r}: {_py(v, indent + 1)}," for k, v in sorted(value.items())]
+        return "{\n" + "\n".join(items) + f"\n{pad}}}"
+    items = [f"{pad}    {_py(v, indent + 1)}," for v in value]
+    return "[\n" + "\n".join(items) + f"\n{pad}]"
+
+
+def _toposort(steps: Sequence[ir.Step]) -> list[ir.Step]:
+    """Steps ordered so every step comes after the siblings it depends on (stable)."""
+    names = {s.name for s in steps}
+
+    def upstream(step: ir.Step) -> set[str]:
+        ups = {d.step for d in step.dependencies}
+        for i in step.inputs:
+            if isinstance(i.value, ir.StepOutputRef):
+                ups.add(i.value.step)
+        if step.foreach is not None and isinstance(step.foreach.source, ir.StepOutputRef):
+            ups.add(step.foreach.source.step)
+        if step.when is not None:
+            for v in (step.when.condition.left, step.when.condition.right):
+                if isinstance(v, ir.StepOutputRef):
+                    ups.add(v.step)
+        return (ups & names) - {step.name}
+
+    done: set[str] = set()
+    out: list[ir.Step] = []
+    pending = list(steps)
+    while pending:
+        for step in pending:
+            if upstream(step) <= done:
+                break
+        else:  # a cycle: validation rejects it; keep the given order
+            step = pending[0]
+        pending.remove(step)
+        done.add(step.name)
+        out.append(step)
+    return out
+
+
+class _Scope:
+    """The task keys of one level of steps (top level or one inline sub-workflow)."""
+
+    def __init__(self, prefix: str, steps: Sequence[ir.Step]) -> None:
+        self.prefix = prefix
+        self.steps = {s.name: s for s in steps}
+
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+
+class _Compiler:
+    def __init__(self, wf: ir.Workflow) -> None:
+        self.wf = wf
+        self.specs: dict[str, dict[str, Any]] = {}
+        self.lines: list[str] = []
+        self.edges: list[str] = []
+
+    def _fail(self, step: str, feature: Feature | str, detail: str) -> UnsupportedFeatureError:
+        name = feature.value if isinstance(feature, Feature) else feature
+        return UnsupportedFeatureError(ENGINE, self.wf.name, step, name, detail)
+
+    # ------------------------------------------------------------------ top level
+
+    def compile(self) -> str:
+        wf = self.wf
+        top = _Scope("", wf.steps)
+        self._emit_steps(top, wf.steps, indent=1, group_rule=None)
+        main_keys = [top.key(s.name) for s in wf.steps]
+        hook_lines: list[str] = []
+        if wf.exit_hooks:
+            hook_lines.append("")
+            hook_lines.append("    # exit hooks: run after every workflow task, by trigger rule")
+            hook_lines.append(f"    main = [{', '.join(f't[{k!r}]' for k in main_keys)}]")
+            for hook in wf.exit_hooks:
+                for step in hook.steps:
+                    if step.dependencies or step.depends is not None:
+                        raise self._fail(step.name, Feature.EXIT_HOOKS,
+                                         "exit-hook steps cannot depend on each other on "
+                                         "Airflow (each hook task hangs off every workflow "
+                                         "task by its trigger rule)")
+                    if step.name in top.steps or step.name in self.specs:
+                        raise self._fail(step.name, Feature.EXIT_HOOKS,
+                                         "an exit-hook step reuses a workflow step's name")
+                    scope = _Scope("", [step])
+                    self._emit_task(scope, step, hook_lines, 1, rule=_RULE_OF_HOOK[hook.on],
+                                    extra_scope=top)
+                    status = _HOOK_STATUS.get(hook.on)
+                    if status is not None:
+                        self.specs[step.name]["status"] = status
+                    hook_lines.append(f"    main >> t[{step.name!r}]")
+            hook_lines.append(f"    t[{EXIT_STATUS_TASK!r}] = task(")
+            hook_lines.append(f"        _couler_exit_status, task_id={EXIT_STATUS_TASK!r}, "
+                              "trigger_rule='one_failed',")
+            hook_lines.append("    )()")
+            hook_lines.append(f"    main >> t[{EXIT_STATUS_TASK!r}]")
+        return self._render(hook_lines)
+
+    def _render(self, hook_lines: list[str]) -> str:
+        wf = self.wf
+        imports = ["DAG", "Variable", "get_current_context", "task"]
+        if wf.parameters:
+            imports.append("Param")
+        if any(isinstance(s.body, ir.SubWorkflowSpec) for s in ir.all_steps(wf.steps)):
+            imports.append("TaskGroup")
+        if wf.schedule is not None and wf.schedule.timezone:
+            imports.append("CronTriggerTimetable")
+        head = [
+            f'"""Airflow DAG of the Couler workflow {wf.name!r}.',
+            "",
+            "Generated by couler.compilers.airflow; do not edit. Each step runs as a subprocess",
+            "on the Airflow worker (the step's container image is not used).",
+            '"""',
+            "",
+            "from __future__ import annotations",
+            "",
+            "import datetime",
+            "import json",
+            "import operator",
+            "import os",
+            "import re",
+            "import shlex",
+            "import subprocess",
+            "import sys",
+            "import tempfile",
+            "from typing import Any",
+            "",
+            f"from airflow.sdk import {', '.join(sorted(imports))}",
+            "from airflow.sdk.exceptions import AirflowSkipException",
+            "",
+            f"WORKFLOW_NAME = {wf.name!r}",
+            "# Static description of every step, read by _couler_run on the worker.",
+            "STEPS: dict[str, dict[str, Any]] = {}",
+            *(f"STEPS[{key!r}] = {_py(dict(sorted(spec.items())))}"
+              for key, spec in self.specs.items()),
+        ]
+        dag_args = self._dag_args()
+        body = [
+            "",
+            "",
+            "with DAG(",
+            *(f"    {k}={v}," for k, v in dag_args),
+            ") as dag:",
+            "    t: dict[str, Any] = {}",
+            *self.lines,
+        ]
+        if self.edges:
+            body += ["", "    # dependencies", *self.edges]
+        body += hook_lines
+        return "\n".join(head) + "\n" + _RUNTIME + "\n".join(body) + "\n"
+
+    def _dag_args(self) -> list[tuple[str, str]]:
+        wf = self.wf
+        args: list[tuple[str, str]] = [("dag_id", repr(wf.name))]
+        sched = wf.schedule
+        if sched is None:
+            args.append(("schedule", "None"))
+        else:
+            if sched.timezone:
+                args.append(("schedule", f"CronTriggerTimetable({sched.schedule!r}, "
+                                         f"timezone={sched.timezone!r})"))
+            else:
+                args.append(("schedule", repr(sched.schedule)))
+            if sched.concurrency_policy is ir.ConcurrencyPolicy.REPLACE:
+                raise self._fail("", Feature.CRON, "Airflow cannot cancel a running DAG run "
+                                                   "when the next one starts (replace)")
+            if sched.concurrency_policy is ir.ConcurrencyPolicy.FORBID:
+                args.append(("max_active_runs", "1"))
+            if sched.suspend:
+                args.append(("is_paused_upon_creation", "True"))
+        args.append(("start_date", "datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)"))
+        args.append(("catchup", "False"))
+        if wf.labels:
+            args.append(("tags", repr([f"{k}={v}" for k, v in wf.labels])))
+        if wf.parallelism is not None:
+            args.append(("max_active_tasks", str(wf.parallelism)))
+        if wf.timeout_seconds is not None:
+            args.append(("dagrun_timeout", f"datetime.timedelta(seconds={wf.timeout_seconds})"))
+        if wf.parameters:
+            params = [f"{p.name!r}: {self._param(p)}" for p in wf.parameters]
+            text = "{" + ", ".join(params) + "}"
+            if len(text) > 80:
+                text = "{\n" + "".join(f"        {p},\n" for p in params) + "    }"
+            args.append(("params", text))
+        return args
+
+    @staticmethod
+    def _param(p: ir.Parameter) -> str:
+        parts = [repr(p.default.value) if p.default is not None else "None"]
+        vtype = _PARAM_TYPE.get(p.type)
+        if vtype is not None:
+            parts.append(f"type={vtype!r}" if p.default is not None
+                         else f"type=[{vtype!r}, 'null']")
+        if p.description:
+            parts.append(f"description={p.description!r}")
+        if p.enum:
+            parts.append(f"enum={[e.value for e in p.enum]!r}")
+        return f"Param({', '.join(parts)})"
+
+    # ------------------------------------------------------------------ steps
+
+    def _emit_steps(self, scope: _Scope, steps: Sequence[ir.Step], indent: int,
+                    group_rule: str | None) -> None:
+        for step in _toposort(steps):
+            rule = self._trigger_rule(step)
+            if rule is None and group_rule is not None:
+                rule = group_rule  # a root of a group inherits the group's edges
+            if isinstance(step.body, ir.SubWorkflowSpec):
+                self._emit_group(scope, step, indent, rule)
+            else:
+                self._emit_task(scope, step, self.lines, indent, rule=rule)
+            for dep in step.dependencies:
+                if dep.step in scope.steps:
+                    self.edges.append(f"    t[{scope.key(dep.step)!r}] >> "
+                                      f"t[{scope.key(step.name)!r}]")
+
+    def _trigger_rule(self, step: ir.Step) -> str | None:
+        conditions = {d.condition for d in step.dependencies}
+        if not conditions:
+            return None
+        if len(conditions) > 1:
+            raise self._fail(step.name, Feature.EDGE_CONDITIONS,
+                             "Airflow has one trigger_rule per task: all edges of a step must "
+                             "share one condition, got " + ", ".join(sorted(conditions)))
+        return _RULE_OF_EDGE[conditions.pop()]
+
+    def _emit_group(self, scope: _Scope, step: ir.Step, indent: int, rule: str | None) -> None:
+        body = step.body
+        assert isinstance(body, ir.SubWorkflowSpec)
+        policies = [("when", step.when), ("map", step.foreach), ("loop", step.loop),
+                    ("retry", step.retry), ("timeout", step.timeout_seconds),
+                    ("priority", step.priority), ("parallelism", step.parallelism)]
+        for what, value in policies:
+            if value is not None:
+                raise self._fail(step.name, Feature.SUBWORKFLOW_INLINE,
+                                 f"a TaskGroup cannot carry a group-level {what}; set it on "
+                                 "the inner steps")
+        key = scope.key(step.name)
+        pad = "    " * indent
+        self.lines.append("")
+        self.lines.append(f"{pad}with TaskGroup(group_id={step.name!r}) as t[{key!r}]:")
+        inner = _Scope(key + ".", body.steps)
+        self._emit_steps(inner, body.steps, indent + 1, rule)
+
+    def _value(self, scope: _Scope, step: ir.Step, v: ir.ValueSource,
+               xcoms: dict[str, str], *, own: bool = False) -> dict[str, Any]:
+        if isinstance(v, ir.Literal):
+            return {"literal": v.text}
+        if isinstance(v, ir.WorkflowParamRef):
+            return {"param": v.name}
+        if isinstance(v, ir.ItemRef):
+            return {"item": v.key}
+        if own and v.step == step.name:
+            return {"own": v.output}
+        ref = self._output_ref(scope, step, v)
+        slot = next((k for k, r in xcoms.items() if r == ref), None)
+        if slot is None:
+            slot = f"x{len(xcoms)}"
+            xcoms[slot] = ref
+        return {"xcom": slot}
+
+    def _output_ref(self, scope: _Scope, step: ir.Step, v: ir.StepOutputRef) -> str:
+        """The generated expression reading output ``v`` (an XComArg)."""
+        target = scope.steps.get(v.step)
+        key = scope.key(v.step)
+        while target is not None and isinstance(target.body, ir.SubWorkflowSpec):
+            inner = next((s for s in target.body.steps if s.output(v.output) is not None), None)
+            if inner is None:
+                break
+            key, target = f"{key}.{inner.name}", inner
+        if target is None:
+            raise self._fail(step.name, Feature.PARAMETERS,
+                             f"output {v.step}.{v.output} is not in this step's scope")
+        return f"t[{key!r}][{v.output!r}]"
+
+    def _condition(self, scope: _Scope, step: ir.Step, cond: ir.Condition,
+                   xcoms: dict[str, str], *, own: bool = False) -> dict[str, Any]:
+        return {"left": self._value(scope, step, cond.left, xcoms, own=own),
+                "op": cond.op.value,
+                "right": self._value(scope, step, cond.right, xcoms, own=own)}
+
+    def _spec(self, scope: _Scope, step: ir.Step, xcoms: dict[str, str]) -> dict[str, Any]:
+        body = step.body
+        spec: dict[str, Any] = {}
+        if isinstance(body, ir.ContainerSpec):
+            spec.update(kind="container", command=list(body.command), args=list(body.args),
+                        working_dir=body.working_dir)
+        elif isinstance(body, ir.ScriptSpec):
+            interpreter = list(body.command) or [body.language.value]
+            spec.update(kind="script", source=body.source, interpreter=interpreter,
+                        args=list(body.args), working_dir=body.working_dir)
+        else:  # pragma: no cover - rejected by check_capabilities
+            raise self._fail(step.name, Feature.JOB, "not a container or script step")
+        spec["inputs"] = {i.name: self._value(scope, step, i.value, xcoms) for i in step.inputs}
+        spec["outputs"] = [{"name": o.name, "source": o.source.value, "path": o.selector,
+                            "type": o.type.value} for o in step.outputs]
+        env: list[dict[str, str]] = []
+        for var in step.env:
+            if var.secret is not None:
+                env.append({"name": var.name, "secret": f"{var.secret.name}/{var.secret.key}"})
+            else:
+                env.append({"name": var.name, "value": var.value})
+        spec["env"] = env
+        spec["when"] = None
+        if step.when is not None:
+            spec["when"] = {**self._condition(scope, step, step.when.condition, xcoms),
+                            "expect": step.when.expect}
+        spec["loop"] = None
+        if step.loop is not None:
+            spec["loop"] = {**self._condition(scope, step, step.loop.condition, xcoms, own=True),
+                            "max_iterations": step.loop.max_iterations}
+        spec["items"] = None
+        if step.foreach is not None and step.foreach.source is None:
+            if len(step.foreach.items) > MAX_MAP_LENGTH:
+                raise self._fail(step.name, Feature.MAP_STATIC,
+                                 f"{len(step.foreach.items)} items exceed Airflow's "
+                                 f"max_map_length ({MAX_MAP_LENGTH})")
+            spec["items"] = [item.value for item in step.foreach.items]
+        return spec
+
+    def _task_kwargs(self, step: ir.Step, key: str, rule: str | None) -> list[str]:
+        d = self.wf.defaults
+        kwargs = [f"task_id={step.name!r}", "multiple_outputs=True"]
+        if rule is not None:
+            kwargs.append(f"trigger_rule={rule!r}")
+        retry = step.retry if step.retry is not None else d.retry
+        if retry is not None:
+            kwargs.append(f"retries={retry.limit}")
+            if retry.backoff is not None:
+                b = retry.backoff
+                kwargs.append(f"retry_delay=datetime.timedelta(seconds={b.base_seconds!r})")
+                kwargs.append(f"retry_exponential_backoff={float(b.factor)!r}")
+                if b.cap_seconds is not None:
+                    kwargs.append(
+                        f"max_retry_delay=datetime.timedelta(seconds={b.cap_seconds!r})")
+        timeout = step.timeout_seconds if step.timeout_seconds is not None else d.timeout_seconds
+        if timeout is not None:
+            kwargs.append(f"execution_timeout=datetime.timedelta(seconds={timeout})")
+        priority = step.priority if step.priority is not None else d.priority
+        if priority is not None:
+            kwargs.append(f"priority_weight={priority}")
+        if step.foreach is not None and step.foreach.parallelism is not None:
+            kwargs.append(f"max_active_tis_per_dagrun={step.foreach.parallelism}")
+        return kwargs
+
+    def _emit_task(self, scope: _Scope, step: ir.Step, out: list[str], indent: int, *,
+                   rule: str | None, extra_scope: _Scope | None = None) -> None:
+        key = scope.key(step.name)
+        xcoms: dict[str, str] = {}
+        lookup = scope
+        if extra_scope is not None:  # exit hooks read the workflow's outputs
+            lookup = _Scope("", [*extra_scope.steps.values(), step])
+        spec = self._spec(lookup, step, xcoms)
+        pad = "    " * indent
+        if step.foreach is not None and step.foreach.source is not None:
+            # Airflow maps only over a task's return_value: a helper task decodes the list.
+            src = step.foreach.source
+            helper = f"{key}{ITEMS_SUFFIX}"
+            if isinstance(src, ir.StepOutputRef):
+                arg = f"value={self._output_ref(lookup, step, src)}"
+            else:
+                arg = f"param={src.name!r}"
+            rule_arg = f", trigger_rule={rule!r}" if rule is not None else ""
+            out.append(f"{pad}t[{helper!r}] = task(")
+            out.append(f"{pad}    _couler_items, task_id={step.name + ITEMS_SUFFIX!r}{rule_arg},")
+            out.append(f"{pad})({arg})")
+            expand = f"t[{helper!r}]"
+        elif step.foreach is not None:
+            expand = repr(list(range(len(step.foreach.items))))
+        else:
+            expand = ""
+        self.specs[key] = spec
+        kwargs = self._task_kwargs(step, key, rule)
+        xcom_arg = "{" + ", ".join(f"{k!r}: {v}" for k, v in xcoms.items()) + "}"
+        call = f"task(_couler_run, {', '.join(kwargs)})"
+        if expand:
+            tail = f".partial(step={key!r}, xcoms={xcom_arg}).expand(item={expand})"
+        else:
+            tail = f"(step={key!r}, xcoms={xcom_arg})"
+        line = f"{pad}t[{key!r}] = {call}{tail}"
+        if len(line) <= 99:
+            out.append(line)
+            return
+        out.append(f"{pad}t[{key!r}] = task(")  # one keyword per line when long
+        out += [f"{pad}    {arg}," for arg in ["_couler_run", *kwargs]]
+        out.append(f"{pad}){tail}")

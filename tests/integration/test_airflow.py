@@ -1,0 +1,307 @@
+"""Generated Airflow DAG files, loaded and run by a real Apache Airflow 3.x.
+
+Airflow conflicts with the main environment, so it lives in ``.venv-airflow``
+(``scripts/setup-engine-venv.sh airflow``, run by ``scripts/test.sh``); these
+tests call its Python and ``airflow`` CLI in subprocesses with ``AIRFLOW_HOME``
+in a temporary directory. The metadata DB is migrated once per module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from couler import ir
+from couler.api.capture import capture_program
+from couler.compilers import airflow
+from couler.engines.base import Support, features_used
+from couler.errors import UnsupportedFeatureError
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = ROOT / ".venv-airflow"
+PYTHON = VENV / "bin" / "python"
+AIRFLOW = VENV / "bin" / "airflow"
+PROGRAMS = sorted((ROOT / "tests" / "golden" / "programs").glob("*.py"))
+
+S = ir.Step
+L = ir.Literal.of
+
+# Loads every *.py file of a folder with Airflow's own DagBag, one bag per file.
+DAGBAG_SCRIPT = """
+import json, sys
+from pathlib import Path
+from airflow.dag_processing.dagbag import DagBag
+
+result = {}
+for f in sorted(Path(sys.argv[1]).glob("*.py")):
+    bag = DagBag(dag_folder=str(f))
+    result[f.stem] = {
+        "errors": {str(k): str(v) for k, v in bag.import_errors.items()},
+        "dags": {
+            dag_id: {
+                t.task_id: {"upstream": sorted(t.upstream_task_ids),
+                            "trigger_rule": getattr(t.trigger_rule, "value", str(t.trigger_rule))}
+                for t in dag.tasks
+            }
+            for dag_id, dag in bag.dags.items()
+        },
+    }
+print("COULER-JSON " + json.dumps(result))
+"""
+
+
+def _require_venv() -> None:
+    if not (PYTHON.exists() and AIRFLOW.exists()):
+        pytest.fail(f"{VENV.name} is missing: run scripts/setup-engine-venv.sh airflow",
+                    pytrace=False)
+
+
+@dataclass(frozen=True)
+class AirflowEnv:
+    home: Path
+    dags: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, env=self.env, cwd=self.home, text=True, timeout=timeout,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+
+
+def _env(home: Path, dags: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
+               AIRFLOW__CORE__DAGS_FOLDER=str(dags))
+    return env
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> AirflowEnv:
+    """An AIRFLOW_HOME with a migrated SQLite metadata DB (once per module)."""
+    _require_venv()
+    home = tmp_path_factory.mktemp("airflow-home")
+    dags = home / "dags"
+    dags.mkdir()
+    env = AirflowEnv(home, dags, _env(home, dags))
+    proc = env.run(str(AIRFLOW), "db", "migrate")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return env
+
+
+def run_dag(env: AirflowEnv, wf: ir.Workflow) -> subprocess.CompletedProcess[str]:
+    """Write the compiled DAG into the dags folder and run it with ``airflow dags test``."""
+    (env.dags / f"{wf.name.replace('-', '_')}.py").write_text(
+        airflow.compile_workflow(wf), encoding="utf-8")
+    return env.run(str(AIRFLOW), "dags", "test", wf.name)
+
+
+def _tail(proc: subprocess.CompletedProcess[str]) -> str:
+    return proc.stdout[-6000:]
+
+
+# --------------------------------------------------------------------------- DagBag
+
+
+def _unsupported(wf: ir.Workflow) -> tuple[str, str] | None:
+    for feature, steps in features_used(wf).items():
+        cap = airflow.CAPABILITIES.get(feature)
+        if cap is None or cap.support is Support.UNSUPPORTED:
+            return feature.value, steps[0]
+    return None
+
+
+def _expected_tasks(wf: ir.Workflow) -> set[str]:
+    ids: set[str] = set()
+
+    def walk(steps: tuple[ir.Step, ...], prefix: str) -> None:
+        for s in steps:
+            if isinstance(s.body, ir.SubWorkflowSpec):
+                walk(s.body.steps, f"{prefix}{s.name}.")
+                continue
+            ids.add(prefix + s.name)
+            if s.foreach is not None and s.foreach.source is not None:
+                ids.add(prefix + s.name + airflow.ITEMS_SUFFIX)
+
+    walk(wf.steps, "")
+    hooks = {s.name for h in wf.exit_hooks for s in h.steps}
+    return ids | hooks | ({airflow.EXIT_STATUS_TASK} if hooks else set())
+
+
+def test_golden_programs_load_in_dagbag(tmp_path: Path) -> None:
+    _require_venv()
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    expected: dict[str, tuple[str, set[str]]] = {}
+    rejected = []
+    for program in PROGRAMS:
+        (wf,) = capture_program(str(program))
+        unsupported = _unsupported(wf)
+        if unsupported is not None:
+            feature, step = unsupported
+            with pytest.raises(UnsupportedFeatureError) as err:
+                airflow.compile_workflow(wf)
+            assert feature in str(err.value) and repr(step) in str(err.value)
+            rejected.append(program.stem)
+            continue
+        (folder / f"{program.stem}.py").write_text(airflow.compile_workflow(wf),
+                                                     encoding="utf-8")
+        expected[program.stem] = (wf.name, _expected_tasks(wf))
+    assert len(expected) >= 20 and sorted(rejected) == ["job_apply", "policies", "resources"]
+
+    env = _env(tmp_path / "home", folder)
+    proc = subprocess.run([str(PYTHON), "-c", DAGBAG_SCRIPT, str(folder)], env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, _tail(proc)
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("COULER-JSON "))
+    loaded: dict[str, Any] = json.loads(line.removeprefix("COULER-JSON "))
+    assert set(loaded) == set(expected)
+    for stem, (dag_id, task_ids) in expected.items():
+        assert loaded[stem]["errors"] == {}, stem
+        assert list(loaded[stem]["dags"]) == [dag_id], stem
+        assert set(loaded[stem]["dags"][dag_id]) == task_ids, stem
+
+    diamond = loaded["dag_diamond"]["dags"]["dag-diamond"]
+    assert diamond["d"] == {"upstream": ["b", "c"], "trigger_rule": "none_failed"}
+    assert diamond["a"]["upstream"] == []
+    hooks = loaded["exit_handlers"]["dags"]["exit-handlers"]
+    assert hooks["celebrate"] == {"upstream": ["hello"], "trigger_rule": "none_failed"}
+    assert hooks["mourn"] == {"upstream": ["hello"], "trigger_rule": "one_failed"}
+    mapped = loaded["map_upstream"]["dags"]["map-upstream"]
+    assert mapped["process"]["upstream"] == ["list-shards", "process--items"]
+    group = loaded["concurrent_subtasks"]["dags"]["concurrent-subtasks"]
+    assert group["concurrent-task.one-a"]["upstream"] == ["first"]
+    assert group["last"]["upstream"] == ["concurrent-task-2.two-b", "concurrent-task.one-b"]
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def _sh(script: str, *args: str) -> ir.ContainerSpec:
+    return ir.ContainerSpec("alpine:3.20", ("sh", "-c", script, "sh"), args)
+
+
+def test_diamond_runs_in_dependency_order(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    log = tmp_path / "order.txt"
+
+    def job(name: str, *deps: str) -> ir.Step:
+        return S(name, _sh(f'echo {name} >> "$1"', str(log)),
+                 dependencies=tuple(ir.Dependency(d) for d in deps))
+
+    wf = ir.Workflow("couler-e2e-diamond", (job("a"), job("b", "a"), job("c", "a"),
+                                            job("d", "b", "c")))
+    proc = run_dag(airflow_env, wf)
+    assert proc.returncode == 0, _tail(proc)
+    order = log.read_text().split()
+    assert order[0] == "a" and order[-1] == "d" and sorted(order[1:3]) == ["b", "c"]
+    assert "state=success" in proc.stdout
+
+
+def test_producer_passes_values_to_consumer(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    value_file, out = tmp_path / "value.txt", tmp_path / "consumer.txt"
+    producer = S(
+        "producer",
+        ir.ScriptSpec("python:3.12", f"open({str(value_file)!r}, 'w').write('hello world')\n"
+                                     "print(6 * 7)\n"),
+        outputs=(ir.OutputParameter("file", selector=str(value_file)),
+                 ir.OutputParameter("result", ir.OutputSource.STDOUT)))
+    consumer = S(
+        "consumer", _sh('printf "%s|%s|%s" "$1" "$2" "$3" > "$4"', "{{inputs.text}}",
+                        "{{inputs.number}}", "{{workflow.name}}", str(out)),
+        inputs=(ir.InputParameter("text", ir.StepOutputRef("producer", "file")),
+                ir.InputParameter("number", ir.StepOutputRef("producer", "result"))),
+        dependencies=(ir.Dependency("producer"),))
+    wf = ir.Workflow("couler-e2e-producer-consumer", (producer, consumer))
+    proc = run_dag(airflow_env, wf)
+    assert proc.returncode == 0, _tail(proc)
+    assert out.read_text() == "hello world|42|couler-e2e-producer-consumer"
+
+
+def test_when_else_and_dynamic_map(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    cond = ir.Condition(ir.StepOutputRef("evaluate", "result"), ir.CompareOp.GT, L(10))
+    evaluate = S("evaluate", ir.ScriptSpec("python:3.12", "print(9.5 + 1)\n"),
+                 outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT),))
+    deploy = S("deploy", _sh('echo deploy > "$1"', str(tmp_path / "deploy")),
+               dependencies=(ir.Dependency("evaluate"),), when=ir.When(cond))
+    retrain = S("retrain", _sh('echo retrain > "$1"', str(tmp_path / "retrain")),
+                dependencies=(ir.Dependency("evaluate"),), when=ir.When(cond, expect=False))
+    shards = S("shards", ir.ScriptSpec("python:3.12", "import json\nprint(json.dumps("
+                                                      "[{'n': 'x'}, {'n': 'y'}, {'n': 'z'}]))\n"),
+               outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT,
+                                           type=ir.ValueType.LIST),),
+               dependencies=(ir.Dependency("deploy"), ir.Dependency("retrain")))
+    process = S("process", _sh('echo "$1" >> "$2"', "{{inputs.shard}}", str(tmp_path / "map")),
+                inputs=(ir.InputParameter("shard", ir.ItemRef("n")),),
+                dependencies=(ir.Dependency("shards"),),
+                foreach=ir.ForEach(source=ir.StepOutputRef("shards", "result"), parallelism=2))
+    wf = ir.Workflow("couler-e2e-when-map", (evaluate, deploy, retrain, shards, process))
+    proc = run_dag(airflow_env, wf)
+    assert proc.returncode == 0, _tail(proc)
+    assert (tmp_path / "deploy").exists()  # 10.5 > 10 compared as numbers, not text
+    assert not (tmp_path / "retrain").exists()  # else branch skipped; shards still ran
+    assert sorted((tmp_path / "map").read_text().split()) == ["x", "y", "z"]
+
+
+def test_failure_edge_and_exit_hooks(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    main = S("main", _sh("exit 3"))
+    recover = S("recover", _sh('echo recovered > "$1"', str(tmp_path / "recover")),
+                dependencies=(ir.Dependency("main", ir.EdgeCondition.FAILED),))
+    hooks = (
+        ir.ExitHook(ir.RunStatus.SUCCEEDED,
+                    (S("on-success", _sh('echo ok > "$1"', str(tmp_path / "ok"))),)),
+        ir.ExitHook(ir.RunStatus.FAILED,
+                    (S("on-failure", _sh('echo "$1" > "$2"', "{{workflow.status}}",
+                                         str(tmp_path / "failed"))),)),
+        ir.ExitHook(ir.RunStatus.ANY,  # status derived from the run's task states
+                    (S("always", _sh('echo "$1" > "$2"', "{{workflow.status}}",
+                                     str(tmp_path / "always"))),)),
+    )
+    wf = ir.Workflow("couler-e2e-hooks", (main, recover), exit_hooks=hooks)
+    proc = run_dag(airflow_env, wf)
+    assert proc.returncode != 0, _tail(proc)  # the run fails: a step failed
+    assert (tmp_path / "recover").read_text() == "recovered\n"
+    assert (tmp_path / "failed").read_text() == "Failed\n"
+    assert (tmp_path / "always").read_text() == "Failed\n"
+    assert not (tmp_path / "ok").exists()
+
+
+def test_missing_venv_fails_with_setup_hint(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    monkeypatch.setitem(globals(), "PYTHON", tmp_path / "missing" / "python")
+    with pytest.raises(pytest.fail.Exception, match=r"scripts/setup-engine-venv\.sh airflow"):
+        _require_venv()
+
+
+def test_loop_params_and_static_map(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    counter, out = tmp_path / "counter", tmp_path / "params"
+    count = S(
+        "count",
+        ir.ScriptSpec("python:3.12",
+                      "import os\n"
+                      f"p = {str(counter)!r}\n"
+                      "n = int(open(p).read()) + 1 if os.path.exists(p) else 1\n"
+                      "open(p, 'w').write(str(n))\n"
+                      "print(n)\n"),
+        outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT),),
+        loop=ir.Loop(ir.Condition(ir.StepOutputRef("count", "result"), ir.CompareOp.LT, L(3)),
+                     max_iterations=10))
+    show = S("show", _sh('echo "$1 $2 $3" >> "$4"', "{{inputs.who}}", "{{inputs.n}}",
+                         "{{inputs.lr}}", str(out)),
+             inputs=(ir.InputParameter("who", ir.WorkflowParamRef("who")),
+                     ir.InputParameter("n", ir.StepOutputRef("count", "result")),
+                     ir.InputParameter("lr", ir.ItemRef())),
+             dependencies=(ir.Dependency("count"),),
+             foreach=ir.ForEach(items=(L(0.1), L(0.01))),
+             retry=ir.RetryPolicy(2, ir.Backoff(1, 2, 5)), timeout_seconds=60)
+    wf = ir.Workflow("couler-e2e-loop", (count, show),
+                     parameters=(ir.Parameter("who", default=L("airflow")),))
+    proc = run_dag(airflow_env, wf)
+    assert proc.returncode == 0, _tail(proc)
+    assert counter.read_text() == "3"  # ran while result < 3
+    assert sorted(out.read_text().splitlines()) == ["airflow 3 0.01", "airflow 3 0.1"]

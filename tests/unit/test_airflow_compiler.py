@@ -1,0 +1,495 @@
+"""Tests of the IR -> Airflow DAG-file compiler (:mod:`couler.compilers.airflow`).
+
+No Airflow here: the generated source is parsed with :mod:`ast` and its calls,
+keyword arguments and ``STEPS`` table are inspected. Loading and running the
+files with Airflow itself is in ``tests/integration/test_airflow.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from couler import ir
+from couler.api.capture import capture_program
+from couler.compilers import airflow
+from couler.engines.base import Feature, Support, features_used
+from couler.errors import UnsupportedFeatureError
+
+ROOT = Path(__file__).resolve().parents[2]
+PROGRAMS = sorted((ROOT / "tests" / "golden" / "programs").glob("*.py"))
+
+S = ir.Step
+L = ir.Literal.of
+
+
+def ctr(*command: str, args: tuple[str, ...] = ()) -> ir.ContainerSpec:
+    return ir.ContainerSpec("alpine:3.20", tuple(command), args)
+
+
+def wf_of(*steps: ir.Step, **kw: Any) -> ir.Workflow:
+    return ir.Workflow(kw.pop("name", "wf"), tuple(steps), **kw)
+
+
+# --------------------------------------------------------------------------- ast helper
+
+
+@dataclass
+class Task:
+    """One ``t[KEY] = task(fn, **kwargs)(...)`` assignment of the generated DAG."""
+
+    fn: str
+    kwargs: dict[str, Any]
+    call_kwargs: dict[str, str]  # keyword -> source text of the call (or .partial) argument
+    expand: str | None = None  # source text of .expand(item=...)
+
+
+@dataclass
+class Dag:
+    source: str
+    dag_kwargs: dict[str, str] = field(default_factory=dict)
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tasks: dict[str, Task] = field(default_factory=dict)
+    edges: list[tuple[str, str]] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    imports: set[str] = field(default_factory=set)
+
+
+def _key(node: ast.expr) -> str:
+    assert isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+    return str(node.slice.value)
+
+
+def _literal(node: ast.expr) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return ast.unparse(node)
+
+
+def _task(value: ast.expr) -> tuple[Task, ast.Call]:
+    """Unwrap ``task(fn, **kw)(...)`` or ``task(fn, **kw).partial(...).expand(...)``."""
+    assert isinstance(value, ast.Call)
+    expand = None
+    call = value
+    if isinstance(call.func, ast.Attribute) and call.func.attr == "expand":
+        expand = ast.unparse(call.keywords[0].value)
+        assert call.keywords[0].arg == "item"
+        call = call.func.value  # type: ignore[assignment]
+        assert isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+        assert call.func.attr == "partial"
+        inner = call.func.value
+    else:
+        inner = call.func
+    assert isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name)
+    assert inner.func.id == "task"
+    fn = inner.args[0]
+    assert isinstance(fn, ast.Name)
+    kwargs = {k.arg: _literal(k.value) for k in inner.keywords if k.arg}
+    call_kwargs = {k.arg: ast.unparse(k.value) for k in call.keywords if k.arg}
+    return Task(fn.id, kwargs, call_kwargs, expand), call
+
+
+def parse(source: str) -> Dag:
+    tree = ast.parse(source)
+    dag = Dag(source)
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            dag.imports.update(f"{node.module}.{a.name}" for a in node.names)
+        if (isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Subscript)
+                and isinstance(node.targets[0].value, ast.Name)
+                and node.targets[0].value.id == "STEPS"):
+            dag.steps[_key(node.targets[0])] = ast.literal_eval(node.value)
+        if isinstance(node, ast.With):
+            call = node.items[0].context_expr
+            assert isinstance(call, ast.Call) and ast.unparse(call.func) == "DAG"
+            dag.dag_kwargs = {k.arg: ast.unparse(k.value) for k in call.keywords if k.arg}
+            _walk(node.body, dag)
+    return dag
+
+
+def _walk(body: list[ast.stmt], dag: Dag) -> None:
+    for stmt in body:
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Subscript):
+            dag.tasks[_key(stmt.targets[0])] = _task(stmt.value)[0]
+        elif isinstance(stmt, ast.With):
+            call = stmt.items[0].context_expr
+            assert isinstance(call, ast.Call) and ast.unparse(call.func) == "TaskGroup"
+            target = stmt.items[0].optional_vars
+            assert target is not None
+            dag.groups.append(_key(target))
+            _walk(stmt.body, dag)
+        elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.BinOp)
+              and isinstance(stmt.value.op, ast.RShift)):
+            left, right = stmt.value.left, stmt.value.right
+            lefts = ([_key(e) for e in left.elts] if isinstance(left, ast.List)
+                     else ["main"] if isinstance(left, ast.Name) else [_key(left)])
+            dag.edges += [(a, _key(right)) for a in lefts]
+
+
+def compile_ok(wf: ir.Workflow) -> Dag:
+    source = airflow.compile_workflow(wf)
+    compile(source, f"{wf.name}.py", "exec")  # valid Python
+    assert airflow.compile_workflow(wf) == source  # deterministic
+    dag = parse(source)
+    assert dag.dag_kwargs["dag_id"] == repr(wf.name)
+    return dag
+
+
+# --------------------------------------------------------------------------- contract
+
+
+def test_every_feature_has_a_capability_with_a_note() -> None:
+    assert set(airflow.CAPABILITIES) == set(Feature)
+    for feature, cap in airflow.CAPABILITIES.items():
+        assert cap.note, feature
+
+
+def test_limits_have_sources() -> None:
+    names = {lim.name for lim in airflow.LIMITS}
+    assert any("max_map_length" in n for n in names)
+    for lim in airflow.LIMITS:
+        assert lim.value > 0 and lim.unit and lim.source
+
+
+def test_compiler_does_not_import_airflow() -> None:
+    tree = ast.parse(inspect.getsource(airflow))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert not any(a.name.startswith("airflow") for a in node.names)
+        if isinstance(node, ast.ImportFrom):
+            assert not (node.module or "").startswith("airflow")
+
+
+def _first_unsupported(wf: ir.Workflow) -> tuple[Feature, str] | None:
+    for feature, steps in features_used(wf).items():
+        cap = airflow.CAPABILITIES.get(feature)
+        if cap is None or cap.support is Support.UNSUPPORTED:
+            return feature, steps[0]
+    return None
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_golden_program(program: Path) -> None:
+    (wf,) = capture_program(str(program))
+    expected = _first_unsupported(wf)
+    if expected is not None:
+        feature, step = expected
+        with pytest.raises(UnsupportedFeatureError) as err:
+            airflow.compile_workflow(wf)
+        assert feature.value in str(err.value)
+        assert err.value.step == step and repr(step) in str(err.value)
+        return
+    dag = compile_ok(wf)
+    assert set(dag.steps) <= set(dag.tasks)
+
+
+def test_golden_outcomes() -> None:
+    rejected = set()
+    for program in PROGRAMS:
+        (wf,) = capture_program(str(program))
+        try:
+            airflow.compile_workflow(wf)
+        except UnsupportedFeatureError:
+            rejected.add(program.stem)
+    assert rejected == {"job_apply", "policies", "resources"}
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def test_container_step_and_dependencies() -> None:
+    a = S("a", ctr("echo", args=("{{workflow.name}}",)))
+    b = S("b", ctr("echo", "b"), dependencies=(ir.Dependency("a"),))
+    dag = compile_ok(wf_of(a, b))
+    assert dag.steps["a"]["kind"] == "container"
+    assert dag.steps["a"]["command"] == ["echo"]
+    assert dag.steps["a"]["args"] == ["{{workflow.name}}"]  # substituted by the runner
+    assert dag.tasks["a"].fn == "_couler_run"
+    assert dag.tasks["a"].kwargs == {"task_id": "a", "multiple_outputs": True}
+    assert dag.tasks["b"].kwargs["trigger_rule"] == "none_failed"
+    assert dag.tasks["a"].call_kwargs == {"step": "'a'", "xcoms": "{}"}
+    assert dag.edges == [("a", "b")]
+    assert dag.dag_kwargs["schedule"] == "None"
+    assert "airflow.sdk.DAG" in dag.imports and "airflow.sdk.task" in dag.imports
+
+
+def test_script_step() -> None:
+    s = S("s", ir.ScriptSpec("python:3.12", "print('hi')\n"),
+          outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT),))
+    sh = S("sh", ir.ScriptSpec("alpine", "echo hi\n", ir.ScriptLanguage.BASH))
+    dag = compile_ok(wf_of(s, sh))
+    assert dag.steps["s"]["kind"] == "script"
+    assert dag.steps["s"]["interpreter"] == ["python"]
+    assert dag.steps["s"]["source"] == "print('hi')\n"
+    assert dag.steps["s"]["outputs"] == [
+        {"name": "result", "source": "stdout", "path": "", "type": "string"}]
+    assert dag.steps["sh"]["interpreter"] == ["bash"]
+    assert "exec(" not in dag.source  # scripts run in a subprocess, never exec'd
+
+
+def test_parameters_flow_through_xcom() -> None:
+    producer = S("producer", ctr("sh", "-c", "echo -n hi > /tmp/out.txt"),
+                 outputs=(ir.OutputParameter("out", selector="/tmp/out.txt"),))
+    consumer = S("consumer", ctr("echo", args=("{{inputs.msg}}", "{{inputs.lit}}")),
+                 inputs=(ir.InputParameter("msg", ir.StepOutputRef("producer", "out")),
+                         ir.InputParameter("lit", L(3), ir.ValueType.INT)),
+                 dependencies=(ir.Dependency("producer"),))
+    # consumer listed first: the compiler orders producers before consumers
+    dag = compile_ok(wf_of(consumer, producer))
+    assert list(dag.tasks) == ["producer", "consumer"]
+    assert dag.steps["producer"]["outputs"] == [
+        {"name": "out", "source": "path", "path": "/tmp/out.txt", "type": "string"}]
+    assert dag.steps["consumer"]["inputs"] == {"msg": {"xcom": "x0"}, "lit": {"literal": "3"}}
+    assert dag.tasks["consumer"].call_kwargs["xcoms"] == "{'x0': t['producer']['out']}"
+
+
+@pytest.mark.parametrize(("condition", "rule"), [
+    (ir.EdgeCondition.FAILED, "all_failed"),
+    (ir.EdgeCondition.ERRORED, "all_failed"),
+    (ir.EdgeCondition.SKIPPED, "all_skipped"),
+    (ir.EdgeCondition.COMPLETED, "all_done"),
+    (ir.EdgeCondition.ANY, "all_done"),
+])
+def test_edge_conditions_are_trigger_rules(condition: ir.EdgeCondition, rule: str) -> None:
+    a = S("a", ctr("false"))
+    b = S("b", ctr("echo"), dependencies=(ir.Dependency("a", condition),))
+    dag = compile_ok(wf_of(a, b))
+    assert dag.tasks["b"].kwargs["trigger_rule"] == rule
+    assert airflow.TRIGGER_RULES[condition] == rule
+
+
+def test_mixed_edge_conditions_are_rejected() -> None:
+    a, b = S("a", ctr("true")), S("b", ctr("true"))
+    c = S("c", ctr("echo"), dependencies=(ir.Dependency("a"),
+                                          ir.Dependency("b", ir.EdgeCondition.FAILED)))
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(a, b, c))
+    assert err.value.step == "c" and Feature.EDGE_CONDITIONS.value in str(err.value)
+
+
+def test_depends_expression_is_unsupported() -> None:
+    a, b = S("a", ctr("true")), S("b", ctr("true"))
+    c = S("c", ctr("echo"), dependencies=(ir.Dependency("a"), ir.Dependency("b")),
+          depends=ir.DependsAny((ir.DependsTerm("a"), ir.DependsTerm("b"))))
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(a, b, c))
+    assert err.value.step == "c" and Feature.DEPENDS_EXPRESSION.value in str(err.value)
+
+
+def test_when_and_else() -> None:
+    ev = S("evaluate", ir.ScriptSpec("python", "print(0.93)\n"),
+           outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT),))
+    cond = ir.Condition(ir.StepOutputRef("evaluate", "result"), ir.CompareOp.GT, L(0.9))
+    deploy = S("deploy", ctr("echo", "deploy"), dependencies=(ir.Dependency("evaluate"),),
+               when=ir.When(cond))
+    retrain = S("retrain", ctr("echo", "retrain"), dependencies=(ir.Dependency("evaluate"),),
+                when=ir.When(cond, expect=False))
+    dag = compile_ok(wf_of(ev, deploy, retrain))
+    want = {"left": {"xcom": "x0"}, "op": ">", "right": {"literal": "0.9"}}
+    assert dag.steps["deploy"]["when"] == {**want, "expect": True}
+    assert dag.steps["retrain"]["when"] == {**want, "expect": False}
+    assert dag.tasks["retrain"].call_kwargs["xcoms"] == "{'x0': t['evaluate']['result']}"
+    assert "AirflowSkipException" in dag.source
+
+
+def test_static_map() -> None:
+    step = S("train", ctr("echo", args=("{{inputs.lr}}",)),
+             inputs=(ir.InputParameter("lr", ir.ItemRef("lr")),),
+             foreach=ir.ForEach(items=(L({"lr": 0.1}), L({"lr": 0.01})), parallelism=1))
+    dag = compile_ok(wf_of(step))
+    assert dag.tasks["train"].expand == "[0, 1]"
+    assert dag.tasks["train"].kwargs["max_active_tis_per_dagrun"] == 1
+    assert dag.steps["train"]["items"] == [{"lr": 0.1}, {"lr": 0.01}]
+    assert dag.steps["train"]["inputs"] == {"lr": {"item": "lr"}}
+
+
+def test_static_map_over_limit_is_rejected() -> None:
+    items = tuple(L(i) for i in range(airflow.MAX_MAP_LENGTH + 1))
+    step = S("m", ctr("echo", args=("{{item}}",)), foreach=ir.ForEach(items=items))
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(step))
+    assert err.value.step == "m" and "max_map_length" in str(err.value)
+
+
+def test_dynamic_map_uses_an_items_helper_task() -> None:
+    src = S("list", ir.ScriptSpec("python", "print('[1, 2]')\n"),
+            outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT,
+                                        type=ir.ValueType.LIST),))
+    proc = S("process", ctr("echo", args=("{{inputs.x}}",)),
+             inputs=(ir.InputParameter("x", ir.ItemRef()),),
+             dependencies=(ir.Dependency("list"),),
+             foreach=ir.ForEach(source=ir.StepOutputRef("list", "result")))
+    dag = compile_ok(wf_of(src, proc))
+    helper = dag.tasks["process--items"]
+    assert helper.fn == "_couler_items"
+    assert helper.kwargs == {"task_id": "process--items", "trigger_rule": "none_failed"}
+    assert helper.call_kwargs == {"value": "t['list']['result']"}
+    assert dag.tasks["process"].expand == "t['process--items']"
+    assert dag.steps["process"]["items"] is None
+
+
+def test_map_over_workflow_parameter() -> None:
+    proc = S("process", ctr("echo", args=("{{item}}",)),
+             foreach=ir.ForEach(source=ir.WorkflowParamRef("shards")))
+    wf = wf_of(proc, parameters=(ir.Parameter("shards", ir.ValueType.LIST, L(["a", "b"])),))
+    dag = compile_ok(wf)
+    assert dag.tasks["process--items"].call_kwargs == {"param": "'shards'"}
+    assert dag.dag_kwargs["params"] == "{'shards': Param(['a', 'b'], type='array')}"
+
+
+def test_loop_runs_inside_the_task() -> None:
+    step = S("flip", ir.ScriptSpec("python", "print('tails')\n"),
+             outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT),),
+             loop=ir.Loop(ir.Condition(ir.StepOutputRef("flip", "result"), ir.CompareOp.EQ,
+                                       L("tails")), max_iterations=5))
+    dag = compile_ok(wf_of(step))
+    assert dag.steps["flip"]["loop"] == {"left": {"own": "result"}, "op": "==",
+                                         "right": {"literal": "tails"}, "max_iterations": 5}
+    assert dag.tasks["flip"].call_kwargs["xcoms"] == "{}"
+
+
+def test_retry_timeout_priority_and_defaults() -> None:
+    step = S("train", ctr("train"),
+             retry=ir.RetryPolicy(3, ir.Backoff(10, 3, 600)), timeout_seconds=60, priority=5)
+    other = S("other", ctr("x"))
+    wf = wf_of(step, other, defaults=ir.StepDefaults(retry=ir.RetryPolicy(2),
+                                                     timeout_seconds=30))
+    dag = compile_ok(wf)
+    kw = dag.tasks["train"].kwargs
+    assert kw["retries"] == 3
+    assert kw["retry_delay"] == "datetime.timedelta(seconds=10)"
+    assert kw["retry_exponential_backoff"] == 3.0
+    assert kw["max_retry_delay"] == "datetime.timedelta(seconds=600)"
+    assert kw["execution_timeout"] == "datetime.timedelta(seconds=60)"
+    assert kw["priority_weight"] == 5
+    kw = dag.tasks["other"].kwargs
+    assert kw["retries"] == 2 and "retry_delay" not in kw
+    assert kw["execution_timeout"] == "datetime.timedelta(seconds=30)"
+
+
+@pytest.mark.parametrize(("step", "feature"), [
+    (S("s", ctr("x"), retry=ir.RetryPolicy(2, on=(ir.FailureClass.OOM,))),
+     Feature.RETRY_FAILURE_CLASSES),
+    (S("s", ctr("x"), resources=ir.Resources(cpu_request="1")), Feature.RESOURCES),
+    (S("s", ctr("x"), cache=ir.CachePolicy()), Feature.CACHE),
+    (S("s", ir.JobSpec.of({"apiVersion": "batch/v1", "kind": "Job"})), Feature.JOB),
+    (S("s", ctr("x"), daemon=True), Feature.DAEMON),
+    (S("s", ctr("x"), node_selector=(("a", "b"),)), Feature.NODE_SELECTOR),
+])
+def test_unsupported_features_name_the_step(step: ir.Step, feature: Feature) -> None:
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(step))
+    assert err.value.step == "s" and feature.value in str(err.value)
+
+
+def test_exit_hooks() -> None:
+    main = S("main", ctr("false"))
+    wf = wf_of(main, exit_hooks=(
+        ir.ExitHook(ir.RunStatus.SUCCEEDED, (S("yay", ctr("echo", "ok")),)),
+        ir.ExitHook(ir.RunStatus.FAILED, (S("nay", ctr("echo", "failed")),)),
+        ir.ExitHook(ir.RunStatus.ANY, (S("always", ctr("echo", "done")),)),
+    ))
+    dag = compile_ok(wf)
+    assert dag.tasks["yay"].kwargs["trigger_rule"] == "none_failed"
+    assert dag.tasks["nay"].kwargs["trigger_rule"] == "one_failed"
+    assert dag.tasks["always"].kwargs["trigger_rule"] == "all_done"
+    status = dag.tasks[airflow.EXIT_STATUS_TASK]
+    assert status.fn == "_couler_exit_status"
+    assert status.kwargs["trigger_rule"] == "one_failed"
+    assert {("main", "yay"), ("main", "nay"), ("main", "always"),
+            ("main", airflow.EXIT_STATUS_TASK)} <= set(dag.edges)
+
+
+def test_exit_hook_steps_cannot_depend_on_each_other() -> None:
+    hook = ir.ExitHook(ir.RunStatus.ANY, (S("h1", ctr("x")),
+                                          S("h2", ctr("y"), dependencies=(ir.Dependency("h1"),))))
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(S("m", ctr("z")), exit_hooks=(hook,)), validate=False)
+    assert err.value.step == "h2"
+
+
+def test_inline_subworkflow_is_a_task_group() -> None:
+    inner_a = S("a", ctr("echo", "a"),
+                outputs=(ir.OutputParameter("out", ir.OutputSource.STDOUT),))
+    inner_b = S("b", ctr("echo", "b"), dependencies=(ir.Dependency("a"),))
+    group = S("g", ir.SubWorkflowSpec("g", (inner_a, inner_b)),
+              outputs=(ir.OutputParameter("out", ir.OutputSource.STDOUT),))
+    last = S("last", ctr("echo", args=("{{inputs.v}}",)),
+             inputs=(ir.InputParameter("v", ir.StepOutputRef("g", "out")),),
+             dependencies=(ir.Dependency("g"),))
+    dag = compile_ok(wf_of(group, last))
+    assert dag.groups == ["g"]
+    assert dag.tasks["g.a"].kwargs["task_id"] == "a"
+    assert dag.steps["g.b"]["command"] == ["echo", "b"]
+    assert ("g.a", "g.b") in dag.edges and ("g", "last") in dag.edges
+    assert dag.tasks["last"].call_kwargs["xcoms"] == "{'x0': t['g.a']['out']}"
+    assert "airflow.sdk.TaskGroup" in dag.imports
+
+
+def test_group_level_policy_is_rejected() -> None:
+    group = S("g", ir.SubWorkflowSpec("g", (S("a", ctr("x")),)), retry=ir.RetryPolicy(1))
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(group))
+    assert err.value.step == "g"
+
+
+def test_secrets_read_airflow_variables() -> None:
+    step = S("s", ctr("env"), env=(ir.EnvVar("TOKEN", secret=ir.SecretRef("creds", "token")),
+                                   ir.EnvVar("MODE", "fast")))
+    dag = compile_ok(wf_of(step))
+    assert dag.steps["s"]["env"] == [{"name": "TOKEN", "secret": "creds/token"},
+                                     {"name": "MODE", "value": "fast"}]
+    assert "Variable.get(" in dag.source
+
+
+def test_workflow_settings() -> None:
+    step = S("train", ctr("train", args=("{{inputs.e}}",)),
+             inputs=(ir.InputParameter("e", ir.WorkflowParamRef("epochs"), ir.ValueType.INT),))
+    wf = wf_of(step, name="nightly",
+               parameters=(ir.Parameter("epochs", ir.ValueType.INT, L(10), "how many"),
+                           ir.Parameter("tag")),
+               schedule=ir.CronSchedule("0 1 * * *", concurrency_policy=ir.ConcurrencyPolicy.FORBID,
+                                        suspend=True),
+               labels=(("team", "ml"),), parallelism=4, timeout_seconds=3600)
+    dag = compile_ok(wf)
+    kw = dag.dag_kwargs
+    assert kw["schedule"] == "'0 1 * * *'"
+    assert kw["max_active_runs"] == "1" and kw["is_paused_upon_creation"] == "True"
+    assert kw["tags"] == "['team=ml']"
+    assert kw["max_active_tasks"] == "4"
+    assert kw["dagrun_timeout"] == "datetime.timedelta(seconds=3600)"
+    assert kw["params"] == ("{'epochs': Param(10, type='integer', description='how many'), "
+                            "'tag': Param(None, type=['string', 'null'])}")
+    assert dag.steps["train"]["inputs"] == {"e": {"param": "epochs"}}
+
+
+def test_cron_timezone_and_replace() -> None:
+    step = S("r", ctr("report"))
+    dag = compile_ok(wf_of(step, schedule=ir.CronSchedule("0 * * * *", timezone="Europe/Paris")))
+    assert dag.dag_kwargs["schedule"] == (
+        "CronTriggerTimetable('0 * * * *', timezone='Europe/Paris')")
+    assert "airflow.sdk.CronTriggerTimetable" in dag.imports
+    replace = ir.CronSchedule("0 * * * *", concurrency_policy=ir.ConcurrencyPolicy.REPLACE)
+    with pytest.raises(UnsupportedFeatureError):
+        airflow.compile_workflow(wf_of(step, schedule=replace))
+
+
+def test_generated_golden_files_are_lint_clean(tmp_path: Path) -> None:
+    """Generated DAG files pass pyflakes / pycodestyle / bugbear (readable, no dead imports)."""
+    for program in PROGRAMS:
+        (wf,) = capture_program(str(program))
+        if _first_unsupported(wf) is None:
+            (tmp_path / f"{program.stem}.py").write_text(airflow.compile_workflow(wf),
+                                                         encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--select",
+                           "E,F,W,B", "--line-length", "120", str(tmp_path)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
