@@ -21,7 +21,10 @@ OUTPUT = ROOT / "docs" / "engines.md"
 ENGINES: tuple[tuple[str, str], ...] = (
     ("argo", "couler.compilers.argo_capabilities"),
     ("tekton", "couler.compilers.tekton"),
+    ("kfp", "couler.compilers.kfp"),
+    ("airflow", "couler.compilers.airflow"),
     ("local", "couler_runtime.local.capabilities"),
+    ("ray", "couler_runtime.ray.capabilities"),
 )
 
 

@@ -55,7 +55,7 @@ def test_engines_doc_is_up_to_date() -> None:
 def test_engines_doc_lists_every_feature_and_engine() -> None:
     gen = _gen_script()
     text = gen.render()
-    assert [name for name, _ in gen.ENGINES] == ["argo", "tekton", "local"]
+    assert [name for name, _ in gen.ENGINES] == ["argo", "tekton", "kfp", "airflow", "local", "ray"]
     for feature in Feature:
         assert f"| {feature.value} |" in text
     for lim in (*argo_capabilities.LIMITS, *tekton.LIMITS):
