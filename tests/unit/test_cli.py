@@ -195,15 +195,36 @@ def test_python_dash_m_couler_runs_in_a_subprocess(tmp_path: Path) -> None:
 
 
 def test_compile_for_tekton_gives_pipeline_and_run() -> None:
-    status, out, err = run_cli("compile", str(ROOT / "examples" / "dag_diamond.py"),
-                               "--engine", "tekton")
+    status, out, err = run_cli(
+        "compile", str(ROOT / "examples" / "dag_diamond.py"), "--engine", "tekton"
+    )
     assert status == 0, err
     kinds = [d["kind"] for d in yaml.safe_load_all(out)]
     assert kinds == ["Pipeline", "PipelineRun"]
 
 
 def test_compile_for_tekton_names_an_unsupported_feature() -> None:
-    status, _, err = run_cli("compile", str(ROOT / "examples" / "cron_report.py"),
-                             "--engine", "tekton")
+    status, _, err = run_cli(
+        "compile", str(ROOT / "examples" / "cron_report.py"), "--engine", "tekton"
+    )
     assert status == 2
     assert "tekton" in err and "cron schedule" in err
+
+
+def test_compile_for_airflow_writes_a_dag_file() -> None:
+    import ast
+
+    status, out, err = run_cli(
+        "compile", str(ROOT / "examples" / "coin_flip.py"), "--engine", "airflow"
+    )
+    assert status == 0, err
+    ast.parse(out)  # a Python DAG file
+    assert "coin-flip" in out
+
+
+def test_compile_for_kfp_without_kfp_says_how_to_get_it() -> None:
+    # The main environment has no kfp (it pins protobuf < 7); .venv-kfp has it.
+    status, _, err = run_cli(
+        "compile", str(ROOT / "examples" / "dag_diamond.py"), "--engine", "kfp"
+    )
+    assert status == 2 and "kfp" in err

@@ -2,7 +2,7 @@
 
 ::
 
-    couler compile PATH.py [--engine argo|tekton|ir] [-o FILE] [-- ARGS...]
+    couler compile PATH.py [--engine argo|tekton|airflow|kfp|ir] [-o FILE] [-- ARGS...]
     couler validate PATH.py [-- ARGS...]
     couler run PATH.py [--engine local] [--json] [--workers N] [--work-dir DIR] [-p NAME=VALUE]
 
@@ -52,6 +52,21 @@ def _compile_tekton(workflows: Sequence[ir.Workflow]) -> str:
     return "---\n".join(tekton.to_yaml(tekton.compile_workflow(wf)) for wf in workflows)
 
 
+def _compile_airflow(workflows: Sequence[ir.Workflow]) -> str:
+    from couler.compilers import airflow
+
+    if len(workflows) > 1:
+        raise UserError("--engine airflow writes one DAG file: the program built "
+                        f"{len(workflows)} workflows")
+    return airflow.compile_workflow(workflows[0])
+
+
+def _compile_kfp(workflows: Sequence[ir.Workflow]) -> str:
+    from couler.compilers import emit, kfp
+
+    return "---\n".join(emit.to_yaml(kfp.compile_workflow(wf)) for wf in workflows)
+
+
 def _compile_ir(workflows: Sequence[ir.Workflow]) -> str:
     return "".join(ir.to_json(wf) + "\n" for wf in workflows)
 
@@ -59,6 +74,8 @@ def _compile_ir(workflows: Sequence[ir.Workflow]) -> str:
 COMPILERS: dict[str, Callable[[Sequence[ir.Workflow]], str]] = {
     "argo": _compile_argo,
     "tekton": _compile_tekton,
+    "airflow": _compile_airflow,
+    "kfp": _compile_kfp,
     "ir": _compile_ir,
 }
 
