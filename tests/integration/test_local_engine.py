@@ -121,9 +121,9 @@ def test_failed_edge_and_depends_expression(engine: LocalEngine) -> None:
         "edges", container("bad", "false"), container("good", "true"),
         container("on-fail", "true", dependencies=after("bad", cond=ir.EdgeCondition.FAILED)),
         container("on-ok", "true", dependencies=after("bad")),
-        container("expr", "true", depends=ir.DependsAll((
+        container("expr", "true", dependencies=after("good", "bad"), depends=ir.DependsAll((
             ir.DependsTerm("good"), ir.DependsNot(ir.DependsTerm("bad"))))),
-        container("expr2", "true", depends=ir.DependsAny((
+        container("expr2", "true", dependencies=after("good", "bad"), depends=ir.DependsAny((
             ir.DependsTerm("bad"), ir.DependsTerm("good", ir.EdgeCondition.FAILED))))))
     assert status.state is RunState.FAILED
     assert by_key(status, "on-fail").state is StepState.SUCCEEDED
@@ -155,7 +155,10 @@ def test_map_static_items(engine: LocalEngine, parallelism: int) -> None:
 
 def test_map_over_upstream_json_list(engine: LocalEngine) -> None:
     status = engine.run(wf(
-        "map-up", script("list", "import json; print(json.dumps([{'k': 'x'}, {'k': 'y'}]))"),
+        "map-up",
+        script("list", "import json; print(json.dumps([{'k': 'x'}, {'k': 'y'}]))",
+               outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT,
+                                           type=ir.ValueType.LIST),)),
         container("use", "echo", "got-{{item.k}}", dependencies=after("list"),
                   foreach=ir.ForEach(source=ir.StepOutputRef("list", "result"), parallelism=2),
                   outputs=(ir.OutputParameter("out", ir.OutputSource.STDOUT),))))

@@ -20,6 +20,7 @@ from couler_runtime.ray import CAPABILITIES, RayExecutor
 from couler_runtime.ray.executor import RetryAttempt, task_options
 
 STDOUT = (ir.OutputParameter("result", ir.OutputSource.STDOUT),)
+LIST_STDOUT = (ir.OutputParameter("result", ir.OutputSource.STDOUT, type=ir.ValueType.LIST),)
 
 
 def script(name: str, source: str, **kw: object) -> ir.Step:
@@ -96,7 +97,8 @@ def static_map() -> ir.Workflow:
 
 
 def dynamic_map() -> ir.Workflow:
-    gen = script("gen", "import json; print(json.dumps([{'n': 1}, {'n': 10}, {'n': 100}]))")
+    gen = script("gen", "import json; print(json.dumps([{'n': 1}, {'n': 10}, {'n': 100}]))",
+                 outputs=LIST_STDOUT)
     each = container("each", "sh", "-c", "echo $(( {{item.n}} * 3 ))", outputs=STDOUT,
                      foreach=ir.ForEach(source=ir.StepOutputRef("gen", "result"),
                                         parallelism=2),
@@ -184,7 +186,7 @@ def test_map_over_upstream_json_list(ray_exec: RayExecutor) -> None:
 
 
 def test_map_over_a_non_list_fails_the_step(ray_exec: RayExecutor) -> None:
-    gen = script("gen", "print('not a list')")
+    gen = script("gen", "print('not a list')", outputs=LIST_STDOUT)  # declared a list, is not
     each = container("each", "echo", "{{item}}", dependencies=after("gen"),
                      foreach=ir.ForEach(source=ir.StepOutputRef("gen", "result")))
     status = ray_exec.run(wf("bad-map", gen, each))

@@ -91,6 +91,7 @@ from typing import Any
 from couler import ir
 from couler.alloc import gc_paused
 from couler.compilers import emit
+from couler.compilers.kube import resource_requirements
 from couler.errors import UnsupportedFeatureError
 from couler.ir.validate import parse_quantity
 
@@ -799,7 +800,7 @@ class _Compiler:
         if step.env:
             c["env"] = [_env(e, tr) for e in step.env]
         if step.resources is not None:
-            res = _resources(step.resources)
+            res = resource_requirements(step.resources)
             if res:
                 c["resources"] = res
         if step.volume_mounts:
@@ -1195,27 +1196,6 @@ def _env(e: ir.EnvVar, tr: Callable[[str], str]) -> Doc:
     if e.secret is not None:
         return {"name": e.name, "valueFrom": {"secretKeyRef": _secret(e.secret)}}
     return {"name": e.name, "value": tr(e.value)}
-
-
-def _resources(r: ir.Resources) -> Doc:
-    requests: Doc = {}
-    limits: Doc = {}
-    if r.cpu_request:
-        requests["cpu"] = r.cpu_request
-    if r.memory_request:
-        requests["memory"] = r.memory_request
-    if r.cpu_limit:
-        limits["cpu"] = r.cpu_limit
-    if r.memory_limit:
-        limits["memory"] = r.memory_limit
-    if r.gpu:
-        limits[r.gpu_resource] = str(r.gpu)
-    out: Doc = {}
-    if requests:
-        out["requests"] = requests
-    if limits:
-        out["limits"] = limits
-    return out
 
 
 def _mount(m: ir.VolumeMount) -> Doc:

@@ -67,6 +67,7 @@ from typing import Any
 
 from couler import ir
 from couler.compilers import emit
+from couler.compilers.kube import resource_requirements
 from couler.engines.base import Capability, Feature, Limit, Support, check_capabilities
 from couler.errors import UnsupportedFeatureError
 
@@ -804,7 +805,7 @@ class _Compiler:
             tstep["env"] = env
         res = step.resources or d.resources
         if res is not None:
-            compute = self._resources(res)
+            compute = resource_requirements(res)
             if compute:
                 tstep["computeResources"] = compute
         spec: Doc = {}
@@ -838,27 +839,6 @@ class _Compiler:
             spec["workspaces"] = ws
         spec["steps"] = [tstep]
         return spec
-
-    @staticmethod
-    def _resources(res: ir.Resources) -> Doc:
-        requests: Doc = {}
-        limits: Doc = {}
-        if res.cpu_request:
-            requests["cpu"] = res.cpu_request
-        if res.memory_request:
-            requests["memory"] = res.memory_request
-        if res.cpu_limit:
-            limits["cpu"] = res.cpu_limit
-        if res.memory_limit:
-            limits["memory"] = res.memory_limit
-        if res.gpu:
-            limits[res.gpu_resource] = str(res.gpu)
-        out: Doc = {}
-        if requests:
-            out["requests"] = requests
-        if limits:
-            out["limits"] = limits
-        return out
 
     @staticmethod
     def _wrapper(run: str, files: Sequence[ir.OutputParameter],

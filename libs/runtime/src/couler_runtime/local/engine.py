@@ -62,7 +62,7 @@ from typing import TextIO
 
 from couler import ir
 from couler.engines.base import RunState, RunStatus, StepState, StepStatus, check_capabilities
-from couler.errors import InvalidWorkflowError, NotFoundError
+from couler.errors import NotFoundError
 
 from .artifacts import ArtifactStore, PathMap, copy_path
 from .capabilities import CAPABILITIES, ENGINE
@@ -894,15 +894,6 @@ class LocalEngine:
 
 
 def _check(wf: ir.Workflow) -> None:
+    """Refuse, before anything runs, a workflow that is invalid or needs what this engine lacks."""
+    ir.validate(wf)
     check_capabilities(ENGINE, CAPABILITIES, wf)
-    for group in (wf.steps, *(h.steps for h in wf.exit_hooks)):
-        names = {s.name for s in group}
-        for step in group:
-            refs = [d.step for d in step.dependencies]
-            if step.depends is not None:
-                refs += _expr_steps(step.depends)
-            for ref in refs:
-                if ref not in names:
-                    raise InvalidWorkflowError(
-                        f"workflow {wf.name!r}, step {step.name!r}, field 'dependencies': "
-                        f"no step named {ref!r}")

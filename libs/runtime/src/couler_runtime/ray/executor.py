@@ -326,7 +326,7 @@ class RayExecutor:
             UserError: Ray is not installed.
         """
         check_capabilities(ENGINE, CAPABILITIES, wf)
-        _check_names(wf)
+        ir.validate(wf)
         ray = _import_ray()
         if not ray.is_initialized():
             ray.init(address=self.address, **self.init_options)
@@ -457,18 +457,7 @@ class RayExecutor:
         return aggregate.remote(ctx, step.name, len(upstream), *upstream, *item_refs)
 
 
-def _check_names(wf: ir.Workflow) -> None:
-    for group in (wf.steps, *(h.steps for h in wf.exit_hooks)):
-        names = {s.name for s in group}
-        for step in group:
-            refs = [d.step for d in step.dependencies]
-            if step.depends is not None:
-                refs += _expr_steps(step.depends)
-            for ref in refs:
-                if ref not in names:
-                    raise InvalidWorkflowError(
-                        f"workflow {wf.name!r}, step {step.name!r}, field 'dependencies': "
-                        f"no step named {ref!r}")
+
 
 
 def _write_record(run_dir: Path, wf: ir.Workflow, parameters: Mapping[str, str],
