@@ -114,3 +114,27 @@ def test_couler_run_as_a_process(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "ok train[3]" in proc.stderr and "workflow 'map-batches' succeeded" in proc.stderr
+
+
+def test_retry_resumes_from_the_failure_point(tmp_path: Path) -> None:
+    flag, count = tmp_path / "fixed", tmp_path / "count"
+    prog = program(tmp_path, f"""
+        import couler.argo as couler
+
+        couler.config_workflow(name="flaky")
+        couler.run_container(image="alpine", command=["sh", "-c", "echo x >> {count}"],
+                             step_name="first")
+        couler.run_container(image="alpine", command=["test", "-e", "{flag}"], step_name="second")
+    """)
+    status, out, _ = run_cli("run", str(prog), "--json", "-q", "--work-dir", str(tmp_path / "runs"))
+    assert status == 1
+    run_dir = tmp_path / "runs" / json.loads(out)["run_id"]
+    flag.write_text("now it works")
+    status, out, err = run_cli("retry", str(run_dir), "--json")
+    assert status == 0, err
+    steps = {s["step"]: s for s in json.loads(out)["steps"]}
+    assert steps["second"]["state"] == "succeeded"
+    assert count.read_text().count("x") == 1  # "first" was not run again
+    assert "retrying 'flaky'" in err
+    missing, _, err = run_cli("retry", str(tmp_path / "nope"))
+    assert missing == 2 and "no local run record" in err

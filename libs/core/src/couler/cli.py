@@ -5,6 +5,7 @@
     couler compile PATH.py [--engine argo|tekton|airflow|kfp|ir] [-o FILE] [-- ARGS...]
     couler validate PATH.py [-- ARGS...]
     couler run PATH.py [--engine local] [--json] [--workers N] [--work-dir DIR] [-p NAME=VALUE]
+    couler retry RUN_DIR [--json]     re-run a local run from its failure point
 
 The program runs with submission turned off: a ``couler.run(...)`` inside it
 records the workflow instead of submitting it. Problems go to stderr with a
@@ -211,6 +212,29 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return final
 
 
+def cmd_retry(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        from couler_runtime.local import LocalEngine
+    except ImportError as e:  # pragma: no cover - the runtime is installed with the CLI here
+        raise UserError("couler retry needs the couler-runtime package") from e
+    run_dir = Path(args.run_dir)
+    engine = LocalEngine(run_dir.resolve().parent, max_workers=args.workers)
+    handle = engine.resume(run_dir, on_event=None if args.quiet else _Progress(err))
+    if not args.quiet:
+        err.write(f"couler: retrying {handle.workflow.name!r} from its failure point ({run_dir})\n")
+    previous = _cancel_on_interrupt(handle)
+    try:
+        status = handle.wait()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if args.json:
+        out.write(json.dumps(run_record(status), indent=1, sort_keys=True) + "\n")
+    if not args.quiet:
+        err.write(f"couler: workflow {handle.workflow.name!r} {status.state}\n")
+    return 0 if str(status.state) == "succeeded" else 1
+
+
 def _cancel_on_interrupt(handle: Any) -> Any:
     """Ctrl-C cancels the run (its processes are killed) instead of leaving them behind."""
     if threading.current_thread() is not threading.main_thread():
@@ -256,6 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("program_args", nargs="*", help="arguments for the program (after --)")
     p.set_defaults(func=cmd_run)
 
+    p = sub.add_parser("retry", help="re-run a local run from its failure point")
+    p.add_argument("run_dir", help="the run's directory (printed by couler run)")
+    p.add_argument("--json", action="store_true", help="print the final run record as JSON")
+    p.add_argument("--workers", type=int, default=4, help="steps running at once (default 4)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_retry)
+
     p = sub.add_parser("validate", help="check a workflow program without compiling it")
     p.add_argument("path", help="a Python program that builds a workflow")
     p.add_argument("program_args", nargs="*", help="arguments for the program (after --)")
@@ -278,7 +309,8 @@ def main(
     )
     func: Any = args.func
     try:
-        status: int = func(args, out, err) if func is cmd_run else func(args, out)
+        takes_err = func in (cmd_run, cmd_retry)
+        status: int = func(args, out, err) if takes_err else func(args, out)
     except UserError as e:
         err.write(f"couler: error: {e}\n")
         return EXIT_USER_ERROR
