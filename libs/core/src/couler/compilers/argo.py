@@ -91,7 +91,9 @@ from typing import Any
 from couler import ir
 from couler.alloc import gc_paused
 from couler.compilers import emit
+from couler.compilers.argo_capabilities import CAPABILITIES, ENGINE
 from couler.compilers.kube import resource_requirements
+from couler.engines.base import check_capabilities
 from couler.errors import UnsupportedFeatureError
 from couler.ir.validate import parse_quantity
 
@@ -106,7 +108,6 @@ __all__ = [
     "to_yaml",
 ]
 
-ENGINE = "argo"
 API_VERSION = "argoproj.io/v1alpha1"
 TRIGGERS_ANNOTATION = "couler.io/triggers"
 DIGEST_ANNOTATION = "couler.io/digest"
@@ -169,6 +170,7 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> dict[str, Any
     with gc_paused():
         if validate:
             ir.validate(wf)
+        check_capabilities(ENGINE, CAPABILITIES, wf)
         return _Compiler(wf).compile()
 
 
