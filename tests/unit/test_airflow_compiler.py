@@ -20,7 +20,7 @@ import pytest
 from couler import ir
 from couler.api.capture import capture_program
 from couler.compilers import airflow
-from couler.engines.base import Feature, Support, features_used
+from couler.engines.base import Feature, first_unsupported
 from couler.errors import UnsupportedFeatureError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,11 +169,7 @@ def test_compiler_does_not_import_airflow() -> None:
 
 
 def _first_unsupported(wf: ir.Workflow) -> tuple[Feature, str] | None:
-    for feature, steps in features_used(wf).items():
-        cap = airflow.CAPABILITIES.get(feature)
-        if cap is None or cap.support is Support.UNSUPPORTED:
-            return feature, steps[0]
-    return None
+    return first_unsupported(airflow.CAPABILITIES, wf)
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.stem for p in PROGRAMS])

@@ -17,7 +17,7 @@ from jsonschema import Draft7Validator
 from couler import ir
 from couler.api.capture import capture_program
 from couler.compilers import tekton
-from couler.engines.base import Feature, Support, features_used
+from couler.engines.base import Feature, first_unsupported
 from couler.errors import UnsupportedFeatureError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,11 +80,7 @@ def test_schema_helper_reports_wrong_types() -> None:
 
 
 def _first_unsupported(wf: ir.Workflow) -> tuple[Feature, str] | None:
-    for feature, steps in features_used(wf).items():
-        cap = tekton.CAPABILITIES.get(feature)
-        if cap is None or cap.support is Support.UNSUPPORTED:
-            return feature, steps[0]
-    return None
+    return first_unsupported(tekton.CAPABILITIES, wf)
 
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.stem for p in PROGRAMS])
@@ -376,3 +372,17 @@ def test_limits_have_sources() -> None:
     assert any("matrix" in n for n in names)
     for lim in tekton.LIMITS:
         assert lim.source.strip() and lim.value > 0 and lim.unit
+
+
+def test_pod_dns_settings() -> None:
+    wf = ir.Workflow(
+        "dns",
+        (ir.Step("s", ir.ContainerSpec("alpine", command=("true",))),),
+        dns=ir.DnsConfig("None", ("1.1.1.1",), ("svc.local",), (("ndots", "2"), ("edns0", ""))),
+    )
+    _, run = compile_ok(wf)
+    pod = run["spec"]["taskRunTemplate"]["podTemplate"]
+    assert pod["dnsPolicy"] == "None"
+    # Options are sorted by name; one without a value carries no "value" key.
+    assert pod["dnsConfig"] == {"nameservers": ["1.1.1.1"], "searches": ["svc.local"],
+                                "options": [{"name": "edns0"}, {"name": "ndots", "value": "2"}]}

@@ -92,7 +92,7 @@ from couler import ir
 from couler.alloc import gc_paused
 from couler.compilers import emit
 from couler.compilers.argo_capabilities import CAPABILITIES, ENGINE
-from couler.compilers.kube import resource_requirements
+from couler.compilers.kube import dns_settings, resource_requirements
 from couler.engines.base import check_capabilities
 from couler.errors import UnsupportedFeatureError
 from couler.ir.validate import parse_quantity
@@ -418,18 +418,7 @@ class _Compiler:
         if wf.image_pull_secrets:
             spec["imagePullSecrets"] = [{"name": s} for s in wf.image_pull_secrets]
         if wf.dns is not None:
-            if wf.dns.policy:
-                spec["dnsPolicy"] = wf.dns.policy
-            dns: Doc = {}
-            if wf.dns.nameservers:
-                dns["nameservers"] = list(wf.dns.nameservers)
-            if wf.dns.searches:
-                dns["searches"] = list(wf.dns.searches)
-            if wf.dns.options:
-                dns["options"] = [{"name": k, "value": v} if v else {"name": k}
-                                  for k, v in wf.dns.options]
-            if dns:
-                spec["dnsConfig"] = dns
+            spec.update(dns_settings(wf.dns))
         if wf.security_context is not None:
             sc = wf.security_context
             ctx: Doc = {}

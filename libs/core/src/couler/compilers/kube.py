@@ -6,7 +6,7 @@ from typing import Any
 
 from couler import ir
 
-__all__ = ["resource_requirements"]
+__all__ = ["dns_settings", "resource_requirements"]
 
 
 def resource_requirements(r: ir.Resources) -> dict[str, Any]:
@@ -28,4 +28,21 @@ def resource_requirements(r: ir.Resources) -> dict[str, Any]:
         out["requests"] = requests
     if limits:
         out["limits"] = limits
+    return out
+
+
+def dns_settings(dns: ir.DnsConfig) -> dict[str, Any]:
+    """A pod's ``dnsPolicy`` and ``dnsConfig`` (only the parts that are set)."""
+    out: dict[str, Any] = {}
+    if dns.policy:
+        out["dnsPolicy"] = dns.policy
+    config: dict[str, Any] = {}
+    if dns.nameservers:
+        config["nameservers"] = list(dns.nameservers)
+    if dns.searches:
+        config["searches"] = list(dns.searches)
+    if dns.options:  # an option's value is optional in Kubernetes
+        config["options"] = [{"name": k, "value": v} if v else {"name": k} for k, v in dns.options]
+    if config:
+        out["dnsConfig"] = config
     return out

@@ -67,7 +67,7 @@ from typing import Any
 
 from couler import ir
 from couler.compilers import emit
-from couler.compilers.kube import resource_requirements
+from couler.compilers.kube import dns_settings, resource_requirements
 from couler.engines.base import Capability, Feature, Limit, Support, check_capabilities
 from couler.errors import UnsupportedFeatureError
 
@@ -389,17 +389,7 @@ class _Compiler:
         if wf.image_pull_secrets:
             pod["imagePullSecrets"] = [{"name": s} for s in wf.image_pull_secrets]
         if wf.dns is not None:
-            if wf.dns.policy:
-                pod["dnsPolicy"] = wf.dns.policy
-            dns: Doc = {}
-            if wf.dns.nameservers:
-                dns["nameservers"] = list(wf.dns.nameservers)
-            if wf.dns.searches:
-                dns["searches"] = list(wf.dns.searches)
-            if wf.dns.options:
-                dns["options"] = [{"name": k, "value": v} for k, v in wf.dns.options]
-            if dns:
-                pod["dnsConfig"] = dns
+            pod.update(dns_settings(wf.dns))
         if wf.security_context is not None:
             sc = wf.security_context
             ctx = {k: v for k, v in (("runAsUser", sc.run_as_user),

@@ -31,6 +31,7 @@ __all__ = [
     "Support",
     "check_capabilities",
     "features_used",
+    "first_unsupported",
 ]
 
 
@@ -208,17 +209,28 @@ def features_used(wf: ir.Workflow) -> dict[Feature, list[str]]:
     return used
 
 
-def check_capabilities(engine: str, capabilities: Mapping[Feature, Capability],
-                       wf: ir.Workflow) -> None:
-    """Raise if ``wf`` uses a feature ``engine`` cannot express, naming the step and feature.
+def first_unsupported(capabilities: Mapping[Feature, Capability],
+                      wf: ir.Workflow) -> tuple[Feature, str] | None:
+    """The first feature ``wf`` uses that ``capabilities`` cannot express, and the step using it.
 
     A feature missing from ``capabilities`` counts as unsupported.
     """
     for feature, steps in features_used(wf).items():
         cap = capabilities.get(feature)
         if cap is None or cap.support is Support.UNSUPPORTED:
-            detail = cap.note if cap is not None else ""
-            raise UnsupportedFeatureError(engine, wf.name, steps[0], feature.value, detail)
+            return feature, steps[0]
+    return None
+
+
+def check_capabilities(engine: str, capabilities: Mapping[Feature, Capability],
+                       wf: ir.Workflow) -> None:
+    """Raise if ``wf`` uses a feature ``engine`` cannot express, naming the step and feature."""
+    found = first_unsupported(capabilities, wf)
+    if found is not None:
+        feature, step = found
+        cap = capabilities.get(feature)
+        detail = cap.note if cap is not None else ""
+        raise UnsupportedFeatureError(engine, wf.name, step, feature.value, detail)
 
 
 class StepState(enum.StrEnum):
