@@ -8,20 +8,25 @@ naming the step and the feature before anything is compiled.
 
 Adapters that run workflows report :class:`RunState` / :class:`StepState`, the same
 vocabulary on every engine, through :class:`StepStatus` and :class:`RunStatus`
-records.
+records. Each engine's adapter follows the :class:`EngineAdapter` protocol.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from couler import ir
 from couler.errors import UnsupportedFeatureError
 
+if TYPE_CHECKING:
+    from couler.api.handles import SecretMaterial
+
 __all__ = [
     "Capability",
+    "EngineAdapter",
     "Feature",
     "Limit",
     "RunState",
@@ -298,3 +303,30 @@ class RunStatus:
     started_at: float | None = None
     finished_at: float | None = None
     message: str = ""
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    """What every engine adapter does with a running engine.
+
+    ``submit`` compiles and hands the workflow to the engine and returns the run's
+    id; with the same ``idempotency_key`` a second submit returns the first run's id
+    and starts nothing. ``watch`` yields a :class:`RunStatus` whenever something
+    changed and stops after a terminal one (or at ``timeout`` seconds, raising
+    :class:`~couler.errors.OperationTimeoutError`). ``logs`` returns the text one
+    step (one map item / iteration: ``key``) wrote. ``cancel`` stops the run; it is a
+    no-op on a finished run. Errors follow :mod:`couler.errors`: ``UserError`` for
+    what the caller must fix, ``NotFoundError`` for an unknown run, ``RetryableError``
+    for engine or network trouble.
+    """
+
+    def submit(self, wf: ir.Workflow, secrets: Sequence[SecretMaterial] = (), *,
+               idempotency_key: str | None = None) -> str: ...
+
+    def status(self, run_id: str) -> RunStatus: ...
+
+    def watch(self, run_id: str, timeout: float | None = None) -> Iterator[RunStatus]: ...
+
+    def logs(self, run_id: str, step: str, key: str = "") -> str: ...
+
+    def cancel(self, run_id: str) -> None: ...
