@@ -1,0 +1,368 @@
+"""The optimizer's passes: pure functions over the IR, each with a report.
+
+:func:`optimize` runs them in order — validate → prune cached steps → apply
+recommendations (right-size resources) → default retry policy → split to the
+engine's limits → compile — and returns a :class:`Plan`. Every pass is usable on
+its own; none does I/O: the cache is reached through a ``lookup`` callable and
+recommendations arrive as values, so the optimizer service decides where they
+come from (gRPC to the cache, the feedback stream from the monitor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from couler import ir
+from couler.errors import UserError
+from couler.optimize.cache_key import not_cacheable_reason, step_cache_key
+from couler.optimize.split import Budget, Chunk, split_workflow
+
+__all__ = [
+    "CachedStep",
+    "PassReport",
+    "Plan",
+    "Recommendation",
+    "apply_recommendations",
+    "compile_document",
+    "default_retry",
+    "optimize",
+    "prune_cached",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class CachedStep:
+    """A step whose result is reused: its key and the outputs it produced."""
+
+    key: str
+    outputs: Mapping[str, str] = field(default_factory=dict)
+    artifacts: Mapping[str, str] = field(default_factory=dict)  # name -> blob digest
+
+
+@dataclass(frozen=True, slots=True)
+class PassReport:
+    """What one pass did."""
+
+    name: str
+    changed: bool
+    notes: tuple[str, ...] = ()
+    duration_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """A measured suggestion for one step, from the monitor.
+
+    ``kind`` is ``memory_request`` / ``memory_limit`` / ``cpu_request`` (``value`` a
+    Kubernetes quantity), ``retry_limit`` or ``timeout_seconds`` (an integer).
+    """
+
+    workflow: str
+    step: str
+    kind: str
+    value: str
+    reason: str = ""
+    samples: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The optimizer's answer: the workflow to run, how, and why."""
+
+    workflow: ir.Workflow
+    engine: str
+    document: str = ""  # the compiled engine document; empty for local and ray
+    cached: Mapping[str, CachedStep] = field(default_factory=dict)
+    reports: tuple[PassReport, ...] = ()
+    chunks: tuple[Chunk, ...] = ()
+
+
+Lookup = Callable[[Sequence[str]], Mapping[str, CachedStep]]
+
+DEFAULT_RETRY = ir.RetryPolicy(
+    limit=2,
+    backoff=ir.Backoff(base_seconds=5.0, factor=2.0, cap_seconds=60.0),
+    on=(ir.FailureClass.TRANSIENT, ir.FailureClass.OOM),
+    memory_factor=1.5,
+)
+
+_RECOMMENDED_RESOURCES = {"memory_request", "memory_limit", "cpu_request", "cpu_limit"}
+
+
+# ----------------------------------------------------------------------- prune
+
+
+def prune_cached(wf: ir.Workflow, lookup: Lookup,
+                 parameters: Mapping[str, str] | None = None
+                 ) -> tuple[dict[str, CachedStep], list[str]]:
+    """Find the top-level steps whose results the cache already holds.
+
+    Keys are computed in dependency order: a step's inputs are known when they are
+    literals, workflow parameters, or outputs of steps found cached, so a fully
+    cached chain is found in one call per level. Returns the cached steps and notes
+    (why steps were not looked up). The workflow itself is unchanged: the engine
+    skips a cached step's execution and reports it ``cached``, with its outputs.
+    """
+    params = dict(parameters or {})
+    for p in wf.parameters:
+        if p.name not in params and p.default is not None:
+            params[p.name] = p.default.text
+    by_name = {s.name: s for s in wf.steps}
+    cached: dict[str, CachedStep] = {}
+    notes: list[str] = []
+    decided: set[str] = set()
+    while len(decided) < len(by_name):
+        frontier = [s for s in wf.steps if s.name not in decided
+                    and all(d.step in decided for d in s.dependencies)]
+        if not frontier:
+            break  # unreachable for a validated (acyclic) workflow
+        wanted: dict[str, str] = {}
+        for step in frontier:
+            decided.add(step.name)
+            reason = not_cacheable_reason(wf, step)
+            if reason is not None:
+                notes.append(f"step {step.name!r}: not cached: {reason}")
+                continue
+            inputs = _known_inputs(step, params, cached)
+            key = None if inputs is None else step_cache_key(wf, step, inputs)
+            if key is not None:
+                wanted[step.name] = key
+        if not wanted:
+            continue
+        found = lookup(sorted(set(wanted.values())))
+        for name, key in wanted.items():
+            hit = found.get(key)
+            if hit is not None and _complete(by_name[name], hit):
+                cached[name] = dataclasses.replace(hit, key=key)
+    return cached, notes
+
+
+def _known_inputs(step: ir.Step, params: Mapping[str, str],
+                  cached: Mapping[str, CachedStep]) -> dict[str, str] | None:
+    values: dict[str, str] = {}
+    for inp in step.inputs:
+        src = inp.value
+        if isinstance(src, ir.Literal):
+            values[inp.name] = src.text
+        elif isinstance(src, ir.WorkflowParamRef) and src.name in params:
+            values[inp.name] = params[src.name]
+        elif (isinstance(src, ir.StepOutputRef) and src.step in cached
+              and src.output in cached[src.step].outputs):
+            values[inp.name] = cached[src.step].outputs[src.output]
+        else:
+            return None
+    if step.input_artifacts:
+        return None  # artifact digests are known only at run time
+    return values
+
+
+def _complete(step: ir.Step, hit: CachedStep) -> bool:
+    return (all(o.name in hit.outputs for o in step.outputs)
+            and all(a.name in hit.artifacts for a in step.output_artifacts))
+
+
+# ------------------------------------------------------------ recommendations
+
+
+def apply_recommendations(wf: ir.Workflow, recs: Sequence[Recommendation]
+                          ) -> tuple[ir.Workflow, list[str]]:
+    """Apply the monitor's recommendations for this workflow's top-level steps.
+
+    A resource recommendation sets the step's request/limit (never lowering a limit
+    below the request it sets); ``retry_limit`` raises the retry limit;
+    ``timeout_seconds`` sets a timeout only where none was written. Recommendations
+    for other workflows or unknown steps are ignored; later ones win.
+    """
+    notes: list[str] = []
+    latest: dict[tuple[str, str], Recommendation] = {}
+    for rec in recs:
+        if rec.workflow == wf.name:
+            latest[(rec.step, rec.kind)] = rec
+    if not latest:
+        return wf, notes
+    steps = []
+    for step in wf.steps:
+        new = step
+        for (name, kind), rec in sorted(latest.items()):
+            if name != step.name:
+                continue
+            new, note = _apply_one(wf, new, kind, rec)
+            if note:
+                notes.append(f"step {step.name!r}: {note}")
+        steps.append(new)
+    unknown = sorted({n for n, _ in latest} - {s.name for s in wf.steps})
+    notes.extend(f"step {n!r}: recommendation ignored: no such step" for n in unknown)
+    return dataclasses.replace(wf, steps=tuple(steps)), notes
+
+
+def _apply_one(wf: ir.Workflow, step: ir.Step, kind: str,
+               rec: Recommendation) -> tuple[ir.Step, str]:
+    if kind in _RECOMMENDED_RESOURCES:
+        try:
+            ir.parse_quantity(rec.value)
+        except ValueError:
+            return step, f"recommendation {kind}={rec.value!r} ignored: not a quantity"
+        res = step.resources or wf.defaults.resources or ir.Resources()
+        res = _replace(res, **{kind: rec.value})
+        limit_kind = kind.replace("request", "limit")
+        if (kind.endswith("request") and getattr(res, limit_kind)
+                and ir.parse_quantity(getattr(res, limit_kind)) < ir.parse_quantity(rec.value)):
+            res = _replace(res, **{limit_kind: rec.value})
+        why = f" ({rec.reason})" if rec.reason else ""
+        return dataclasses.replace(step, resources=res), f"{kind} = {rec.value}{why}"
+    if kind == "retry_limit":
+        limit = _int(rec.value)
+        if limit is None:
+            return step, f"recommendation retry_limit={rec.value!r} ignored: not an integer"
+        retry = step.retry or wf.defaults.retry or DEFAULT_RETRY
+        if retry.limit >= limit:
+            return step, ""
+        return (dataclasses.replace(step, retry=dataclasses.replace(retry, limit=limit)),
+                f"retry limit = {limit}")
+    if kind == "timeout_seconds":
+        seconds = _int(rec.value)
+        if seconds is None or step.timeout_seconds is not None:
+            return step, ""
+        return dataclasses.replace(step, timeout_seconds=seconds), f"timeout = {seconds}s"
+    return step, f"recommendation kind {kind!r} ignored: unknown"
+
+
+# Resources' string fields chosen by name (the kinds above); mypy cannot type **kwargs.
+_replace = cast(Any, dataclasses.replace)
+
+
+def _int(text: str) -> int | None:
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+# ----------------------------------------------------------------------- retry
+
+
+def default_retry(wf: ir.Workflow, policy: ir.RetryPolicy = DEFAULT_RETRY
+                  ) -> tuple[ir.Workflow, list[str]]:
+    """Give every step that has no retry policy (own or workflow default) ``policy``.
+
+    The default retries transient failures and OOM kills (with more memory) twice,
+    with back-off; a program's own policy always wins. Exit hooks keep theirs.
+    """
+    if wf.defaults.retry is not None:
+        return wf, []
+    notes = []
+    steps = []
+    for step in wf.steps:
+        if step.retry is None and not step.daemon and not isinstance(step.body, ir.JobSpec):
+            notes.append(step.name)
+            steps.append(dataclasses.replace(step, retry=policy))
+        else:
+            steps.append(step)
+    if not notes:
+        return wf, []
+    return (dataclasses.replace(wf, steps=tuple(steps)),
+            [f"default retry policy (limit {policy.limit}) on: " + ", ".join(notes)])
+
+
+# --------------------------------------------------------------------- compile
+
+
+def compile_document(wf: ir.Workflow, engine: str) -> str:
+    """The engine document for ``wf``: YAML for argo/tekton/kfp, a DAG file for airflow,
+    empty for engines that take the IR itself (local, ray)."""
+    if engine in ("local", "ray"):
+        return ""
+    if engine == "argo":
+        from couler.compilers import argo
+
+        return argo.to_yaml(argo.compile_workflow(wf))
+    if engine == "tekton":
+        from couler.compilers import tekton
+
+        return tekton.to_yaml(tekton.compile_workflow(wf))
+    if engine == "airflow":
+        from couler.compilers import airflow
+
+        return airflow.compile_workflow(wf)
+    if engine == "kfp":
+        from couler.compilers import emit, kfp
+
+        return emit.to_yaml(kfp.compile_workflow(wf))
+    raise UserError(f"workflow {wf.name!r}: unknown engine {engine!r} "
+                    "(argo, tekton, airflow, kfp, ray, local)")
+
+
+# -------------------------------------------------------------------- pipeline
+
+
+@contextmanager
+def _timed(reports: list[PassReport], name: str) -> Iterator[list[PassReport]]:
+    start = time.perf_counter()
+    box: list[PassReport] = []
+    yield box
+    (report,) = box
+    reports.append(dataclasses.replace(report, name=name,
+                                       duration_ms=(time.perf_counter() - start) * 1000))
+
+
+def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = None,
+             recommendations: Sequence[Recommendation] = (),
+             parameters: Mapping[str, str] | None = None,
+             budget: Budget | None = None, retry: ir.RetryPolicy | None = DEFAULT_RETRY,
+             compile: bool = True) -> Plan:
+    """Run the pass pipeline over ``wf`` for ``engine`` and return the plan.
+
+    ``lookup`` is None to skip the cache; ``retry`` None to skip the default retry
+    pass; ``budget`` None for the engine's own (see :func:`couler.optimize.split.
+    budget_for`). Raises ValidationError / UnsupportedFeatureError naming the step.
+    """
+    from couler.optimize.split import budget_for
+
+    reports: list[PassReport] = []
+    with _timed(reports, "validate") as box:
+        ir.validate(wf)
+        box.append(PassReport("", changed=False, notes=(f"{len(wf.steps)} top-level steps",)))
+    cached: dict[str, CachedStep] = {}
+    with _timed(reports, "prune_cached") as box:
+        if lookup is None:
+            box.append(PassReport("", changed=False, notes=("cache not consulted",)))
+        else:
+            cached, notes = prune_cached(wf, lookup, parameters)
+            hit = [f"step {n!r}: cached ({c.key[:12]})" for n, c in sorted(cached.items())]
+            box.append(PassReport("", changed=bool(cached), notes=tuple(hit + notes)))
+    with _timed(reports, "right_size") as box:
+        wf, notes = apply_recommendations(wf, recommendations)
+        box.append(PassReport("", changed=bool(notes), notes=tuple(notes)))
+    with _timed(reports, "default_retry") as box:
+        if retry is None:
+            box.append(PassReport("", changed=False, notes=("skipped",)))
+        else:
+            wf, notes = default_retry(wf, retry)
+            box.append(PassReport("", changed=bool(notes), notes=tuple(notes)))
+    chunks: tuple[Chunk, ...] = ()
+    with _timed(reports, "split") as box:
+        limit = budget if budget is not None else budget_for(engine)
+        result = split_workflow(wf, limit, measure=lambda w: len(compile_document(w, engine))
+                                if compile else 0)
+        chunks = result.chunks if len(result.chunks) > 1 else ()
+        box.append(PassReport("", changed=bool(chunks), notes=tuple(result.notes)))
+    document = ""
+    with _timed(reports, "compile") as box:
+        if compile and not chunks:
+            document = compile_document(wf, engine)
+            note = f"{len(document)} bytes of {engine} document" if document else \
+                f"{engine} runs the IR itself"
+        elif chunks:
+            note = f"{len(chunks)} chunk documents (compile each chunk's workflow)"
+        else:
+            note = "skipped"
+        box.append(PassReport("", changed=False, notes=(note,)))
+    ir.validate(wf)
+    return Plan(workflow=wf, engine=engine, document=document, cached=cached,
+                reports=tuple(reports), chunks=chunks)

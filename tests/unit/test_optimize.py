@@ -1,0 +1,356 @@
+"""The optimizer's passes: cache keys, pruning, recommendations, retries, splitting."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from couler import ir
+from couler.compilers import argo
+from couler.errors import UserError
+from couler.optimize import (
+    DEFAULT_RETRY,
+    Budget,
+    CachedStep,
+    Recommendation,
+    apply_recommendations,
+    budget_for,
+    default_retry,
+    handoff_parameter,
+    not_cacheable_reason,
+    optimize,
+    prune_cached,
+    split_workflow,
+    step_cache_key,
+)
+
+L = ir.Literal.of
+
+
+def container(name: str, *cmd: str, inputs: Sequence[ir.InputParameter] = (),
+              deps: Sequence[str] = (), outputs: Sequence[str] = ("out",), **kw: object
+              ) -> ir.Step:
+    return ir.Step(
+        name=name, body=ir.ContainerSpec(image="python:3.11", command=cmd or ("echo", name)),
+        inputs=tuple(inputs),
+        outputs=tuple(ir.OutputParameter(o, source=ir.OutputSource.STDOUT) for o in outputs),
+        dependencies=tuple(ir.Dependency(d) for d in deps), **kw)  # type: ignore[arg-type]
+
+
+def chain(n: int, name: str = "chain") -> ir.Workflow:
+    steps = [container("s0", "echo", "0")]
+    for i in range(1, n):
+        steps.append(container(
+            f"s{i}", "echo", "{{inputs.x}}",
+            inputs=[ir.InputParameter("x", ir.StepOutputRef(f"s{i - 1}", "out"))],
+            deps=[f"s{i - 1}"]))
+    return ir.Workflow(name=name, steps=tuple(steps))
+
+
+WF = chain(3)
+
+# ---------------------------------------------------------------------- cache keys
+
+
+def key(step: ir.Step, inputs: Mapping[str, str] | None = None,
+        wf: ir.Workflow = WF) -> str | None:
+    return step_cache_key(wf, step, inputs or {})
+
+
+def test_same_content_same_key_and_names_or_policies_do_not_matter() -> None:
+    a = container("a", "train", "--lr", "0.1")
+    renamed = dataclasses.replace(
+        a, name="b", retry=ir.RetryPolicy(limit=3), timeout_seconds=10,
+        resources=ir.Resources(memory_request="1Gi"))
+    assert key(a) is not None and key(a) == key(renamed)
+
+
+@pytest.mark.parametrize("change", [
+    {"body": ir.ContainerSpec(image="python:3.12", command=("train", "--lr", "0.1"))},
+    {"body": ir.ContainerSpec(image="python:3.11", command=("train", "--lr", "0.2"))},
+    {"env": (ir.EnvVar("SEED", "1"),)},
+    {"cache": ir.CachePolicy(salt="v2")},
+    {"outputs": (ir.OutputParameter("model", source=ir.OutputSource.STDOUT),)},
+])
+def test_everything_that_determines_outputs_changes_the_key(change: dict[str, object]) -> None:
+    a = container("a", "train", "--lr", "0.1")
+    assert key(a) != key(dataclasses.replace(a, **change))  # type: ignore[arg-type]
+
+
+def test_input_values_are_part_of_the_key_and_unknown_inputs_give_none() -> None:
+    step = WF.steps[1]
+    assert key(step, {"x": "1"}) != key(step, {"x": "2"})
+    assert key(step, {}) is None  # never a partial key
+
+
+def test_secrets_enter_the_key_by_reference_only() -> None:
+    a = container("a", env=(ir.EnvVar("TOKEN", secret=ir.SecretRef("creds", "token")),))
+    b = container("a", env=(ir.EnvVar("TOKEN", secret=ir.SecretRef("creds", "other")),))
+    assert key(a) is not None and key(a) != key(b)
+
+
+def test_input_artifacts_need_a_digest() -> None:
+    art = ir.InputArtifact("data", "/data", ir.StepArtifactRef("s0", "d"))
+    a = container("a", input_artifacts=(art,))
+    assert step_cache_key(WF, a, {}, {}) is None
+    assert step_cache_key(WF, a, {}, {"data": "sha256:1"}) != \
+        step_cache_key(WF, a, {}, {"data": "sha256:2"})
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"cache": ir.CachePolicy(enabled=False)}, "turned off"),
+    ({"body": ir.JobSpec(manifest="{}")}, "job"),
+    ({"foreach": ir.ForEach(items=(L(1),))}, "map"),
+    ({"volume_mounts": (ir.VolumeMount("v", "/v"),)}, "volume"),
+    ({"daemon": True}, "daemon"),
+])
+def test_steps_that_are_never_cached(change: dict[str, object], reason: str) -> None:
+    step = dataclasses.replace(container("a"), **change)  # type: ignore[arg-type]
+    assert reason in (not_cacheable_reason(WF, step) or "")
+    assert key(step) is None
+
+
+def test_workflow_default_turns_caching_off() -> None:
+    wf = dataclasses.replace(WF, defaults=ir.StepDefaults(cache=ir.CachePolicy(enabled=False)))
+    assert key(WF.steps[0], wf=wf) is None
+
+
+def test_user_key_replaces_content() -> None:
+    a = container("a", "x", cache=ir.CachePolicy(key="my-key"))
+    b = container("b", "y", cache=ir.CachePolicy(key="my-key"))
+    assert key(a) == key(b)
+    assert key(a) != key(container("c", "x", cache=ir.CachePolicy(key="my-key", salt="s")))
+
+
+# ---------------------------------------------------------------------- pruning
+
+
+class FakeIndex:
+    """A dict-backed lookup recording its calls (stands in for the cache service's RPC)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, CachedStep] = {}
+        self.calls: list[list[str]] = []
+
+    def __call__(self, keys: Sequence[str]) -> Mapping[str, CachedStep]:
+        self.calls.append(list(keys))
+        return {k: self.entries[k] for k in keys if k in self.entries}
+
+
+def fill(index: FakeIndex, wf: ir.Workflow, outputs: Mapping[str, str]) -> None:
+    """Commit each step's output as a run would, computing keys with resolved inputs."""
+    known: dict[str, str] = {}
+    for step in wf.steps:
+        inputs = {}
+        for inp in step.inputs:
+            src = inp.value
+            inputs[inp.name] = (known[src.step] if isinstance(src, ir.StepOutputRef)
+                                else src.text if isinstance(src, ir.Literal) else "")
+        k = step_cache_key(wf, step, inputs)
+        assert k is not None
+        index.entries[k] = CachedStep(k, {"out": outputs[step.name]})
+        known[step.name] = outputs[step.name]
+
+
+def test_a_fully_cached_chain_is_found_level_by_level() -> None:
+    index = FakeIndex()
+    fill(index, WF, {"s0": "0", "s1": "1", "s2": "2"})
+    cached, _ = prune_cached(WF, index)
+    assert sorted(cached) == ["s0", "s1", "s2"]
+    assert cached["s2"].outputs == {"out": "2"}
+    assert len(index.calls) == 3  # one lookup per level
+
+
+def test_a_miss_stops_the_chain_below_it() -> None:
+    index = FakeIndex()
+    fill(index, WF, {"s0": "0", "s1": "1", "s2": "2"})
+    k1 = step_cache_key(WF, WF.steps[1], {"x": "0"})
+    assert k1 is not None
+    del index.entries[k1]
+    cached, _ = prune_cached(WF, index)
+    assert sorted(cached) == ["s0"]
+
+
+def test_a_hit_without_every_output_is_not_used() -> None:
+    index = FakeIndex()
+    fill(index, WF, {"s0": "0", "s1": "1", "s2": "2"})
+    k0 = step_cache_key(WF, WF.steps[0], {})
+    assert k0 is not None
+    index.entries[k0] = CachedStep(k0, {})
+    assert prune_cached(WF, index)[0] == {}
+
+
+def test_workflow_parameters_resolve_into_keys() -> None:
+    step = container("a", "echo", "{{inputs.p}}",
+                     inputs=[ir.InputParameter("p", ir.WorkflowParamRef("lr"))])
+    wf = ir.Workflow(name="w", steps=(step,),
+                     parameters=(ir.Parameter("lr", default=L("0.1")),))
+    index = FakeIndex()
+    k = step_cache_key(wf, step, {"p": "0.1"})
+    assert k is not None
+    index.entries[k] = CachedStep(k, {"out": "x"})
+    assert "a" in prune_cached(wf, index)[0]
+    assert prune_cached(wf, index, {"lr": "0.2"})[0] == {}
+
+
+# ------------------------------------------------------------ recommendations
+
+
+def test_memory_recommendation_sets_request_and_lifts_a_lower_limit() -> None:
+    step = container("s0", resources=ir.Resources(memory_request="1Gi", memory_limit="2Gi"))
+    wf = dataclasses.replace(WF, steps=(step, *WF.steps[1:]))
+    recs = [Recommendation("chain", "s0", "memory_request", "3Gi", "peak 2.4Gi"),
+            Recommendation("other", "s0", "memory_request", "9Gi")]
+    out, notes = apply_recommendations(wf, recs)
+    res = out.steps[0].resources
+    assert res is not None and (res.memory_request, res.memory_limit) == ("3Gi", "3Gi")
+    assert any("peak 2.4Gi" in n for n in notes)
+    ir.validate(out)
+
+
+def test_bad_or_unknown_recommendations_are_reported_not_applied() -> None:
+    recs = [Recommendation("chain", "s0", "memory_request", "lots"),
+            Recommendation("chain", "nope", "cpu_request", "1")]
+    out, notes = apply_recommendations(WF, recs)
+    assert out == WF
+    assert any("not a quantity" in n for n in notes) and any("no such step" in n for n in notes)
+
+
+def test_retry_and_timeout_recommendations() -> None:
+    recs = [Recommendation("chain", "s1", "retry_limit", "5"),
+            Recommendation("chain", "s2", "timeout_seconds", "60")]
+    out, _ = apply_recommendations(WF, recs)
+    assert out.steps[1].retry is not None and out.steps[1].retry.limit == 5
+    assert out.steps[2].timeout_seconds == 60
+
+
+# ---------------------------------------------------------------------- retries
+
+
+def test_default_retry_fills_only_missing_policies() -> None:
+    own = ir.RetryPolicy(limit=7)
+    wf = dataclasses.replace(WF, steps=(dataclasses.replace(WF.steps[0], retry=own),
+                                        *WF.steps[1:]))
+    out, notes = default_retry(wf)
+    assert out.steps[0].retry == own
+    assert out.steps[1].retry == DEFAULT_RETRY and out.steps[2].retry == DEFAULT_RETRY
+    assert "s1, s2" in notes[0]
+    with_default = dataclasses.replace(wf, defaults=ir.StepDefaults(retry=own))
+    assert default_retry(with_default) == (with_default, [])
+
+
+# --------------------------------------------------------------------- splitting
+
+
+def argo_size(wf: ir.Workflow) -> int:
+    return len(argo.to_yaml(argo.compile_workflow(wf)))
+
+
+def layered(levels: int, width: int) -> ir.Workflow:
+    steps: list[ir.Step] = []
+    for lv in range(levels):
+        for j in range(width):
+            ups = [f"l{lv - 1}-{k}" for k in (j, (j + 1) % width)] if lv else []
+            ups = sorted(set(ups))
+            inputs = [ir.InputParameter(f"i{k}", ir.StepOutputRef(u, "out"))
+                      for k, u in enumerate(ups)]
+            steps.append(container(f"l{lv}-{j}", "echo", *(f"{{{{inputs.i{k}}}}}"
+                                                          for k in range(len(ups))),
+                                   inputs=inputs, deps=ups))
+    return ir.Workflow(name="layers", steps=tuple(steps))
+
+
+def check_chunks(wf: ir.Workflow, budget: Budget) -> list[str]:
+    result = split_workflow(wf, budget, argo_size)
+    chunks = result.chunks
+    names = [c.name for c in chunks]
+    seen = [s for c in chunks for s in c.steps]
+    assert sorted(seen) == sorted(s.name for s in wf.steps)  # every step exactly once
+    for i, c in enumerate(chunks):
+        assert all(names.index(d) < i for d in c.depends_on)  # acyclic: only earlier chunks
+        ir.validate(c.workflow)
+        assert argo_size(c.workflow) == c.size_bytes
+        if budget.bytes_allowed is not None:
+            assert c.size_bytes <= budget.bytes_allowed
+        if budget.max_steps is not None:
+            assert len(c.steps) <= budget.max_steps
+    return list(result.notes)
+
+
+def test_within_budget_is_one_chunk() -> None:
+    result = split_workflow(WF, Budget(max_steps=10), argo_size)
+    assert len(result.chunks) == 1 and result.chunks[0].workflow == WF
+    assert "not split" in result.notes[0]
+
+
+def test_split_by_bytes_keeps_the_chunk_graph_acyclic_and_within_budget() -> None:
+    wf = layered(8, 6)
+    budget = Budget(max_bytes=argo_size(wf) // 3)
+    notes = check_chunks(wf, budget)
+    assert "critical path" in notes[-1]
+
+
+def test_split_by_steps_hands_outputs_over_as_parameters() -> None:
+    wf = chain(10)
+    result = split_workflow(wf, Budget(max_steps=4), argo_size)
+    assert [len(c.steps) for c in result.chunks] == [4, 4, 2]
+    second = result.chunks[1]
+    assert second.depends_on == (result.chunks[0].name,)
+    param = handoff_parameter("s3", "out")
+    assert second.workflow.parameter(param) is not None
+    first_step = second.workflow.steps[0]
+    assert first_step.inputs[0].value == ir.WorkflowParamRef(param)
+    assert first_step.dependencies == ()
+    check_chunks(wf, Budget(max_steps=4))
+
+
+def test_failure_edges_and_artifact_handoffs_are_never_cut() -> None:
+    steps = list(chain(6).steps)
+    steps[3] = dataclasses.replace(steps[3], dependencies=(
+        ir.Dependency("s2", ir.EdgeCondition.FAILED),))
+    steps[3] = dataclasses.replace(steps[3], inputs=())
+    steps[3] = dataclasses.replace(steps[3], body=ir.ContainerSpec(image="a", command=("x",)))
+    wf = ir.Workflow(name="w", steps=tuple(steps))
+    ir.validate(wf)
+    result = split_workflow(wf, Budget(max_steps=1), argo_size)
+    together = [c for c in result.chunks if "s2" in c.steps]
+    assert "s3" in together[0].steps
+
+
+def test_over_budget_with_exit_hooks_is_a_clear_error() -> None:
+    wf = dataclasses.replace(chain(5), exit_hooks=(
+        ir.ExitHook(on=ir.RunStatus.ANY, steps=(container("bye"),)),))
+    with pytest.raises(UserError, match=r"'chain'.*exit hooks"):
+        split_workflow(wf, Budget(max_steps=2), argo_size)
+
+
+def test_engine_budgets_come_from_the_limits_tables() -> None:
+    assert budget_for("argo").max_bytes == 1048576
+    assert budget_for("kfp").max_bytes == 1572864
+    assert budget_for("local").max_bytes is None
+
+
+# -------------------------------------------------------------------- pipeline
+
+
+def test_optimize_runs_every_pass_and_compiles() -> None:
+    index = FakeIndex()
+    fill(index, WF, {"s0": "0", "s1": "1", "s2": "2"})
+    plan = optimize(WF, "argo", lookup=index,
+                    recommendations=[Recommendation("chain", "s1", "memory_request", "2Gi")])
+    assert [r.name for r in plan.reports] == [
+        "validate", "prune_cached", "right_size", "default_retry", "split", "compile"]
+    assert sorted(plan.cached) == ["s0", "s1", "s2"]
+    assert "kind: Workflow" in plan.document
+    res = plan.workflow.steps[1].resources
+    assert res is not None and res.memory_request == "2Gi"
+    assert plan.chunks == ()
+
+
+def test_optimize_splits_a_too_large_workflow() -> None:
+    wf = chain(30)
+    plan = optimize(wf, "argo", budget=Budget(max_steps=10))
+    assert len(plan.chunks) == 3 and plan.document == ""
+    assert next(r for r in plan.reports if r.name == "split").changed
