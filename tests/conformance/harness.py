@@ -18,7 +18,7 @@ import importlib.util
 import json
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,11 +160,15 @@ def compile_kfp(paths: list[Path], timeout: float = 120) -> dict[str, Outcome]:
             for name, d in data.items()}
 
 
-def run_local(wf: ir.Workflow, work_dir: Path) -> dict[str, Any]:
-    """Run ``wf`` on the local engine: its summary, or ``{"state": "unsupported", ...}``."""
+def run_local(wf: ir.Workflow, work_dir: Path,
+              workflows: Sequence[ir.Workflow] = ()) -> dict[str, Any]:
+    """Run ``wf`` on the local engine: its summary, or ``{"state": "unsupported", ...}``.
+
+    ``workflows`` are the ones a sub-workflow reference may name (the other programs).
+    """
     from couler_runtime.local import LocalEngine
 
-    engine = LocalEngine(work_dir, max_workers=4, secrets=LOCAL_SECRETS)
+    engine = LocalEngine(work_dir, max_workers=4, secrets=LOCAL_SECRETS, workflows=workflows)
     try:
         return summarize(engine.run(wf))
     except UnsupportedFeatureError as exc:
@@ -249,7 +253,8 @@ def collect(work_dir: Path, *, kfp: dict[str, Outcome] | None = None) -> Results
                 outcomes[(engine, program)] = kfp_outcomes[program]
             else:
                 outcomes[(engine, program)] = compile_one(engine, module, wf)
-    local_runs = {program: run_local(wf, work_dir / program) for program, wf in workflows.items()}
+    local_runs = {program: run_local(wf, work_dir / program, tuple(workflows.values()))
+                  for program, wf in workflows.items()}
     return Results(
         engines=names,
         programs=tuple(workflows),

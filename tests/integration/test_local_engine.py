@@ -13,7 +13,7 @@ import pytest
 from couler import ir
 from couler.api.capture import capture_program
 from couler.engines.base import Feature, RunState, StepState, StepStatus, Support
-from couler.errors import UnsupportedFeatureError
+from couler.errors import InvalidWorkflowError, NotFoundError, UnsupportedFeatureError
 from couler_runtime.local import CAPABILITIES, LocalEngine
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "programs"
@@ -408,3 +408,271 @@ def test_journal_lines_newer_than_the_snapshot_are_replayed(tmp_path: Path) -> N
     assert again.state == RunState.FAILED
     # "first" succeeded according to the journal, so the retry reused it.
     assert marker.read_text().count("x") == 1
+
+
+# --------------------------------------------------------------------------- sub-workflows
+
+
+def group(name: str, *inner: ir.Step, **kw: object) -> ir.Step:
+    return ir.Step(name=name, body=ir.SubWorkflowSpec(name=name, steps=inner),
+                   **kw)  # type: ignore[arg-type]
+
+
+def stdout_out(name: str = "out") -> tuple[ir.OutputParameter, ...]:
+    return (ir.OutputParameter(name, ir.OutputSource.STDOUT),)
+
+
+def test_inline_subworkflow_runs_inner_graph_and_forwards_outputs(engine: LocalEngine) -> None:
+    inner_a = container("prep", "echo", "inner-{{workflow.name}}", outputs=stdout_out("a"))
+    inner_b = container("join", "sh", "-c", "echo {{inputs.a}}+{{inputs.who}}; echo note >&2",
+                        inputs=(ir.InputParameter("a", ir.StepOutputRef("prep", "a")),
+                                ir.InputParameter("who", ir.WorkflowParamRef("who"))),
+                        outputs=stdout_out("joined"), dependencies=after("prep"))
+    status = engine.run(wf(
+        "nest",
+        container("prep", "echo", "outer", outputs=stdout_out("a")),  # same name as inside
+        group("grp", inner_a, inner_b, outputs=stdout_out("joined"), dependencies=after("prep")),
+        container("use", "echo", "got {{inputs.j}}", outputs=stdout_out(),
+                  inputs=(ir.InputParameter("j", ir.StepOutputRef("grp", "joined")),),
+                  dependencies=after("grp")),
+        parameters=(ir.Parameter("who", default=ir.Literal.of("me")),)))
+    assert status.state is RunState.SUCCEEDED, status
+    assert by_key(status, "prep").outputs == {"a": "outer"}
+    assert by_key(status, "grp/prep").outputs == {"a": "inner-nest"}
+    assert by_key(status, "grp/join").outputs == {"joined": "inner-nest+me"}
+    assert by_key(status, "grp").outputs == {"joined": "inner-nest+me"}
+    assert by_key(status, "use").outputs == {"out": "got inner-nest+me"}
+    run_dir = engine.work_dir / status.run_id
+    assert (run_dir / "steps/grp/main/join/main/stdout").read_text() == "inner-nest+me\n"
+    assert engine.logs(run_dir, "grp/join") == "inner-nest+me\nnote\n"
+    assert engine.logs(run_dir, "grp") == ""  # no process of its own
+    record = json.loads((run_dir / "run.json").read_text())
+    names = {r["step"]: r["state"] for r in record["steps"]}
+    assert names["grp/prep"] == names["grp/join"] == "succeeded"
+
+
+def test_subworkflow_failure_then_retry_from_the_failure_point(engine: LocalEngine,
+                                                               tmp_path: Path) -> None:
+    side, flag = tmp_path / "side", tmp_path / "fixed"
+    once = container("once", "sh", "-c", f"echo run >> {side}; echo v1", outputs=stdout_out("v"))
+    flaky = container("flaky", "sh", "-c", f"test -e {flag} && echo ok-{{{{inputs.v}}}}",
+                      inputs=(ir.InputParameter("v", ir.StepOutputRef("once", "v")),),
+                      outputs=stdout_out(), dependencies=after("once"))
+    workflow = wf("sub-retry", group("grp", once, flaky, outputs=stdout_out()),
+                  container("after", "echo", "{{inputs.v}}", outputs=stdout_out(),
+                            inputs=(ir.InputParameter("v", ir.StepOutputRef("grp", "out")),),
+                            dependencies=after("grp")))
+    status = engine.run(workflow)
+    assert status.state is RunState.FAILED
+    grp = by_key(status, "grp")
+    assert grp.state is StepState.FAILED and "grp/flaky" in grp.message
+    assert by_key(status, "grp/flaky").state is StepState.FAILED
+    assert by_key(status, "after").state is StepState.SKIPPED
+    run_dir = engine.work_dir / status.run_id
+    flag.write_text("")
+    again = engine.retry(run_dir)
+    assert again.state is RunState.SUCCEEDED, again
+    assert side.read_text().count("run") == 1  # the inner step that succeeded was reused
+    assert "reused" in by_key(again, "grp/once").message
+    assert by_key(again, "grp/flaky").outputs == {"out": "ok-v1"}
+    assert by_key(again, "after").outputs == {"out": "ok-v1"}
+    # The record on disk (snapshot + journal) holds the inner steps of the new attempt.
+    states = {(r["step"], r["key"]): r["state"]
+              for r in json.loads((run_dir / "run.json").read_text())["steps"]}
+    assert states[("grp/once", "")] == states[("grp/flaky", "")] == "succeeded"
+    # A second retry reuses the whole sub-workflow step, and carries its inner records over.
+    third = engine.retry(run_dir)
+    assert third.state is RunState.SUCCEEDED
+    assert "reused" in by_key(third, "grp").message
+    assert by_key(third, "grp/flaky").outputs == {"out": "ok-v1"}
+    assert side.read_text().count("run") == 1
+
+
+def test_mapped_subworkflow_keys_its_inner_records(engine: LocalEngine) -> None:
+    inner = container("say", "echo", "hi", outputs=stdout_out())
+    items = ir.ForEach(items=(ir.Literal.of("a"), ir.Literal.of("b")))
+    status = engine.run(wf("sub-map", group("grp", inner, foreach=items, outputs=stdout_out())))
+    assert status.state is RunState.SUCCEEDED, status
+    assert json.loads(by_key(status, "grp").outputs["out"]) == ["hi", "hi"]
+    assert by_key(status, "grp", "1").state is StepState.SUCCEEDED
+    assert by_key(status, "grp[0]/say").outputs == {"out": "hi"}
+    assert by_key(status, "grp[1]/say").outputs == {"out": "hi"}
+    run_dir = engine.work_dir / status.run_id
+    assert engine.logs(run_dir, "grp[1]/say") == "hi\n"
+    assert (run_dir / "steps/grp/item-1/say/main/stdout").is_file()
+
+
+def test_looped_subworkflow_with_a_retry_policy(engine: LocalEngine, tmp_path: Path) -> None:
+    counter, tries = tmp_path / "count", tmp_path / "tries"
+    inc = script("inc", (
+        f"import pathlib; p = pathlib.Path({str(counter)!r}); "
+        "n = int(p.read_text()) + 1 if p.exists() else 1; p.write_text(str(n)); print(n)"))
+    # Fails the first time it runs: the sub-workflow step's retry re-runs its inner graph.
+    flaky = container("flaky", "sh", "-c", f"test -e {tries} || {{ touch {tries}; exit 4; }}",
+                      dependencies=after("inc"))
+    cond = ir.Condition(ir.StepOutputRef("grp", "result"), ir.CompareOp.LT, ir.Literal.of(3))
+    status = engine.run(wf("sub-loop", group(
+        "grp", inc, flaky, outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT),),
+        loop=ir.Loop(cond, max_iterations=10), retry=ir.RetryPolicy(limit=1))))
+    assert status.state is RunState.SUCCEEDED, status
+    # Iteration 0 ran its inner graph twice (inc: 1, 2), iteration 1 once (inc: 3 stops it).
+    assert by_key(status, "grp").outputs == {"result": "3"}
+    assert [s.key for s in status.steps if s.step == "grp" and s.key] == ["0", "1"]
+    assert by_key(status, "grp", "0").attempts == 2
+    assert by_key(status, "grp", "1").attempts == 1
+    assert by_key(status, "grp[0]/flaky").state is StepState.SUCCEEDED
+    assert by_key(status, "grp[0]/inc").outputs == {"result": "2"}
+    assert by_key(status, "grp[1]/inc").outputs == {"result": "3"}
+    run_dir = engine.work_dir / status.run_id
+    assert engine.logs(run_dir, "grp[0]/inc") == "2\n"  # the last attempt
+
+
+def test_cancel_stops_inner_steps(engine: LocalEngine) -> None:
+    handle = engine.start(wf("sub-cancel", group("grp", container("nap", "sleep", "30")),
+                             container("next", "true", dependencies=after("grp"))))
+    deadline = time.monotonic() + 10
+    while by_state(handle.status(), "grp/nap") is not StepState.RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    handle.cancel()
+    status = handle.wait(timeout=20)
+    assert status.state is RunState.CANCELLED
+    assert by_key(status, "grp/nap").state is StepState.CANCELLED
+    assert by_key(status, "grp").state is StepState.CANCELLED
+    assert by_key(status, "next").state is StepState.CANCELLED
+
+
+def test_subworkflow_step_timeout_stops_its_inner_steps(engine: LocalEngine) -> None:
+    nap = container("nap", "sleep", "30")
+    status = engine.run(wf("sub-timeout", group("grp", nap, timeout_seconds=1)))
+    grp = by_key(status, "grp")
+    assert status.state is RunState.FAILED
+    assert grp.state is StepState.FAILED and "timed out after 1 s" in grp.message
+    inner = by_key(status, "grp/nap")
+    assert inner.state is StepState.FAILED and inner.exit_code == -9
+    assert "timed out" in inner.message
+
+
+def test_subworkflows_share_the_worker_bound(tmp_path: Path) -> None:
+    spans = tmp_path / "spans"
+    spans.mkdir()
+
+    def timed(name: str) -> ir.Step:
+        source = (f"import time, pathlib; t = time.time(); time.sleep(0.4); "
+                  f"pathlib.Path({str(spans)!r}, {name!r}).write_text(f'{{t}} {{time.time()}}')")
+        return script(name, source, outputs=())
+
+    status = LocalEngine(tmp_path / "runs", max_workers=2).run(wf(
+        "bound", group("g1", timed("a"), timed("b")), group("g2", timed("c"), timed("d")),
+        timed("e")))
+    assert status.state is RunState.SUCCEEDED, status
+    intervals = [tuple(map(float, p.read_text().split())) for p in spans.iterdir()]
+    assert len(intervals) == 5
+    most = max(sum(1 for s, e in intervals if s <= t < e) for t, _ in intervals)
+    assert most <= 2
+
+
+def test_workflow_reference_runs_the_given_workflow(tmp_path: Path) -> None:
+    child = wf("child", container("greet", "echo", "hello {{inputs.w}}", outputs=stdout_out(
+        "greeting"), inputs=(ir.InputParameter("w", ir.WorkflowParamRef("who")),)),
+        parameters=(ir.Parameter("who"),),
+        exit_hooks=(ir.ExitHook(ir.RunStatus.SUCCEEDED, (container("bye", "echo", "bye"),)),))
+    call = ir.Step("call", ir.SubWorkflowSpec(name="child", digest=ir.digest(child)),
+                   inputs=(ir.InputParameter("who", ir.Literal.of("bob")),),
+                   outputs=(ir.OutputParameter("greeting", ir.OutputSource.PATH, "/unused"),))
+    parent = wf("parent", call)
+    engine = LocalEngine(tmp_path, workflows=[child])
+    status = engine.run(parent)
+    assert status.state is RunState.SUCCEEDED, status
+    assert by_key(status, "call").outputs == {"greeting": "hello bob"}
+    assert by_key(status, "call/greet").outputs == {"greeting": "hello bob"}
+    assert by_key(status, "call/bye").state is StepState.SUCCEEDED  # the child's exit hook
+    # Resume needs no registry: the referenced workflow is kept in the run record.
+    again = LocalEngine(tmp_path).retry(tmp_path / status.run_id)
+    assert again.state is RunState.SUCCEEDED
+    assert by_key(again, "call").outputs == {"greeting": "hello bob"}
+
+
+def test_unavailable_workflow_reference_names_workflow_step_and_field(tmp_path: Path) -> None:
+    child = wf("child", container("x", "true"), parameters=(ir.Parameter("who"),))
+    call = ir.Step("call", ir.SubWorkflowSpec(name="child"),
+                   inputs=(ir.InputParameter("who", ir.Literal.of("bob")),))
+    with pytest.raises(UnsupportedFeatureError,
+                       match=r"workflow 'parent', step 'call'.*'body\.name'.*'child'"):
+        LocalEngine(tmp_path).run(wf("parent", call))
+    pinned = ir.Step("call", ir.SubWorkflowSpec(name="child", digest="sha256:" + "0" * 64),
+                     inputs=call.inputs)
+    with pytest.raises(UnsupportedFeatureError, match=r"step 'call'.*'body\.digest'"):
+        LocalEngine(tmp_path, workflows=[child]).run(wf("parent", pinned))
+    bare = ir.Step("call", ir.SubWorkflowSpec(name="child"))
+    with pytest.raises(InvalidWorkflowError, match=r"step 'call', field 'inputs'.*'who'"):
+        LocalEngine(tmp_path, workflows=[child]).run(wf("parent", bare))
+    assert not any(tmp_path.iterdir())  # refused before anything ran
+
+
+# --------------------------------------------------------------------------- workflow timeout
+
+
+def test_workflow_timeout_fails_the_run_and_still_runs_exit_hooks(engine: LocalEngine,
+                                                                  tmp_path: Path) -> None:
+    marker = tmp_path / "never"
+    hooks = (ir.ExitHook(ir.RunStatus.FAILED, (container("mourn", "echo", "late"),)),
+             ir.ExitHook(ir.RunStatus.SUCCEEDED, (container("celebrate", "true"),)))
+    status = engine.run(wf(
+        "deadline",
+        container("quick", "true"),
+        container("slow", "sh", "-c", f"sleep 30; touch {marker}"),
+        group("grp", container("nap", "sleep", "30")),
+        container("next", "touch", str(marker), dependencies=after("slow")),
+        exit_hooks=hooks, timeout_seconds=1))
+    assert status.state is RunState.FAILED
+    assert "workflow 'deadline' exceeded its timeout of 1 s" in status.message
+    assert by_key(status, "quick").state is StepState.SUCCEEDED
+    slow = by_key(status, "slow")
+    assert slow.state is StepState.FAILED and slow.exit_code == -9
+    assert "'deadline' exceeded its timeout" in slow.message
+    assert by_key(status, "grp").state is StepState.FAILED
+    assert by_key(status, "grp/nap").state is StepState.FAILED
+    nxt = by_key(status, "next")
+    assert nxt.state is StepState.CANCELLED and "not started" in nxt.message
+    assert not marker.exists()
+    assert by_key(status, "mourn").state is StepState.SUCCEEDED  # hooks run after a timeout
+    assert all(s.step != "celebrate" for s in status.steps)
+    run_dir = engine.work_dir / status.run_id
+    assert engine.logs(run_dir, "mourn") == "late\n"
+    assert json.loads((run_dir / "run.json").read_text())["state"] == "failed"
+
+
+def test_workflow_timeout_not_reached(engine: LocalEngine) -> None:
+    status = engine.run(wf("in-time", container("quick", "true"), timeout_seconds=30))
+    assert status.state is RunState.SUCCEEDED and status.message == ""
+
+
+# --------------------------------------------------------------------------- logs
+
+
+def test_logs_of_steps_items_and_the_last_attempt(engine: LocalEngine, tmp_path: Path) -> None:
+    counter = tmp_path / "n"
+    flaky = script("flaky", (
+        f"import pathlib, sys; p = pathlib.Path({str(counter)!r}); "
+        "n = int(p.read_text()) + 1 if p.exists() else 1; p.write_text(str(n)); "
+        "print(f'attempt {n}'); print('err', n, file=sys.stderr); sys.exit(0 if n > 1 else 1)"),
+        retry=ir.RetryPolicy(limit=2), outputs=())
+    each = container("each", "echo", "item={{item}}",
+                     foreach=ir.ForEach(items=(ir.Literal.of("x"), ir.Literal.of("y"))))
+    skipped = container("skipped", "echo", "no", when=ir.When(ir.Condition(
+        ir.Literal.of(1), ir.CompareOp.EQ, ir.Literal.of(2))))
+    handle = engine.start(wf("logs", flaky, each, skipped))
+    status = handle.wait()
+    assert status.state is RunState.SUCCEEDED, status
+    assert by_key(status, "flaky").attempts == 2
+    assert handle.logs("flaky") == "attempt 2\nerr 2\n"  # the last attempt only
+    assert handle.logs("each", "1") == "item=y\n"
+    assert engine.logs(handle.run_dir, "each", "0") == "item=x\n"
+    assert engine.logs(handle.run_dir, "skipped") == ""
+    with pytest.raises(NotFoundError, match=r"workflow 'logs'.*no step 'ghost'"):
+        engine.logs(handle.run_dir, "ghost")
+    with pytest.raises(NotFoundError, match=r"step 'each': no execution with key '7'.*'0', '1'"):
+        handle.logs("each", "7")
+    with pytest.raises(NotFoundError, match="no local run record"):
+        engine.logs(tmp_path / "missing", "flaky")

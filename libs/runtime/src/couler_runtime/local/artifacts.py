@@ -4,15 +4,18 @@ Steps run on the host, not in containers, so the absolute paths a step
 declares (output parameter files, output and input artifact paths) are
 rewritten into a private directory per execution:
 ``<run_dir>/steps/<step>/<execution>/root<path>`` -- an output declared at
-``/tmp/out.txt`` is read from ``.../root/tmp/out.txt``. Volume mounts map
-their mount path (and everything below it) to ``<run_dir>/volumes/<volume>``
-(plus the mount's ``sub_path``), a directory shared by every step of the run.
+``/tmp/out.txt`` is read from ``.../root/tmp/out.txt``; an inner step of a
+sub-workflow uses ``<run_dir>/steps/<outer>/<execution>/<inner>/<execution>``.
+Volume mounts map their mount path (and everything below it) to
+``<run_dir>/volumes/<volume>`` (plus the mount's ``sub_path``), a directory
+shared by every step of the run.
 The same rewrite is applied to the command, the arguments, the env values,
 the working directory and the script source, so a step that writes
 ``/tmp/out.txt`` writes the mapped file.
 
-Artifacts are copied into ``<run_dir>/artifacts/<step>/<artifact>`` when a
-step succeeds (the last successful execution of a map or loop wins) and
+Artifacts are copied into ``<run_dir>/artifacts/<step>/<artifact>`` (``<step>``
+is the record name, ``outer/inner`` for an inner step of a sub-workflow) when
+a step succeeds (the last successful execution of a map or loop wins) and
 copied out to the reading step's mapped path before it starts.
 """
 

@@ -17,8 +17,12 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.SCRIPT: Capability(_R, "source run with the local interpreter (python = the current "
                                    "interpreter, bash, sh); the image is ignored"),
     Feature.JOB: Capability(_U, "Kubernetes resources cannot run on one machine"),
-    Feature.SUBWORKFLOW_INLINE: Capability(_U, "not implemented by the local engine yet"),
-    Feature.SUBWORKFLOW_REF: Capability(_U, "not implemented by the local engine yet"),
+    Feature.SUBWORKFLOW_INLINE: Capability(_N, "inner steps run as a nested graph in the same "
+                                               "run (records named outer/inner), under the "
+                                               "same worker bound"),
+    Feature.SUBWORKFLOW_REF: Capability(_R, "the referenced workflow must be given to "
+                                            "LocalEngine(workflows=...); it runs nested, the "
+                                            "step's inputs as its parameters"),
     Feature.PARAMETERS: Capability(_N, "output files are read from the step's mapped path"),
     Feature.WORKFLOW_PARAMETERS: Capability(_N, "values given to run() or the defaults"),
     Feature.ARTIFACTS: Capability(_R, "a local artifact store directory under the run; input "
@@ -38,7 +42,8 @@ CAPABILITIES: dict[Feature, Capability] = {
                                                   "sampled memory limit = oom; failure to start "
                                                   "= infra"),
     Feature.MEMORY_ESCALATION: Capability(_R, "the sampled RSS limit is multiplied on OOM"),
-    Feature.TIMEOUT: Capability(_N, "the process tree is killed"),
+    Feature.TIMEOUT: Capability(_N, "the process tree is killed; a sub-workflow step's nested "
+                                    "run is stopped"),
     Feature.RESOURCES: Capability(_R, "memory_limit enforced by sampling the tree's RSS; CPU "
                                       "and requests ignored"),
     Feature.GPU: Capability(_U, "GPUs are not scheduled locally"),

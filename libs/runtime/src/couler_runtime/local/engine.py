@@ -34,19 +34,43 @@ Execution rules:
   exceeding ``memory_limit`` = oom; failure to start = infra); a policy
   retries the classes it names after ``base * factor**n`` seconds (capped).
   A timeout kills the process tree (a transient failure).
+* **Sub-workflows**: a sub-workflow step runs its inner steps as a nested
+  graph in the same run, by the rules above, under the same ``max_workers``
+  bound (counted over all processes of the run). Inner steps are recorded as
+  ``outer/inner`` (``outer[KEY]/inner`` inside map item or loop iteration KEY
+  of ``outer``; nesting repeats) and run in ``steps/outer/<label>/inner/<label>``
+  (label ``main``, ``item-N`` or ``iter-N``). Inline bodies see only each other
+  (and the workflow parameters); an output of the step is the same-named
+  output of the one inner step declaring it (output artifacts likewise). A
+  reference names a workflow given to ``LocalEngine(workflows=...)`` (its
+  digest must match when pinned; it is checked and kept in the run record,
+  so a retry needs no registry); the step's inputs are its parameters, its
+  exit hooks run after its steps, its ``timeout_seconds`` bounds the nested
+  run. The step succeeds when no inner step (or hook) failed; otherwise it
+  fails with the failure class of the first failed inner step, and a retry
+  policy re-runs the whole nested graph. A step timeout stops the nested run
+  (a transient failure).
 * Exit hooks run after the main graph with its final status (not after a
   cancellation). A failing hook fails the run.
 * ``cancel()`` kills running processes and marks everything else CANCELLED.
+* **Workflow timeout** (``Workflow.timeout_seconds``, counted from the start of
+  each attempt of the run): when it passes, running steps are killed and end
+  FAILED, steps not started yet end CANCELLED, both with a message naming the
+  workflow and the timeout; the run ends FAILED and its exit hooks run as for
+  any failure (the timeout does not bound them).
+* :meth:`LocalEngine.logs` / :meth:`LocalRun.logs` return what one execution
+  wrote (stdout, then stderr) in its last attempt.
 * The run record survives a crash: every state change is appended, as one
   JSON line, to ``run.journal`` (constant cost per change), and ``run.json``,
   the full snapshot, is rewritten at most once a second and when the run
   ends; loading replays the journal lines newer than the snapshot.
   :meth:`LocalEngine.retry` re-runs a run reusing the outputs of the steps
-  that succeeded.
+  that succeeded (inner steps of sub-workflows included).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -54,19 +78,27 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from couler import ir
-from couler.engines.base import RunState, RunStatus, StepState, StepStatus, check_capabilities
-from couler.errors import NotFoundError
+from couler.engines.base import (
+    Feature,
+    RunState,
+    RunStatus,
+    StepState,
+    StepStatus,
+    check_capabilities,
+)
+from couler.errors import InvalidWorkflowError, NotFoundError, UnsupportedFeatureError
 
 from .artifacts import ArtifactStore, PathMap, copy_path
 from .capabilities import CAPABILITIES, ENGINE
-from .process import run_process
+from .process import SAMPLE_SECONDS, run_process
 
 __all__ = ["LocalEngine", "LocalRun"]
 
@@ -189,7 +221,9 @@ class LocalRun:
 
     def __init__(self, engine: LocalEngine, wf: ir.Workflow, run_dir: Path, *,
                  parameters: Mapping[str, str], on_event: EventCallback | None,
-                 reuse: Mapping[str, _Record] | None = None) -> None:
+                 reuse: Mapping[str, _Record] | None = None,
+                 previous: Mapping[tuple[str, str], _Record] | None = None,
+                 references: Mapping[str, ir.Workflow] | None = None) -> None:
         self.engine = engine
         self.workflow = wf
         self.run_dir = run_dir
@@ -197,8 +231,22 @@ class LocalRun:
         self._parameters = dict(parameters)
         self._on_event = on_event
         self._reuse = dict(reuse or {})
+        # Every record of the previous attempt (resume): the executions and inner steps of
+        # a reused step are carried over with it.
+        self._previous = dict(previous or {})
+        self._references = dict(references or {})  # referenced workflows, by name
         self._lock = threading.RLock()
-        self._cancel = threading.Event()
+        self._cancel = threading.Event()  # stop: set by cancel(), a deadline or a timeout
+        self._user_cancel = False  # cancel() was called (the run ends CANCELLED)
+        self._halt = ""  # why this (sub-)run was stopped when a deadline, not cancel(), did it
+        self._main_done = False
+        # A nested run (a sub-workflow step) is a shallow copy sharing records, lock, store
+        # and process slots with its root; it has its own prefix, directory and stop event.
+        self._root: LocalRun = self
+        self._parent: LocalRun | None = None
+        self._prefix = ""  # record names of this scope: prefix + step name
+        self._steps_dir = run_dir / "steps"
+        self._slots = threading.BoundedSemaphore(engine.max_workers)
         self._records: dict[tuple[str, str], _Record] = {}
         self._state = RunState.PENDING
         self._message = ""
@@ -220,7 +268,19 @@ class LocalRun:
 
     def cancel(self) -> None:
         """Kill running processes and mark every step that has not finished CANCELLED."""
-        self._cancel.set()
+        with self._lock:
+            self._user_cancel = True
+            self._cancel.set()
+
+    def logs(self, step: str, key: str = "") -> str:
+        """The text one step execution wrote in its last attempt (see :meth:`LocalEngine.logs`).
+
+        Raises:
+            NotFoundError: The run has no execution of ``step`` with ``key``.
+        """
+        with self._lock:
+            known = set(self._records)
+        return _logs(self.run_dir, self.workflow.name, known, step, key)
 
     def status(self) -> RunStatus:
         """The current status of the run and of every step execution."""
@@ -247,6 +307,7 @@ class LocalRun:
             "started_at": self._started_at, "finished_at": self._finished_at,
             "message": self._message,
             "steps": [r.to_dict() for r in self._records.values()],
+            "references": {name: ir.to_dict(ref) for name, ref in self._references.items()},
         }
         path = self.run_dir / "run.json"
         tmp = path.with_suffix(".json.tmp")
@@ -254,13 +315,14 @@ class LocalRun:
         os.replace(tmp, path)
 
     def _update(self, rec: _Record, **changes: object) -> None:
+        root = self._root  # nested runs journal through the root's record
         with self._lock:
             for name, value in changes.items():
                 setattr(rec, name, value)
             self._records[(rec.step, rec.key)] = rec
-            self._journal_record(rec)
-            if time.monotonic() - self._snapshot_at >= _SNAPSHOT_INTERVAL:
-                self._persist()
+            root._journal_record(rec)
+            if time.monotonic() - root._snapshot_at >= _SNAPSHOT_INTERVAL:
+                root._persist()
             status = rec.status()
         if self._on_event is not None:
             self._on_event(status)
@@ -280,12 +342,41 @@ class LocalRun:
 
     def _state_of(self, step: str) -> StepState:
         with self._lock:
-            rec = self._records.get((step, ""))
+            rec = self._records.get((self._name(step), ""))
             return rec.state if rec is not None else StepState.PENDING
 
     def _record(self, step: str) -> _Record | None:
         with self._lock:
-            return self._records.get((step, ""))
+            return self._records.get((self._name(step), ""))
+
+    def _name(self, step: str) -> str:
+        """The record name of a step of this scope ("outer/inner" inside a sub-workflow)."""
+        return self._prefix + step
+
+    def _stop_reason(self) -> str:
+        """Why a deadline stopped this (sub-)run; "" when it was cancelled or not stopped."""
+        run: LocalRun | None = self
+        while run is not None:
+            if run._halt:
+                return run._halt
+            run = run._parent
+        return ""
+
+    def _stopped_state(self) -> StepState:
+        """The state of an execution that was stopped while running."""
+        if self._root._user_cancel or not self._stop_reason():
+            return StepState.CANCELLED
+        return StepState.FAILED
+
+    def _stop_message(self) -> str:
+        return "cancelled" if self._root._user_cancel else (self._stop_reason() or "cancelled")
+
+    def _carry_over(self, name: str) -> None:
+        """Copy the executions and inner-step records of reused step ``name`` into this run."""
+        nested = (name + "/", name + "[")
+        for (step, key), prev in self._previous.items():
+            if (step == name and key) or step.startswith(nested):
+                self._update(_Record.from_dict(prev.to_dict()))
 
     # ------------------------------------------------------------------ main
 
@@ -296,17 +387,30 @@ class LocalRun:
             for step in self.workflow.steps:
                 self._records[(step.name, "")] = _Record(step.name)
             self._persist()
+        timer: threading.Timer | None = None
+        if self.workflow.timeout_seconds is not None:
+            timer = threading.Timer(self.workflow.timeout_seconds, self._expire)
+            timer.daemon = True
+            timer.start()
         try:
             self._graph(self.workflow.steps, reuse=True)
             with self._lock:
+                self._main_done = True
                 main_steps = [self._records[(s.name, "")] for s in self.workflow.steps]
+            if timer is not None:
+                timer.cancel()
             failed = [r for r in main_steps if r.state is StepState.FAILED]
-            if self._cancel.is_set():
+            if self._user_cancel:
                 final = RunState.CANCELLED
                 message = "cancelled"
             else:
-                final = RunState.FAILED if failed else RunState.SUCCEEDED
-                message = ("steps failed: " + ", ".join(r.step for r in failed)) if failed else ""
+                final = RunState.FAILED if failed or self._halt else RunState.SUCCEEDED
+                message = "; ".join(filter(None, [
+                    self._halt, ("steps failed: " + ", ".join(r.step for r in failed))
+                    if failed else ""]))
+                with self._lock:
+                    if not self._user_cancel:  # the deadline stopped the graph, not the hooks
+                        self._cancel.clear()
                 hook_steps = self._hooks(final, failed)
                 if hook_steps:
                     for step in hook_steps:
@@ -318,15 +422,27 @@ class LocalRun:
                         final = RunState.FAILED
                         message = "; ".join(filter(None, [message, "exit hooks failed: "
                                                           + ", ".join(bad)]))
-                    if self._cancel.is_set():
-                        final, message = RunState.CANCELLED, "cancelled"
+                if self._user_cancel:
+                    final, message = RunState.CANCELLED, "cancelled"
         except Exception as exc:  # an engine bug must still leave a final record
             final, message = RunState.FAILED, f"local engine error: {exc!r}"
+        finally:
+            if timer is not None:
+                timer.cancel()
         with self._lock:
             self._state, self._message = final, message
             self._finished_at = time.time()
             self._persist()
             self._close_journal()
+
+    def _expire(self) -> None:
+        """The workflow's timeout passed: stop the main graph (its exit hooks still run)."""
+        with self._lock:
+            if self._main_done or self._user_cancel:
+                return
+            self._halt = (f"workflow {self.workflow.name!r} exceeded its timeout of "
+                          f"{self.workflow.timeout_seconds} s (field 'timeout_seconds')")
+            self._cancel.set()
 
     def _hooks(self, final: RunState, failed: Sequence[_Record]) -> list[ir.Step]:
         errored = any(r.failure == ir.FailureClass.INFRA.value for r in failed)
@@ -345,9 +461,12 @@ class LocalRun:
         with ThreadPoolExecutor(self.engine.max_workers) as pool:
             while pending or futures or maps:
                 if self._cancel.is_set():
+                    reason = self._stop_message()
                     for name in list(pending):
-                        rec = self._record(name) or _Record(name)
-                        self._update(rec, state=StepState.CANCELLED, message="run cancelled")
+                        rec = self._record(name) or _Record(self._name(name))
+                        self._update(rec, state=StepState.CANCELLED,
+                                     message="run cancelled" if reason == "cancelled"
+                                     else f"not started: {reason}")
                         del pending[name]
                     for ms in maps.values():
                         ms.queue.clear()
@@ -360,17 +479,18 @@ class LocalRun:
                             continue
                         del pending[name]
                         progressed = True
-                        rec = self._record(name) or _Record(name)
+                        rec = self._record(name) or _Record(self._name(name))
                         if decision:
                             self._update(rec, state=StepState.SKIPPED, message=decision,
                                          finished_at=time.time())
                             continue
-                        prev = self._reuse.get(name) if reuse else None
+                        prev = self._reuse.get(self._name(name)) if reuse else None
                         if prev is not None:
                             self._update(rec, **{k: getattr(prev, k) for k in (
                                 "state", "attempts", "exit_code", "started_at", "finished_at",
                                 "peak_cpu", "peak_memory_bytes", "outputs")},
                                 message="reused from the previous attempt of this run")
+                            self._carry_over(self._name(name))
                             continue
                         if step.foreach is not None:
                             try:
@@ -399,7 +519,7 @@ class LocalRun:
                         continue  # its dependents may be ready now: look at them again
                     if pending and not maps:  # cannot happen for a validated graph
                         for name in list(pending):
-                            rec = self._record(name) or _Record(name)
+                            rec = self._record(name) or _Record(self._name(name))
                             self._update(rec, state=StepState.FAILED,
                                          message="dependencies can never be satisfied")
                             del pending[name]
@@ -512,7 +632,7 @@ class LocalRun:
     # ------------------------------------------------------------------ execution
 
     def _run_step(self, step: ir.Step) -> None:
-        rec = self._record(step.name) or _Record(step.name)
+        rec = self._record(step.name) or _Record(self._name(step.name))
         if step.loop is None:
             self._execute(step, rec, "main", None)
             return
@@ -520,20 +640,22 @@ class LocalRun:
         loop = step.loop
         last: _Record | None = None
         for n in range(max(loop.max_iterations, 1)):
-            last = _Record(step.name, key=str(n))
+            last = _Record(self._name(step.name), key=str(n))
             self._execute(step, last, f"iter-{n}", None)
             if last.state is not StepState.SUCCEEDED:
                 break
             try:
                 again = self._condition(loop.condition, step, last.outputs)
             except _StepError as exc:
-                last = _Record(step.name, state=StepState.FAILED, message=str(exc))
+                last = _Record(self._name(step.name), state=StepState.FAILED,
+                               message=str(exc))
                 break
             if not again:
                 break
         assert last is not None
         with self._lock:
-            iterations = [r for (s, k), r in self._records.items() if s == step.name and k]
+            iterations = [r for (s, k), r in self._records.items()
+                          if s == self._name(step.name) and k]
         self._update(rec, state=last.state, outputs=dict(last.outputs), message=last.message,
                      attempts=sum(r.attempts for r in iterations), exit_code=last.exit_code,
                      failure=last.failure, finished_at=time.time(),
@@ -542,22 +664,23 @@ class LocalRun:
                                            default=None))
 
     def _run_item(self, step: ir.Step, index: int, item: object) -> None:
-        self._execute(step, _Record(step.name, key=str(index)), f"item-{index}", item)
+        self._execute(step, _Record(self._name(step.name), key=str(index)), f"item-{index}",
+                      item)
 
     def _finish_map(self, ms: _MapState) -> None:
-        name = ms.step.name
+        name = self._name(ms.step.name)
         with self._lock:
             items = [self._records.get((name, str(i))) for i in range(len(ms.items))]
         recs = [r for r in items if r is not None]
         failed = [r for r in recs if r.state is not StepState.SUCCEEDED]
         if self._cancel.is_set() and (failed or len(recs) < len(ms.items)):
-            state = StepState.CANCELLED
+            state = self._stopped_state()
         else:
             state = StepState.FAILED if failed or len(recs) < len(ms.items) else \
                 StepState.SUCCEEDED
         outputs = {o.name: json.dumps([r.outputs.get(o.name, "") for r in recs])
                    for o in ms.step.outputs}
-        rec = self._record(name) or _Record(name)
+        rec = self._record(ms.step.name) or _Record(name)
         self._update(rec, state=state, outputs=outputs, finished_at=time.time(),
                      attempts=sum(r.attempts for r in recs),
                      failure=failed[0].failure if failed else "",
@@ -585,7 +708,7 @@ class LocalRun:
                              failure="")
                 return
             if failure == "cancelled":
-                self._update(rec, state=StepState.CANCELLED, finished_at=time.time())
+                self._update(rec, state=self._stopped_state(), finished_at=time.time())
                 return
             retryable = (failure != "fatal" and policy is not None and retries < policy.limit
                          and (ir.FailureClass.ANY in policy.on
@@ -608,23 +731,34 @@ class LocalRun:
             retries += 1
             self._update(rec, state=StepState.RETRYING, failure=failure)
             if self._cancel.wait(delay):
-                self._update(rec, state=StepState.CANCELLED, finished_at=time.time())
+                self._update(rec, state=self._stopped_state(), message=self._stop_message(),
+                             finished_at=time.time())
                 return
 
     def _attempt(self, step: ir.Step, rec: _Record, label: str, item: object, *,
                  timeout: int | None, memory_limit: int | None) -> str | None:
         """Run one attempt; None on success, else the failure class, "fatal" or "cancelled"."""
         wf = self.workflow
-        exec_dir = self.run_dir / "steps" / step.name / label
+        exec_dir = self._steps_dir / step.name / label
         exec_dir.mkdir(parents=True, exist_ok=True)
+        if isinstance(step.body, ir.SubWorkflowSpec):
+            return self._attempt_nested(step, rec, exec_dir, item, timeout=timeout)
         try:
             argv, env, cwd, paths = self._prepare(step, exec_dir, item)
         except _StepError as exc:
             self._update(rec, message=str(exc))
             return "fatal"
-        result = run_process(argv, cwd=cwd, env=env, stdout_path=exec_dir / "stdout",
-                             stderr_path=exec_dir / "stderr", timeout_seconds=timeout,
-                             memory_limit_bytes=memory_limit, cancel=self._cancel)
+        # Sub-workflows nest thread pools: the slots keep max_workers processes in all.
+        while not self._slots.acquire(timeout=SAMPLE_SECONDS):
+            if self._cancel.is_set():
+                self._update(rec, message=self._stop_message())
+                return "cancelled"
+        try:
+            result = run_process(argv, cwd=cwd, env=env, stdout_path=exec_dir / "stdout",
+                                 stderr_path=exec_dir / "stderr", timeout_seconds=timeout,
+                                 memory_limit_bytes=memory_limit, cancel=self._cancel)
+        finally:
+            self._slots.release()
         where = f"workflow {wf.name!r}, step {step.name!r}"
         changes: dict[str, object] = {
             "exit_code": result.exit_code,
@@ -632,7 +766,7 @@ class LocalRun:
             "peak_memory_bytes": max(rec.peak_memory_bytes or 0, result.peak_memory_bytes),
         }
         if result.cancelled:
-            self._update(rec, message="cancelled", **changes)
+            self._update(rec, message=self._stop_message(), **changes)
             return "cancelled"
         if not result.started:
             self._update(rec, message=f"{where}: cannot start the process: {result.error}",
@@ -657,6 +791,125 @@ class LocalRun:
             return "fatal"
         self._update(rec, message="", **changes)
         return None
+
+    # ------------------------------------------------------------------ sub-workflows
+
+    def _attempt_nested(self, step: ir.Step, rec: _Record, exec_dir: Path, item: object, *,
+                        timeout: int | None) -> str | None:
+        """Run a sub-workflow step's inner graph as one attempt of the step."""
+        body = step.body
+        assert isinstance(body, ir.SubWorkflowSpec)
+        where = f"workflow {self.workflow.name!r}, step {step.name!r}"
+        hooks_of: ir.Workflow | None = None
+        if body.steps:
+            wf, steps, parameters = self.workflow, body.steps, self._parameters
+        else:
+            ref = self._references.get(body.name)
+            if ref is None:  # resolved when the run started; only a damaged record lacks it
+                self._update(rec, message=f"{where}, field 'body.name': workflow "
+                                          f"{body.name!r} is not available to the local engine")
+                return "fatal"
+            try:
+                parameters = {i.name: self._value(i.value, step, item, {}, f"inputs.{i.name}")
+                              for i in step.inputs}
+            except _StepError as exc:
+                self._update(rec, message=str(exc))
+                return "fatal"
+            wf, steps, hooks_of = ref, ref.steps, ref
+            if ref.timeout_seconds is not None:
+                timeout = min(timeout or ref.timeout_seconds, ref.timeout_seconds)
+        scope = self._name(step.name) + (f"[{rec.key}]" if rec.key else "") + "/"
+        child = self._child(wf, scope, exec_dir, parameters)
+        with self._linked(child, timeout, f"{where}: timed out after {timeout} s"):
+            child._graph(steps, reuse=True)
+            inner = [r for r in (child._record(s.name) for s in steps) if r is not None]
+            failed = [r for r in inner if r.state is StepState.FAILED]
+            bad: list[str] = []
+            if hooks_of is not None and not child._cancel.is_set():
+                final = RunState.FAILED if failed else RunState.SUCCEEDED
+                hook_steps = child._hooks(final, failed)
+                if hook_steps:
+                    child._graph(tuple(hook_steps), reuse=False)
+                    bad = [child._name(s.name) for s in hook_steps
+                           if child._state_of(s.name) is StepState.FAILED]
+        with self._lock:
+            mine = [r for (name, _), r in self._records.items() if name.startswith(scope)]
+        changes: dict[str, object] = {
+            "peak_cpu": max((r.peak_cpu or 0.0 for r in mine), default=None),
+            "peak_memory_bytes": max((r.peak_memory_bytes or 0 for r in mine), default=None),
+        }
+        if child._cancel.is_set():
+            if self._cancel.is_set():
+                self._update(rec, message=self._stop_message(), **changes)
+                return "cancelled"
+            self._update(rec, message=child._halt, **changes)
+            return ir.FailureClass.TRANSIENT.value
+        if failed or bad:
+            names = [r.step for r in failed] + [f"{n} (exit hook)" for n in bad]
+            self._update(rec, message=f"{where}: inner steps failed: {', '.join(names)}",
+                         **changes)
+            return (failed[0].failure if failed else "") or "fatal"
+        outputs: dict[str, str] = {}
+        for out in step.outputs:
+            producers = [s for s in steps if s.output(out.name) is not None]
+            found = child._record(producers[0].name) if len(producers) == 1 else None
+            if found is None or out.name not in found.outputs:
+                self._update(rec, message=f"{where}, field 'outputs.{out.name}': no inner step "
+                                          f"produced an output {out.name!r}", **changes)
+                return "fatal"
+            outputs[out.name] = found.outputs[out.name]
+        for art in step.output_artifacts:
+            makers = [s for s in steps if any(a.name == art.name for a in s.output_artifacts)]
+            src = (self._store.location(child._name(makers[0].name), art.name)
+                   if len(makers) == 1 else None)
+            if src is None or not src.exists():
+                self._update(rec, message=f"{where}, field 'output_artifacts.{art.name}': no "
+                                          f"inner step produced an artifact {art.name!r}",
+                             **changes)
+                return "fatal"
+            copy_path(src, self._store.location(self._name(step.name), art.name))
+        self._update(rec, message="", outputs=outputs, **changes)
+        return None
+
+    def _child(self, wf: ir.Workflow, prefix: str, directory: Path,
+               parameters: Mapping[str, str]) -> LocalRun:
+        """A nested run of a sub-workflow's steps, sharing this run's records and slots."""
+        child = copy.copy(self)
+        child.workflow = wf
+        child._parameters = dict(parameters)
+        child._prefix = prefix
+        child._steps_dir = directory
+        child._parent = self
+        child._cancel = threading.Event()
+        child._halt = ""
+        return child
+
+    @contextmanager
+    def _linked(self, child: LocalRun, timeout: int | None, message: str) -> Iterator[None]:
+        """Stop ``child`` when this run stops or after ``timeout`` seconds (then ``message``)."""
+        done = threading.Event()
+
+        def watch() -> None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not done.is_set():
+                if self._cancel.is_set():
+                    child._cancel.set()
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    with self._lock:
+                        child._halt = message
+                        child._cancel.set()
+                    return
+                self._cancel.wait(SAMPLE_SECONDS)
+
+        watcher = threading.Thread(target=watch, name=f"couler-local-{child._prefix}",
+                                   daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
 
     def _prepare(self, step: ir.Step, exec_dir: Path, item: object
                  ) -> tuple[list[str], dict[str, str], Path, PathMap]:
@@ -740,7 +993,7 @@ class LocalRun:
         field_ = f"input_artifacts.{art.name}"
         try:
             if isinstance(src, ir.StepArtifactRef):
-                self._store.get(src.step, src.artifact, dst)
+                self._store.get(self._name(src.step), src.artifact, dst)
                 return
             if src.storage is ir.StorageKind.LOCAL:
                 path = Path(src.key or src.url)
@@ -773,7 +1026,7 @@ class LocalRun:
             if not host.exists():
                 raise _StepError(f"{where}, field 'output_artifacts.{art.name}': the step did "
                                  f"not write {art.path} (host path {host})")
-            self._store.put(step.name, art.name, host)
+            self._store.put(self._name(step.name), art.name, host)
         return outputs
 
 
@@ -804,6 +1057,7 @@ class LocalEngine:
         max_workers: At most this many step processes run at once.
         secrets: Secret values by ``(secret name, key)``.
         image_commands: Optional command prefix per container image.
+        workflows: Workflows that sub-workflow steps may refer to by name.
     """
 
     name = ENGINE
@@ -811,7 +1065,8 @@ class LocalEngine:
 
     def __init__(self, work_dir: str | Path, max_workers: int = 4,
                  secrets: Mapping[tuple[str, str], str] | None = None,
-                 image_commands: Mapping[str, Sequence[str]] | None = None) -> None:
+                 image_commands: Mapping[str, Sequence[str]] | None = None,
+                 workflows: Iterable[ir.Workflow] = ()) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
         self.work_dir = Path(work_dir).resolve()  # steps run in their own directories
@@ -819,6 +1074,7 @@ class LocalEngine:
         self.secrets: Mapping[tuple[str, str], str] = dict(secrets or {})
         self.image_commands: Mapping[str, Sequence[str]] = {
             k: tuple(v) for k, v in (image_commands or {}).items()}
+        self.workflows: Mapping[str, ir.Workflow] = {w.name: w for w in workflows}
 
     def run(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
             on_event: EventCallback | None = None) -> RunStatus:
@@ -833,8 +1089,11 @@ class LocalEngine:
             The final status of the run.
 
         Raises:
-            UnsupportedFeatureError: ``wf`` uses a feature the local engine lacks.
-            InvalidWorkflowError: A dependency names a step that does not exist.
+            UnsupportedFeatureError: ``wf`` uses a feature the local engine lacks, or a
+                sub-workflow step refers to a workflow not given in ``workflows`` (or
+                not with the pinned digest).
+            InvalidWorkflowError: A dependency names a step that does not exist, or a
+                workflow reference is circular or lacks a parameter the workflow needs.
         """
         return self.start(wf, parameters=parameters, on_event=on_event).wait()
 
@@ -842,11 +1101,12 @@ class LocalEngine:
               on_event: EventCallback | None = None) -> LocalRun:
         """Start ``wf`` on a background thread and return its handle (see :meth:`run`)."""
         _check(wf)
+        references = _resolve(wf, self.workflows)
         run_id = f"{wf.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         run_dir = self.work_dir / run_id
         run_dir.mkdir(parents=True)
         handle = LocalRun(self, wf, run_dir, parameters=parameters or {},
-                          on_event=on_event)
+                          on_event=on_event, references=references)
         handle._start()
         return handle
 
@@ -866,31 +1126,150 @@ class LocalEngine:
         return self.resume(run_dir, on_event=on_event).wait()
 
     def resume(self, run_dir: str | Path, *, on_event: EventCallback | None = None) -> LocalRun:
-        """Start re-running a run from its failure point and return its handle."""
-        path = Path(run_dir) / "run.json"
-        if not path.is_file():
-            raise NotFoundError(f"no local run record at {path}")
-        data = json.loads(path.read_text())
+        """Start re-running a run from its failure point and return its handle.
+
+        Steps (also inner steps of sub-workflows) that succeeded are reused with
+        their map items, loop iterations and inner steps; the others run again.
+        """
+        data, latest = _load(Path(run_dir))
         wf = ir.from_dict(ir.Workflow, data["workflow"])
-        latest = {(r.step, r.key): r for r in (_Record.from_dict(d) for d in data["steps"])}
-        journal = Path(run_dir) / "run.journal"
-        if journal.is_file():  # changes newer than the snapshot (a crash before it was rewritten)
-            for line in journal.read_text(encoding="utf-8").splitlines():
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    break  # a line cut short by the crash: everything before it counts
-                if entry["seq"] > data.get("seq", 0):
-                    rec = _Record.from_dict(entry["record"])
-                    latest[(rec.step, rec.key)] = rec
-        records = list(latest.values())
+        saved = {name: ir.from_dict(ir.Workflow, ref)
+                 for name, ref in (data.get("references") or {}).items()}
+        references = _resolve(wf, {**self.workflows, **saved})
         main = {s.name for s in wf.steps}
-        reuse = {r.step: r for r in records
-                 if not r.key and r.step in main and r.state in _DONE_OK}
+        reuse = {r.step: r for r in latest.values()
+                 if not r.key and _top(r.step) in main and r.state in _DONE_OK}
         handle = LocalRun(self, wf, Path(run_dir), parameters=data.get("parameters") or {},
-                          on_event=on_event, reuse=reuse)
+                          on_event=on_event, reuse=reuse, previous=latest,
+                          references=references)
         handle._start()
         return handle
+
+    def logs(self, run_dir: str | Path, step: str, key: str = "") -> str:
+        """The text one step execution wrote: standard output, then standard error.
+
+        Only the last attempt's text is kept (a retry overwrites the previous
+        attempt's). A sub-workflow step runs no process of its own (its text is
+        ""): ask for its inner steps, named ``outer/inner`` (``outer[KEY]/inner``
+        inside a map item or loop iteration of ``outer``).
+
+        Args:
+            run_dir: The run's directory (holding ``run.json``).
+            step: The step's name as in the run record (``StepStatus.step``).
+            key: The map item index or loop iteration (``StepStatus.key``); "" for
+                the step itself.
+
+        Raises:
+            NotFoundError: No run record at ``run_dir``, or the run has no
+                execution of ``step`` with ``key``.
+        """
+        data, latest = _load(Path(run_dir))
+        return _logs(Path(run_dir), str(data["workflow"]["name"]), set(latest), step, key)
+
+
+_SEGMENT = re.compile(r"(?P<name>[^\[\]/]+)(?:\[(?P<key>[^\]]*)\])?")
+
+
+def _top(name: str) -> str:
+    """The top-level step of a record name ("outer" of "outer[2]/inner")."""
+    return re.split(r"[/\[]", name, maxsplit=1)[0]
+
+
+def _load(run_dir: Path) -> tuple[dict[str, Any], dict[tuple[str, str], _Record]]:
+    """A run record: ``run.json`` with the newer ``run.journal`` lines replayed over it."""
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise NotFoundError(f"no local run record at {path}")
+    data = json.loads(path.read_text())
+    latest = {(r.step, r.key): r for r in (_Record.from_dict(d) for d in data["steps"])}
+    journal = run_dir / "run.journal"
+    if journal.is_file():  # changes newer than the snapshot (a crash before it was rewritten)
+        for line in journal.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                break  # a line cut short by the crash: everything before it counts
+            if entry["seq"] > data.get("seq", 0):
+                rec = _Record.from_dict(entry["record"])
+                latest[(rec.step, rec.key)] = rec
+    return data, latest
+
+
+def _exec_dir(steps_dir: Path, step: str, key: str) -> Path | None:
+    """The directory of one execution: ``outer/inner`` -> ``steps/outer/main/inner/main``."""
+    directory = steps_dir
+    segments = step.split("/")
+    for i, segment in enumerate(segments):
+        match = _SEGMENT.fullmatch(segment)
+        if match is None:
+            return None
+        own = match["key"] if match["key"] is not None else ""
+        k = key if i == len(segments) - 1 else own
+        directory = directory / match["name"]
+        labels = [f"item-{k}", f"iter-{k}"] if k else ["main"]
+        found = next((directory / label for label in labels if (directory / label).is_dir()),
+                     None)
+        if found is None:
+            return None
+        directory = found
+    return directory
+
+
+def _logs(run_dir: Path, workflow: str, known: set[tuple[str, str]], step: str,
+          key: str) -> str:
+    if (step, key) not in known:
+        where = f"workflow {workflow!r}, run {run_dir.name!r}"
+        if all(s != step for s, _ in known):
+            raise NotFoundError(f"{where}: no step {step!r} in the run record")
+        keys = sorted((k for s, k in known if s == step and k), key=lambda k: (len(k), k))
+        raise NotFoundError(f"{where}, step {step!r}: no execution with key {key!r} "
+                            f"(keys: {', '.join(repr(k) for k in keys) or 'none'})")
+    directory = _exec_dir(run_dir / "steps", step, key)
+    if directory is None:  # skipped or never started: it wrote nothing
+        return ""
+    return "".join((directory / name).read_text(errors="replace")
+                   for name in ("stdout", "stderr") if (directory / name).is_file())
+
+
+def _resolve(wf: ir.Workflow, available: Mapping[str, ir.Workflow]) -> dict[str, ir.Workflow]:
+    """Every workflow ``wf`` refers to (transitively), checked before anything runs."""
+    found: dict[str, ir.Workflow] = {}
+
+    def visit(current: ir.Workflow, chain: tuple[str, ...]) -> None:
+        hooks = (s for hook in current.exit_hooks for s in hook.steps)
+        for step in ir.all_steps((*current.steps, *hooks)):
+            body = step.body
+            if not isinstance(body, ir.SubWorkflowSpec) or body.steps:
+                continue
+            where = f"workflow {current.name!r}, step {step.name!r}"
+            ref = available.get(body.name)
+            if ref is None:
+                known = ", ".join(repr(n) for n in sorted(available)) or "none"
+                raise UnsupportedFeatureError(
+                    ENGINE, current.name, step.name, Feature.SUBWORKFLOW_REF.value,
+                    f"field 'body.name': workflow {body.name!r} is not available locally; "
+                    f"give it to LocalEngine(workflows=...) (available: {known})")
+            if body.digest and ir.digest(ref) != body.digest:
+                raise UnsupportedFeatureError(
+                    ENGINE, current.name, step.name, Feature.SUBWORKFLOW_REF.value,
+                    f"field 'body.digest': the step pins {body.digest} but the local workflow "
+                    f"{body.name!r} is {ir.digest(ref)}")
+            if body.name in chain:
+                raise InvalidWorkflowError(f"{where}, field 'body.name': workflow references "
+                                           "form a cycle: " + " -> ".join((*chain, body.name)))
+            missing = [p.name for p in ref.parameters
+                       if p.default is None and step.input(p.name) is None]
+            if missing:
+                raise InvalidWorkflowError(
+                    f"{where}, field 'inputs': workflow {body.name!r} needs parameters "
+                    f"{', '.join(map(repr, missing))}, which the step does not give as inputs")
+            if body.name not in found:
+                _check(ref)
+                found[body.name] = ref
+                visit(ref, (*chain, body.name))
+
+    visit(wf, (wf.name,))
+    return found
 
 
 def _check(wf: ir.Workflow) -> None:
