@@ -13,8 +13,13 @@ import pytest
 from couler import ir
 from couler.api.capture import capture_program
 from couler.engines.base import Feature, RunState, StepState, StepStatus, Support
-from couler.errors import InvalidWorkflowError, NotFoundError, UnsupportedFeatureError
-from couler_runtime.local import CAPABILITIES, LocalEngine
+from couler.errors import (
+    ConflictError,
+    InvalidWorkflowError,
+    NotFoundError,
+    UnsupportedFeatureError,
+)
+from couler_runtime.local import CAPABILITIES, LocalEngine, Reuse
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "programs"
 PY = sys.executable
@@ -676,3 +681,59 @@ def test_logs_of_steps_items_and_the_last_attempt(engine: LocalEngine, tmp_path:
         handle.logs("each", "7")
     with pytest.raises(NotFoundError, match="no local run record"):
         engine.logs(tmp_path / "missing", "flaky")
+
+
+# ------------------------------------------------------------------ cache keys and reuse
+
+
+def _cache_workflow() -> ir.Workflow:
+    make = ir.Step(
+        name="make", body=ir.ScriptSpec(
+            image="python:3.12", source="import pathlib\n"
+            "pathlib.Path('/tmp/out/data.txt').write_text('payload')\nprint('made')"),
+        outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),),
+        output_artifacts=(ir.OutputArtifact("data", "/tmp/out/data.txt"),))
+    use = ir.Step(
+        name="use", body=ir.ContainerSpec(image="alpine", command=(
+            "sh", "-c", "cat /tmp/in/data.txt; echo \" {{inputs.x}}\"")),
+        inputs=(ir.InputParameter("x", ir.StepOutputRef("make", "said")),),
+        input_artifacts=(ir.InputArtifact("data", "/tmp/in/data.txt",
+                                          ir.StepArtifactRef("make", "data")),),
+        outputs=(ir.OutputParameter("seen", source=ir.OutputSource.STDOUT),),
+        dependencies=(ir.Dependency("make"),))
+    return ir.Workflow(name="cache-me", steps=(make, use))
+
+
+def test_cache_keys_are_reported_and_stable_across_runs(tmp_path: Path) -> None:
+    engine = LocalEngine(tmp_path, cache_keys=True)
+    first = engine.run(_cache_workflow())
+    second = engine.run(_cache_workflow())
+    keys = [{s.step: s.cache_key for s in run.steps} for run in (first, second)]
+    assert keys[0] == keys[1] and all(len(k) == 64 for k in keys[0].values())
+    assert keys[0]["make"] != keys[0]["use"]
+    plain = LocalEngine(tmp_path / "plain").run(_cache_workflow())
+    assert all(s.cache_key == "" for s in plain.steps)  # off unless asked for
+
+
+def test_a_cached_step_is_not_run_and_its_outputs_and_artifacts_flow_on(tmp_path: Path) -> None:
+    stash = tmp_path / "stash.txt"
+    stash.write_text("from-cache")
+    engine = LocalEngine(tmp_path / "runs", cache_keys=True)
+    handle = engine.start(_cache_workflow(), run_id="r1",
+                          cached={"make": Reuse("k" * 64, {"said": "old"}, {"data": stash})})
+    status = handle.wait()
+    by = {s.step: s for s in status.steps}
+    assert status.state is RunState.SUCCEEDED
+    assert by["make"].state is StepState.CACHED and by["make"].attempts == 0
+    assert by["make"].cache_key == "k" * 64
+    assert by["use"].outputs["seen"] == "from-cache old"
+    assert not (tmp_path / "runs" / "r1" / "steps" / "make").exists()  # never executed
+    with pytest.raises(ConflictError, match="'r1' exists already"):
+        engine.start(_cache_workflow(), run_id="r1")
+
+
+def test_an_incomplete_cache_hit_runs_the_step(tmp_path: Path) -> None:
+    engine = LocalEngine(tmp_path)
+    status = engine.start(_cache_workflow(), cached={"make": Reuse("k", {"said": "x"})}).wait()
+    make = next(s for s in status.steps if s.step == "make")
+    assert make.state is StepState.SUCCEEDED and make.attempts == 1

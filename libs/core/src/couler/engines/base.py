@@ -290,6 +290,7 @@ class StepStatus:
     peak_memory_bytes: int | None = None
     outputs: Mapping[str, str] = field(default_factory=dict)
     message: str = ""
+    cache_key: str = ""  # the step's content key when the engine computed one (or reused it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,6 @@ See :mod:`couler_runtime.local.engine` for the execution rules and
 """
 
 from .capabilities import CAPABILITIES, ENGINE
-from .engine import LocalEngine, LocalRun
+from .engine import LocalEngine, LocalRun, Reuse
 
-__all__ = ["CAPABILITIES", "ENGINE", "LocalEngine", "LocalRun"]
+__all__ = ["CAPABILITIES", "ENGINE", "LocalEngine", "LocalRun", "Reuse"]

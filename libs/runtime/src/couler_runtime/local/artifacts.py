@@ -21,12 +21,13 @@ copied out to the reading step's mapped path before it starts.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["ArtifactStore", "PathMap", "copy_path"]
+__all__ = ["ArtifactStore", "PathMap", "copy_path", "digest_path"]
 
 _PATH_END = r"(?![A-Za-z0-9_.\-])"
 
@@ -121,3 +122,21 @@ class ArtifactStore:
         if not src.exists():
             raise FileNotFoundError(f"artifact {artifact!r} of step {step!r} is not in the store")
         copy_path(src, dst)
+
+
+def digest_path(path: Path) -> str:
+    """The content digest of a file or directory: ``sha256:`` + hex.
+
+    A directory hashes its files' relative paths and contents in sorted order, so the
+    same tree always gets the same digest.
+    """
+    h = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(f.relative_to(path).as_posix().encode() + b"\0")
+            h.update(bytes.fromhex(digest_path(f)[len("sha256:"):]))
+        return "sha256:" + h.hexdigest()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()

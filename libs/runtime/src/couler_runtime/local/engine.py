@@ -94,13 +94,19 @@ from couler.engines.base import (
     StepStatus,
     check_capabilities,
 )
-from couler.errors import InvalidWorkflowError, NotFoundError, UnsupportedFeatureError
+from couler.errors import (
+    ConflictError,
+    InvalidWorkflowError,
+    NotFoundError,
+    UnsupportedFeatureError,
+)
+from couler.optimize.cache_key import step_cache_key
 
-from .artifacts import ArtifactStore, PathMap, copy_path
+from .artifacts import ArtifactStore, PathMap, copy_path, digest_path
 from .capabilities import CAPABILITIES, ENGINE
 from .process import SAMPLE_SECONDS, run_process
 
-__all__ = ["LocalEngine", "LocalRun"]
+__all__ = ["LocalEngine", "LocalRun", "Reuse"]
 
 EventCallback = Callable[[StepStatus], None]
 
@@ -170,13 +176,14 @@ class _Record:
     outputs: dict[str, str] = field(default_factory=dict)
     message: str = ""
     failure: str = ""  # the failure class of the last failed attempt
+    cache_key: str = ""
 
     def status(self) -> StepStatus:
         return StepStatus(
             step=self.step, state=self.state, key=self.key, attempts=self.attempts,
             exit_code=self.exit_code, started_at=self.started_at, finished_at=self.finished_at,
             peak_cpu=self.peak_cpu, peak_memory_bytes=self.peak_memory_bytes,
-            outputs=dict(self.outputs), message=self.message,
+            outputs=dict(self.outputs), message=self.message, cache_key=self.cache_key,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -187,6 +194,7 @@ class _Record:
             "started_at": data.started_at, "finished_at": data.finished_at,
             "peak_cpu": data.peak_cpu, "peak_memory_bytes": data.peak_memory_bytes,
             "outputs": dict(data.outputs), "message": data.message, "failure": self.failure,
+            "cache_key": self.cache_key,
         }
 
     @classmethod
@@ -209,7 +217,21 @@ class _Record:
             outputs={str(k): str(v) for k, v in outputs.items()}
             if isinstance(outputs, dict) else {},
             message=str(data.get("message", "")), failure=str(data.get("failure", "")),
+            cache_key=str(data.get("cache_key", "")),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """A step result to reuse instead of running the step (a cache hit).
+
+    ``artifacts`` maps the step's output artifact names to local files or
+    directories holding them (fetched from the cache's store by the caller).
+    """
+
+    key: str
+    outputs: Mapping[str, str] = field(default_factory=dict)
+    artifacts: Mapping[str, Path] = field(default_factory=dict)
 
 
 class LocalRun:
@@ -223,7 +245,8 @@ class LocalRun:
                  parameters: Mapping[str, str], on_event: EventCallback | None,
                  reuse: Mapping[str, _Record] | None = None,
                  previous: Mapping[tuple[str, str], _Record] | None = None,
-                 references: Mapping[str, ir.Workflow] | None = None) -> None:
+                 references: Mapping[str, ir.Workflow] | None = None,
+                 cached: Mapping[str, Reuse] | None = None) -> None:
         self.engine = engine
         self.workflow = wf
         self.run_dir = run_dir
@@ -235,6 +258,7 @@ class LocalRun:
         # a reused step are carried over with it.
         self._previous = dict(previous or {})
         self._references = dict(references or {})  # referenced workflows, by name
+        self._cached = dict(cached or {})  # top-level steps whose results are reused
         self._lock = threading.RLock()
         self._cancel = threading.Event()  # stop: set by cancel(), a deadline or a timeout
         self._user_cancel = False  # cancel() was called (the run ends CANCELLED)
@@ -281,6 +305,11 @@ class LocalRun:
         with self._lock:
             known = set(self._records)
         return _logs(self.run_dir, self.workflow.name, known, step, key)
+
+    def artifact_path(self, step: str, artifact: str) -> Path | None:
+        """Where the run keeps ``step``'s output artifact ``artifact``, if it exists."""
+        path = self._store.location(step, artifact)
+        return path if path.exists() else None
 
     def status(self) -> RunStatus:
         """The current status of the run and of every step execution."""
@@ -633,6 +662,10 @@ class LocalRun:
 
     def _run_step(self, step: ir.Step) -> None:
         rec = self._record(step.name) or _Record(self._name(step.name))
+        hit = self._cached.get(step.name) if not self._prefix else None
+        if hit is not None and step.loop is None and step.foreach is None:
+            self._reuse_cached(step, rec, hit)
+            return
         if step.loop is None:
             self._execute(step, rec, "main", None)
             return
@@ -662,6 +695,26 @@ class LocalRun:
                      peak_cpu=max((r.peak_cpu or 0.0 for r in iterations), default=None),
                      peak_memory_bytes=max((r.peak_memory_bytes or 0 for r in iterations),
                                            default=None))
+
+    def _reuse_cached(self, step: ir.Step, rec: _Record, hit: Reuse) -> None:
+        """Record ``step`` as CACHED with ``hit``'s outputs and artifacts; nothing runs."""
+        now = time.time()
+        try:
+            for art in step.output_artifacts:
+                src = hit.artifacts.get(art.name)
+                if src is None or not Path(src).exists():
+                    raise _StepError(f"workflow {self.workflow.name!r}, step {step.name!r}, "
+                                     f"field 'output_artifacts.{art.name}': the cached result "
+                                     "has no such artifact")
+                self._store.put(self._name(step.name), art.name, Path(src))
+        except _StepError as exc:  # an incomplete hit: run the step instead
+            self._update(rec, message=f"cache hit not used: {exc}")
+            self._cached.pop(step.name, None)
+            self._run_step(step)
+            return
+        self._update(rec, state=StepState.CACHED, started_at=now, finished_at=now, attempts=0,
+                     outputs=dict(hit.outputs), cache_key=hit.key,
+                     message=f"reused cached result {hit.key[:12]}")
 
     def _run_item(self, step: ir.Step, index: int, item: object) -> None:
         self._execute(step, _Record(self._name(step.name), key=str(index)), f"item-{index}",
@@ -789,8 +842,25 @@ class LocalRun:
         except _StepError as exc:
             self._update(rec, message=str(exc), **changes)
             return "fatal"
+        if self.engine.cache_keys and not self._prefix and not rec.key:
+            changes["cache_key"] = self._cache_key(step, paths) or ""
         self._update(rec, message="", **changes)
         return None
+
+    def _cache_key(self, step: ir.Step, paths: PathMap) -> str | None:
+        """The content key of a plain top-level step as it just ran (None: not cacheable)."""
+        try:
+            inputs = {i.name: self._value(i.value, step, None, {}, f"inputs.{i.name}")
+                      for i in step.inputs}
+        except _StepError:
+            return None
+        digests = {}
+        for art in step.input_artifacts:
+            host = paths.host(art.path)
+            if not host.exists():
+                return None
+            digests[art.name] = digest_path(host)
+        return step_cache_key(self.workflow, step, inputs, digests)
 
     # ------------------------------------------------------------------ sub-workflows
 
@@ -1058,6 +1128,9 @@ class LocalEngine:
         secrets: Secret values by ``(secret name, key)``.
         image_commands: Optional command prefix per container image.
         workflows: Workflows that sub-workflow steps may refer to by name.
+        cache_keys: Compute each plain top-level step's content key
+            (:func:`couler.optimize.step_cache_key`, with input artifact digests) when
+            it succeeds, reported as ``StepStatus.cache_key`` (for a cache to commit).
     """
 
     name = ENGINE
@@ -1065,8 +1138,8 @@ class LocalEngine:
 
     def __init__(self, work_dir: str | Path, max_workers: int = 4,
                  secrets: Mapping[tuple[str, str], str] | None = None,
-                 image_commands: Mapping[str, Sequence[str]] | None = None,
-                 workflows: Iterable[ir.Workflow] = ()) -> None:
+                 image_commands: Mapping[str, Sequence[str]] | None = None, *,
+                 workflows: Iterable[ir.Workflow] = (), cache_keys: bool = False) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
         self.work_dir = Path(work_dir).resolve()  # steps run in their own directories
@@ -1075,6 +1148,7 @@ class LocalEngine:
         self.image_commands: Mapping[str, Sequence[str]] = {
             k: tuple(v) for k, v in (image_commands or {}).items()}
         self.workflows: Mapping[str, ir.Workflow] = {w.name: w for w in workflows}
+        self.cache_keys = cache_keys
 
     def run(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
             on_event: EventCallback | None = None) -> RunStatus:
@@ -1098,15 +1172,26 @@ class LocalEngine:
         return self.start(wf, parameters=parameters, on_event=on_event).wait()
 
     def start(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
-              on_event: EventCallback | None = None) -> LocalRun:
-        """Start ``wf`` on a background thread and return its handle (see :meth:`run`)."""
+              on_event: EventCallback | None = None, run_id: str | None = None,
+              cached: Mapping[str, Reuse] | None = None) -> LocalRun:
+        """Start ``wf`` on a background thread and return its handle (see :meth:`run`).
+
+        ``run_id`` names the run directory (default: workflow name, time and a random
+        suffix); an existing one raises ConflictError. ``cached`` maps top-level step
+        names to results to reuse: such a step, when it is reached and its conditions
+        hold, is recorded CACHED with those outputs and artifacts and does not run.
+        """
         _check(wf)
         references = _resolve(wf, self.workflows)
-        run_id = f"{wf.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        run_id = run_id or f"{wf.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         run_dir = self.work_dir / run_id
-        run_dir.mkdir(parents=True)
+        try:
+            run_dir.mkdir(parents=True)
+        except FileExistsError:
+            raise ConflictError(f"workflow {wf.name!r}: run {run_id!r} exists already "
+                                f"({run_dir})") from None
         handle = LocalRun(self, wf, run_dir, parameters=parameters or {},
-                          on_event=on_event, references=references)
+                          on_event=on_event, references=references, cached=cached)
         handle._start()
         return handle
 
