@@ -1,4 +1,4 @@
-"""A stand-in Kubernetes API server for the Argo adapter tests.
+"""A stand-in Kubernetes API server for the Argo and Tekton adapter tests.
 
 No Kubernetes can run here; this server speaks the few endpoints the adapter uses,
 with the status codes and ``Status`` bodies the real API server returns for them:
@@ -10,12 +10,19 @@ with the status codes and ``Status`` bodies the real API server returns for them
   only, RFC 7386), and ``?watch=true``: newline-delimited JSON events streamed with
   chunked encoding, replaying events after ``resourceVersion``, kept open until
   ``timeoutSeconds`` (capped at :attr:`FakeKube.max_watch_seconds`) or shutdown.
+* ``/apis/tekton.dev/v1/namespaces/{ns}/{pipelines|pipelineruns|taskruns}[/{name}]``: the
+  same verbs (a PipelineRun needs ``spec.pipelineRef`` or ``spec.pipelineSpec``, 422
+  otherwise).
+* PUT on any of these objects replaces it (409 when ``metadata.resourceVersion`` is given
+  and stale, as the API server's optimistic concurrency does); DELETE removes it.
 * ``/api/v1/namespaces/{ns}/secrets[/{name}]``: POST (409 on a duplicate) and PUT.
 * ``/api/v1/namespaces/{ns}/pods/{pod}/log``: GET, the text set by :meth:`FakeKube.set_log`.
 
 Every request needs ``Authorization: Bearer <token>`` (401 otherwise). The tests play
-the Argo controller by mutating stored objects with :meth:`FakeKube.update`, which
-bumps ``resourceVersion`` and notifies watchers, as the API server would.
+the Argo or Tekton controller by mutating stored objects with :meth:`FakeKube.update`
+(and creating TaskRuns with :meth:`FakeKube.put`), which bumps ``resourceVersion`` and
+notifies watchers, as the API server would. Plurals are unique across the two groups, so
+objects are stored by ``(plural, namespace, name)``.
 """
 
 from __future__ import annotations
@@ -33,11 +40,16 @@ from urllib.parse import parse_qs, urlsplit
 
 Obj = dict[str, Any]
 
-_CUSTOM = re.compile(r"^/apis/argoproj\.io/v1alpha1/namespaces/([^/]+)/(workflows|cronworkflows)"
+_CUSTOM = re.compile(r"^/apis/(argoproj\.io/v1alpha1|tekton\.dev/v1)/namespaces/([^/]+)/"
+                     r"(workflows|cronworkflows|pipelines|pipelineruns|taskruns)"
                      r"(?:/([^/]+))?$")
 _SECRETS = re.compile(r"^/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?$")
 _LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
-_KINDS = {"workflows": "Workflow", "cronworkflows": "CronWorkflow"}
+_KINDS = {"workflows": "Workflow", "cronworkflows": "CronWorkflow", "pipelines": "Pipeline",
+          "pipelineruns": "PipelineRun", "taskruns": "TaskRun"}
+_GROUPS = {"workflows": "argoproj.io/v1alpha1", "cronworkflows": "argoproj.io/v1alpha1",
+           "pipelines": "tekton.dev/v1", "pipelineruns": "tekton.dev/v1",
+           "taskruns": "tekton.dev/v1"}
 
 
 @dataclass
@@ -151,6 +163,21 @@ class FakeKube:
             mutate(obj)
             return self._store(plural, namespace, obj, "MODIFIED")
 
+    def put(self, plural: str, namespace: str, obj: Obj) -> Obj:
+        """Create or overwrite a stored object as a controller would (e.g. a TaskRun)."""
+        with self.cond:
+            obj = copy.deepcopy(obj)
+            meta = obj.setdefault("metadata", {})
+            meta["namespace"] = namespace
+            event = "MODIFIED" if (plural, namespace, meta["name"]) in self.objects else "ADDED"
+            return self._store(plural, namespace, obj, event)
+
+    def delete(self, plural: str, namespace: str, name: str) -> None:
+        """Remove a stored object and notify watchers (event DELETED)."""
+        with self.cond:
+            obj = self.objects.pop((plural, namespace, name))
+            self._store_event(plural, namespace, obj, "DELETED")
+
     def set_log(self, namespace: str, pod: str, text: str) -> None:
         with self.cond:
             self.logs[(namespace, pod)] = text
@@ -166,9 +193,12 @@ class FakeKube:
     # ------------------------------------------------------------------ internals
 
     def _store(self, plural: str, namespace: str, obj: Obj, event: str) -> Obj:
+        self.objects[(plural, namespace, obj["metadata"]["name"])] = obj
+        return self._store_event(plural, namespace, obj, event)
+
+    def _store_event(self, plural: str, namespace: str, obj: Obj, event: str) -> Obj:
         rv = next(self._rv)
         obj["metadata"]["resourceVersion"] = str(rv)
-        self.objects[(plural, namespace, obj["metadata"]["name"])] = obj
         self.events.append((rv, plural, namespace, event, copy.deepcopy(obj)))
         self.cond.notify_all()
         return copy.deepcopy(obj)
@@ -183,12 +213,20 @@ class FakeKube:
         if meta.get("namespace", namespace) != namespace:
             raise HttpError(400, "BadRequest", "the namespace of the provided object does not "
                             "match the namespace sent on the request")
+        if body.get("apiVersion", _GROUPS[plural]) != _GROUPS[plural]:
+            raise HttpError(400, "BadRequest", f"apiVersion {body.get('apiVersion')!r} sent "
+                            f"to {_GROUPS[plural]}")
         spec = body.get("spec") or {}
-        wf_spec = spec.get("workflowSpec") if plural == "cronworkflows" else spec
-        if not (wf_spec or {}).get("entrypoint") and not (wf_spec or {}).get(
-                "workflowTemplateRef"):
-            raise HttpError(422, "Invalid", f'{kind}.argoproj.io "{meta.get("name", "")}" is '
-                            "invalid: spec.entrypoint: Required value")
+        if plural in ("workflows", "cronworkflows"):
+            wf_spec = spec.get("workflowSpec") if plural == "cronworkflows" else spec
+            if not (wf_spec or {}).get("entrypoint") and not (wf_spec or {}).get(
+                    "workflowTemplateRef"):
+                raise HttpError(422, "Invalid", f'{kind}.argoproj.io "{meta.get("name", "")}" '
+                                "is invalid: spec.entrypoint: Required value")
+        if plural == "pipelineruns" and not (spec.get("pipelineRef") or spec.get("pipelineSpec")):
+            raise HttpError(422, "Invalid", f'PipelineRun.tekton.dev "{meta.get("name", "")}" '
+                            "is invalid: spec: expected exactly one, got neither: "
+                            "spec.pipelineRef, spec.pipelineSpec")
         with self.cond:
             if "name" not in meta:
                 if not meta.get("generateName"):
@@ -196,11 +234,30 @@ class FakeKube:
                 meta["name"] = f"{meta['generateName']}{next(self._suffix):05d}"[:63]
             if (plural, namespace, meta["name"]) in self.objects:
                 raise HttpError(409, "AlreadyExists",
-                                f'{plural}.argoproj.io "{meta["name"]}" already exists')
+                                f'{plural}.{_group(plural)} "{meta["name"]}" already exists')
             meta["namespace"] = namespace
             meta["uid"] = f"uid-{next(self._suffix)}"
             meta["creationTimestamp"] = "2024-05-01T10:00:00Z"
             return self._store(plural, namespace, body, "ADDED")
+
+    def _replace(self, plural: str, namespace: str, name: str, body: Any) -> Obj:
+        if not isinstance(body, dict) or (body.get("metadata") or {}).get("name") != name:
+            raise HttpError(400, "BadRequest", "the name of the object does not match the "
+                            "name on the URL")
+        with self.cond:
+            obj = self.objects.get((plural, namespace, name))
+            if obj is None:
+                raise _not_found(plural, name)
+            version = body["metadata"].get("resourceVersion")
+            if version and version != obj["metadata"]["resourceVersion"]:
+                raise HttpError(409, "Conflict", f'Operation cannot be fulfilled on '
+                                f'{plural}.{_group(plural)} "{name}": the object has been '
+                                "modified; please apply your changes to the latest version "
+                                "and try again")
+            body = copy.deepcopy(body)
+            for key in ("namespace", "uid", "creationTimestamp"):
+                body["metadata"][key] = obj["metadata"].get(key)
+            return self._store(plural, namespace, body, "MODIFIED")
 
     def _patch(self, plural: str, namespace: str, name: str, content_type: str,
                body: Any) -> Obj:
@@ -216,8 +273,12 @@ class FakeKube:
             return self._store(plural, namespace, patched, "MODIFIED")
 
 
+def _group(plural: str) -> str:
+    return _GROUPS[plural].split("/")[0]
+
+
 def _not_found(plural: str, name: str) -> HttpError:
-    group = "" if plural in ("secrets", "pods") else ".argoproj.io"
+    group = "" if plural in ("secrets", "pods") else "." + _group(plural)
     return HttpError(404, "NotFound", f'{plural}{group} "{name}" not found')
 
 
@@ -267,7 +328,10 @@ class _Handler(BaseHTTPRequestHandler):
                body: Any) -> None:
         fake = self.server_fake
         if m := _CUSTOM.match(path):
-            ns, plural, name = m.groups()
+            group, ns, plural, name = m.groups()
+            if _GROUPS[plural] != group:
+                raise HttpError(404, "NotFound", f"the server could not find the requested "
+                                f"resource ({method} {path})")
             if name is None and method == "POST":
                 return self._send(201, fake._create(plural, ns, body))
             if name is None and method == "GET":
@@ -279,7 +343,7 @@ class _Handler(BaseHTTPRequestHandler):
                              and _labels_match(o, query.get("labelSelector", ""))
                              and _fields_match(o, query.get("fieldSelector", ""))]
                     rv = str(fake.events[-1][0]) if fake.events else "0"
-                return self._send(200, {"apiVersion": "argoproj.io/v1alpha1",
+                return self._send(200, {"apiVersion": _GROUPS[plural],
                                         "kind": _KINDS[plural] + "List",
                                         "metadata": {"resourceVersion": rv}, "items": items})
             if name is not None and method == "GET":
@@ -290,6 +354,15 @@ class _Handler(BaseHTTPRequestHandler):
                     return self._send(200, obj)
             if name is not None and method == "PATCH":
                 return self._send(200, fake._patch(plural, ns, name, content_type, body))
+            if name is not None and method == "PUT":
+                return self._send(200, fake._replace(plural, ns, name, body))
+            if name is not None and method == "DELETE":
+                with fake.cond:
+                    if (plural, ns, name) not in fake.objects:
+                        raise _not_found(plural, name)
+                fake.delete(plural, ns, name)
+                return self._send(200, {"kind": "Status", "apiVersion": "v1",
+                                        "status": "Success"})
             raise HttpError(405, "MethodNotAllowed", f"{method} {path}")
         if m := _SECRETS.match(path):
             ns, name = m.groups()
@@ -345,16 +418,24 @@ class _Handler(BaseHTTPRequestHandler):
                            sorted(fake.objects.items()) if p == plural and n == ns]
         try:
             deadline = threading.Event()
-            timer = threading.Timer(timeout, lambda: (deadline.set(), _notify(fake)))
+
+            def expire() -> None:
+                deadline.set()
+                _notify(fake)
+
+            timer = threading.Timer(timeout, expire)
             timer.start()
             try:
                 while True:
                     for etype, obj in pending:
                         if _labels_match(obj, labels) and _fields_match(obj, fields):
                             chunk(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+                    def ready(last: int = seen) -> bool:
+                        return deadline.is_set() or fake._closed or (
+                            bool(fake.events) and fake.events[-1][0] > last)
+
                     with fake.cond:
-                        fake.cond.wait_for(lambda last=seen: deadline.is_set() or fake._closed
-                                           or (bool(fake.events) and fake.events[-1][0] > last))
+                        fake.cond.wait_for(ready)
                         if deadline.is_set() or fake._closed:
                             break
                         new = [e for e in fake.events if e[0] > seen]

@@ -27,12 +27,6 @@ PROGRAMS = [p.stem for p in program_paths()]
 ENGINES = harness.engines()
 EXPECTED: dict[str, Any] = json.loads(harness.EXPECTED.read_text(encoding="utf-8"))
 
-# Features an engine supports only in part, its CAPABILITIES note naming what it rejects:
-# a rejection for them is allowed when the note says so (e.g. KFP exit hooks on failure).
-PARTIAL_SUPPORT: dict[tuple[str, Feature], str] = {
-    ("kfp", Feature.EXIT_HOOKS): "hooks are rejected",
-}
-
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> harness.Results:
@@ -73,10 +67,6 @@ def test_compiled_or_unsupported(results: harness.Results, engine: str, program:
                    if f not in caps or caps[f].support is Support.UNSUPPORTED}
     if outcome.status == "unsupported":
         feature = _feature(engine, outcome.feature)
-        partial = PARTIAL_SUPPORT.get((engine, feature))
-        if partial is not None and feature in used:
-            assert partial in caps[feature].note, caps[feature].note
-            return
         assert feature in unsupported, (
             f"{engine} rejected {program} for {feature.value!r}, which its CAPABILITIES "
             f"declare {caps[feature].support.value if feature in caps else 'missing'} "

@@ -17,21 +17,19 @@ from typing import Any
 import pytest
 
 from tests.conformance import harness
-from tests.conformance.loader import load_program, program_paths
+from tests.conformance.loader import program_paths
 
 EXPECTED: dict[str, Any] = json.loads(harness.EXPECTED.read_text(encoding="utf-8"))
 PATHS = {p.stem: p for p in program_paths()}
 
 
-def _has_when(name: str) -> bool:
-    return any(s.when is not None for s in load_program(PATHS[name]).steps)
-
-
 # --------------------------------------------------------------------------- kfp.local
 
 # Runs inside .venv-kfp: run every program with kfp.local (couler's local mode) and
-# print, per program, its summary: steps that ran, attempts (executions), outputs
-# (the output parameter files kfp.local keeps under the pipeline root).
+# print, per program, its summary: steps (and exit hook steps) that ran, attempts
+# (executions), outputs (the output parameter files kfp.local keeps under the pipeline
+# root, compared as they are); a conditional step that did not run is "skipped". Also
+# the accelerators the container-mode pipeline requests (executor → accelerator).
 KFP_RUN_HELPER = r'''
 import json, re, sys
 from pathlib import Path
@@ -53,41 +51,43 @@ for path in sys.argv[3:]:
         continue
     (run_dir,) = [d for d in (root / name).iterdir() if not d.name.startswith("couler-kfp-log")]
     steps = {}
-    for step in wf.steps:
+    for step in [*wf.steps, *(s for hook in wf.exit_hooks for s in hook.steps)]:
         if step.name not in runs:
+            if step.when is not None:
+                steps[step.name] = {"state": "skipped", "outputs": {}, "attempts": 0}
             continue
         outputs = {}
         for o in step.outputs:
             ident = re.sub(r"\W", "_", o.name)
             files = sorted(run_dir.glob(f"**/{step.name}/{ident}"),
                            key=lambda p: [int(n) for n in re.findall(r"iteration-(\d+)", str(p))])
-            # kfp.local keeps the file's trailing newline; the local engine strips it
-            values = [f.read_text().rstrip("\n") for f in files]
+            values = [f.read_text() for f in files]
             if step.foreach is not None:
                 outputs[o.name] = json.dumps(values)
             elif values:
                 outputs[o.name] = values[0]
         steps[step.name] = {"state": "succeeded", "outputs": outputs,
                             "attempts": 1 if step.foreach is not None else len(runs[step.name])}
-    out[name] = {"state": "succeeded", "steps": steps}
+    executors = K.compile_workflow(wf)["deploymentSpec"]["executors"]
+    accelerators = {e.removeprefix("exec-"): x["container"]["resources"]["accelerator"]
+                    for e, x in executors.items()
+                    if "accelerator" in x["container"].get("resources", {})}
+    out[name] = {"state": "succeeded", "steps": steps, "accelerators": accelerators}
 print(json.dumps(out))
 '''
 
-# Not run on kfp.local: conditions do not evaluate under kfp.local 2.17.3 (neither
-# branch of a when / else runs), so programs with a `when` cannot be compared.
-KFP_EXCLUDED = {name for name in PATHS if _has_when(name)}
+# Every program the KFP compiler accepts runs on kfp.local (test_conformance checks how
+# the others are rejected).
+KFP_RUN = ["basic_steps", "exit_hooks", "gpu", "map_static", "map_upstream",
+           "resources_cache", "retry_backoff", "when_else", "workflow_params"]
 
 # Where kfp.local differs from expected.json (the local engine's results).
 KFP_DIFFERENCES: dict[str, dict[str, Any]] = {
-    # The local engine rejects GPU requests; kfp.local ignores the accelerator and runs it.
-    "gpu": {"state": "succeeded", "steps": {"train": {"state": "succeeded"}}},
-}
-# kfp.local fails these runs (the error text it raises).
-KFP_FAILURES: dict[str, str] = {
-    # A map over an upstream step's list output inside the pipeline: kfp.local's loop
-    # cannot resolve the producer's output channel.
-    "map_upstream": "Parent pipeline input argument 'pipelinechannel--list-shards-result' "
-                    "not found",
+    # The local engine rejects GPU requests (expected: unsupported); the KFP compiler
+    # requests the accelerator (set_accelerator_type / _limit) and kfp.local's
+    # SubprocessRunner ignores it and runs the step on the host.
+    "gpu": {"state": "succeeded",
+            "steps": {"train": {"state": "succeeded", "attempts": 1, "outputs": {}}}},
 }
 
 
@@ -102,8 +102,8 @@ def kfp_outcomes() -> dict[str, harness.Outcome]:
 @pytest.fixture(scope="module")
 def kfp_runs(kfp_outcomes: dict[str, harness.Outcome],
              tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every KFP-compiled program without `when`, run in ONE .venv-kfp subprocess."""
-    names = [n for n, o in kfp_outcomes.items() if o.status == "compiled" and n not in KFP_EXCLUDED]
+    """Every KFP-compiled program, run in ONE .venv-kfp subprocess."""
+    names = [n for n, o in kfp_outcomes.items() if o.status == "compiled"]
     tmp = tmp_path_factory.mktemp("kfp-conformance")
     helper = tmp / "kfp_run.py"
     helper.write_text(KFP_RUN_HELPER, encoding="utf-8")
@@ -118,17 +118,21 @@ def kfp_runs(kfp_outcomes: dict[str, harness.Outcome],
 
 
 def test_kfp_runs_the_compiled_programs(kfp_runs: dict[str, Any]) -> None:
-    assert len(kfp_runs) >= 6
-    assert "when_else" not in kfp_runs
+    assert sorted(kfp_runs) == KFP_RUN
 
 
-@pytest.mark.parametrize("program", sorted(set(PATHS) - KFP_EXCLUDED))
+def test_kfp_local_gpu_difference_is_real(kfp_runs: dict[str, Any]) -> None:
+    assert EXPECTED["gpu"] == {"state": "unsupported", "feature": "GPU resources"}
+    gpu = kfp_runs["gpu"]
+    (accelerator,) = gpu["accelerators"].values()
+    assert list(gpu["accelerators"]) == ["train"]
+    assert (accelerator["resourceType"], accelerator["resourceCount"]) == ("nvidia.com/gpu", "1")
+    assert gpu["state"] == "succeeded"  # requested, ignored, run
+    assert all(run["accelerators"] == {} for name, run in kfp_runs.items() if name != "gpu")
+
+
+@pytest.mark.parametrize("program", KFP_RUN)
 def test_kfp_local_run_matches_expected(kfp_runs: dict[str, Any], program: str) -> None:
-    if program not in kfp_runs:  # rejected by the KFP compiler (test_conformance checks how)
-        return
     actual = kfp_runs[program]
-    if program in KFP_FAILURES:
-        assert actual["state"] == "failed" and KFP_FAILURES[program] in actual["error"], actual
-        return
     expected = KFP_DIFFERENCES.get(program, EXPECTED[program])
     assert harness.matches(expected, actual) == [], json.dumps(actual, indent=1)

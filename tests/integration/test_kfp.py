@@ -30,6 +30,17 @@ if mode == "run":
     wf = capture_program(paths[0])[0]
     print(json.dumps({"runs": K.run_locally(wf, paths[1])}))
     raise SystemExit(0)
+if mode == "run-failing":  # the run must fail; report the steps that ran
+    import glob, os
+    wf = capture_program(paths[0])[0]
+    try:
+        K.run_locally(wf, paths[1])
+    except RuntimeError as exc:
+        logs = glob.glob(os.path.join(paths[1], "couler-kfp-log-*", "*.out"))
+        ran = sorted({os.path.basename(p).split(".")[0] for p in logs})
+        print(json.dumps({"error": str(exc), "ran": ran}))
+        raise SystemExit(0)
+    raise SystemExit("the run succeeded")
 out = {}
 for path in paths:
     wf = capture_program(path)[0]
@@ -42,15 +53,14 @@ print(json.dumps(out))
 
 SUPPORTED = [
     "concurrent", "dag_diamond", "dag_linear", "dag_linear_set_dependencies", "dag_conditional",
-    "implicit_parameter_passing", "input_bare_string", "input_from_script", "input_two_calls",
-    "input_two_params", "map_static", "map_upstream", "multiple_outputs", "producer_consumer",
-    "resources", "when_else", "workflow_parameters",
+    "exit_handlers", "implicit_parameter_passing", "input_bare_string", "input_from_script",
+    "input_two_calls", "input_two_params", "map_static", "map_upstream", "multiple_outputs",
+    "producer_consumer", "resources", "when_else", "workflow_parameters",
 ]
 UNSUPPORTED = {  # program → (step, feature)
     "coin_flip": ("tails", "dependency on a conditional step"),
     "concurrent_subtasks": ("concurrent-task", "inline sub-workflow"),
     "cron": ("", "cron schedule"),
-    "exit_handlers": ("mourn", "exit hooks"),
     "job_apply": ("mnist", "job step (Kubernetes resource)"),
     "policies": ("train", "retry by failure class"),
     "secrets": ("first", "secret references"),
@@ -137,9 +147,17 @@ def test_diamond_dependencies(compiled: dict[str, Any]) -> None:
 def test_when_else_becomes_two_numeric_conditions(compiled: dict[str, Any]) -> None:
     spec = compiled["when_else"]["spec"]
     conds = {t["taskInfo"]["name"]: t["triggerPolicy"]["condition"]
-             for t in spec["root"]["dag"]["tasks"].values() if "triggerPolicy" in t}
-    assert conds["deploy-when"].endswith("> 0.9")
+             for comp in spec["components"].values()
+             for t in comp.get("dag", {}).get("tasks", {}).values() if "triggerPolicy" in t}
+    # each conditional step sits in a sub-pipeline whose input carries the upstream output
+    assert conds["deploy-when"] == "inputs.parameter_values['pipelinechannel--couler_in_0'] > 0.9"
     assert conds["retrain-when"].endswith("<= 0.9")
+    root = spec["root"]["dag"]["tasks"]
+    assert sorted(root) == ["couler-deploy", "couler-retrain", "evaluate"]
+    assert root["couler-deploy"]["inputs"]["parameters"]["couler_in_0"] == {
+        "taskOutputParameter": {"outputParameterKey": "result", "producerTask": "evaluate"}}
+    assert spec["components"]["comp-couler-deploy"]["inputDefinitions"]["parameters"][
+        "couler_in_0"]["parameterType"] == "NUMBER_DOUBLE"
     # compared numerically: the stdout output is declared a float
     assert spec["components"]["comp-evaluate"]["outputDefinitions"]["parameters"]["result"][
         "parameterType"] == "NUMBER_DOUBLE"
@@ -163,8 +181,13 @@ def test_map_static_and_upstream(compiled: dict[str, Any]) -> None:
     items = json.loads(loop["parameterIterator"]["items"]["raw"])
     assert items[0] == {"k_0": "0.1", "k_1": "32"}
     spec = compiled["map_upstream"]["spec"]
-    loop = spec["root"]["dag"]["tasks"]["for-loop-1"]
-    assert loop["dependentTasks"] == ["list-shards"]
+    # the loop sits in a sub-pipeline whose list input is the upstream output
+    sub = spec["root"]["dag"]["tasks"]["couler-process"]
+    assert sub["dependentTasks"] == ["list-shards"]
+    assert sub["inputs"]["parameters"]["couler_in_0"] == {
+        "taskOutputParameter": {"outputParameterKey": "result", "producerTask": "list-shards"}}
+    loop = spec["components"]["comp-couler-process"]["dag"]["tasks"]["for-loop-1"]
+    assert loop["parameterIterator"]["items"] == {"inputParameter": "pipelinechannel--couler_in_0"}
     assert spec["components"]["comp-list-shards"]["outputDefinitions"]["parameters"][
         "result"]["parameterType"] == "LIST"
 
@@ -205,6 +228,105 @@ def test_run_locally_diamond(tmp_path: Path) -> None:
     assert out["runs"] == {"a": ["a\n"], "b": ["b\n"], "c": ["c\n"], "d": ["d\n"]}
 
 
+def test_run_locally_map_over_upstream_output(tmp_path: Path) -> None:
+    out = helper(tmp_path, "run", str(GOLDEN / "map_upstream.py"), str(tmp_path / "root"))
+    assert out["runs"]["process"] == ["a\n", "b\n", "c\n"]
+
+
+def test_run_locally_numeric_condition_picks_one_branch(tmp_path: Path) -> None:
+    out = helper(tmp_path, "run", str(GOLDEN / "when_else.py"), str(tmp_path / "root"))
+    assert out["runs"] == {"evaluate": ["0.93\n"], "deploy": ["deploy\n"]}  # 0.93 > 0.9
+
+
 def test_run_locally_file_outputs(tmp_path: Path) -> None:
     out = helper(tmp_path, "run", str(GOLDEN / "multiple_outputs.py"), str(tmp_path / "root"))
     assert out["runs"]["consumer"] == ["x y\n"]
+
+
+def test_failed_hook_is_the_exit_task_reading_the_final_status(
+        compiled: dict[str, Any]) -> None:
+    spec = compiled["exit_handlers"]["spec"]
+    root = spec["root"]["dag"]["tasks"]
+    assert sorted(root) == ["exit-handler-1", "mourn"]
+    mourn = root["mourn"]
+    assert mourn["triggerPolicy"] == {"strategy": "ALL_UPSTREAM_TASKS_COMPLETED"}
+    assert mourn["inputs"]["parameters"]["couler_status"] == {
+        "taskFinalStatus": {"producerTask": "exit-handler-1"}}
+    assert spec["components"]["comp-mourn"]["inputDefinitions"]["parameters"][
+        "couler_status"]["parameterType"] == "TASK_FINAL_STATUS"
+    # the succeeded hook runs inside the handler, after every workflow step
+    inner = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    assert inner["celebrate"]["dependentTasks"] == ["hello"]
+
+
+def _run_container(executor: dict[str, Any], values: dict[str, str]) -> str:
+    """Run a compiled container executor's command on the host with /bin/sh."""
+    words = [*executor["command"], *executor.get("args", [])]
+    for placeholder, value in values.items():
+        words = [w.replace(placeholder, value) for w in words]
+    proc = subprocess.run(words, capture_output=True, text=True, check=True, timeout=30)
+    return proc.stdout
+
+
+@pytest.mark.parametrize(("status", "runs"), [
+    ('{"state":"SUCCEEDED","pipelineTaskName":"exit-handler-1"}', False),
+    ('{"error": {}, "state": "SUCCEEDED"}', False),  # protojson may add a space
+    ('{"error":{"code":1},"state":"FAILED"}', True),
+    ('{"state": "CANCELLED"}', True),
+])
+def test_failed_hook_command_runs_only_when_the_run_did_not_succeed(
+        compiled: dict[str, Any], status: str, runs: bool) -> None:
+    executor = compiled["exit_handlers"]["spec"]["deploymentSpec"]["executors"]["exec-mourn"]
+    out = _run_container(executor["container"],
+                         {"{{$.inputs.parameters['couler_status']}}": status})
+    assert out == ("it failed\n" if runs else "")
+
+
+def test_container_outputs_drop_trailing_newlines(tmp_path: Path) -> None:
+    program = tmp_path / "outputs.py"
+    file = str(tmp_path / "v.txt")
+    script = f"printf 'v 1\\n\\n' > {file}; echo hi"
+    program.write_text(
+        "import couler.argo as couler\n"
+        "couler.config_workflow(name='outputs')\n"
+        f"out = couler.create_parameter_artifact(path={file!r}, name='v')\n"
+        "couler.run_container(image='alpine:3.20', step_name='write', output=out,\n"
+        f"                     command=['sh', '-c', {script!r}])\n")
+    spec = helper(tmp_path, "compile", str(program))[str(program)]["spec"]
+    executor = spec["deploymentSpec"]["executors"]["exec-write"]["container"]
+    target = tmp_path / "out" / "v"
+    out = _run_container(executor, {"{{$.outputs.parameters['v'].output_file}}": str(target)})
+    assert out == "hi\n"  # the step's stdout still reaches the log
+    assert target.read_text() == "v 1"
+
+
+HOOKS = '''
+import couler.argo as couler
+from couler.argo import WFStatus
+
+def step(name, script):
+    return couler.run_container(image="alpine:3.20", command=["sh", "-c", script],
+                                step_name=name)
+
+couler.config_workflow(name="hooks")
+step("work", "echo working; exit 3")
+couler.set_exit_handler(WFStatus.Succeeded, lambda: step("celebrate", "echo yay"))
+couler.set_exit_handler(WFStatus.Failed, lambda: step("mourn", "echo it failed"))
+'''
+
+
+def test_run_locally_failed_hook_runs_after_a_failure(tmp_path: Path) -> None:
+    program = tmp_path / "hooks.py"
+    program.write_text(HOOKS)
+    out = helper(tmp_path, "run-failing", str(program), str(tmp_path / "root"))
+    assert out["ran"] == ["mourn", "work"]
+    assert "'work'" in out["error"]
+
+
+def test_two_status_dependent_hooks_are_rejected(tmp_path: Path) -> None:
+    program = tmp_path / "two_hooks.py"
+    program.write_text(HOOKS + "couler.set_exit_handler(WFStatus.Error, "
+                               "lambda: step('page', 'echo page'))\n")
+    result = helper(tmp_path, "compile", str(program))[str(program)]
+    assert (result["step"], result["feature"]) == ("page", "exit hooks")
+    assert "exit handlers do not nest" in result["message"]

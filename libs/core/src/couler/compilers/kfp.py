@@ -25,8 +25,9 @@ Shape of the output (the faithful, container mode):
   runs under a ``/bin/sh -c`` wrapper (the image needs ``/bin/sh``) whose
   positional arguments are the output files followed by the command: stdout is
   captured, echoed back to the log and written with trailing newlines removed
-  (Argo's ``outputs.result``); a file output is copied to its output file. The
-  step fails when the command fails or an output file is missing. A
+  (Argo's ``outputs.result``); a file output's content is written the same way
+  (trailing newlines removed, as the local engine does). The step fails when
+  the command fails or an output file is missing. A
   ``working_dir`` also uses the wrapper (``cd DIR``), since the KFP container
   spec has no working directory.
 * Dependencies become ``.after()``. A task that depends on (or reads) a step
@@ -40,15 +41,29 @@ Shape of the output (the faithful, container mode):
 * A map becomes ``dsl.ParallelFor`` over static items (leaf values rendered as
   text) or over an upstream list output (declared ``list``), with
   ``parallelism``. Reading a mapped step's outputs downstream is rejected.
+* A step whose map or condition an upstream task output drives sits in a
+  sub-pipeline (task ``couler-STEP``): the values the step reads become the
+  sub-pipeline's inputs (``couler_in_0``, ...) and its ``ParallelFor`` / ``If``
+  iterates over / compares an input. kfp.local (2.17.3) resolves loop items and
+  condition operands over a task output only when that output is named
+  ``Output`` (a Python component's return value), so the flat form does not
+  run there (the map fails, the condition is silently false); the
+  sub-pipeline runs the same on kfp.local and on a KFP backend.
 * Retries → ``set_retry`` (back-off base / factor / cap), resources →
   ``set_cpu_request`` / ``set_cpu_limit`` / ``set_memory_*`` /
   ``set_accelerator_*``, env literals → ``set_env_variable``. KFP caches every
   task by default; Couler does not, so a step without a cache policy gets
   ``set_caching_options(False)``.
-* Exit hooks: one ``any``-status hook with one step becomes the
-  ``dsl.ExitHandler`` exit task; ``succeeded`` hook steps run after every
-  other task (a run that fails never reaches them); ``failed`` / ``error``
-  hooks are rejected (KFP only offers a status-independent exit task).
+* Exit hooks: one ``any``, ``failed`` or ``error`` hook step becomes the
+  ``dsl.ExitHandler`` exit task, which KFP runs whatever the outcome. A
+  ``failed`` / ``error`` one also receives ``dsl.PipelineTaskFinalStatus`` and
+  runs the step's command only when the state is not ``SUCCEEDED`` (otherwise
+  it succeeds at once with empty outputs); KFP does not tell infrastructure
+  errors apart, so an ``error`` hook runs on every failure, like ``failed``. A
+  second such hook step is rejected: ``dsl.ExitHandler`` takes one exit task
+  and handlers do not nest. ``succeeded`` hook steps are tasks after every
+  workflow step, inside the handler when there is one (KFP forbids
+  dependencies into it): a run that fails never reaches them.
 * Workflow parameters become pipeline parameters; a workflow timeout and TTL go
   to ``dsl.PipelineConfig`` (``active_deadline_seconds``,
   ``ttl_seconds_after_finished``).
@@ -61,8 +76,8 @@ component whose body runs the step's command on the host in a subprocess
 (script steps: the current Python interpreter, or ``bash`` / ``sh``, with
 ``-c SOURCE``; container steps: the command and args as-is, so they must be
 host commands such as ``echo`` or ``sh``), then writes the outputs like the
-wrapper above. The image is not used. Graph, conditions, maps, retries and
-parameters are the same as in container mode.
+wrapper above. The image is not used. Graph, conditions, maps, exit hooks,
+retries and parameters are the same as in container mode.
 """
 
 from __future__ import annotations
@@ -113,8 +128,8 @@ CAPABILITIES: dict[Feature, Capability] = {
             "resolved"),
     Feature.PARAMETERS: Capability(
         _R, "component input parameters ({{$.inputs.parameters['X']}}); outputs are "
-            "dsl.OutputPath outputs written by a /bin/sh -c wrapper (stdout captured with "
-            "trailing newlines trimmed, files copied); parameter names become identifiers"),
+            "dsl.OutputPath outputs written by a /bin/sh -c wrapper (stdout or the file's "
+            "content, trailing newlines trimmed); parameter names become identifiers"),
     Feature.WORKFLOW_PARAMETERS: Capability(_N, "pipeline parameters with defaults and types"),
     Feature.ARTIFACTS: Capability(
         _U, "not mapped yet: KFP artifacts (dsl.Input/Output[Artifact]) are stored in the "
@@ -126,23 +141,26 @@ CAPABILITIES: dict[Feature, Capability] = {
         _U, "dependentTasks is a plain conjunction; no or / not over task outcomes"),
     Feature.WHEN: Capability(
         _N, "dsl.If on the upstream output (==, !=, <, >, <=, >=; a string output compared "
-            "with a number is declared float); dependents of a conditional step are rejected "
-            "(KFP forbids dependencies into a dsl.If from outside)"),
+            "with a number is declared float), in a sub-pipeline taking the output as an "
+            "input; dependents of a conditional step are rejected (KFP forbids dependencies "
+            "into a dsl.If from outside)"),
     Feature.ELSE: Capability(_R, "dsl.If with the negated operator (equivalent to dsl.Else)"),
     Feature.MAP_STATIC: Capability(
         _N, "dsl.ParallelFor over the static items (leaf values rendered as text)"),
     Feature.MAP_DYNAMIC: Capability(
-        _N, "dsl.ParallelFor over an upstream output declared as a list; reading a mapped "
-            "step's outputs downstream (dsl.Collected) is rejected"),
+        _N, "dsl.ParallelFor over an upstream output declared as a list (in a sub-pipeline "
+            "taking the list as an input); reading a mapped step's outputs downstream "
+            "(dsl.Collected) is rejected"),
     Feature.MAP_PARALLELISM: Capability(_N, "dsl.ParallelFor(parallelism=N) (iteratorPolicy)"),
     Feature.LOOP: Capability(
         _U, "KFP v2 dropped recursive graph components (v1 @dsl.graph_component); no "
             "while loop (kubeflow/pipelines#10748)"),
     Feature.EXIT_HOOKS: Capability(
-        _R, "an `any` hook with one step → dsl.ExitHandler exit task; `succeeded` hook steps "
-            "→ tasks after every other task; `failed` / `error` hooks are rejected (KFP has "
-            "one status-independent exit task; PipelineTaskFinalStatus only reaches Python "
-            "components)"),
+        _R, "one `any` / `failed` / `error` hook step → the dsl.ExitHandler exit task (failed "
+            "/ error: it reads dsl.PipelineTaskFinalStatus and runs the step only when the "
+            "state is not SUCCEEDED; error = any failure); `succeeded` hook steps → tasks "
+            "after every step; a second any / failed / error hook step is rejected (one exit "
+            "task per handler, handlers do not nest)"),
     Feature.RETRY: Capability(_N, "task.set_retry(num_retries)"),
     Feature.RETRY_BACKOFF: Capability(
         _N, "set_retry(backoff_duration, backoff_factor, backoff_max_duration)"),
@@ -332,6 +350,13 @@ class _StepPlan:
             self.inputs[i.name] = _ident(i.name, taken)
         self.item_keys: dict[str, str] = {}  # item key ("" = whole item) → identifier
         self.taken = taken
+        self.status: str | None = None
+
+    def status_input(self) -> str:
+        """The input receiving ``dsl.PipelineTaskFinalStatus`` (failed / error exit hooks)."""
+        if self.status is None:
+            self.status = _ident("couler_status", self.taken)
+        return self.status
 
     def item_input(self, key: str) -> str:
         if key not in self.item_keys:
@@ -345,8 +370,11 @@ class _Builder:
         self.local = local
         self.workdir = workdir
         self.dsl: Any = _import("kfp.dsl")
-        self.hooks_any: list[ir.Step] = []
+        self.hooks_exit: list[ir.Step] = []  # any / failed / error: the ExitHandler exit task
+        self.gated: set[str] = set()  # exit steps that run only when the run did not succeed
         self.hooks_ok: list[ir.Step] = []
+        self.scope: dict[ir.ValueSource, Any] = {}  # values bound to sub-pipeline inputs
+        self.subs: dict[str, tuple[Any, list[ir.ValueSource]]] = {}  # step → (sub, inputs)
         self.output_types: dict[tuple[str, str], ir.ValueType] = {}
         self.plans: dict[str, _StepPlan] = {}
         self.param_ids: dict[str, str] = {}
@@ -366,19 +394,18 @@ class _Builder:
             if getattr(wf, attr):
                 raise self._fail("", what, "not expressible in a core KFP PipelineSpec")
         for hook in wf.exit_hooks:
-            if hook.on is ir.RunStatus.ANY:
-                self.hooks_any.extend(hook.steps)
-            elif hook.on is ir.RunStatus.SUCCEEDED:
+            if hook.on is ir.RunStatus.SUCCEEDED:
                 self.hooks_ok.extend(hook.steps)
-            else:
-                raise self._fail(hook.steps[0].name if hook.steps else "", Feature.EXIT_HOOKS,
-                                 f"a {hook.on.value} hook: KFP has only one status-independent "
-                                 "exit task (dsl.ExitHandler)")
-        if len(self.hooks_any) > 1:
-            raise self._fail(self.hooks_any[1].name, Feature.EXIT_HOOKS,
-                             "dsl.ExitHandler takes exactly one exit task")
+                continue
+            self.hooks_exit.extend(hook.steps)
+            if hook.on is not ir.RunStatus.ANY:
+                self.gated.update(s.name for s in hook.steps)
+        if len(self.hooks_exit) > 1:
+            raise self._fail(self.hooks_exit[1].name, Feature.EXIT_HOOKS,
+                             "more than one any / failed / error hook step: dsl.ExitHandler "
+                             "takes exactly one exit task and exit handlers do not nest")
         by_name = {s.name: s for s in wf.steps}
-        for step in [*wf.steps, *self.hooks_any, *self.hooks_ok]:
+        for step in [*wf.steps, *self.hooks_exit, *self.hooks_ok]:
             if step.labels:
                 raise self._fail(step.name, "step labels", _KK)
             body = step.body
@@ -400,7 +427,7 @@ class _Builder:
                     if up is not None and up.foreach is not None:
                         raise self._fail(step.name, "reading a mapped step's output",
                                          "needs dsl.Collected, not mapped")
-            if step in self.hooks_any and any(isinstance(i.value, ir.StepOutputRef)
+            if step in self.hooks_exit and any(isinstance(i.value, ir.StepOutputRef)
                                               for i in step.inputs):
                 raise self._fail(step.name, Feature.EXIT_HOOKS,
                                  "the exit task is created before the tasks it would read")
@@ -493,6 +520,9 @@ class _Builder:
             plan.outputs[o.name], kind,
             annotation=dsl.OutputPath(_PY_TYPE[self.output_types[(step.name, o.name)]]))
             for o in step.outputs]
+        if step.name in self.gated:
+            params.append(inspect.Parameter(plan.status_input(), kind,
+                                            annotation=dsl.PipelineTaskFinalStatus))
         return params
 
     def _container_component(self, step: ir.Step, plan: _StepPlan) -> Any:
@@ -501,7 +531,8 @@ class _Builder:
         params = self._signature(step, plan)
         body = step.body
         assert isinstance(body, (ir.ContainerSpec, ir.ScriptSpec))
-        wrap = bool(step.outputs) or bool(body.working_dir)
+        gate = step.name in self.gated
+        wrap = bool(step.outputs) or bool(body.working_dir) or gate
 
         def fn(*args: Any) -> Any:
             values = {p.name: str(a) for p, a in zip(params, args, strict=True)}
@@ -514,7 +545,9 @@ class _Builder:
             if not wrap:
                 return dsl.ContainerSpec(image=body.image, command=words)
             outs = [values[plan.outputs[o.name]] for o in step.outputs]
-            script = _wrapper(step.outputs, body.working_dir)
+            if gate:
+                outs.insert(0, values[plan.status_input()])
+            script = _wrapper(step.outputs, body.working_dir, gate=gate)
             return dsl.ContainerSpec(image=body.image,
                                      command=["/bin/sh", "-c", script, "couler-step"],
                                      args=[*outs, *words])
@@ -548,8 +581,13 @@ class _Builder:
                      if o.source is ir.OutputSource.PATH]
         env = {e.name: e.value for e in step.env if e.secret is None}
         fname = _ident(step.name, set())
-        lines = [
-            f"def {fname}({sig}):",
+        lines = [f"def {fname}({sig}):"]
+        if step.name in self.gated:  # a failed / error hook: nothing to do after a success
+            lines.append(f"    if {plan.status_input()}.state == 'SUCCEEDED':")
+            lines += [f"        open({ident}, 'w').close()"
+                      for ident in [*stdout_outs, *(i for i, _ in file_outs)]]
+            lines.append("        return")
+        lines += [
             "    import os, subprocess, sys, uuid",
             f"    argv = [{', '.join(exprs)}]",
             f"    env = dict(os.environ, **{env!r})",
@@ -569,7 +607,7 @@ class _Builder:
                       "        fh.write(proc.stdout.rstrip('\\n'))"]
         for ident, selector in file_outs:
             lines += [f"    with open({selector!r}) as src, open({ident}, 'w') as fh:",
-                      "        fh.write(src.read())"]
+                      "        fh.write(src.read().rstrip('\\n'))"]
         source = "from kfp import dsl\n\n\n" + "\n".join(lines) + "\n"
         workdir = self.workdir or tempfile.mkdtemp(prefix="couler-kfp-")
         path = os.path.join(workdir, f"couler_kfp_step_{fname}.py")
@@ -590,9 +628,9 @@ class _Builder:
         dsl = self.dsl
         wf = self.wf
         steps = self._check()
-        self._collect_types([*steps, *self.hooks_any, *self.hooks_ok])
+        self._collect_types([*steps, *self.hooks_exit, *self.hooks_ok])
         components: dict[str, Any] = {}
-        for step in [*steps, *self.hooks_any, *self.hooks_ok]:
+        for step in [*steps, *self.hooks_exit, *self.hooks_ok]:
             plan = _StepPlan(step)
             self.plans[step.name] = plan
             self._argv(step, plan)  # registers item placeholders
@@ -616,20 +654,14 @@ class _Builder:
             channels = {q.name: a for q, a in zip(pparams, args, strict=True)}
             tasks: dict[str, Any] = {}
             exit_task = None
-            if self.hooks_any:
-                exit_task = self._task(self.hooks_any[0], components, tasks, channels)
+            if self.hooks_exit:
+                exit_task = self._task(self.hooks_exit[0], components, tasks, channels)
             if exit_task is not None:
+                # succeeded hooks inside too: kfp forbids dependencies into an ExitHandler
                 with dsl.ExitHandler(exit_task, name="couler-exit-handler"):
-                    for step in steps:
-                        self._add(step, components, tasks, channels)
+                    self._add_main(steps, components, tasks, channels)
             else:
-                for step in steps:
-                    self._add(step, components, tasks, channels)
-            main = [tasks[s.name] for s in steps]
-            for step in self.hooks_ok:
-                task = self._task(step, components, tasks, channels)
-                for t in main:
-                    task.after(t)
+                self._add_main(steps, components, tasks, channels)
 
         body.__signature__ = inspect.Signature(pparams)  # type: ignore[attr-defined]
         body.__name__ = _ident(wf.name, set())
@@ -638,15 +670,84 @@ class _Builder:
             config = dsl.PipelineConfig(ttl_seconds_after_finished=wf.ttl_seconds,
                                         active_deadline_seconds=wf.timeout_seconds)
         try:
+            # built before the pipeline: kfp allows one pipeline context at a time
+            self.subs = {s.name: self._sub_pipeline(s, components) for s in steps
+                         if self._driven(s)}
             return dsl.pipeline(name=wf.name, pipeline_config=config)(body)
         except UnsupportedFeatureError:
             raise
         except Exception as exc:  # kfp's own checks (topology, types)
             raise self._fail("", "this graph", f"kfp rejected it: {exc}") from exc
 
+    def _add_main(self, steps: Sequence[ir.Step], components: Mapping[str, Any],
+                  tasks: dict[str, Any], channels: Mapping[str, Any]) -> None:
+        """The workflow's steps, then its ``succeeded`` hook steps after all of them."""
+        for step in steps:
+            self._add(step, components, tasks, channels)
+        main = [tasks[s.name] for s in steps]
+        for step in self.hooks_ok:
+            task = self._task(step, components, tasks, channels)
+            for t in main:
+                task.after(t)
+
+    @staticmethod
+    def _driven(step: ir.Step) -> bool:
+        """Whether an upstream task output drives the step's map or condition."""
+        if step.foreach is not None and isinstance(step.foreach.source, ir.StepOutputRef):
+            return True
+        if step.when is not None:
+            cond = step.when.condition
+            return any(isinstance(v, ir.StepOutputRef) for v in (cond.left, cond.right))
+        return False
+
+    def _sub_pipeline(self, step: ir.Step, components: Mapping[str, Any]) -> Any:
+        """A sub-pipeline holding a step whose map / condition an upstream output drives.
+
+        Every task output and workflow parameter the step reads (map items, condition
+        operands, inputs) becomes an input of the sub-pipeline, and the ParallelFor /
+        If inside it iterates over / compares that input. Valid KFP either way, but
+        kfp.local (2.17.3) resolves a ParallelFor's items and a condition's operands
+        over a task output only when the output is named ``Output`` (a Python
+        component's return value); over a pipeline input it resolves them always.
+        """
+        values: list[ir.ValueSource] = []
+        sources = [i.value for i in step.inputs]
+        if step.foreach is not None and step.foreach.source is not None:
+            sources.append(step.foreach.source)
+        if step.when is not None:
+            sources += [step.when.condition.left, step.when.condition.right]
+        for v in sources:
+            if isinstance(v, (ir.StepOutputRef, ir.WorkflowParamRef)) and v not in values:
+                values.append(v)
+        params = [inspect.Parameter(f"couler_in_{k}", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                    annotation=self._input_type(v))
+                  for k, v in enumerate(values)]
+
+        def sub(*args: Any) -> None:
+            self.scope = dict(zip(values, args, strict=True))
+            try:
+                self._add(step, components, {}, {}, nested=True)
+            finally:
+                self.scope = {}
+
+        sub.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        sub.__name__ = _ident(f"couler_{step.name}", set())
+        return self.dsl.pipeline(name=f"couler-{step.name}")(sub), values
+
     def _add(self, step: ir.Step, components: Mapping[str, Any], tasks: dict[str, Any],
-             channels: Mapping[str, Any]) -> None:
+             channels: Mapping[str, Any], *, nested: bool = False) -> None:
         dsl = self.dsl
+        if not nested and step.name in self.subs:
+            sub, values = self.subs[step.name]
+            task = sub(**{f"couler_in_{k}": self._value(step, v, tasks, channels, None)
+                          for k, v in enumerate(values)})
+            cache = step.cache or self.wf.defaults.cache  # kfp caches tasks unless told
+            task.set_caching_options(enable_caching=cache is not None and cache.enabled)
+            for dep in step.dependencies:
+                if dep.step in tasks:
+                    task.after(tasks[dep.step])
+            tasks[step.name] = task
+            return
         item: Any = None
         if step.foreach is not None:
             fe = step.foreach
@@ -694,6 +795,8 @@ class _Builder:
                channels: Mapping[str, Any], item: Any) -> Any:
         if isinstance(v, ir.Literal):
             return v.text
+        if v in self.scope:
+            return self.scope[v]
         if isinstance(v, ir.WorkflowParamRef):
             return channels[self.param_ids[v.name]]
         if isinstance(v, ir.StepOutputRef):
@@ -780,16 +883,32 @@ def _is_channel(value: object) -> bool:
 
 def _annotation_src(annotation: Any) -> str:
     if isinstance(annotation, type):
-        return annotation.__name__
+        builtin = annotation.__module__ == "builtins"
+        return annotation.__name__ if builtin else f"dsl.{annotation.__name__}"
     inner = getattr(annotation, "type", str)
     return f"dsl.OutputPath({getattr(inner, '__name__', 'str')})"
 
 
-def _wrapper(outputs: Sequence[ir.OutputParameter], working_dir: str) -> str:
-    """The ``/bin/sh -c`` script: $1..$k are the output files, then the command."""
+def _wrapper(outputs: Sequence[ir.OutputParameter], working_dir: str, *,
+             gate: bool = False) -> str:
+    """The ``/bin/sh -c`` script: $1..$k are the output files, then the command.
+
+    With ``gate`` (a ``failed`` / ``error`` exit hook) $1 is the
+    ``PipelineTaskFinalStatus`` JSON first: when its state is ``SUCCEEDED`` the
+    script writes empty outputs and exits 0 without running the command.
+    """
     lines = ["set -u"]
+    if gate:
+        lines.append('couler_status="$1"; shift')
     for k in range(len(outputs)):
         lines.append(f'o{k}="$1"; shift')
+    if gate:
+        # protojson puts a space after the colon or not (deliberately unstable): match both
+        empty = "".join(f'mkdir -p "$(dirname "$o{k}")"; : > "$o{k}"; '
+                        for k in range(len(outputs)))
+        lines += ['case "$couler_status" in',
+                  f"""  *'"state":"SUCCEEDED"'*|*'"state": "SUCCEEDED"'*) {empty}exit 0;;""",
+                  "esac"]
     if working_dir:
         lines.append(f"cd {shlex.quote(working_dir)} || exit 1")
     stdout = any(o.source is ir.OutputSource.STDOUT for o in outputs)
@@ -803,6 +922,8 @@ def _wrapper(outputs: Sequence[ir.OutputParameter], working_dir: str) -> str:
         if o.source is ir.OutputSource.STDOUT:
             lines.append(f'printf \'%s\' "$(cat "$couler_out")" > "$o{k}"')
         else:
-            lines.append(f'cp {shlex.quote(o.selector)} "$o{k}" || exit 1')
+            # the value with trailing newlines removed, like stdout (and the local engine)
+            lines.append(f'couler_v=$(cat {shlex.quote(o.selector)}) || exit 1')
+            lines.append(f'printf \'%s\' "$couler_v" > "$o{k}"')
     return "\n".join(lines) + "\n"
 

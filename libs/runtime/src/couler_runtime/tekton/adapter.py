@@ -1,0 +1,637 @@
+"""Run Couler workflows on Tekton Pipelines through the Kubernetes API.
+
+:class:`TektonAdapter` compiles the IR with :func:`couler.compilers.tekton.compile_workflow`
+(a ``Pipeline`` and a ``PipelineRun`` that references it, ``tekton.dev/v1``), creates
+the secrets, creates the Pipeline (or reuses it when unchanged, replaces it when the
+workflow changed) and the PipelineRun, and reports runs in the engine-neutral vocabulary
+of :mod:`couler.engines.base`.
+
+State mapping (the ``Succeeded`` condition -> Couler state):
+
+===================================  =====================================================
+Tekton                               Couler
+===================================  =====================================================
+run: no condition                    ``RunState.PENDING``
+run Unknown, PipelineRunPending      ``RunState.PENDING``
+run Unknown, other reasons           ``RunState.RUNNING`` (Started, Running, and a
+                                     cancelled run still running its finally tasks)
+run True (Succeeded, Completed)      ``RunState.SUCCEEDED``
+run False, Cancelled (or the         ``RunState.CANCELLED``
+deprecated PipelineRunCancelled,
+CancelledRunFinally,
+StoppedRunFinally)
+run False, other reasons             ``RunState.FAILED`` (Failed, PipelineRunTimeout,
+                                     CouldntGetPipeline, ...)
+TaskRun: none yet / no condition,    ``StepState.PENDING``
+Unknown Pending / Started
+TaskRun Unknown Running              ``StepState.RUNNING``
+TaskRun Unknown ToBeRetried          ``StepState.RETRYING``
+TaskRun True                         ``StepState.SUCCEEDED``
+TaskRun False TaskRunCancelled       ``StepState.CANCELLED`` (also any failed TaskRun of a
+                                     cancelled run)
+TaskRun False, other reasons         ``StepState.FAILED`` (Failed, TaskRunTimeout, ...)
+``status.skippedTasks`` entry        ``StepState.SKIPPED`` (message: Tekton's reason)
+===================================  =====================================================
+
+Which objects are steps: every entry of the run's ``status.childReferences`` of kind
+``TaskRun`` (plus TaskRuns carrying the run's ``tekton.dev/pipelineRun`` label that the
+run's status does not list yet) and every ``status.skippedTasks`` entry. The step name is
+the pipeline task name, which the compiler sets to the IR step name (``GROUP-STEP`` for
+the steps of a flattened inline sub-workflow). A task with several
+TaskRuns (a ``matrix``, the compiler's map) reports one step per TaskRun, keyed by the
+combination index: Tekton names them ``{run}-{task}-{index}``, and when the name was
+shortened the position in ``childReferences`` (creation order) is used. The compiler
+unrolls a loop into tasks ``STEP``, ``STEP-iter2``, ... ``STEP-iterN``; they are
+reported as step ``STEP`` with keys ``"0"`` ... ``"N-1"`` (the local engine's iteration
+numbers). Attempts are ``len(status.retriesStatus)`` plus the current one once it
+started; outputs are the TaskRun's ``status.results`` (array and object results as
+JSON text); the exit code is the ``main`` step's ``terminated.exitCode``.
+
+Logs (:meth:`TektonAdapter.logs`) are read from the TaskRun's pod (``status.podName``,
+the latest attempt), container ``step-main`` (the container Tekton names
+``step-<step name>`` for the compiler's single step ``main``; taken from
+``status.steps[].container`` when reported).
+
+Every Kubernetes error is translated once, at this boundary, into :mod:`couler.errors`
+exactly as in :mod:`couler_runtime.argo.adapter`: 404 -> ``NotFoundError``, 409 ->
+``ConflictError``, other 4xx -> ``UserError``, 5xx and connection failures ->
+``RetryableError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import queue
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from kubernetes import client as k8s_client
+
+from couler import ir
+from couler.api.handles import SecretMaterial
+from couler.compilers.tekton import compile_workflow
+from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, StepStatus
+from couler.errors import (
+    CoulerError,
+    NotFoundError,
+    OperationTimeoutError,
+    RetryableError,
+    UserError,
+)
+from couler_runtime.argo.adapter import (
+    _CONNECTION_ERRORS,
+    _items,
+    _label_value,
+    _load_config,
+    _mapping,
+    _raise,
+    _time,
+    k8s_watch,
+)
+
+__all__ = [
+    "GROUP",
+    "IDEMPOTENCY_KEY",
+    "PIPELINE_RUN_LABEL",
+    "VERSION",
+    "TektonAdapter",
+    "run_status",
+]
+
+GROUP = "tekton.dev"
+VERSION = "v1"
+IDEMPOTENCY_KEY = "couler.io/idempotency-key"
+DIGEST_ANNOTATION = "couler.io/pipeline-sha256"  # of the compiled Pipeline, on the Pipeline
+PIPELINE_RUN_LABEL = "tekton.dev/pipelineRun"  # set by Tekton on every TaskRun of a run
+PIPELINE_TASK_LABEL = "tekton.dev/pipelineTask"
+MAIN_STEP = "main"  # the one step of every task the compiler emits
+WATCH_RECONNECT_SECONDS = 30  # also bounds how long a watcher thread outlives its watch
+
+_ITER = re.compile(r"^(?P<step>.+)-iter(?P<n>[0-9]+)$")
+_CANCELLED_RUN = {"Cancelled", "PipelineRunCancelled", "CancelledRunFinally",
+                  "StoppedRunFinally"}
+_CANCELLED_TASK = {"TaskRunCancelled", "Cancelled"}
+
+
+class TektonAdapter:
+    """Submits, observes and cancels Tekton PipelineRuns in one namespace.
+
+    Args:
+        namespace: Where pipelines, runs, their secrets and pods live.
+        api_client: A ready ``kubernetes.client.ApiClient``; wins over everything else.
+        configuration: A ``kubernetes.client.Configuration`` to build the client from.
+        host: API server URL, with ``token`` (a bearer token) and ``verify_ssl``/
+            ``ca_cert``; used when no client or configuration is given.
+        config_file, context: Kube config lookup when none of the above is given (then
+            the in-cluster configuration).
+    """
+
+    def __init__(self, namespace: str = "default", *, api_client: object = None,
+                 configuration: object = None, host: str | None = None,
+                 token: str | None = None, verify_ssl: bool = True,
+                 ca_cert: str | None = None, config_file: str | None = None,
+                 context: str | None = None) -> None:
+        self.namespace = namespace
+        api: Any = api_client
+        if api is None:
+            cfg: Any = configuration
+            if cfg is None and host is not None:
+                cfg = k8s_client.Configuration(host=host)
+                if token is not None:
+                    cfg.api_key = {"authorization": f"Bearer {token}"}
+                cfg.verify_ssl = verify_ssl
+                if ca_cert is not None:
+                    cfg.ssl_ca_cert = ca_cert
+            if cfg is None:
+                cfg = _load_config(config_file, context)
+            api = k8s_client.ApiClient(cfg)
+        self._api: Any = api
+        self._custom: Any = k8s_client.CustomObjectsApi(api)
+        self._core: Any = k8s_client.CoreV1Api(api)
+
+    def __repr__(self) -> str:
+        return f"TektonAdapter(namespace={self.namespace!r})"
+
+    # ------------------------------------------------------------------ submit
+
+    def submit(self, wf: ir.Workflow, secrets: Sequence[SecretMaterial] = (), *,
+               idempotency_key: str | None = None) -> str:
+        """Compile ``wf``, create its secrets, its Pipeline and a PipelineRun; return the run.
+
+        The Pipeline is named after the workflow and shared by its runs: an identical
+        one is reused, a different one (the workflow changed) is replaced; runs already
+        started keep the definition Tekton copied into their status. "Identical" compares
+        the ``couler.io/pipeline-sha256`` annotation (a digest of the compiled Pipeline),
+        since the API server stores the object with defaults filled in.
+
+        With ``idempotency_key``, the PipelineRun carries it as the
+        ``couler.io/idempotency-key`` label (hashed when it is not a valid label value)
+        and annotation (verbatim); a submit whose key matches an existing run returns
+        that run's name and creates nothing, secrets and Pipeline included.
+
+        Secrets are created in this adapter's namespace; an existing secret of the same
+        name is replaced. Their values go to the Secret objects only.
+
+        Raises:
+            ValidationError, UnsupportedFeatureError: the workflow cannot be compiled.
+            UserError: the namespace of the workflow (``tenant``) is not this adapter's,
+                or the API server rejected a request; ConflictError on a name clash.
+            RetryableError: server-side or connection trouble.
+        """
+        pipeline, run = compile_workflow(wf)
+        for doc in (pipeline, run):
+            ns = doc.setdefault("metadata", {}).get("namespace", self.namespace)
+            if ns != self.namespace:
+                raise UserError(f"workflow {wf.name!r}: its namespace {ns!r} is not the "
+                                f"adapter's namespace {self.namespace!r}")
+        run_meta: dict[str, Any] = run["metadata"]
+        if idempotency_key is not None:
+            label = _label_value(idempotency_key)
+            run_meta.setdefault("labels", {})[IDEMPOTENCY_KEY] = label
+            run_meta.setdefault("annotations", {})[IDEMPOTENCY_KEY] = idempotency_key
+            with self._boundary(f"looking up the PipelineRun of workflow {wf.name!r} by "
+                                "idempotency key"):
+                found = self._custom.list_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, "pipelineruns",
+                    label_selector=f"{IDEMPOTENCY_KEY}={label}")
+            for item in _items(found):
+                meta = item.get("metadata") or {}
+                if (meta.get("annotations") or {}).get(IDEMPOTENCY_KEY) == idempotency_key:
+                    return str(meta["name"])
+        for secret in secrets:
+            if secret.should_create:
+                self._put_secret(secret, wf.name)
+        self._put_pipeline(pipeline, wf.name)
+        with self._boundary(f"creating the PipelineRun of workflow {wf.name!r}"):
+            created = self._custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "pipelineruns", run)
+        return str(_mapping(created)["metadata"]["name"])
+
+    def _put_pipeline(self, pipeline: dict[str, Any], workflow: str) -> None:
+        name = pipeline["metadata"]["name"]
+        # The API server adds defaults to what it stores, so "unchanged" is judged by a
+        # digest of what was sent.
+        digest = hashlib.sha256(json.dumps(pipeline, sort_keys=True).encode()).hexdigest()
+        pipeline["metadata"].setdefault("annotations", {})[DIGEST_ANNOTATION] = digest
+        what = f"Pipeline {name!r} of workflow {workflow!r}"
+        try:
+            self._custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "pipelines", pipeline)
+            return
+        except k8s_client.ApiException as e:
+            if e.status != 409:
+                _raise(e, f"creating {what}", namespace=self.namespace)
+        except _CONNECTION_ERRORS as e:
+            _raise(e, f"creating {what}")
+        with self._boundary(f"reading {what}"):
+            existing = _mapping(self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "pipelines", name))
+        meta = existing.get("metadata") or {}
+        if (meta.get("annotations") or {}).get(DIGEST_ANNOTATION) == \
+                pipeline["metadata"]["annotations"][DIGEST_ANNOTATION]:
+            return
+        body = {**pipeline, "metadata": {**pipeline["metadata"],
+                                         "resourceVersion": meta.get("resourceVersion")}}
+        with self._boundary(f"replacing {what}"):
+            self._custom.replace_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "pipelines", name, body)
+
+    def _put_secret(self, secret: SecretMaterial, workflow: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": secret.name, "namespace": self.namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "couler"}},
+            "type": "Opaque",
+            "stringData": secret.reveal(),
+        }
+        what = f"creating secret {secret.name!r} of workflow {workflow!r}"
+        try:
+            self._core.create_namespaced_secret(self.namespace, body)
+            return
+        except k8s_client.ApiException as e:
+            if e.status != 409:
+                _raise(e, what, echo=False)
+        except _CONNECTION_ERRORS as e:
+            _raise(e, what)
+        with self._boundary(f"replacing secret {secret.name!r} of workflow {workflow!r}",
+                            echo=False):
+            self._core.replace_namespaced_secret(secret.name, self.namespace, body)
+
+    # ------------------------------------------------------------------ observe
+
+    def get(self, name: str) -> dict[str, Any]:
+        """The PipelineRun object ``name`` as plain data."""
+        with self._boundary(f"reading PipelineRun {name!r}"):
+            obj = self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "pipelineruns", name)
+        return _mapping(obj)
+
+    def task_runs(self, name: str) -> list[dict[str, Any]]:
+        """The TaskRuns of the PipelineRun ``name`` (by Tekton's ``tekton.dev/pipelineRun``)."""
+        return _items(self._list_task_runs(name))
+
+    def _list_task_runs(self, name: str) -> Any:
+        with self._boundary(f"listing the TaskRuns of PipelineRun {name!r}"):
+            return self._custom.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "taskruns",
+                label_selector=f"{PIPELINE_RUN_LABEL}={name}")
+
+    def status(self, name: str) -> RunStatus:
+        """The state of the run ``name`` and of its steps (see the module's mapping)."""
+        return run_status(self.get(name), self.task_runs(name))
+
+    def watch(self, name: str, timeout: float | None = None) -> Iterator[RunStatus]:
+        """Yield the run's status now and on every change, until it is terminal.
+
+        A task's progress shows on its TaskRun, not on the PipelineRun (whose status
+        only lists children), so two Kubernetes watches run at once, each in a thread:
+        ``pipelineruns`` with the field selector ``metadata.name=NAME`` and ``taskruns``
+        with the label selector ``tekton.dev/pipelineRun=NAME``, each resuming from the
+        last seen ``resourceVersion`` when the server closes its stream.
+
+        Raises:
+            OperationTimeoutError: ``timeout`` seconds passed before the run ended.
+            NotFoundError: the run does not exist or was deleted.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        run = self.get(name)
+        listed = _mapping(self._list_task_runs(name))
+        children = {str(tr["metadata"]["name"]): tr for tr in _items(listed)}
+        last = run_status(run, children.values())
+        yield last
+        if last.state.terminal:
+            return
+        events: queue.Queue[tuple[str, str, dict[str, Any], CoulerError | None]] = \
+            queue.Queue()
+        stop = threading.Event()
+        follows = [
+            ("pipelineruns", {"field_selector": f"metadata.name={name}"},
+             (run.get("metadata") or {}).get("resourceVersion")),
+            ("taskruns", {"label_selector": f"{PIPELINE_RUN_LABEL}={name}"},
+             (listed.get("metadata") or {}).get("resourceVersion")),
+        ]
+        for plural, selector, version in follows:
+            threading.Thread(target=self._follow, name=f"couler-tekton-watch-{plural}",
+                             args=(plural, selector, version),
+                             kwargs={"deadline": deadline, "events": events, "stop": stop},
+                             daemon=True).start()
+
+        def timed_out() -> OperationTimeoutError:
+            return OperationTimeoutError(f"PipelineRun {name!r}: not finished after "
+                                         f"{timeout} s (last state {last.state.value})")
+
+        try:
+            while True:
+                wait = None if deadline is None else deadline - time.monotonic()
+                if wait is not None and wait <= 0:
+                    raise timed_out()
+                try:
+                    plural, etype, item, error = events.get(timeout=wait)
+                except queue.Empty:
+                    raise timed_out() from None
+                if error is not None:
+                    raise error
+                item_name = str((item.get("metadata") or {}).get("name", ""))
+                if plural == "pipelineruns":
+                    if item_name != name:
+                        continue
+                    if etype == "DELETED":
+                        raise NotFoundError(f"PipelineRun {name!r} was deleted in namespace "
+                                            f"{self.namespace!r} while being watched")
+                    run = item
+                elif etype == "DELETED":
+                    children.pop(item_name, None)
+                else:
+                    children[item_name] = item
+                current = run_status(run, children.values())
+                if current.state.terminal:
+                    # The two streams are not ordered with each other: read the TaskRuns
+                    # once more so the last status has every task's final state.
+                    children = {str(tr["metadata"]["name"]): tr for tr in self.task_runs(name)}
+                    current = run_status(run, children.values())
+                if current != last:
+                    last = current
+                    yield current
+                if current.state.terminal:
+                    return
+        finally:
+            stop.set()
+
+    def _follow(self, plural: str, selector: Mapping[str, str], version: str | None, *,
+                deadline: float | None, events: queue.Queue[Any],
+                stop: threading.Event) -> None:
+        """Feed ``events`` with the watch events of ``plural`` until ``stop`` is set."""
+        while not stop.is_set():
+            kwargs: dict[str, Any] = dict(selector)
+            seconds = float(WATCH_RECONNECT_SECONDS)
+            if deadline is not None:
+                seconds = min(seconds, deadline - time.monotonic())
+                if seconds <= 0:
+                    return  # the consumer raises the timeout
+            kwargs["timeout_seconds"] = max(1, int(seconds + 0.999))
+            kwargs["_request_timeout"] = seconds + 5
+            if version:
+                kwargs["resource_version"] = version
+            w = k8s_watch.Watch()
+            try:
+                stream = w.stream(self._custom.list_namespaced_custom_object, GROUP, VERSION,
+                                  self.namespace, plural, **kwargs)
+                try:
+                    for event in stream:
+                        if stop.is_set():
+                            return
+                        etype = str(event.get("type"))
+                        item = _mapping(event.get("object"))
+                        if etype == "ERROR":  # e.g. 410 Gone: start again from now
+                            version = None
+                            continue
+                        version = (item.get("metadata") or {}).get("resourceVersion", version)
+                        events.put((plural, etype, item, None))
+                finally:
+                    w.stop()
+                    stream.close()
+            except CoulerError as e:
+                events.put((plural, "", {}, e))
+                return
+            except (k8s_client.ApiException, *_CONNECTION_ERRORS) as e:
+                try:
+                    _raise(e, f"watching {plural} of namespace {self.namespace!r}",
+                           namespace=self.namespace)
+                except CoulerError as err:
+                    events.put((plural, "", {}, err))
+                return
+            except Exception as e:  # the consumer waits on the queue: never die silently
+                events.put((plural, "", {}, RetryableError(
+                    f"watching {plural} of namespace {self.namespace!r}: "
+                    f"{type(e).__name__}: {e}")))
+                return
+
+    def logs(self, name: str, step: str, key: str = "") -> str:
+        """The ``step-main`` container log of step ``step`` (map item / iteration ``key``).
+
+        Raises:
+            NotFoundError: no such step in the run, or it has no pod (skipped, or not
+                started yet).
+        """
+        run = self.get(name)
+        found = _find_step(run, self.task_runs(name), step, key)
+        label = step + (f"[{key}]" if key else "")
+        if found is None:
+            raise NotFoundError(f"PipelineRun {name!r}: no step {label!r} in the run")
+        task_run, skipped = found
+        pod = str(((task_run or {}).get("status") or {}).get("podName") or "")
+        if skipped or not pod:
+            why = "it was skipped" if skipped else "its TaskRun has no pod yet"
+            raise NotFoundError(f"PipelineRun {name!r}: step {label!r} has no pod ({why})")
+        container = _main_container(task_run or {})
+        with self._boundary(f"reading the log of step {label!r} (pod {pod!r}) "
+                            f"of PipelineRun {name!r}"):
+            text = self._core.read_namespaced_pod_log(pod, self.namespace, container=container)
+        return str(text)
+
+    # ------------------------------------------------------------------ control
+
+    def cancel(self, name: str) -> None:
+        """Cancel the run: merge-patch ``spec.status: Cancelled`` (as ``tkn pr cancel``).
+
+        Tekton cancels the running TaskRuns (their pods are deleted) and runs no
+        finally task; the run ends with reason ``Cancelled``, reported as
+        ``RunState.CANCELLED``. A finished run is left as it is.
+        """
+        if run_status(self.get(name), ()).state.terminal:
+            return
+        with self._boundary(f"cancelling PipelineRun {name!r}"):
+            self._custom.patch_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "pipelineruns", name,
+                {"spec": {"status": "Cancelled"}})
+
+    # ------------------------------------------------------------------ internals
+
+    @contextlib.contextmanager
+    def _boundary(self, action: str, *, echo: bool = True) -> Iterator[None]:
+        try:
+            yield
+        except k8s_client.ApiException as e:
+            _raise(e, action, echo=echo, namespace=self.namespace)
+        except _CONNECTION_ERRORS as e:
+            _raise(e, action)
+
+
+# --------------------------------------------------------------------------- status mapping
+
+
+def _condition(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == "Succeeded":
+            return dict(c)
+    return None
+
+
+def _run_state(run: Mapping[str, Any]) -> RunState:
+    cond = _condition(run)
+    if cond is None:
+        return RunState.PENDING
+    status, reason = cond.get("status"), str(cond.get("reason") or "")
+    if status == "True":
+        return RunState.SUCCEEDED
+    if status == "False":
+        return RunState.CANCELLED if reason in _CANCELLED_RUN else RunState.FAILED
+    return RunState.PENDING if reason in ("", "PipelineRunPending", "Pending") \
+        else RunState.RUNNING
+
+
+def _task_state(task_run: Mapping[str, Any] | None, run_cancelled: bool) -> StepState:
+    cond = _condition(task_run or {})
+    if cond is None:
+        return StepState.PENDING
+    status, reason = cond.get("status"), str(cond.get("reason") or "")
+    if status == "True":
+        return StepState.SUCCEEDED
+    if status == "False":
+        return StepState.CANCELLED if reason in _CANCELLED_TASK or run_cancelled \
+            else StepState.FAILED
+    if reason == "ToBeRetried":
+        return StepState.RETRYING
+    return StepState.PENDING if reason in ("", "Pending", "Started") else StepState.RUNNING
+
+
+def _task_names(run: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+    """The run's pipeline task names and, among them, the matrixed ones."""
+    status = run.get("status") or {}
+    spec = status.get("pipelineSpec") or {}
+    names: set[str] = set()
+    matrixed: set[str] = set()
+    for task in [*(spec.get("tasks") or ()), *(spec.get("finally") or ())]:
+        if isinstance(task, Mapping) and task.get("name"):
+            names.add(str(task["name"]))
+            if task.get("matrix"):
+                matrixed.add(str(task["name"]))
+    for ref in status.get("childReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("pipelineTaskName"):
+            names.add(str(ref["pipelineTaskName"]))
+    for skipped in status.get("skippedTasks") or ():
+        if isinstance(skipped, Mapping) and skipped.get("name"):
+            names.add(str(skipped["name"]))
+    return names, matrixed
+
+
+def _loop_step(task: str, names: set[str]) -> tuple[str, str]:
+    """Task ``S-iterK`` of an unrolled loop is step ``S`` iteration ``K-1``; ``S`` is 0."""
+    m = _ITER.match(task)
+    if m and m["step"] in names and int(m["n"]) >= 2:
+        return m["step"], str(int(m["n"]) - 1)
+    if f"{task}-iter2" in names:
+        return task, "0"
+    return task, ""
+
+
+def _children(run: Mapping[str, Any], task_runs: Iterable[Mapping[str, Any]]
+              ) -> list[tuple[str, str, dict[str, Any] | None, str]]:
+    """``(step, key, TaskRun or None, skip reason)`` for every step of the run."""
+    name = str((run.get("metadata") or {}).get("name", ""))
+    status = run.get("status") or {}
+    by_name = {str((tr.get("metadata") or {}).get("name", "")): dict(tr) for tr in task_runs}
+    names, matrixed = _task_names(run)
+    refs: list[tuple[str, str]] = []  # (pipeline task, TaskRun name)
+    for ref in status.get("childReferences") or ():
+        if isinstance(ref, Mapping) and ref.get("kind", "TaskRun") == "TaskRun":
+            refs.append((str(ref.get("pipelineTaskName", "")), str(ref.get("name", ""))))
+    listed = {tr for _, tr in refs}
+    for tr_name, tr in by_name.items():  # created, not yet in the run's status
+        task = ((tr.get("metadata") or {}).get("labels") or {}).get(PIPELINE_TASK_LABEL)
+        if tr_name not in listed and task:
+            refs.append((str(task), tr_name))
+    per_task: dict[str, list[str]] = {}
+    for task, tr_name in refs:
+        per_task.setdefault(task, []).append(tr_name)
+    out: list[tuple[str, str, dict[str, Any] | None, str]] = []
+    for task, tr_names in per_task.items():
+        step, key = _loop_step(task, names)
+        for position, tr_name in enumerate(tr_names):
+            item_key = key
+            if len(tr_names) > 1 or task in matrixed:
+                m = re.fullmatch(re.escape(f"{name}-{task}-") + r"([0-9]+)", tr_name)
+                item_key = m[1] if m else str(position)
+            out.append((step, item_key, by_name.get(tr_name), ""))
+    for skipped in status.get("skippedTasks") or ():
+        if isinstance(skipped, Mapping) and skipped.get("name"):
+            step, key = _loop_step(str(skipped["name"]), names)
+            out.append((step, key, None, str(skipped.get("reason") or "skipped")))
+    return out
+
+
+def _find_step(run: Mapping[str, Any], task_runs: Iterable[Mapping[str, Any]], step: str,
+               key: str) -> tuple[dict[str, Any] | None, bool] | None:
+    for s, k, task_run, skip in _children(run, task_runs):
+        if (s, k) == (step, key):
+            return task_run, bool(skip)
+    return None
+
+
+def _main_step(task_run: Mapping[str, Any]) -> dict[str, Any]:
+    steps = [dict(s) for s in (task_run.get("status") or {}).get("steps") or ()
+             if isinstance(s, Mapping)]
+    for s in steps:
+        if s.get("name") == MAIN_STEP:
+            return s
+    return steps[-1] if steps else {}
+
+
+def _main_container(task_run: Mapping[str, Any]) -> str:
+    return str(_main_step(task_run).get("container") or f"step-{MAIN_STEP}")
+
+
+def _result_text(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def _step_status(step: str, key: str, task_run: Mapping[str, Any] | None, skip: str,
+                 run_cancelled: bool) -> StepStatus:
+    if skip:
+        return StepStatus(step=step, state=StepState.SKIPPED, key=key, message=skip)
+    status = (task_run or {}).get("status") or {}
+    state = _task_state(task_run, run_cancelled)
+    started = bool(status.get("podName") or status.get("startTime"))
+    attempts = len(status.get("retriesStatus") or ()) + (1 if started else 0)
+    outputs = {str(r["name"]): _result_text(r["value"]) for r in status.get("results") or ()
+               if isinstance(r, Mapping) and "name" in r and "value" in r}
+    exit_code: int | None = None
+    terminated = _main_step(task_run or {}).get("terminated") or {}
+    with contextlib.suppress(TypeError, ValueError):
+        exit_code = int(terminated["exitCode"]) if "exitCode" in terminated else None
+    cond = _condition(task_run or {}) or {}
+    return StepStatus(step=step, state=state, key=key, attempts=attempts, exit_code=exit_code,
+                      started_at=_time(status.get("startTime")),
+                      finished_at=_time(status.get("completionTime")), outputs=outputs,
+                      message=str(cond.get("message") or ""))
+
+
+def run_status(run: Mapping[str, Any], task_runs: Iterable[Mapping[str, Any]]) -> RunStatus:
+    """Map a Tekton ``PipelineRun`` and its ``TaskRun`` objects (plain data) to a RunStatus."""
+    meta = run.get("metadata") or {}
+    status = run.get("status") or {}
+    name = str(meta.get("name", ""))
+    workflow = str(((run.get("spec") or {}).get("pipelineRef") or {}).get("name") or "") \
+        or str(meta.get("generateName") or "").removesuffix("-") or name
+    state = _run_state(run)
+    cancelled = state is RunState.CANCELLED
+    steps = [_step_status(s, k, tr, skip, cancelled)
+             for s, k, tr, skip in _children(run, task_runs)]
+    steps.sort(key=lambda s: (s.started_at is None, s.started_at or 0.0, s.step,
+                              int(s.key) if s.key.isdigit() else -1, s.key))
+    cond = _condition(run) or {}
+    return RunStatus(run_id=name, workflow=workflow, state=state, steps=tuple(steps),
+                     started_at=_time(status.get("startTime")),
+                     finished_at=_time(status.get("completionTime")),
+                     message=str(cond.get("message") or ""))
+
+
+def _conforms(adapter: TektonAdapter) -> EngineAdapter:
+    """Never called: mypy checks here that the adapter follows the EngineAdapter protocol."""
+    return adapter
