@@ -1,0 +1,74 @@
+from couler.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LookupRequest(_message.Message):
+    __slots__ = ("keys", "max_age_seconds")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    MAX_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    max_age_seconds: int
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., max_age_seconds: _Optional[int] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("entries", "missing")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[_common_pb2.CacheEntry]
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, entries: _Optional[_Iterable[_Union[_common_pb2.CacheEntry, _Mapping]]] = ..., missing: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CommitRequest(_message.Message):
+    __slots__ = ("entry",)
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    entry: _common_pb2.CacheEntry
+    def __init__(self, entry: _Optional[_Union[_common_pb2.CacheEntry, _Mapping]] = ...) -> None: ...
+
+class CommitResponse(_message.Message):
+    __slots__ = ("created", "evicted")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    evicted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, created: _Optional[bool] = ..., evicted: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("entries", "bytes", "hits", "misses", "evictions", "budget_bytes")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    entries: int
+    bytes: int
+    hits: int
+    misses: int
+    evictions: int
+    budget_bytes: int
+    def __init__(self, entries: _Optional[int] = ..., bytes: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., budget_bytes: _Optional[int] = ...) -> None: ...
+
+class EvictRequest(_message.Message):
+    __slots__ = ("keys", "free_bytes")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    free_bytes: int
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., free_bytes: _Optional[int] = ...) -> None: ...
+
+class EvictResponse(_message.Message):
+    __slots__ = ("evicted", "freed_bytes")
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    FREED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    evicted: _containers.RepeatedScalarFieldContainer[str]
+    freed_bytes: int
+    def __init__(self, evicted: _Optional[_Iterable[str]] = ..., freed_bytes: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,42 @@
+from couler.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class UtilizationRequest(_message.Message):
+    __slots__ = ("run_id", "workflow", "step", "limit")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    workflow: str
+    step: str
+    limit: int
+    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., step: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class UtilizationResponse(_message.Message):
+    __slots__ = ("samples", "peaks")
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PEAKS_FIELD_NUMBER: _ClassVar[int]
+    samples: _containers.RepeatedCompositeFieldContainer[_common_pb2.UtilizationSample]
+    peaks: _containers.RepeatedCompositeFieldContainer[_common_pb2.StepPeak]
+    def __init__(self, samples: _Optional[_Iterable[_Union[_common_pb2.UtilizationSample, _Mapping]]] = ..., peaks: _Optional[_Iterable[_Union[_common_pb2.StepPeak, _Mapping]]] = ...) -> None: ...
+
+class RecommendationsRequest(_message.Message):
+    __slots__ = ("workflow", "step")
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    workflow: str
+    step: str
+    def __init__(self, workflow: _Optional[str] = ..., step: _Optional[str] = ...) -> None: ...
+
+class RecommendationsResponse(_message.Message):
+    __slots__ = ("recommendations",)
+    RECOMMENDATIONS_FIELD_NUMBER: _ClassVar[int]
+    recommendations: _containers.RepeatedCompositeFieldContainer[_common_pb2.Recommendation]
+    def __init__(self, recommendations: _Optional[_Iterable[_Union[_common_pb2.Recommendation, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,116 @@
+from couler.v1 import common_pb2 as _common_pb2
+from couler.v1 import workflow_pb2 as _workflow_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("workflow", "text", "template", "engine", "parameters", "idempotency_key", "dry_run", "no_cache", "constraints", "objectives", "tenant")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    NO_CACHE_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVES_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    workflow: _workflow_pb2.Workflow
+    text: str
+    template: str
+    engine: str
+    parameters: _containers.ScalarMap[str, str]
+    idempotency_key: str
+    dry_run: bool
+    no_cache: bool
+    constraints: _containers.RepeatedScalarFieldContainer[str]
+    objectives: _containers.RepeatedScalarFieldContainer[_common_pb2.Objective]
+    tenant: str
+    def __init__(self, workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., text: _Optional[str] = ..., template: _Optional[str] = ..., engine: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., dry_run: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., constraints: _Optional[_Iterable[str]] = ..., objectives: _Optional[_Iterable[_Union[_common_pb2.Objective, str]]] = ..., tenant: _Optional[str] = ...) -> None: ...
+
+class SubmitResponse(_message.Message):
+    __slots__ = ("run_id", "created")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    created: bool
+    def __init__(self, run_id: _Optional[str] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class WatchRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class CancelRunRequest(_message.Message):
+    __slots__ = ("run_id", "reason")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    reason: str
+    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RetryRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class ListRunsRequest(_message.Message):
+    __slots__ = ("workflow", "states", "page_size", "page_token")
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    workflow: str
+    states: _containers.RepeatedScalarFieldContainer[_common_pb2.RunState]
+    page_size: int
+    page_token: str
+    def __init__(self, workflow: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_common_pb2.RunState, str]]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListRunsResponse(_message.Message):
+    __slots__ = ("runs", "next_page_token")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[_common_pb2.Run]
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[_common_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class RegisterTemplateRequest(_message.Message):
+    __slots__ = ("name", "workflow", "engine")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    workflow: _workflow_pb2.Workflow
+    engine: str
+    def __init__(self, name: _Optional[str] = ..., workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., engine: _Optional[str] = ...) -> None: ...
+
+class ListTemplatesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTemplatesResponse(_message.Message):
+    __slots__ = ("templates",)
+    TEMPLATES_FIELD_NUMBER: _ClassVar[int]
+    templates: _containers.RepeatedCompositeFieldContainer[_common_pb2.Template]
+    def __init__(self, templates: _Optional[_Iterable[_Union[_common_pb2.Template, _Mapping]]] = ...) -> None: ...

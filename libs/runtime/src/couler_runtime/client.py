@@ -1,0 +1,434 @@
+"""A typed, blocking Python client for Couler's five gRPC services.
+
+::
+
+    with CoulerClient("127.0.0.1:50051", token=token) as couler:
+        run_id = couler.submitter.submit(workflow, engine="local").run_id
+        for run in couler.submitter.watch(run_id):
+            print(run.state, [(s.name, s.state) for s in run.steps])
+
+One address serves all five services (the embedded stack puts them behind one
+server) or a mapping names one per service (``{"submitter": "...", "cache": ...}``);
+services at the same address share a channel. Workflows go in and come out as IR
+(:mod:`couler.ir`, through :mod:`couler_runtime.codec`), everything else as the frozen
+dataclasses of :mod:`couler_runtime.rpc.records`; protobuf never reaches the caller.
+A failed call raises the :mod:`couler.errors` exception the server raised (a
+``ValidationError`` with its issues, ``NotFoundError``, ...), chained to the RpcError.
+
+Services use the asyncio channels of :mod:`couler_runtime.rpc.client` instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+
+from couler import ir
+from couler.errors import UserError
+from couler.v1 import (
+    cache_service_pb2,
+    common_pb2,
+    generator_service_pb2,
+    monitor_service_pb2,
+    optimizer_service_pb2,
+    submitter_service_pb2,
+)
+from couler_runtime import codec
+from couler_runtime.rpc import SERVICES
+from couler_runtime.rpc.client import connect, translated_errors
+from couler_runtime.rpc.records import (
+    CacheEntry,
+    CacheStats,
+    CommitResult,
+    EvictResult,
+    GenerationReport,
+    LookupResult,
+    Objective,
+    Plan,
+    Recommendation,
+    Run,
+    RunState,
+    Template,
+    Utilization,
+    cache_entry_from_proto,
+    cache_entry_to_proto,
+    cache_stats_from_proto,
+    generation_report_from_proto,
+    objectives_to_proto,
+    plan_from_proto,
+    recommendation_from_proto,
+    run_from_proto,
+    run_states_to_proto,
+    template_from_proto,
+    utilization_from_proto,
+)
+
+__all__ = [
+    "CacheClient",
+    "CoulerClient",
+    "Generated",
+    "GeneratorClient",
+    "MonitorClient",
+    "OptimizerClient",
+    "RunPage",
+    "Submission",
+    "SubmitterClient",
+]
+
+Req = TypeVar("Req", bound=Message)
+Resp = TypeVar("Resp", bound=Message)
+
+DEFAULT_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """A workflow the generator made, and how."""
+
+    workflow: ir.Workflow
+    report: GenerationReport
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """An accepted run; ``created`` is False when the idempotency key was used before."""
+
+    run_id: str
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    """A page of runs, newest first; ``next_page_token`` is "" on the last page."""
+
+    runs: tuple[Run, ...]
+    next_page_token: str = ""
+
+
+class _Unary(Generic[Req, Resp]):
+    """One unary RPC: serializes, applies the timeout, translates errors."""
+
+    def __init__(self, channel: grpc.Channel, service: str, method: str,
+                 response: type[Resp], timeout: float | None) -> None:
+        self._call: grpc.UnaryUnaryMultiCallable[Req, Resp] = channel.unary_unary(
+            f"/{service}/{method}",
+            request_serializer=_serialize,
+            response_deserializer=response.FromString,
+        )
+        self._timeout = timeout
+
+    def __call__(self, request: Req) -> Resp:
+        with translated_errors():
+            return self._call(request, timeout=self._timeout)
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+class _ServiceClient:
+    """Base of the per-service clients: one channel, one service name, a timeout."""
+
+    _SERVICE = ""
+
+    def __init__(self, channel: grpc.Channel, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        self._channel = channel
+        self._timeout = timeout
+
+    def _unary(self, method: str, response: type[Resp]) -> _Unary[Any, Resp]:
+        return _Unary(self._channel, self._SERVICE, method, response, self._timeout)
+
+
+class GeneratorClient(_ServiceClient):
+    """``couler.v1.GeneratorService``."""
+
+    _SERVICE = SERVICES["generator"]
+
+    def __init__(self, channel: grpc.Channel, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        super().__init__(channel, timeout)
+        self._generate = self._unary("Generate", generator_service_pb2.GenerateResponse)
+
+    def generate(self, text: str, *, constraints: Sequence[str] = (), engine: str = "",
+                 name: str = "") -> Generated:
+        """A valid workflow for ``text``; ``UserError`` when it cannot be planned."""
+        resp = self._generate(generator_service_pb2.GenerateRequest(
+            text=text, constraints=list(constraints), engine=engine, name=name))
+        return Generated(codec.workflow_from_proto(resp.workflow),
+                         generation_report_from_proto(resp.report))
+
+
+class OptimizerClient(_ServiceClient):
+    """``couler.v1.OptimizerService``."""
+
+    _SERVICE = SERVICES["optimizer"]
+
+    def __init__(self, channel: grpc.Channel, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        super().__init__(channel, timeout)
+        self._optimize = self._unary("Optimize", common_pb2.Plan)
+
+    def optimize(self, workflow: ir.Workflow, engine: str = "local", *,
+                 objectives: Iterable[Objective] = (), no_cache: bool = False,
+                 parameters: Mapping[str, str] | None = None, run_id: str = "") -> Plan:
+        """The plan for running ``workflow`` on ``engine``."""
+        return plan_from_proto(self._optimize(optimizer_service_pb2.OptimizeRequest(
+            workflow=codec.workflow_to_proto(workflow), engine=engine,
+            objectives=objectives_to_proto(objectives), no_cache=no_cache,
+            parameters=dict(parameters or {}), run_id=run_id)))
+
+
+class CacheClient(_ServiceClient):
+    """``couler.v1.CacheService``."""
+
+    _SERVICE = SERVICES["cache"]
+
+    def __init__(self, channel: grpc.Channel, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        super().__init__(channel, timeout)
+        self._lookup = self._unary("Lookup", cache_service_pb2.LookupResponse)
+        self._commit = self._unary("Commit", cache_service_pb2.CommitResponse)
+        self._stats = self._unary("Stats", cache_service_pb2.StatsResponse)
+        self._evict = self._unary("Evict", cache_service_pb2.EvictResponse)
+
+    def lookup(self, keys: Iterable[str], *, max_age_seconds: int = 0) -> LookupResult:
+        """The entries for ``keys`` (by key) and the keys with none."""
+        resp = self._lookup(cache_service_pb2.LookupRequest(
+            keys=list(keys), max_age_seconds=max_age_seconds))
+        return LookupResult({e.key: cache_entry_from_proto(e) for e in resp.entries},
+                            tuple(resp.missing))
+
+    def commit(self, entry: CacheEntry) -> CommitResult:
+        """Store ``entry`` (its artifacts are already in the artifact store)."""
+        resp = self._commit(cache_service_pb2.CommitRequest(entry=cache_entry_to_proto(entry)))
+        return CommitResult(resp.created, tuple(resp.evicted))
+
+    def stats(self) -> CacheStats:
+        """Size and counters."""
+        return cache_stats_from_proto(self._stats(cache_service_pb2.StatsRequest()))
+
+    def evict(self, keys: Iterable[str] = (), *, free_bytes: int = 0) -> EvictResult:
+        """Remove ``keys``, then more by policy until ``free_bytes`` are freed."""
+        resp = self._evict(cache_service_pb2.EvictRequest(keys=list(keys), free_bytes=free_bytes))
+        return EvictResult(tuple(resp.evicted), resp.freed_bytes)
+
+
+class SubmitterClient(_ServiceClient):
+    """``couler.v1.SubmitterService``."""
+
+    _SERVICE = SERVICES["submitter"]
+
+    def __init__(self, channel: grpc.Channel, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        super().__init__(channel, timeout)
+        self._submit = self._unary("Submit", submitter_service_pb2.SubmitResponse)
+        self._get = self._unary("Get", common_pb2.Run)
+        self._cancel = self._unary("Cancel", common_pb2.Run)
+        self._retry = self._unary("Retry", common_pb2.Run)
+        self._list = self._unary("List", submitter_service_pb2.ListRunsResponse)
+        self._register = self._unary("RegisterTemplate", common_pb2.Template)
+        self._templates = self._unary("ListTemplates",
+                                      submitter_service_pb2.ListTemplatesResponse)
+        self._watch: grpc.UnaryStreamMultiCallable[Any, common_pb2.Run] = channel.unary_stream(
+            f"/{self._SERVICE}/Watch", request_serializer=_serialize,
+            response_deserializer=common_pb2.Run.FromString)
+
+    def submit(
+        self,
+        source: ir.Workflow | str | None = None,
+        *,
+        template: str = "",
+        engine: str = "",
+        parameters: Mapping[str, str] | None = None,
+        idempotency_key: str = "",
+        dry_run: bool = False,
+        no_cache: bool = False,
+        constraints: Sequence[str] = (),
+        objectives: Iterable[Objective] = (),
+        tenant: str = "",
+    ) -> Submission:
+        """Start a run of a workflow, of a request in plain language, or of a template.
+
+        Give exactly one of ``source`` (an IR workflow, or text) and ``template``.
+        Returns at once; follow the run with :meth:`watch` or :meth:`wait`.
+        """
+        if (source is None) == (not template):
+            raise UserError("submit: give exactly one of a workflow, a text or a template")
+        request = submitter_service_pb2.SubmitRequest(
+            engine=engine, parameters=dict(parameters or {}), idempotency_key=idempotency_key,
+            dry_run=dry_run, no_cache=no_cache, constraints=list(constraints),
+            objectives=objectives_to_proto(objectives), tenant=tenant)
+        if isinstance(source, ir.Workflow):
+            request.workflow.CopyFrom(codec.workflow_to_proto(source))
+        elif isinstance(source, str):
+            request.text = source
+        else:
+            request.template = template
+        resp = self._submit(request)
+        return Submission(resp.run_id, resp.created)
+
+    def get(self, run_id: str) -> Run:
+        """The run's record; ``NotFoundError`` for an unknown run."""
+        return run_from_proto(self._get(submitter_service_pb2.GetRunRequest(run_id=run_id)))
+
+    def watch(self, run_id: str, *, timeout: float | None = None) -> Iterator[Run]:
+        """The current record, then one per change, ending after a terminal state.
+
+        ``timeout`` bounds the whole stream (``OperationTimeoutError`` past it).
+        Closing the iterator early cancels the stream.
+        """
+        call = self._watch(submitter_service_pb2.WatchRunRequest(run_id=run_id), timeout=timeout)
+        try:
+            with translated_errors():
+                for message in call:
+                    yield run_from_proto(message)
+        finally:
+            call.cancel()
+
+    def wait(self, run_id: str, *, timeout: float | None = None,
+             on_change: Callable[[Run], None] | None = None) -> Run:
+        """Follow the run until it is terminal and return the final record."""
+        last: Run | None = None
+        for run in self.watch(run_id, timeout=timeout):
+            if on_change is not None:
+                on_change(run)
+            last = run
+        if last is None or not last.state.terminal:
+            raise UserError(f"run {run_id!r}: the watch ended before the run finished")
+        return last
+
+    def cancel(self, run_id: str, reason: str = "") -> Run:
+        """Stop the run (no-op if finished); returns its record."""
+        return run_from_proto(self._cancel(
+            submitter_service_pb2.CancelRunRequest(run_id=run_id, reason=reason)))
+
+    def retry(self, run_id: str) -> Run:
+        """Re-run a failed or cancelled run from its failure point."""
+        return run_from_proto(self._retry(submitter_service_pb2.RetryRunRequest(run_id=run_id)))
+
+    def list(self, *, workflow: str = "", states: Iterable[RunState] = (), page_size: int = 0,
+             page_token: str = "") -> RunPage:
+        """Runs, newest first, filtered by workflow name and state."""
+        resp = self._list(submitter_service_pb2.ListRunsRequest(
+            workflow=workflow, states=run_states_to_proto(states), page_size=page_size,
+            page_token=page_token))
+        return RunPage(tuple(run_from_proto(r) for r in resp.runs), resp.next_page_token)
+
+    def register_template(self, name: str, workflow: ir.Workflow, *,
+                          engine: str = "") -> Template:
+        """Register (or replace) a template launched as ``couler.launch.<name>``."""
+        return template_from_proto(self._register(submitter_service_pb2.RegisterTemplateRequest(
+            name=name, workflow=codec.workflow_to_proto(workflow), engine=engine)))
+
+    def list_templates(self) -> tuple[Template, ...]:
+        """The registered templates, by name."""
+        resp = self._templates(submitter_service_pb2.ListTemplatesRequest())
+        return tuple(template_from_proto(t) for t in resp.templates)
+
+
+class MonitorClient(_ServiceClient):
+    """``couler.v1.MonitorService``."""
+
+    _SERVICE = SERVICES["monitor"]
+
+    def __init__(self, channel: grpc.Channel, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        super().__init__(channel, timeout)
+        self._utilization = self._unary("Utilization", monitor_service_pb2.UtilizationResponse)
+        self._recommendations = self._unary("Recommendations",
+                                            monitor_service_pb2.RecommendationsResponse)
+
+    def utilization(self, *, run_id: str = "", workflow: str = "", step: str = "",
+                    limit: int = 0) -> Utilization:
+        """Samples and peaks of a run, or of a workflow (and step)."""
+        return utilization_from_proto(self._utilization(monitor_service_pb2.UtilizationRequest(
+            run_id=run_id, workflow=workflow, step=step, limit=limit)))
+
+    def recommendations(self, workflow: str, step: str = "") -> tuple[Recommendation, ...]:
+        """The current recommendations for ``workflow`` (one ``step``'s, if given)."""
+        resp = self._recommendations(
+            monitor_service_pb2.RecommendationsRequest(workflow=workflow, step=step))
+        return tuple(recommendation_from_proto(r) for r in resp.recommendations)
+
+
+class CoulerClient:
+    """All five services, at one address or one each.
+
+    Args:
+        address: "host:port" for all services, or a mapping from service
+            ("generator", "optimizer", "cache", "submitter", "monitor") to address;
+            a service left out raises ``UserError`` when used.
+        token: the bearer token the servers require, if any.
+        timeout: seconds each unary call may take (``None``: no limit); ``watch``
+            takes its own.
+        credentials: TLS channel credentials; ``None`` is plain text.
+    """
+
+    def __init__(self, address: str | Mapping[str, str], *, token: str | None = None,
+                 timeout: float | None = DEFAULT_TIMEOUT,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        addresses = ({name: address for name in SERVICES} if isinstance(address, str)
+                     else dict(address))
+        unknown = set(addresses) - set(SERVICES)
+        if unknown:
+            raise UserError(f"CoulerClient: unknown service(s) {sorted(unknown)}; "
+                            f"expected some of {sorted(SERVICES)}")
+        self._addresses = addresses
+        self._channels: dict[str, grpc.Channel] = {}
+        self._token, self._timeout, self._credentials = token, timeout, credentials
+        self._clients: dict[str, _ServiceClient] = {}
+
+    def _client(self, name: str, cls: type[_ServiceClient]) -> Any:
+        if name not in self._clients:
+            address = self._addresses.get(name)
+            if not address:
+                raise UserError(f"CoulerClient: no address given for the {name} service")
+            if address not in self._channels:
+                self._channels[address] = connect(address, token=self._token,
+                                                  credentials=self._credentials)
+            self._clients[name] = cls(self._channels[address], self._timeout)
+        return self._clients[name]
+
+    @property
+    def generator(self) -> GeneratorClient:
+        """The generator service."""
+        client: GeneratorClient = self._client("generator", GeneratorClient)
+        return client
+
+    @property
+    def optimizer(self) -> OptimizerClient:
+        """The optimizer service."""
+        client: OptimizerClient = self._client("optimizer", OptimizerClient)
+        return client
+
+    @property
+    def cache(self) -> CacheClient:
+        """The cache service."""
+        client: CacheClient = self._client("cache", CacheClient)
+        return client
+
+    @property
+    def submitter(self) -> SubmitterClient:
+        """The submitter service."""
+        client: SubmitterClient = self._client("submitter", SubmitterClient)
+        return client
+
+    @property
+    def monitor(self) -> MonitorClient:
+        """The monitor service."""
+        client: MonitorClient = self._client("monitor", MonitorClient)
+        return client
+
+    def close(self) -> None:
+        """Close every channel."""
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        self._clients.clear()
+
+    def __enter__(self) -> CoulerClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,622 @@
+"""Frozen dataclasses for the contract's records, and their protobuf conversions.
+
+The IR travels as ``couler.v1.Workflow`` and is converted by :mod:`couler_runtime.codec`;
+everything else the services exchange (runs, step records, plans, cache entries,
+reports, samples, recommendations) has a small dataclass here with ``to_proto`` /
+``from_proto`` functions, so that services and clients handle Python values and touch
+protobuf only at the edge. Times are seconds since the epoch (``float``, kept to the
+nanosecond on the wire), as in
+:class:`couler.engines.base.StepStatus`; ``None`` means "not yet" or "unknown".
+
+Enums mirror the proto enums member for member (``RUN_STATE_FAILED`` ⇄
+``RunState.FAILED``); the mapping is checked when this module is imported.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from couler import ir
+from couler.engines import base
+from couler.errors import InvalidWorkflowError
+from couler.v1 import cache_service_pb2, common_pb2, monitor_service_pb2
+from couler.v1 import workflow_pb2 as wpb
+from couler_runtime import codec
+
+__all__ = [
+    "CacheEntry",
+    "CacheStats",
+    "Chunk",
+    "CommitResult",
+    "EvictResult",
+    "GenerationReport",
+    "LookupResult",
+    "Objective",
+    "PassReport",
+    "Plan",
+    "Recommendation",
+    "RecommendationKind",
+    "Run",
+    "RunState",
+    "StepPeak",
+    "StepRecord",
+    "StoredArtifact",
+    "Template",
+    "Utilization",
+    "UtilizationSample",
+]
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+class RunState(enum.StrEnum):
+    """A run's state as the submitter records it: the engines' states plus two before."""
+
+    ACCEPTED = "accepted"  # recorded; planning not started
+    PLANNING = "planning"  # being generated / optimized
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the run will not change state again (until a Retry)."""
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
+
+    @classmethod
+    def from_engine(cls, state: base.RunState) -> RunState:
+        """The record state for an engine's normalized run state."""
+        return cls(state.value)
+
+
+class RecommendationKind(enum.StrEnum):
+    """What a recommendation adjusts (see ``couler.v1.RecommendationKind``)."""
+
+    MEMORY_REQUEST = "memory_request"
+    CPU_REQUEST = "cpu_request"
+    RETRY = "retry"
+    TIMEOUT = "timeout"
+    MEMORY_LIMIT = "memory_limit"
+
+
+class Objective(enum.StrEnum):
+    """What the optimizer weighs."""
+
+    LATENCY = "latency"
+    COST = "cost"
+    RELIABILITY = "reliability"
+
+
+class _Enum(Generic[E]):
+    """A Python enum ⇄ the proto enum whose values are ``PREFIX_<MEMBER NAME>``."""
+
+    def __init__(self, py: type[E], proto: EnumTypeWrapper, prefix: str) -> None:
+        self._names = {m: f"{prefix}_{m.name}" for m in py}
+        # Value() raises at import if the proto lacks a member.
+        self._from = {proto.Value(name): m for m, name in self._names.items()}
+        if set(proto.values()) - set(self._from) != {0}:
+            raise RuntimeError(f"proto enum {prefix} does not mirror {py.__name__}")
+        self._prefix = prefix
+
+    def to_proto(self, member: E | None) -> str:
+        """The proto value's name (message constructors accept enum names)."""
+        return f"{self._prefix}_UNSPECIFIED" if member is None else self._names[member]
+
+    def from_proto(self, number: int, where: str) -> E:
+        member = self._from.get(number)
+        if member is None:
+            problem = "is not set" if number == 0 else f"has unknown value {number}"
+            raise InvalidWorkflowError(f"{where}: {self._prefix} {problem}")
+        return member
+
+    def optional(self, number: int, where: str) -> E | None:
+        return None if number == 0 else self.from_proto(number, where)
+
+
+_RUN_STATE = _Enum(RunState, common_pb2.RunState, "RUN_STATE")
+_STEP_STATE = _Enum(base.StepState, common_pb2.StepState, "STEP_STATE")
+_KIND = _Enum(RecommendationKind, common_pb2.RecommendationKind, "RECOMMENDATION_KIND")
+_OBJECTIVE = _Enum(Objective, common_pb2.Objective, "OBJECTIVE")
+_FAILURE = _Enum(ir.FailureClass, wpb.FailureClass, "FAILURE_CLASS")
+
+
+def run_states_to_proto(states: Iterable[RunState]) -> list[str]:
+    """Proto value names of ``states`` (for ``ListRunsRequest.states``)."""
+    return [_RUN_STATE.to_proto(s) for s in states]
+
+
+def run_states_from_proto(values: Iterable[int]) -> tuple[RunState, ...]:
+    """The states of a ``ListRunsRequest``."""
+    return tuple(_RUN_STATE.from_proto(v, "states") for v in values)
+
+
+def objectives_to_proto(objectives: Iterable[Objective]) -> list[str]:
+    """Proto values of ``objectives``."""
+    return [_OBJECTIVE.to_proto(o) for o in objectives]
+
+
+def objectives_from_proto(values: Iterable[int]) -> tuple[Objective, ...]:
+    """The objectives of a request."""
+    return tuple(_OBJECTIVE.from_proto(v, "objectives") for v in values)
+
+
+# =========================================================================== time
+
+
+def _ts(seconds: float | None) -> Timestamp | None:
+    if seconds is None:
+        return None
+    whole = math.floor(seconds)
+    nanos = round((seconds - whole) * 1e9)  # exact split: no precision lost to 1e18 ns
+    if nanos == 1_000_000_000:
+        whole, nanos = whole + 1, 0
+    return Timestamp(seconds=whole, nanos=nanos)
+
+
+def _seconds(msg: object, name: str) -> float | None:
+    if not msg.HasField(name):  # type: ignore[attr-defined]
+        return None
+    ts: Timestamp = getattr(msg, name)
+    return ts.seconds + ts.nanos / 1e9
+
+
+# =========================================================================== runs
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step (one map item / loop iteration: ``key``) of a run."""
+
+    name: str
+    state: base.StepState
+    key: str = ""
+    attempts: int = 0
+    exit_code: int | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    peak_cpu: float | None = None  # cores
+    peak_memory_bytes: int | None = None
+    outputs: Mapping[str, str] = field(default_factory=dict)
+    cache_key: str = ""
+    cached: bool = False
+    message: str = ""
+    failure_class: ir.FailureClass | None = None
+
+    @classmethod
+    def from_status(
+        cls, status: base.StepStatus, *, cache_key: str = "",
+        failure_class: ir.FailureClass | None = None,
+    ) -> StepRecord:
+        """The record of an engine's :class:`~couler.engines.base.StepStatus`."""
+        return cls(
+            name=status.step, state=status.state, key=status.key, attempts=status.attempts,
+            exit_code=status.exit_code, started_at=status.started_at,
+            finished_at=status.finished_at, peak_cpu=status.peak_cpu,
+            peak_memory_bytes=status.peak_memory_bytes, outputs=dict(status.outputs),
+            cache_key=cache_key, cached=status.state is base.StepState.CACHED,
+            message=status.message, failure_class=failure_class,
+        )
+
+
+def step_record_to_proto(r: StepRecord) -> common_pb2.StepRecord:
+    """The ``couler.v1.StepRecord`` of ``r``."""
+    return common_pb2.StepRecord(
+        name=r.name, key=r.key, state=_STEP_STATE.to_proto(r.state), attempts=r.attempts,
+        exit_code=r.exit_code, started_at=_ts(r.started_at), finished_at=_ts(r.finished_at),
+        peak_cpu=r.peak_cpu, peak_memory_bytes=r.peak_memory_bytes, outputs=dict(r.outputs),
+        cache_key=r.cache_key, cached=r.cached, message=r.message,
+        failure_class=_FAILURE.to_proto(r.failure_class),
+    )
+
+
+def step_record_from_proto(m: common_pb2.StepRecord) -> StepRecord:
+    """The :class:`StepRecord` of ``m``."""
+    where = f"step {m.name!r}"
+    return StepRecord(
+        name=m.name, key=m.key, state=_STEP_STATE.from_proto(m.state, f"{where}, state"),
+        attempts=m.attempts, exit_code=m.exit_code if m.HasField("exit_code") else None,
+        started_at=_seconds(m, "started_at"), finished_at=_seconds(m, "finished_at"),
+        peak_cpu=m.peak_cpu if m.HasField("peak_cpu") else None,
+        peak_memory_bytes=m.peak_memory_bytes if m.HasField("peak_memory_bytes") else None,
+        outputs=dict(m.outputs), cache_key=m.cache_key, cached=m.cached, message=m.message,
+        failure_class=_FAILURE.optional(m.failure_class, f"{where}, failure_class"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PassReport:
+    """What one optimizer pass did."""
+
+    name: str
+    changed: bool = False
+    notes: tuple[str, ...] = ()
+    duration_ms: float = 0.0
+
+
+def pass_report_to_proto(r: PassReport) -> common_pb2.PassReport:
+    """The ``couler.v1.PassReport`` of ``r``."""
+    return common_pb2.PassReport(name=r.name, changed=r.changed, notes=list(r.notes),
+                                 duration_ms=r.duration_ms)
+
+
+def pass_report_from_proto(m: common_pb2.PassReport) -> PassReport:
+    """The :class:`PassReport` of ``m``."""
+    return PassReport(m.name, m.changed, tuple(m.notes), m.duration_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """The submitter's record of one run."""
+
+    run_id: str
+    state: RunState
+    workflow: str = ""
+    engine: str = ""
+    engine_run_id: str = ""
+    steps: tuple[StepRecord, ...] = ()
+    created_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    message: str = ""
+    passes: tuple[PassReport, ...] = ()
+    idempotency_key: str = ""
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    workflow_digest: str = ""
+    template: str = ""
+    dry_run: bool = False
+    revision: int = 0
+    retries: int = 0
+
+    def step(self, name: str, key: str = "") -> StepRecord:
+        """The record of step ``name`` (item ``key``); KeyError if there is none."""
+        for s in self.steps:
+            if s.name == name and s.key == key:
+                return s
+        raise KeyError(f"run {self.run_id!r} has no step {name!r}" + (f" [{key}]" if key else ""))
+
+
+def run_to_proto(r: Run) -> common_pb2.Run:
+    """The ``couler.v1.Run`` of ``r``."""
+    return common_pb2.Run(
+        run_id=r.run_id, workflow=r.workflow, state=_RUN_STATE.to_proto(r.state),
+        engine=r.engine, engine_run_id=r.engine_run_id,
+        steps=[step_record_to_proto(s) for s in r.steps],
+        created_at=_ts(r.created_at), started_at=_ts(r.started_at),
+        finished_at=_ts(r.finished_at), message=r.message,
+        passes=[pass_report_to_proto(p) for p in r.passes],
+        idempotency_key=r.idempotency_key, parameters=dict(r.parameters),
+        workflow_digest=r.workflow_digest, template=r.template, dry_run=r.dry_run,
+        revision=r.revision, retries=r.retries,
+    )
+
+
+def run_from_proto(m: common_pb2.Run) -> Run:
+    """The :class:`Run` of ``m``."""
+    return Run(
+        run_id=m.run_id, workflow=m.workflow,
+        state=_RUN_STATE.from_proto(m.state, f"run {m.run_id!r}, state"),
+        engine=m.engine, engine_run_id=m.engine_run_id,
+        steps=tuple(step_record_from_proto(s) for s in m.steps),
+        created_at=_seconds(m, "created_at"), started_at=_seconds(m, "started_at"),
+        finished_at=_seconds(m, "finished_at"), message=m.message,
+        passes=tuple(pass_report_from_proto(p) for p in m.passes),
+        idempotency_key=m.idempotency_key, parameters=dict(m.parameters),
+        workflow_digest=m.workflow_digest, template=m.template, dry_run=m.dry_run,
+        revision=m.revision, retries=m.retries,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A registered workflow template."""
+
+    name: str
+    workflow: ir.Workflow
+    engine: str = ""
+    workflow_digest: str = ""
+    registered_at: float | None = None
+
+
+def template_to_proto(t: Template) -> common_pb2.Template:
+    """The ``couler.v1.Template`` of ``t``."""
+    return common_pb2.Template(
+        name=t.name, workflow=codec.workflow_to_proto(t.workflow), engine=t.engine,
+        workflow_digest=t.workflow_digest, registered_at=_ts(t.registered_at),
+    )
+
+
+def template_from_proto(m: common_pb2.Template) -> Template:
+    """The :class:`Template` of ``m``."""
+    return Template(m.name, codec.workflow_from_proto(m.workflow), m.engine,
+                    m.workflow_digest, _seconds(m, "registered_at"))
+
+
+# =========================================================================== cache
+
+
+@dataclass(frozen=True, slots=True)
+class StoredArtifact:
+    """An artifact in the artifact store."""
+
+    digest: str
+    size_bytes: int = 0
+    uri: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """A cached step result."""
+
+    key: str
+    workflow: str = ""
+    step: str = ""
+    outputs: Mapping[str, str] = field(default_factory=dict)
+    artifacts: Mapping[str, StoredArtifact] = field(default_factory=dict)
+    size_bytes: int = 0
+    created_at: float | None = None
+    last_used_at: float | None = None
+    hits: int = 0
+
+
+def cache_entry_to_proto(e: CacheEntry) -> common_pb2.CacheEntry:
+    """The ``couler.v1.CacheEntry`` of ``e``."""
+    return common_pb2.CacheEntry(
+        key=e.key, workflow=e.workflow, step=e.step, outputs=dict(e.outputs),
+        artifacts={
+            name: common_pb2.StoredArtifact(digest=a.digest, size_bytes=a.size_bytes, uri=a.uri)
+            for name, a in e.artifacts.items()
+        },
+        size_bytes=e.size_bytes, created_at=_ts(e.created_at),
+        last_used_at=_ts(e.last_used_at), hits=e.hits,
+    )
+
+
+def cache_entry_from_proto(m: common_pb2.CacheEntry) -> CacheEntry:
+    """The :class:`CacheEntry` of ``m``."""
+    return CacheEntry(
+        key=m.key, workflow=m.workflow, step=m.step, outputs=dict(m.outputs),
+        artifacts={n: StoredArtifact(a.digest, a.size_bytes, a.uri)
+                   for n, a in m.artifacts.items()},
+        size_bytes=m.size_bytes, created_at=_seconds(m, "created_at"),
+        last_used_at=_seconds(m, "last_used_at"), hits=m.hits,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    """Entries found by key, and the keys not found."""
+
+    entries: Mapping[str, CacheEntry]
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """Whether a commit added the entry, and what it evicted to make room."""
+
+    created: bool
+    evicted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EvictResult:
+    """What an eviction removed."""
+
+    evicted: tuple[str, ...]
+    freed_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """The cache's size and counters."""
+
+    entries: int
+    bytes: int
+    hits: int
+    misses: int
+    evictions: int
+    budget_bytes: int  # 0: unlimited
+
+
+def cache_stats_from_proto(m: cache_service_pb2.StatsResponse) -> CacheStats:
+    """The :class:`CacheStats` of ``m``."""
+    return CacheStats(m.entries, m.bytes, m.hits, m.misses, m.evictions, m.budget_bytes)
+
+
+# =========================================================================== planning
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationReport:
+    """How the generator made a workflow from text."""
+
+    planner: str
+    model: str = ""
+    subtasks: tuple[str, ...] = ()
+    catalog_steps: tuple[str, ...] = ()
+    rounds: int = 1
+    repairs: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def generation_report_to_proto(r: GenerationReport) -> common_pb2.GenerationReport:
+    """The ``couler.v1.GenerationReport`` of ``r``."""
+    return common_pb2.GenerationReport(
+        planner=r.planner, model=r.model, subtasks=list(r.subtasks),
+        catalog_steps=list(r.catalog_steps), rounds=r.rounds, repairs=list(r.repairs),
+        notes=list(r.notes),
+    )
+
+
+def generation_report_from_proto(m: common_pb2.GenerationReport) -> GenerationReport:
+    """The :class:`GenerationReport` of ``m``."""
+    return GenerationReport(m.planner, m.model, tuple(m.subtasks), tuple(m.catalog_steps),
+                            m.rounds, tuple(m.repairs), tuple(m.notes))
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A piece of a split workflow, run as its own engine workflow."""
+
+    name: str
+    steps: tuple[str, ...]
+    depends_on: tuple[str, ...] = ()
+    workflow: ir.Workflow | None = None
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The optimizer's result."""
+
+    workflow: ir.Workflow
+    engine: str
+    compiled: str = ""
+    cached: Mapping[str, CacheEntry] = field(default_factory=dict)  # by step name
+    passes: tuple[PassReport, ...] = ()
+    chunks: tuple[Chunk, ...] = ()
+    workflow_digest: str = ""
+
+
+def plan_to_proto(p: Plan) -> common_pb2.Plan:
+    """The ``couler.v1.Plan`` of ``p``."""
+    return common_pb2.Plan(
+        workflow=codec.workflow_to_proto(p.workflow), engine=p.engine, compiled=p.compiled,
+        cached={name: cache_entry_to_proto(e) for name, e in p.cached.items()},
+        passes=[pass_report_to_proto(r) for r in p.passes],
+        chunks=[common_pb2.Chunk(name=c.name, steps=list(c.steps), depends_on=list(c.depends_on),
+                                 workflow=(codec.workflow_to_proto(c.workflow)
+                                           if c.workflow is not None else None),
+                                 size_bytes=c.size_bytes)
+                for c in p.chunks],
+        workflow_digest=p.workflow_digest,
+    )
+
+
+def plan_from_proto(m: common_pb2.Plan) -> Plan:
+    """The :class:`Plan` of ``m`` (its workflow decoded by the codec)."""
+    return Plan(
+        workflow=codec.workflow_from_proto(m.workflow), engine=m.engine, compiled=m.compiled,
+        cached={name: cache_entry_from_proto(e) for name, e in m.cached.items()},
+        passes=tuple(pass_report_from_proto(r) for r in m.passes),
+        chunks=tuple(Chunk(c.name, tuple(c.steps), tuple(c.depends_on),
+                           codec.workflow_from_proto(c.workflow)
+                           if c.HasField("workflow") else None, c.size_bytes)
+                     for c in m.chunks),
+        workflow_digest=m.workflow_digest,
+    )
+
+
+# =========================================================================== metrics
+
+
+@dataclass(frozen=True, slots=True)
+class UtilizationSample:
+    """One measurement of a running step."""
+
+    run_id: str
+    workflow: str
+    step: str
+    at: float | None
+    cpu: float  # cores
+    memory_bytes: int
+    key: str = ""
+    attempt: int = 1
+
+
+def utilization_sample_to_proto(s: UtilizationSample) -> common_pb2.UtilizationSample:
+    """The ``couler.v1.UtilizationSample`` of ``s``."""
+    return common_pb2.UtilizationSample(
+        run_id=s.run_id, workflow=s.workflow, step=s.step, key=s.key, attempt=s.attempt,
+        at=_ts(s.at), cpu=s.cpu, memory_bytes=s.memory_bytes,
+    )
+
+
+def utilization_sample_from_proto(m: common_pb2.UtilizationSample) -> UtilizationSample:
+    """The :class:`UtilizationSample` of ``m``."""
+    return UtilizationSample(m.run_id, m.workflow, m.step, _seconds(m, "at"), m.cpu,
+                             m.memory_bytes, m.key, m.attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPeak:
+    """The highest use seen for one step of one run."""
+
+    run_id: str
+    workflow: str
+    step: str
+    peak_cpu: float
+    peak_memory_bytes: int
+    samples: int
+    key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Utilization:
+    """Samples (oldest first) and peaks."""
+
+    samples: tuple[UtilizationSample, ...]
+    peaks: tuple[StepPeak, ...]
+
+
+def utilization_from_proto(m: monitor_service_pb2.UtilizationResponse) -> Utilization:
+    """The :class:`Utilization` of ``m``."""
+    return Utilization(
+        tuple(utilization_sample_from_proto(s) for s in m.samples),
+        tuple(StepPeak(p.run_id, p.workflow, p.step, p.peak_cpu, p.peak_memory_bytes,
+                       p.samples, p.key) for p in m.peaks),
+    )
+
+
+def utilization_to_proto(u: Utilization) -> monitor_service_pb2.UtilizationResponse:
+    """The ``couler.v1.UtilizationResponse`` of ``u``."""
+    return monitor_service_pb2.UtilizationResponse(
+        samples=[utilization_sample_to_proto(s) for s in u.samples],
+        peaks=[common_pb2.StepPeak(run_id=p.run_id, workflow=p.workflow, step=p.step, key=p.key,
+                                   peak_cpu=p.peak_cpu, peak_memory_bytes=p.peak_memory_bytes,
+                                   samples=p.samples) for p in u.peaks],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """A change the monitor proposes for the next plans of a workflow."""
+
+    workflow: str
+    step: str
+    kind: RecommendationKind
+    value: str
+    reason: str = ""
+    based_on_samples: int = 0
+    created_at: float | None = None
+    failure_class: ir.FailureClass | None = None
+    id: str = ""
+
+
+def recommendation_to_proto(r: Recommendation) -> common_pb2.Recommendation:
+    """The ``couler.v1.Recommendation`` of ``r``."""
+    return common_pb2.Recommendation(
+        workflow=r.workflow, step=r.step, kind=_KIND.to_proto(r.kind), value=r.value,
+        reason=r.reason, based_on_samples=r.based_on_samples, created_at=_ts(r.created_at),
+        failure_class=_FAILURE.to_proto(r.failure_class), id=r.id,
+    )
+
+
+def recommendation_from_proto(m: common_pb2.Recommendation) -> Recommendation:
+    """The :class:`Recommendation` of ``m``."""
+    where = f"recommendation for {m.workflow!r}"
+    return Recommendation(
+        workflow=m.workflow, step=m.step, kind=_KIND.from_proto(m.kind, f"{where}, kind"),
+        value=m.value, reason=m.reason, based_on_samples=m.based_on_samples,
+        created_at=_seconds(m, "created_at"),
+        failure_class=_FAILURE.optional(m.failure_class, f"{where}, failure_class"), id=m.id,
+    )
