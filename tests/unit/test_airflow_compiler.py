@@ -367,7 +367,7 @@ def test_retry_timeout_priority_and_defaults() -> None:
     assert kw["execution_timeout"] == "datetime.timedelta(seconds=60)"
     assert kw["priority_weight"] == 5
     kw = dag.tasks["other"].kwargs
-    assert kw["retries"] == 2 and "retry_delay" not in kw
+    assert kw["retries"] == 2 and kw["retry_delay"] == "datetime.timedelta(seconds=0)"
     assert kw["execution_timeout"] == "datetime.timedelta(seconds=30)"
 
 

@@ -28,9 +28,10 @@ Shape of the generated file:
   hooks, otherwise derived from the run's task states) are substituted by the
   runner (also in script sources and env values). Outputs are returned from
   the task and pushed as one XCom per output name (``multiple_outputs``): a
-  ``stdout`` output is the whole standard output with trailing newlines
-  removed (Argo's ``result``), a ``path`` output the contents of the file
-  after the command ends (missing file = step failure). List-typed outputs are
+  ``stdout`` output is the whole standard output, a ``path`` output the
+  contents of the file after the command ends (missing file = step failure),
+  both stripped of surrounding whitespace as the local engine does (so
+  ``echo x > FILE`` gives ``x``, like Argo's ``result``). List-typed outputs are
   decoded from JSON so a map can expand over them. Consumers read them as
   ``t["STEP"]["OUTPUT"]``; reading a mapped step's output gives the JSON list
   of its per-item values (Airflow gathers the mapped XComs).
@@ -38,7 +39,10 @@ Shape of the generated file:
   ``trigger_rule`` (one per task, so all edges of a step must share one
   condition): succeeded → ``none_failed`` (upstream succeeded or was skipped),
   failed / errored → ``all_failed``, skipped → ``all_skipped``, completed /
-  any → ``all_done``.
+  any → ``all_done``. A DAG run's state comes from its leaf tasks, so a failed
+  step whose failure such an edge handles would leave the run succeeded; the
+  ``couler-exit-status`` watcher task (below) keeps it failed, as on the other
+  engines.
 * **when / else** are evaluated by the runner before the command starts; a
   false condition raises ``AirflowSkipException`` so the task ends *skipped*
   and ``none_failed`` dependents still run. Comparisons are numeric when both
@@ -56,8 +60,13 @@ Shape of the generated file:
   group outputs are forwarded from the inner step declaring them.
 * **Exit hooks** are tasks downstream of every workflow task with trigger
   rule ``none_failed`` (on succeeded), ``one_failed`` (on failed / error) or
-  ``all_done`` (any), plus a ``couler-exit-status`` task (``one_failed``,
-  always fails) that keeps the run failed when a step failed.
+  ``all_done`` (any).
+* **Run state.** When the workflow has exit hooks or a non-succeeded edge,
+  a ``couler-exit-status`` task (Airflow's "watcher" idiom: ``one_failed``,
+  no retries, always fails when it runs) is downstream of every workflow task
+  (also the tasks inside groups) and fails the run when any step failed (it
+  is skipped when none did). Without hooks or such edges a failed step's
+  dependents end ``upstream_failed`` and Airflow fails the run by itself.
 * **Policies**: retries → ``retries`` / ``retry_delay`` /
   ``retry_exponential_backoff`` (the factor) / ``max_retry_delay``; timeout →
   ``execution_timeout`` (workflow timeout → ``dagrun_timeout``); priority →
@@ -129,8 +138,9 @@ CAPABILITIES: dict[Feature, Capability] = {
         _U, "a referenced workflow would be a separate DAG (TriggerDagRunOperator) whose "
             "outputs cannot be read back; not generated"),
     Feature.PARAMETERS: Capability(
-        _N, "outputs are XComs (multiple_outputs, one per output name; stdout = whole output "
-            "with trailing newlines trimmed, path = file contents read after the command); "
+        _N, "outputs are XComs (multiple_outputs, one per output name; stdout = whole output, "
+            "path = file contents read after the command, both stripped like the local "
+            "engine's); "
             "inputs are XComArgs substituted into {{inputs.NAME}} by the step runner"),
     Feature.WORKFLOW_PARAMETERS: Capability(
         _N, "DAG params (Param with default and JSON-schema type), read at run time"),
@@ -140,7 +150,8 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.EDGE_CONDITIONS: Capability(
         _N, "the task's trigger_rule: failed/errored → all_failed, skipped → all_skipped, "
             "completed/any → all_done (succeeded → none_failed); one rule per task, so all "
-            "edges of a step must share one condition"),
+            "edges of a step must share one condition; a couler-exit-status task (one_failed) "
+            "keeps the run failed when a handled step failed"),
     Feature.DEPENDS_EXPRESSION: Capability(
         _U, "a trigger_rule is one quantifier over all upstream tasks; and/or/not over "
             "individual task outcomes cannot be expressed"),
@@ -165,8 +176,8 @@ CAPABILITIES: dict[Feature, Capability] = {
             "(succeeded), one_failed (failed/error) or all_done (any), plus a "
             "couler-exit-status task that fails the run when a step failed; hook steps "
             "cannot depend on each other"),
-    Feature.RETRY: Capability(_N, "task retries (Airflow's default retry_delay, 300 s, "
-                                  "unless a back-off is given)"),
+    Feature.RETRY: Capability(_N, "task retries; without a back-off retry_delay is 0 (at "
+                                  "once, as on the other engines)"),
     Feature.RETRY_BACKOFF: Capability(
         _N, "retry_delay = base, retry_exponential_backoff = factor, max_retry_delay = cap"),
     Feature.RETRY_FAILURE_CLASSES: Capability(
@@ -318,11 +329,12 @@ def _couler_once(step: str, spec: dict[str, Any], fill: Any,
             raise RuntimeError(f"step {step} exited with code {proc.returncode}")
         outputs: dict[str, Any] = {}
         for out in spec["outputs"]:
+            # stripped like the local engine: `echo x > FILE` gives "x", as print("x") does
             if out["source"] == "stdout":
-                value = proc.stdout.rstrip("\\n")
+                value = proc.stdout.strip()
             else:
-                with open(out["path"], encoding="utf-8") as f:
-                    value = f.read()
+                with open(out["path"], encoding="utf-8", errors="replace") as f:
+                    value = f.read().strip()
             if out["type"] == "list":
                 try:
                     value = json.loads(value)
@@ -401,7 +413,7 @@ def _couler_items(value: Any = None, param: str = "") -> list[Any]:
 
 
 def _couler_exit_status() -> None:
-    """Runs only when a workflow step failed: keeps the DAG run failed after exit hooks."""
+    """Runs only when a workflow step failed: keeps the DAG run failed (leaves decide it)."""
     raise RuntimeError("a step of the workflow failed")
 '''
 
@@ -508,11 +520,16 @@ class _Compiler:
         top = _Scope("", wf.steps)
         self._emit_steps(top, wf.steps, indent=1, group_rule=None)
         main_keys = [top.key(s.name) for s in wf.steps]
+        inner_keys = [k for k in self.specs if k not in main_keys]  # tasks inside groups
+        # Airflow's "watcher" idiom: a run's state comes from its leaf tasks, so a failed
+        # step whose failure an edge or exit hook handles would leave the run succeeded.
+        watch = bool(wf.exit_hooks) or self._absorbs_failures()
         hook_lines: list[str] = []
-        if wf.exit_hooks:
+        if watch:
             hook_lines.append("")
-            hook_lines.append("    # exit hooks: run after every workflow task, by trigger rule")
             hook_lines.append(f"    main = [{', '.join(f't[{k!r}]' for k in main_keys)}]")
+        if wf.exit_hooks:
+            hook_lines.append("    # exit hooks: run after every workflow task, by trigger rule")
             for hook in wf.exit_hooks:
                 for step in hook.steps:
                     if step.dependencies or step.depends is not None:
@@ -530,12 +547,23 @@ class _Compiler:
                     if status is not None:
                         self.specs[step.name]["status"] = status
                     hook_lines.append(f"    main >> t[{step.name!r}]")
+        if watch:
+            hook_lines.append("    # the run fails when any step failed (a failed step with a "
+                              "handler is still a failed run)")
             hook_lines.append(f"    t[{EXIT_STATUS_TASK!r}] = task(")
             hook_lines.append(f"        _couler_exit_status, task_id={EXIT_STATUS_TASK!r}, "
-                              "trigger_rule='one_failed',")
+                              "trigger_rule='one_failed', retries=0,")
             hook_lines.append("    )()")
             hook_lines.append(f"    main >> t[{EXIT_STATUS_TASK!r}]")
+            if inner_keys:  # a group's edge to a task starts at the group's last tasks only
+                hook_lines.append(f"    [{', '.join(f't[{k!r}]' for k in inner_keys)}] "
+                                  f">> t[{EXIT_STATUS_TASK!r}]")
         return self._render(hook_lines)
+
+    def _absorbs_failures(self) -> bool:
+        """Whether a step can run after a failed upstream (a failed / skipped / any edge)."""
+        return any(d.condition is not ir.EdgeCondition.SUCCEEDED
+                   for s in ir.all_steps(self.wf.steps) for d in s.dependencies)
 
     def _render(self, hook_lines: list[str]) -> str:
         wf = self.wf
@@ -774,6 +802,8 @@ class _Compiler:
                 if b.cap_seconds is not None:
                     kwargs.append(
                         f"max_retry_delay=datetime.timedelta(seconds={b.cap_seconds!r})")
+            else:  # no back-off: retry at once, as on the other engines (not Airflow's 300 s)
+                kwargs.append("retry_delay=datetime.timedelta(seconds=0)")
         timeout = step.timeout_seconds if step.timeout_seconds is not None else d.timeout_seconds
         if timeout is not None:
             kwargs.append(f"execution_timeout=datetime.timedelta(seconds={timeout})")

@@ -1,0 +1,140 @@
+"""Conformance programs run on Apache Airflow (``DAG.test()``), compared with expected.json.
+
+expected.json records the local engine's results. Every program goes through
+tests/conformance/airflow_runner.py in ONE ``.venv-airflow`` process: compiled
+with :mod:`couler.compilers.airflow` (a rejection is reported as
+``unsupported``), then run with ``dag.test()`` -- what ``airflow dags test``
+does, without a CLI start-up per program -- under a per-program timeout. Its
+summary per program (run state; per step state, try number and XCom outputs)
+is compared with :func:`tests.conformance.harness.matches`. Known differences
+are listed in ``AIRFLOW_DIFFERENCES`` and asserted, so a fix shows up as a
+failure to update them.
+
+The whole run takes 13-25 s on a busy 2-core machine (the first program pays
+Airflow's in-process start-up, a few seconds; the others take well under 1 s
+each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from typing import Any
+
+import pytest
+
+from couler.compilers import airflow
+from couler.engines.base import Feature, Support
+from tests.conformance import harness
+from tests.conformance.loader import load_program, program_paths
+
+EXPECTED: dict[str, Any] = json.loads(harness.EXPECTED.read_text(encoding="utf-8"))
+PATHS = {p.stem: p for p in program_paths()}
+PYTHON = harness.ROOT / ".venv-airflow" / "bin" / "python"
+RUNNER = harness.HERE / "airflow_runner.py"
+PROGRAM_TIMEOUT = 60  # seconds per program inside the runner (a hang costs one program)
+RUN_TIMEOUT = 240  # seconds for the whole runner: the suite never waits longer
+
+# Where Airflow differs from expected.json (the local engine's results).
+AIRFLOW_DIFFERENCES: dict[str, dict[str, Any]] = {
+    # The local engine rejects cron schedules (it has no scheduler); dag.test() makes one
+    # manual run of the scheduled DAG.
+    "cron": {"state": "succeeded", "steps": {"tick": {"state": "succeeded"}}},
+    # The local engine rejects inline sub-workflows; on Airflow they are TaskGroups, whose
+    # tasks are named GROUP.STEP (concurrent(subtasks=True) names the groups).
+    "subworkflows": {"state": "succeeded", "steps": {
+        name: {"state": "succeeded"}
+        for name in ("first", "concurrent-task.one-a", "concurrent-task.one-b",
+                     "concurrent-task-2.two-a", "concurrent-task-2.two-b", "last")}},
+}
+
+
+@pytest.fixture(scope="module")
+def airflow_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every program, compiled and run by the runner in one .venv-airflow process."""
+    if not PYTHON.exists():
+        pytest.fail(f"{PYTHON} is missing: run scripts/setup-engine-venv.sh airflow",
+                    pytrace=False)
+    work = tmp_path_factory.mktemp("airflow-conformance")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+           and not k.startswith("AIRFLOW")}
+    proc = subprocess.Popen(
+        [str(PYTHON), str(RUNNER), str(harness.ROOT), str(work), str(PROGRAM_TIMEOUT),
+         *map(str, PATHS.values())],
+        cwd=work, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # the runner takes its running child down too
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"the Airflow runner took over {RUN_TIMEOUT} s:\n{stderr[-4000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("COULER-JSON "))
+    runs: dict[str, Any] = json.loads(line.removeprefix("COULER-JSON "))
+    return runs
+
+
+def test_every_compiled_program_ran(airflow_runs: dict[str, Any]) -> None:
+    assert sorted(airflow_runs) == sorted(PATHS)
+    broken = {n: r for n, r in airflow_runs.items() if r["state"] in ("timeout", "error")}
+    assert broken == {}
+    ran = sorted(n for n, r in airflow_runs.items() if r["state"] != "unsupported")
+    compiled = sorted(n for n, p in PATHS.items() if harness.compile_one(
+        "airflow", "couler.compilers.airflow", load_program(p)).status == "compiled")
+    assert ran == compiled and len(ran) >= 14, ran
+
+
+@pytest.mark.parametrize("program", sorted(PATHS))
+def test_airflow_run_matches_expected(airflow_runs: dict[str, Any], program: str) -> None:
+    actual = airflow_runs[program]
+    if actual["state"] == "unsupported":
+        # Rejected by the compiler for a feature its capability matrix declares unsupported,
+        # the same way as in the main environment.
+        cap = airflow.CAPABILITIES[Feature(actual["feature"])]
+        assert cap.support is Support.UNSUPPORTED, actual
+        outcome = harness.compile_one("airflow", "couler.compilers.airflow",
+                                      load_program(PATHS[program]))
+        assert (outcome.status, outcome.feature) == ("unsupported", actual["feature"])
+        return
+    expected = AIRFLOW_DIFFERENCES.get(program, EXPECTED[program])
+    assert harness.matches(expected, actual) == [], json.dumps(actual, indent=1)
+
+
+@pytest.mark.parametrize("program", sorted(AIRFLOW_DIFFERENCES))
+def test_listed_differences_still_differ(airflow_runs: dict[str, Any], program: str) -> None:
+    assert harness.matches(EXPECTED[program], airflow_runs[program]) != []
+
+
+def test_handled_failure_still_fails_the_run(airflow_runs: dict[str, Any]) -> None:
+    # edge_conditions: `broken` fails, its `failed` and `any` edges run the handlers; the
+    # run still fails (the couler-exit-status watcher), as on every other engine.
+    run = airflow_runs["edge_conditions"]
+    assert run["state"] == "failed"
+    assert run["steps"]["broken"]["state"] == "failed"
+    assert run["steps"]["on-failure"] == {"state": "succeeded", "attempts": 1,
+                                          "outputs": {"out": "recovering"}}
+    assert airflow.EXIT_STATUS_TASK not in run["steps"]
+
+
+def test_outputs_have_no_trailing_newline(airflow_runs: dict[str, Any]) -> None:
+    # stdout (print) and path outputs (echo > FILE) both end in "\n"; XComs are stripped.
+    outputs = [v for r in airflow_runs.values() for s in r.get("steps", {}).values()
+               for v in s["outputs"].values()]
+    assert len(outputs) >= 10
+    assert not [v for v in outputs if v != v.strip()]
+    assert airflow_runs["basic_steps"]["steps"]["produce"]["outputs"] == {"result": "hello"}
+    assert airflow_runs["basic_steps"]["steps"]["shout"]["outputs"] == {"said": "hello world"}
+
+
+def test_retries_are_counted(airflow_runs: dict[str, Any]) -> None:
+    # `flaky` fails its first try; a retry without back-off would wait Airflow's default
+    # 300 s (the runner sets default_task_retry_delay to 0, else it would time out).
+    for program in ("retry_backoff", "retry_timeout"):
+        run = airflow_runs[program]
+        assert run["state"] == "succeeded", run
+        assert run["steps"]["flaky"]["attempts"] == 2, run
+
