@@ -78,7 +78,7 @@ RECOMMENDATION_KIND_TIMEOUT: RecommendationKind
 RECOMMENDATION_KIND_MEMORY_LIMIT: RecommendationKind
 
 class StepRecord(_message.Message):
-    __slots__ = ("name", "key", "state", "attempts", "exit_code", "started_at", "finished_at", "peak_cpu", "peak_memory_bytes", "outputs", "cache_key", "cached", "message", "failure_class")
+    __slots__ = ("name", "key", "state", "attempts", "exit_code", "started_at", "finished_at", "peak_cpu", "peak_memory_bytes", "outputs", "cache_key", "cached", "message", "failure_class", "artifacts")
     class OutputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,13 @@ class StepRecord(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class ArtifactsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: StoredArtifact
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[StoredArtifact, _Mapping]] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +107,7 @@ class StepRecord(_message.Message):
     CACHED_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FAILURE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     key: str
     state: StepState
@@ -114,7 +122,8 @@ class StepRecord(_message.Message):
     cached: bool
     message: str
     failure_class: _workflow_pb2.FailureClass
-    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., attempts: _Optional[int] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., peak_cpu: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., outputs: _Optional[_Mapping[str, str]] = ..., cache_key: _Optional[str] = ..., cached: _Optional[bool] = ..., message: _Optional[str] = ..., failure_class: _Optional[_Union[_workflow_pb2.FailureClass, str]] = ...) -> None: ...
+    artifacts: _containers.MessageMap[str, StoredArtifact]
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., attempts: _Optional[int] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., peak_cpu: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., outputs: _Optional[_Mapping[str, str]] = ..., cache_key: _Optional[str] = ..., cached: _Optional[bool] = ..., message: _Optional[str] = ..., failure_class: _Optional[_Union[_workflow_pb2.FailureClass, str]] = ..., artifacts: _Optional[_Mapping[str, StoredArtifact]] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "workflow", "state", "engine", "engine_run_id", "steps", "created_at", "started_at", "finished_at", "message", "passes", "idempotency_key", "parameters", "workflow_digest", "template", "dry_run", "revision", "retries")

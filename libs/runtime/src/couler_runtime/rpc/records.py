@@ -190,6 +190,7 @@ class StepRecord:
     cached: bool = False
     message: str = ""
     failure_class: ir.FailureClass | None = None
+    artifacts: Mapping[str, StoredArtifact] = field(default_factory=dict)  # outputs, stored
 
     @classmethod
     def from_status(
@@ -202,7 +203,8 @@ class StepRecord:
             exit_code=status.exit_code, started_at=status.started_at,
             finished_at=status.finished_at, peak_cpu=status.peak_cpu,
             peak_memory_bytes=status.peak_memory_bytes, outputs=dict(status.outputs),
-            cache_key=cache_key, cached=status.state is base.StepState.CACHED,
+            cache_key=cache_key or status.cache_key,
+            cached=status.state is base.StepState.CACHED,
             message=status.message, failure_class=failure_class,
         )
 
@@ -215,6 +217,8 @@ def step_record_to_proto(r: StepRecord) -> common_pb2.StepRecord:
         peak_cpu=r.peak_cpu, peak_memory_bytes=r.peak_memory_bytes, outputs=dict(r.outputs),
         cache_key=r.cache_key, cached=r.cached, message=r.message,
         failure_class=_FAILURE.to_proto(r.failure_class),
+        artifacts={n: common_pb2.StoredArtifact(digest=a.digest, size_bytes=a.size_bytes,
+                                                uri=a.uri) for n, a in r.artifacts.items()},
     )
 
 
@@ -229,6 +233,8 @@ def step_record_from_proto(m: common_pb2.StepRecord) -> StepRecord:
         peak_memory_bytes=m.peak_memory_bytes if m.HasField("peak_memory_bytes") else None,
         outputs=dict(m.outputs), cache_key=m.cache_key, cached=m.cached, message=m.message,
         failure_class=_FAILURE.optional(m.failure_class, f"{where}, failure_class"),
+        artifacts={n: StoredArtifact(a.digest, a.size_bytes, a.uri)
+                   for n, a in m.artifacts.items()},
     )
 
 
