@@ -49,8 +49,13 @@ class Component:
 
 
 async def serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]], *,
-                stop: asyncio.Event | None = None) -> None:
-    """Run one service until ``stop`` is set (or SIGTERM / SIGINT when it is None)."""
+                stop: asyncio.Event | None = None,
+                on_ready: Callable[[int], None] | None = None) -> None:
+    """Run one service until ``stop`` is set (or SIGTERM / SIGINT when it is None).
+
+    ``on_ready`` is called with the bound gRPC port once the service serves (tests and
+    in-process stacks use it with port 0).
+    """
     # A process owns the global tracer provider; services run in-process (tests, one-process
     # stacks) keep theirs local.
     provider = setup_tracing(settings.service, otlp_endpoint=settings.otel_endpoint,
@@ -71,6 +76,8 @@ async def serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]], *,
                                     tracer_provider=provider)
         host = settings.grpc_address.rsplit(":", 1)[0]
         print(f"{READY_PREFIX} {settings.service} {host}:{server.port}", flush=True)
+        if on_ready is not None:
+            on_ready(server.port)
         log.info("%s serving on %s:%d", settings.service, host, server.port)
         await stopping.wait()
     finally:
