@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from couler.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,3 +140,33 @@ def test_retry_resumes_from_the_failure_point(tmp_path: Path) -> None:
     assert "retrying 'flaky'" in err
     missing, _, err = run_cli("retry", str(tmp_path / "nope"))
     assert missing == 2 and "no local run record" in err
+
+
+def test_run_on_ray_without_ray_names_the_setup_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as in .venv, where Ray is not installed
+    status, out, err = run_cli("run", str(ROOT / "examples" / "coin_flip.py"), "--engine", "ray",
+                               "--json", "--work-dir", str(tmp_path / "runs"))
+    assert status == 2 and out == ""
+    assert "couler: error:" in err and "'ray' package" in err
+    assert "scripts/setup-engine-venv.sh ray" in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_ray_is_not_importable_in_the_main_environment() -> None:
+    # The CLI's --engine ray error above is what users of this environment see.
+    proc = subprocess.run(
+        [sys.executable, "-m", "couler", "run", str(ROOT / "examples" / "coin_flip.py"),
+         "--engine", "ray"],
+        capture_output=True, text=True, check=False, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "scripts/setup-engine-venv.sh ray" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_address_needs_the_ray_engine(tmp_path: Path) -> None:
+    status, _, err = run_cli("run", str(ROOT / "examples" / "coin_flip.py"), "--address",
+                             "127.0.0.1:6379", "--work-dir", str(tmp_path / "runs"))
+    assert status == 2 and "--address needs --engine ray" in err

@@ -4,7 +4,8 @@
 
     couler compile PATH.py [--engine argo|tekton|airflow|kfp|ir] [-o FILE] [-- ARGS...]
     couler validate PATH.py [-- ARGS...]
-    couler run PATH.py [--engine local] [--json] [--workers N] [--work-dir DIR] [-p NAME=VALUE]
+    couler run PATH.py [--engine local|ray] [--address ADDR] [--json] [--workers N]
+               [--work-dir DIR] [-p NAME=VALUE]
     couler retry RUN_DIR [--json]     re-run a local run from its failure point
 
 The program runs with submission turned off: a ``couler.run(...)`` inside it
@@ -13,13 +14,17 @@ non-zero exit status (2 for a problem in the program or workflow, 1 for an
 unexpected failure), naming the workflow, step and field. ``couler run`` exits 0
 when the run succeeded and 1 when it failed or was cancelled.
 
-``run`` needs the ``couler-runtime`` distribution (the local engine lives there);
-it is imported only when ``run`` is used.
+``run`` needs the ``couler-runtime`` distribution (the local engine and the Ray
+executor live there); it is imported only when ``run`` is used. ``--engine ray``
+also needs Ray, which has its own environment (``scripts/setup-engine-venv.sh
+ray``); without it ``run`` stops with a user error naming that script. It starts a
+local Ray cluster (stopped when the command ends) unless ``--address`` names one.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import enum
 import json
@@ -178,11 +183,33 @@ def run_record(status: Any) -> dict[str, Any]:
     return record
 
 
-def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def _engine(args: argparse.Namespace) -> Any:
+    """The engine ``couler run`` uses: an object with ``start(wf, parameters=, on_event=)``."""
+    if args.engine == "ray":
+        try:
+            from couler_runtime.ray import RayExecutor
+        except ImportError as e:  # pragma: no cover - the runtime is installed with the CLI
+            raise UserError("couler run --engine ray needs the couler-runtime package") from e
+        # Task logs and Ray's retry notices would mix with the progress and the JSON
+        # record; the steps' own output is kept in the run directory.
+        options: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": False}
+        if args.address is None:  # a local cluster, started here and stopped at the end
+            options["include_dashboard"] = False
+            if args.workers is not None:
+                options["num_cpus"] = args.workers
+        executor = RayExecutor(Path(args.work_dir), address=args.address, init_options=options)
+        executor.connect()  # fails now, before the program runs, when Ray is missing
+        return executor
+    if args.address is not None:
+        raise UserError("--address needs --engine ray")
     try:
         from couler_runtime.local import LocalEngine
     except ImportError as e:  # pragma: no cover - the runtime is installed with the CLI here
         raise UserError("couler run needs the couler-runtime package") from e
+    return LocalEngine(Path(args.work_dir), max_workers=4 if args.workers is None else args.workers)
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     parameters = {}
     for item in args.param:
         name, sep, value = item.partition("=")
@@ -190,13 +217,28 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             raise UserError(f"-p {item!r}: use NAME=VALUE")
         parameters[name] = value
     workflows = _capture(args.path, args.program_args)
-    engine = LocalEngine(Path(args.work_dir), max_workers=args.workers)
+    # Ray prints its notices (a task's retry, a worker's death) to sys.stdout from its
+    # own threads: while it runs they go to stderr, keeping stdout for the JSON record.
+    quiet_stdout = contextlib.redirect_stdout(err) if args.engine == "ray" else None
+    with quiet_stdout or contextlib.nullcontext():
+        engine = _engine(args)
+        try:
+            return _run_all(engine, workflows, parameters, args, out=out, err=err)
+        finally:
+            shutdown = getattr(engine, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+
+
+def _run_all(engine: Any, workflows: Sequence[ir.Workflow], parameters: Mapping[str, str],
+             args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
     progress = None if args.quiet else _Progress(err)
     final = 0
     for wf in workflows:
         handle = engine.start(wf, parameters=parameters, on_event=progress)
         if not args.quiet:
-            err.write(f"couler: running workflow {wf.name!r} ({handle.run_dir})\n")
+            err.write(f"couler: running workflow {wf.name!r} on {args.engine} "
+                      f"({handle.run_dir})\n")
         previous = _cancel_on_interrupt(handle)
         try:
             status = handle.wait()
@@ -268,11 +310,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("program_args", nargs="*", help="arguments for the program (after --)")
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("run", help="run a workflow program on the local engine")
+    p = sub.add_parser("run", help="run a workflow program (local engine or Ray)")
     p.add_argument("path", help="a Python program that builds a workflow")
-    p.add_argument("--engine", choices=["local"], default="local", help="where to run it")
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="where to run it (default: local; ray needs .venv-ray)")
+    p.add_argument("--address", default=None,
+                   help="with --engine ray: the Ray cluster to use (default: start a local one)")
     p.add_argument("--json", action="store_true", help="print the final run record as JSON")
-    p.add_argument("--workers", type=int, default=4, help="steps running at once (default 4)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="steps running at once (default 4); with --engine ray and no "
+                        "--address, the CPUs of the local Ray cluster (default: all)")
     p.add_argument("--work-dir", default=".couler/runs", help="where runs keep their files")
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                    help="a workflow parameter (repeatable)")

@@ -143,10 +143,10 @@ def run_process(
                 _kill_tree(proc)
                 code = proc.wait()
                 break
-            if cancel is not None:
-                cancel.wait(SAMPLE_SECONDS)
-            else:
-                time.sleep(SAMPLE_SECONDS)
+            # Wait on the process itself: a step that ends early returns at once instead
+            # of after a whole sampling interval (cancellation is checked every interval).
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=SAMPLE_SECONDS)
         _kill_tree(proc)  # reap anything the step left running in its group
     return ProcessResult(
         exit_code=code, timed_out=timed_out, oom_killed=oom, cancelled=cancelled,

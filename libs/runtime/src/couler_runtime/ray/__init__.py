@@ -5,6 +5,6 @@ Ray; :class:`RayExecutor` imports it when it runs.
 """
 
 from .capabilities import CAPABILITIES, ENGINE, LIMITS
-from .executor import RayExecutor
+from .executor import RayExecutor, RayRun
 
-__all__ = ["CAPABILITIES", "ENGINE", "LIMITS", "RayExecutor"]
+__all__ = ["CAPABILITIES", "ENGINE", "LIMITS", "RayExecutor", "RayRun"]

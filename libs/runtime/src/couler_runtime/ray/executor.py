@@ -42,27 +42,51 @@ Mapping of the IR onto Ray:
   loop (its per-iteration retry policy applies; ``max_retries=0``).
 * **Exit hooks**: run by the driver after the main graph, chosen by its final
   state as on the local engine.
+* **A task's workflow**: each task is shipped the workflow with only its own
+  step (parameters, defaults and volumes kept), so what a task costs does not
+  grow with the workflow.
+
+Running and cancelling: :meth:`RayExecutor.start` returns a :class:`RayRun` at
+once; a driver thread submits the tasks and collects their results
+(``run()`` = ``start()`` + ``wait()``). The tasks append each change of their
+step (running, every attempt, retrying, the end) to ``events.jsonl`` in the run
+directory; the driver reads it between short ``ray.wait`` slices, so
+:meth:`RayRun.status` and the ``on_event`` callback (called on the driver thread,
+as the local engine's) show steps while they run. :meth:`RayRun.cancel`
+interrupts every unfinished task (``ray.cancel(force=False, recursive=True)``: a
+KeyboardInterrupt in the task, which cancels the task's local run, so the step's
+process tree is killed by the local engine's process loop), kills the
+worker of any task still running after :data:`CANCEL_GRACE_SECONDS`
+(``force=True``; killing the worker first would leave the step's process tree,
+which runs in its own session, to Ray's clean-up of a dead worker's children,
+and lose the step's last record), and ends the run CANCELLED with every unfinished step
+CANCELLED; exit hooks do not run after a cancellation, as on the local engine.
 
 Ray is imported when a run starts; without it :class:`RayExecutor` raises
 :class:`~couler.errors.UserError`. The executor connects with ``ray.init`` when
-Ray is not initialized yet, and never shuts Ray down.
+Ray is not initialized yet, and shuts Ray down only when asked
+(:meth:`RayExecutor.shutdown`, which does so only if it connected).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 import json
 import os
+import socket
+import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from couler import ir
 from couler.engines.base import RunState, RunStatus, StepState, StepStatus, check_capabilities
-from couler.errors import InvalidWorkflowError, UserError
+from couler.errors import InvalidWorkflowError, RetryableError, UserError
 from couler_runtime.local.engine import (
     LocalEngine,
     LocalRun,
@@ -75,8 +99,13 @@ from couler_runtime.local.engine import (
 
 from .capabilities import CAPABILITIES, ENGINE
 
-__all__ = ["RayExecutor", "RetryAttempt"]
+__all__ = ["CANCEL_GRACE_SECONDS", "EVENTS_FILE", "RayExecutor", "RayRun", "RetryAttempt"]
 
+EventCallback = Callable[[StepStatus], None]
+EVENTS_FILE = "events.jsonl"  # step changes appended by the tasks, read by the driver
+CANCEL_GRACE_SECONDS = 5.0  # an interrupted task has this long to kill its processes
+_POLL_SECONDS = 0.1
+_CONNECT_SECONDS = 5.0
 _ATTEMPT_FILE = ".ray-attempt.json"
 Result = dict[str, Any]  # {"record": _Record.to_dict(), "executions": [...]}
 
@@ -102,23 +131,87 @@ class _Context:
 class _TaskRun(LocalRun):
     """A local run used to execute single steps inside a Ray task.
 
-    It keeps no ``run.json``: concurrent tasks would race on it; the driver
-    writes the run record instead.
+    It keeps no ``run.json`` and no journal: concurrent tasks would race on them;
+    the driver keeps the run record instead (it learns of changes through the
+    events file and the tasks' results).
     """
 
     def _persist(self) -> None:
         return
 
+    def _journal_record(self, rec: _Record) -> None:
+        return
 
-def _local_run(ctx: _Context, upstream: Sequence[Result] = ()) -> _TaskRun:
+
+def _local_run(ctx: _Context, upstream: Sequence[Result] = (), *,
+               events: bool = False) -> _TaskRun:
+    """A local run for ``ctx``; with ``events``, its step changes go to the events file."""
     run_dir = Path(ctx.run_dir)
     engine = LocalEngine(run_dir.parent, max_workers=1, secrets=ctx.secrets,
                          image_commands=ctx.image_commands)
-    run = _TaskRun(engine, ctx.workflow, run_dir, parameters=ctx.parameters, on_event=None)
+    on_event = functools.partial(_append_event, run_dir / EVENTS_FILE) if events else None
+    run = _TaskRun(engine, ctx.workflow, run_dir, parameters=ctx.parameters, on_event=on_event)
     for result in upstream:
         rec = _Record.from_dict(result["record"])
         run._records[(rec.step, "")] = rec
     return run
+
+
+def _status_dict(status: StepStatus) -> dict[str, Any]:
+    return {"step": status.step, "state": status.state.value, "key": status.key,
+            "attempts": status.attempts, "exit_code": status.exit_code,
+            "started_at": status.started_at, "finished_at": status.finished_at,
+            "peak_cpu": status.peak_cpu, "peak_memory_bytes": status.peak_memory_bytes,
+            "outputs": dict(status.outputs), "message": status.message}
+
+
+def _status_from(data: Mapping[str, Any]) -> StepStatus:
+    return StepStatus(**{**data, "state": StepState(data["state"])})
+
+
+def _append_event(path: Path, status: StepStatus) -> None:
+    """Append one step change to the run's events file, read by the driver.
+
+    One ``write`` on an ``O_APPEND`` descriptor, so lines of concurrent tasks never
+    interleave.
+    """
+    line = (json.dumps(_status_dict(status)) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def _interruptible(run: _TaskRun, body: Callable[[], Result]) -> Result:
+    """Run ``body`` on a thread; a Ray cancellation kills the step's processes first.
+
+    ``ray.cancel`` (not forced) raises KeyboardInterrupt in the task's main thread.
+    Raised inside the local engine's process loop, it would leave the step's
+    process tree running (it has its own session); here it cancels the local run
+    instead, which makes that loop kill the tree and the step end CANCELLED.
+    """
+    box: list[Result | BaseException] = []
+
+    def target() -> None:
+        try:
+            box.append(body())
+        except BaseException as exc:  # re-raised on the task's main thread
+            box.append(exc)
+
+    thread = threading.Thread(target=target, name="couler-ray-step", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(_POLL_SECONDS)
+    except KeyboardInterrupt:
+        run.cancel()
+        thread.join()
+        raise
+    outcome = box[0]
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 def _find_step(wf: ir.Workflow, name: str) -> ir.Step:
@@ -166,21 +259,23 @@ def _attempt_once(run: _TaskRun, step: ir.Step, key: str, label: str, item: obje
     state["attempts"] += 1
     _save(state_path, state)
     attempts = int(state["attempts"])
-    rec = _Record(step.name, key=key, state=StepState.RUNNING, attempts=attempts,
-                  started_at=float(state["started_at"]))
-    run._records[(step.name, key)] = rec
+    rec = _Record(step.name, key=key)
+    run._update(rec, state=StepState.RUNNING, attempts=attempts,
+                started_at=float(state["started_at"]))
     failure = run._attempt(step, rec, label, item, timeout=timeout,
                            memory_limit=state["memory_limit"])
     if failure is None:
-        rec.state, rec.finished_at, rec.failure = StepState.SUCCEEDED, time.time(), ""
+        run._update(rec, state=StepState.SUCCEEDED, finished_at=time.time(), failure="")
+        return rec
+    if failure == "cancelled":
+        run._update(rec, state=StepState.CANCELLED, finished_at=time.time())
         return rec
     retries = attempts - 1
-    retryable = (failure not in ("fatal", "cancelled") and policy is not None
-                 and retries < policy.limit
+    retryable = (failure != "fatal" and policy is not None and retries < policy.limit
                  and (ir.FailureClass.ANY in policy.on or ir.FailureClass(failure) in policy.on))
     if not retryable or policy is None:
-        rec.state, rec.finished_at = StepState.FAILED, time.time()
-        rec.failure = "" if failure in ("fatal", "cancelled") else failure
+        run._update(rec, state=StepState.FAILED, finished_at=time.time(),
+                    failure="" if failure == "fatal" else failure)
         return rec
     delay = 0.0
     if policy.backoff is not None:
@@ -194,7 +289,10 @@ def _attempt_once(run: _TaskRun, step: ir.Step, key: str, label: str, item: obje
         ceiling = _quantity(policy.memory_ceiling)
         state["memory_limit"] = min(limit, ceiling) if ceiling is not None else limit
         _save(state_path, state)
-    time.sleep(delay)
+    run._update(rec, state=StepState.RETRYING, failure=failure)
+    if run._cancel.wait(delay):
+        run._update(rec, state=StepState.CANCELLED, finished_at=time.time())
+        return rec
     raise RetryAttempt(f"{rec.message} (attempt {attempts} of {policy.limit + 1}, {failure})")
 
 
@@ -206,19 +304,22 @@ def _step_task(ctx: _Context, name: str, index: int | None, item: object, n_upst
     task (a map lane's previous item).
     """
     step = _find_step(ctx.workflow, name)
-    run = _local_run(ctx, upstream[:n_upstream])
+    run = _local_run(ctx, upstream[:n_upstream], events=True)
     key = "" if index is None else str(index)
     skip = _decision(run, step)
     if skip is not None:
         return _ended(name, StepState.SKIPPED, skip, key)
     if step.loop is not None:
-        rec = _Record(name)
-        run._records[(name, "")] = rec
-        run._run_step(step)
-        iterations = [r for (s, k), r in run._records.items() if s == name and k]
-        return _result(run._records[(name, "")], iterations)
+        def loop() -> Result:
+            rec = _Record(name)
+            run._records[(name, "")] = rec
+            run._run_step(step)
+            iterations = [r for (s, k), r in run._records.items() if s == name and k]
+            return _result(run._records[(name, "")], iterations)
+
+        return _interruptible(run, loop)
     label = "main" if index is None else f"item-{index}"
-    return _result(_attempt_once(run, step, key, label, item))
+    return _interruptible(run, lambda: _result(_attempt_once(run, step, key, label, item)))
 
 
 def _map_task(ctx: _Context, name: str, n_upstream: int, *results: Result) -> Result:
@@ -286,6 +387,312 @@ def task_options(step: ir.Step, wf: ir.Workflow) -> dict[str, Any]:
     return opts
 
 
+def _check_reachable(address: str) -> None:
+    """Fail fast on a ``host:port`` nobody listens on (``ray.init`` would retry for minutes)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return  # "auto", "ray://...": left to Ray
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_SECONDS).close()
+    except OSError as exc:
+        raise RetryableError(f"cannot reach the Ray cluster at {address!r}: {exc}") from exc
+
+
+class _Cancelled(Exception):  # noqa: N818 - control flow inside the driver thread
+    """The run was cancelled while the driver waited."""
+
+
+class RayRun:
+    """A run on Ray in progress: wait for it, cancel it, or read its status.
+
+    Created by :meth:`RayExecutor.start`. A driver thread submits the tasks and
+    collects their results; the tasks report their step changes (running, each
+    attempt, retrying...) through an events file in the run directory, so
+    :meth:`status` and ``on_event`` show steps while they run.
+    """
+
+    def __init__(self, executor: RayExecutor, ray: Any, ctx: _Context, run_id: str,
+                 on_event: EventCallback | None) -> None:
+        self.executor = executor
+        self.workflow = ctx.workflow
+        self.run_dir = Path(ctx.run_dir)
+        self.run_id = run_id
+        self._ray = ray
+        self._ctx = ctx
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._records: dict[tuple[str, str], StepStatus] = {
+            (s.name, ""): StepStatus(s.name, StepState.PENDING) for s in ctx.workflow.steps}
+        self._state = RunState.PENDING
+        self._message = ""
+        self._started_at: float | None = None
+        self._finished_at: float | None = None
+        self._tasks: list[Any] = []  # every task submitted, for cancel()
+        self._events = self.run_dir / EVENTS_FILE
+        self._events_offset = 0
+        self._thread = threading.Thread(target=self._main, name=f"couler-ray-{run_id}",
+                                        daemon=True)
+
+    # ------------------------------------------------------------------ public API
+
+    def wait(self, timeout: float | None = None) -> RunStatus:
+        """Block until the run ends (or ``timeout`` seconds pass) and return its status."""
+        self._thread.join(timeout)
+        return self.status()
+
+    def cancel(self) -> None:
+        """Stop the run: its Ray tasks are cancelled and unfinished steps end CANCELLED.
+
+        Running tasks are interrupted first (``ray.cancel(force=False)``), which makes
+        them kill their step's process tree; a task still alive after
+        :data:`CANCEL_GRACE_SECONDS` is killed (``force=True``). Returns at once;
+        :meth:`wait` returns when the run has ended.
+        """
+        self._cancel.set()
+
+    def status(self) -> RunStatus:
+        """The current status of the run and of every step execution seen so far."""
+        with self._lock:
+            return RunStatus(run_id=self.run_id, workflow=self.workflow.name, state=self._state,
+                             steps=tuple(self._records.values()), started_at=self._started_at,
+                             finished_at=self._finished_at, message=self._message)
+
+    # ------------------------------------------------------------------ records
+
+    def _set(self, status: StepStatus, *, final: bool) -> None:
+        """Record a step change; a task's event never overrides a terminal state."""
+        key = (status.step, status.key)
+        with self._lock:
+            current = self._records.get(key)
+            if current == status or (not final and current is not None
+                                     and current.state.terminal):
+                return
+            self._records[key] = status
+        if self._on_event is not None:
+            self._on_event(status)
+
+    def _apply(self, result: Result) -> None:
+        for data in (result["record"], *result.get("executions", ())):
+            self._set(_Record.from_dict(data).status(), final=True)
+
+    def _poll_events(self) -> None:
+        """Read the events the tasks appended since the last poll (whole lines only)."""
+        try:
+            with self._events.open("rb") as f:
+                f.seek(self._events_offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        end = chunk.rfind(b"\n") + 1
+        self._events_offset += end
+        for line in chunk[:end].splitlines():
+            status = _status_from(json.loads(line))
+            parent = (status.step, "")
+            if status.key and parent in self._records \
+                    and self._records[parent].state is StepState.PENDING:
+                # The first item of a map runs: so does the map (as on the local engine).
+                self._set(StepStatus(status.step, StepState.RUNNING,
+                                     started_at=status.started_at), final=False)
+            self._set(status, final=False)
+
+    # ------------------------------------------------------------------ main
+
+    def _main(self) -> None:
+        with self._lock:
+            self._state, self._started_at = RunState.RUNNING, time.time()
+        try:
+            final, message = self._execute()
+        except _Cancelled:
+            final, message = RunState.CANCELLED, "cancelled"
+            self._stop()
+        except Exception as exc:  # an executor bug must still leave a final record
+            final, message = RunState.FAILED, f"Ray executor error: {exc!r}"
+            self._stop()
+        with self._lock:
+            self._state, self._message, self._finished_at = final, message, time.time()
+        _write_record(self.run_dir, self.workflow, self._ctx.parameters, self.status())
+
+    def _execute(self) -> tuple[RunState, str]:
+        wf = self.workflow
+        refs = self._graph(wf.steps, {})
+        results = self._collect({s.name: refs[s.name] for s in wf.steps})
+        main = [_Record.from_dict(results[s.name]["record"]) for s in wf.steps]
+        failed = [r for r in main if r.state is StepState.FAILED]
+        final = RunState.FAILED if failed else RunState.SUCCEEDED
+        message = ("steps failed: " + ", ".join(r.step for r in failed)) if failed else ""
+        hooks = _local_run(self._ctx)._hooks(final, failed)
+        if hooks:
+            for step in hooks:
+                self._set(StepStatus(step.name, StepState.PENDING), final=True)
+            hook_refs = self._graph(tuple(hooks), refs)
+            hook_results = self._collect({s.name: hook_refs[s.name] for s in hooks})
+            bad = [s.name for s in hooks
+                   if hook_results[s.name]["record"]["state"] == StepState.FAILED.value]
+            if bad:
+                final = RunState.FAILED
+                message = "; ".join(filter(None, [message, "exit hooks failed: " + ", ".join(bad)]))
+        self._poll_events()
+        return final, message
+
+    def _stop(self) -> None:
+        """Cancel every unfinished task, then mark every unfinished step CANCELLED."""
+        ray = self._ray
+        tasks = self._tasks
+        live = ray.wait(tasks, num_returns=len(tasks), timeout=0)[1] if tasks else []
+        live.reverse()  # the latest first: queued tasks go before a CPU frees up for them
+        for ref in live:
+            ray.cancel(ref, force=False, recursive=True)
+        wf = self.workflow
+        maps = {s.name for s in (*wf.steps, *(h for hook in wf.exit_hooks for h in hook.steps))
+                if s.foreach is not None}  # a map's own record ends with its aggregate task
+        deadline = time.monotonic() + CANCEL_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            if live:
+                live = ray.wait(live, num_returns=len(live), timeout=_POLL_SECONDS)[1]
+            else:  # every task ended: wait only for their last events
+                time.sleep(_POLL_SECONDS / 4)
+            self._poll_events()
+            with self._lock:  # a step reports its end once its processes are killed
+                busy = any(s.state in (StepState.RUNNING, StepState.RETRYING)
+                           for s in self._records.values() if s.key or s.step not in maps)
+            if not busy:
+                break
+        for ref in live:  # did not stop when interrupted (or Ray is going down): kill it
+            ray.cancel(ref, force=True, recursive=True)
+        self._poll_events()
+        now = time.time()
+        with self._lock:
+            unfinished = [s for s in self._records.values() if not s.state.terminal]
+        for s in unfinished:
+            self._set(dataclasses.replace(
+                s, state=StepState.CANCELLED, finished_at=now if s.started_at else None,
+                message="run cancelled"), final=True)
+
+    # ------------------------------------------------------------------ waiting
+
+    def _wait(self, refs: Sequence[Any], num_returns: int) -> list[Any]:
+        """``ray.wait`` in short slices: read events and notice cancel() in between."""
+        while True:
+            if self._cancel.is_set():
+                raise _Cancelled
+            ready, _ = self._ray.wait(list(refs), num_returns=num_returns,
+                                      timeout=_POLL_SECONDS)
+            self._poll_events()
+            if ready:
+                return list(ready)
+
+    def _collect(self, refs: Mapping[str, Any]) -> dict[str, Result]:
+        """Wait for the result of every step in ``refs``, recording each as it arrives."""
+        waiting = {ref: name for name, ref in refs.items()}
+        results: dict[str, Result] = {}
+        while waiting:
+            for ref in self._wait(list(waiting), len(waiting)):
+                name = waiting.pop(ref)
+                results[name] = self._get(ref, name)
+                self._apply(results[name])
+        return results
+
+    def _get(self, ref: Any, name: str) -> Result:
+        try:
+            result: Result = self._ray.get(ref)
+        except Exception as exc:  # the task raised: retries exhausted by crashes, upstream lost
+            if self._cancel.is_set():
+                raise _Cancelled from exc
+            text = str(exc).strip().splitlines()
+            return _ended(name, StepState.FAILED,
+                          f"step {name!r}: the Ray task failed: {text[-1] if text else exc!r}")
+        return result
+
+    # ------------------------------------------------------------------ graph
+
+    def _graph(self, steps: Sequence[ir.Step], known: Mapping[str, Any]) -> dict[str, Any]:
+        """Submit ``steps``; return the result ref of each step (and of ``known`` ones)."""
+        refs: dict[str, Any] = dict(known)
+        available = {s.name for s in steps} | set(known)
+        pending = {s.name: s for s in steps}
+        while pending:
+            progressed = False
+            blocking: list[Any] = []
+            for name, step in list(pending.items()):
+                needs = _needs(step, available)
+                if any(n not in refs for n in needs):
+                    continue
+                upstream = [refs[n] for n in needs]
+                dynamic = step.foreach is not None and step.foreach.source is not None
+                if dynamic and upstream:
+                    _, not_ready = self._ray.wait(upstream, num_returns=len(upstream),
+                                                  timeout=0)
+                    if not_ready:
+                        blocking += not_ready
+                        continue
+                refs[name] = self._submit(step, needs, upstream)
+                del pending[name]
+                progressed = True
+            if pending and not progressed:
+                if not blocking:  # a cycle: cannot happen for a validated workflow
+                    for name in pending:
+                        refs[name] = self._ray.put(_ended(name, StepState.FAILED,
+                                                          "dependencies can never be satisfied"))
+                    break
+                self._wait(list(dict.fromkeys(blocking)), 1)
+        return refs
+
+    def _infeasible(self, opts: Mapping[str, Any]) -> str:
+        total = self._ray.cluster_resources()
+        wanted = (("num_cpus", "CPU", "CPUs"), ("memory", "memory", "bytes of memory"),
+                  ("num_gpus", "GPU", "GPUs"))
+        for option, resource, unit in wanted:
+            need = float(opts.get(option) or 0)
+            have = float(total.get(resource, 0))
+            if need > have:
+                return (f"requests {need:g} {unit} but the Ray cluster has {have:g} in total; "
+                        "Ray would never schedule it")
+        return ""
+
+    def _submit(self, step: ir.Step, needs: Sequence[str], upstream: Sequence[Any]) -> Any:
+        ray = self._ray
+        wf = self._ctx.workflow
+        # A task gets the workflow with only its own step: shipping every step to every
+        # task made a run quadratic in its steps (4 ms per task to pickle 1,000 steps).
+        ctx = dataclasses.replace(self._ctx, workflow=dataclasses.replace(
+            wf, steps=(step,), exit_hooks=()))
+        where = f"workflow {wf.name!r}, step {step.name!r}"
+        opts = task_options(step, wf)
+        problem = self._infeasible(opts)
+        if problem:
+            return ray.put(_ended(step.name, StepState.FAILED, f"{where}: {problem}"))
+        task = self.executor._remote(ray, _step_task)
+        if step.foreach is None:
+            ref = task.options(**opts).remote(ctx, step.name, None, None, len(upstream),
+                                              *upstream)
+            self._tasks.append(ref)
+            return ref
+        if step.foreach.source is not None:  # resolved here, now that upstream finished
+            run = _local_run(self._ctx, [self._get(ref, n) for n, ref in zip(
+                needs, upstream, strict=True)])
+            skip = _decision(run, step)
+            if skip is not None:
+                return ray.put(_ended(step.name, StepState.SKIPPED, skip))
+            try:
+                items = run._items(step)
+            except _StepError as exc:
+                return ray.put(_ended(step.name, StepState.FAILED, str(exc)))
+        else:
+            items = [lit.value for lit in step.foreach.items]
+        lanes = step.foreach.parallelism
+        item_refs: list[Any] = []
+        for i, item in enumerate(items):
+            after = [item_refs[i - lanes]] if lanes and i >= lanes else []
+            item_refs.append(task.options(**{**opts, "name": f"{opts['name']}[{i}]"}).remote(
+                ctx, step.name, i, item, len(upstream), *upstream, *after))
+        aggregate = self.executor._remote(ray, _map_task).options(
+            name=opts["name"], num_cpus=0, max_retries=0)
+        ref = aggregate.remote(ctx, step.name, len(upstream), *upstream, *item_refs)
+        self._tasks += [*item_refs, ref]
+        return ref
+
+
 class RayExecutor:
     """Runs workflows on a Ray cluster, one Ray task per step execution.
 
@@ -314,54 +721,62 @@ class RayExecutor:
             k: tuple(v) for k, v in (image_commands or {}).items()}
         self.init_options: dict[str, Any] = dict(init_options or {})
         self._remotes: dict[str, Any] = {}
+        self._initialized = False  # whether this executor started (or connected) Ray
 
     # ------------------------------------------------------------------ public API
 
-    def run(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None) -> RunStatus:
+    def run(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
+            on_event: EventCallback | None = None) -> RunStatus:
         """Run ``wf`` on Ray to completion and return its final status.
+
+        Args:
+            wf: The workflow.
+            parameters: Values of workflow parameters (defaults otherwise).
+            on_event: Called with a step's status on every change (from the driver
+                thread).
 
         Raises:
             UnsupportedFeatureError: ``wf`` uses a feature the Ray executor lacks.
             InvalidWorkflowError: A dependency names a step that does not exist.
             UserError: Ray is not installed.
         """
+        return self.start(wf, parameters=parameters, on_event=on_event).wait()
+
+    def start(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
+              on_event: EventCallback | None = None) -> RayRun:
+        """Start ``wf`` on Ray and return its handle at once (see :meth:`run`)."""
         check_capabilities(ENGINE, CAPABILITIES, wf)
         ir.validate(wf)
-        ray = _import_ray()
-        if not ray.is_initialized():
-            ray.init(address=self.address, **self.init_options)
+        ray = self.connect()
         run_id = f"{wf.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         run_dir = self.work_dir / run_id
         run_dir.mkdir(parents=True)
         ctx = _Context(str(run_dir), wf, dict(parameters or {}), self.secrets,
                        self.image_commands)
-        started = time.time()
-        refs = self._graph(ray, ctx, wf.steps, {})
-        results = {s.name: self._get(ray, refs[s.name], s.name) for s in wf.steps}
-        main = [_Record.from_dict(results[s.name]["record"]) for s in wf.steps]
-        failed = [r for r in main if r.state is StepState.FAILED]
-        final = RunState.FAILED if failed else RunState.SUCCEEDED
-        message = ("steps failed: " + ", ".join(r.step for r in failed)) if failed else ""
-        hooks = _local_run(ctx)._hooks(final, failed)
-        if hooks:
-            hook_refs = self._graph(ray, ctx, tuple(hooks), refs)
-            for step in hooks:
-                results[step.name] = self._get(ray, hook_refs[step.name], step.name)
-            bad = [s.name for s in hooks
-                   if results[s.name]["record"]["state"] == StepState.FAILED.value]
-            if bad:
-                final = RunState.FAILED
-                message = "; ".join(filter(None, [message, "exit hooks failed: " + ", ".join(bad)]))
-        steps: list[StepStatus] = []
-        for result in results.values():
-            steps.append(_Record.from_dict(result["record"]).status())
-            steps += [_Record.from_dict(r).status() for r in result.get("executions", ())]
-        status = RunStatus(run_id=run_id, workflow=wf.name, state=final, steps=tuple(steps),
-                           started_at=started, finished_at=time.time(), message=message)
-        _write_record(run_dir, wf, ctx.parameters, status, results)
-        return status
+        handle = RayRun(self, ray, ctx, run_id, on_event)
+        handle._thread.start()
+        return handle
 
-    # ------------------------------------------------------------------ graph
+    def connect(self) -> Any:
+        """Import Ray and connect (``ray.init``) unless it is initialized; returns ``ray``.
+
+        Raises:
+            UserError: Ray is not installed.
+            RetryableError: Nothing listens at the ``host:port`` address.
+        """
+        ray = _import_ray()
+        if not ray.is_initialized():
+            if self.address is not None:
+                _check_reachable(self.address)
+            ray.init(address=self.address, **self.init_options)
+            self._initialized = True
+        return ray
+
+    def shutdown(self) -> None:
+        """Disconnect from Ray (stopping a local cluster) if this executor connected."""
+        if self._initialized:
+            _import_ray().shutdown()
+            self._initialized = False
 
     def _remote(self, ray: Any, fn: Any) -> Any:
         remote = self._remotes.get(fn.__name__)
@@ -369,105 +784,16 @@ class RayExecutor:
             remote = self._remotes[fn.__name__] = ray.remote(fn)
         return remote
 
-    def _get(self, ray: Any, ref: Any, name: str) -> Result:
-        try:
-            result: Result = ray.get(ref)
-        except Exception as exc:  # the task raised: retries exhausted by crashes, upstream lost
-            text = str(exc).strip().splitlines()
-            return _ended(name, StepState.FAILED,
-                          f"step {name!r}: the Ray task failed: {text[-1] if text else exc!r}")
-        return result
-
-    def _graph(self, ray: Any, ctx: _Context, steps: Sequence[ir.Step],
-               known: Mapping[str, Any]) -> dict[str, Any]:
-        """Submit ``steps``; return the result ref of each step (and of ``known`` ones)."""
-        refs: dict[str, Any] = dict(known)
-        available = {s.name for s in steps} | set(known)
-        pending = {s.name: s for s in steps}
-        while pending:
-            progressed = False
-            blocking: list[Any] = []
-            for name, step in list(pending.items()):
-                needs = _needs(step, available)
-                if any(n not in refs for n in needs):
-                    continue
-                upstream = [refs[n] for n in needs]
-                dynamic = step.foreach is not None and step.foreach.source is not None
-                if dynamic and upstream:
-                    _, not_ready = ray.wait(upstream, num_returns=len(upstream), timeout=0)
-                    if not_ready:
-                        blocking += not_ready
-                        continue
-                refs[name] = self._submit(ray, ctx, step, needs, upstream)
-                del pending[name]
-                progressed = True
-            if pending and not progressed:
-                if not blocking:  # a cycle: cannot happen for a validated workflow
-                    for name in pending:
-                        refs[name] = ray.put(_ended(name, StepState.FAILED,
-                                                    "dependencies can never be satisfied"))
-                    break
-                ray.wait(list(dict.fromkeys(blocking)), num_returns=1)
-        return refs
-
-    def _infeasible(self, ray: Any, opts: Mapping[str, Any]) -> str:
-        total = ray.cluster_resources()
-        wanted = (("num_cpus", "CPU", "CPUs"), ("memory", "memory", "bytes of memory"),
-                  ("num_gpus", "GPU", "GPUs"))
-        for option, resource, unit in wanted:
-            need = float(opts.get(option) or 0)
-            have = float(total.get(resource, 0))
-            if need > have:
-                return (f"requests {need:g} {unit} but the Ray cluster has {have:g} in total; "
-                        "Ray would never schedule it")
-        return ""
-
-    def _submit(self, ray: Any, ctx: _Context, step: ir.Step, needs: Sequence[str],
-                upstream: Sequence[Any]) -> Any:
-        wf = ctx.workflow
-        where = f"workflow {wf.name!r}, step {step.name!r}"
-        opts = task_options(step, wf)
-        problem = self._infeasible(ray, opts)
-        if problem:
-            return ray.put(_ended(step.name, StepState.FAILED, f"{where}: {problem}"))
-        task = self._remote(ray, _step_task)
-        if step.foreach is None:
-            return task.options(**opts).remote(ctx, step.name, None, None, len(upstream),
-                                               *upstream)
-        if step.foreach.source is not None:  # resolved here, now that upstream finished
-            run = _local_run(ctx, [self._get(ray, ref, n) for n, ref in zip(needs, upstream,
-                                                                            strict=True)])
-            skip = _decision(run, step)
-            if skip is not None:
-                return ray.put(_ended(step.name, StepState.SKIPPED, skip))
-            try:
-                items = run._items(step)
-            except _StepError as exc:
-                return ray.put(_ended(step.name, StepState.FAILED, str(exc)))
-        else:
-            items = [lit.value for lit in step.foreach.items]
-        lanes = step.foreach.parallelism
-        item_refs: list[Any] = []
-        for i, item in enumerate(items):
-            after = [item_refs[i - lanes]] if lanes and i >= lanes else []
-            item_refs.append(task.options(**{**opts, "name": f"{opts['name']}[{i}]"}).remote(
-                ctx, step.name, i, item, len(upstream), *upstream, *after))
-        aggregate = self._remote(ray, _map_task).options(
-            name=opts["name"], num_cpus=0, max_retries=0)
-        return aggregate.remote(ctx, step.name, len(upstream), *upstream, *item_refs)
-
-
-
-
 
 def _write_record(run_dir: Path, wf: ir.Workflow, parameters: Mapping[str, str],
-                  status: RunStatus, results: Mapping[str, Result]) -> None:
+                  status: RunStatus) -> None:
     data = {
         "run_id": status.run_id, "engine": ENGINE, "workflow": ir.to_dict(wf),
         "parameters": dict(parameters), "state": status.state.value,
         "started_at": status.started_at, "finished_at": status.finished_at,
-        "message": status.message,
-        "steps": [r for res in results.values()
-                  for r in (res["record"], *res.get("executions", ()))],
+        "message": status.message, "steps": [_status_dict(s) for s in status.steps],
     }
-    (run_dir / "run.json").write_text(json.dumps(data, indent=1, sort_keys=True))
+    path = run_dir / "run.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
