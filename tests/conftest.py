@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
 
 import pytest
+
+from tests.servers import NatsServer, PostgresServer, SeaweedS3, make_root
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -22,3 +26,51 @@ def update_goldens(request: pytest.FixtureRequest) -> bool:
     if update and os.environ.get("CI"):
         pytest.fail("--update-goldens is refused under CI: goldens change only on request")
     return update
+
+
+# --- real servers for tests/integration (tests/servers.py); each starts only when a test asks
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[NatsServer]:
+    """nats-server with JetStream (file store); ``.url``, ``.restart()`` keeps the store."""
+    root = make_root("couler-nats-")
+    server = NatsServer(root)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL 15 cluster on 127.0.0.1."""
+    root = make_root("couler-pg-")
+    server = PostgresServer(root)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """``postgresql+psycopg://`` URL of the session's throwaway cluster."""
+    return postgres_server.url
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[SeaweedS3]:
+    """SeaweedFS S3 on 127.0.0.1: ``.endpoint``, ``.access_key``, ``.secret_key``."""
+    root = make_root("couler-s3-")
+    server = SeaweedS3(root)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)

