@@ -1,0 +1,261 @@
+"""The generator's use case: a request in plain language → a valid IR workflow, or a refusal.
+
+:class:`Generator` plans with the deterministic offline planner
+(:func:`couler.generate.plan`) unless it was given a :class:`ChatModel`; then it asks the
+model through :func:`couler.generate.generate_with_llm`, which parses the model's JSON
+answer into IR (never executing it), validates it, and sends the errors back for repair
+at most ``max_rounds`` times before refusing. Either way the workflow must pass the
+target engine's capability check (``couler.engines.base.check_capabilities`` with that
+engine's ``CAPABILITIES``); for the LLM a failed check is one more error to repair.
+
+Errors, by type (mapped to gRPC statuses and NATS answers by the runtime)::
+
+    UserError                  the text cannot be planned, unknown engine, the endpoint
+                               refused the request (HTTP 400/422)
+    ├── ValidationError        (from the planner) the workflow is invalid
+    └── UnsupportedFeatureError  the target engine cannot run the planned workflow
+    RetryableError             the LLM endpoint is unreachable, timed out or failed
+                               (HTTP 401/403/404/408/409/429/5xx: infrastructure or settings)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import openai
+from pydantic import SecretStr
+
+from couler import ir
+from couler.engines.base import Capability, Feature, check_capabilities
+from couler.errors import RetryableError, UserError
+from couler.generate import GenerationReport as PlannerReport
+from couler.generate import generate_with_llm, plan
+from couler_runtime.rpc.records import GenerationReport
+from couler_runtime.settings import redact_url
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
+
+__all__ = ["DEFAULT_ENGINE", "ENGINE_CAPABILITIES", "ChatModel", "Generator", "capability_check"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ENGINE = "local"
+# Engine name → the module holding its CAPABILITIES (as in scripts/gen_engine_docs.py);
+# imported on first use so that a request for one engine loads only that table.
+ENGINE_CAPABILITIES: Mapping[str, str] = {
+    "argo": "couler.compilers.argo_capabilities",
+    "tekton": "couler.compilers.tekton",
+    "kfp": "couler.compilers.kfp",
+    "airflow": "couler.compilers.airflow",
+    "local": "couler_runtime.local.capabilities",
+    "ray": "couler_runtime.ray.capabilities",
+}
+# Sent when no key is configured: the client insists on one, local endpoints ignore it.
+_NO_KEY = "unused"
+_MESSAGE_LIMIT = 300
+
+Check = Callable[[ir.Workflow], None]
+
+
+def capability_check(engine: str) -> Check:
+    """The capability check of ``engine`` ("" means "local"); UserError for an unknown one."""
+    name = engine.strip().lower() or DEFAULT_ENGINE
+    module = ENGINE_CAPABILITIES.get(name)
+    if module is None:
+        raise UserError(f"generate: unknown engine {engine!r} "
+                        f"(known: {', '.join(sorted(ENGINE_CAPABILITIES))})")
+    capabilities: Mapping[Feature, Capability] = importlib.import_module(module).CAPABILITIES
+
+    def check(wf: ir.Workflow) -> None:
+        check_capabilities(name, capabilities, wf)
+
+    return check
+
+
+class ChatModel:
+    """An OpenAI-compatible chat endpoint as the ``complete(messages) -> str`` callable.
+
+    Blocking (it runs in a worker thread); safe to call from several threads. Asks for a
+    JSON object (``response_format``) and stops asking when the endpoint answers HTTP 400 to
+    that once, as endpoints without JSON mode do. The client does not retry by itself: a
+    failed call is a RetryableError and the caller (the NATS consumer's back-off, or the
+    gRPC client) decides when to try again, so one Generate lasts at most
+    ``max_rounds`` times ``timeout``.
+
+    Args:
+        base_url: The endpoint, e.g. ``http://127.0.0.1:8000/v1``.
+        model: The model to ask.
+        api_key: The endpoint's key; only ever handed to the client.
+        timeout: Seconds one completion may take.
+    """
+
+    def __init__(self, base_url: str, model: str, *, api_key: SecretStr | None = None,
+                 timeout: float = 60.0) -> None:
+        self.model = model
+        self._where = redact_url(base_url)
+        self._client = openai.OpenAI(
+            base_url=base_url, api_key=api_key.get_secret_value() if api_key else _NO_KEY,
+            timeout=timeout, max_retries=0)
+        self._json_mode = True
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ChatModel(base_url={self._where!r}, model={self.model!r})"
+
+    def __call__(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """The model's answer to ``messages`` (its text; "" when it gave none)."""
+        with self._lock:
+            json_mode = self._json_mode
+        if not json_mode:
+            return self._complete(messages, json_mode=False)
+        try:
+            return self._complete(messages, json_mode=True)
+        except openai.BadRequestError:
+            pass  # perhaps no JSON mode there: ask without it (a 400 again is a refusal)
+        answer = self._complete(messages, json_mode=False)
+        log.info("LLM endpoint %s refuses response_format=json_object; asking without it",
+                 self._where)
+        with self._lock:
+            self._json_mode = False
+        return answer
+
+    def close(self) -> None:
+        """Close the HTTP connections."""
+        self._client.close()
+
+    def _complete(self, messages: Sequence[Mapping[str, str]], *, json_mode: bool) -> str:
+        params = cast("list[ChatCompletionMessageParam]", [dict(m) for m in messages])
+        extra: dict[str, Any] = (
+            {"response_format": {"type": "json_object"}} if json_mode else {})
+        try:
+            completion = self._client.chat.completions.create(
+                model=self.model, messages=params, **extra)
+        except openai.BadRequestError as exc:
+            if json_mode:
+                raise  # the caller retries without JSON mode
+            raise self._refused(exc) from exc
+        except openai.UnprocessableEntityError as exc:
+            raise self._refused(exc) from exc
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+            # No body in the message: some endpoints echo part of the key they rejected.
+            raise RetryableError(
+                f"generate: the LLM endpoint {self._where} refused the credentials "
+                f"(HTTP {exc.status_code}; check COULER_LLM_API_KEY)") from exc
+        except openai.APIStatusError as exc:
+            raise RetryableError(
+                f"generate: the LLM endpoint {self._where} answered HTTP {exc.status_code}: "
+                f"{_brief(exc.message)}") from exc
+        except openai.APIConnectionError as exc:  # includes APITimeoutError
+            raise RetryableError(
+                f"generate: the LLM endpoint {self._where} did not answer "
+                f"({type(exc).__name__}: {_brief(str(exc))})") from exc
+        except openai.OpenAIError as exc:  # e.g. an answer that is not a chat completion
+            raise RetryableError(
+                f"generate: the LLM endpoint {self._where} gave an unusable answer "
+                f"({type(exc).__name__}: {_brief(str(exc))})") from exc
+        # Read defensively: the client does not validate answers strictly, and a missing or
+        # empty answer is one more invalid draft for the repair loop, not a crash.
+        choices = getattr(completion, "choices", None) or ()
+        message = getattr(choices[0], "message", None) if choices else None
+        content = getattr(message, "content", None)
+        return content if isinstance(content, str) else ""
+
+    def _refused(self, exc: openai.APIStatusError) -> UserError:
+        return UserError(f"generate: the LLM endpoint {self._where} refused the request "
+                         f"(HTTP {exc.status_code}): {_brief(exc.message)}")
+
+
+def _brief(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MESSAGE_LIMIT else text[:_MESSAGE_LIMIT] + "..."
+
+
+class Generator:
+    """Turns requests into workflows: offline, or through ``llm`` when one is given.
+
+    Args:
+        llm: The chat model; None for the offline planner.
+        max_rounds: Generate-validate-repair rounds the LLM gets before a refusal.
+    """
+
+    def __init__(self, llm: ChatModel | None = None, *, max_rounds: int = 3) -> None:
+        if max_rounds < 1:
+            raise ValueError("max_rounds must be at least 1")
+        self._llm = llm
+        self._max_rounds = max_rounds
+
+    def __repr__(self) -> str:
+        return f"Generator(llm={self._llm!r}, max_rounds={self._max_rounds})"
+
+    async def generate(self, text: str, constraints: Sequence[str] = (), engine: str = "",
+                       name: str = "") -> tuple[ir.Workflow, GenerationReport]:
+        """A valid workflow for ``text``, runnable on ``engine``, and how it was made.
+
+        Args:
+            text: The request in plain language.
+            constraints: Extra requirements in plain language (given to the LLM; the
+                offline planner cannot interpret them and says so in the report's notes).
+            engine: The engine the workflow must run on; "" means "local".
+            name: The workflow's name; "" lets the generator choose.
+
+        Raises:
+            UserError: The request cannot be planned into a valid workflow (the message
+                says why); UnsupportedFeatureError when the engine cannot run it.
+            RetryableError: The LLM endpoint is unavailable.
+        """
+        if not text.strip():
+            raise UserError("generate: the request text is empty")
+        check = capability_check(engine)
+        constraints = tuple(c.strip() for c in constraints if c.strip())
+        if self._llm is None:
+            wf, report = plan(text, name=name)
+            check(wf)
+            notes = report.notes
+            if constraints:
+                notes += ("the offline planner does not interpret constraints; not applied: "
+                          + "; ".join(constraints),)
+            return wf, _record(report, notes=notes)
+        # The openai client blocks: keep the event loop (gRPC, NATS) free.
+        return await asyncio.to_thread(self._generate_with_llm, self._llm, text, constraints,
+                                       check, name)
+
+    def _generate_with_llm(self, llm: ChatModel, text: str, constraints: tuple[str, ...],
+                           check: Check, name: str) -> tuple[ir.Workflow, GenerationReport]:
+        repairs: list[str] = []
+
+        def complete(messages: Sequence[Mapping[str, str]]) -> str:
+            if len(messages) > 2:
+                # The last message asks for a repair: its inner lines are the errors.
+                repairs.extend(line.strip() for line in messages[-1]["content"].splitlines()[1:-1]
+                               if line.strip())
+            return llm(messages)
+
+        request = text.strip()
+        if constraints:
+            request += "\nConstraints:\n" + "\n".join(f"- {c}" for c in constraints)
+        wf, report = generate_with_llm(request, complete, max_rounds=self._max_rounds,
+                                       check=check, name=name)
+        wf = dataclasses.replace(
+            wf, name=name or wf.name,
+            labels=(*wf.labels, ("couler.io/generated-by", "llm")),
+            annotations=(*wf.annotations, ("couler.io/request", " ".join(text.split())[:256])))
+        ir.validate(wf)
+        check(wf)
+        return wf, _record(report, model=llm.model, repairs=tuple(repairs))
+
+
+def _record(report: PlannerReport, *, model: str = "", repairs: tuple[str, ...] = (),
+            notes: tuple[str, ...] | None = None) -> GenerationReport:
+    return GenerationReport(
+        planner=report.planner, model=model, subtasks=report.subtasks,
+        catalog_steps=report.catalog_entries,
+        # The offline planner's one draft is valid by construction: one round.
+        rounds=max(report.rounds, 1), repairs=repairs,
+        notes=report.notes if notes is None else notes)

@@ -1,0 +1,61 @@
+"""The cache, as the optimizer asks it: ``couler.v1.CacheService.Lookup`` over gRPC.
+
+:class:`CacheLookup` is the blocking :data:`~couler_optimizer.service.CacheFetch` the pass
+pipeline calls from its worker thread. Any failure of the call (the cache is down, the
+deadline passed, the token was refused, an error inside the cache) raises
+:class:`~couler_optimizer.service.CacheUnavailableError`; the optimizer then makes the plan
+without the cache and says so in the ``prune_cached`` report, rather than failing the run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+from couler.errors import CoulerError
+from couler_optimizer.service import CacheUnavailableError
+from couler_runtime.client import CoulerClient
+from couler_runtime.rpc.records import CacheEntry
+
+__all__ = ["CacheLookup"]
+
+
+class CacheLookup:
+    """Looks keys up in the cache service at ``address``.
+
+    The channel is opened on first use and reused (gRPC channels are thread-safe and
+    reconnect by themselves after the cache restarts).
+
+    Args:
+        address: The cache's ``host:port``.
+        token: The bearer token the services require, if any.
+        timeout: Seconds one Lookup may take.
+    """
+
+    def __init__(self, address: str, *, token: str | None = None, timeout: float = 5.0) -> None:
+        self.address = address
+        self._client = CoulerClient({"cache": address}, token=token, timeout=timeout)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CacheLookup(address={self.address!r})"
+
+    def __call__(self, keys: Sequence[str]) -> Mapping[str, CacheEntry]:
+        """The entries found for ``keys``, by key.
+
+        Raises:
+            CacheUnavailableError: The cache could not answer.
+        """
+        if not keys:
+            return {}
+        try:
+            with self._lock:  # the client creates its channel lazily
+                cache = self._client.cache
+            return dict(cache.lookup(keys).entries)
+        except CoulerError as exc:
+            raise CacheUnavailableError(
+                f"Lookup at {self.address}: {type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._client.close()

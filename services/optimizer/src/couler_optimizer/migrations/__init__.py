@@ -1,0 +1,1 @@
+"""The optimizer's alembic revisions (``versions/``), run at start by ``store.migrate``."""

@@ -1,0 +1,274 @@
+"""The optimizer's use cases: plan a workflow for an engine, keep the monitor's feedback.
+
+:class:`Optimizer` runs the pure pass pipeline :func:`couler.optimize.optimize` (validate →
+prune cached steps → right-size from recommendations → default retry → split to the
+engine's limits → compile) in a worker thread, so the event loop (gRPC, NATS) stays free,
+with what only the service knows:
+
+* **the cache** — a :data:`CacheFetch` callable (``keys -> {key: CacheEntry}``; in
+  production a gRPC call to ``couler.v1.CacheService.Lookup``, see
+  :mod:`couler_optimizer.lookup`). When the cache cannot be asked (it is down, times out,
+  refuses), the plan is made **without** the cache rather than failing the run: every step
+  runs, and the ``prune_cached`` report says why none was reused;
+* **recommendations** — the latest per (workflow, step, kind) from the store, applied to
+  every later plan of the same workflow name by the ``right_size`` pass, whose report lists
+  each one applied (a workflow-level one, without a step, applies to every top-level step
+  that has none of its own);
+* **engine capabilities** — the target engine's table (as ``couler validate`` uses), so a
+  feature the engine cannot express is refused before planning;
+* **the record** — every plan's summary in the store; a plan made for a run (an event) is
+  kept whole, and asking again for the same run returns it instead of planning again, so a
+  redelivered event neither asks the cache again (no double-counted hits) nor records a
+  second plan.
+
+Errors, by type (mapped to gRPC statuses and NATS answers by the runtime)::
+
+    UserError                     unknown engine, a split that cannot fit the engine
+    ├── ValidationError           the workflow is invalid (issues name step and field)
+    └── UnsupportedFeatureError   the engine cannot express a feature the workflow uses
+    RetryableError                the store is unavailable
+    └── CacheUnavailableError          (raised by a CacheFetch; handled here: no cache)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+from couler import ir
+from couler import optimize as passes
+from couler.engines.base import Capability, Feature, check_capabilities
+from couler.errors import RetryableError, UserError
+from couler_optimizer.store import OptimizerStore, PlanSummary
+from couler_runtime.rpc.records import (
+    CacheEntry,
+    Chunk,
+    Objective,
+    PassReport,
+    Plan,
+    Recommendation,
+    RecommendationKind,
+    StoredArtifact,
+)
+
+__all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINE_CAPABILITIES",
+    "CacheFetch",
+    "CacheUnavailableError",
+    "Optimizer",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ENGINE = "local"
+# Engine name → the module holding its CAPABILITIES, imported on first use.
+ENGINE_CAPABILITIES: Mapping[str, str] = {
+    "argo": "couler.compilers.argo_capabilities",
+    "tekton": "couler.compilers.tekton",
+    "kfp": "couler.compilers.kfp",
+    "airflow": "couler.compilers.airflow",
+    "local": "couler_runtime.local.capabilities",
+    "ray": "couler_runtime.ray.capabilities",
+}
+# The contract's recommendation kinds → the right_size pass's names.
+_KINDS: Mapping[RecommendationKind, str] = {
+    RecommendationKind.MEMORY_REQUEST: "memory_request",
+    RecommendationKind.MEMORY_LIMIT: "memory_limit",
+    RecommendationKind.CPU_REQUEST: "cpu_request",
+    RecommendationKind.RETRY: "retry_limit",
+    RecommendationKind.TIMEOUT: "timeout_seconds",
+}
+_PRUNE = "prune_cached"
+
+
+class CacheUnavailableError(RetryableError):
+    """The cache could not be asked (unreachable, timed out, refused the call)."""
+
+
+CacheFetch = Callable[[Sequence[str]], Mapping[str, CacheEntry]]
+"""Blocking: the cache entries found for ``keys``, by key; raises :class:`CacheUnavailableError`."""
+
+
+class _PlanLookup:
+    """One plan's view of the cache: a ``couler.optimize`` lookup that remembers the entries
+    it found and stops asking after the first failure."""
+
+    def __init__(self, fetch: CacheFetch) -> None:
+        self._fetch = fetch
+        self.entries: dict[str, CacheEntry] = {}
+        self.failure: CacheUnavailableError | None = None
+
+    def __call__(self, keys: Sequence[str]) -> Mapping[str, passes.CachedStep]:
+        if self.failure is not None:
+            return {}
+        try:
+            found = self._fetch(keys)
+        except CacheUnavailableError as exc:
+            self.failure = exc
+            return {}
+        self.entries.update(found)
+        return {key: passes.CachedStep(key=key, outputs=dict(e.outputs),
+                                       artifacts={n: a.digest for n, a in e.artifacts.items()})
+                for key, e in found.items()}
+
+
+def check_engine(engine: str, wf: ir.Workflow) -> str:
+    """The engine's canonical name ("" → "local") after checking ``wf`` against its
+    capabilities; UserError for an unknown engine, UnsupportedFeatureError naming the step."""
+    name = engine.strip().lower() or DEFAULT_ENGINE
+    module = ENGINE_CAPABILITIES.get(name)
+    if module is None:
+        raise UserError(f"workflow {wf.name!r}: unknown engine {engine!r} "
+                        f"(known: {', '.join(sorted(ENGINE_CAPABILITIES))})")
+    capabilities: Mapping[Feature, Capability] = importlib.import_module(module).CAPABILITIES
+    check_capabilities(name, capabilities, wf)
+    return name
+
+
+class Optimizer:
+    """Plans workflows (see the module docstring).
+
+    Args:
+        store: Recommendations and plan records.
+        cache: Asks the cache; None when no cache is configured (no step is reused).
+        cache_address: Where the cache is, for the reports.
+        default_retry: Give steps without a retry policy the default one.
+        max_steps_per_chunk: Split workflows into chunks of at most this many steps
+            (besides the engine's own document-size limit); None for no step limit.
+    """
+
+    def __init__(self, store: OptimizerStore, cache: CacheFetch | None = None, *,
+                 cache_address: str = "", default_retry: bool = True,
+                 max_steps_per_chunk: int | None = None) -> None:
+        self._store = store
+        self._cache = cache
+        self._cache_address = cache_address
+        self._retry = passes.DEFAULT_RETRY if default_retry else None
+        self._max_steps = max_steps_per_chunk
+
+    async def optimize(self, wf: ir.Workflow, engine: str = "", *,
+                       objectives: Sequence[Objective] = (), no_cache: bool = False,
+                       parameters: Mapping[str, str] | None = None, run_id: str = "") -> Plan:
+        """The plan for running ``wf`` on ``engine`` (recorded in the plan history).
+
+        Args:
+            wf: The workflow.
+            engine: The target engine; "" means "local".
+            objectives: What to weigh. Every pass keeps the result correct and all run
+                today; the objectives are recorded in the validate report.
+            no_cache: Reuse no cached result (the cache is not asked).
+            parameters: Workflow parameter values (part of the steps' cache keys).
+            run_id: The run being planned, for the record; may be empty.
+
+        Raises:
+            ValidationError: The workflow is invalid.
+            UnsupportedFeatureError: The engine cannot express a feature it uses.
+            UserError: Unknown engine, or it cannot be split to fit the engine.
+            RetryableError: The store is unavailable.
+        """
+        plan = await asyncio.to_thread(self._plan, wf, engine, tuple(objectives), no_cache,
+                                       dict(parameters or {}))
+        await asyncio.to_thread(self._store.save_plan, plan, run_id=run_id)
+        return plan
+
+    async def plan_run(self, run_id: str, wf: ir.Workflow, engine: str = "", *,
+                       objectives: Sequence[Objective] = (), no_cache: bool = False,
+                       parameters: Mapping[str, str] | None = None) -> Plan:
+        """The plan for run ``run_id``: made once, then the recorded one (idempotent).
+
+        Same arguments and errors as :meth:`optimize`.
+        """
+        earlier = await asyncio.to_thread(self._store.event_plan, run_id)
+        if earlier is not None:
+            log.info("run %s: planned before; answering with the recorded plan", run_id)
+            return earlier
+        plan = await asyncio.to_thread(self._plan, wf, engine, tuple(objectives), no_cache,
+                                       dict(parameters or {}))
+        return await asyncio.to_thread(self._store.save_plan, plan, run_id=run_id,
+                                       from_event=True)
+
+    async def record_recommendation(self, rec: Recommendation) -> bool:
+        """Keep ``rec`` for the next plans of its workflow; False if a newer one is kept."""
+        if not rec.workflow:
+            raise UserError(f"recommendation {rec.id!r}: field 'workflow' is empty")
+        return await asyncio.to_thread(self._store.put_recommendation, rec)
+
+    async def history(self, workflow: str | None = None, *, run_id: str | None = None
+                      ) -> tuple[PlanSummary, ...]:
+        """The plans recorded (see :meth:`OptimizerStore.history`)."""
+        return await asyncio.to_thread(self._store.history, workflow, run_id=run_id)
+
+    # ----------------------------------------------------------------- in a thread
+
+    def _plan(self, wf: ir.Workflow, engine: str, objectives: tuple[Objective, ...],
+              no_cache: bool, parameters: dict[str, str]) -> Plan:
+        ir.validate(wf)
+        name = check_engine(engine, wf)
+        recs = _core_recommendations(wf, self._store.recommendations(wf.name))
+        lookup = None if no_cache or self._cache is None else _PlanLookup(self._cache)
+        plan = passes.optimize(
+            wf, name, lookup=lookup, recommendations=recs, parameters=parameters,
+            budget=passes.budget_for(name, max_steps=self._max_steps), retry=self._retry)
+        reports = list(plan.reports)
+        cached: dict[str, CacheEntry] = {}
+        for i, report in enumerate(reports):
+            if report.name == "validate" and objectives:
+                reports[i] = dataclasses.replace(report, notes=(
+                    *report.notes, "objectives: " + ", ".join(o.value for o in objectives)))
+            elif report.name == _PRUNE:
+                reports[i] = self._prune_report(report, lookup, no_cache)
+        if lookup is not None and lookup.failure is None:
+            cached = {step: _entry(wf.name, step, c, lookup.entries.get(c.key))
+                      for step, c in plan.cached.items()}
+        elif lookup is not None and lookup.failure is not None:
+            log.warning("workflow %r: cache at %s unavailable, planned without it: %s",
+                        wf.name, self._cache_address, lookup.failure)
+        return Plan(
+            workflow=plan.workflow, engine=name, compiled=plan.document, cached=cached,
+            passes=tuple(PassReport(r.name, r.changed, r.notes, r.duration_ms)
+                         for r in reports),
+            chunks=tuple(Chunk(c.name, c.steps, c.depends_on, c.workflow, c.size_bytes)
+                         for c in plan.chunks),
+            workflow_digest=ir.digest(plan.workflow))
+
+    def _prune_report(self, report: passes.PassReport, lookup: _PlanLookup | None,
+                      no_cache: bool) -> passes.PassReport:
+        if no_cache:
+            return dataclasses.replace(report, notes=("no_cache: the cache was not consulted",))
+        if lookup is None:
+            return dataclasses.replace(report, notes=("no cache configured "
+                                                      "(COULER_CACHE_ADDRESS is empty)",))
+        if lookup.failure is not None:
+            return dataclasses.replace(report, changed=False, notes=(
+                f"cache unavailable at {self._cache_address}: {lookup.failure}; "
+                "planned without the cache (every step runs)",))
+        return report
+
+
+def _core_recommendations(wf: ir.Workflow, recs: Sequence[Recommendation]
+                          ) -> list[passes.Recommendation]:
+    """The contract's recommendations as the right_size pass takes them; workflow-level
+    ones expanded to every top-level step without one of the same kind."""
+    specific = {(r.step, r.kind) for r in recs if r.step}
+    out: list[passes.Recommendation] = []
+    for rec in recs:
+        steps = [rec.step] if rec.step else [
+            s.name for s in wf.steps if (s.name, rec.kind) not in specific]
+        for step in steps:
+            out.append(passes.Recommendation(
+                workflow=rec.workflow, step=step, kind=_KINDS[rec.kind], value=rec.value,
+                reason=rec.reason, samples=rec.based_on_samples))
+    return out
+
+
+def _entry(workflow: str, step: str, cached: passes.CachedStep,
+           entry: CacheEntry | None) -> CacheEntry:
+    """The cache's entry for a reused step (as the cache returned it, when it did)."""
+    if entry is not None:
+        return dataclasses.replace(entry, key=cached.key)
+    return CacheEntry(key=cached.key, workflow=workflow, step=step, outputs=cached.outputs,
+                      artifacts={n: StoredArtifact(d) for n, d in cached.artifacts.items()})

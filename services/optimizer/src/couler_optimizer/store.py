@@ -1,0 +1,229 @@
+"""The optimizer's tables: the monitor's recommendations and the plans it made.
+
+* ``optimizer_recommendations`` — the latest recommendation per (workflow, step, kind);
+  an older one arriving late (a redelivery, an out-of-order message) never replaces a
+  newer one.
+* ``optimizer_plans`` — one row per plan: its summary (run, workflow, engine, pass
+  reports, cached steps, chunk count) and, for plans made from events, the whole plan,
+  so a redelivered event is answered with the same plan instead of planning (and asking
+  the cache) again.
+
+Migrations live in ``couler_optimizer/migrations`` and run at start (:meth:`OptimizerStore.open`).
+The API is synchronous; the service calls it through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import Engine, Float, Integer, LargeBinary, String, Text, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from couler import ir
+from couler.errors import ConflictError
+from couler.v1 import common_pb2
+from couler_runtime.rpc.records import (
+    PassReport,
+    Plan,
+    Recommendation,
+    RecommendationKind,
+    plan_from_proto,
+    plan_to_proto,
+)
+from couler_runtime.store import make_engine, make_session_factory, migrate, session_scope
+
+__all__ = ["MIGRATIONS", "SERVICE", "OptimizerStore", "PlanSummary"]
+
+SERVICE = "optimizer"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class _RecommendationRow(_Base):
+    __tablename__ = "optimizer_recommendations"
+
+    workflow: Mapped[str] = mapped_column(String(255), primary_key=True)
+    step: Mapped[str] = mapped_column(String(255), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32), primary_key=True)
+    value: Mapped[str] = mapped_column(String(255))
+    reason: Mapped[str] = mapped_column(Text)
+    based_on_samples: Mapped[int] = mapped_column(Integer)
+    failure_class: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    rec_id: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    received_at: Mapped[float] = mapped_column(Float)
+
+
+class _PlanRow(_Base):
+    __tablename__ = "optimizer_plans"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(255))
+    event_run_id: Mapped[str | None] = mapped_column(String(255), nullable=True, unique=True)
+    workflow: Mapped[str] = mapped_column(String(255))
+    engine: Mapped[str] = mapped_column(String(32))
+    workflow_digest: Mapped[str] = mapped_column(String(80))
+    passes: Mapped[str] = mapped_column(Text)
+    cached_steps: Mapped[str] = mapped_column(Text)
+    chunk_count: Mapped[int] = mapped_column(Integer)
+    plan: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanSummary:
+    """What the optimizer recorded about one plan.
+
+    Attributes:
+        run_id: The run it was made for ("" for an Optimize call without one).
+        from_event: Whether it answered a planning event (else an Optimize call).
+        workflow: The workflow's name.
+        engine: The engine it was planned for.
+        workflow_digest: The digest of the planned workflow.
+        passes: The pass reports, in order (durations not kept).
+        cached_steps: The steps whose results are reused.
+        chunk_count: How many chunks it was split into (0: not split).
+        created_at: When it was made (seconds since the epoch).
+    """
+
+    run_id: str
+    from_event: bool
+    workflow: str
+    engine: str
+    workflow_digest: str
+    passes: tuple[PassReport, ...]
+    cached_steps: tuple[str, ...]
+    chunk_count: int
+    created_at: float
+
+
+class OptimizerStore:
+    """Recommendations and plans in SQL (SQLite or PostgreSQL).
+
+    Args:
+        engine: The SQLAlchemy engine (migrated: use :meth:`open`).
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._sessions = make_session_factory(engine)
+
+    @classmethod
+    def open(cls, url: str) -> OptimizerStore:
+        """Connect to ``url`` and bring the tables to the current migration."""
+        engine = make_engine(url)
+        try:
+            migrate(engine, SERVICE, MIGRATIONS)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine)
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._engine.dispose()
+
+    # ------------------------------------------------------------ recommendations
+
+    def put_recommendation(self, rec: Recommendation) -> bool:
+        """Keep ``rec`` as the latest for its (workflow, step, kind).
+
+        Returns False (and keeps the stored one) when the stored one is newer, i.e. was
+        made later by the monitor; a redelivery of the same recommendation is a no-op.
+        """
+        now = time.time()
+        with session_scope(self._sessions) as session:
+            row = session.get(_RecommendationRow, (rec.workflow, rec.step, rec.kind.value))
+            if row is None:
+                session.add(_RecommendationRow(
+                    workflow=rec.workflow, step=rec.step, kind=rec.kind.value, value=rec.value,
+                    reason=rec.reason, based_on_samples=rec.based_on_samples,
+                    failure_class=rec.failure_class.value if rec.failure_class else None,
+                    rec_id=rec.id, created_at=rec.created_at, received_at=now))
+                return True
+            if (row.created_at is not None and rec.created_at is not None
+                    and rec.created_at < row.created_at):
+                return False
+            row.value, row.reason = rec.value, rec.reason
+            row.based_on_samples = rec.based_on_samples
+            row.failure_class = rec.failure_class.value if rec.failure_class else None
+            row.rec_id, row.created_at, row.received_at = rec.id, rec.created_at, now
+            return True
+
+    def recommendations(self, workflow: str) -> tuple[Recommendation, ...]:
+        """The latest recommendations for ``workflow``, by step and kind."""
+        with session_scope(self._sessions) as session:
+            rows = session.scalars(
+                select(_RecommendationRow).where(_RecommendationRow.workflow == workflow)
+                .order_by(_RecommendationRow.step, _RecommendationRow.kind)).all()
+            return tuple(
+                Recommendation(
+                    workflow=r.workflow, step=r.step, kind=RecommendationKind(r.kind),
+                    value=r.value, reason=r.reason, based_on_samples=r.based_on_samples,
+                    created_at=r.created_at,
+                    failure_class=ir.FailureClass(r.failure_class) if r.failure_class else None,
+                    id=r.rec_id)
+                for r in rows)
+
+    # ---------------------------------------------------------------------- plans
+
+    def save_plan(self, plan: Plan, *, run_id: str = "", from_event: bool = False) -> Plan:
+        """Record ``plan``; for an event plan, the whole plan once per run.
+
+        Returns the plan recorded for the run: ``plan``, or the one an earlier delivery
+        of the same event recorded first (then ``plan`` is not recorded).
+        """
+        row = _PlanRow(
+            run_id=run_id, event_run_id=run_id if from_event else None,
+            workflow=plan.workflow.name, engine=plan.engine,
+            workflow_digest=plan.workflow_digest,
+            passes=json.dumps([{"name": p.name, "changed": p.changed, "notes": list(p.notes)}
+                               for p in plan.passes]),
+            cached_steps=json.dumps(sorted(plan.cached)), chunk_count=len(plan.chunks),
+            plan=plan_to_proto(plan).SerializeToString() if from_event else None,
+            created_at=time.time())
+        try:
+            with session_scope(self._sessions) as session:
+                session.add(row)
+        except ConflictError:
+            if not from_event:
+                raise
+            earlier = self.event_plan(run_id)
+            if earlier is None:
+                raise
+            return earlier
+        return plan
+
+    def event_plan(self, run_id: str) -> Plan | None:
+        """The plan recorded for the event of run ``run_id``, if one was."""
+        with session_scope(self._sessions) as session:
+            data = session.scalar(select(_PlanRow.plan).where(_PlanRow.event_run_id == run_id))
+        if data is None:
+            return None
+        return plan_from_proto(common_pb2.Plan.FromString(data))
+
+    def history(self, workflow: str | None = None, *, run_id: str | None = None
+                ) -> tuple[PlanSummary, ...]:
+        """The plans recorded, oldest first; only ``workflow``'s / ``run_id``'s when given."""
+        query = select(_PlanRow).order_by(_PlanRow.id)
+        if workflow is not None:
+            query = query.where(_PlanRow.workflow == workflow)
+        if run_id is not None:
+            query = query.where(_PlanRow.run_id == run_id)
+        with session_scope(self._sessions) as session:
+            rows = session.scalars(query).all()
+            return tuple(
+                PlanSummary(
+                    run_id=r.run_id, from_event=r.event_run_id is not None,
+                    workflow=r.workflow, engine=r.engine, workflow_digest=r.workflow_digest,
+                    passes=tuple(PassReport(p["name"], p["changed"], tuple(p["notes"]))
+                                 for p in json.loads(r.passes)),
+                    cached_steps=tuple(json.loads(r.cached_steps)), chunk_count=r.chunk_count,
+                    created_at=r.created_at)
+                for r in rows)

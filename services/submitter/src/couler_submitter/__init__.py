@@ -1,0 +1,1 @@
+"""Couler's submitter service."""

@@ -1,0 +1,769 @@
+"""The optimizer service in-process against a real nats-server, SQLite and PostgreSQL.
+
+The service runs as in production -- ``serve(settings, build)`` with its gRPC server on
+127.0.0.1:0, its three durable consumers on JetStream and its store migrated at start -- on
+an asyncio loop in a thread; the tests call it with the blocking ``CoulerClient`` and
+publish / receive events with a bus of their own. The whole module runs once on SQLite and
+once on a fresh PostgreSQL database.
+
+The cache it asks is a real gRPC server (``couler_runtime.rpc.start_server``, with the
+bearer-token interceptor) serving a small stand-in ``couler.v1.CacheService`` whose Lookup
+answers from a dict: the cache service itself is built separately, and this stand-in is
+enough to check what the optimizer sends and how it uses the answers.
+
+One optimizer instance serves at a time (instances share the durable consumers), except in
+the cache-down test, which starts a second one briefly and publishes no events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from google.protobuf.message import Message
+
+from couler import ir
+from couler.errors import UnsupportedFeatureError, ValidationError
+from couler.optimize import step_cache_key
+from couler.v1 import cache_service_pb2, common_pb2, events_pb2
+from couler_optimizer.events import (
+    FEEDBACK_DURABLE,
+    GENERATED,
+    GENERATED_DURABLE,
+    OPTIMIZED,
+    REJECTED,
+    REQUESTED,
+    REQUESTED_DURABLE,
+)
+from couler_optimizer.main import OptimizerSettings, build
+from couler_optimizer.store import OptimizerStore
+from couler_runtime import codec
+from couler_runtime.bus import HEADER_TENANT, HEADER_TRACEPARENT, Bus
+from couler_runtime.client import CoulerClient
+from couler_runtime.rpc import CACHE, RpcServer, start_server
+from couler_runtime.rpc.records import (
+    CacheEntry,
+    Plan,
+    Recommendation,
+    RecommendationKind,
+    StoredArtifact,
+    cache_entry_to_proto,
+    recommendation_to_proto,
+)
+from couler_runtime.service import READY_PREFIX, serve
+from couler_runtime.settings import SettingsError
+from tests.servers import NatsServer, free_port
+
+TOKEN = "optimizer-test-token-5b0c"
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+WAIT = 60.0  # a bound on waiting, never an assertion about speed
+MAX_STEPS = 4  # the service's max_steps_per_chunk: workflows here have at most 3 steps
+JOB = '{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "apply"}}'
+PASSES = ["validate", "prune_cached", "right_size", "default_retry", "split", "compile"]
+
+
+# ----------------------------------------------------------------------------- workflows
+
+
+def container(name: str, *cmd: str, inputs: Sequence[ir.InputParameter] = (),
+              deps: Sequence[str] = (), outputs: Sequence[str] = ("out",), **kw: Any
+              ) -> ir.Step:
+    return ir.Step(
+        name=name, body=ir.ContainerSpec(image="python:3.11", command=cmd or ("echo", name)),
+        inputs=tuple(inputs),
+        outputs=tuple(ir.OutputParameter(o, source=ir.OutputSource.STDOUT) for o in outputs),
+        dependencies=tuple(ir.Dependency(d) for d in deps), **kw)
+
+
+def chain(n: int, name: str = "") -> ir.Workflow:
+    """``n`` steps s0 → s1 → ...; unique commands (and so unique cache keys) per call."""
+    name = name or f"chain-{uuid.uuid4().hex[:8]}"
+    salt = uuid.uuid4().hex
+    steps = [container("s0", "echo", salt)]
+    for i in range(1, n):
+        steps.append(container(
+            f"s{i}", "echo", salt, "{{inputs.x}}",
+            inputs=[ir.InputParameter("x", ir.StepOutputRef(f"s{i - 1}", "out"))],
+            deps=[f"s{i - 1}"]))
+    return ir.Workflow(name=name, steps=tuple(steps))
+
+
+def invalid(name: str = "broken") -> ir.Workflow:
+    """Step 'late' depends on a step that does not exist."""
+    return ir.Workflow(name=name, steps=(container("first"), container("late", deps=["nope"])))
+
+
+def run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:12]}"
+
+
+def steps_of(wf: ir.Workflow) -> dict[str, ir.Step]:
+    return {s.name: s for s in wf.steps}
+
+
+def report(plan: Plan, name: str) -> tuple[bool, tuple[str, ...]]:
+    [found] = [p for p in plan.passes if p.name == name]
+    return found.changed, found.notes
+
+
+# ------------------------------------------------------------------------ the cache stand-in
+
+
+class StandInCache:
+    """``couler.v1.CacheService.Lookup`` from a dict; remembers the keys it was asked."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, CacheEntry] = {}
+        self.asked: list[tuple[str, ...]] = []
+        self._lock = threading.Lock()
+
+    def put(self, entry: CacheEntry) -> None:
+        with self._lock:
+            self.entries[entry.key] = entry
+
+    def times_asked(self, key: str) -> int:
+        with self._lock:
+            return sum(key in keys for keys in self.asked)
+
+    async def Lookup(self, request: cache_service_pb2.LookupRequest,
+                     context: object) -> cache_service_pb2.LookupResponse:
+        with self._lock:
+            self.asked.append(tuple(request.keys))
+            found = [self.entries[k] for k in request.keys if k in self.entries]
+        return cache_service_pb2.LookupResponse(
+            entries=[cache_entry_to_proto(e) for e in found],
+            missing=[k for k in request.keys if k not in self.entries])
+
+
+class LoopThread:
+    """An asyncio loop in a thread, for a gRPC server of the test's own."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="stand-in",
+                                        daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(WAIT)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(WAIT)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def cache() -> Iterator[tuple[StandInCache, str]]:
+    """The stand-in cache on a real gRPC server requiring the bearer token: (it, address)."""
+    stand_in = StandInCache()
+    thread = LoopThread()
+    server: RpcServer = thread.run(start_server("127.0.0.1:0", {CACHE: stand_in}, token=TOKEN))
+    try:
+        yield stand_in, f"127.0.0.1:{server.port}"
+    finally:
+        thread.run(server.stop(1.0))
+        thread.close()
+
+
+# ----------------------------------------------------------------------------- the service
+
+
+class ServiceThread:
+    """The optimizer's ``serve`` on its own loop in a thread; ``address`` once it serves."""
+
+    def __init__(self, settings: OptimizerSettings) -> None:
+        self.settings = settings
+        self.port = 0
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="optimizer", daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        await serve(self.settings, build, stop=self._stop, on_ready=self._on_ready)
+
+    def _on_ready(self, port: int) -> None:
+        self.port = port
+        self._ready.set()
+
+    def start(self) -> ServiceThread:
+        self._thread.start()
+        if not self._ready.wait(WAIT) or self._error is not None or not self.port:
+            raise RuntimeError(f"the optimizer did not start: {self._error!r}")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(WAIT)
+        assert not self._thread.is_alive(), "the optimizer did not stop"
+        if self._error is not None:
+            raise self._error
+
+
+class Optimizer:
+    """The running optimizer, its client, and a restart."""
+
+    def __init__(self, settings: OptimizerSettings) -> None:
+        self.settings = settings
+        self.service = ServiceThread(settings).start()
+        self.client = CoulerClient({"optimizer": self.service.address}, token=TOKEN,
+                                   timeout=WAIT)
+
+    def optimize(self, wf: ir.Workflow, engine: str = "local", **kw: Any) -> Plan:
+        plan: Plan = self.client.optimizer.optimize(wf, engine, **kw)
+        return plan
+
+    def restart(self) -> None:
+        self.close()
+        self.service = ServiceThread(self.settings).start()
+        self.client = CoulerClient({"optimizer": self.service.address}, token=TOKEN,
+                                   timeout=WAIT)
+
+    def history(self, **kw: Any) -> Any:
+        store = OptimizerStore.open(self.settings.database_url)
+        try:
+            return store.history(**kw)
+        finally:
+            store.close()
+
+    def close(self) -> None:
+        self.client.close()
+        self.service.stop()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[str]:
+    """A fresh database: a SQLite file, or a new database in the session's PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('optimizer') / 'optimizer.db'}"
+        return
+    server_url: str = request.getfixturevalue("postgres_url")
+    name = f"opt_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    yield server_url.rsplit("/", 1)[0] + "/" + name
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def settings_for(nats: NatsServer, state: Path, database_url: str, cache_address: str,
+                 **more: Any) -> OptimizerSettings:
+    return OptimizerSettings.load(
+        "optimizer", nats_url=nats.url, grpc_address="127.0.0.1:0", state_dir=state,
+        database_url=database_url, cache_address=cache_address, auth_token=TOKEN,
+        otel_endpoint=None, max_steps_per_chunk=MAX_STEPS, default_retry=True, **more)
+
+
+@pytest.fixture(scope="module")
+def optimizer(nats_server: NatsServer, database_url: str, cache: tuple[StandInCache, str],
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Optimizer]:
+    running = Optimizer(settings_for(nats_server, tmp_path_factory.mktemp("state"),
+                                     database_url, cache[1]))
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+# ---------------------------------------------------------------------------- event helpers
+
+
+Answer = tuple[str, Message, dict[str, str]]
+
+
+async def exchange(nats: NatsServer, messages: Sequence[tuple[str, Message, str]],
+                   wait_for: set[str], *, headers: Mapping[str, str] | None = None
+                   ) -> dict[str, list[Answer]]:
+    """Publish ``(subject, message, msg_id)`` in order; return the answers (optimized /
+    rejected) by run id once every run in ``wait_for`` was answered and the optimizer's
+    consumers have acked every message published."""
+    bus = await Bus.connect(nats.url, name="optimizer-test", tenant="acme")
+    answers: dict[str, list[Answer]] = {}
+    done = asyncio.Event()
+    ours = {getattr(m, "run_id", "") for _, m, _ in messages}
+    types: dict[str, type[Message]] = {OPTIMIZED: events_pb2.WorkflowOptimized,
+                                       REJECTED: events_pb2.WorkflowRejected}
+
+    async def collect(msg: Any) -> None:
+        body = types[msg.subject].FromString(msg.data)
+        rid = getattr(body, "run_id", "")
+        if rid in ours:
+            answers.setdefault(rid, []).append((msg.subject, body, dict(msg.headers or {})))
+        if wait_for <= set(answers):
+            done.set()
+
+    subs = [await bus.client.subscribe(subject, cb=collect) for subject in types]
+    last: dict[tuple[str, str], int] = {}
+    durables = {REQUESTED: ("COULER_WORKFLOW", REQUESTED_DURABLE),
+                GENERATED: ("COULER_WORKFLOW", GENERATED_DURABLE)}
+    try:
+        await bus.ensure_streams()
+        for subject, message, msg_id in messages:
+            published = await bus.publish(subject, message, msg_id=msg_id,
+                                          headers=dict(headers or {}))
+            where = durables.get(subject, ("COULER_FEEDBACK", FEEDBACK_DURABLE))
+            last[where] = published.sequence
+        if wait_for:
+            await asyncio.wait_for(done.wait(), WAIT)
+        await wait_acked(bus, last)
+        await bus.client.flush()
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+        await bus.close()
+    return answers
+
+
+async def wait_acked(bus: Bus, last: Mapping[tuple[str, str], int]) -> None:
+    """Wait (with a deadline) until each (stream, durable) acked up to its sequence."""
+    deadline = asyncio.get_running_loop().time() + WAIT
+    for (stream, durable), seq in last.items():
+        while True:
+            info = await bus.jetstream.consumer_info(stream, durable)
+            if info.ack_floor is not None and (info.ack_floor.stream_seq or 0) >= seq:
+                break
+            assert asyncio.get_running_loop().time() < deadline, f"{durable} never acked {seq}"
+            await asyncio.sleep(0.02)
+
+
+def requested(rid: str, wf: ir.Workflow, **options: Any) -> tuple[str, Message, str]:
+    return (REQUESTED, events_pb2.WorkflowRequested(
+        run_id=rid, workflow=codec.workflow_to_proto(wf),
+        options=events_pb2.RunOptions(**options)), f"{rid}.requested")
+
+
+def feedback(rec: Recommendation) -> tuple[str, Message, str]:
+    return (f"couler.feedback.{rec.workflow}", recommendation_to_proto(rec), rec.id)
+
+
+def only_answer(answers: dict[str, list[Answer]], rid: str) -> Answer:
+    [answer] = answers[rid]
+    return answer
+
+
+# ----------------------------------------------------------------------------------- gRPC
+
+
+class TestOptimize:
+    def test_six_passes_and_an_argo_document(self, optimizer: Optimizer) -> None:
+        wf = chain(3)
+        plan = optimizer.optimize(wf, "argo")
+        assert [p.name for p in plan.passes] == PASSES
+        assert plan.engine == "argo"
+        assert "kind: Workflow" in plan.compiled and "s2" in plan.compiled
+        assert plan.workflow_digest == ir.digest(plan.workflow)
+        assert plan.chunks == ()
+        # The default retry policy reached every step, and the report says so.
+        assert all(s.retry is not None and s.retry.limit == 2 for s in plan.workflow.steps)
+        changed, notes = report(plan, "default_retry")
+        assert changed and "s0, s1, s2" in notes[0]
+
+    def test_local_runs_the_ir_itself(self, optimizer: Optimizer) -> None:
+        plan = optimizer.optimize(chain(2), "")
+        assert [p.name for p in plan.passes] == PASSES
+        assert (plan.engine, plan.compiled) == ("local", "")
+        assert "local runs the IR itself" in report(plan, "compile")[1][0]
+
+    def test_objectives_are_recorded(self, optimizer: Optimizer) -> None:
+        from couler_runtime.rpc.records import Objective
+
+        plan = optimizer.optimize(chain(1), objectives=[Objective.COST])
+        assert "objectives: cost" in report(plan, "validate")[1]
+
+    def test_invalid_workflow_is_invalid_argument_naming_the_step(
+            self, optimizer: Optimizer) -> None:
+        with pytest.raises(ValidationError) as caught:
+            optimizer.optimize(invalid("broken-rpc"))
+        [issue] = caught.value.issues
+        assert (issue.workflow, issue.step, issue.field) == ("broken-rpc", "late",
+                                                             "dependencies")
+
+    def test_unsupported_feature_is_refused_naming_the_step(self, optimizer: Optimizer) -> None:
+        wf = ir.Workflow(name="with-job", steps=(
+            ir.Step(name="apply", body=ir.JobSpec(manifest=JOB)),))
+        with pytest.raises(UnsupportedFeatureError, match="apply"):
+            optimizer.optimize(wf, "local")
+
+    def test_split_to_a_small_step_budget_is_acyclic(self, optimizer: Optimizer) -> None:
+        wf = chain(10)
+        plan = optimizer.optimize(wf, "local")
+        assert len(plan.chunks) >= 3
+        assert all(len(c.steps) <= MAX_STEPS for c in plan.chunks)
+        assert sorted(s for c in plan.chunks for s in c.steps) == sorted(steps_of(wf))
+        # Acyclic: every chunk depends only on chunks listed before it.
+        seen: set[str] = set()
+        for chunk in plan.chunks:
+            assert set(chunk.depends_on) <= seen, chunk
+            assert chunk.workflow is not None
+            assert {s.name for s in chunk.workflow.steps} == set(chunk.steps)
+            seen.add(chunk.name)
+        changed, _ = report(plan, "split")
+        assert changed
+        assert optimizer.history(run_id="")[-1].chunk_count == len(plan.chunks)
+
+
+class TestCache:
+    def test_cached_steps_come_back_in_the_plan(self, optimizer: Optimizer,
+                                                cache: tuple[StandInCache, str]) -> None:
+        stand_in, _ = cache
+        wf = chain(3)
+        s0, s1, s2 = wf.steps
+        k0 = step_cache_key(wf, s0, {})
+        k1 = step_cache_key(wf, s1, {"x": "hello"})
+        assert k0 is not None and k1 is not None
+        stand_in.put(CacheEntry(key=k0, workflow=wf.name, step="s0", outputs={"out": "hello"},
+                                size_bytes=5))
+        stand_in.put(CacheEntry(key=k1, workflow=wf.name, step="s1", outputs={"out": "world"},
+                                artifacts={"model": StoredArtifact("sha256:ab", 10, "s3://b/ab")},
+                                size_bytes=15))
+        plan = optimizer.optimize(wf, "local", run_id=(rid := run_id()))
+        assert set(plan.cached) == {"s0", "s1"}
+        assert plan.cached["s0"].key == k0 and plan.cached["s0"].outputs == {"out": "hello"}
+        assert plan.cached["s1"].artifacts["model"].uri == "s3://b/ab"  # the cache's entry
+        changed, notes = report(plan, "prune_cached")
+        assert changed
+        assert any("step 's0': cached" in n for n in notes)
+        assert any("step 's1': cached" in n for n in notes)
+        # s2's key was asked for with s1's cached output as its input.
+        k2 = step_cache_key(wf, s2, {"x": "world"})
+        assert k2 is not None and stand_in.times_asked(k2) == 1
+        [summary] = optimizer.history(run_id=rid)
+        assert summary.cached_steps == ("s0", "s1") and not summary.from_event
+        assert [p.name for p in summary.passes] == PASSES
+
+    def test_no_cache_asks_nothing(self, optimizer: Optimizer,
+                                   cache: tuple[StandInCache, str]) -> None:
+        stand_in, _ = cache
+        wf = chain(1)
+        key = step_cache_key(wf, wf.steps[0], {})
+        assert key is not None
+        stand_in.put(CacheEntry(key=key, outputs={"out": "x"}))
+        plan = optimizer.optimize(wf, no_cache=True)
+        assert plan.cached == {}
+        assert stand_in.times_asked(key) == 0
+        assert "no_cache" in report(plan, "prune_cached")[1][0]
+
+    def test_cache_down_plans_without_it(self, nats_server: NatsServer, database_url: str,
+                                         tmp_path: Path) -> None:
+        dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+        other = Optimizer(settings_for(nats_server, tmp_path,
+                                       f"sqlite:///{tmp_path / 'down.db'}", dead,
+                                       cache_timeout=2.0))
+        try:
+            plan = other.optimize(chain(2), "argo")
+        finally:
+            other.close()
+        assert plan.cached == {}
+        assert plan.compiled  # the plan was made all the same
+        changed, notes = report(plan, "prune_cached")
+        assert not changed
+        assert f"cache unavailable at {dead}" in notes[0] and "without the cache" in notes[0]
+
+
+# ------------------------------------------------------------------------------- feedback
+
+
+class TestFeedback:
+    def test_recommendations_apply_to_later_plans_and_survive_a_restart(
+            self, optimizer: Optimizer, nats_server: NatsServer) -> None:
+        wf = chain(3)
+        memory = Recommendation(
+            workflow=wf.name, step="s1", kind=RecommendationKind.MEMORY_REQUEST, value="768Mi",
+            reason="peak 612Mi over 5 runs, +25% headroom", based_on_samples=5,
+            created_at=2000.0, id=f"{wf.name}.s1.memory_request.768Mi")
+        older = dataclasses.replace(memory, value="64Mi", created_at=1000.0,
+                                    id=f"{wf.name}.s1.memory_request.64Mi")
+        timeout = Recommendation(workflow=wf.name, step="", kind=RecommendationKind.TIMEOUT,
+                                 value="600", created_at=2000.0, id=f"{wf.name}..timeout.600")
+        before = optimizer.optimize(wf)
+        assert not report(before, "right_size")[0]
+        # The older one arrives last (out of order): the newer value is kept.
+        asyncio.run(exchange(nats_server, [feedback(memory), feedback(timeout),
+                                           feedback(older)], set()))
+
+        for attempt in ("before restart", "after restart"):
+            plan = optimizer.optimize(wf)
+            steps = steps_of(plan.workflow)
+            assert steps["s1"].resources is not None, attempt
+            assert steps["s1"].resources.memory_request == "768Mi", attempt
+            assert steps["s0"].resources is None, attempt
+            assert all(s.timeout_seconds == 600 for s in plan.workflow.steps), attempt
+            changed, notes = report(plan, "right_size")
+            assert changed, attempt
+            assert ("step 's1': memory_request = 768Mi (peak 612Mi over 5 runs, +25% headroom)"
+                    in notes), attempt
+            assert "step 's2': timeout = 600s" in notes, attempt
+            if attempt == "before restart":
+                optimizer.restart()
+
+        # Another workflow's plans are untouched.
+        assert not report(optimizer.optimize(chain(3)), "right_size")[0]
+
+
+# --------------------------------------------------------------------------------- events
+
+
+class TestEvents:
+    def test_requested_workflow_is_optimized_with_run_and_options(
+            self, optimizer: Optimizer, nats_server: NatsServer) -> None:
+        rid, wf = run_id(), chain(3)
+        options: dict[str, Any] = {"engine": "argo", "parameters": {"p": "1"},
+                                   "dry_run": True, "tenant": "acme"}
+        message = requested(rid, wf, **options)
+        answers = asyncio.run(exchange(nats_server, [message], {rid},
+                                       headers={HEADER_TRACEPARENT: TRACEPARENT}))
+        subject, body, headers = only_answer(answers, rid)
+        assert subject == OPTIMIZED
+        assert isinstance(body, events_pb2.WorkflowOptimized)
+        assert body.run_id == rid
+        assert body.options == events_pb2.RunOptions(**options)
+        assert body.plan.engine == "argo" and "kind: Workflow" in body.plan.compiled
+        assert [p.name for p in body.plan.passes] == PASSES
+        assert codec.workflow_from_proto(body.plan.workflow).name == wf.name
+        assert headers["Nats-Msg-Id"] == f"{rid}.optimized"
+        assert headers[HEADER_TENANT] == "acme"
+        assert headers[HEADER_TRACEPARENT].split("-")[1] == TRACEPARENT.split("-")[1]
+        [summary] = optimizer.history(run_id=rid)
+        assert summary.from_event and summary.engine == "argo" and summary.workflow == wf.name
+
+    def test_generated_workflow_is_optimized(self, optimizer: Optimizer,
+                                             nats_server: NatsServer) -> None:
+        rid, wf = run_id(), chain(2)
+        options = events_pb2.RunOptions(engine="local", constraints=["fast"])
+        generated = events_pb2.WorkflowGenerated(
+            run_id=rid, workflow=codec.workflow_to_proto(wf), options=options,
+            report=common_pb2.GenerationReport(planner="offline", rounds=1))
+        answers = asyncio.run(exchange(nats_server, [(GENERATED, generated, f"{rid}.generated")],
+                                       {rid}))
+        subject, body, _ = only_answer(answers, rid)
+        assert subject == OPTIMIZED
+        assert isinstance(body, events_pb2.WorkflowOptimized)
+        assert body.options == options and body.plan.engine == "local"
+        assert body.plan.compiled == ""
+
+    def test_cache_and_no_cache_on_the_event_path(self, optimizer: Optimizer,
+                                                  nats_server: NatsServer,
+                                                  cache: tuple[StandInCache, str]) -> None:
+        stand_in, _ = cache
+        wf = chain(1)
+        key = step_cache_key(wf, wf.steps[0], {})
+        assert key is not None
+        stand_in.put(CacheEntry(key=key, outputs={"out": "x"}))
+        reuse, fresh = run_id(), run_id()
+        answers = asyncio.run(exchange(nats_server, [requested(reuse, wf),
+                                                     requested(fresh, wf, no_cache=True)],
+                                       {reuse, fresh}))
+        body = only_answer(answers, reuse)[1]
+        assert isinstance(body, events_pb2.WorkflowOptimized)
+        assert set(body.plan.cached) == {"s0"}
+        body = only_answer(answers, fresh)[1]
+        assert isinstance(body, events_pb2.WorkflowOptimized)
+        assert dict(body.plan.cached) == {}
+        assert stand_in.times_asked(key) == 1
+
+    def test_parameters_reach_the_cache_keys(self, optimizer: Optimizer,
+                                             nats_server: NatsServer,
+                                             cache: tuple[StandInCache, str]) -> None:
+        stand_in, _ = cache
+        salt = uuid.uuid4().hex
+        wf = ir.Workflow(
+            name="with-param", parameters=(ir.Parameter("lr", default=ir.Literal.of("0.1")),),
+            steps=(container("train", "train", salt, "{{inputs.x}}", inputs=[
+                ir.InputParameter("x", ir.WorkflowParamRef("lr"))]),))
+        given = step_cache_key(wf, wf.steps[0], {"x": "0.5"})
+        default = step_cache_key(wf, wf.steps[0], {"x": "0.1"})
+        assert given is not None and default is not None
+        stand_in.put(CacheEntry(key=given, outputs={"out": "model"}))
+        with_value, without = run_id(), run_id()
+        answers = asyncio.run(exchange(
+            nats_server, [requested(with_value, wf, parameters={"lr": "0.5"}),
+                          requested(without, wf)], {with_value, without}))
+        body = only_answer(answers, with_value)[1]
+        assert isinstance(body, events_pb2.WorkflowOptimized)
+        assert body.plan.cached["train"].key == given
+        body = only_answer(answers, without)[1]
+        assert isinstance(body, events_pb2.WorkflowOptimized)
+        assert dict(body.plan.cached) == {}
+        assert stand_in.times_asked(default) == 1  # asked with the default value instead
+
+    def test_redelivery_plans_once(self, optimizer: Optimizer, nats_server: NatsServer,
+                                   cache: tuple[StandInCache, str]) -> None:
+        stand_in, _ = cache
+        rid, wf = run_id(), chain(1)
+        key = step_cache_key(wf, wf.steps[0], {})
+        assert key is not None
+        stand_in.put(CacheEntry(key=key, outputs={"out": "x"}))
+        subject, message, msg_id = requested(rid, wf)
+        # The same request stored twice (as after a republish outside the duplicate window):
+        # the consumer sees run `rid` twice.
+        answers = asyncio.run(exchange(nats_server, [(subject, message, msg_id),
+                                                     (subject, message, msg_id + ".again")],
+                                       {rid}))
+        # Both deliveries were answered (JetStream keeps only the first: same Nats-Msg-Id),
+        # the second with the recorded plan, not a new one (its pass timings would differ).
+        [(first, body, headers), (second, again, again_headers)] = answers[rid]
+        assert first == second == OPTIMIZED
+        assert headers["Nats-Msg-Id"] == again_headers["Nats-Msg-Id"] == f"{rid}.optimized"
+        assert isinstance(body, events_pb2.WorkflowOptimized)
+        assert again == body
+        assert set(body.plan.cached) == {"s0"}
+        assert stand_in.times_asked(key) == 1  # the cache was not asked (nor counted) twice
+        assert len(optimizer.history(run_id=rid)) == 1
+
+    def test_invalid_workflow_is_rejected_naming_the_step(
+            self, optimizer: Optimizer, nats_server: NatsServer) -> None:
+        rid = run_id()
+        answers = asyncio.run(exchange(nats_server, [requested(rid, invalid())], {rid}))
+        subject, body, headers = only_answer(answers, rid)
+        assert subject == REJECTED
+        assert isinstance(body, events_pb2.WorkflowRejected)
+        assert (body.run_id, body.stage) == (rid, "optimizer")
+        assert "'late'" in body.reason and "dependencies" in body.reason
+        [issue] = body.issues
+        assert (issue.workflow, issue.step, issue.field) == ("broken", "late", "dependencies")
+        assert headers["Nats-Msg-Id"] == f"{rid}.rejected"
+        assert optimizer.history(run_id=rid) == ()
+
+    def test_unsupported_feature_and_unknown_engine_are_rejected(
+            self, optimizer: Optimizer, nats_server: NatsServer) -> None:
+        job, unknown = run_id(), run_id()
+        wf = ir.Workflow(name="with-job", steps=(
+            ir.Step(name="apply", body=ir.JobSpec(manifest=JOB)),))
+        answers = asyncio.run(exchange(nats_server, [requested(job, wf, engine="local"),
+                                                     requested(unknown, chain(1), engine="x")],
+                                       {job, unknown}))
+        subject, body, _ = only_answer(answers, job)
+        assert subject == REJECTED and isinstance(body, events_pb2.WorkflowRejected)
+        assert "'apply'" in body.reason and "local" in body.reason
+        subject, body, _ = only_answer(answers, unknown)
+        assert subject == REJECTED and isinstance(body, events_pb2.WorkflowRejected)
+        assert "unknown engine 'x'" in body.reason
+
+    def test_text_request_is_acked_and_ignored(self, optimizer: Optimizer,
+                                               nats_server: NatsServer) -> None:
+        text, with_workflow = run_id(), run_id()
+        messages = [
+            (REQUESTED, events_pb2.WorkflowRequested(run_id=text, text="train a model"),
+             f"{text}.requested"),
+            requested(with_workflow, chain(1)),
+        ]
+        # The consumer handles messages in order: once the second is answered and both are
+        # acked, the first was handled -- and answered with nothing.
+        answers = asyncio.run(exchange(nats_server, messages, {with_workflow}))
+        assert text not in answers
+        assert only_answer(answers, with_workflow)[0] == OPTIMIZED
+        assert optimizer.history(run_id=text) == ()
+
+    def test_split_plan_on_the_event_path(self, optimizer: Optimizer,
+                                          nats_server: NatsServer) -> None:
+        rid, wf = run_id(), chain(9)
+        answers = asyncio.run(exchange(nats_server, [requested(rid, wf)], {rid}))
+        body = only_answer(answers, rid)[1]
+        assert isinstance(body, events_pb2.WorkflowOptimized)
+        chunks = list(body.plan.chunks)
+        assert len(chunks) >= 3
+        seen: set[str] = set()
+        for chunk in chunks:
+            assert set(chunk.depends_on) <= seen
+            seen.add(chunk.name)
+        assert optimizer.history(run_id=rid)[0].chunk_count == len(chunks)
+
+
+# ------------------------------------------------------------------------------- settings
+
+
+def test_settings_name_the_bad_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COULER_CACHE_ADDRESS", "no-port")
+    with pytest.raises(SettingsError, match="COULER_CACHE_ADDRESS"):
+        OptimizerSettings.load("optimizer")
+    monkeypatch.setenv("COULER_CACHE_ADDRESS", "")
+    monkeypatch.setenv("COULER_MAX_STEPS_PER_CHUNK", "0")
+    with pytest.raises(SettingsError, match="COULER_MAX_STEPS_PER_CHUNK"):
+        OptimizerSettings.load("optimizer")
+    monkeypatch.setenv("COULER_MAX_STEPS_PER_CHUNK", "")
+    settings = OptimizerSettings.load("optimizer")
+    assert (settings.cache_address, settings.max_steps_per_chunk, settings.default_retry) == (
+        "", None, True)
+
+
+class TestConsoleScript:
+    """``python -m couler_optimizer.main`` (as ``couler up`` starts it): READY, serves, stops."""
+
+    @staticmethod
+    def env(nats: NatsServer, state: Path, **more: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
+        env.update({"COULER_NATS_URL": nats.url, "COULER_GRPC_ADDRESS": "127.0.0.1:0",
+                    "COULER_STATE_DIR": str(state), "COULER_MAX_STEPS_PER_CHUNK": "2",
+                    "COULER_CACHE_ADDRESS": "", **more})
+        return env
+
+    def test_serves_until_sigterm(self, nats_server: NatsServer, tmp_path: Path) -> None:
+        proc = subprocess.Popen([sys.executable, "-m", "couler_optimizer.main"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                env=self.env(nats_server, tmp_path))
+        lines: queue.Queue[str] = queue.Queue()
+        assert proc.stdout is not None
+        stdout = proc.stdout
+        reader = threading.Thread(target=lambda: [lines.put(line) for line in stdout],
+                                  daemon=True)
+        reader.start()
+        with proc:
+            try:
+                prefix, service, address = lines.get(timeout=WAIT).split()
+                assert (prefix, service) == (READY_PREFIX, "optimizer")
+                with CoulerClient({"optimizer": address}, timeout=WAIT) as client:
+                    plan = client.optimizer.optimize(chain(3))
+                assert len(plan.chunks) == 2  # COULER_MAX_STEPS_PER_CHUNK=2
+                assert "no cache configured" in report(plan, "prune_cached")[1][0]
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                code = proc.wait(WAIT)
+                reader.join(WAIT)  # EOF once the process has exited
+        assert code == 0
+        # Its default store: SQLite in the state directory, migrated, the plan recorded.
+        store = OptimizerStore.open(f"sqlite:///{tmp_path / 'optimizer.db'}")
+        try:
+            assert [s.chunk_count for s in store.history()] == [2]
+        finally:
+            store.close()
+
+    def test_bad_settings_exit_2_naming_the_variable(self, nats_server: NatsServer,
+                                                     tmp_path: Path) -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "couler_optimizer.main"],
+            env=self.env(nats_server, tmp_path, COULER_CACHE_ADDRESS="cache-without-port"),
+            capture_output=True, text=True, timeout=WAIT, check=False)
+        assert done.returncode == 2
+        assert "COULER_CACHE_ADDRESS: must be host:port" in done.stderr
