@@ -7,6 +7,8 @@
     couler run PATH.py [--engine local|ray] [--address ADDR] [--json] [--workers N]
                [--work-dir DIR] [-p NAME=VALUE]
     couler retry RUN_DIR [--json]     re-run a local run from its failure point
+    couler up | down | status          the embedded stack (NATS + the five services)
+    couler submit PATH.py | --text "..." [--wait] [--json] [--engine E] [-p NAME=VALUE]
 
 The program runs with submission turned off: a ``couler.run(...)`` inside it
 records the workflow instead of submitting it. Problems go to stderr with a
@@ -338,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="a Python program that builds a workflow")
     p.add_argument("program_args", nargs="*", help="arguments for the program (after --)")
     p.set_defaults(func=cmd_validate)
+
+    from couler.stack_cli import add_commands
+
+    add_commands(sub)  # up, down, status, submit (the embedded stack)
     return parser
 
 
@@ -356,7 +362,7 @@ def main(
     )
     func: Any = args.func
     try:
-        takes_err = func in (cmd_run, cmd_retry)
+        takes_err = func in (cmd_run, cmd_retry) or getattr(args, "takes_err", False)
         status: int = func(args, out, err) if takes_err else func(args, out)
     except UserError as e:
         err.write(f"couler: error: {e}\n")

@@ -1,0 +1,204 @@
+"""``couler up | down | status | submit``: the embedded stack from the command line.
+
+``up`` starts NATS and the five services (:mod:`couler_runtime.stack`) and prints
+the gRPC address and the dashboard URL; ``submit PATH.py | --text "..."`` sends
+work to the submitter (address and token from the stack's state file, or
+``--address``/``--token``, or ``COULER_ADDRESS``/``COULER_AUTH_TOKEN``) and with
+``--wait`` follows it with a live line per step change; ``status`` shows the
+processes and recent runs; ``down`` stops everything. All of it needs the
+``couler-runtime`` distribution and the service packages; they are imported only
+when a command runs, so the core CLI loads without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from couler.errors import UserError
+
+__all__ = ["add_commands"]
+
+
+def _home(args: argparse.Namespace) -> Path | None:
+    return Path(args.home) if getattr(args, "home", None) else None
+
+
+def cmd_up(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from couler_runtime import stack
+
+    token = None if args.token is None else args.token
+    info = stack.up(_home(args), token=token, progress=lambda m: print(f"  {m}", file=err))
+    print(f"Couler is up in {info.home}", file=out)
+    print(f"  gRPC (submitter): {info.grpc_address}", file=out)
+    for name, address in info.addresses.items():
+        if name != "submitter":
+            print(f"  gRPC ({name}): {address}", file=out)
+    print(f"  dashboard:        {info.dashboard}"
+          + ("  (token in stack.json; open it with ?token=...)" if info.token else ""), file=out)
+    print(f"  NATS:             {info.nats_url}", file=out)
+    print("Submit work with `couler submit PATH.py --wait`; stop with `couler down`.", file=out)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from couler_runtime import stack
+
+    killed = stack.down(_home(args), grace=args.grace)
+    if killed:
+        print(f"couler down: had to kill {', '.join(killed)}", file=err)
+    print("Couler is down; nothing left running.", file=out)
+    return 0
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from couler_runtime import stack
+    from couler_runtime.client import CoulerClient
+
+    address = args.address or os.environ.get("COULER_ADDRESS", "")
+    token = args.token if args.token is not None else os.environ.get("COULER_AUTH_TOKEN")
+    if not address:
+        info, alive = stack.status(_home(args))
+        if not alive.get("submitter"):
+            raise UserError("couler: the stack's submitter is not running; `couler up` first")
+        address, token = info.addresses, token if token is not None else info.token
+    return CoulerClient(address, token=token or None)
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from couler_runtime import stack
+
+    info, alive = stack.status(_home(args))
+    print(f"stack in {info.home} (dashboard {info.dashboard})", file=out)
+    for name, ok in alive.items():
+        where = info.addresses.get(name, info.nats_url if name == "nats" else "")
+        print(f"  {name:<10} {'running' if ok else 'STOPPED':<8} {where}", file=out)
+    if alive.get("submitter"):
+        with _client(args) as client:
+            page = client.submitter.list(page_size=args.limit)
+        print("recent runs:", file=out)
+        for run in page.runs:
+            cached = sum(1 for s in run.steps if s.cached)
+            print(f"  {run.run_id}  {run.workflow:<28} {run.state.value:<10} "
+                  f"steps {len(run.steps)}, cached {cached}", file=out)
+    return 0 if all(alive.values()) else 1
+
+
+class _Follow:
+    """Prints one line per step change while a run is watched."""
+
+    def __init__(self, err: TextIO) -> None:
+        self.err = err
+        self.seen: dict[tuple[str, str], str] = {}
+        self.state = ""
+
+    def __call__(self, run: Any) -> None:
+        if run.state.value != self.state:
+            self.state = run.state.value
+            print(f"[{time.strftime('%H:%M:%S')}] run {run.run_id}: {self.state}", file=self.err)
+        for s in run.steps:
+            key = (s.name, s.key)
+            if self.seen.get(key) == s.state.value:
+                continue
+            self.seen[key] = s.state.value
+            label = s.name + (f"[{s.key}]" if s.key else "")
+            extra = " (reused from cache)" if s.cached else (
+                f" attempt {s.attempts}" if s.attempts > 1 else "")
+            print(f"[{time.strftime('%H:%M:%S')}]   {label:<32} {s.state.value}{extra}",
+                  file=self.err, flush=True)
+
+
+def _record(run: Any) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id, "workflow": run.workflow, "state": run.state.value,
+        "engine": run.engine, "message": run.message,
+        "cached_steps": sorted(s.name for s in run.steps if s.cached and not s.key),
+        "steps": [{"name": s.name, "key": s.key, "state": s.state.value,
+                   "attempts": s.attempts, "cached": s.cached, "outputs": dict(s.outputs),
+                   "peak_memory_bytes": s.peak_memory_bytes} for s in run.steps],
+        "passes": [{"name": p.name, "changed": p.changed, "notes": list(p.notes)}
+                   for p in run.passes],
+    }
+
+
+def cmd_submit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from couler.cli import _capture
+
+    if (args.path is None) == (args.text is None):
+        raise UserError("couler submit: give a program PATH.py or --text \"...\" (one of them)")
+    sources: list[Any] = ([args.text] if args.text is not None
+                          else list(_capture(args.path, args.program_args)))
+    parameters = {}
+    for item in args.param:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise UserError(f"-p {item!r}: use NAME=VALUE")
+        parameters[name] = value
+    status = 0
+    with _client(args) as client:
+        for source in sources:
+            sub = client.submitter.submit(source, engine=args.engine, parameters=parameters,
+                                          idempotency_key=args.key or "",
+                                          no_cache=args.no_cache, dry_run=args.dry_run)
+            what = source.name if not isinstance(source, str) else "text request"
+            verb = "submitted" if sub.created else "already submitted (same key)"
+            print(f"{what}: {verb} as run {sub.run_id}", file=err)
+            if not args.wait:
+                print(sub.run_id, file=out)
+                continue
+            run = client.submitter.wait(sub.run_id, timeout=args.timeout,
+                                        on_change=None if args.json else _Follow(err))
+            cached = sorted({s.name for s in run.steps if s.cached})
+            if args.json:
+                print(json.dumps(_record(run), indent=2), file=out)
+            else:
+                print(f"run {run.run_id} {run.state.value}"
+                      + (f": {run.message}" if run.message else "")
+                      + (f"; {len(cached)} step(s) reused from the cache: {', '.join(cached)}"
+                         if cached else ""), file=out)
+            if run.state.value != "succeeded":
+                status = 1
+    return status
+
+
+def _connection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--home", help="the stack's directory (default $COULER_HOME or ~/.couler)")
+    p.add_argument("--address", help="the submitter's host:port (default: the running stack)")
+    p.add_argument("--token", default=None, help="the gRPC auth token (default: the stack's)")
+
+
+def add_commands(sub: Any) -> None:
+    """Register up / down / status / submit on the CLI's sub-parsers."""
+    p = sub.add_parser("up", help="start NATS and the five services on this machine")
+    p.add_argument("--home", help="state directory (default $COULER_HOME or ~/.couler)")
+    p.add_argument("--token", default=None,
+                   help="gRPC auth token (default: a random one; '' for none)")
+    p.set_defaults(takes_err=True, func=cmd_up)
+    p = sub.add_parser("down", help="stop the stack started by `couler up`")
+    p.add_argument("--home", help="state directory (default $COULER_HOME or ~/.couler)")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL")
+    p.set_defaults(takes_err=True, func=cmd_down)
+    p = sub.add_parser("status", help="the stack's processes and recent runs")
+    _connection(p)
+    p.add_argument("--limit", type=int, default=10, help="how many recent runs")
+    p.set_defaults(takes_err=True, func=cmd_status)
+    p = sub.add_parser("submit", help="send a workflow program or a request to the stack")
+    p.add_argument("path", nargs="?", help="a workflow program (PATH.py)")
+    p.add_argument("--text", help="a request in plain language instead of a program")
+    p.add_argument("--engine", default="local", help="target engine (default: local)")
+    p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a workflow parameter value (repeatable)")
+    p.add_argument("--key", help="idempotency key: a repeat submit starts nothing")
+    p.add_argument("--wait", action="store_true", help="follow the run until it ends")
+    p.add_argument("--json", action="store_true", help="with --wait: print the final record")
+    p.add_argument("--timeout", type=float, default=None, help="with --wait: give up after S s")
+    p.add_argument("--no-cache", action="store_true", help="reuse no cached step result")
+    p.add_argument("--dry-run", action="store_true", help="plan only, run nothing")
+    p.add_argument("program_args", nargs="*", help="arguments for the program (after --)")
+    _connection(p)
+    p.set_defaults(takes_err=True, func=cmd_submit)
+
