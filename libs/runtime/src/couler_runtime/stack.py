@@ -59,6 +59,8 @@ class StackInfo:
     pids: dict[str, int]  # nats + services
     token: str = ""
     started_at: float = field(default_factory=time.time)
+    env: dict[str, str] = field(default_factory=dict)  # the COULER_* settings services got
+    nats_argv: list[str] = field(default_factory=list)
 
     @property
     def grpc_address(self) -> str:
@@ -106,6 +108,15 @@ def _read(path: Path) -> StackInfo | None:
     except FileNotFoundError:
         return None
     return StackInfo(**data)
+
+
+def _save(path: Path, info: StackInfo) -> None:
+    """Write the state file atomically, readable by its owner only (it holds the token)."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(asdict(info), indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -157,9 +168,9 @@ def up(home: Path | None = None, *, token: str | None = None,
     try:
         nats_port, nats_mon = _free_port(), _free_port()
         nats_log = logs / "nats.log"
-        pids["nats"] = _spawn(
-            [_nats_binary(), "-js", "-sd", str(home / "jetstream"), "-a", "127.0.0.1",
-             "-p", str(nats_port), "-m", str(nats_mon)], nats_log, os.environ)
+        nats_argv = [_nats_binary(), "-js", "-sd", str(home / "jetstream"), "-a", "127.0.0.1",
+                     "-p", str(nats_port), "-m", str(nats_mon)]
+        pids["nats"] = _spawn(nats_argv, nats_log, os.environ)
         health = f"http://127.0.0.1:{nats_mon}/healthz?js-enabled-only=true"
 
         def nats_ready() -> bool:
@@ -185,32 +196,85 @@ def up(home: Path | None = None, *, token: str | None = None,
         if token:
             env["COULER_AUTH_TOKEN"] = token
         for name in SERVICES:
-            log = logs / f"{name}.log"
-            offset = log.stat().st_size if log.exists() else 0
-            pids[name] = _spawn(
-                [sys.executable, "-m", f"couler_{name}.main"], log,
-                {**env, "COULER_GRPC_ADDRESS": addresses[name]})
             progress(f"starting {name} on {addresses[name]}")
-
-            def ready(log: Path = log, offset: int = offset, name: str = name) -> bool:
-                try:
-                    with log.open("rb") as fh:
-                        fh.seek(offset)
-                        return f"{READY_PREFIX} {name} ".encode() in fh.read()
-                except FileNotFoundError:
-                    return False
-
-            _wait(ready, f"the {name} service", log, pids[name])
+            pids[name] = _start_service(name, logs, env, addresses[name])
         info = StackInfo(home=str(home), nats_url=f"nats://127.0.0.1:{nats_port}",
                          nats_monitor=f"http://127.0.0.1:{nats_mon}", addresses=addresses,
                          dashboard=f"http://127.0.0.1:{dashboard_port}/", pids=pids,
-                         token=token)
-        state.write_text(json.dumps(asdict(info), indent=2) + "\n")
-        state.chmod(0o600)  # it holds the token
+                         token=token, env={k: v for k, v in env.items()
+                                           if k.startswith("COULER_")},
+                         nats_argv=nats_argv)
+        _save(state, info)
         return info
     except BaseException:
         _stop(pids, grace=5.0)
         raise
+
+
+def _start_service(name: str, logs: Path, env: Mapping[str, str], address: str) -> int:
+    """Start one service process and wait for its READY line; its pid."""
+    log = logs / f"{name}.log"
+    offset = log.stat().st_size if log.exists() else 0
+    pid = _spawn([sys.executable, "-m", f"couler_{name}.main"], log,
+                 {**env, "COULER_GRPC_ADDRESS": address})
+
+    def ready() -> bool:
+        try:
+            with log.open("rb") as fh:
+                fh.seek(offset)
+                return f"{READY_PREFIX} {name} ".encode() in fh.read()
+        except FileNotFoundError:
+            return False
+
+    _wait(ready, f"the {name} service", log, pid)
+    return pid
+
+
+def restart(home: Path | None, name: str, *, sig: int = signal.SIGTERM,
+            grace: float = 10.0) -> StackInfo:
+    """Stop one process of the stack (``sig``; SIGKILL to simulate a crash) and start it again.
+
+    ``name`` is a service or ``nats`` (restarted on the same port and store directory).
+    """
+    home = (home or default_home()).resolve()
+    state = home / _STATE
+    info = _read(state)
+    if info is None:
+        raise NotFoundError(f"couler: no stack in {home}")
+    if name not in info.pids:
+        raise UserError(f"couler: no process {name!r} in the stack ({', '.join(info.pids)})")
+    pid = info.pids[name]
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + grace
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.05)
+    logs = home / "logs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
+    env.update(info.env)
+    if name == "nats":
+        new = _spawn(info.nats_argv, logs / "nats.log", os.environ)
+        url = info.nats_monitor + "/healthz?js-enabled-only=true"
+
+        def nats_ready() -> bool:
+            try:
+                with urllib.request.urlopen(url, timeout=1) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        _wait(nats_ready, "nats-server", logs / "nats.log", new)
+    else:
+        new = _start_service(name, logs, env, info.addresses[name])
+    info.pids[name] = new
+    _save(state, info)
+    return info
 
 
 def _stop(pids: Mapping[str, int], grace: float) -> list[str]:
