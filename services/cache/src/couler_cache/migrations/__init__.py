@@ -1,0 +1,1 @@
+"""The cache's alembic revisions (``versions/``), run at start by ``store.migrate``."""

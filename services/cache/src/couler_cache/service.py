@@ -1,0 +1,418 @@
+"""The cache's use cases: look up, commit, evict and count content-addressed step results.
+
+An entry is what a later run needs to reuse a step instead of running it: its output
+parameters and the digests of its output artifacts, whose bytes the submitter already put
+in the shared artifact store. The index lives in SQL (:mod:`couler_cache.store`); the cache
+deletes a blob only when it evicts the last entry that references its digest.
+
+Eviction is LRU under a byte budget (0: unlimited). After a commit, least-recently-used
+entries go until the total fits again -- never the one just committed; an entry that alone
+exceeds the budget is refused instead (``created`` false, its own key in ``evicted``) and
+nothing else is touched. A lookup that finds an entry whose blob is gone drops the entry and
+counts a miss.
+
+Every change and the events announcing it (``couler.cache.committed``,
+``couler.cache.evicted``) commit in one transaction (an outbox), and blobs to delete are
+queued in the same transaction, so a crash between the index change and its side effects
+loses neither: both are finished at the next start. Operations are serialised inside the
+process; the synchronous database and artifact-store calls run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from couler.errors import ConflictError, NotFoundError, UserError
+from couler.v1 import events_pb2
+from couler_cache.store import CacheStore, OutboxMessage, Removed, Tx
+from couler_runtime.rpc.records import (
+    CacheEntry,
+    CacheStats,
+    CommitResult,
+    EvictResult,
+    LookupResult,
+)
+
+__all__ = [
+    "COMMITTED",
+    "EVICTED",
+    "Blobs",
+    "Cache",
+    "Publish",
+    "entry_size",
+]
+
+log = logging.getLogger(__name__)
+
+COMMITTED = "couler.cache.committed"
+EVICTED = "couler.cache.evicted"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_MAX_KEY = 255
+
+
+class Blobs(Protocol):
+    """The part of the artifact store the cache uses (blocking calls)."""
+
+    def exists(self, digest: str) -> bool:
+        """Whether the blob with ``digest`` is stored."""
+
+    def size(self, digest: str) -> int:
+        """The stored blob's size in bytes; raises NotFoundError when it is not stored."""
+
+    def delete(self, digest: str) -> None:
+        """Remove the blob with ``digest`` (no error when it is already gone)."""
+
+
+Publish = Callable[[str, str, bytes], Awaitable[None]]
+"""``await publish(subject, msg_id, payload)``: put one serialized event on the bus."""
+
+
+def entry_size(entry: CacheEntry) -> int:
+    """Bytes ``entry`` occupies: its output values (UTF-8) plus its artifacts."""
+    outputs = sum(len(name.encode()) + len(value.encode())
+                  for name, value in entry.outputs.items())
+    return outputs + sum(a.size_bytes for a in entry.artifacts.values())
+
+
+def _where(entry: CacheEntry, field: str) -> str:
+    return f"workflow {entry.workflow!r}, step {entry.step!r}, field {field!r}"
+
+
+def _validate(entry: CacheEntry) -> None:
+    if not entry.key.strip():
+        raise UserError(f"cache entry of {_where(entry, 'key')}: the key is empty")
+    if len(entry.key) > _MAX_KEY:
+        raise UserError(f"cache entry of {_where(entry, 'key')}: the key is longer than "
+                        f"{_MAX_KEY} characters")
+    for name, art in entry.artifacts.items():
+        field = f"artifacts[{name}]"
+        if not name:
+            raise UserError(f"cache entry {entry.key!r} of {_where(entry, 'artifacts')}: "
+                            "an artifact has no name")
+        if not _DIGEST.fullmatch(art.digest):
+            raise UserError(f"cache entry {entry.key!r} of {_where(entry, field + '.digest')}: "
+                            f"{art.digest!r} is not a 'sha256:<64 hex digits>' digest")
+        if art.size_bytes < 0:
+            raise UserError(f"cache entry {entry.key!r} of {_where(entry, field + '.size_bytes')}: "
+                            f"negative size {art.size_bytes}")
+
+
+class Cache:
+    """The cache service's use cases.
+
+    Args:
+        store: The index.
+        blobs: The shared artifact store.
+        budget_bytes: Bytes the entries may occupy; 0 means unlimited.
+        publish: Publishes outbox events; None keeps them queued (tests, tools).
+        clock: Wall-clock seconds (``created_at`` / ``last_used_at``).
+        retry_interval: Seconds between attempts to publish queued events and delete
+            queued blobs after a failure.
+    """
+
+    def __init__(self, store: CacheStore, blobs: Blobs, *, budget_bytes: int,
+                 publish: Publish | None = None, clock: Callable[[], float] = time.time,
+                 retry_interval: float = 5.0) -> None:
+        if budget_bytes < 0:
+            raise UserError(f"cache budget must be >= 0 bytes (got {budget_bytes})")
+        self._store = store
+        self._blobs = blobs
+        self._budget = budget_bytes
+        self._publish = publish
+        self._clock = clock
+        self._retry_interval = retry_interval
+        self._lock = asyncio.Lock()
+        self._outbox_lock = asyncio.Lock()
+        self._closing = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+
+    @property
+    def budget_bytes(self) -> int:
+        """The byte budget (0: unlimited)."""
+        return self._budget
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Finish what a previous process left (queued events and blobs), keep retrying."""
+        self._closing.clear()
+        await self._sweep()
+        await self._flush()
+        self._worker = asyncio.create_task(self._background(), name="cache-retries")
+
+    async def close(self) -> None:
+        """Stop the background work after its current round (the index is durable)."""
+        self._closing.set()
+        if self._worker is not None:
+            await self._worker  # not cancelled: its worker threads must finish with the store
+            self._worker = None
+
+    async def _background(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self._retry_interval)
+            if self._closing.is_set():
+                return
+            try:
+                await self._sweep()
+                await self._flush()
+            except Exception as exc:  # logged; the next round tries again
+                log.warning("cache background work failed: %s", exc)
+
+    # ------------------------------------------------------------------ use cases
+
+    async def lookup(self, keys: Sequence[str], *, max_age_seconds: int = 0) -> LookupResult:
+        """The entries for ``keys``; each found key counts a hit, each other one a miss.
+
+        A hit updates the entry's ``last_used_at`` and ``hits``. An entry older than
+        ``max_age_seconds`` (when > 0) is reported missing (and kept); one whose artifact
+        blob is gone from the store is dropped and reported missing.
+        """
+        if max_age_seconds < 0:
+            raise UserError(f"lookup: field 'max_age_seconds' must be >= 0 "
+                            f"(got {max_age_seconds})")
+        wanted = list(dict.fromkeys(k for k in keys))
+        async with self._lock:
+            result, dropped = await asyncio.to_thread(self._lookup, wanted, max_age_seconds)
+        if dropped:
+            await self._sweep()
+        return result
+
+    async def commit(self, entry: CacheEntry) -> CommitResult:
+        """Add ``entry`` unless its key is present (the first commit wins), then keep the budget.
+
+        Artifact sizes are taken from the artifact store and ``entry.size_bytes`` is
+        recomputed (:func:`entry_size`).
+
+        Raises:
+            UserError: A bad key or artifact digest, or an artifact not in the store
+                (the message names the workflow, step and field).
+        """
+        _validate(entry)
+        async with self._lock:
+            result = await asyncio.to_thread(self._commit, entry)
+        if result.evicted:
+            await self._sweep()
+        await self._flush()
+        return result
+
+    async def evict(self, keys: Iterable[str] = (), *, free_bytes: int = 0) -> EvictResult:
+        """Remove ``keys`` (unknown ones are ignored), then LRU entries until ``free_bytes``
+        were freed in total."""
+        if free_bytes < 0:
+            raise UserError(f"evict: field 'free_bytes' must be >= 0 (got {free_bytes})")
+        named = list(dict.fromkeys(keys))
+        async with self._lock:
+            result = await asyncio.to_thread(self._evict, named, free_bytes)
+        if result.evicted:
+            await self._sweep()
+        await self._flush()
+        return result
+
+    async def stats(self) -> CacheStats:
+        """Entries, bytes and the persisted counters."""
+        def read() -> CacheStats:
+            with self._store.transaction() as tx:
+                entries, total = tx.totals()
+                c = tx.counters()
+            return CacheStats(entries=entries, bytes=total, hits=c["hits"], misses=c["misses"],
+                              evictions=c["evictions"], budget_bytes=self._budget)
+        return await asyncio.to_thread(read)
+
+    async def evicted_bytes(self) -> int:
+        """Bytes freed by evictions so far (persisted)."""
+        def read() -> int:
+            with self._store.transaction() as tx:
+                return tx.counters()["evicted_bytes"]
+        return await asyncio.to_thread(read)
+
+    # ------------------------------------------------------------------ blocking parts
+
+    def _lookup(self, keys: list[str], max_age: int) -> tuple[LookupResult, bool]:
+        with self._store.transaction() as tx:
+            candidates = {k: e for k in keys if (e := tx.get(k)) is not None}
+        # Outside the transaction: one existence check per artifact blob.
+        broken = {key for key, e in candidates.items()
+                  if any(not self._blobs.exists(a.digest) for a in e.artifacts.values())}
+        now = self._clock()
+        found: dict[str, CacheEntry] = {}
+        missing: list[str] = []
+        dropped: list[Removed] = []
+        with self._store.transaction() as tx:
+            for key in keys:
+                entry = candidates.get(key)
+                if entry is None:
+                    missing.append(key)
+                elif key in broken:
+                    removed = tx.delete(key)
+                    if removed is not None:
+                        dropped.append(removed)
+                    missing.append(key)
+                elif max_age and entry.created_at is not None and \
+                        now - entry.created_at > max_age:
+                    missing.append(key)
+                else:
+                    found[key] = tx.touch(key, now)
+            tx.orphan(d for r in dropped for d in r.digests)
+            tx.bump("hits", len(found))
+            tx.bump("misses", len(missing))
+        for r in dropped:
+            log.warning("cache entry %s dropped: an artifact blob is gone from the store", r.key)
+        return LookupResult(found, tuple(missing)), bool(dropped)
+
+    def _commit(self, entry: CacheEntry) -> CommitResult:
+        with self._store.transaction() as tx:
+            if tx.get(entry.key) is not None:
+                return CommitResult(created=False)
+        entry = self._measured(entry)
+        if self._budget and entry.size_bytes > self._budget:
+            log.warning("cache entry %s (workflow %r, step %r) refused: its %d bytes alone "
+                        "exceed the budget of %d bytes", entry.key, entry.workflow, entry.step,
+                        entry.size_bytes, self._budget)
+            return CommitResult(created=False, evicted=(entry.key,))
+        try:
+            return self._insert(entry)
+        except ConflictError:
+            # Another replica committed the same key in the meantime: the first one wins.
+            with self._store.transaction() as tx:
+                if tx.get(entry.key) is None:
+                    raise
+            return CommitResult(created=False)
+
+    def _insert(self, entry: CacheEntry) -> CommitResult:
+        now = self._clock()
+        with self._store.transaction() as tx:
+            if not tx.insert(entry, now):
+                return CommitResult(created=False)
+            tx.adopt(a.digest for a in entry.artifacts.values())
+            evicted: list[Removed] = []
+            if self._budget:
+                _, total = tx.totals()
+                while total > self._budget:
+                    victim = tx.least_recently_used(exclude=(entry.key,))
+                    if victim is None:
+                        break
+                    removed = tx.delete(victim)
+                    if removed is None:
+                        break
+                    evicted.append(removed)
+                    total -= removed.size_bytes
+            tx.enqueue(COMMITTED, f"{entry.key}.committed", events_pb2.CacheCommitted(
+                key=entry.key, workflow=entry.workflow, step=entry.step,
+                size_bytes=entry.size_bytes).SerializeToString())
+            self._record_eviction(tx, evicted, "budget")
+        log.info("cache entry %s committed (workflow %r, step %r, %d bytes)%s", entry.key,
+                 entry.workflow, entry.step, entry.size_bytes,
+                 f"; evicted {len(evicted)} to keep the budget" if evicted else "")
+        return CommitResult(created=True, evicted=tuple(r.key for r in evicted))
+
+    def _measured(self, entry: CacheEntry) -> CacheEntry:
+        """``entry`` with its artifacts' sizes as the artifact store has them."""
+        artifacts = {}
+        for name, art in entry.artifacts.items():
+            try:
+                size = self._blobs.size(art.digest)
+            except NotFoundError:
+                raise UserError(
+                    f"cache entry {entry.key!r} of {_where(entry, f'artifacts[{name}]')}: "
+                    f"blob {art.digest} is not in the artifact store") from None
+            if art.size_bytes and art.size_bytes != size:
+                log.warning("cache entry %s, %s: declared %d bytes, the store has %d; "
+                            "counting %d", entry.key, _where(entry, f"artifacts[{name}]"),
+                            art.size_bytes, size, size)
+            artifacts[name] = replace(art, size_bytes=size)
+        measured = replace(entry, artifacts=artifacts)
+        return replace(measured, size_bytes=entry_size(measured))
+
+    def _evict(self, keys: list[str], free_bytes: int) -> EvictResult:
+        evicted: list[Removed] = []
+        with self._store.transaction() as tx:
+            for key in keys:
+                removed = tx.delete(key)
+                if removed is not None:
+                    evicted.append(removed)
+            freed = sum(r.size_bytes for r in evicted)
+            while freed < free_bytes:
+                victim = tx.least_recently_used()
+                if victim is None:
+                    break
+                removed = tx.delete(victim)
+                if removed is None:
+                    break
+                evicted.append(removed)
+                freed += removed.size_bytes
+            self._record_eviction(tx, evicted, "request")
+        if evicted:
+            log.info("evicted %d cache entries on request (%d bytes)", len(evicted), freed)
+        return EvictResult(tuple(r.key for r in evicted), freed)
+
+    @staticmethod
+    def _record_eviction(tx: Tx, evicted: list[Removed], reason: str) -> None:
+        if not evicted:
+            return
+        freed = sum(r.size_bytes for r in evicted)
+        tx.orphan(d for r in evicted for d in r.digests)
+        tx.bump("evictions", len(evicted))
+        tx.bump("evicted_bytes", freed)
+        keys = [r.key for r in evicted]
+        tx.enqueue(EVICTED, ",".join(keys), events_pb2.CacheEvicted(
+            keys=keys, freed_bytes=freed, reason=reason).SerializeToString())
+
+    # ------------------------------------------------------------------ side effects
+
+    async def _sweep(self) -> None:
+        """Delete the queued blobs that no entry references (again)."""
+        async with self._lock:
+            await asyncio.to_thread(self._sweep_blocking)
+
+    def _sweep_blocking(self) -> None:
+        with self._store.transaction() as tx:
+            digests = tx.orphans()
+        for digest in digests:
+            with self._store.transaction() as tx:
+                if tx.referenced(digest):
+                    tx.forget_orphan(digest)
+                    continue
+            try:
+                self._blobs.delete(digest)
+            except Exception as exc:  # stays queued; the background work retries
+                log.warning("deleting blob %s failed (will retry): %s", digest, exc)
+                continue
+            with self._store.transaction() as tx:
+                tx.forget_orphan(digest)
+            log.info("deleted blob %s (no cache entry references it)", digest)
+
+    async def _flush(self) -> None:
+        """Publish the queued events, oldest first; stop at the first failure."""
+        if self._publish is None:
+            return
+        async with self._outbox_lock:
+            while True:
+                batch = await asyncio.to_thread(self._pending)
+                if not batch:
+                    return
+                done: list[int] = []
+                try:
+                    for msg in batch:
+                        await self._publish(msg.subject, msg.msg_id, msg.payload)
+                        done.append(msg.id)
+                except Exception as exc:  # the events stay queued; the change is committed
+                    log.warning("publishing cache events failed (will retry): %s", exc)
+                    return
+                finally:
+                    await asyncio.to_thread(self._published, done)
+
+    def _pending(self) -> list[OutboxMessage]:
+        with self._store.transaction() as tx:
+            return tx.pending()
+
+    def _published(self, ids: list[int]) -> None:
+        with self._store.transaction() as tx:
+            tx.published(ids)

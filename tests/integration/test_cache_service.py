@@ -1,0 +1,686 @@
+"""The cache service in-process against real NATS, SQLite / PostgreSQL and local / S3 blobs.
+
+The service runs as in production -- ``serve(settings, build)`` with its gRPC server on
+127.0.0.1:0 and its durable consumer ``cache`` on JetStream -- on an asyncio loop in a
+thread; the tests call it with the blocking ``CoulerClient``, put artifact blobs in the
+store as the submitter does, and publish step events with a bus of their own. Only one
+cache instance runs at a time, because instances share the durable consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import sqlalchemy as sa
+from google.protobuf.message import Message
+
+from couler.errors import RetryableError, UserError
+from couler.v1 import common_pb2, events_pb2
+from couler_cache.events import DURABLE, SUCCEEDED
+from couler_cache.main import CacheSettings, DigestBlobs, build
+from couler_cache.service import COMMITTED, EVICTED
+from couler_cache.service import Cache as CacheUseCases
+from couler_cache.store import CacheStore
+from couler_runtime.blobs import LocalBlobStore, open_blob_store
+from couler_runtime.bus import Bus
+from couler_runtime.client import CoulerClient
+from couler_runtime.rpc.records import CacheEntry, StoredArtifact
+from couler_runtime.service import READY_PREFIX, serve
+from couler_runtime.settings import SettingsError
+from tests.servers import NatsServer, SeaweedS3
+
+WAIT = 60.0  # a bound on waiting, never an assertion about speed
+
+
+# ----------------------------------------------------------------------------- harness
+
+
+class ServiceThread:
+    """The cache's ``serve`` on its own loop in a thread; ``address`` once it serves."""
+
+    def __init__(self, settings: CacheSettings) -> None:
+        self.settings = settings
+        self.port = 0
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="cache", daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        await serve(self.settings, build, stop=self._stop, on_ready=self._on_ready)
+
+    def _on_ready(self, port: int) -> None:
+        self.port = port
+        self._ready.set()
+
+    def start(self) -> ServiceThread:
+        self._thread.start()
+        if not self._ready.wait(WAIT) or self._error is not None or not self.port:
+            raise RuntimeError(f"the cache did not start: {self._error!r}")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(WAIT)
+        assert not self._thread.is_alive(), "the cache did not stop"
+        if self._error is not None:
+            raise self._error
+
+
+@dataclass
+class Cache:
+    """A running cache service, a client for it, and the artifact store it uses."""
+
+    settings: CacheSettings
+    service: ServiceThread
+    client: CoulerClient
+    blobs: DigestBlobs
+
+    def put(self, data: bytes) -> StoredArtifact:
+        """Store ``data`` as the submitter does; its content-addressed reference."""
+        stored_key = self.blobs.store.put_bytes(data)
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        assert stored_key == self.blobs.key(digest)
+        return StoredArtifact(digest, len(data), f"{self.settings.artifacts}/{stored_key}")
+
+
+Starter = Callable[..., Cache]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh empty database: a SQLite file, or a new database in the session's cluster."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'state' / 'cache.db'}"
+        return
+    server_url: str = request.getfixturevalue("postgres_url")
+    name = f"cache_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    yield server_url.rsplit("/", 1)[0] + "/" + name
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["local", "s3"])
+def artifacts(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """Artifact-store settings: a local directory, or a fresh prefix on SeaweedFS."""
+    if request.param == "local":
+        return {"artifacts": str(tmp_path / "artifacts")}
+    s3: SeaweedS3 = request.getfixturevalue("s3_server")
+    return {"artifacts": f"s3://couler-cache-test/{uuid.uuid4().hex[:12]}",
+            "s3_endpoint": s3.endpoint, "s3_access_key": s3.access_key,
+            "s3_secret_key": s3.secret_key}
+
+
+@pytest.fixture
+def start(nats_server: NatsServer, tmp_path: Path) -> Iterator[Starter]:
+    """Start a cache service (stopped at teardown): ``start(database_url=..., ...)``."""
+    running: list[Cache] = []
+
+    def starter(**overrides: Any) -> Cache:
+        values: dict[str, Any] = {
+            "nats_url": nats_server.url, "grpc_address": "127.0.0.1:0",
+            "state_dir": tmp_path / "state", "auth_token": None, "otel_endpoint": None,
+            **overrides}
+        settings = CacheSettings.load("cache", **values)
+        service = ServiceThread(settings).start()
+        cache = Cache(settings, service, CoulerClient({"cache": service.address}, timeout=WAIT),
+                      DigestBlobs(open_blob_store(settings)))
+        running.append(cache)
+        return cache
+
+    yield starter
+    for cache in running:
+        cache.client.close()
+        cache.service.stop()
+
+
+def stop(cache: Cache) -> None:
+    cache.client.close()
+    cache.service.stop()
+
+
+def key() -> str:
+    return "sha256:" + uuid.uuid4().hex * 2
+
+
+def entry(k: str, *, step: str = "train", outputs: dict[str, str] | None = None,
+          **artifacts: StoredArtifact) -> CacheEntry:
+    return CacheEntry(key=k, workflow="wf", step=step, outputs=outputs or {},
+                      artifacts=artifacts)
+
+
+# ----------------------------------------------------------------------------- event taps
+
+
+@dataclass
+class Tap:
+    """Cache events seen on core NATS while a block ran."""
+
+    events: list[tuple[str, Any, dict[str, str]]] = field(default_factory=list)
+
+    def of(self, subject: str) -> list[tuple[Any, dict[str, str]]]:
+        return [(body, headers) for s, body, headers in self.events if s == subject]
+
+
+class Publisher:
+    """Publishes step events and collects cache events, on a loop in a thread of its own."""
+
+    TERMINATED = f"$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.COULER_STEP.{DURABLE}"
+
+    def __init__(self, nats: NatsServer) -> None:
+        self.terminated: set[int] = set()  # stream sequences the cache's consumer terminated
+        self.sequences: list[int] = []  # of the step events published, in order
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tap", daemon=True)
+        self._thread.start()
+        self.tap = Tap()
+        self._bus: Bus = self._call(Bus.connect(nats.url, name="cache-test"))
+        self._subs = [self._call(self._bus.client.subscribe(s, cb=self._collect))
+                      for s in (COMMITTED, EVICTED)]
+        self._subs.append(self._call(self._bus.client.subscribe(self.TERMINATED,
+                                                                cb=self._terminated)))
+
+    async def _terminated(self, msg: Any) -> None:
+        self.terminated.add(json.loads(msg.data)["stream_seq"])
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(WAIT)
+
+    async def _collect(self, msg: Any) -> None:
+        types: dict[str, type[Message]] = {COMMITTED: events_pb2.CacheCommitted,
+                                           EVICTED: events_pb2.CacheEvicted}
+        body = types[msg.subject]()
+        body.ParseFromString(msg.data)
+        self.tap.events.append((msg.subject, body,
+                                dict(msg.headers or {})))
+
+    def publish(self, events: Sequence[tuple[events_pb2.StepEvent, str]]) -> None:
+        """Publish ``(event, msg_id)`` in order and wait until the consumer handled them all."""
+        self._call(self._publish(events))
+
+    async def _publish(self, events: Sequence[tuple[events_pb2.StepEvent, str]]) -> None:
+        await self._bus.ensure_streams()
+        last = 0
+        for event, msg_id in events:
+            seq = (await self._bus.publish(SUCCEEDED, event, msg_id=msg_id)).sequence
+            self.sequences.append(seq)
+            last = max(last, seq)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT
+        while True:  # the ack follows the commit: wait for it (a bound, not a timing)
+            info = await self._bus.jetstream.consumer_info("COULER_STEP", DURABLE)
+            if info.ack_floor is not None and info.ack_floor.stream_seq >= last:
+                break
+            assert loop.time() < deadline, "step events never acked"
+            await asyncio.sleep(0.02)
+        await self._bus.client.flush()
+
+    def wait_for(self, what: Callable[[Tap], bool]) -> None:
+        """Wait until the tap satisfies ``what`` (bounded)."""
+        async def waiting() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + WAIT
+            while not what(self.tap):
+                assert loop.time() < deadline, f"cache events never arrived: {self.tap.events}"
+                await asyncio.sleep(0.02)
+            await self._bus.client.flush()
+        self._call(waiting())
+
+    def close(self) -> None:
+        for sub in self._subs:
+            self._call(sub.unsubscribe())
+        self._call(self._bus.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(WAIT)
+        self._loop.close()
+
+
+@pytest.fixture
+def publisher(nats_server: NatsServer) -> Iterator[Publisher]:
+    pub = Publisher(nats_server)
+    yield pub
+    pub.close()
+
+
+def step_event(k: str, *, run_id: str = "run-1", step: str = "train",
+               state: common_pb2.StepState = common_pb2.STEP_STATE_SUCCEEDED,
+               outputs: dict[str, str] | None = None,
+               artifacts: dict[str, StoredArtifact] | None = None) -> events_pb2.StepEvent:
+    return events_pb2.StepEvent(
+        run_id=run_id, workflow="wf", engine="local",
+        step=common_pb2.StepRecord(
+            name=step, state=state, attempts=1, cache_key=k, outputs=outputs or {},
+            artifacts={n: common_pb2.StoredArtifact(digest=a.digest, size_bytes=a.size_bytes,
+                                                    uri=a.uri)
+                       for n, a in (artifacts or {}).items()}))
+
+
+# ----------------------------------------------------------------------------- gRPC
+
+
+def test_commit_lookup_stats_evict(start: Starter, db_url: str,
+                                   artifacts: dict[str, Any]) -> None:
+    cache = start(database_url=db_url, **artifacts)
+    c = cache.client.cache
+    model = cache.put(b"model weights " * 100)
+    report = cache.put(b"a report")
+    a, b, unknown = key(), key(), key()
+
+    got = c.commit(entry(a, outputs={"accuracy": "0.93"}, model=model))
+    assert got.created and got.evicted == ()
+    # A declared size is checked against the store: the store's size counts.
+    assert c.commit(entry(b, step="evaluate",
+                          report=StoredArtifact(report.digest, 1, report.uri))).created
+
+    found = c.lookup([unknown, a, b])
+    assert list(found.entries) == [a, b]
+    assert found.missing == (unknown,)
+    ea = found.entries[a]
+    assert (ea.workflow, ea.step, dict(ea.outputs)) == ("wf", "train", {"accuracy": "0.93"})
+    assert ea.artifacts == {"model": model}
+    assert ea.size_bytes == len("accuracy") + len("0.93") + model.size_bytes
+    assert ea.hits == 1 and ea.created_at is not None and ea.last_used_at is not None
+    assert ea.last_used_at >= ea.created_at
+    assert found.entries[b].size_bytes == report.size_bytes
+
+    stats = c.stats()
+    assert (stats.entries, stats.bytes) == (2, ea.size_bytes + report.size_bytes)
+    assert (stats.hits, stats.misses, stats.evictions) == (2, 1, 0)
+    assert stats.budget_bytes == 10 * 1024**3
+
+    gone = c.evict([a, unknown])
+    assert gone.evicted == (a,) and gone.freed_bytes == ea.size_bytes
+    assert not cache.blobs.exists(model.digest)  # no other entry referenced it
+    assert cache.blobs.exists(report.digest)
+    assert c.lookup([a]).missing == (a,)
+
+    # By bytes: LRU until at least free_bytes are freed.
+    gone = c.evict(free_bytes=1)
+    assert gone.evicted == (b,) and gone.freed_bytes == report.size_bytes
+    assert not cache.blobs.exists(report.digest)
+    stats = c.stats()
+    assert (stats.entries, stats.bytes, stats.evictions) == (0, 0, 2)
+    assert (stats.hits, stats.misses) == (2, 2)
+
+
+def test_bad_entries_are_refused_by_name(start: Starter, tmp_path: Path) -> None:
+    cache = start(artifacts=str(tmp_path / "blobs"))
+    c = cache.client.cache
+    with pytest.raises(UserError, match=r"step 'train', field 'artifacts\[model\].digest'") \
+            as caught:
+        c.commit(entry(key(), model=StoredArtifact("md5:abc", 3)))
+    cause = caught.value.__cause__
+    assert isinstance(cause, grpc.RpcError)
+    assert cause.code() is grpc.StatusCode.INVALID_ARGUMENT
+    absent = "sha256:" + hashlib.sha256(b"never stored").hexdigest()
+    with pytest.raises(UserError, match=r"field 'artifacts\[model\]'.*not in the artifact"):
+        c.commit(entry(key(), model=StoredArtifact(absent, 12)))
+    with pytest.raises(UserError, match="field 'key'"):
+        c.commit(entry(""))
+    with pytest.raises(UserError, match="free_bytes"):
+        c.evict(free_bytes=-1)
+    # The service stays up and nothing was stored.
+    assert c.stats().entries == 0
+
+
+def test_commit_is_idempotent(start: Starter, tmp_path: Path) -> None:
+    cache = start(artifacts=str(tmp_path / "blobs"))
+    c = cache.client.cache
+    k = key()
+    first = cache.put(b"first")
+    assert c.commit(entry(k, outputs={"v": "1"}, out=first)).created
+    second = cache.put(b"second result")
+    again = c.commit(entry(k, outputs={"v": "2"}, out=second))
+    assert not again.created and again.evicted == ()
+    got = c.lookup([k]).entries[k]
+    assert dict(got.outputs) == {"v": "1"} and got.artifacts == {"out": first}
+    assert c.stats().entries == 1
+
+
+def test_concurrent_commits(start: Starter, db_url: str, tmp_path: Path) -> None:
+    """Many callers at once: one entry per key, and the budget holds afterwards."""
+    cache = start(database_url=db_url, artifacts=str(tmp_path / "blobs"),
+                  cache_budget_bytes=500)
+    c = cache.client.cache
+    same = key()
+    arts = [cache.put(f"result {i}".encode() * 10) for i in range(12)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        created = list(pool.map(lambda a: c.commit(entry(same, out=a)).created, arts[:8]))
+        assert created.count(True) == 1
+        others = list(pool.map(lambda a: c.commit(entry(key(), out=a)), arts))
+    assert all(r.created for r in others)
+    stats = c.stats()
+    assert stats.bytes <= 500
+    assert stats.entries + stats.evictions == 13
+
+
+def test_lru_eviction_under_a_small_budget(start: Starter, tmp_path: Path) -> None:
+    cache = start(artifacts=str(tmp_path / "blobs"), cache_budget_bytes=350)
+    c = cache.client.cache
+    keys = [key() for _ in range(4)]
+    arts = [cache.put(bytes([i]) * 100) for i in range(4)]
+    for k, art in zip(keys[:3], arts[:3], strict=True):
+        assert c.commit(entry(k, out=art)) .evicted == ()
+    # Touch the oldest: the second is now the least recently used.
+    assert list(c.lookup([keys[0]]).entries) == [keys[0]]
+    got = c.commit(entry(keys[3], out=arts[3]))
+    assert got.created and got.evicted == (keys[1],)
+    assert not cache.blobs.exists(arts[1].digest)
+    found = c.lookup(keys)
+    assert set(found.entries) == {keys[0], keys[2], keys[3]}
+    assert found.missing == (keys[1],)
+    stats = c.stats()
+    assert (stats.entries, stats.bytes, stats.evictions, stats.budget_bytes) == (3, 300, 1, 350)
+
+    # An entry that alone exceeds the budget is refused; nothing else is evicted for it.
+    huge = cache.put(b"x" * 400)
+    big = key()
+    refused = c.commit(entry(big, out=huge))
+    assert not refused.created and refused.evicted == (big,)
+    assert c.lookup([big]).missing == (big,)
+    assert c.stats().entries == 3
+    assert cache.blobs.exists(huge.digest)  # never indexed: not the cache's to delete
+
+
+def test_shared_blob_is_deleted_with_its_last_entry(start: Starter,
+                                                    artifacts: dict[str, Any]) -> None:
+    cache = start(**artifacts)
+    c = cache.client.cache
+    shared = cache.put(b"the same preprocessed table")
+    one, two = key(), key()
+    assert c.commit(entry(one, step="prep-a", table=shared)).created
+    assert c.commit(entry(two, step="prep-b", data=shared)).created
+    assert c.evict([one]).evicted == (one,)
+    assert cache.blobs.exists(shared.digest)  # still referenced by `two`
+    assert list(c.lookup([two]).entries) == [two]
+    assert c.evict([two]).evicted == (two,)
+    assert not cache.blobs.exists(shared.digest)
+
+
+def test_entry_whose_blob_is_gone_is_dropped(start: Starter, tmp_path: Path) -> None:
+    cache = start(artifacts=str(tmp_path / "blobs"))
+    c = cache.client.cache
+    art, other = cache.put(b"will vanish"), cache.put(b"stays with the entry")
+    k = key()
+    assert c.commit(entry(k, out=art, log=other)).created
+    cache.blobs.delete(art.digest)  # someone emptied the store behind the cache's back
+    found = c.lookup([k])
+    assert found.entries == {} and found.missing == (k,)
+    stats = c.stats()
+    assert (stats.entries, stats.hits, stats.misses) == (0, 0, 1)
+    assert not cache.blobs.exists(other.digest)  # the dropped entry's other blob went too
+    # The key can be committed again.
+    assert c.commit(entry(k, out=cache.put(b"will vanish"), log=cache.put(b"again"))).created
+
+
+def test_max_age_reports_old_entries_missing(start: Starter, tmp_path: Path) -> None:
+    cache = start(artifacts=str(tmp_path / "blobs"))
+    c = cache.client.cache
+    k = key()
+    assert c.commit(entry(k, outputs={"v": "1"})).created
+    assert list(c.lookup([k], max_age_seconds=3600).entries) == [k]
+    with pytest.raises(UserError, match="max_age_seconds"):
+        c.lookup([k], max_age_seconds=-1)
+
+
+# ----------------------------------------------------------------------------- events
+
+
+def test_step_succeeded_event_commits_once(start: Starter, publisher: Publisher,
+                                           db_url: str, tmp_path: Path) -> None:
+    cache = start(database_url=db_url, artifacts=str(tmp_path / "blobs"))
+    c = cache.client.cache
+    art = cache.put(b"trained model")
+    k, failed, plain, marker = key(), key(), "", key()
+    run = f"run-{uuid.uuid4().hex[:8]}"  # msg ids unique per test (one NATS per session)
+    ok = step_event(k, run_id=run, outputs={"acc": "0.9"}, artifacts={"model": art})
+    publisher.publish([
+        (ok, f"{run}.train..1.succeeded"),
+        (ok, f"{run}.train..1.succeeded"),        # a republish: dropped by JetStream
+        (ok, f"{run}.train..1.succeeded.again"),  # a redelivery under another id
+        (step_event(k, run_id=f"{run}-b", outputs={"acc": "0.1"}),
+         f"{run}-b.train..1.succeeded"),          # another run, same key: the first wins
+        (step_event(failed, state=common_pb2.STEP_STATE_FAILED), f"{run}-c.train..1.failed"),
+        (step_event(plain, run_id=f"{run}-d"), f"{run}-d.train..1.succeeded"),
+        (step_event(marker, run_id=f"{run}-e", step="eval"), f"{run}-e.eval..1.succeeded"),
+    ])
+    found = c.lookup([k, failed, marker])
+    assert list(found.entries) == [k, marker]
+    assert found.missing == (failed,)
+    got = found.entries[k]
+    assert (got.workflow, got.step, dict(got.outputs)) == ("wf", "train", {"acc": "0.9"})
+    assert got.artifacts == {"model": art}
+    assert c.stats().entries == 2
+    publisher.wait_for(lambda tap: {b.key for b, _ in tap.of(COMMITTED)} >= {k, marker})
+    committed = [(b, h) for b, h in publisher.tap.of(COMMITTED) if b.key == k]
+    assert len(committed) == 1
+    body, headers = committed[0]
+    assert headers["Nats-Msg-Id"] == f"{k}.committed"
+    assert (body.workflow, body.step, body.size_bytes) == ("wf", "train", got.size_bytes)
+
+
+def test_bad_step_event_is_terminated_and_the_service_stays_up(
+        start: Starter, publisher: Publisher, tmp_path: Path) -> None:
+    cache = start(artifacts=str(tmp_path / "blobs"))
+    bad = step_event(key(), artifacts={"model": StoredArtifact("sha256:nothex", 1)})
+    good = key()
+    publisher.publish([(bad, f"bad-{uuid.uuid4().hex}"),
+                       (step_event(good), f"good-{uuid.uuid4().hex}")])
+    assert list(cache.client.cache.lookup([good]).entries) == [good]
+    assert cache.client.cache.stats().entries == 1
+    bad_seq, good_seq = publisher.sequences[-2:]
+    assert bad_seq in publisher.terminated  # bad input: terminated, not retried
+    assert good_seq not in publisher.terminated
+
+
+def test_budget_eviction_is_announced(start: Starter, publisher: Publisher,
+                                      tmp_path: Path) -> None:
+    cache = start(artifacts=str(tmp_path / "blobs"), cache_budget_bytes=150)
+    c = cache.client.cache
+    old, new = key(), key()
+    assert c.commit(entry(old, out=cache.put(b"o" * 100))).created
+    assert c.commit(entry(new, out=cache.put(b"n" * 100))).evicted == (old,)
+    publisher.wait_for(lambda tap: any(old in b.keys for b, _ in tap.of(EVICTED)))
+    [(body, headers)] = [(b, h) for b, h in publisher.tap.of(EVICTED) if old in b.keys]
+    assert list(body.keys) == [old] and body.freed_bytes == 100 and body.reason == "budget"
+    assert headers["Nats-Msg-Id"] == old
+    assert c.evict([new]).freed_bytes == 100
+    publisher.wait_for(lambda tap: any(new in b.keys for b, _ in tap.of(EVICTED)))
+    [(body, _)] = [(b, h) for b, h in publisher.tap.of(EVICTED) if new in b.keys]
+    assert body.reason == "request"
+
+
+# ----------------------------------------------------------------------------- restart
+
+
+def test_restart_keeps_index_and_counters(start: Starter, db_url: str,
+                                          artifacts: dict[str, Any]) -> None:
+    settings = {"database_url": db_url, **artifacts, "cache_budget_bytes": 1000}
+    first = start(**settings)
+    c = first.client.cache
+    kept, evicted = key(), key()
+    art = first.put(b"kept across restarts")
+    assert c.commit(entry(kept, outputs={"v": "1"}, out=art)).created
+    assert c.commit(entry(evicted, outputs={"v": "2"})).created
+    c.lookup([kept, key()])
+    c.evict([evicted])
+    before = c.stats()
+    assert (before.entries, before.hits, before.misses, before.evictions) == (1, 1, 1, 1)
+    stop(first)
+
+    second = start(**settings)
+    c = second.client.cache
+    assert c.stats() == before
+    found = c.lookup([kept])
+    assert found.entries[kept].artifacts == {"out": art}
+    assert found.entries[kept].hits == 2
+    assert not c.commit(entry(kept, outputs={"v": "other"})).created
+    after = c.stats()
+    assert (after.hits, after.misses, after.evictions) == (2, 1, 1)
+
+
+# ----------------------------------------------------------------------------- durability
+
+
+class FlakyBlobs:
+    """The artifact store, with deletes failing while ``failing`` is set."""
+
+    def __init__(self, blobs: DigestBlobs) -> None:
+        self.blobs = blobs
+        self.failing = False
+
+    def exists(self, digest: str) -> bool:
+        return self.blobs.exists(digest)
+
+    def size(self, digest: str) -> int:
+        return self.blobs.size(digest)
+
+    def delete(self, digest: str) -> None:
+        if self.failing:
+            raise RetryableError("artifact store unavailable")
+        self.blobs.delete(digest)
+
+
+def test_side_effects_survive_failures_and_restarts(db_url: str, tmp_path: Path) -> None:
+    """Events that could not be published and blobs that could not be deleted are queued
+    with the index change and finished by the next process."""
+    blobs = DigestBlobs(LocalBlobStore(tmp_path / "blobs"))
+    data = b"model bytes"
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    art = StoredArtifact(digest, len(data), "file:///x")
+    k = key()
+    sent: list[tuple[str, str]] = []
+
+    async def unreachable(subject: str, msg_id: str, payload: bytes) -> None:
+        raise RetryableError("nats unavailable")
+
+    async def reachable(subject: str, msg_id: str, payload: bytes) -> None:
+        sent.append((subject, msg_id))
+
+    async def first_process() -> None:
+        store = CacheStore.open(db_url)
+        flaky = FlakyBlobs(blobs)
+        cache = CacheUseCases(store, flaky, budget_bytes=0, publish=unreachable,
+                              retry_interval=3600)
+        try:
+            await cache.start()
+            blobs.store.put_bytes(data)
+            assert (await cache.commit(entry(k, out=art))).created
+            flaky.failing = True
+            assert (await cache.evict([k])).evicted == (k,)
+        finally:
+            await cache.close()
+            store.close()
+
+    async def second_process() -> None:
+        store = CacheStore.open(db_url)
+        cache = CacheUseCases(store, blobs, budget_bytes=0, publish=reachable)
+        try:
+            await cache.start()
+            stats = await cache.stats()
+            assert (stats.entries, stats.evictions) == (0, 1)
+            assert await cache.evicted_bytes() == len(data)
+        finally:
+            await cache.close()
+            store.close()
+
+    asyncio.run(first_process())
+    assert blobs.exists(digest)  # the delete failed: still queued
+    assert sent == []
+    asyncio.run(second_process())
+    assert not blobs.exists(digest)
+    assert sent == [(COMMITTED, f"{k}.committed"), (EVICTED, k)]
+
+
+# ----------------------------------------------------------------------------- process
+
+
+def cache_env(nats: NatsServer, state: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
+    env.update({"COULER_NATS_URL": nats.url, "COULER_GRPC_ADDRESS": "127.0.0.1:0",
+                "COULER_STATE_DIR": str(state), **extra})
+    return env
+
+
+def test_process_serves_until_sigterm(nats_server: NatsServer, tmp_path: Path) -> None:
+    """``python -m couler_cache.main`` (how ``couler up`` starts it): READY, serves, stops."""
+    proc = subprocess.Popen([sys.executable, "-m", "couler_cache.main"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True,
+                            env=cache_env(nats_server, tmp_path, COULER_CACHE_BUDGET_BYTES="1234"))
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True)
+    reader.start()
+    with proc:
+        try:
+            prefix, service, address = lines.get(timeout=WAIT).split()
+            assert (prefix, service) == (READY_PREFIX, "cache")
+            with CoulerClient({"cache": address}, timeout=WAIT) as client:
+                assert client.cache.commit(entry(key(), outputs={"v": "1"})).created
+                stats = client.cache.stats()
+                assert (stats.entries, stats.budget_bytes) == (1, 1234)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(WAIT)
+            reader.join(WAIT)
+    assert code == 0
+    assert (tmp_path / "cache.db").is_file()  # the default index: SQLite in the state dir
+
+
+def test_bad_settings_exit_2_naming_the_variable(nats_server: NatsServer,
+                                                 tmp_path: Path) -> None:
+    env = cache_env(nats_server, tmp_path, COULER_CACHE_BUDGET_BYTES="lots")
+    done = subprocess.run([sys.executable, "-m", "couler_cache.main"], env=env,
+                          capture_output=True, text=True, timeout=WAIT, check=False)
+    assert done.returncode == 2
+    assert "COULER_CACHE_BUDGET_BYTES" in done.stderr
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def test_budget_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("COULER_CACHE_BUDGET_BYTES", "4096")
+    assert CacheSettings.load("cache", state_dir=tmp_path).cache_budget_bytes == 4096
+    monkeypatch.setenv("COULER_CACHE_BUDGET_BYTES", "-1")
+    with pytest.raises(SettingsError, match="COULER_CACHE_BUDGET_BYTES"):
+        CacheSettings.load("cache", state_dir=tmp_path)
+    monkeypatch.delenv("COULER_CACHE_BUDGET_BYTES")
+    assert CacheSettings.load("cache", state_dir=tmp_path).cache_budget_bytes == 10 * 1024**3
