@@ -1,0 +1,100 @@
+"""The monitor service's composition root: settings, store, consumers, gRPC, dashboard.
+
+Settings (environment, ``COULER_`` prefix): the common ones (:class:`CommonSettings`) plus
+
+* ``COULER_DASHBOARD_ADDRESS`` -- ``host:port`` of the ops dashboard (default
+  ``127.0.0.1:8080``; port 0 picks a free one; the URL is logged at start);
+* ``COULER_HEADROOM`` -- factor over the observed peak for resource requests (default 1.2);
+* ``COULER_MIN_SAMPLES`` -- runs with a measured peak needed before recommending (default 1);
+* ``COULER_HISTORY_RUNS`` -- how many of a step's latest runs the peaks are taken over
+  (default 10).
+
+``COULER_AUTH_TOKEN`` guards the dashboard as well as the gRPC server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from pydantic import Field, field_validator
+
+from couler_monitor.dashboard import DashboardServer, create_app
+from couler_monitor.events import make_publisher, start_consumers
+from couler_monitor.rpc import MonitorService
+from couler_monitor.service import Monitor
+from couler_monitor.store import MonitorStore
+from couler_runtime.bus import Bus
+from couler_runtime.rpc import MONITOR
+from couler_runtime.service import Component, run_service
+from couler_runtime.settings import CommonSettings, SettingsError
+
+__all__ = ["MonitorSettings", "build", "main"]
+
+log = logging.getLogger(__name__)
+
+
+class MonitorSettings(CommonSettings):
+    """Settings of the monitor service.
+
+    Attributes:
+        dashboard_address: ``host:port`` the dashboard listens on.
+        headroom: Factor over the observed peak for memory and CPU requests (>= 1).
+        min_samples: Runs with a measured peak needed before a request is recommended.
+        history_runs: How many of a step's latest runs its peaks are taken over.
+    """
+
+    dashboard_address: str = "127.0.0.1:8080"
+    headroom: float = Field(default=1.2, ge=1.0, le=10.0)
+    min_samples: int = Field(default=1, ge=1)
+    history_runs: int = Field(default=10, ge=1, le=1000)
+
+    @field_validator("dashboard_address")
+    @classmethod
+    def _dashboard_address(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"must be host:port with a port 0-65535 (got {value!r})")
+        return value
+
+
+async def build(settings: MonitorSettings, bus: Bus) -> Component:
+    """Wire the monitor: store (migrated), use cases, consumers, servicer and dashboard."""
+    store = await asyncio.to_thread(MonitorStore.open, settings.database_url)
+    monitor = Monitor(store, make_publisher(bus), headroom=settings.headroom,
+                      min_samples=settings.min_samples, history_runs=settings.history_runs)
+    token = settings.auth_token.get_secret_value() if settings.auth_token else None
+    dashboard = DashboardServer(create_app(monitor, token=token), settings.dashboard_address)
+    try:
+        sent = await monitor.publish_pending()  # left unpublished by a crash
+        if sent:
+            log.info("published %d recommendation(s) left from the last run", sent)
+        url = await dashboard.start()
+        await start_consumers(bus, monitor)
+    except BaseException:
+        await dashboard.stop()
+        store.close()
+        raise
+    log.info("dashboard at %s%s", url, " (token required)" if token else "")
+
+    async def close() -> None:
+        # Runs after the bus stopped its consumers: no handler uses the store any more.
+        await dashboard.stop()
+        store.close()
+
+    return Component({MONITOR: MonitorService(monitor)}, close)
+
+
+def main() -> int:
+    """The ``couler-monitor`` console script; the process exit status."""
+    try:
+        settings = MonitorSettings.load("monitor")
+    except SettingsError as exc:
+        sys.stderr.write(f"couler-monitor: {exc}\n")
+        return 2
+    return run_service(settings, build)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

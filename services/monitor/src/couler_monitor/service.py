@@ -1,0 +1,524 @@
+"""The monitor's use cases: record what runs and steps did, and recommend what they need.
+
+:class:`Monitor` works on record types (:mod:`couler_runtime.rpc.records`) and knows nothing
+of gRPC or NATS: events reach it decoded, and recommendations leave through the
+``publish`` callable given at construction.
+
+Recording is idempotent, because delivery is at-least-once:
+
+* a run's state only moves forward (accepted → planning → pending → running → terminal),
+  except that a step event newer than the run's end re-opens it (a Retry), and a
+  ``WorkflowFinished`` with more retries supersedes the previous end;
+* a step keeps the latest of its records, ordered by (event time, attempts, state rank), so a
+  redelivered old record never overwrites a newer one;
+* a sample is stored once per (run, step, key, attempt, time).
+
+Recommendations, recomputed when a step ends with a measured peak (or failed out of memory),
+for one (workflow, step) over its last ``history_runs`` runs:
+
+* ``memory_request`` = the highest peak memory * ``headroom``, rounded up to whole Mi;
+* ``cpu_request`` = the highest peak CPU * ``headroom``, rounded up to whole millicores;
+* after an out-of-memory failure, ``memory_limit`` = 2 * the peak at which it was killed
+  (which is the limit it hit), and a ``retry`` limit for OOM failures.
+
+A recommendation is stored and published only when its value changed. The store row doubles
+as the outbox: it is committed unpublished, published (message id = the recommendation's
+deterministic id), then flagged; a crash in between republishes it with the same id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from couler import ir
+from couler.engines.base import StepState
+from couler.errors import NotFoundError, UserError
+from couler_monitor.store import MonitorStore, RecommendationRow, RunRow, SampleRow, StepRow, Tx
+from couler_runtime.rpc.records import (
+    Recommendation,
+    RecommendationKind,
+    Run,
+    RunState,
+    StepPeak,
+    StepRecord,
+    Utilization,
+    UtilizationSample,
+)
+
+__all__ = [
+    "DEFAULT_SAMPLE_LIMIT",
+    "MAX_SAMPLE_LIMIT",
+    "MI",
+    "OOM_RETRY_LIMIT",
+    "Monitor",
+    "Publisher",
+    "cpu_quantity",
+    "memory_quantity",
+    "recommendation_id",
+]
+
+MI = 1024 * 1024
+DEFAULT_SAMPLE_LIMIT = 1000
+MAX_SAMPLE_LIMIT = 10_000
+OOM_RETRY_LIMIT = 2
+_MAX_RUNS_LISTED = 500
+
+Publisher = Callable[[Recommendation], Awaitable[None]]
+
+_RUN_RANK = {RunState.ACCEPTED: 0, RunState.PLANNING: 1, RunState.PENDING: 2,
+             RunState.RUNNING: 3, RunState.SUCCEEDED: 4, RunState.FAILED: 4,
+             RunState.CANCELLED: 4}
+_STEP_RANK = {StepState.PENDING: 0, StepState.RUNNING: 1, StepState.RETRYING: 2}
+
+
+def memory_quantity(peak_bytes: int, headroom: Fraction) -> str:
+    """``peak_bytes`` * ``headroom`` as a Kubernetes quantity in whole Mi, rounded up."""
+    return f"{max(1, math.ceil(Fraction(peak_bytes) * headroom / MI))}Mi"
+
+
+def cpu_quantity(peak_cores: float, headroom: Fraction) -> str:
+    """``peak_cores`` * ``headroom`` as a Kubernetes quantity in whole millicores, rounded up."""
+    # The float's shortest decimal form: 1.8 cores is 1.8, not 1.8000000000000000444.
+    return f"{max(1, math.ceil(Fraction(repr(float(peak_cores))) * headroom * 1000))}m"
+
+
+def recommendation_id(workflow: str, step: str, kind: RecommendationKind, value: str) -> str:
+    """The deterministic id (and feedback Nats-Msg-Id) of a recommendation."""
+    return f"{workflow}/{step}/{kind.value}/{value}"
+
+
+def _mi(n: int) -> str:
+    return f"{n / MI:.0f}Mi" if n >= MI else f"{n}B"
+
+
+@dataclass(frozen=True, slots=True)
+class _Proposal:
+    kind: RecommendationKind
+    value: str
+    reason: str
+    based_on: int
+    failure_class: ir.FailureClass | None = None
+
+
+class Monitor:
+    """Records runs, steps and samples; computes, stores and publishes recommendations.
+
+    Args:
+        store: The history.
+        publish: Sends one recommendation on ``couler.feedback.<workflow>``.
+        headroom: Factor over the observed peak (e.g. 1.2 for +20%).
+        min_samples: Runs with a measured peak needed before recommending a request.
+        history_runs: How many of a step's latest runs the peaks are taken over.
+        clock: Seconds since the epoch (tests may pin it).
+    """
+
+    def __init__(self, store: MonitorStore, publish: Publisher, *, headroom: float = 1.2,
+                 min_samples: int = 1, history_runs: int = 10,
+                 clock: Callable[[], float] = time.time) -> None:
+        if headroom < 1:
+            raise UserError(f"headroom must be at least 1 (got {headroom})")
+        if min_samples < 1 or history_runs < 1:
+            raise UserError("min_samples and history_runs must be at least 1")
+        self._store = store
+        self._publish = publish
+        self._headroom = Fraction(str(headroom))
+        self._min_samples = min_samples
+        self._history_runs = history_runs
+        self._clock = clock
+        # One writer at a time in this process: concurrent handlers would otherwise race on
+        # the same rows (and SQLite allows one writer anyway).
+        self._lock = asyncio.Lock()
+        self._outbox_dirty = True  # until a flush succeeded, assume something is left
+
+    # ------------------------------------------------------------------ recording
+
+    async def record_step(self, run_id: str, workflow: str, engine: str, record: StepRecord,
+                          at: float | None) -> None:
+        """A step changed state (a ``StepEvent``)."""
+        if not run_id:
+            raise UserError(f"step event of workflow {workflow!r}, step {record.name!r}: "
+                            "field 'run_id' is empty")
+        if not record.name:
+            raise UserError(f"step event of run {run_id!r} (workflow {workflow!r}): "
+                            "field 'step.name' is empty")
+        when = at if at is not None else (record.finished_at or record.started_at
+                                          or self._clock())
+
+        def write(tx: Tx) -> bool:
+            run = self._run_row(tx, run_id, workflow=workflow, engine=engine)
+            if run.state in (s.value for s in RunState if s.terminal):
+                if not record.state.terminal and when > (run.finished_at or 0.0):
+                    run.state, run.reopened_at = RunState.RUNNING.value, when
+                    run.finished_at, run.message = None, ""
+            else:
+                self._advance(run, RunState.RUNNING)
+            if record.started_at is not None and (run.started_at is None
+                                                  or record.started_at < run.started_at):
+                run.started_at = record.started_at
+            self._merge_step(tx, run_id, run.workflow, record, when)
+            return self._recommend_after(tx, run.workflow, record)
+
+        await self._write(write)
+
+    async def record_sample(self, sample: UtilizationSample) -> None:
+        """One utilization sample."""
+        where = f"utilization sample of run {sample.run_id!r}, step {sample.step!r}"
+        if not sample.run_id:
+            raise UserError(f"{where}: field 'run_id' is empty")
+        if not sample.step:
+            raise UserError(f"{where}: field 'step' is empty")
+        if sample.at is None:
+            raise UserError(f"{where}: field 'at' is not set")
+        if not math.isfinite(sample.cpu) or sample.cpu < 0:
+            raise UserError(f"{where}: field 'cpu' must be a finite number >= 0 "
+                            f"(got {sample.cpu})")
+        if sample.memory_bytes < 0:
+            raise UserError(f"{where}: field 'memory_bytes' must be >= 0 "
+                            f"(got {sample.memory_bytes})")
+        row = SampleRow(run_id=sample.run_id, workflow=sample.workflow, step=sample.step,
+                        key=sample.key, attempt=sample.attempt,
+                        at_ns=round(sample.at * 1e9), cpu=sample.cpu,
+                        memory_bytes=sample.memory_bytes)
+
+        def write(tx: Tx) -> bool:
+            tx.insert_sample(row)
+            return False
+
+        await self._write(write)
+
+    async def record_requested(self, run_id: str, *, workflow: str, engine: str,
+                               at: float | None) -> None:
+        """A run was accepted (``WorkflowRequested``)."""
+        def write(tx: Tx) -> bool:
+            run = self._run_row(tx, self._need_run_id(run_id, "requested"),
+                                workflow=workflow, engine=engine)
+            if run.created_at is None or (at is not None and at < run.created_at):
+                run.created_at = at if at is not None else self._clock()
+            return False
+
+        await self._write(write)
+
+    async def record_planned(self, run_id: str, *, workflow: str, engine: str) -> None:
+        """The run was generated or optimized (its workflow's name is known)."""
+        def write(tx: Tx) -> bool:
+            run = self._run_row(tx, self._need_run_id(run_id, "planned"),
+                                workflow=workflow, engine=engine)
+            self._advance(run, RunState.PLANNING)
+            return False
+
+        await self._write(write)
+
+    async def record_submitted(self, run_id: str, *, workflow: str, engine: str,
+                               at: float | None) -> None:
+        """The engine accepted the run (``WorkflowSubmitted``)."""
+        def write(tx: Tx) -> bool:
+            run = self._run_row(tx, self._need_run_id(run_id, "submitted"),
+                                workflow=workflow, engine=engine)
+            self._advance(run, RunState.PENDING)
+            if at is not None and (run.started_at is None or at < run.started_at):
+                run.started_at = at
+            return False
+
+        await self._write(write)
+
+    async def record_rejected(self, run_id: str, *, stage: str, reason: str,
+                              at: float | None) -> None:
+        """The generator or the optimizer refused the run (``WorkflowRejected``)."""
+        def write(tx: Tx) -> bool:
+            run = self._run_row(tx, self._need_run_id(run_id, "rejected"), workflow="",
+                                engine="")
+            if self._advance(run, RunState.FAILED):
+                run.finished_at = at if at is not None else self._clock()
+                run.message = f"rejected by the {stage or 'planner'}: {reason}"
+            return False
+
+        await self._write(write)
+
+    async def record_finished(self, record: Run) -> None:
+        """The run reached a terminal state (``WorkflowFinished``, with its steps)."""
+        run_id = self._need_run_id(record.run_id, "finished")
+
+        def write(tx: Tx) -> bool:
+            run = self._run_row(tx, run_id, workflow=record.workflow, engine=record.engine)
+            stale = (run.reopened_at is not None and record.retries <= run.retries
+                     and (record.finished_at or 0.0) <= run.reopened_at)
+            if not stale and self._advance(run, record.state, retries=record.retries):
+                run.finished_at = record.finished_at or self._clock()
+                run.message = record.message
+                run.reopened_at = None
+            if record.created_at is not None and run.created_at is None:
+                run.created_at = record.created_at
+            if record.started_at is not None and (run.started_at is None
+                                                  or record.started_at < run.started_at):
+                run.started_at = record.started_at
+            changed = False
+            when = record.finished_at or self._clock()
+            for step in record.steps:
+                self._merge_step(tx, run_id, run.workflow, step, when)
+                changed = self._recommend_after(tx, run.workflow, step) or changed
+            return changed
+
+        await self._write(write)
+
+    async def publish_pending(self) -> int:
+        """Publish every committed-but-unpublished recommendation; how many were sent."""
+        async with self._lock:
+            return await self._flush()
+
+    # ------------------------------------------------------------------ queries
+
+    async def utilization(self, *, run_id: str = "", workflow: str = "", step: str = "",
+                          limit: int = 0) -> Utilization:
+        """Samples (newest ``limit``, oldest first) and per-step peaks matching the filter."""
+        if not run_id and not workflow:
+            raise UserError("utilization: give a run_id or a workflow (field 'run_id' and "
+                            "field 'workflow' are both empty)")
+        if limit < 0:
+            raise UserError(f"utilization: field 'limit' must be >= 0 (got {limit})")
+        limit = min(limit or DEFAULT_SAMPLE_LIMIT, MAX_SAMPLE_LIMIT)
+
+        def read() -> Utilization:
+            with self._store.transaction() as tx:
+                samples = tx.samples(run_id=run_id, workflow=workflow, step=step, limit=limit)
+                peaks: dict[tuple[str, str, str], list[object]] = {}
+                for r, wf, name, key, cpu, mem, n, _last in tx.sample_peaks(
+                        run_id=run_id, workflow=workflow, step=step):
+                    peaks[(r, name, key)] = [wf, cpu, mem, n]
+                for s in tx.steps_matching(run_id=run_id, workflow=workflow, step=step):
+                    if s.max_peak_memory_bytes is None and s.max_peak_cpu is None:
+                        continue
+                    p = peaks.setdefault((s.run_id, s.name, s.key), [s.workflow, 0.0, 0, 0])
+                    p[1] = max(float(p[1]), s.max_peak_cpu or 0.0)  # type: ignore[arg-type]
+                    p[2] = max(int(p[2]),  # type: ignore[call-overload]
+                               s.max_peak_memory_bytes or 0)
+                return Utilization(
+                    tuple(UtilizationSample(s.run_id, s.workflow, s.step, s.at_ns / 1e9, s.cpu,
+                                            s.memory_bytes, s.key, s.attempt) for s in samples),
+                    tuple(StepPeak(r, str(p[0]), name, float(p[1]),  # type: ignore[arg-type]
+                                   int(p[2]), int(p[3]), key)  # type: ignore[call-overload]
+                          for (r, name, key), p in sorted(peaks.items())),
+                )
+
+        return await asyncio.to_thread(read)
+
+    async def recommendations(self, workflow: str, step: str = "") -> tuple[Recommendation, ...]:
+        """The current recommendations for ``workflow`` (one ``step``'s when given)."""
+        if not workflow:
+            raise UserError("recommendations: field 'workflow' is empty")
+
+        def read() -> tuple[Recommendation, ...]:
+            with self._store.transaction() as tx:
+                return tuple(_recommendation(r) for r in tx.recommendations(workflow, step))
+
+        return await asyncio.to_thread(read)
+
+    async def runs(self, limit: int = 100) -> tuple[Run, ...]:
+        """The latest runs the monitor heard of, newest first, with their steps."""
+        limit = max(1, min(limit, _MAX_RUNS_LISTED))
+
+        def read() -> tuple[Run, ...]:
+            with self._store.transaction() as tx:
+                rows = tx.runs(limit)
+                steps = tx.steps_of([r.run_id for r in rows])
+                return tuple(_run(r, [s for s in steps if s.run_id == r.run_id]) for r in rows)
+
+        return await asyncio.to_thread(read)
+
+    async def run(self, run_id: str) -> Run:
+        """One run with its steps; NotFoundError if the monitor never heard of it."""
+        def read() -> Run:
+            with self._store.transaction() as tx:
+                row = tx.run(run_id)
+                if row is None:
+                    raise NotFoundError(f"run {run_id!r}: not found")
+                return _run(row, tx.steps_of([run_id]))
+
+        return await asyncio.to_thread(read)
+
+    # ------------------------------------------------------------------ internals
+
+    async def _write(self, fn: Callable[[Tx], bool]) -> None:
+        def txn() -> bool:
+            with self._store.transaction() as tx:
+                return fn(tx)
+
+        async with self._lock:
+            changed = await asyncio.to_thread(txn)
+            # Also when an earlier publish failed (or a crash left one): send it now.
+            if changed or self._outbox_dirty:
+                await self._flush()
+
+    async def _flush(self) -> int:
+        def pending() -> Sequence[RecommendationRow]:
+            with self._store.transaction() as tx:
+                return tx.unpublished()
+
+        self._outbox_dirty = True
+        rows = await asyncio.to_thread(pending)
+        for row in rows:
+            await self._publish(_recommendation(row))
+
+            def mark(r: RecommendationRow = row) -> None:
+                with self._store.transaction() as tx:
+                    tx.mark_published(r.workflow, r.step, r.kind, r.id)
+
+            await asyncio.to_thread(mark)
+        self._outbox_dirty = False
+        return len(rows)
+
+    @staticmethod
+    def _need_run_id(run_id: str, what: str) -> str:
+        if not run_id:
+            raise UserError(f"workflow {what} event: field 'run_id' is empty")
+        return run_id
+
+    def _run_row(self, tx: Tx, run_id: str, *, workflow: str, engine: str) -> RunRow:
+        run = tx.run(run_id, lock=True)
+        if run is None:
+            run = RunRow(run_id=run_id, workflow=workflow, engine=engine,
+                         state=RunState.ACCEPTED.value, retries=0, message="",
+                         seen_at=self._clock())
+            tx.add(run)
+        else:
+            run.workflow = run.workflow or workflow
+            run.engine = run.engine or engine
+        return run
+
+    @staticmethod
+    def _advance(run: RunRow, state: RunState, *, retries: int | None = None) -> bool:
+        """Move ``run`` to ``state`` if that is forward; whether it moved."""
+        old = (run.retries, _RUN_RANK[RunState(run.state)])
+        new = (run.retries if retries is None else retries, _RUN_RANK[state])
+        if new <= old:
+            return False
+        run.state = state.value
+        run.retries = new[0]
+        return True
+
+    @staticmethod
+    def _merge_step(tx: Tx, run_id: str, workflow: str, r: StepRecord, at: float) -> None:
+        rank = 3 if r.state.terminal else _STEP_RANK.get(r.state, 0)
+        oom = r.failure_class is ir.FailureClass.OOM
+        row = tx.step(run_id, r.name, r.key)
+        if row is None:
+            row = StepRow(run_id=run_id, name=r.name, key=r.key, oom_seen=False,
+                          oom_peak_memory_bytes=None, event_at=-1.0, rank=-1, attempts=-1)
+            newer = True
+        else:
+            newer = (at, r.attempts, rank) > (row.event_at, row.attempts, row.rank)
+        if r.peak_memory_bytes is not None:
+            row.max_peak_memory_bytes = max(row.max_peak_memory_bytes or 0, r.peak_memory_bytes)
+        if r.peak_cpu is not None:
+            row.max_peak_cpu = max(row.max_peak_cpu or 0.0, r.peak_cpu)
+        if oom:
+            row.oom_seen = True
+            if r.peak_memory_bytes is not None:
+                row.oom_peak_memory_bytes = max(row.oom_peak_memory_bytes or 0,
+                                                r.peak_memory_bytes)
+        if newer:
+            row.workflow = workflow or row.workflow or ""
+            row.state = r.state.value
+            row.attempts = r.attempts
+            row.exit_code = r.exit_code
+            row.started_at = r.started_at
+            row.finished_at = r.finished_at
+            row.peak_cpu = r.peak_cpu
+            row.peak_memory_bytes = r.peak_memory_bytes
+            row.cached = r.cached or r.state is StepState.CACHED
+            row.cache_key = r.cache_key
+            row.message = r.message
+            row.failure_class = r.failure_class.value if r.failure_class else None
+            row.event_at, row.rank = at, rank
+        tx.add(row)
+
+    def _recommend_after(self, tx: Tx, workflow: str, r: StepRecord) -> bool:
+        oom = r.failure_class is ir.FailureClass.OOM
+        measured = r.state.terminal and r.peak_memory_bytes is not None
+        if not workflow or not (measured or oom):
+            return False
+        return self._recommend(tx, workflow, r.name)
+
+    def _recommend(self, tx: Tx, workflow: str, step: str) -> bool:
+        peaks = tx.run_peaks(workflow, step, self._history_runs)
+        pct = f"+{float((self._headroom - 1) * 100):g}% headroom"
+        proposals: list[_Proposal] = []
+        mems = [p.peak_memory_bytes for p in peaks if p.peak_memory_bytes]
+        if len(mems) >= self._min_samples:
+            top = max(mems)
+            proposals.append(_Proposal(
+                RecommendationKind.MEMORY_REQUEST, memory_quantity(top, self._headroom),
+                f"peak {_mi(top)} over {_runs(len(mems))}, {pct}", len(mems)))
+        cpus = [p.peak_cpu for p in peaks if p.peak_cpu]
+        if len(cpus) >= self._min_samples:
+            top_cpu = max(cpus)
+            proposals.append(_Proposal(
+                RecommendationKind.CPU_REQUEST, cpu_quantity(top_cpu, self._headroom),
+                f"peak {top_cpu:g} cores over {_runs(len(cpus))}, {pct}", len(cpus)))
+        ooms = [p for p in peaks if p.oom]
+        if ooms:
+            killed_at = [m for p in ooms
+                         if (m := p.oom_peak_memory_bytes or p.peak_memory_bytes)]
+            if killed_at:
+                top = max(killed_at)
+                proposals.append(_Proposal(
+                    RecommendationKind.MEMORY_LIMIT, memory_quantity(top, Fraction(2)),
+                    f"out of memory at {_mi(top)} in {len(ooms)} of "
+                    f"{_runs(len(peaks))}: 2x the memory it was killed at", len(ooms),
+                    ir.FailureClass.OOM))
+            proposals.append(_Proposal(
+                RecommendationKind.RETRY, str(OOM_RETRY_LIMIT),
+                f"out of memory in {len(ooms)} of {_runs(len(peaks))}: retry OOM "
+                "failures (memory escalates per attempt)", len(ooms), ir.FailureClass.OOM))
+        return self._store_proposals(tx, workflow, step, proposals)
+
+    def _store_proposals(self, tx: Tx, workflow: str, step: str,
+                         proposals: Iterable[_Proposal]) -> bool:
+        changed = False
+        for p in proposals:
+            row = tx.recommendation(workflow, step, p.kind.value)
+            fc = p.failure_class.value if p.failure_class else None
+            if row is not None and row.value == p.value:
+                row.reason, row.based_on, row.failure_class = p.reason, p.based_on, fc
+                continue
+            if row is None:
+                row = RecommendationRow(workflow=workflow, step=step, kind=p.kind.value)
+            row.value = p.value
+            row.id = recommendation_id(workflow, step, p.kind, p.value)
+            row.reason, row.based_on, row.failure_class = p.reason, p.based_on, fc
+            row.created_at = self._clock()
+            row.published = False
+            tx.add(row)
+            changed = True
+        return changed
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def _recommendation(r: RecommendationRow) -> Recommendation:
+    return Recommendation(
+        workflow=r.workflow, step=r.step, kind=RecommendationKind(r.kind), value=r.value,
+        reason=r.reason, based_on_samples=r.based_on, created_at=r.created_at,
+        failure_class=ir.FailureClass(r.failure_class) if r.failure_class else None, id=r.id)
+
+
+def _step(s: StepRow) -> StepRecord:
+    return StepRecord(
+        name=s.name, state=StepState(s.state), key=s.key, attempts=s.attempts,
+        exit_code=s.exit_code, started_at=s.started_at, finished_at=s.finished_at,
+        peak_cpu=s.peak_cpu, peak_memory_bytes=s.peak_memory_bytes, cache_key=s.cache_key,
+        cached=s.cached, message=s.message,
+        failure_class=ir.FailureClass(s.failure_class) if s.failure_class else None)
+
+
+def _run(r: RunRow, steps: Sequence[StepRow]) -> Run:
+    return Run(run_id=r.run_id, state=RunState(r.state), workflow=r.workflow, engine=r.engine,
+               steps=tuple(_step(s) for s in steps), created_at=r.created_at,
+               started_at=r.started_at, finished_at=r.finished_at, message=r.message,
+               retries=r.retries)

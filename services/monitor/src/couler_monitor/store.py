@@ -1,0 +1,335 @@
+"""The monitor's history in SQL: runs, step records, utilization samples, recommendations.
+
+Tables (created by ``couler_monitor/migrations``, version table ``alembic_version_monitor``):
+
+* ``monitor_runs`` -- one row per run: workflow, engine, state, times, message;
+* ``monitor_steps`` -- the latest record per (run, step, key), with the ordering key
+  (``event_at``, ``attempts``, ``rank``) that decides which record is the latest, the highest
+  peaks over all its records (attempts), and a sticky ``oom_seen`` flag (an out-of-memory
+  attempt is remembered after the step later succeeds);
+* ``monitor_samples`` -- utilization samples, unique per measurement (a redelivered sample is
+  stored once);
+* ``monitor_recommendations`` -- the current recommendation per (workflow, step, kind); its
+  ``published`` flag is the outbox: a changed value is committed unpublished, published on
+  ``couler.feedback.<workflow>`` after the commit, then flagged.
+
+:class:`MonitorStore` hands out :class:`Tx` objects, one per transaction, with primitive
+operations; the use cases (:mod:`couler_monitor.service`) compose them. Everything here is
+synchronous: the service calls it through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from couler.errors import ConflictError, RetryableError
+from couler_runtime.store import make_engine, make_session_factory, migrate, session_scope
+
+__all__ = [
+    "MIGRATIONS",
+    "SERVICE",
+    "MonitorStore",
+    "RecommendationRow",
+    "RunRow",
+    "SampleRow",
+    "StepRow",
+    "Tx",
+]
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+SERVICE = "monitor"
+
+
+class Base(DeclarativeBase):
+    """The monitor's tables."""
+
+
+class RunRow(Base):
+    __tablename__ = "monitor_runs"
+
+    run_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    workflow: Mapped[str] = mapped_column(String(255), default="")
+    engine: Mapped[str] = mapped_column(String(64), default="")
+    state: Mapped[str] = mapped_column(String(16))
+    retries: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # When a step event showed the run running again after it had finished (a Retry).
+    reopened_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+    # When the monitor first heard of it: orders the dashboard.
+    seen_at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class StepRow(Base):
+    __tablename__ = "monitor_steps"
+
+    run_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    workflow: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_cpu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cached: Mapped[bool] = mapped_column(Boolean)
+    cache_key: Mapped[str] = mapped_column(String(255))
+    message: Mapped[str] = mapped_column(Text)
+    failure_class: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # The highest peaks over all of its records (attempts), for the recommendations.
+    max_peak_cpu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    max_peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    oom_seen: Mapped[bool] = mapped_column(Boolean, default=False)
+    oom_peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    event_at: Mapped[float] = mapped_column(Float)
+    rank: Mapped[int] = mapped_column(Integer)
+
+
+class SampleRow(Base):
+    __tablename__ = "monitor_samples"
+    __table_args__ = (
+        sa.UniqueConstraint("run_id", "step", "key", "attempt", "at_ns",
+                            name="uq_monitor_samples_measurement"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"),
+                                    primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(255))
+    workflow: Mapped[str] = mapped_column(String(255))
+    step: Mapped[str] = mapped_column(String(255))
+    key: Mapped[str] = mapped_column(String(255))
+    attempt: Mapped[int] = mapped_column(Integer)
+    at_ns: Mapped[int] = mapped_column(BigInteger)
+    cpu: Mapped[float] = mapped_column(Float)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+
+
+class RecommendationRow(Base):
+    __tablename__ = "monitor_recommendations"
+
+    workflow: Mapped[str] = mapped_column(String(255), primary_key=True)
+    step: Mapped[str] = mapped_column(String(255), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32), primary_key=True)
+    value: Mapped[str] = mapped_column(String(64))
+    id: Mapped[str] = mapped_column(String(700))
+    reason: Mapped[str] = mapped_column(Text)
+    based_on: Mapped[int] = mapped_column(Integer)
+    failure_class: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    published: Mapped[bool] = mapped_column(Boolean, index=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RunPeak:
+    """The highest use of one step in one run (over its keys and samples)."""
+
+    run_id: str
+    at: float  # when it was last seen: orders the runs
+    peak_memory_bytes: int | None
+    peak_cpu: float | None
+    oom: bool
+    oom_peak_memory_bytes: int | None
+
+
+class Tx:
+    """One transaction's primitive operations."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    # ----------------------------------------------------------------- runs and steps
+
+    def run(self, run_id: str, *, lock: bool = False) -> RunRow | None:
+        stmt = sa.select(RunRow).where(RunRow.run_id == run_id)
+        if lock:
+            stmt = stmt.with_for_update()
+        return self.session.scalars(stmt).one_or_none()
+
+    def add(self, row: Base) -> None:
+        self.session.add(row)
+        self.session.flush()
+
+    def step(self, run_id: str, name: str, key: str) -> StepRow | None:
+        return self.session.get(StepRow, (run_id, name, key))
+
+    def runs(self, limit: int) -> Sequence[RunRow]:
+        stmt = (sa.select(RunRow).order_by(RunRow.seen_at.desc(), RunRow.run_id)
+                .limit(limit))
+        return self.session.scalars(stmt).all()
+
+    def steps_of(self, run_ids: Sequence[str]) -> Sequence[StepRow]:
+        if not run_ids:
+            return ()
+        stmt = (sa.select(StepRow).where(StepRow.run_id.in_(run_ids))
+                .order_by(StepRow.run_id, sa.func.coalesce(StepRow.started_at,
+                                                           StepRow.finished_at,
+                                                           StepRow.event_at),
+                          StepRow.name, StepRow.key))
+        return self.session.scalars(stmt).all()
+
+    def steps_matching(self, *, run_id: str, workflow: str, step: str) -> Sequence[StepRow]:
+        stmt = sa.select(StepRow)
+        if run_id:
+            stmt = stmt.where(StepRow.run_id == run_id)
+        if workflow:
+            stmt = stmt.where(StepRow.workflow == workflow)
+        if step:
+            stmt = stmt.where(StepRow.name == step)
+        return self.session.scalars(stmt).all()
+
+    # ----------------------------------------------------------------- samples
+
+    def insert_sample(self, row: SampleRow) -> bool:
+        """Store a sample unless the same measurement is stored; True when it was new."""
+        values = {c.name: getattr(row, c.name) for c in SampleRow.__table__.columns
+                  if c.name != "id"}
+        dialect = self.session.get_bind().dialect.name
+        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        stmt = insert(SampleRow).values(**values).on_conflict_do_nothing(
+            index_elements=["run_id", "step", "key", "attempt", "at_ns"])
+        result = self.session.execute(stmt)
+        return bool(getattr(result, "rowcount", 0))
+
+    def samples(self, *, run_id: str, workflow: str, step: str,
+                limit: int) -> Sequence[SampleRow]:
+        """The newest ``limit`` matching samples, oldest first."""
+        stmt = self._filter(sa.select(SampleRow), run_id, workflow, step)
+        newest = self.session.scalars(
+            stmt.order_by(SampleRow.at_ns.desc(), SampleRow.id.desc()).limit(limit)).all()
+        return newest[::-1]
+
+    def sample_peaks(self, *, run_id: str, workflow: str,
+                     step: str) -> list[tuple[str, str, str, str, float, int, int, int]]:
+        """(run, workflow, step, key, max cpu, max memory, count, last at_ns) per step item."""
+        stmt = self._filter(sa.select(
+            SampleRow.run_id, SampleRow.workflow, SampleRow.step, SampleRow.key,
+            sa.func.max(SampleRow.cpu), sa.func.max(SampleRow.memory_bytes),
+            sa.func.count(SampleRow.id), sa.func.max(SampleRow.at_ns),
+        ), run_id, workflow, step).group_by(SampleRow.run_id, SampleRow.workflow,
+                                            SampleRow.step, SampleRow.key)
+        return [tuple(row) for row in self.session.execute(stmt)]
+
+    @staticmethod
+    def _filter(stmt: Any, run_id: str, workflow: str, step: str) -> Any:
+        if run_id:
+            stmt = stmt.where(SampleRow.run_id == run_id)
+        if workflow:
+            stmt = stmt.where(SampleRow.workflow == workflow)
+        if step:
+            stmt = stmt.where(SampleRow.step == step)
+        return stmt
+
+    # ----------------------------------------------------------------- recommendations
+
+    def run_peaks(self, workflow: str, step: str, runs: int) -> list[RunPeak]:
+        """The peaks of ``step`` of ``workflow`` in its latest ``runs`` runs, newest first.
+
+        Runs are those with a record of the step, ordered by when it last changed; a run's
+        peak is the highest over its items, attempts and samples.
+        """
+        when = sa.func.max(sa.func.coalesce(StepRow.finished_at, StepRow.event_at))
+        latest = self.session.execute(
+            sa.select(StepRow.run_id, when)
+            .where(StepRow.workflow == workflow, StepRow.name == step)
+            .group_by(StepRow.run_id).order_by(when.desc(), StepRow.run_id.desc())
+            .limit(runs)).all()
+        if not latest:
+            return []
+        at = {run_id: float(t) for run_id, t in latest}
+        peaks = {run_id: RunPeak(run_id, at[run_id], None, None, False, None) for run_id in at}
+        rows = self.session.scalars(sa.select(StepRow).where(
+            StepRow.workflow == workflow, StepRow.name == step, StepRow.run_id.in_(at))).all()
+        for r in rows:
+            p = peaks[r.run_id]
+            peaks[r.run_id] = RunPeak(
+                r.run_id, p.at, _max(p.peak_memory_bytes, r.max_peak_memory_bytes),
+                _max(p.peak_cpu, r.max_peak_cpu), p.oom or r.oom_seen,
+                _max(p.oom_peak_memory_bytes, r.oom_peak_memory_bytes if r.oom_seen else None))
+        stmt = (sa.select(SampleRow.run_id, sa.func.max(SampleRow.cpu),
+                          sa.func.max(SampleRow.memory_bytes))
+                .where(SampleRow.workflow == workflow, SampleRow.step == step,
+                       SampleRow.run_id.in_(at))
+                .group_by(SampleRow.run_id))
+        for run_id, cpu, mem in self.session.execute(stmt).all():
+            p = peaks[run_id]
+            peaks[run_id] = RunPeak(run_id, p.at, _max(p.peak_memory_bytes, mem),
+                                    _max(p.peak_cpu, cpu), p.oom, p.oom_peak_memory_bytes)
+        return sorted(peaks.values(), key=lambda p: (p.at, p.run_id), reverse=True)
+
+    def recommendation(self, workflow: str, step: str, kind: str) -> RecommendationRow | None:
+        return self.session.get(RecommendationRow, (workflow, step, kind))
+
+    def recommendations(self, workflow: str, step: str = "") -> Sequence[RecommendationRow]:
+        stmt = sa.select(RecommendationRow).where(RecommendationRow.workflow == workflow)
+        if step:
+            stmt = stmt.where(RecommendationRow.step == step)
+        return self.session.scalars(
+            stmt.order_by(RecommendationRow.step, RecommendationRow.kind)).all()
+
+    def unpublished(self) -> Sequence[RecommendationRow]:
+        stmt = (sa.select(RecommendationRow).where(RecommendationRow.published.is_(False))
+                .order_by(RecommendationRow.created_at, RecommendationRow.id))
+        return self.session.scalars(stmt).all()
+
+    def mark_published(self, workflow: str, step: str, kind: str, rec_id: str) -> None:
+        """Flag the row published, unless its value changed since (then it is due again)."""
+        self.session.execute(sa.update(RecommendationRow).where(
+            RecommendationRow.workflow == workflow, RecommendationRow.step == step,
+            RecommendationRow.kind == kind, RecommendationRow.id == rec_id,
+        ).values(published=True))
+
+
+def _max(a: Any, b: Any) -> Any:
+    if b is None:
+        return a
+    if a is None:
+        return b
+    return max(a, b)
+
+
+class MonitorStore:
+    """The monitor's database; :meth:`open` migrates it to the current schema.
+
+    Args:
+        url: A SQLAlchemy URL (SQLite file or PostgreSQL).
+    """
+
+    def __init__(self, url: str) -> None:
+        self._engine = make_engine(url)
+        self._sessions = make_session_factory(self._engine)
+
+    @classmethod
+    def open(cls, url: str) -> MonitorStore:
+        """Run the migrations (idempotent), then connect."""
+        migrate(url, SERVICE, MIGRATIONS)
+        return cls(url)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Tx]:
+        """One transaction; committed when the block ends.
+
+        A constraint violation here means another writer raced this one (a second replica):
+        retrying sees its row, so it is reported as retryable rather than as bad input.
+        """
+        try:
+            with session_scope(self._sessions) as session:
+                yield Tx(session)
+        except ConflictError as e:
+            raise RetryableError(f"monitor store: concurrent update: {e}") from e
+
+    def close(self) -> None:
+        """Release the connections."""
+        self._engine.dispose()

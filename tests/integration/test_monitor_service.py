@@ -1,0 +1,786 @@
+"""The monitor service in-process against a real nats-server, on SQLite and PostgreSQL.
+
+The service runs as in production -- ``serve(settings, build)`` with its gRPC server on
+127.0.0.1:0, its durable consumers on JetStream and its dashboard under uvicorn on the same
+loop -- in a thread. The tests publish step events, samples and run events with a bus of
+their own, read ``couler.feedback.<workflow>`` with a plain NATS subscription (which sees
+every publish, also those JetStream would drop as duplicates), call the gRPC API with the
+blocking ``CoulerClient`` and the dashboard over real HTTP with httpx. Only one monitor runs
+at a time (instances share the durable consumers); every test uses its own workflow names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import grpc
+import httpx
+import pytest
+import sqlalchemy as sa
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from couler.errors import UserError
+from couler.v1 import common_pb2, events_pb2, workflow_pb2
+from couler_monitor.events import METRICS_DURABLE, STEPS_DURABLE, feedback_subject
+from couler_monitor.main import MonitorSettings, build
+from couler_monitor.service import cpu_quantity, memory_quantity
+from couler_runtime.bus import Bus
+from couler_runtime.client import CoulerClient
+from couler_runtime.rpc.records import Recommendation, RecommendationKind
+from couler_runtime.service import serve
+from couler_runtime.settings import SettingsError
+from tests.servers import NatsServer, free_port
+
+MI = 1024 * 1024
+WAIT = 60.0  # a bound on waiting, never an assertion about speed
+TOKEN = "monitor-dashboard-token-5f3a9e"
+T = TypeVar("T")
+
+
+# ----------------------------------------------------------------------------- harness
+
+
+class ServiceThread:
+    """The monitor's ``serve`` on its own loop in a thread."""
+
+    def __init__(self, settings: MonitorSettings) -> None:
+        self.settings = settings
+        self.port = 0
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="monitor", daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://{self.settings.dashboard_address}"
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        await serve(self.settings, build, stop=self._stop, on_ready=self._on_ready)
+
+    def _on_ready(self, port: int) -> None:
+        self.port = port
+        self._ready.set()
+
+    def start(self) -> ServiceThread:
+        self._thread.start()
+        if not self._ready.wait(WAIT) or self._error is not None or not self.port:
+            raise RuntimeError(f"the monitor did not start: {self._error!r}")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(WAIT)
+        assert not self._thread.is_alive(), "the monitor did not stop"
+        if self._error is not None:
+            raise self._error
+
+
+class Records(logging.Handler):
+    """Keeps the log lines of the monitor's loggers."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@dataclass
+class Monitor:
+    """A running monitor (restartable on the same database) and a client for it."""
+
+    nats: NatsServer
+    settings: MonitorSettings
+    service: ServiceThread
+    client: CoulerClient
+    logs: Records
+
+    def restart(self) -> None:
+        self.client.close()
+        self.service.stop()
+        self.service = ServiceThread(self.settings).start()
+        self.client = CoulerClient({"monitor": self.service.address}, timeout=WAIT,
+                                   token=_token(self.settings))
+
+    def close(self) -> None:
+        self.client.close()
+        self.service.stop()
+        logging.getLogger("couler_monitor").removeHandler(self.logs)
+
+
+def _token(settings: MonitorSettings) -> str | None:
+    return settings.auth_token.get_secret_value() if settings.auth_token else None
+
+
+def start_monitor(nats: NatsServer, state: Path, database_url: str, *,
+                  token: str | None = None) -> Monitor:
+    settings = MonitorSettings.load(
+        "monitor", nats_url=nats.url, grpc_address="127.0.0.1:0", state_dir=state,
+        database_url=database_url, auth_token=token, otel_endpoint=None,
+        dashboard_address=f"127.0.0.1:{free_port()}", headroom=1.2, min_samples=1,
+        history_runs=10)
+    logs = Records()
+    logging.getLogger("couler_monitor").addHandler(logs)
+    logging.getLogger("couler_monitor").setLevel(logging.INFO)
+    service = ServiceThread(settings).start()
+    client = CoulerClient({"monitor": service.address}, timeout=WAIT, token=token)
+    return Monitor(nats, settings, service, client, logs)
+
+
+@pytest.fixture(scope="class", params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[str]:
+    """A fresh database: a SQLite file, or a new database in the session's PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('monitor-db') / 'monitor.db'}"
+        return
+    server_url: str = request.getfixturevalue("postgres_url")
+    name = f"monitor_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    yield server_url.rsplit("/", 1)[0] + "/" + name
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="class")
+def monitor(nats_server: NatsServer, database: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitor]:
+    running = start_monitor(nats_server, tmp_path_factory.mktemp("monitor"), database)
+    yield running
+    running.close()
+
+
+# ----------------------------------------------------------------------------- events
+
+
+def ts(seconds: float) -> Timestamp:
+    out = Timestamp()
+    out.FromNanoseconds(round(seconds * 1e9))
+    return out
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def step_event(run_id: str, workflow: str, name: str, state: str, *, at: float,
+               key: str = "", attempts: int = 1, peak_memory: int | None = None,
+               peak_cpu: float | None = None, failure: str = "", message: str = "",
+               started: float | None = None) -> events_pb2.StepEvent:
+    record = common_pb2.StepRecord(
+        name=name, key=key, state=f"STEP_STATE_{state}", attempts=attempts,
+        cached=state == "CACHED", message=message,
+        peak_memory_bytes=peak_memory, peak_cpu=peak_cpu,
+        failure_class=f"FAILURE_CLASS_{failure}" if failure else "FAILURE_CLASS_UNSPECIFIED")
+    if started is not None:
+        record.started_at.CopyFrom(ts(started))
+    if state in ("SUCCEEDED", "FAILED", "CACHED", "SKIPPED", "CANCELLED"):
+        record.finished_at.CopyFrom(ts(at))
+    return events_pb2.StepEvent(run_id=run_id, workflow=workflow, engine="local", step=record,
+                                at=ts(at))
+
+
+def step_msg_id(event: events_pb2.StepEvent) -> str:
+    s = event.step
+    state = common_pb2.StepState.Name(s.state).removeprefix("STEP_STATE_").lower()
+    return f"{event.run_id}.{s.name}.{s.key}.{s.attempts}.{state}"
+
+
+def sample(run_id: str, workflow: str, step: str, at: float, cpu: float,
+           memory: int) -> common_pb2.UtilizationSample:
+    return common_pb2.UtilizationSample(run_id=run_id, workflow=workflow, step=step, attempt=1,
+                                        at=ts(at), cpu=cpu, memory_bytes=memory)
+
+
+@dataclass
+class Outcome:
+    """What a test's publishes led to."""
+
+    feedback: list[tuple[Recommendation, dict[str, str]]] = field(default_factory=list)
+    terminated: set[int] = field(default_factory=set)  # stream seqs the consumers terminated
+    sequences: list[int] = field(default_factory=list)
+
+
+Publish = tuple[str, Message, str]  # subject, body, msg id
+
+
+def subject_of(message: Message) -> str:
+    if isinstance(message, events_pb2.StepEvent):
+        state = common_pb2.StepState.Name(message.step.state).removeprefix("STEP_STATE_")
+        return f"couler.step.{state.lower()}"
+    if isinstance(message, common_pb2.UtilizationSample):
+        return "couler.metrics.utilization"
+    names = {events_pb2.WorkflowRequested: "requested", events_pb2.WorkflowSubmitted: "submitted",
+             events_pb2.WorkflowFinished: "finished", events_pb2.WorkflowRejected: "rejected"}
+    return f"couler.workflow.{names[type(message)]}"
+
+
+def exchange(nats: NatsServer, publishes: Sequence[Publish], *,
+             workflows: Sequence[str] = ()) -> Outcome:
+    """Publish in order; return once the monitor's consumers answered every message, with
+    everything seen on the feedback subjects of ``workflows`` meanwhile."""
+    return asyncio.run(_exchange(nats, publishes, workflows))
+
+
+async def _exchange(nats: NatsServer, publishes: Sequence[Publish],
+                    workflows: Sequence[str]) -> Outcome:
+    bus = await Bus.connect(nats.url, name="monitor-test")
+    out = Outcome()
+
+    async def collect(msg: Any) -> None:
+        rec = common_pb2.Recommendation.FromString(msg.data)
+        from couler_runtime.rpc.records import recommendation_from_proto
+        out.feedback.append((recommendation_from_proto(rec), dict(msg.headers or {})))
+
+    async def terminated(msg: Any) -> None:
+        out.terminated.add(json.loads(msg.data)["stream_seq"])
+
+    subs = [await bus.client.subscribe(feedback_subject(wf), cb=collect) for wf in workflows]
+    subs.append(await bus.client.subscribe(
+        "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.>", cb=terminated))
+    try:
+        await bus.ensure_streams()
+        last: dict[tuple[str, str], int] = {}
+        for subject, body, msg_id in publishes:
+            got = await bus.publish(subject, body, msg_id=msg_id)
+            out.sequences.append(got.sequence)
+            if not got.duplicate:
+                last[(got.stream, _durable(subject))] = got.sequence
+        # Every message answered (acked or terminated) by its consumer: a bound, not a timing.
+        deadline = asyncio.get_running_loop().time() + WAIT
+        for (stream, durable), seq in last.items():
+            while True:
+                info = await bus.jetstream.consumer_info(stream, durable)
+                if info.ack_floor is not None and info.ack_floor.stream_seq >= seq:
+                    break
+                assert asyncio.get_running_loop().time() < deadline, f"{durable} stuck"
+                await asyncio.sleep(0.02)
+        await bus.client.flush()
+        await asyncio.sleep(0)  # let the callbacks of messages already read run
+    finally:
+        for sub in subs:
+            await sub.unsubscribe()
+        await bus.close()
+    return out
+
+
+def _durable(subject: str) -> str:
+    if subject.startswith("couler.step."):
+        return STEPS_DURABLE
+    if subject.startswith("couler.metrics."):
+        return METRICS_DURABLE
+    return f"monitor-workflows-{subject.rsplit('.', 1)[1]}"
+
+
+def steps(*events: events_pb2.StepEvent) -> list[Publish]:
+    return [(subject_of(e), e, step_msg_id(e)) for e in events]
+
+
+def wait_for(what: str, check: Callable[[], T | None]) -> T:
+    deadline = time.monotonic() + WAIT
+    while True:
+        got = check()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def by_kind(recs: Sequence[Recommendation]) -> dict[str, Recommendation]:
+    return {f"{r.step}:{r.kind.value}": r for r in recs}
+
+
+# ----------------------------------------------------------------------------- pure
+
+
+def test_quantities_round_up_exactly() -> None:
+    h = Fraction("1.2")
+    assert memory_quantity(300 * MI, h) == "360Mi"
+    assert memory_quantity(512 * MI, h) == "615Mi"  # 614.4 rounds up
+    assert memory_quantity(1, h) == "1Mi"
+    assert cpu_quantity(0.5, h) == "600m"
+    assert cpu_quantity(1.8, h) == "2160m"
+    assert cpu_quantity(0.0001, h) == "1m"
+
+
+def test_settings_are_validated(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="COULER_DASHBOARD_ADDRESS"):
+        MonitorSettings.load("monitor", state_dir=tmp_path, dashboard_address="nowhere")
+    with pytest.raises(SettingsError, match="COULER_HEADROOM"):
+        MonitorSettings.load("monitor", state_dir=tmp_path, headroom=0.5)
+    with pytest.raises(SettingsError, match="COULER_MIN_SAMPLES"):
+        MonitorSettings.load("monitor", state_dir=tmp_path, min_samples=0)
+    defaults = MonitorSettings.load("monitor", state_dir=tmp_path)
+    assert (defaults.dashboard_address, defaults.headroom, defaults.min_samples) == (
+        "127.0.0.1:8080", 1.2, 1)
+
+
+# ----------------------------------------------------------------------------- service
+
+
+class TestMonitor:
+    """Steps, samples and run events in; utilization, recommendations and pages out."""
+
+    def test_steps_and_samples_show_in_utilization(self, monitor: Monitor) -> None:
+        wf, run = uid("util"), uid("run")
+        t0 = time.time()
+        samples = [sample(run, wf, "train", t0 + i, cpu, mem) for i, (cpu, mem) in
+                   enumerate([(0.5, 100 * MI), (1.5, 250 * MI), (1.0, 200 * MI)])]
+        pubs: list[Publish] = [("couler.metrics.utilization", s, f"{run}.train..1.{i}")
+                               for i, s in enumerate(samples)]
+        # A redelivered sample (the publisher retried with a fresh id): stored once.
+        pubs.append(("couler.metrics.utilization", samples[1], f"{run}.train..1.again"))
+        pubs += steps(
+            step_event(run, wf, "prep", "SUCCEEDED", at=t0 + 1, peak_memory=64 * MI,
+                       peak_cpu=0.2),
+            step_event(run, wf, "train", "SUCCEEDED", at=t0 + 5, peak_memory=300 * MI,
+                       peak_cpu=1.8, started=t0))
+        got = exchange(monitor.nats, pubs)
+        assert not got.terminated & set(got.sequences)
+
+        usage = monitor.client.monitor.utilization(run_id=run)
+        assert [(s.step, s.cpu, s.memory_bytes) for s in usage.samples] == [
+            ("train", 0.5, 100 * MI), ("train", 1.5, 250 * MI), ("train", 1.0, 200 * MI)]
+        assert usage.samples[0].at == pytest.approx(t0, abs=1e-6)
+        peaks = {p.step: p for p in usage.peaks}
+        assert set(peaks) == {"prep", "train"}
+        # The step's own measured peak is higher than any sample; the CPU peak too.
+        assert (peaks["train"].peak_memory_bytes, peaks["train"].peak_cpu,
+                peaks["train"].samples) == (300 * MI, 1.8, 3)
+        assert (peaks["prep"].peak_memory_bytes, peaks["prep"].samples) == (64 * MI, 0)
+        assert all(p.workflow == wf and p.run_id == run for p in usage.peaks)
+
+        only_train = monitor.client.monitor.utilization(workflow=wf, step="train", limit=2)
+        assert [s.memory_bytes for s in only_train.samples] == [250 * MI, 200 * MI]  # newest 2
+        assert [p.step for p in only_train.peaks] == ["train"]
+
+        with pytest.raises(UserError, match="run_id") as caught:
+            monitor.client.monitor.utilization()
+        cause = caught.value.__cause__
+        assert isinstance(cause, grpc.RpcError)
+        assert cause.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+    def test_memory_request_published_once_and_raised_by_a_higher_peak(
+            self, monitor: Monitor) -> None:
+        wf = uid("wf")
+        t0 = time.time()
+        first = step_event(uid("run"), wf, "train", "SUCCEEDED", at=t0, peak_memory=300 * MI,
+                           peak_cpu=0.5)
+        pubs = steps(first)
+        pubs.append((subject_of(first), first, step_msg_id(first) + ".redelivered"))
+        pubs.append((subject_of(first), first, step_msg_id(first)))  # a JetStream duplicate
+        got = exchange(monitor.nats, pubs, workflows=[wf])
+        sent = [(r.kind, r.value) for r, _ in got.feedback]
+        assert sorted(sent) == sorted([(RecommendationKind.MEMORY_REQUEST, "360Mi"),
+                                       (RecommendationKind.CPU_REQUEST, "600m")])  # once each
+        mem, headers = next((r, h) for r, h in got.feedback
+                            if r.kind is RecommendationKind.MEMORY_REQUEST)
+        assert (mem.workflow, mem.step) == (wf, "train")
+        assert mem.id == f"{wf}/train/memory_request/360Mi" == headers["Nats-Msg-Id"]
+        assert "300Mi" in mem.reason and "1 run" in mem.reason and mem.based_on_samples == 1
+
+        current = by_kind(monitor.client.monitor.recommendations(wf))
+        assert current["train:memory_request"].value == "360Mi"
+        assert current["train:cpu_request"].value == "600m"
+
+        # A lower peak in a later run changes nothing: the max over the last runs holds.
+        lower = step_event(uid("run"), wf, "train", "SUCCEEDED", at=t0 + 10,
+                           peak_memory=250 * MI, peak_cpu=0.5)
+        assert exchange(monitor.nats, steps(lower), workflows=[wf]).feedback == []
+
+        higher = step_event(uid("run"), wf, "train", "SUCCEEDED", at=t0 + 20,
+                            peak_memory=400 * MI, peak_cpu=0.5)
+        got = exchange(monitor.nats, steps(higher), workflows=[wf])
+        assert [(r.kind, r.value) for r, _ in got.feedback] == [
+            (RecommendationKind.MEMORY_REQUEST, "480Mi")]
+        current = by_kind(monitor.client.monitor.recommendations(wf, step="train"))
+        assert current["train:memory_request"].value == "480Mi"
+        assert current["train:memory_request"].based_on_samples == 3
+        assert monitor.client.monitor.recommendations(wf, step="other") == ()
+
+    def test_out_of_memory_recommends_a_limit_and_retries(self, monitor: Monitor) -> None:
+        wf, run = uid("oom"), uid("run")
+        t0 = time.time()
+        got = exchange(monitor.nats, steps(
+            step_event(run, wf, "fit", "RUNNING", at=t0, started=t0),
+            step_event(run, wf, "fit", "RETRYING", at=t0 + 1, peak_memory=512 * MI,
+                       failure="OOM", message="OOMKilled"),
+            step_event(run, wf, "fit", "FAILED", at=t0 + 2, attempts=2, peak_memory=500 * MI,
+                       failure="OOM", message="OOMKilled"),
+        ), workflows=[wf])
+        current = by_kind(monitor.client.monitor.recommendations(wf))
+        assert current["fit:memory_limit"].value == "1024Mi"  # 2 x the 512Mi it was killed at
+        assert current["fit:memory_limit"].failure_class is not None
+        assert current["fit:memory_limit"].failure_class.value == "oom"
+        assert current["fit:retry"].value == "2"
+        assert current["fit:retry"].failure_class is not None
+        assert current["fit:retry"].failure_class.value == "oom"
+        assert current["fit:memory_request"].value == "615Mi"  # 512Mi * 1.2, rounded up
+        published = {(r.kind.value, r.value) for r, _ in got.feedback}
+        assert {("memory_limit", "1024Mi"), ("retry", "2"),
+                ("memory_request", "615Mi")} <= published
+        # Each value went out once, although the OOM record was seen twice.
+        assert len(got.feedback) == len(published)
+
+    def test_dashboard_lists_runs_steps_and_cache_hits_escaped(self, monitor: Monitor) -> None:
+        wf = uid("dash")
+        run = uid('run-<script>alert("x")</script>&')
+        hostile = '<img src=x onerror="alert(1)"> & done'
+        t0 = time.time()
+        workflow = workflow_pb2.Workflow(name=wf)
+        finished = common_pb2.Run(
+            run_id=run, workflow=wf, state="RUN_STATE_SUCCEEDED", engine="local",
+            started_at=ts(t0), finished_at=ts(t0 + 9), message=hostile)
+        pubs: list[Publish] = [
+            ("couler.workflow.requested",
+             events_pb2.WorkflowRequested(run_id=run, workflow=workflow,
+                                          options=events_pb2.RunOptions(engine="local")),
+             f"{uuid.uuid4().hex}.requested"),
+            ("couler.workflow.submitted",
+             events_pb2.WorkflowSubmitted(run_id=run, workflow=wf, engine="local",
+                                          at=ts(t0)), f"{uuid.uuid4().hex}.submitted"),
+        ]
+        pubs += steps(
+            step_event(run, wf, "prep", "CACHED", at=t0 + 1, attempts=0),
+            step_event(run, wf, "train", "RUNNING", at=t0 + 2, started=t0 + 2),
+            step_event(run, wf, "train", "SUCCEEDED", at=t0 + 8, started=t0 + 2,
+                       peak_memory=128 * MI, peak_cpu=0.75, message=hostile),
+        )
+        pubs.append(("couler.workflow.finished", events_pb2.WorkflowFinished(run=finished),
+                     f"{uuid.uuid4().hex}.finished.0"))
+        rejected = uid("rejected")
+        pubs.append(("couler.workflow.rejected",
+                     events_pb2.WorkflowRejected(run_id=rejected, stage="generator",
+                                                 reason="cannot plan <this>"),
+                     f"{rejected}.rejected"))
+        got = exchange(monitor.nats, pubs)
+        assert not got.terminated & set(got.sequences)
+
+        with httpx.Client(base_url=monitor.service.dashboard, timeout=WAIT) as http:
+            assert http.get("/healthz").json() == {"status": "ok"}
+            index = http.get("/")
+            assert index.status_code == 200
+            assert index.headers["content-type"].startswith("text/html")
+            page = index.text
+            assert "<script>" not in page and "onerror=\"alert" not in page
+            assert 'run-&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;' in page
+            row = next(r for r in page.split("<tr>") if wf in r)
+            assert ">succeeded<" in row and ">local<" in row
+            assert "<td>2/2</td><td>1</td>" in row  # steps done/total, cached steps
+            assert "9.0 s" in row
+            failed = next(r for r in page.split("<tr>") if rejected in r)
+            assert ">failed<" in failed
+
+            detail = http.get(f"/runs/{quote(run, safe='')}")
+            assert detail.status_code == 200
+            text = detail.text
+            assert "<img" not in text and "<script>" not in text
+            assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt; &amp; done" in text
+            prep = next(r for r in text.split("<tr>") if "<td>prep</td>" in r)
+            assert '<span class="cached">cached</span>' in prep and ">cached<" in prep
+            train = next(r for r in text.split("<tr>") if "<td>train</td>" in r)
+            assert "128.0 Mi" in train and "0.75 cores" in train and "6.0 s" in train
+            assert 'class="cached"' not in train
+
+            api = http.get(f"/api/runs/{quote(run, safe='')}").json()
+            assert (api["run_id"], api["workflow"], api["state"]) == (run, wf, "succeeded")
+            assert (api["steps_done"], api["steps_total"], api["cached_steps"]) == (2, 2, 1)
+            assert {s["name"]: s["cached"] for s in api["steps"]} == {"prep": True,
+                                                                      "train": False}
+            assert api["message"] == hostile  # JSON carries the text as it is
+            listed = {r["run_id"]: r for r in http.get("/api/runs").json()}
+            assert listed[rejected]["state"] == "failed"
+            assert "cannot plan <this>" in listed[rejected]["message"]
+            usage = http.get("/api/utilization", params={"workflow": wf}).json()
+            assert {p["step"]: p["peak_memory_bytes"] for p in usage["peaks"]} == {
+                "train": 128 * MI}
+            assert http.get("/api/runs/no-such-run").status_code == 404
+            assert http.get("/runs/no-such-run").status_code == 404
+            assert http.get("/api/utilization").status_code == 400
+
+    def test_bad_input_is_terminated_and_the_service_stays_up(self, monitor: Monitor) -> None:
+        wf, run = uid("bad"), uid("run")
+        t0 = time.time()
+        no_run = step_event("", wf, "train", "SUCCEEDED", at=t0, peak_memory=MI)
+        no_name = step_event(run, wf, "", "SUCCEEDED", at=t0)
+        bad_sample = sample(run, wf, "train", t0, -1.0, MI)
+        good = step_event(run, wf, "train", "SUCCEEDED", at=t0, peak_memory=10 * MI)
+        pubs = [(subject_of(no_run), no_run, f"{run}.no-run-id"), *steps(no_name),
+                ("couler.metrics.utilization", bad_sample, f"{run}.bad-sample"),
+                *steps(good)]
+        got = exchange(monitor.nats, pubs)
+        assert set(got.sequences[:3]) <= got.terminated
+        assert got.sequences[3] not in got.terminated
+        assert by_kind(monitor.client.monitor.recommendations(wf))[
+            "train:memory_request"].value == "12Mi"
+        with pytest.raises(UserError, match="workflow"):
+            monitor.client.monitor.recommendations("")
+
+    def test_restart_keeps_history(self, monitor: Monitor) -> None:
+        wf, run = uid("keep"), uid("run")
+        t0 = time.time()
+        exchange(monitor.nats, [
+            ("couler.metrics.utilization", sample(run, wf, "train", t0, 0.25, 90 * MI),
+             f"{run}.s1"),
+            *steps(step_event(run, wf, "train", "SUCCEEDED", at=t0 + 1,
+                              peak_memory=100 * MI, peak_cpu=0.25)),
+        ], workflows=[wf])
+        before = monitor.client.monitor.recommendations(wf)
+        assert by_kind(before)["train:memory_request"].value == "120Mi"
+        monitor.restart()
+        assert monitor.client.monitor.recommendations(wf) == before
+        usage = monitor.client.monitor.utilization(run_id=run)
+        assert [s.memory_bytes for s in usage.samples] == [90 * MI]
+        with httpx.Client(base_url=monitor.service.dashboard, timeout=WAIT) as http:
+            api = http.get(f"/api/runs/{run}").json()
+        assert api["steps"][0]["peak_memory_bytes"] == 100 * MI
+        # The same run again after the restart: nothing new to recommend, nothing published.
+        again = exchange(monitor.nats, steps(step_event(
+            run, wf, "train", "SUCCEEDED", at=t0 + 1, peak_memory=100 * MI,
+            peak_cpu=0.25)), workflows=[wf])
+        assert again.feedback == []
+        assert any(line.startswith("dashboard at http://127.0.0.1:") for line in
+                   monitor.logs.lines)
+
+    def test_run_states_only_move_forward(self, monitor: Monitor) -> None:
+        wf, run = uid("states"), uid("run")
+        t0 = time.time()
+
+        def state() -> str:
+            with httpx.Client(base_url=monitor.service.dashboard, timeout=WAIT) as http:
+                return str(http.get(f"/api/runs/{run}").json()["state"])
+
+        def finished(retries: int, run_state: str, at: float) -> Publish:
+            record = common_pb2.Run(run_id=run, workflow=wf, state=f"RUN_STATE_{run_state}",
+                                    engine="local", started_at=ts(t0), finished_at=ts(at),
+                                    retries=retries)
+            return ("couler.workflow.finished", events_pb2.WorkflowFinished(run=record),
+                    f"{run}.finished.{retries}.{uuid.uuid4().hex}")
+
+        submitted: Publish = ("couler.workflow.submitted", events_pb2.WorkflowSubmitted(
+            run_id=run, workflow=wf, engine="local", at=ts(t0)), f"{uuid.uuid4().hex}")
+        exchange(monitor.nats, [submitted])
+        assert state() == "pending"
+        exchange(monitor.nats, steps(step_event(run, wf, "a", "RUNNING", at=t0 + 1)))
+        assert state() == "running"
+        first_end = finished(0, "FAILED", t0 + 5)
+        exchange(monitor.nats, [first_end])
+        assert state() == "failed"
+        # Redelivered older events do not move it back.
+        old_step = step_event(run, wf, "a", "RUNNING", at=t0 + 1)
+        exchange(monitor.nats, [(submitted[0], submitted[1], uuid.uuid4().hex),
+                                (subject_of(old_step), old_step, uuid.uuid4().hex)])
+        assert state() == "failed"
+        # A Retry: a step runs after the end, so the run is running again ...
+        exchange(monitor.nats, steps(step_event(run, wf, "a", "RUNNING", at=t0 + 10,
+                                                attempts=2)))
+        assert state() == "running"
+        # ... and a redelivery of the first end does not end it again; the retry's end does.
+        exchange(monitor.nats, [(first_end[0], first_end[1], uuid.uuid4().hex)])
+        assert state() == "running"
+        exchange(monitor.nats, [finished(1, "SUCCEEDED", t0 + 20)])
+        assert state() == "succeeded"
+
+
+# ----------------------------------------------------------------------------- auth
+
+
+@pytest.fixture(scope="class")
+def guarded(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Monitor]:
+    state = tmp_path_factory.mktemp("monitor-auth")
+    running = start_monitor(nats_server, state, f"sqlite:///{state / 'monitor.db'}",
+                            token=TOKEN)
+    yield running
+    running.close()
+
+
+class TestDashboardToken:
+    """With COULER_AUTH_TOKEN set, every page but /healthz needs it."""
+
+    def test_pages_need_the_token(self, guarded: Monitor) -> None:
+        with httpx.Client(base_url=guarded.service.dashboard, timeout=WAIT,
+                          follow_redirects=False) as http:
+            assert http.get("/healthz").status_code == 200
+            for path in ("/", "/runs/x", "/api/runs", "/api/utilization?workflow=x"):
+                denied = http.get(path)
+                assert denied.status_code == 401, path
+                assert denied.headers["www-authenticate"] == "Bearer"
+            assert http.get("/", headers={"Authorization": "Bearer wrong"}).status_code == 401
+            assert http.get("/?token=wrong").status_code == 401
+            assert http.get("/api/runs",
+                            headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+            # A browser: ?token= once sets an HttpOnly cookie and drops the token from the URL.
+            first = http.get(f"/?token={TOKEN}")
+            assert first.status_code == 303
+            assert first.headers["location"] == "/"
+            cookie = first.headers["set-cookie"]
+            assert "HttpOnly" in cookie and TOKEN not in cookie
+            assert http.get("/").status_code == 200  # the client kept the cookie
+            kept = http.get(f"/api/utilization?workflow=x&token={TOKEN}")
+            assert kept.headers["location"] == "/api/utilization?workflow=x"
+        with httpx.Client(base_url=guarded.service.dashboard, timeout=WAIT) as fresh:
+            assert fresh.get("/").status_code == 401  # no cookie, no token
+
+    def test_grpc_needs_the_token_too(self, guarded: Monitor) -> None:
+        wf = uid("auth")
+        assert guarded.client.monitor.recommendations(wf) == ()
+        with CoulerClient({"monitor": guarded.service.address}, timeout=WAIT) as anonymous, \
+                pytest.raises(UserError) as caught:
+            anonymous.monitor.recommendations(wf)
+        cause = caught.value.__cause__
+        assert isinstance(cause, grpc.RpcError)
+        assert cause.code() is grpc.StatusCode.UNAUTHENTICATED
+        assert any("token required" in line for line in guarded.logs.lines)
+
+
+# ----------------------------------------------------------------------------- process
+
+
+def test_process_logs_the_dashboard_and_stops_on_sigterm(nats_server: NatsServer,
+                                                          tmp_path: Path) -> None:
+    """``python -m couler_monitor.main`` as ``couler up`` starts it: ready line, dashboard
+    URL in the log, SIGTERM (not taken over by uvicorn) stops it with status 0."""
+    port = free_port()
+    env = {**os.environ, "COULER_NATS_URL": nats_server.url,
+           "COULER_GRPC_ADDRESS": "127.0.0.1:0", "COULER_STATE_DIR": str(tmp_path),
+           "COULER_DASHBOARD_ADDRESS": f"127.0.0.1:{port}"}
+    for name in ("COULER_AUTH_TOKEN", "COULER_DATABASE_URL", "COULER_OTEL_ENDPOINT"):
+        env.pop(name, None)
+    log = tmp_path / "stderr.log"
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "couler_monitor.main"], env=env,
+                                stdout=subprocess.PIPE, stderr=err)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().decode()  # blocks until ready (or exit)
+            assert line.startswith("COULER-READY monitor 127.0.0.1:"), log.read_text()
+            assert f"dashboard at http://127.0.0.1:{port}/" in log.read_text()
+            assert httpx.get(f"http://127.0.0.1:{port}/healthz",
+                             timeout=WAIT).json() == {"status": "ok"}
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(WAIT) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(WAIT)
+            if proc.stdout is not None:
+                proc.stdout.close()
+    assert (tmp_path / "monitor.db").exists()
+
+
+# ----------------------------------------------------------------------------- use cases
+
+
+def _monitor_on(path: Path, sent: list[Recommendation], *, fail: list[bool] | None = None,
+                history_runs: int = 10) -> tuple[Any, Any]:
+    from couler.errors import RetryableError
+    from couler_monitor.service import Monitor as UseCases
+    from couler_monitor.store import MonitorStore
+
+    store = MonitorStore.open(f"sqlite:///{path / 'monitor.db'}")
+
+    async def publish(rec: Recommendation) -> None:
+        if fail:
+            fail.pop()
+            raise RetryableError("publish: NATS unavailable")
+        sent.append(rec)
+
+    return UseCases(store, publish, history_runs=history_runs), store
+
+
+def _record(name: str, state: str, *, peak: int | None = None,
+            finished: float | None = None) -> Any:
+    from couler.engines.base import StepState
+    from couler_runtime.rpc.records import StepRecord
+
+    return StepRecord(name=name, state=StepState(state), attempts=1, peak_memory_bytes=peak,
+                      finished_at=finished)
+
+
+def test_a_failed_publish_is_sent_on_redelivery_with_the_same_id(tmp_path: Path) -> None:
+    """The recommendation row is the outbox: committed first, published after, once."""
+    from couler.errors import RetryableError
+
+    sent: list[Recommendation] = []
+    monitor, store = _monitor_on(tmp_path, sent, fail=[True])
+    record = _record("train", "succeeded", peak=300 * MI, finished=100.0)
+
+    async def scenario() -> None:
+        with pytest.raises(RetryableError):
+            await monitor.record_step("r1", "wf", "local", record, 100.0)
+        assert sent == []
+        stored = await monitor.recommendations("wf")
+        assert [r.value for r in stored] == ["360Mi"]  # committed before publishing
+        await monitor.record_step("r1", "wf", "local", record, 100.0)  # the redelivery
+        assert [(r.id, r.value) for r in sent] == [("wf/train/memory_request/360Mi", "360Mi")]
+        await monitor.record_step("r1", "wf", "local", record, 100.0)  # and once more
+        assert len(sent) == 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
+    # A restart finds nothing left to publish.
+    again: list[Recommendation] = []
+    monitor, store = _monitor_on(tmp_path, again)
+    try:
+        assert asyncio.run(monitor.publish_pending()) == 0
+    finally:
+        store.close()
+
+
+def test_peaks_are_taken_over_the_latest_runs_only(tmp_path: Path) -> None:
+    sent: list[Recommendation] = []
+    monitor, store = _monitor_on(tmp_path, sent, history_runs=2)
+
+    async def scenario() -> list[str]:
+        for i, peak in enumerate([500, 200, 100]):
+            await monitor.record_step(f"r{i}", "wf", "local",
+                                      _record("s", "succeeded", peak=peak * MI,
+                                              finished=100.0 + i), 100.0 + i)
+        return [r.value for r in sent]
+
+    try:
+        # 500Mi ages out of the window of two runs: the request comes down to 200Mi * 1.2.
+        assert asyncio.run(scenario()) == ["600Mi", "240Mi"]
+    finally:
+        store.close()
