@@ -354,3 +354,19 @@ def test_optimize_splits_a_too_large_workflow() -> None:
     plan = optimize(wf, "argo", budget=Budget(max_steps=10))
     assert len(plan.chunks) == 3 and plan.document == ""
     assert next(r for r in plan.reports if r.name == "split").changed
+
+
+def test_artifact_handoffs_from_cached_steps_are_keyed_by_digest() -> None:
+    make = container("make", output_artifacts=(ir.OutputArtifact("data", "/tmp/d"),))
+    use = container("use", input_artifacts=(
+        ir.InputArtifact("data", "/in/d", ir.StepArtifactRef("make", "data")),), deps=["make"])
+    wf = ir.Workflow(name="arts", steps=(make, use))
+    index = FakeIndex()
+    k_make = step_cache_key(wf, make, {})
+    k_use = step_cache_key(wf, use, {}, {"data": "sha256:abc"})
+    assert k_make is not None and k_use is not None
+    index.entries[k_make] = CachedStep(k_make, {"out": "m"}, {"data": "sha256:abc"})
+    index.entries[k_use] = CachedStep(k_use, {"out": "u"})
+    assert sorted(prune_cached(wf, index)[0]) == ["make", "use"]
+    index.entries[k_make] = CachedStep(k_make, {"out": "m"}, {"data": "sha256:other"})
+    assert sorted(prune_cached(wf, index)[0]) == ["make"]  # different bytes, different key

@@ -115,3 +115,7 @@ def main() -> None:
         sys.stderr.write(f"couler-generator: {exc}\n")
         raise SystemExit(2) from None
     raise SystemExit(run_service(settings, build))
+
+
+if __name__ == "__main__":
+    main()

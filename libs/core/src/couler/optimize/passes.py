@@ -128,8 +128,8 @@ def prune_cached(wf: ir.Workflow, lookup: Lookup,
             if reason is not None:
                 notes.append(f"step {step.name!r}: not cached: {reason}")
                 continue
-            inputs = _known_inputs(step, params, cached)
-            key = None if inputs is None else step_cache_key(wf, step, inputs)
+            known = _known_inputs(step, params, cached)
+            key = None if known is None else step_cache_key(wf, step, *known)
             if key is not None:
                 wanted[step.name] = key
         if not wanted:
@@ -142,8 +142,14 @@ def prune_cached(wf: ir.Workflow, lookup: Lookup,
     return cached, notes
 
 
-def _known_inputs(step: ir.Step, params: Mapping[str, str],
-                  cached: Mapping[str, CachedStep]) -> dict[str, str] | None:
+def _known_inputs(step: ir.Step, params: Mapping[str, str], cached: Mapping[str, CachedStep]
+                  ) -> tuple[dict[str, str], dict[str, str]] | None:
+    """The step's input values and input artifact digests, or None when one is unknown.
+
+    An input artifact is known when it comes from a cached step that recorded the
+    artifact's content digest (the same ``sha256:`` digest the engine computes from the
+    file it hands the step).
+    """
     values: dict[str, str] = {}
     for inp in step.inputs:
         src = inp.value
@@ -156,9 +162,16 @@ def _known_inputs(step: ir.Step, params: Mapping[str, str],
             values[inp.name] = cached[src.step].outputs[src.output]
         else:
             return None
-    if step.input_artifacts:
-        return None  # artifact digests are known only at run time
-    return values
+    digests: dict[str, str] = {}
+    for art in step.input_artifacts:
+        ref = art.source
+        if not isinstance(ref, ir.StepArtifactRef) or ref.step not in cached:
+            return None
+        digest = cached[ref.step].artifacts.get(ref.artifact, "")
+        if not digest:
+            return None
+        digests[art.name] = digest
+    return values, digests
 
 
 def _complete(step: ir.Step, hit: CachedStep) -> bool:
