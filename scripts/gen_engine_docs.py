@@ -1,9 +1,9 @@
 """Generate docs/engines.md from the engines' capability matrices and limits tables.
 
-Usage: ``python scripts/gen_engine_docs.py [--check]``. Each engine is one entry
-in :data:`ENGINES` (name and the module holding its ``CAPABILITIES`` and
-``LIMITS``), so adding an engine is one line. ``--check`` exits non-zero when
-docs/engines.md differs from what would be generated.
+Usage: ``python scripts/gen_engine_docs.py [--check]``. The engines are the registry
+``couler_runtime.engines.CAPABILITY_MODULES`` (name and the module holding its
+``CAPABILITIES`` and ``LIMITS``), so adding an engine is one line there. ``--check``
+exits non-zero when docs/engines.md differs from what would be generated.
 """
 
 from __future__ import annotations
@@ -13,19 +13,13 @@ import sys
 from pathlib import Path
 
 from couler.engines.base import Capability, Feature, Limit
+from couler_runtime.engines import CAPABILITY_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "engines.md"
 
-# (engine name, module with CAPABILITIES and LIMITS) -- one line per engine.
-ENGINES: tuple[tuple[str, str], ...] = (
-    ("argo", "couler.compilers.argo_capabilities"),
-    ("tekton", "couler.compilers.tekton"),
-    ("kfp", "couler.compilers.kfp"),
-    ("airflow", "couler.compilers.airflow"),
-    ("local", "couler_runtime.local.capabilities"),
-    ("ray", "couler_runtime.ray.capabilities"),
-)
+# (engine name, module with CAPABILITIES and LIMITS): the runtime's one registry.
+ENGINES: tuple[tuple[str, str], ...] = tuple(CAPABILITY_MODULES.items())
 
 
 def _load(module: str) -> tuple[dict[Feature, Capability], tuple[Limit, ...]]:

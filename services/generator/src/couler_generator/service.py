@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -32,31 +31,20 @@ import openai
 from pydantic import SecretStr
 
 from couler import ir
-from couler.engines.base import Capability, Feature, check_capabilities
 from couler.errors import RetryableError, UserError
 from couler.generate import GenerationReport as PlannerReport
 from couler.generate import generate_with_llm, plan
+from couler_runtime.engines import check_engine, engine_name
 from couler_runtime.rpc.records import GenerationReport
 from couler_runtime.settings import redact_url
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
 
-__all__ = ["DEFAULT_ENGINE", "ENGINE_CAPABILITIES", "ChatModel", "Generator", "capability_check"]
+__all__ = ["ChatModel", "Generator", "capability_check"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ENGINE = "local"
-# Engine name → the module holding its CAPABILITIES (as in scripts/gen_engine_docs.py);
-# imported on first use so that a request for one engine loads only that table.
-ENGINE_CAPABILITIES: Mapping[str, str] = {
-    "argo": "couler.compilers.argo_capabilities",
-    "tekton": "couler.compilers.tekton",
-    "kfp": "couler.compilers.kfp",
-    "airflow": "couler.compilers.airflow",
-    "local": "couler_runtime.local.capabilities",
-    "ray": "couler_runtime.ray.capabilities",
-}
 # Sent when no key is configured: the client insists on one, local endpoints ignore it.
 _NO_KEY = "unused"
 _MESSAGE_LIMIT = 300
@@ -66,15 +54,10 @@ Check = Callable[[ir.Workflow], None]
 
 def capability_check(engine: str) -> Check:
     """The capability check of ``engine`` ("" means "local"); UserError for an unknown one."""
-    name = engine.strip().lower() or DEFAULT_ENGINE
-    module = ENGINE_CAPABILITIES.get(name)
-    if module is None:
-        raise UserError(f"generate: unknown engine {engine!r} "
-                        f"(known: {', '.join(sorted(ENGINE_CAPABILITIES))})")
-    capabilities: Mapping[Feature, Capability] = importlib.import_module(module).CAPABILITIES
+    name = engine_name(engine)
 
     def check(wf: ir.Workflow) -> None:
-        check_capabilities(name, capabilities, wf)
+        check_engine(name, wf)
 
     return check
 

@@ -38,9 +38,10 @@ from opentelemetry.trace import SpanKind
 
 from couler.errors import UserError, ValidationError
 from couler.v1 import common_pb2, events_pb2
-from couler_optimizer.service import DEFAULT_ENGINE, Optimizer
+from couler_optimizer.service import Optimizer
 from couler_runtime import codec, telemetry
 from couler_runtime.bus import HEADER_TENANT, Bus, Event
+from couler_runtime.engines import DEFAULT_ENGINE
 from couler_runtime.rpc.records import (
     objectives_from_proto,
     plan_to_proto,

@@ -34,15 +34,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from couler import ir
 from couler import optimize as passes
-from couler.engines.base import Capability, Feature, check_capabilities
 from couler.errors import RetryableError, UserError
 from couler_optimizer.store import OptimizerStore, PlanSummary
+from couler_runtime.engines import check_engine
 from couler_runtime.rpc.records import (
     CacheEntry,
     Chunk,
@@ -55,8 +54,6 @@ from couler_runtime.rpc.records import (
 )
 
 __all__ = [
-    "DEFAULT_ENGINE",
-    "ENGINE_CAPABILITIES",
     "CacheFetch",
     "CacheUnavailableError",
     "Optimizer",
@@ -64,16 +61,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ENGINE = "local"
-# Engine name → the module holding its CAPABILITIES, imported on first use.
-ENGINE_CAPABILITIES: Mapping[str, str] = {
-    "argo": "couler.compilers.argo_capabilities",
-    "tekton": "couler.compilers.tekton",
-    "kfp": "couler.compilers.kfp",
-    "airflow": "couler.compilers.airflow",
-    "local": "couler_runtime.local.capabilities",
-    "ray": "couler_runtime.ray.capabilities",
-}
 # The contract's recommendation kinds → the right_size pass's names.
 _KINDS: Mapping[RecommendationKind, str] = {
     RecommendationKind.MEMORY_REQUEST: "memory_request",
@@ -114,19 +101,6 @@ class _PlanLookup:
         return {key: passes.CachedStep(key=key, outputs=dict(e.outputs),
                                        artifacts={n: a.digest for n, a in e.artifacts.items()})
                 for key, e in found.items()}
-
-
-def check_engine(engine: str, wf: ir.Workflow) -> str:
-    """The engine's canonical name ("" → "local") after checking ``wf`` against its
-    capabilities; UserError for an unknown engine, UnsupportedFeatureError naming the step."""
-    name = engine.strip().lower() or DEFAULT_ENGINE
-    module = ENGINE_CAPABILITIES.get(name)
-    if module is None:
-        raise UserError(f"workflow {wf.name!r}: unknown engine {engine!r} "
-                        f"(known: {', '.join(sorted(ENGINE_CAPABILITIES))})")
-    capabilities: Mapping[Feature, Capability] = importlib.import_module(module).CAPABILITIES
-    check_capabilities(name, capabilities, wf)
-    return name
 
 
 class Optimizer:

@@ -288,8 +288,8 @@ def default_retry(wf: ir.Workflow, policy: ir.RetryPolicy = DEFAULT_RETRY
 
 def compile_document(wf: ir.Workflow, engine: str) -> str:
     """The engine document for ``wf``: YAML for argo/tekton/kfp, a DAG file for airflow,
-    empty for engines that take the IR itself (local, ray)."""
-    if engine in ("local", "ray"):
+    empty for engines that take the IR itself (local, ray, and the submitter's dryrun)."""
+    if engine in ("local", "ray", "dryrun"):
         return ""
     if engine == "argo":
         from couler.compilers import argo
