@@ -1,0 +1,98 @@
+"""Benchmark: workflows per second through the whole pipeline to a dry-run engine.
+
+Starts the embedded stack (``couler_runtime.stack.up``: nats-server and the five
+service processes) in a temporary home, then submits N distinct workflows over gRPC
+from a few client threads with ``engine="dryrun"`` (the submitter records every step
+succeeded without running a process), so what is measured is Couler itself: Submit →
+``couler.workflow.requested`` → optimizer (validate, cache lookup over gRPC, passes)
+→ ``couler.workflow.optimized`` → submitter → step events → finished, plus the monitor
+and the cache consuming the events. Reports workflows/s (first submit to last
+finished) and the submit→finished latency per workflow. Usage::
+
+    .venv/bin/python bench/bench_pipeline.py [--workflows 200] [--steps 5] [--clients 4]
+        [--json bench/results-pipeline.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from couler import ir
+from couler_runtime import stack
+from couler_runtime.client import CoulerClient
+
+
+def workflow(i: int, steps: int) -> ir.Workflow:
+    """A chain of ``steps`` container steps, distinct per ``i`` (no cache hits)."""
+    chain = [ir.Step(name="s0", body=ir.ContainerSpec(image="alpine", command=("echo", str(i))))]
+    for k in range(1, steps):
+        chain.append(ir.Step(name=f"s{k}", body=ir.ContainerSpec(
+            image="alpine", command=("echo", str(i), str(k))),
+            dependencies=(ir.Dependency(f"s{k - 1}"),)))
+    return ir.Workflow(name=f"bench-{i}", steps=tuple(chain))
+
+
+def _pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workflows", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="couler-bench-") as tmp:
+        home = Path(tmp)
+        t0 = time.perf_counter()
+        info = stack.up(home, token="bench")
+        startup = time.perf_counter() - t0
+        try:
+            client = CoulerClient(info.addresses, token=info.token)
+            # warm up: one workflow through every stage
+            first = client.submitter.submit(workflow(-1, args.steps), engine="dryrun")
+            client.submitter.wait(first.run_id, timeout=60)
+
+            def one(i: int) -> tuple[float, str]:
+                start = time.perf_counter()
+                sub = client.submitter.submit(workflow(i, args.steps), engine="dryrun")
+                run = client.submitter.wait(sub.run_id, timeout=600)
+                return time.perf_counter() - start, run.state.value
+
+            begin = time.perf_counter()
+            with ThreadPoolExecutor(args.clients) as pool:
+                results = list(pool.map(one, range(args.workflows)))
+            wall = time.perf_counter() - begin
+            client.close()
+        finally:
+            stack.down(home)
+    latencies = [r[0] * 1000 for r in results]
+    states = {s: sum(1 for r in results if r[1] == s) for s in {r[1] for r in results}}
+    figures = {
+        "workflows": args.workflows, "steps_per_workflow": args.steps,
+        "clients": args.clients, "states": states,
+        "stack_startup_s": round(startup, 2),
+        "wall_s": round(wall, 2),
+        "workflows_per_s": round(args.workflows / wall, 2),
+        "steps_per_s": round(args.workflows * args.steps / wall, 1),
+        "latency_p50_ms": round(_pct(latencies, 50), 1),
+        "latency_p99_ms": round(_pct(latencies, 99), 1),
+        "latency_mean_ms": round(statistics.fmean(latencies), 1),
+    }
+    print(json.dumps(figures, indent=2))
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0 if states.get("succeeded") == args.workflows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
