@@ -1,0 +1,361 @@
+"""The engines a submitter runs plans on, behind one small interface.
+
+A :class:`Runner` starts a workflow under the submitter's run id and reports every step
+change through a callback (called from worker threads); the returned :class:`RunHandle`
+waits, cancels and locates output artifacts. Three runners exist:
+
+* :class:`LocalRunner` -- :class:`couler_runtime.local.LocalEngine`: the run directory is
+  ``<runs_dir>/<run_id>``; its existence means "the engine was started", so after a crash
+  the run is *resumed* there (steps that succeeded are not run again), never started twice.
+  Processes a killed submitter left behind in that directory are killed first, so an
+  interrupted attempt never runs alongside its replacement. A submitter that stops
+  gracefully stops its runs' processes and marks the runs ``.interrupted``, so that the
+  next start resumes them (rather than taking them for cancelled by a user).
+* :class:`DryRunRunner` -- records every step SUCCEEDED without running anything (the
+  throughput benchmark's engine).
+* :class:`AdapterRunner` -- any :class:`couler.engines.base.EngineAdapter` (Argo, Tekton,
+  Airflow, KFP, ...): submit with the run id as idempotency key, then follow ``watch``.
+  No adapter is configured by default (they need cluster settings); a composition root
+  plugs them in through ``build(..., adapters=...)``. A run for an engine that is not
+  configured fails with a message naming the engine and the ``COULER_ENGINES`` setting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Protocol
+
+import psutil  # type: ignore[import-untyped]
+
+from couler import ir
+from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, StepStatus
+from couler.errors import UserError
+from couler_runtime.local import LocalEngine, LocalRun, Reuse
+
+__all__ = [
+    "KNOWN_ENGINES",
+    "AdapterRunner",
+    "DryRunRunner",
+    "LocalRunner",
+    "OnStep",
+    "RunHandle",
+    "Runner",
+    "not_configured",
+]
+
+log = logging.getLogger(__name__)
+
+KNOWN_ENGINES = ("local", "dryrun", "argo", "tekton", "airflow", "kfp", "ray")
+
+OnStep = Callable[[StepStatus], None]
+
+_INTERRUPTED = ".interrupted"  # in a local run directory: stopped by a submitter shutdown
+_INTERRUPT_WAIT = 30.0  # seconds a shutdown waits for a run's processes to be stopped
+
+
+class RunHandle(Protocol):
+    """A started run."""
+
+    def wait(self) -> RunStatus:
+        """Block until the run ends; its final status."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop the run (its steps end CANCELLED)."""
+        ...
+
+    def artifact_path(self, step: str, artifact: str) -> Path | None:
+        """Where a succeeded step's output artifact is, if the engine keeps it locally."""
+        ...
+
+
+class Runner(Protocol):
+    """Starts, resumes and retries runs on one engine."""
+
+    name: str
+
+    def start(self, run_id: str, wf: ir.Workflow, parameters: Mapping[str, str],
+              cached: Mapping[str, Reuse], on_event: OnStep) -> RunHandle:
+        """Start ``wf`` as run ``run_id``."""
+        ...
+
+    def resume(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+        """Pick up a run this engine was started with (after a restart); None when the
+        engine never got it (the caller starts it)."""
+        ...
+
+    def retry(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+        """Re-run a finished run from its failure point; None when there is nothing to
+        resume (the caller starts it again from the plan)."""
+        ...
+
+    def interrupt(self, run_id: str, handle: RunHandle) -> None:
+        """Stop a run because the submitter stops (not the user): the next start resumes it."""
+        ...
+
+
+def not_configured(engine: str, configured: tuple[str, ...]) -> UserError:
+    """The error of a run for an engine this submitter does not run."""
+    if engine not in KNOWN_ENGINES:
+        return UserError(f"engine {engine!r} is unknown (known: {', '.join(KNOWN_ENGINES)})")
+    return UserError(
+        f"engine {engine!r} is not configured in this submitter (it runs: "
+        f"{', '.join(configured) or 'none'}); add it to COULER_ENGINES and plug in its "
+        f"adapter (couler.engines.base.EngineAdapter, e.g. couler_runtime.{engine}) with the "
+        "cluster's connection settings, or submit with engine 'local'")
+
+
+# =========================================================================== local
+
+
+def reap_orphans(run_dir: Path) -> list[int]:
+    """Kill processes whose working directory is inside ``run_dir`` (left by a killed
+    submitter: step processes run in their own sessions and outlive it)."""
+    root = str(run_dir.resolve())
+    killed = []
+    for proc in psutil.process_iter(["pid", "cwd"]):
+        cwd = proc.info.get("cwd")
+        if proc.pid == os.getpid() or not cwd:
+            continue
+        if cwd == root or cwd.startswith(root + os.sep):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+                killed.append(proc.pid)
+    for pid in killed:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).wait(10)
+    return killed
+
+
+def _status_from_record(run_dir: Path) -> RunStatus:
+    """The final status kept in a finished run's ``run.json``."""
+    data = json.loads((run_dir / "run.json").read_text())
+    steps = []
+    for s in data.get("steps", ()):
+        steps.append(StepStatus(
+            step=str(s["step"]), state=StepState(str(s["state"])), key=str(s.get("key", "")),
+            attempts=int(s.get("attempts") or 0), exit_code=s.get("exit_code"),
+            started_at=s.get("started_at"), finished_at=s.get("finished_at"),
+            peak_cpu=s.get("peak_cpu"), peak_memory_bytes=s.get("peak_memory_bytes"),
+            outputs={str(k): str(v) for k, v in (s.get("outputs") or {}).items()},
+            message=str(s.get("message", "")), cache_key=str(s.get("cache_key", ""))))
+    return RunStatus(run_id=run_dir.name, workflow=str(data["workflow"]["name"]),
+                     state=RunState(str(data["state"])), steps=tuple(steps),
+                     started_at=data.get("started_at"), finished_at=data.get("finished_at"),
+                     message=str(data.get("message", "")))
+
+
+class _Finished:
+    """The handle of a run that had already finished when it was picked up again."""
+
+    def __init__(self, status: RunStatus, run_dir: Path, on_event: OnStep) -> None:
+        self._status = status
+        self._run_dir = run_dir
+        for step in status.steps:
+            on_event(step)
+
+    def wait(self) -> RunStatus:
+        return self._status
+
+    def cancel(self) -> None:
+        return None
+
+    def artifact_path(self, step: str, artifact: str) -> Path | None:
+        path = self._run_dir / "artifacts" / step / artifact
+        return path if path.exists() else None
+
+
+class LocalRunner:
+    """Runs on :class:`LocalEngine` in ``runs_dir`` (see the module docstring)."""
+
+    name = "local"
+
+    def __init__(self, runs_dir: Path, max_workers: int) -> None:
+        self.runs_dir = runs_dir
+        self.engine = LocalEngine(runs_dir, max_workers, cache_keys=True)
+
+    def run_dir(self, run_id: str) -> Path:
+        """The engine's directory of run ``run_id``."""
+        return self.engine.work_dir / run_id
+
+    def start(self, run_id: str, wf: ir.Workflow, parameters: Mapping[str, str],
+              cached: Mapping[str, Reuse], on_event: OnStep) -> LocalRun:
+        return self.engine.start(wf, run_id=run_id, parameters=parameters, cached=cached,
+                                 on_event=on_event)
+
+    def resume(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+        run_dir = self.run_dir(run_id)
+        if not run_dir.is_dir():
+            return None
+        reaped = reap_orphans(run_dir)
+        if reaped:
+            log.warning("run %s: killed %d step process(es) left by a previous submitter",
+                        run_id, len(reaped))
+        if not (run_dir / "run.json").is_file():
+            # Made but the engine wrote no record yet: nothing ran; start it afresh.
+            shutil.rmtree(run_dir)
+            return None
+        marker = run_dir / _INTERRUPTED
+        status = _status_from_record(run_dir)
+        if status.state.terminal and not marker.exists():
+            return _Finished(status, run_dir, on_event)
+        # Running when the submitter died, or stopped by its shutdown: go on from there.
+        handle = self.engine.resume(run_dir, on_event=on_event)
+        marker.unlink(missing_ok=True)
+        return handle
+
+    def interrupt(self, run_id: str, handle: RunHandle) -> None:
+        # The marker tells resume() that this CANCELLED record is a shutdown, not a user's
+        # cancel; the engine kills the step processes, so none outlives the submitter.
+        (self.run_dir(run_id) / _INTERRUPTED).touch()
+        handle.cancel()
+        if isinstance(handle, LocalRun):
+            handle.wait(_INTERRUPT_WAIT)
+
+    def retry(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+        run_dir = self.run_dir(run_id)
+        if not (run_dir / "run.json").is_file():
+            return None
+        reap_orphans(run_dir)
+        return self.engine.resume(run_dir, on_event=on_event)
+
+
+# =========================================================================== dry run
+
+
+class _DryRun:
+    def __init__(self, run_id: str, wf: ir.Workflow, on_event: OnStep) -> None:
+        self._run_id = run_id
+        self._wf = wf
+        self._on_event = on_event
+        self._cancel = threading.Event()
+        self._status: RunStatus | None = None
+        self._thread = threading.Thread(target=self._main, name=f"couler-dryrun-{run_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        started = time.time()
+        steps = []
+        for step in _topological(self._wf):
+            now = time.time()
+            if self._cancel.is_set():
+                status = StepStatus(step=step.name, state=StepState.CANCELLED,
+                                    message="run cancelled", finished_at=now)
+            else:
+                status = StepStatus(step=step.name, state=StepState.SUCCEEDED, attempts=1,
+                                    exit_code=0, started_at=now, finished_at=now,
+                                    message="dry run: not executed")
+            steps.append(status)
+            self._on_event(status)
+        state = RunState.CANCELLED if self._cancel.is_set() else RunState.SUCCEEDED
+        self._status = RunStatus(self._run_id, self._wf.name, state, tuple(steps), started,
+                                 time.time(), "cancelled" if self._cancel.is_set() else "")
+
+    def wait(self) -> RunStatus:
+        self._thread.join()
+        assert self._status is not None  # set by the thread before it ends
+        return self._status
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def artifact_path(self, step: str, artifact: str) -> Path | None:
+        return None
+
+
+def _topological(wf: ir.Workflow) -> list[ir.Step]:
+    done: set[str] = set()
+    order: list[ir.Step] = []
+    pending = list(wf.steps)
+    while pending:
+        ready = [s for s in pending
+                 if all(d.step in done for d in s.dependencies)] or pending[:1]
+        for step in ready:
+            order.append(step)
+            done.add(step.name)
+        pending = [s for s in pending if s.name not in done]
+    return order
+
+
+class DryRunRunner:
+    """Records every step SUCCEEDED; nothing runs (see the module docstring)."""
+
+    name = "dryrun"
+
+    def start(self, run_id: str, wf: ir.Workflow, parameters: Mapping[str, str],
+              cached: Mapping[str, Reuse], on_event: OnStep) -> RunHandle:
+        return _DryRun(run_id, wf, on_event)
+
+    def resume(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+        return None  # nothing is kept: run it again
+
+    def retry(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+        return None
+
+    def interrupt(self, run_id: str, handle: RunHandle) -> None:
+        handle.cancel()
+
+
+# =========================================================================== adapters
+
+
+class _Watched:
+    def __init__(self, adapter: EngineAdapter, engine_run_id: str, on_event: OnStep) -> None:
+        self._adapter = adapter
+        self._id = self.engine_run_id = engine_run_id
+        self._on_event = on_event
+        self._status: RunStatus | None = None
+        self._thread = threading.Thread(target=self._main, name=f"couler-watch-{engine_run_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        seen: dict[tuple[str, str], StepStatus] = {}
+        for status in self._adapter.watch(self._id):
+            for step in status.steps:
+                if seen.get((step.step, step.key)) != step:
+                    seen[(step.step, step.key)] = step
+                    self._on_event(step)
+            self._status = status
+
+    def wait(self) -> RunStatus:
+        self._thread.join()
+        return self._status or self._adapter.status(self._id)
+
+    def cancel(self) -> None:
+        self._adapter.cancel(self._id)
+
+    def artifact_path(self, step: str, artifact: str) -> Path | None:
+        return None
+
+
+class AdapterRunner:
+    """Runs on a remote engine through its :class:`EngineAdapter`."""
+
+    def __init__(self, name: str, adapter: EngineAdapter) -> None:
+        self.name = name
+        self.adapter = adapter
+
+    def start(self, run_id: str, wf: ir.Workflow, parameters: Mapping[str, str],
+              cached: Mapping[str, Reuse], on_event: OnStep) -> RunHandle:
+        # The run id as idempotency key: a submit repeated after a crash finds the first run.
+        engine_run_id = self.adapter.submit(wf, idempotency_key=run_id)
+        return _Watched(self.adapter, engine_run_id, on_event)
+
+    def resume(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+        return None  # start() again: the adapter's idempotency key finds the same run
+
+    def retry(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+        return None
+
+    def interrupt(self, run_id: str, handle: RunHandle) -> None:
+        return None  # the remote run goes on; resume finds it by its idempotency key

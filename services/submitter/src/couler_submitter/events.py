@@ -1,0 +1,196 @@
+"""The submitter's NATS side: what it publishes, and three durable consumers.
+
+Published (bodies in ``events.proto``; ``Nats-Msg-Id`` as given there)::
+
+    couler.workflow.requested   WorkflowRequested  <run_id>.requested
+    couler.workflow.submitted   WorkflowSubmitted  <run_id>.submitted[.<retries>]
+    couler.step.<state>         StepEvent          <run_id>.<step>.<key>.<attempts>.<state>[.rN]
+    couler.metrics.utilization  UtilizationSample  <run_id>.<step>.<key>.<attempt>.<time in ns>
+    couler.workflow.finished    WorkflowFinished   <run_id>.finished.<retries>
+
+A retried run (``retries`` = N > 0) suffixes its step and submitted keys with the retry count:
+the local engine counts attempts afresh in a retry, so without it a step failing again
+would repeat the first failure's key and be dropped as a duplicate.
+
+Consumed (ack after the effect is committed; a UserError terminates the message and the
+reason is stored in ``submitter_rejections``)::
+
+    couler.workflow.optimized  durable submitter-optimized  start the run (ignored if started)
+    couler.workflow.rejected   durable submitter-rejected   the run FAILS with the reason
+    couler.launch.>            durable submitter-launch     submit the template, one run per key
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
+from couler.errors import UserError
+from couler.v1 import common_pb2, events_pb2
+from couler_runtime import codec, telemetry
+from couler_runtime.bus import HEADER_TENANT, Bus, Event, Rejection
+from couler_runtime.rpc.records import (
+    Run,
+    StepRecord,
+    UtilizationSample,
+    objectives_to_proto,
+    plan_from_proto,
+    run_to_proto,
+    step_record_to_proto,
+    utilization_sample_to_proto,
+)
+from couler_submitter.model import RunRequest
+from couler_submitter.service import Submitter
+from couler_submitter.store import RunStore
+
+__all__ = [
+    "FINISHED",
+    "LAUNCH",
+    "OPTIMIZED",
+    "REJECTED",
+    "REQUESTED",
+    "SUBMITTED",
+    "UTILIZATION",
+    "BusEvents",
+    "start_consumers",
+]
+
+log = logging.getLogger(__name__)
+
+REQUESTED = "couler.workflow.requested"
+OPTIMIZED = "couler.workflow.optimized"
+REJECTED = "couler.workflow.rejected"
+SUBMITTED = "couler.workflow.submitted"
+FINISHED = "couler.workflow.finished"
+STEP = "couler.step"
+UTILIZATION = "couler.metrics.utilization"
+LAUNCH = "couler.launch.>"
+DURABLE_OPTIMIZED = "submitter-optimized"
+DURABLE_REJECTED = "submitter-rejected"
+DURABLE_LAUNCH = "submitter-launch"
+
+
+def _now() -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(time.time_ns())
+    return ts
+
+
+def _suffix(run: Run, sep: str = ".r") -> str:
+    return f"{sep}{run.retries}" if run.retries else ""
+
+
+class BusEvents:
+    """Publishes the submitter's events on the bus (implements ``service.Events``)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self._bus = bus
+
+    async def requested(self, run: Run, request: RunRequest) -> None:
+        o = request.options
+        msg = events_pb2.WorkflowRequested(
+            run_id=run.run_id, template=request.template,
+            options=events_pb2.RunOptions(
+                engine=o.engine, parameters=dict(o.parameters), dry_run=o.dry_run,
+                no_cache=o.no_cache, constraints=list(o.constraints),
+                objectives=objectives_to_proto(o.objectives), tenant=o.tenant))
+        if request.workflow is not None:
+            msg.workflow.CopyFrom(codec.workflow_to_proto(request.workflow))
+        else:
+            msg.text = request.text or ""
+        await self._bus.publish(REQUESTED, msg, msg_id=f"{run.run_id}.requested",
+                                headers=telemetry.inject({}), tenant=o.tenant or None)
+
+    async def submitted(self, run: Run) -> None:
+        msg = events_pb2.WorkflowSubmitted(
+            run_id=run.run_id, workflow=run.workflow, engine=run.engine,
+            engine_run_id=run.engine_run_id, at=_now())
+        await self._bus.publish(SUBMITTED, msg,
+                                msg_id=f"{run.run_id}.submitted{_suffix(run, '.')}",
+                                headers=telemetry.inject({}))
+
+    async def step(self, run: Run, rec: StepRecord) -> None:
+        msg = events_pb2.StepEvent(run_id=run.run_id, workflow=run.workflow, engine=run.engine,
+                                   step=step_record_to_proto(rec), at=_now())
+        state = rec.state.value
+        await self._bus.publish(
+            f"{STEP}.{state}", msg,
+            msg_id=f"{run.run_id}.{rec.name}.{rec.key}.{rec.attempts}.{state}{_suffix(run)}",
+            headers=telemetry.inject({}))
+
+    async def utilization(self, sample: UtilizationSample) -> None:
+        at_ns = round((sample.at or 0.0) * 1e9)
+        await self._bus.publish(
+            UTILIZATION, utilization_sample_to_proto(sample),
+            msg_id=f"{sample.run_id}.{sample.step}.{sample.key}.{sample.attempt}.{at_ns}",
+            headers=telemetry.inject({}))
+
+    async def finished(self, run: Run) -> None:
+        await self._bus.publish(FINISHED, events_pb2.WorkflowFinished(run=run_to_proto(run)),
+                                msg_id=f"{run.run_id}.finished.{run.retries}",
+                                headers=telemetry.inject({}))
+
+
+class _Handlers:
+    def __init__(self, submitter: Submitter) -> None:
+        self._submitter = submitter
+        self._tracer = trace.get_tracer(__name__)
+
+    async def optimized(self, event: Event[events_pb2.WorkflowOptimized]) -> None:
+        msg = event.message
+        if not msg.run_id or not msg.HasField("plan"):
+            raise UserError(f"{event.subject} seq {event.stream_sequence}: a plan needs a "
+                            "run_id and a plan")
+        plan = plan_from_proto(msg.plan)  # InvalidWorkflowError (a UserError) when corrupt
+        # The run's events (published by tasks started here) continue the plan's trace.
+        with self._tracer.start_as_current_span(
+            f"{OPTIMIZED} process", context=telemetry.extract(event.headers),
+            kind=SpanKind.CONSUMER,
+            attributes={"messaging.system": "nats", "messaging.destination.name": event.subject,
+                        "couler.run_id": msg.run_id},
+        ):
+            await self._submitter.optimized(msg.run_id, plan)
+
+    async def rejected(self, event: Event[events_pb2.WorkflowRejected]) -> None:
+        msg = event.message
+        if not msg.run_id:
+            raise UserError(f"{event.subject} seq {event.stream_sequence}: no run_id")
+        issues = [_issue(i) for i in msg.issues]
+        await self._submitter.rejected(msg.run_id, msg.stage, msg.reason, issues)
+
+    async def launch(self, event: Event[events_pb2.LaunchRequest]) -> None:
+        msg = event.message
+        template = msg.template or event.subject.rsplit(".", 1)[-1]
+        key = msg.idempotency_key or event.event_id or f"seq-{event.stream_sequence}"
+        tenant = msg.tenant or event.headers.get(HEADER_TENANT, "")
+        run_id, created = await self._submitter.launch(
+            template, parameters=dict(msg.parameters), key=key, engine=msg.engine,
+            tenant=tenant)
+        log.info("launch of %r (key %r): run %s%s", template, key, run_id,
+                 "" if created else " (already launched)")
+
+
+def _issue(i: common_pb2.Issue) -> str:
+    where = f"workflow {i.workflow!r}" + (f", step {i.step!r}" if i.step else "")
+    return where + (f", field {i.field!r}" if i.field else "") + f": {i.message}"
+
+
+async def start_consumers(bus: Bus, submitter: Submitter, store: RunStore) -> None:
+    """Start the three durable consumers; ``bus.close()`` stops them."""
+
+    async def record(rejection: Rejection) -> None:
+        await asyncio.to_thread(store.record_rejection, rejection.durable, rejection.subject,
+                                rejection.stream_sequence, rejection.reason)
+
+    handlers = _Handlers(submitter)
+    await bus.subscribe(OPTIMIZED, DURABLE_OPTIMIZED, events_pb2.WorkflowOptimized,
+                        handlers.optimized, on_reject=record)
+    await bus.subscribe(REJECTED, DURABLE_REJECTED, events_pb2.WorkflowRejected,
+                        handlers.rejected, on_reject=record)
+    await bus.subscribe(LAUNCH, DURABLE_LAUNCH, events_pb2.LaunchRequest, handlers.launch,
+                        on_reject=record)

@@ -1,0 +1,149 @@
+"""The submitter service's composition root: settings, store, engines, servicer, consumers.
+
+Settings (environment, ``COULER_`` prefix): the common ones (:class:`CommonSettings` --
+``COULER_DATABASE_URL`` for the run records, ``COULER_ARTIFACTS`` / ``COULER_S3_*`` for the
+artifact store) plus:
+
+* ``COULER_RUNS_DIR`` -- where the local engine keeps its run directories
+  (default ``<state_dir>/runs``);
+* ``COULER_MAX_WORKERS`` -- step processes the local engine runs at once, per run;
+* ``COULER_ENGINES`` -- the engines this submitter runs, comma-separated
+  (default ``local,dryrun``); a run for another engine fails naming the engine and this
+  setting. Remote engines are plugged in as ``couler.engines.base.EngineAdapter`` objects
+  through ``build(..., adapters=...)``;
+* ``COULER_OUTBOX_INTERVAL`` -- seconds between republishing runs whose ``requested`` event
+  has not gone out yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Self
+
+from pydantic import Field, field_validator, model_validator
+
+from couler.engines.base import EngineAdapter
+from couler_runtime.blobs import open_blob_store
+from couler_runtime.bus import Bus
+from couler_runtime.rpc import SUBMITTER
+from couler_runtime.service import Component, run_service
+from couler_runtime.settings import CommonSettings, SettingsError
+from couler_submitter.artifacts import ArtifactBlobs
+from couler_submitter.engines import (
+    KNOWN_ENGINES,
+    AdapterRunner,
+    DryRunRunner,
+    LocalRunner,
+    Runner,
+)
+from couler_submitter.events import BusEvents, start_consumers
+from couler_submitter.rpc import SubmitterService
+from couler_submitter.service import Submitter
+from couler_submitter.store import RunStore
+
+__all__ = ["SubmitterSettings", "build", "main"]
+
+log = logging.getLogger(__name__)
+
+
+class SubmitterSettings(CommonSettings):
+    """Settings of the submitter service (see the module docstring).
+
+    Attributes:
+        runs_dir: The local engine's run directories; ``<state_dir>/runs`` when unset.
+        max_workers: Step processes the local engine runs at once, per run.
+        engines: The engines this submitter runs, comma-separated.
+        outbox_interval: Seconds between outbox sweeps.
+    """
+
+    runs_dir: Path | None = None
+    max_workers: int = Field(default=4, ge=1, le=256)
+    engines: str = "local,dryrun"
+    outbox_interval: float = Field(default=5.0, gt=0)
+
+    @field_validator("runs_dir", mode="before")
+    @classmethod
+    def _runs_dir(cls, value: Any) -> Any:
+        return None if value in ("", None) else value
+
+    @field_validator("engines")
+    @classmethod
+    def _engines(cls, value: str) -> str:
+        names = [n.strip().lower() for n in value.split(",") if n.strip()]
+        unknown = [n for n in names if n not in KNOWN_ENGINES]
+        if unknown:
+            raise ValueError(f"unknown engine(s) {', '.join(unknown)} "
+                             f"(known: {', '.join(KNOWN_ENGINES)})")
+        return ",".join(dict.fromkeys(names))
+
+    @model_validator(mode="after")
+    def _default_runs_dir(self) -> Self:
+        if self.runs_dir is None:
+            self.runs_dir = self.state_dir / "runs"
+        return self
+
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        """The configured engines, in order."""
+        return tuple(n for n in self.engines.split(",") if n)
+
+
+def make_runners(settings: SubmitterSettings,
+                 adapters: Mapping[str, EngineAdapter] | None = None) -> dict[str, Runner]:
+    """The runners of the configured engines (an adapter is needed for remote ones)."""
+    runs_dir = settings.runs_dir or settings.state_dir / "runs"
+    runners: dict[str, Runner] = {}
+    for name in settings.engine_names:
+        if name == "local":
+            runners[name] = LocalRunner(runs_dir, settings.max_workers)
+        elif name == "dryrun":
+            runners[name] = DryRunRunner()
+        elif adapters and name in adapters:
+            runners[name] = AdapterRunner(name, adapters[name])
+        else:
+            log.warning("engine %r is listed in COULER_ENGINES but no adapter was plugged in; "
+                        "its runs will fail", name)
+    return runners
+
+
+async def build(settings: SubmitterSettings, bus: Bus, *,
+                adapters: Mapping[str, EngineAdapter] | None = None) -> Component:
+    """Wire the submitter: migrate the store, the engines, recovery, servicer, consumers."""
+    store = await asyncio.to_thread(RunStore, settings.database_url)
+    try:
+        blobs = ArtifactBlobs(await asyncio.to_thread(open_blob_store, settings))
+        runs_dir = settings.runs_dir or settings.state_dir / "runs"
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        submitter = Submitter(store, BusEvents(bus), make_runners(settings, adapters),
+                              blobs=blobs, runs_dir=runs_dir,
+                              outbox_interval=settings.outbox_interval)
+        await submitter.start()
+        await start_consumers(bus, submitter, store)
+    except BaseException:
+        store.close()
+        raise
+
+    async def close() -> None:
+        # After the bus stopped the consumers: no handler still uses the submitter.
+        await submitter.close()
+        store.close()
+
+    return Component({SUBMITTER: SubmitterService(submitter)}, close)
+
+
+def main() -> int:
+    """The ``couler-submitter`` console script (also ``python -m couler_submitter.main``)."""
+    try:
+        settings = SubmitterSettings.load("submitter")
+    except SettingsError as exc:
+        sys.stderr.write(f"couler-submitter: {exc}\n")
+        return 2
+    return run_service(settings, build)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Alembic revisions of the submitter's tables (run by ``couler_runtime.store.migrate``)."""

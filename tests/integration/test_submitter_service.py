@@ -1,0 +1,958 @@
+"""The submitter service against a real nats-server and PostgreSQL (and SQLite).
+
+The service runs as in production -- ``serve(settings, build)`` with its gRPC server on
+127.0.0.1:0 and its durable consumers on JetStream -- on an asyncio loop in a thread (the
+crash test runs it as a subprocess, ``python -m couler_submitter.main``, and SIGKILLs it).
+The tests call it with the blocking ``CoulerClient`` and read what it published from the
+JetStream streams (what was stored, duplicates dropped).
+
+The generator and optimizer are built by other hands at the same time, so the tests play
+the optimizer themselves: they publish the ``WorkflowOptimized`` plan (and a
+``WorkflowRejected``) that the optimizer would. Steps run for real as local processes.
+Only one submitter runs at a time: instances share the durable consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import nats
+import psutil  # type: ignore[import-untyped]
+import pytest
+import sqlalchemy as sa
+from google.protobuf.message import Message
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from couler import ir
+from couler.api.handles import SecretMaterial
+from couler.engines.base import RunState as EngineRunState
+from couler.engines.base import RunStatus, StepState, StepStatus
+from couler.errors import CoulerError, NotFoundError, ValidationError
+from couler.v1 import common_pb2, events_pb2
+from couler_runtime.blobs import LocalBlobStore
+from couler_runtime.bus import Bus
+from couler_runtime.client import CoulerClient
+from couler_runtime.rpc.records import (
+    CacheEntry,
+    PassReport,
+    Plan,
+    Run,
+    RunState,
+    StepRecord,
+    StoredArtifact,
+    plan_to_proto,
+    run_from_proto,
+    step_record_from_proto,
+)
+from couler_runtime.service import READY_PREFIX, Component, serve
+from couler_runtime.settings import SettingsError
+from couler_submitter.main import SubmitterSettings, build
+from couler_submitter.model import RunOptions, RunRequest
+from couler_submitter.store import RunStore
+from tests.servers import NatsServer
+
+WAIT = 90.0  # a bound on waiting, never an assertion about speed
+T = TypeVar("T")
+PY = "python:3.12"
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+# ----------------------------------------------------------------------------- harness
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT) -> T:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    deadline = threading.Event()
+    timer = threading.Timer(timeout, deadline.set)
+    timer.start()
+    try:
+        while not deadline.is_set():
+            got = check()
+            if got:
+                return got
+            deadline.wait(0.05)
+    finally:
+        timer.cancel()
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def fresh_database(base_url: str) -> str:
+    """A new, empty PostgreSQL database on the session's server; its URL."""
+    name = f"submitter_{uuid.uuid4().hex[:10]}"
+    engine = sa.create_engine(base_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return sa.engine.make_url(base_url).set(database=name).render_as_string(
+        hide_password=False)
+
+
+class ServiceThread:
+    """The submitter's ``serve`` on its own loop in a thread; ``address`` once it serves."""
+
+    def __init__(self, settings: SubmitterSettings,
+                 builder: Callable[[SubmitterSettings, Bus], Awaitable[Component]] = build
+                 ) -> None:
+        self.settings = settings
+        self.builder = builder
+        self.port = 0
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="submitter", daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        await serve(self.settings, self.builder, stop=self._stop, on_ready=self._on_ready)
+
+    def _on_ready(self, port: int) -> None:
+        self.port = port
+        self._ready.set()
+
+    def start(self) -> ServiceThread:
+        self._thread.start()
+        if not self._ready.wait(WAIT) or self._error is not None or not self.port:
+            raise RuntimeError(f"the submitter did not start: {self._error!r}")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(WAIT)
+        assert not self._thread.is_alive(), "the submitter did not stop"
+        if self._error is not None:
+            raise self._error
+
+
+def settings_for(nats_server: NatsServer, state: Path, database_url: str,
+                 **extra: Any) -> SubmitterSettings:
+    return SubmitterSettings.load(
+        "submitter", nats_url=nats_server.url, grpc_address="127.0.0.1:0", state_dir=state,
+        database_url=database_url, artifacts=str(state / "blobs"), auth_token=None,
+        otel_endpoint=None, runs_dir=str(state / "runs"), max_workers=4,
+        engines="local,dryrun", outbox_interval=1.0, **extra)
+
+
+# ----------------------------------------------------------------------------- the bus
+
+
+async def _publish(url: str, subject: str, message: Message, msg_id: str,
+                   headers: dict[str, str] | None) -> None:
+    bus = await Bus.connect(url, name="submitter-test")
+    try:
+        await bus.ensure_streams()
+        await bus.publish(subject, message, msg_id=msg_id, headers=headers)
+    finally:
+        await bus.close()
+
+
+def publish(nats_server: NatsServer, subject: str, message: Message, msg_id: str,
+            headers: dict[str, str] | None = None) -> None:
+    asyncio.run(_publish(nats_server.url, subject, message, msg_id, headers))
+
+
+async def _read(url: str, stream: str, subject: str) -> list[tuple[str, bytes, dict[str, str]]]:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        sub = await js.pull_subscribe(
+            subject, stream=stream,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE))
+        # Read exactly what the stream held when the consumer was made (no timing guess).
+        expected = (await sub.consumer_info()).num_pending or 0
+        out: list[tuple[str, bytes, dict[str, str]]] = []
+        while len(out) < expected:
+            try:
+                msgs = await sub.fetch(min(512, expected - len(out)), timeout=WAIT)
+            except (nats.errors.TimeoutError, TimeoutError):
+                break  # cannot happen while messages are pending; the caller's asserts tell
+            out += [(m.subject, m.data, dict(m.headers or {})) for m in msgs]
+        await sub.unsubscribe()
+        return out
+    finally:
+        await nc.close()
+
+
+M = TypeVar("M", bound=Message)
+
+
+def stored(nats_server: NatsServer, stream: str, subject: str, message_type: type[M],
+           run_id: str) -> list[tuple[str, M, dict[str, str]]]:
+    """The messages the stream holds on ``subject`` about run ``run_id``, in order."""
+    got = []
+    for subj, data, headers in asyncio.run(_read(nats_server.url, stream, subject)):
+        msg = message_type.FromString(data)
+        rid = msg.run.run_id if isinstance(msg, events_pb2.WorkflowFinished) else \
+            getattr(msg, "run_id", "")
+        if rid == run_id:
+            got.append((subj, msg, headers))
+    return got
+
+
+def optimize(nats_server: NatsServer, run_id: str, wf: ir.Workflow, *,
+             cached: dict[str, CacheEntry] | None = None, msg_id: str = "",
+             headers: dict[str, str] | None = None) -> None:
+    """Play the optimizer: publish the plan for ``run_id``."""
+    plan = Plan(workflow=wf, engine="local", cached=cached or {},
+                passes=(PassReport("validate", False, ("valid",), 0.1),),
+                workflow_digest=ir.digest(wf))
+    publish(nats_server, "couler.workflow.optimized",
+            events_pb2.WorkflowOptimized(run_id=run_id, plan=plan_to_proto(plan)),
+            msg_id or f"{run_id}.optimized", headers)
+
+
+# ----------------------------------------------------------------------------- workflows
+
+
+def script(name: str, source: str, **kw: Any) -> ir.Step:
+    return ir.Step(name=name, body=ir.ScriptSpec(image=PY, source=source), **kw)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def greeting_workflow(name: str) -> ir.Workflow:
+    hello = script(
+        "hello", "import pathlib, time\ntime.sleep(1)\n"
+        "pathlib.Path('/tmp/out/greeting.txt').write_text('hello artifact')\nprint('hello')",
+        outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),),
+        output_artifacts=(ir.OutputArtifact("greeting", "/tmp/out/greeting.txt"),))
+    shout = ir.Step(
+        name="shout", body=ir.ContainerSpec(image="alpine", command=(
+            "sh", "-c", "echo {{inputs.x}} | tr a-z A-Z")),
+        inputs=(ir.InputParameter("x", ir.StepOutputRef("hello", "said")),),
+        outputs=(ir.OutputParameter("loud", source=ir.OutputSource.STDOUT),),
+        dependencies=(ir.Dependency("hello"),))
+    return ir.Workflow(name=name, steps=(hello, shout))
+
+
+def marker_workflow(name: str, marker: Path, *, second: str = "", sleep: float = 0) -> ir.Workflow:
+    """``first`` appends a line to ``marker``; ``second`` (after it) runs ``second`` code."""
+    first = script("first", f"open({str(marker)!r}, 'a').write('first\\n')\nprint('one')",
+                   outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),))
+    body = second or (f"import time\nopen({str(marker)!r}, 'a').write('second-start\\n')\n"
+                      f"time.sleep({sleep})\nopen({str(marker)!r}, 'a').write('second-end\\n')")
+    return ir.Workflow(name=name, steps=(
+        first, script("second", body, dependencies=(ir.Dependency("first"),))))
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def processes_in(directory: Path) -> list[psutil.Process]:
+    root = str(directory.resolve())
+    found = []
+    for proc in psutil.process_iter(["cwd"]):
+        cwd = proc.info.get("cwd")
+        if cwd and (cwd == root or cwd.startswith(root + os.sep)):
+            found.append(proc)
+    return found
+
+
+# ----------------------------------------------------------------------------- store
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'submitter.db'}"
+    url: str = fresh_database(request.getfixturevalue("postgres_url"))
+    return url
+
+
+class TestStore:
+    """The run records on SQLite and PostgreSQL."""
+
+    def test_idempotency_key_is_enforced_by_the_database(self, store_url: str) -> None:
+        store = RunStore(store_url)
+        try:
+            wf = greeting_workflow("idem")
+            request = RunRequest(wf, None, RunOptions(parameters={"a": "1"}))
+
+            def create(i: int) -> tuple[str, bool]:
+                run, created = store.create_run(f"run-{i}", request, idempotency_key="same")
+                return run.run_id, created
+
+            with ThreadPoolExecutor(8) as pool:
+                results = list(pool.map(create, range(16)))
+            winners = [rid for rid, created in results if created]
+            assert len(winners) == 1
+            assert {rid for rid, _ in results} == set(winners)
+            run = store.get_run(winners[0])
+            assert (run.state, run.workflow, run.revision) == (RunState.ACCEPTED, "idem", 1)
+            assert run.parameters == {"a": "1"} and run.idempotency_key == "same"
+            assert store.request(run.run_id).workflow == wf
+            listed, more = store.list_runs(workflow="idem", limit=10)
+            assert [r.run_id for r in listed] == winners and not more
+            # Without a key every submit is a run of its own.
+            assert store.create_run("run-a", request)[1] and store.create_run("run-b", request)[1]
+        finally:
+            store.close()
+
+    def test_steps_and_revisions(self, store_url: str) -> None:
+        store = RunStore(store_url)
+        try:
+            run, _ = store.create_run("run-s", RunRequest(None, "some text", RunOptions()))
+            assert store.update_run("run-s", expect=(RunState.RUNNING,),
+                                    state=RunState.FAILED) is None  # not in that state
+            pending = store.update_run("run-s", state=RunState.PENDING, engine_run_id="e1")
+            assert pending is not None and pending.revision == run.revision + 1
+            rec = StepRecord("a", StepState.SUCCEEDED, attempts=1, outputs={"x": "1"},
+                             cache_key="k" * 64, failure_class=None,
+                             artifacts={"d": StoredArtifact("sha256:" + "0" * 64, 3, "file:///x")})
+            after = store.put_step("run-s", rec, state=RunState.RUNNING, started_at=5.0)
+            assert after.state is RunState.RUNNING and after.started_at == 5.0
+            assert after.revision == pending.revision + 1
+            failed = StepRecord("b", StepState.FAILED, attempts=2, exit_code=1,
+                                failure_class=ir.FailureClass.TRANSIENT)
+            store.put_step("run-s", failed)
+            store.put_step("run-s", rec)  # an update keeps the step's place
+            steps = store.get_run("run-s").steps
+            assert [s.name for s in steps] == ["a", "b"] and steps == (rec, failed)
+            with pytest.raises(NotFoundError, match="run 'nope'"):
+                store.get_run("nope")
+            tpl = store.put_template("nightly", greeting_workflow("t"), "dryrun")
+            assert store.get_template("nightly") == tpl and store.templates() == [tpl]
+        finally:
+            store.close()
+
+
+# ----------------------------------------------------------------------------- service
+
+
+@pytest.fixture(scope="class")
+def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("submitter")
+
+
+@pytest.fixture(scope="class")
+def service(nats_server: NatsServer, postgres_url: str, state: Path) -> Iterator[ServiceThread]:
+    svc = ServiceThread(settings_for(nats_server, state, fresh_database(postgres_url))).start()
+    yield svc
+    svc.stop()
+
+
+@pytest.fixture(scope="class")
+def client(service: ServiceThread) -> Iterator[CoulerClient]:
+    with CoulerClient({"submitter": service.address}, timeout=WAIT) as c:
+        yield c
+
+
+def wait_state(client: CoulerClient, run_id: str, *states: RunState) -> Run:
+    def check() -> Run | None:
+        run = client.submitter.get(run_id)
+        return run if run.state in states else None
+
+    return wait_for(f"run {run_id} in {states}", check)
+
+
+class TestService:
+    """Submit → (the test plays the optimizer) → local engine → events, on PostgreSQL."""
+
+    def test_a_workflow_runs_to_success_and_every_step_is_reported(
+            self, client: CoulerClient, nats_server: NatsServer, service: ServiceThread,
+            state: Path) -> None:
+        wf = greeting_workflow(unique("greet"))
+        sub = client.submitter.submit(wf, parameters={"p": "v"})
+        assert sub.created
+        seen: list[Run] = []
+        watcher = threading.Thread(target=lambda: seen.extend(
+            client.submitter.watch(sub.run_id, timeout=WAIT)))
+        watcher.start()
+        optimize(nats_server, sub.run_id, wf, headers={"traceparent": TRACEPARENT})
+        watcher.join(WAIT)
+        run = seen[-1]
+        assert run.state is RunState.SUCCEEDED, run.message
+        # Watch: the states in order, revisions strictly increasing, RUNNING seen on the way.
+        order = [RunState.ACCEPTED, RunState.PLANNING, RunState.PENDING, RunState.RUNNING,
+                 RunState.SUCCEEDED]
+        ranks = [order.index(r.state) for r in seen]
+        assert ranks == sorted(ranks) and RunState.RUNNING in {r.state for r in seen}
+        revisions = [r.revision for r in seen]
+        assert revisions == sorted(set(revisions))
+        # The record.
+        assert run.engine == "local" and run.engine_run_id == sub.run_id
+        assert run.workflow == wf.name and run.workflow_digest == ir.digest(wf)
+        assert run.parameters == {"p": "v"}
+        assert [p.name for p in run.passes] == ["validate"]
+        assert run.started_at and run.finished_at and run.finished_at >= run.started_at
+        hello, shout = run.step("hello"), run.step("shout")
+        assert hello.state is StepState.SUCCEEDED and hello.attempts == 1
+        assert hello.outputs == {"said": "hello"} and shout.outputs == {"loud": "HELLO"}
+        assert len(hello.cache_key) == 64 and not hello.cached
+        assert hello.peak_memory_bytes and hello.peak_memory_bytes > 0
+        # The output artifact went to the artifact store, content-addressed.
+        content = b"hello artifact"
+        digest = "sha256:" + hashlib.sha256(content).hexdigest()
+        art = hello.artifacts["greeting"]
+        assert (art.digest, art.size_bytes) == (digest, len(content))
+        blobs = LocalBlobStore(state / "blobs")
+        assert blobs.get_bytes("sha256/" + digest.removeprefix("sha256:")) == content
+        assert art.uri.startswith("file://")
+        # Events: requested, submitted, steps (running and succeeded), metrics, finished.
+        requested = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.requested",
+                           events_pb2.WorkflowRequested, sub.run_id)
+        assert len(requested) == 1
+        assert requested[0][2]["Nats-Msg-Id"] == f"{sub.run_id}.requested"
+        assert requested[0][1].workflow.name == wf.name
+        submitted = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.submitted",
+                           events_pb2.WorkflowSubmitted, sub.run_id)
+        assert [(m.engine, m.engine_run_id) for _, m, _ in submitted] == [("local", sub.run_id)]
+        steps = stored(nats_server, "COULER_STEP", "couler.step.>", events_pb2.StepEvent,
+                       sub.run_id)
+        by_id = {h["Nats-Msg-Id"]: (s, m) for s, m, h in steps}
+        key = f"{sub.run_id}.hello..1.succeeded"
+        assert by_id[key][0] == "couler.step.succeeded"
+        event = step_record_from_proto(by_id[key][1].step)
+        assert event.artifacts["greeting"].digest == digest and event.cache_key
+        assert f"{sub.run_id}.shout..1.running" in by_id
+        trace_id = TRACEPARENT.split("-")[1]  # the plan's trace goes on through the run
+        assert all(h["traceparent"].split("-")[1] == trace_id for _, _, h in steps)
+        assert f"{sub.run_id}.shout..1.succeeded" in by_id
+        samples = stored(nats_server, "COULER_METRICS", "couler.metrics.utilization",
+                         common_pb2.UtilizationSample, sub.run_id)
+        assert "hello" in {m.step for _, m, _ in samples}  # ran a second: sampled
+        assert all(m.memory_bytes > 0 and m.attempt == 1 for _, m, _ in samples)
+        finished = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
+                          events_pb2.WorkflowFinished, sub.run_id)
+        assert len(finished) == 1 and finished[0][2]["Nats-Msg-Id"] == f"{sub.run_id}.finished.0"
+        final = run_from_proto(finished[0][1].run)
+        assert final.state is RunState.SUCCEEDED and {s.name for s in final.steps} == {
+            "hello", "shout"}
+        # A watch of a finished run yields once and ends.
+        assert [r.state for r in client.submitter.watch(sub.run_id)] == [RunState.SUCCEEDED]
+
+    def test_the_same_idempotency_key_starts_one_run(
+            self, client: CoulerClient, nats_server: NatsServer) -> None:
+        wf = greeting_workflow(unique("idem"))
+        key = unique("key")
+        first = client.submitter.submit(wf, idempotency_key=key)
+        again = client.submitter.submit(wf, idempotency_key=key)
+        assert first.created and not again.created and again.run_id == first.run_id
+        assert len(client.submitter.list(workflow=wf.name).runs) == 1
+        assert client.submitter.get(first.run_id).idempotency_key == key
+        wait_for("the request", lambda: stored(
+            nats_server, "COULER_WORKFLOW", "couler.workflow.requested",
+            events_pb2.WorkflowRequested, first.run_id))
+        assert client.submitter.cancel(first.run_id).state is RunState.CANCELLED
+
+    def test_a_text_request_carries_the_text(self, client: CoulerClient,
+                                             nats_server: NatsServer) -> None:
+        text = "preprocess data/sales.csv, train a random forest and evaluate it"
+        sub = client.submitter.submit(text, constraints=["at most 8 steps"], tenant="acme")
+        got = wait_for("the request", lambda: stored(
+            nats_server, "COULER_WORKFLOW", "couler.workflow.requested",
+            events_pb2.WorkflowRequested, sub.run_id))
+        [(_, msg, headers)] = got
+        assert msg.WhichOneof("source") == "text" and msg.text == text
+        assert msg.options.engine == "local" and list(msg.options.constraints) == [
+            "at most 8 steps"]
+        assert headers["couler-tenant"] == "acme"
+        run = wait_state(client, sub.run_id, RunState.PLANNING)
+        assert run.workflow == ""  # known once generated
+
+    def test_a_rejected_run_fails_with_the_reason(self, client: CoulerClient,
+                                                  nats_server: NatsServer) -> None:
+        sub = client.submitter.submit("book me a flight to Paris")
+        rejected = events_pb2.WorkflowRejected(
+            run_id=sub.run_id, stage="generator", reason="cannot plan 'book me a flight'",
+            issues=[common_pb2.Issue(workflow="w", step="s", field="f", message="bad")])
+        publish(nats_server, "couler.workflow.rejected", rejected, f"{sub.run_id}.rejected")
+        run = wait_state(client, sub.run_id, RunState.FAILED)
+        assert "rejected by the generator: cannot plan 'book me a flight'" in run.message
+        assert "workflow 'w', step 's', field 'f': bad" in run.message
+        finished = wait_for("finished", lambda: stored(
+            nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
+            events_pb2.WorkflowFinished, sub.run_id))
+        assert run_from_proto(finished[0][1].run).state is RunState.FAILED
+
+    def test_cancel_stops_the_processes(self, client: CoulerClient, nats_server: NatsServer,
+                                        state: Path, tmp_path: Path) -> None:
+        wf = marker_workflow(unique("sleepy"), tmp_path / "m", sleep=300)
+        sub = client.submitter.submit(wf)
+        optimize(nats_server, sub.run_id, wf)
+        run_dir = state / "runs" / sub.run_id
+        wait_for("the sleeping step", lambda: "second-start" in lines(tmp_path / "m"))
+        procs = wait_for("its process", lambda: processes_in(run_dir))
+        run = client.submitter.cancel(sub.run_id, reason="enough")
+        run = wait_state(client, sub.run_id, RunState.CANCELLED)
+        assert run.message == "cancelled: enough"
+        assert run.step("second").state is StepState.CANCELLED
+        assert run.step("first").state is StepState.SUCCEEDED
+        gone = psutil.wait_procs(procs, timeout=WAIT)[1] == []
+        assert gone and processes_in(run_dir) == []
+        assert "second-end" not in lines(tmp_path / "m")
+        assert client.submitter.cancel(sub.run_id).revision == run.revision  # no-op now
+
+    def test_cancel_before_the_plan_and_the_late_plan_is_ignored(
+            self, client: CoulerClient, nats_server: NatsServer, state: Path) -> None:
+        wf = greeting_workflow(unique("early"))
+        sub = client.submitter.submit(wf)
+        assert client.submitter.cancel(sub.run_id).state is RunState.CANCELLED
+        optimize(nats_server, sub.run_id, wf)
+        wait_for("the plan consumed", lambda: _acked(nats_server, "submitter-optimized"))
+        assert client.submitter.get(sub.run_id).state is RunState.CANCELLED
+        assert not (state / "runs" / sub.run_id).exists()
+
+    def test_retry_resumes_from_the_failure_point(
+            self, client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
+        flag = tmp_path / "flag"
+        second = (f"import pathlib, sys\nif not pathlib.Path({str(flag)!r}).exists():\n"
+                  "    sys.exit('no flag yet')\nprint('two')")
+        wf = marker_workflow(unique("retry"), tmp_path / "m", second=second)
+        sub = client.submitter.submit(wf)
+        optimize(nats_server, sub.run_id, wf)
+        failed = wait_state(client, sub.run_id, RunState.FAILED, RunState.SUCCEEDED)
+        assert failed.state is RunState.FAILED and "second" in failed.message
+        assert failed.step("second").failure_class is ir.FailureClass.TRANSIENT
+        assert failed.step("first").attempts == 1
+        with pytest.raises(CoulerError) as caught:
+            client.submitter.retry(wf.name)  # no such run
+        flag.write_text("go")
+        retried = client.submitter.retry(sub.run_id)
+        assert retried.retries == 1 and not retried.state.terminal
+        done = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+        assert done.state is RunState.SUCCEEDED, done.message
+        assert done.step("first").attempts == 1  # kept, not run again
+        assert lines(tmp_path / "m") == ["first"]
+        assert done.step("second").state is StepState.SUCCEEDED
+        with pytest.raises(CoulerError) as caught:
+            client.submitter.retry(sub.run_id)
+        cause = caught.value.__cause__
+        assert isinstance(cause, grpc.RpcError)
+        assert cause.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "only a failed or cancelled run" in str(caught.value)
+        finished = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
+                          events_pb2.WorkflowFinished, sub.run_id)
+        assert [h["Nats-Msg-Id"] for _, _, h in finished] == [
+            f"{sub.run_id}.finished.0", f"{sub.run_id}.finished.1"]
+
+    def test_a_cached_step_is_restored_from_the_artifact_store(
+            self, client: CoulerClient, nats_server: NatsServer, state: Path,
+            tmp_path: Path) -> None:
+        marker = tmp_path / "ran"
+        make = script(
+            "make", f"import pathlib\npathlib.Path({str(marker)!r}).write_text('x')\n"
+            "pathlib.Path('/tmp/out/data.txt').write_text('fresh')\nprint('new')",
+            outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),),
+            output_artifacts=(ir.OutputArtifact("data", "/tmp/out/data.txt"),))
+        use = ir.Step(
+            name="use", body=ir.ContainerSpec(image="alpine", command=(
+                "sh", "-c", "cat /tmp/in/data.txt; echo \" {{inputs.x}}\"")),
+            inputs=(ir.InputParameter("x", ir.StepOutputRef("make", "said")),),
+            input_artifacts=(ir.InputArtifact("data", "/tmp/in/data.txt",
+                                              ir.StepArtifactRef("make", "data")),),
+            outputs=(ir.OutputParameter("seen", source=ir.OutputSource.STDOUT),),
+            dependencies=(ir.Dependency("make"),))
+        wf = ir.Workflow(name=unique("cached"), steps=(make, use))
+        blob = LocalBlobStore(state / "blobs").put_bytes(b"from-cache")
+        entry = CacheEntry(key="c" * 64, workflow=wf.name, step="make", outputs={"said": "old"},
+                           artifacts={"data": StoredArtifact(
+                               "sha256:" + blob.removeprefix("sha256/"), 10)})
+        sub = client.submitter.submit(wf)
+        optimize(nats_server, sub.run_id, wf, cached={"make": entry})
+        run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+        assert run.state is RunState.SUCCEEDED, run.message
+        made = run.step("make")
+        assert (made.state, made.cached, made.attempts) == (StepState.CACHED, True, 0)
+        assert made.cache_key == "c" * 64 and made.outputs == {"said": "old"}
+        assert run.step("use").outputs == {"seen": "from-cache old"}  # downstream sees it
+        assert not marker.exists()  # the cached step never ran
+        assert not (state / "runs" / ".cache" / sub.run_id).exists()  # fetched copy removed
+        events = stored(nats_server, "COULER_STEP", "couler.step.cached",
+                        events_pb2.StepEvent, sub.run_id)
+        assert [e[1].step.cached for e in events] == [True]
+
+    def test_a_redelivered_plan_starts_nothing_twice(
+            self, client: CoulerClient, nats_server: NatsServer, state: Path,
+            tmp_path: Path) -> None:
+        wf = marker_workflow(unique("twice"), tmp_path / "m", sleep=1)
+        sub = client.submitter.submit(wf)
+        optimize(nats_server, sub.run_id, wf)
+        optimize(nats_server, sub.run_id, wf, msg_id=f"{sub.run_id}.optimized.again")
+        run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+        optimize(nats_server, sub.run_id, wf, msg_id=f"{sub.run_id}.optimized.late")
+        wait_for("the plans consumed", lambda: _acked(nats_server, "submitter-optimized"))
+        assert run.state is RunState.SUCCEEDED
+        assert lines(tmp_path / "m") == ["first", "second-start", "second-end"]
+        assert [p.name for p in (state / "runs").iterdir() if p.name == sub.run_id] == [
+            sub.run_id]
+        assert client.submitter.get(sub.run_id).revision == run.revision
+        submitted = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.submitted",
+                           events_pb2.WorkflowSubmitted, sub.run_id)
+        assert len(submitted) == 1
+
+    def test_engines_not_configured_and_dry_runs(self, client: CoulerClient,
+                                                 nats_server: NatsServer, state: Path) -> None:
+        wf = greeting_workflow(unique("argo"))
+        sub = client.submitter.submit(wf, engine="argo")
+        optimize(nats_server, sub.run_id, wf)
+        run = wait_state(client, sub.run_id, RunState.FAILED)
+        assert "engine 'argo' is not configured" in run.message
+        assert "COULER_ENGINES" in run.message
+        dry = client.submitter.submit(wf, engine="dryrun")
+        optimize(nats_server, dry.run_id, wf)
+        run = wait_state(client, dry.run_id, RunState.SUCCEEDED, RunState.FAILED)
+        assert run.state is RunState.SUCCEEDED
+        assert {s.name: s.state for s in run.steps} == {"hello": StepState.SUCCEEDED,
+                                                         "shout": StepState.SUCCEEDED}
+        assert not (state / "runs" / dry.run_id).exists()  # nothing ran
+        planned = client.submitter.submit(wf, dry_run=True)
+        optimize(nats_server, planned.run_id, wf)
+        run = wait_state(client, planned.run_id, RunState.SUCCEEDED)
+        assert run.dry_run and run.steps == () and "not run" in run.message
+        with pytest.raises(ValidationError):
+            client.submitter.submit(ir.Workflow(name="bad", steps=(
+                script("a", "print(1)", dependencies=(ir.Dependency("missing"),)),)))
+        with pytest.raises(CoulerError, match="engine 'nomad' is unknown"):
+            client.submitter.submit(wf, engine="nomad")
+        with pytest.raises(NotFoundError, match="template 'nope'"):
+            client.submitter.submit(template="nope")
+
+    def test_launch_a_template_twice_with_one_key_starts_one_run(
+            self, client: CoulerClient, nats_server: NatsServer, service: ServiceThread) -> None:
+        name = unique("nightly")
+        wf = greeting_workflow(name)
+        tpl = client.submitter.register_template(name, wf, engine="dryrun")
+        assert tpl.workflow_digest == ir.digest(wf)
+        assert name in {t.name for t in client.submitter.list_templates()}
+        launch = events_pb2.LaunchRequest(idempotency_key="2026-11-30", parameters={"d": "1"})
+        subject = f"couler.launch.{name}"
+        publish(nats_server, subject, launch, f"launch.{name}.2026-11-30")
+        # A second delivery the stream does not drop (another msg id): still one run.
+        publish(nats_server, subject, launch, f"launch.{name}.2026-11-30.again")
+        wait_for("the launches consumed", lambda: _acked(nats_server, "submitter-launch"))
+        runs = client.submitter.list(workflow=name).runs
+        assert len(runs) == 1
+        assert runs[0].template == name and runs[0].engine == "dryrun"
+        assert runs[0].idempotency_key == f"launch.{name}.2026-11-30"
+        assert runs[0].parameters == {"d": "1"}
+        # An unknown template is terminated, and why is recorded.
+        publish(nats_server, "couler.launch.no-such-template", events_pb2.LaunchRequest(),
+                unique("launch"))
+        store = RunStore(service.settings.database_url)
+        try:
+            reasons = wait_for("the rejection", lambda: [
+                r for r in store.rejections() if r[1] == "couler.launch.no-such-template"])
+        finally:
+            store.close()
+        assert "template 'no-such-template' is not registered" in reasons[0][3]
+
+    def test_list_pages_and_filters(self, client: CoulerClient) -> None:
+        wf = greeting_workflow(unique("paged"))
+        ids = [client.submitter.submit(wf).run_id for _ in range(3)]
+        first = client.submitter.list(workflow=wf.name, page_size=2)
+        assert len(first.runs) == 2 and first.next_page_token
+        rest = client.submitter.list(workflow=wf.name, page_size=2,
+                                     page_token=first.next_page_token)
+        assert rest.next_page_token == ""
+        assert [r.run_id for r in first.runs + rest.runs] == list(reversed(ids))
+        client.submitter.cancel(ids[0])
+        cancelled = client.submitter.list(workflow=wf.name, states=[RunState.CANCELLED])
+        assert [r.run_id for r in cancelled.runs] == [ids[0]]
+
+
+    def test_a_nats_restart_mid_run_loses_nothing(
+            self, client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
+        wf = marker_workflow(unique("restart"), tmp_path / "m", sleep=2)
+        sub = client.submitter.submit(wf)
+        optimize(nats_server, sub.run_id, wf)
+        wait_for("the second step", lambda: "second-start" in lines(tmp_path / "m"))
+        nats_server.restart()  # the store directory is kept; clients reconnect
+        run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+        assert run.state is RunState.SUCCEEDED, run.message
+        assert lines(tmp_path / "m") == ["first", "second-start", "second-end"]
+        finished = wait_for("finished", lambda: stored(
+            nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
+            events_pb2.WorkflowFinished, sub.run_id))
+        assert len(finished) == 1
+        ids = {h["Nats-Msg-Id"] for _, _, h in stored(
+            nats_server, "COULER_STEP", "couler.step.>", events_pb2.StepEvent, sub.run_id)}
+        assert {f"{sub.run_id}.first..1.succeeded",
+                f"{sub.run_id}.second..1.succeeded"} <= ids
+
+
+def _acked(nats_server: NatsServer, durable: str) -> bool:
+    async def check() -> bool:
+        nc = await nats.connect(nats_server.url)
+        try:
+            stream = "COULER_LAUNCH" if durable == "submitter-launch" else "COULER_WORKFLOW"
+            info = await nc.jetstream().consumer_info(stream, durable)
+            return bool(info.num_pending == 0 and info.num_ack_pending == 0)
+        finally:
+            await nc.close()
+
+    return asyncio.run(check())
+
+
+# ----------------------------------------------------------------------------- SQLite
+
+
+class TestOnSQLite:
+    """The embedded default: the same flow on SQLite."""
+
+    def test_runs_on_sqlite(self, nats_server: NatsServer, tmp_path: Path) -> None:
+        svc = ServiceThread(settings_for(nats_server, tmp_path,
+                                         f"sqlite:///{tmp_path / 'submitter.db'}")).start()
+        try:
+            with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
+                wf = greeting_workflow(unique("lite"))
+                sub = client.submitter.submit(wf)
+                optimize(nats_server, sub.run_id, wf)
+                run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+                assert run.state is RunState.SUCCEEDED, run.message
+                assert run.step("shout").outputs == {"loud": "HELLO"}
+        finally:
+            svc.stop()
+
+    def test_start_up_finishes_what_a_previous_process_left(
+            self, nats_server: NatsServer, tmp_path: Path) -> None:
+        """An ACCEPTED run is requested again; a PENDING run the engine never got starts."""
+        url = f"sqlite:///{tmp_path / 'submitter.db'}"
+        store = RunStore(url)
+        wf = greeting_workflow(unique("left"))
+        accepted, pending = unique("run-accepted"), unique("run-pending")
+        try:
+            store.create_run(accepted, RunRequest(wf, None, RunOptions()))
+            store.create_run(pending, RunRequest(wf, None, RunOptions()))
+            store.update_run(pending, state=RunState.PENDING, engine_run_id=pending,
+                             plan=Plan(workflow=wf, engine="local"))
+        finally:
+            store.close()
+        svc = ServiceThread(settings_for(nats_server, tmp_path, url)).start()
+        try:
+            with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
+                assert wait_state(client, accepted, RunState.PLANNING)
+                [(_, msg, headers)] = stored(nats_server, "COULER_WORKFLOW",
+                                             "couler.workflow.requested",
+                                             events_pb2.WorkflowRequested, accepted)
+                assert msg.workflow.name == wf.name
+                assert headers["Nats-Msg-Id"] == f"{accepted}.requested"
+                run = wait_state(client, pending, RunState.SUCCEEDED, RunState.FAILED)
+                assert run.state is RunState.SUCCEEDED, run.message
+                assert run.step("shout").outputs == {"loud": "HELLO"}
+                client.submitter.cancel(accepted)
+        finally:
+            svc.stop()
+
+
+    def test_a_graceful_stop_interrupts_and_the_next_start_resumes(
+            self, nats_server: NatsServer, tmp_path: Path) -> None:
+        settings = settings_for(nats_server, tmp_path, f"sqlite:///{tmp_path / 's.db'}")
+        marker = tmp_path / "m"
+        wf = marker_workflow(unique("graceful"), marker, sleep=300)
+        svc = ServiceThread(settings).start()
+        try:
+            with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
+                sub = client.submitter.submit(wf)
+                optimize(nats_server, sub.run_id, wf)
+                wait_for("the second step", lambda: "second-start" in lines(marker))
+            run_dir = tmp_path / "runs" / sub.run_id
+            procs = processes_in(run_dir)
+            assert procs
+        finally:
+            svc.stop()
+        # No step process outlives the service, and the run is not taken as cancelled.
+        assert psutil.wait_procs(procs, timeout=WAIT)[1] == []
+        store = RunStore(settings.database_url)
+        try:
+            assert store.get_run(sub.run_id).state is RunState.RUNNING
+        finally:
+            store.close()
+        marker.write_text("first\n")  # forget the interrupted attempt's line
+        svc = ServiceThread(settings).start()
+        try:
+            with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
+                wait_for("the step running again",
+                         lambda: lines(marker).count("second-start") == 1 and
+                         processes_in(run_dir))
+                run = client.submitter.cancel(sub.run_id, reason="done testing")
+                run = wait_state(client, sub.run_id, RunState.CANCELLED)
+        finally:
+            svc.stop()
+        assert lines(marker).count("first") == 1  # succeeded before the stop: not run again
+        assert run.step("first").attempts == 1
+        assert run.step("second").state is StepState.CANCELLED
+
+
+class RecordingAdapter:
+    """An EngineAdapter stand-in (the real adapters are tested against their engines):
+    records what it was given and reports the run's steps as a remote engine would."""
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[str, str | None]] = []
+
+    def submit(self, wf: ir.Workflow, secrets: Sequence[SecretMaterial] = (), *,
+               idempotency_key: str | None = None) -> str:
+        self.submitted.append((wf.name, idempotency_key))
+        return f"remote-{idempotency_key}"
+
+    def status(self, run_id: str) -> RunStatus:
+        return list(self.watch(run_id))[-1]
+
+    def watch(self, run_id: str, timeout: float | None = None) -> Iterator[RunStatus]:
+        step = StepStatus("hello", StepState.RUNNING, attempts=1, started_at=1.0)
+        yield RunStatus(run_id, "remote", EngineRunState.RUNNING, (step,))
+        done = StepStatus("hello", StepState.SUCCEEDED, attempts=1, started_at=1.0,
+                          finished_at=2.0, outputs={"said": "hi"})
+        yield RunStatus(run_id, "remote", EngineRunState.SUCCEEDED, (done,), 1.0, 2.0)
+
+    def logs(self, run_id: str, step: str, key: str = "") -> str:
+        return ""
+
+    def cancel(self, run_id: str) -> None:
+        return None
+
+
+class TestAdapters:
+    """Remote engines plug in as EngineAdapters; unknown engine settings are refused."""
+
+    def test_a_plugged_in_adapter_runs_the_plan(self, nats_server: NatsServer,
+                                                tmp_path: Path) -> None:
+        adapter = RecordingAdapter()
+        settings = settings_for(nats_server, tmp_path, f"sqlite:///{tmp_path / 's.db'}")
+        settings = settings.model_copy(update={"engines": "local,argo"})
+        svc = ServiceThread(settings, functools.partial(build, adapters={"argo": adapter}))
+        svc.start()
+        try:
+            with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
+                wf = greeting_workflow(unique("remote"))
+                sub = client.submitter.submit(wf, engine="argo")
+                optimize(nats_server, sub.run_id, wf)
+                run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+                assert run.state is RunState.SUCCEEDED, run.message
+                assert adapter.submitted == [(wf.name, sub.run_id)]  # the run id as key
+                assert run.engine_run_id == f"remote-{sub.run_id}"
+                assert run.step("hello").outputs == {"said": "hi"}
+                with pytest.raises(NotFoundError):
+                    list(client.submitter.watch("run-unknown"))
+        finally:
+            svc.stop()
+
+    def test_unknown_engines_in_the_settings_are_refused(self) -> None:
+        with pytest.raises(SettingsError, match="COULER_ENGINES: unknown engine"):
+            SubmitterSettings.load("submitter", engines="local,nomad")
+
+
+# ----------------------------------------------------------------------------- crash
+
+
+class ServiceProcess:
+    """``python -m couler_submitter.main`` with the given environment."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env = env
+        self.log = log
+        self.proc: subprocess.Popen[str] | None = None
+        self.address = ""
+
+    def start(self) -> ServiceProcess:
+        with self.log.open("a") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "couler_submitter.main"], env=self.env,
+                stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # the READY line, or EOF when it dies
+            if line.startswith(READY_PREFIX):
+                self.address = line.split()[2]
+                return self
+        raise RuntimeError(f"the submitter died: {self.log.read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(WAIT)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(WAIT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(WAIT)
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+class TestCrash:
+    """SIGKILL the submitter while a run is RUNNING; the restarted one completes it."""
+
+    def test_a_killed_submitter_resumes_its_runs(self, nats_server: NatsServer,
+                                                 postgres_url: str, tmp_path: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
+        env.update({
+            "COULER_NATS_URL": nats_server.url,
+            "COULER_DATABASE_URL": fresh_database(postgres_url),
+            "COULER_STATE_DIR": str(tmp_path / "state"),
+            "COULER_ARTIFACTS": str(tmp_path / "state" / "blobs"),
+            "COULER_GRPC_ADDRESS": "127.0.0.1:0",
+            "COULER_OUTBOX_INTERVAL": "1",
+        })
+        marker = tmp_path / "m"
+        wf = marker_workflow(unique("crash"), marker, sleep=4)
+        first = ServiceProcess(env, tmp_path / "submitter.log").start()
+        second: ServiceProcess | None = None
+        try:
+            with CoulerClient({"submitter": first.address}, timeout=WAIT) as client:
+                sub = client.submitter.submit(wf)
+                optimize(nats_server, sub.run_id, wf)
+                wait_for("the second step", lambda: "second-start" in lines(marker))
+                running = client.submitter.get(sub.run_id)
+                assert running.state is RunState.RUNNING
+            first.kill()
+            run_dir = tmp_path / "state" / "runs" / sub.run_id
+            orphans = processes_in(run_dir)
+            assert orphans, "the step process outlives a SIGKILLed submitter"
+            second = ServiceProcess(env, tmp_path / "submitter.log").start()
+            with CoulerClient({"submitter": second.address}, timeout=WAIT) as client:
+                run = client.submitter.wait(sub.run_id, timeout=WAIT)
+            assert run.state is RunState.SUCCEEDED, run.message
+            assert psutil.wait_procs(orphans, timeout=WAIT)[1] == []
+            # "first" succeeded before the crash and did not run again; the interrupted
+            # attempt of "second" was killed, so it finished exactly once.
+            assert lines(marker).count("first") == 1
+            assert lines(marker).count("second-end") == 1
+            assert run.step("first").attempts == 1
+            submitted = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.submitted",
+                               events_pb2.WorkflowSubmitted, sub.run_id)
+            assert len(submitted) == 1  # one engine submission
+            finished = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
+                              events_pb2.WorkflowFinished, sub.run_id)
+            assert len(finished) == 1
+        finally:
+            if first.proc is not None and first.proc.poll() is None:
+                first.kill()
+            if second is not None:
+                second.stop()
