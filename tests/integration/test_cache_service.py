@@ -41,9 +41,11 @@ from couler_runtime.blobs import LocalBlobStore, open_blob_store
 from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import CacheEntry, StoredArtifact
-from couler_runtime.service import READY_PREFIX, serve
+from couler_runtime.service import READY_PREFIX
 from couler_runtime.settings import SettingsError
 from tests.servers import NatsServer, SeaweedS3
+from tests.service_thread import Builder
+from tests.service_thread import ServiceThread as RunningService
 
 WAIT = 60.0  # a bound on waiting, never an assertion about speed
 
@@ -51,52 +53,11 @@ WAIT = 60.0  # a bound on waiting, never an assertion about speed
 # ----------------------------------------------------------------------------- harness
 
 
-class ServiceThread:
-    """The cache's ``serve`` on its own loop in a thread; ``address`` once it serves."""
-
-    def __init__(self, settings: CacheSettings) -> None:
-        self.settings = settings
-        self.port = 0
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="cache", daemon=True)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        await serve(self.settings, build, stop=self._stop, on_ready=self._on_ready)
-
-    def _on_ready(self, port: int) -> None:
-        self.port = port
-        self._ready.set()
-
-    def start(self) -> ServiceThread:
-        self._thread.start()
-        if not self._ready.wait(WAIT) or self._error is not None or not self.port:
-            raise RuntimeError(f"the cache did not start: {self._error!r}")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(WAIT)
-        assert not self._thread.is_alive(), "the cache did not stop"
-        if self._error is not None:
-            raise self._error
+def ServiceThread(settings: CacheSettings,
+                  builder: Builder = build
+                  ) -> RunningService[CacheSettings]:
+    """The cache service running in a thread (tests/service_thread.py)."""
+    return RunningService(settings, builder)
 
 
 @dataclass

@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -43,9 +42,10 @@ from couler_monitor.service import cpu_quantity, memory_quantity
 from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import Recommendation, RecommendationKind
-from couler_runtime.service import serve
 from couler_runtime.settings import SettingsError
 from tests.servers import NatsServer, free_port
+from tests.service_thread import Builder
+from tests.service_thread import ServiceThread as RunningService
 
 MI = 1024 * 1024
 WAIT = 60.0  # a bound on waiting, never an assertion about speed
@@ -56,56 +56,15 @@ T = TypeVar("T")
 # ----------------------------------------------------------------------------- harness
 
 
-class ServiceThread:
-    """The monitor's ``serve`` on its own loop in a thread."""
+class ServiceThread(RunningService[MonitorSettings]):
+    """The monitor service running in a thread (tests/service_thread.py), and its dashboard."""
 
-    def __init__(self, settings: MonitorSettings) -> None:
-        self.settings = settings
-        self.port = 0
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="monitor", daemon=True)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+    def __init__(self, settings: MonitorSettings, builder: Builder = build) -> None:
+        super().__init__(settings, builder)
 
     @property
     def dashboard(self) -> str:
         return f"http://{self.settings.dashboard_address}"
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        await serve(self.settings, build, stop=self._stop, on_ready=self._on_ready)
-
-    def _on_ready(self, port: int) -> None:
-        self.port = port
-        self._ready.set()
-
-    def start(self) -> ServiceThread:
-        self._thread.start()
-        if not self._ready.wait(WAIT) or self._error is not None or not self.port:
-            raise RuntimeError(f"the monitor did not start: {self._error!r}")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(WAIT)
-        assert not self._thread.is_alive(), "the monitor did not stop"
-        if self._error is not None:
-            raise self._error
 
 
 class Records(logging.Handler):

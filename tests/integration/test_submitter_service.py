@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -57,12 +57,14 @@ from couler_runtime.rpc.records import (
     run_from_proto,
     step_record_from_proto,
 )
-from couler_runtime.service import READY_PREFIX, Component, serve
+from couler_runtime.service import READY_PREFIX
 from couler_runtime.settings import SettingsError
 from couler_submitter.main import SubmitterSettings, build
 from couler_submitter.model import RunOptions, RunRequest
 from couler_submitter.store import RunStore
 from tests.servers import NatsServer
+from tests.service_thread import Builder
+from tests.service_thread import ServiceThread as RunningService
 
 WAIT = 90.0  # a bound on waiting, never an assertion about speed
 T = TypeVar("T")
@@ -71,6 +73,13 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 # ----------------------------------------------------------------------------- harness
+
+
+def ServiceThread(settings: SubmitterSettings,
+                  builder: Builder = build
+                  ) -> RunningService[SubmitterSettings]:
+    """The submitter service running in a thread (tests/service_thread.py)."""
+    return RunningService(settings, builder)
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT) -> T:
@@ -98,57 +107,6 @@ def fresh_database(base_url: str) -> str:
     engine.dispose()
     return sa.engine.make_url(base_url).set(database=name).render_as_string(
         hide_password=False)
-
-
-class ServiceThread:
-    """The submitter's ``serve`` on its own loop in a thread; ``address`` once it serves."""
-
-    def __init__(self, settings: SubmitterSettings,
-                 builder: Callable[[SubmitterSettings, Bus], Awaitable[Component]] = build
-                 ) -> None:
-        self.settings = settings
-        self.builder = builder
-        self.port = 0
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="submitter", daemon=True)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        await serve(self.settings, self.builder, stop=self._stop, on_ready=self._on_ready)
-
-    def _on_ready(self, port: int) -> None:
-        self.port = port
-        self._ready.set()
-
-    def start(self) -> ServiceThread:
-        self._thread.start()
-        if not self._ready.wait(WAIT) or self._error is not None or not self.port:
-            raise RuntimeError(f"the submitter did not start: {self._error!r}")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(WAIT)
-        assert not self._thread.is_alive(), "the submitter did not stop"
-        if self._error is not None:
-            raise self._error
 
 
 def settings_for(nats_server: NatsServer, state: Path, database_url: str,
