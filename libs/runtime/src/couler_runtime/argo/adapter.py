@@ -48,17 +48,12 @@ other 4xx (401/403 included) -> ``UserError``, 5xx and connection failures ->
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any
 
-import urllib3
 from kubernetes import client as k8s_client
-from kubernetes import config as _k8s_config
 from kubernetes import watch as _k8s_watch
 
 from couler import ir
@@ -66,11 +61,18 @@ from couler.api.handles import SecretMaterial
 from couler.compilers.argo import compile_workflow
 from couler.engines.base import RunState, RunStatus, StepState, StepStatus
 from couler.errors import (
-    ConflictError,
     NotFoundError,
     OperationTimeoutError,
-    RetryableError,
     UserError,
+)
+from couler_runtime.kube import (
+    CONNECTION_ERRORS,
+    as_mapping,
+    items_of,
+    label_value,
+    load_config,
+    parse_time,
+    raise_api_error,
 )
 
 __all__ = [
@@ -83,7 +85,6 @@ __all__ = [
 ]
 
 # Parts of the client without annotations: kept as ``Any`` here, at the boundary.
-k8s_config: Any = _k8s_config
 k8s_watch: Any = _k8s_watch
 
 GROUP = "argoproj.io"
@@ -92,7 +93,6 @@ IDEMPOTENCY_KEY = "couler.io/idempotency-key"
 POD_NAME_FORMAT = "workflows.argoproj.io/pod-name-format"
 MAIN_CONTAINER = "main"
 
-_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 _ITEM = re.compile(r"^(?P<step>.+?)\((?P<key>\d+)(:.*)?\)$", re.DOTALL)
 _MAX_POD_PREFIX = 253 - 10 - 1  # Argo: maxK8sResourceNameLength - k8sNamingHashLength - 1
 _STRUCTURAL = {"TaskGroup", "StepGroup"}
@@ -146,7 +146,7 @@ class ArgoAdapter:
                 if ca_cert is not None:
                     cfg.ssl_ca_cert = ca_cert
             if cfg is None:
-                cfg = _load_config(config_file, context)
+                cfg = load_config(config_file, context)
             api = k8s_client.ApiClient(cfg)
         self._api: Any = api
         self._custom: Any = k8s_client.CustomObjectsApi(api)
@@ -185,14 +185,14 @@ class ArgoAdapter:
                             f"namespace {self.namespace!r}")
         what = f"{kind} of workflow {wf.name!r}"
         if idempotency_key is not None:
-            label = _label_value(idempotency_key)
+            label = label_value(idempotency_key)
             metadata.setdefault("labels", {})[IDEMPOTENCY_KEY] = label
             metadata.setdefault("annotations", {})[IDEMPOTENCY_KEY] = idempotency_key
             with self._boundary(f"looking up {what} by idempotency key"):
                 found = self._custom.list_namespaced_custom_object(
                     GROUP, VERSION, self.namespace, plural,
                     label_selector=f"{IDEMPOTENCY_KEY}={label}")
-            for item in _items(found):
+            for item in items_of(found):
                 meta = item.get("metadata") or {}
                 if (meta.get("annotations") or {}).get(IDEMPOTENCY_KEY) == idempotency_key:
                     return str(meta["name"])
@@ -202,7 +202,7 @@ class ArgoAdapter:
         with self._boundary(f"creating {what}"):
             created = self._custom.create_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, plural, doc)
-        return str(_mapping(created)["metadata"]["name"])
+        return str(as_mapping(created)["metadata"]["name"])
 
     def _put_secret(self, secret: SecretMaterial, workflow: str) -> None:
         body = {
@@ -219,9 +219,9 @@ class ArgoAdapter:
             return
         except k8s_client.ApiException as e:
             if e.status != 409:
-                _raise(e, what, echo=False)
-        except _CONNECTION_ERRORS as e:
-            _raise(e, what)
+                raise_api_error(e, what, echo=False)
+        except CONNECTION_ERRORS as e:
+            raise_api_error(e, what)
         with self._boundary(f"replacing secret {secret.name!r} of workflow {workflow!r}",
                             echo=False):
             self._core.replace_namespaced_secret(secret.name, self.namespace, body)
@@ -233,7 +233,7 @@ class ArgoAdapter:
         with self._boundary(f"reading workflow {name!r}"):
             obj = self._custom.get_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, "workflows", name)
-        return _mapping(obj)
+        return as_mapping(obj)
 
     def status(self, name: str) -> RunStatus:
         """The state of the run ``name`` and of its steps (see the module's mapping)."""
@@ -278,7 +278,7 @@ class ArgoAdapter:
                 try:
                     for event in stream:
                         etype = event.get("type")
-                        item = _mapping(event.get("object"))
+                        item = as_mapping(event.get("object"))
                         meta = item.get("metadata") or {}
                         version = meta.get("resourceVersion", version)
                         if etype == "DELETED":
@@ -346,68 +346,9 @@ class ArgoAdapter:
         try:
             yield
         except k8s_client.ApiException as e:
-            _raise(e, action, echo=echo, namespace=self.namespace)
-        except _CONNECTION_ERRORS as e:
-            _raise(e, action)
-
-
-_CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, OSError)
-
-
-def _raise(e: Exception, action: str, *, echo: bool = True, namespace: str = "") -> NoReturn:
-    """Raise the Couler error for a Kubernetes client error ``e`` during ``action``."""
-    if not isinstance(e, k8s_client.ApiException):
-        raise RetryableError(f"{action}: cannot reach the Kubernetes API "
-                             f"({type(e).__name__}: {e})") from e
-    status = e.status if isinstance(e.status, int) else 0
-    detail = ""
-    if echo and e.body:
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            detail = str(json.loads(e.body).get("message", ""))[:300]
-    message = f"{action}: the Kubernetes API answered {status} {e.reason or ''}".rstrip()
-    if status == 404:
-        where = f" in namespace {namespace!r}" if namespace else ""
-        raise NotFoundError(f"{action}: not found{where}") from e
-    if detail:
-        message += f": {detail}"
-    if status == 409:
-        raise ConflictError(message) from e
-    if status in (401, 403):
-        raise UserError(message + " (check the bearer token and its RBAC permissions)") from e
-    if status >= 500 or status in {0, 429}:
-        raise RetryableError(message) from e
-    raise UserError(message) from e
-
-
-def _load_config(config_file: str | None, context: str | None) -> Any:
-    cfg: Any = k8s_client.Configuration()
-    try:
-        k8s_config.load_kube_config(config_file=config_file, context=context,
-                                    client_configuration=cfg)
-    except (k8s_config.ConfigException, OSError, TypeError):
-        try:
-            k8s_config.load_incluster_config(client_configuration=cfg)
-        except k8s_config.ConfigException as e:
-            raise UserError("no Kubernetes configuration found: set KUBECONFIG, pass "
-                            "config_file=, host=/token=, or run inside a cluster") from e
-    return cfg
-
-
-def _label_value(key: str) -> str:
-    if key and len(key) <= 63 and _LABEL_VALUE.fullmatch(key):
-        return key
-    return "sha256-" + hashlib.sha256(key.encode()).hexdigest()[:56]
-
-
-def _mapping(obj: object) -> dict[str, Any]:
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    raise RetryableError(f"the Kubernetes API returned {type(obj).__name__}, not an object")
-
-
-def _items(obj: object) -> list[dict[str, Any]]:
-    items = _mapping(obj).get("items") or []
-    return [dict(i) for i in items if isinstance(i, Mapping)]
+            raise_api_error(e, action, echo=echo, namespace=self.namespace)
+        except CONNECTION_ERRORS as e:
+            raise_api_error(e, action)
 
 
 # --------------------------------------------------------------------------- status mapping
@@ -416,15 +357,6 @@ def _items(obj: object) -> list[dict[str, Any]]:
 def _nodes(obj: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     nodes = (obj.get("status") or {}).get("nodes") or {}
     return {str(k): dict(v) for k, v in nodes.items() if isinstance(v, Mapping)}
-
-
-def _time(value: object) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def _split(display: str) -> tuple[str, str]:
@@ -489,8 +421,8 @@ def _step_status(node: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]
     with contextlib.suppress(TypeError, ValueError):
         exit_code = int(outputs_doc["exitCode"]) if "exitCode" in outputs_doc else None
     return StepStatus(step=step, state=state, key=key, attempts=attempts, exit_code=exit_code,
-                      started_at=_time(node.get("startedAt")),
-                      finished_at=_time(node.get("finishedAt")), outputs=outputs,
+                      started_at=parse_time(node.get("startedAt")),
+                      finished_at=parse_time(node.get("finishedAt")), outputs=outputs,
                       message=str(node.get("message") or ""))
 
 
@@ -508,8 +440,8 @@ def run_status(obj: Mapping[str, Any]) -> RunStatus:
     nodes = _nodes(obj)
     steps = tuple(_step_status(n, nodes, shutdown) for n in _step_nodes(obj))
     return RunStatus(run_id=name, workflow=workflow, state=state, steps=steps,
-                     started_at=_time(status.get("startedAt")),
-                     finished_at=_time(status.get("finishedAt")),
+                     started_at=parse_time(status.get("startedAt")),
+                     finished_at=parse_time(status.get("finishedAt")),
                      message=str(status.get("message") or ""))
 
 

@@ -84,14 +84,16 @@ from couler.errors import (
     UserError,
 )
 from couler_runtime.argo.adapter import (
-    _CONNECTION_ERRORS,
-    _items,
-    _label_value,
-    _load_config,
-    _mapping,
-    _raise,
-    _time,
     k8s_watch,
+)
+from couler_runtime.kube import (
+    CONNECTION_ERRORS,
+    as_mapping,
+    items_of,
+    label_value,
+    load_config,
+    parse_time,
+    raise_api_error,
 )
 
 __all__ = [
@@ -148,7 +150,7 @@ class TektonAdapter:
                 if ca_cert is not None:
                     cfg.ssl_ca_cert = ca_cert
             if cfg is None:
-                cfg = _load_config(config_file, context)
+                cfg = load_config(config_file, context)
             api = k8s_client.ApiClient(cfg)
         self._api: Any = api
         self._custom: Any = k8s_client.CustomObjectsApi(api)
@@ -191,7 +193,7 @@ class TektonAdapter:
                                 f"adapter's namespace {self.namespace!r}")
         run_meta: dict[str, Any] = run["metadata"]
         if idempotency_key is not None:
-            label = _label_value(idempotency_key)
+            label = label_value(idempotency_key)
             run_meta.setdefault("labels", {})[IDEMPOTENCY_KEY] = label
             run_meta.setdefault("annotations", {})[IDEMPOTENCY_KEY] = idempotency_key
             with self._boundary(f"looking up the PipelineRun of workflow {wf.name!r} by "
@@ -199,7 +201,7 @@ class TektonAdapter:
                 found = self._custom.list_namespaced_custom_object(
                     GROUP, VERSION, self.namespace, "pipelineruns",
                     label_selector=f"{IDEMPOTENCY_KEY}={label}")
-            for item in _items(found):
+            for item in items_of(found):
                 meta = item.get("metadata") or {}
                 if (meta.get("annotations") or {}).get(IDEMPOTENCY_KEY) == idempotency_key:
                     return str(meta["name"])
@@ -210,7 +212,7 @@ class TektonAdapter:
         with self._boundary(f"creating the PipelineRun of workflow {wf.name!r}"):
             created = self._custom.create_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, "pipelineruns", run)
-        return str(_mapping(created)["metadata"]["name"])
+        return str(as_mapping(created)["metadata"]["name"])
 
     def _put_pipeline(self, pipeline: dict[str, Any], workflow: str) -> None:
         name = pipeline["metadata"]["name"]
@@ -225,11 +227,11 @@ class TektonAdapter:
             return
         except k8s_client.ApiException as e:
             if e.status != 409:
-                _raise(e, f"creating {what}", namespace=self.namespace)
-        except _CONNECTION_ERRORS as e:
-            _raise(e, f"creating {what}")
+                raise_api_error(e, f"creating {what}", namespace=self.namespace)
+        except CONNECTION_ERRORS as e:
+            raise_api_error(e, f"creating {what}")
         with self._boundary(f"reading {what}"):
-            existing = _mapping(self._custom.get_namespaced_custom_object(
+            existing = as_mapping(self._custom.get_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, "pipelines", name))
         meta = existing.get("metadata") or {}
         if (meta.get("annotations") or {}).get(DIGEST_ANNOTATION) == \
@@ -256,9 +258,9 @@ class TektonAdapter:
             return
         except k8s_client.ApiException as e:
             if e.status != 409:
-                _raise(e, what, echo=False)
-        except _CONNECTION_ERRORS as e:
-            _raise(e, what)
+                raise_api_error(e, what, echo=False)
+        except CONNECTION_ERRORS as e:
+            raise_api_error(e, what)
         with self._boundary(f"replacing secret {secret.name!r} of workflow {workflow!r}",
                             echo=False):
             self._core.replace_namespaced_secret(secret.name, self.namespace, body)
@@ -270,11 +272,11 @@ class TektonAdapter:
         with self._boundary(f"reading PipelineRun {name!r}"):
             obj = self._custom.get_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, "pipelineruns", name)
-        return _mapping(obj)
+        return as_mapping(obj)
 
     def task_runs(self, name: str) -> list[dict[str, Any]]:
         """The TaskRuns of the PipelineRun ``name`` (by Tekton's ``tekton.dev/pipelineRun``)."""
-        return _items(self._list_task_runs(name))
+        return items_of(self._list_task_runs(name))
 
     def _list_task_runs(self, name: str) -> Any:
         with self._boundary(f"listing the TaskRuns of PipelineRun {name!r}"):
@@ -301,8 +303,8 @@ class TektonAdapter:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         run = self.get(name)
-        listed = _mapping(self._list_task_runs(name))
-        children = {str(tr["metadata"]["name"]): tr for tr in _items(listed)}
+        listed = as_mapping(self._list_task_runs(name))
+        children = {str(tr["metadata"]["name"]): tr for tr in items_of(listed)}
         last = run_status(run, children.values())
         yield last
         if last.state.terminal:
@@ -387,7 +389,7 @@ class TektonAdapter:
                         if stop.is_set():
                             return
                         etype = str(event.get("type"))
-                        item = _mapping(event.get("object"))
+                        item = as_mapping(event.get("object"))
                         if etype == "ERROR":  # e.g. 410 Gone: start again from now
                             version = None
                             continue
@@ -399,9 +401,9 @@ class TektonAdapter:
             except CoulerError as e:
                 events.put((plural, "", {}, e))
                 return
-            except (k8s_client.ApiException, *_CONNECTION_ERRORS) as e:
+            except (k8s_client.ApiException, *CONNECTION_ERRORS) as e:
                 try:
-                    _raise(e, f"watching {plural} of namespace {self.namespace!r}",
+                    raise_api_error(e, f"watching {plural} of namespace {self.namespace!r}",
                            namespace=self.namespace)
                 except CoulerError as err:
                     events.put((plural, "", {}, err))
@@ -458,9 +460,9 @@ class TektonAdapter:
         try:
             yield
         except k8s_client.ApiException as e:
-            _raise(e, action, echo=echo, namespace=self.namespace)
-        except _CONNECTION_ERRORS as e:
-            _raise(e, action)
+            raise_api_error(e, action, echo=echo, namespace=self.namespace)
+        except CONNECTION_ERRORS as e:
+            raise_api_error(e, action)
 
 
 # --------------------------------------------------------------------------- status mapping
@@ -607,8 +609,8 @@ def _step_status(step: str, key: str, task_run: Mapping[str, Any] | None, skip: 
         exit_code = int(terminated["exitCode"]) if "exitCode" in terminated else None
     cond = _condition(task_run or {}) or {}
     return StepStatus(step=step, state=state, key=key, attempts=attempts, exit_code=exit_code,
-                      started_at=_time(status.get("startTime")),
-                      finished_at=_time(status.get("completionTime")), outputs=outputs,
+                      started_at=parse_time(status.get("startTime")),
+                      finished_at=parse_time(status.get("completionTime")), outputs=outputs,
                       message=str(cond.get("message") or ""))
 
 
@@ -627,8 +629,8 @@ def run_status(run: Mapping[str, Any], task_runs: Iterable[Mapping[str, Any]]) -
                               int(s.key) if s.key.isdigit() else -1, s.key))
     cond = _condition(run) or {}
     return RunStatus(run_id=name, workflow=workflow, state=state, steps=tuple(steps),
-                     started_at=_time(status.get("startTime")),
-                     finished_at=_time(status.get("completionTime")),
+                     started_at=parse_time(status.get("startTime")),
+                     finished_at=parse_time(status.get("completionTime")),
                      message=str(cond.get("message") or ""))
 
 
