@@ -163,9 +163,15 @@ M = TypeVar("M", bound=Message)
 
 def stored(nats_server: NatsServer, stream: str, subject: str, message_type: type[M],
            run_id: str) -> list[tuple[str, M, dict[str, str]]]:
-    """The messages the stream holds on ``subject`` about run ``run_id``, in order."""
+    """The messages the stream holds on ``subject`` about run ``run_id``, in order.
+
+    The session's NATS is shared with other test modules, which publish their own
+    message types on the same subjects: only bodies of ``message_type`` are read.
+    """
     got = []
     for subj, data, headers in asyncio.run(_read(nats_server.url, stream, subject)):
+        if headers.get("couler-event-type") != message_type.DESCRIPTOR.full_name:
+            continue
         msg = message_type.FromString(data)
         rid = msg.run.run_id if isinstance(msg, events_pb2.WorkflowFinished) else \
             getattr(msg, "run_id", "")
