@@ -737,3 +737,74 @@ def test_an_incomplete_cache_hit_runs_the_step(tmp_path: Path) -> None:
     status = engine.start(_cache_workflow(), cached={"make": Reuse("k", {"said": "x"})}).wait()
     make = next(s for s in status.steps if s.step == "make")
     assert make.state is StepState.SUCCEEDED and make.attempts == 1
+
+
+# ------------------------------------------------------------------ crash of the engine process
+
+CRASHING_ENGINE = r'''
+import sys, time
+from pathlib import Path
+from couler import ir
+from couler_runtime.local import LocalEngine
+work, token = Path(sys.argv[1]), sys.argv[2]
+a = ir.Step(name="a", body=ir.ContainerSpec(image="x", command=("echo", "a")))
+b = ir.Step(name="b", body=ir.ContainerSpec(image="x", command=(
+    "sh", "-c", f"echo $$ > {work}/b.pid; sleep 30 # {token}")),
+    dependencies=(ir.Dependency("a"),))
+handle = LocalEngine(work).start(ir.Workflow(name="crashy", steps=(a, b)), run_id="r")
+print("started", flush=True)
+time.sleep(120)
+'''
+
+
+def test_a_crashed_engine_leaves_no_step_running_and_resume_counts_the_attempt(
+        tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import uuid
+
+    import psutil
+
+    from couler_runtime.local.engine import _load
+
+    token = uuid.uuid4().hex
+    proc = subprocess.Popen([PY, "-c", CRASHING_ENGINE, str(tmp_path), token],
+                            stdout=subprocess.PIPE, text=True)
+    pid_file = tmp_path / "b.pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline, "step b never started"
+        time.sleep(0.05)
+    step_pid = int(pid_file.read_text())
+    os.kill(proc.pid, signal.SIGKILL)  # the engine process crashes mid-step
+    proc.wait(10)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(step_pid) and psutil.Process(step_pid).status() != "zombie":
+        assert time.monotonic() < deadline, "the step outlived its engine"
+        time.sleep(0.05)
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if token in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []
+    _, before = _load(tmp_path / "r")
+    assert before[("b", "")].state is StepState.RUNNING and before[("b", "")].attempts == 1
+
+    pid_file.write_text("")
+    handle = LocalEngine(tmp_path).resume(tmp_path / "r")
+    deadline = time.monotonic() + 60
+    while not pid_file.read_text().strip():
+        assert time.monotonic() < deadline, "step b did not run again"
+        time.sleep(0.05)
+    status = handle.status()
+    b = next(s for s in status.steps if s.step == "b")
+    a = next(s for s in status.steps if s.step == "a")
+    assert b.state is StepState.RUNNING and b.attempts == 2  # a new attempt, not attempt 1
+    assert a.state is StepState.SUCCEEDED and a.attempts == 1  # reused, not run again
+    handle.cancel()
+    final = handle.wait(30)
+    assert final.state is RunState.CANCELLED
+    # The journal now holds both attempts' lines; loading must see the latest state only.
+    _, after = _load(tmp_path / "r")
+    assert after[("b", "")].state is StepState.CANCELLED and after[("b", "")].attempts == 2

@@ -567,7 +567,13 @@ class TestMonitor:
         exchange(monitor.nats, [(submitted[0], submitted[1], uuid.uuid4().hex),
                                 (subject_of(old_step), old_step, uuid.uuid4().hex)])
         assert state() == "failed"
-        # A Retry: a step runs after the end, so the run is running again ...
+        # A step event published late (after the end) does not reopen the run ...
+        exchange(monitor.nats, steps(step_event(run, wf, "a", "RUNNING", at=t0 + 8)))
+        assert state() == "failed"
+        # ... a Retry does: the engine accepts the run again, then its steps run ...
+        exchange(monitor.nats, [("couler.workflow.submitted", events_pb2.WorkflowSubmitted(
+            run_id=run, workflow=wf, engine="local", at=ts(t0 + 9)), f"{run}.submitted.1")])
+        assert state() == "pending"
         exchange(monitor.nats, steps(step_event(run, wf, "a", "RUNNING", at=t0 + 10,
                                                 attempts=2)))
         assert state() == "running"

@@ -82,6 +82,9 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     # a zombie child of this process counts as gone
+    for child in _CHILDREN:
+        if child.pid == pid:
+            return child.poll() is None
     with contextlib.suppress(ChildProcessError):
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done == pid:
@@ -140,11 +143,19 @@ def _wait(check: Callable[[], bool], what: str, log: Path, pid: int,
                     f"{log}:\n{_tail(log)}")
 
 
+# The stack's processes outlive the Popen objects that started them (they are detached:
+# `couler up` returns, `couler down` finds them by pid). Keeping the objects here means
+# none is garbage-collected while its process runs (which would warn), and a process
+# started by this interpreter can still be reaped.
+_CHILDREN: list[subprocess.Popen[bytes]] = []
+
+
 def _spawn(argv: list[str], log: Path, env: Mapping[str, str]) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=dict(env),
                                 stdin=subprocess.DEVNULL, start_new_session=True)
+    _CHILDREN.append(proc)
     return proc.pid
 
 

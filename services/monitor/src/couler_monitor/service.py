@@ -151,11 +151,10 @@ class Monitor:
 
         def write(tx: Tx) -> bool:
             run = self._run_row(tx, run_id, workflow=workflow, engine=engine)
-            if run.state in (s.value for s in RunState if s.terminal):
-                if not record.state.terminal and when > (run.finished_at or 0.0):
-                    run.state, run.reopened_at = RunState.RUNNING.value, when
-                    run.finished_at, run.message = None, ""
-            else:
+            # A step event never reopens a finished run: events published late (under load,
+            # or redelivered) would otherwise leave it "running" for good. A Retry reopens
+            # it through its new couler.workflow.submitted (record_submitted).
+            if run.state not in (s.value for s in RunState if s.terminal):
                 self._advance(run, RunState.RUNNING)
             if record.started_at is not None and (run.started_at is None
                                                   or record.started_at < run.started_at):
@@ -219,6 +218,11 @@ class Monitor:
         def write(tx: Tx) -> bool:
             run = self._run_row(tx, self._need_run_id(run_id, "submitted"),
                                 workflow=workflow, engine=engine)
+            terminal = run.state in (s.value for s in RunState if s.terminal)
+            if terminal and at is not None and at > (run.finished_at or 0.0):
+                # submitted again after the end: a Retry of the run
+                run.state, run.reopened_at = RunState.PENDING.value, at
+                run.finished_at, run.message = None, ""
             self._advance(run, RunState.PENDING)
             if at is not None and (run.started_at is None or at < run.started_at):
                 run.started_at = at

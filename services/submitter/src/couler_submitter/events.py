@@ -81,6 +81,17 @@ def _now() -> Timestamp:
     return ts
 
 
+def _changed_at(rec: StepRecord) -> Timestamp:
+    """When the step changed (its end, else its start), not when the event is published:
+    under load a late publish must not look newer than the run's end."""
+    at = rec.finished_at if rec.finished_at is not None else rec.started_at
+    if at is None:
+        return _now()
+    ts = Timestamp()
+    ts.FromNanoseconds(round(at * 1e9))
+    return ts
+
+
 def _suffix(run: Run, sep: str = ".r") -> str:
     return f"{sep}{run.retries}" if run.retries else ""
 
@@ -116,7 +127,7 @@ class BusEvents:
 
     async def step(self, run: Run, rec: StepRecord) -> None:
         msg = events_pb2.StepEvent(run_id=run.run_id, workflow=run.workflow, engine=run.engine,
-                                   step=step_record_to_proto(rec), at=_now())
+                                   step=step_record_to_proto(rec), at=_changed_at(rec))
         state = rec.state.value
         await self._bus.publish(
             f"{STEP}.{state}", msg,

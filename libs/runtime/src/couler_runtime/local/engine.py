@@ -278,6 +278,8 @@ class LocalRun:
         self._finished_at: float | None = None
         self._store = ArtifactStore(run_dir / "artifacts")
         self._seq = 0  # number of changes journaled so far
+        # attempts already made by steps a crash interrupted (resume), by (record, key)
+        self._resumed_attempts: dict[tuple[str, str], int] = {}
         self._snapshot_at = 0.0  # monotonic time of the last run.json snapshot
         self._journal: TextIO | None = None
         self._thread = threading.Thread(target=self._main, name=f"couler-local-{self.run_id}",
@@ -750,7 +752,8 @@ class LocalRun:
         resources = step.resources or wf.defaults.resources
         memory_limit = _quantity(resources.memory_limit) if resources else None
         ceiling = _quantity(policy.memory_ceiling) if policy else None
-        self._update(rec, state=StepState.RUNNING, started_at=time.time(), attempts=0)
+        done = self._root._resumed_attempts.pop((rec.step, rec.key), 0)
+        self._update(rec, state=StepState.RUNNING, started_at=time.time(), attempts=done)
         retries = 0
         while True:
             self._update(rec, attempts=rec.attempts + 1, state=StepState.RUNNING)
@@ -1227,6 +1230,14 @@ class LocalEngine:
         handle = LocalRun(self, wf, Path(run_dir), parameters=data.get("parameters") or {},
                           on_event=on_event, reuse=reuse, previous=latest,
                           references=references)
+        # The journal keeps growing: continue its numbering, or loading would replay the
+        # older lines of the crashed attempt over this one's.
+        handle._seq = max(int(data.get("seq", 0)), int(data.get("last_seq", 0)))
+        # A step the crash interrupted (running, or waiting to retry) counts its attempts
+        # on: running it again is a new attempt, never the same one twice.
+        handle._resumed_attempts = {
+            (r.step, r.key): r.attempts for r in latest.values()
+            if r.state in (StepState.RUNNING, StepState.RETRYING)}
         handle._start()
         return handle
 
@@ -1277,6 +1288,7 @@ def _load(run_dir: Path) -> tuple[dict[str, Any], dict[tuple[str, str], _Record]
             if entry["seq"] > data.get("seq", 0):
                 rec = _Record.from_dict(entry["record"])
                 latest[(rec.step, rec.key)] = rec
+            data["last_seq"] = max(int(data.get("last_seq", 0)), int(entry["seq"]))
     return data, latest
 
 

@@ -1,7 +1,10 @@
 """Run one command as a subprocess, sample its process tree, enforce limits.
 
 The process starts in its own session (process group) so that a timeout, a
-memory-limit kill or a cancellation kills the whole tree. Every
+memory-limit kill or a cancellation kills the whole tree. On Linux it also gets
+SIGKILL when the thread that started it dies (``PR_SET_PDEATHSIG``): a crashed
+engine process leaves no step running unobserved, and a resumed run runs the
+interrupted step again as a new attempt instead of losing a result it never saw. Every
 ``SAMPLE_SECONDS`` the tree's CPU (in cores) and resident memory are sampled
 with psutil; the peaks are returned with the exit code.
 """
@@ -9,6 +12,8 @@ with psutil; the peaks are returned with the exit code.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
@@ -23,6 +28,28 @@ import psutil  # type: ignore[import-untyped]
 __all__ = ["SAMPLE_SECONDS", "ProcessResult", "run_process"]
 
 SAMPLE_SECONDS = 0.05
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _resolve_prctl() -> object | None:
+    """libc's prctl, resolved in the parent (the child must not load libraries)."""
+    if os.uname().sysname != "Linux":
+        return None
+    name = ctypes.util.find_library("c") or "libc.so.6"
+    try:
+        return getattr(ctypes.CDLL(name, use_errno=True), "prctl", None)
+    except OSError:
+        return None
+
+
+_PRCTL: object | None = _resolve_prctl()
+
+
+def _die_with_parent() -> None:
+    """In the child between fork and exec: SIGKILL when the starting thread dies."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)  # type: ignore[operator]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +146,11 @@ def run_process(
     """
     with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
         try:
+            # preexec_fn only calls the prctl resolved above (no imports, no locks).
             proc = subprocess.Popen(
                 list(argv), cwd=cwd, env=dict(env), stdout=out, stderr=err,
                 stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=_die_with_parent if _PRCTL is not None else None,  # noqa: PLW1509
             )
         except OSError as exc:
             return ProcessResult(exit_code=None, started=False, error=f"{argv[0]!r}: {exc}")

@@ -1,0 +1,289 @@
+"""Fixtures and helpers for the end-to-end tests: the real stack, as processes.
+
+Each module starts its own stack (``couler_runtime.stack.up``: nats-server with JetStream
+and the five services) in a temporary home with a token, and stops it at teardown,
+asserting that no process is left (see :func:`leftovers`). The helpers read what the
+local engine left on disk (``<home>/state/runs/<run_id>/``) and what JetStream stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil  # type: ignore[import-untyped]
+import pytest
+from google.protobuf.message import Message
+
+from couler import ir
+from couler.errors import RetryableError
+from couler_runtime import stack
+from couler_runtime.client import CoulerClient
+from couler_runtime.rpc.records import Run
+
+M = TypeVar("M", bound=Message)
+PY = "python:3.12-alpine"
+DEADLINE = 90.0  # seconds a run may take to finish in these tests (a hang, not a timing)
+
+# couler_runtime.stack starts each process with subprocess.Popen and drops the Popen object
+# while the process runs on (on purpose: the stack outlives `couler up`); CPython then warns
+# "subprocess N is still running" (ResourceWarning), which filterwarnings=error would turn
+# into errors of whichever test happens to be running.
+
+
+@dataclass
+class Stack:
+    """A running stack: its home, what ``up`` recorded, and a client for all five services."""
+
+    home: Path
+    info: stack.StackInfo
+    client: CoulerClient
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "state" / "runs"
+
+    def refresh(self) -> None:
+        """Re-read the state file (``restart`` records the new pid)."""
+        self.info, _ = stack.status(self.home)
+
+
+def leftovers(home: Path, pids: Iterable[int] = ()) -> list[str]:
+    """Processes still alive that belong to the stack in ``home``: a recorded pid, or any
+    process with ``home`` in its command line, working directory or environment."""
+    root = str(home.resolve())
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found = []
+    for pid in pids:
+        if psutil.pid_exists(pid):
+            with contextlib.suppress(psutil.Error):  # gone, or not ours to read
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(f"recorded pid {pid} ({proc.name()})")
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        if proc.pid in mine:
+            continue
+        with contextlib.suppress(psutil.Error):  # gone, or not ours to read
+            cmdline = " ".join(proc.info.get("cmdline") or ())
+            cwd = proc.info.get("cwd") or ""
+            env = proc.environ()
+            if ((root in cmdline or cwd == root or cwd.startswith(root + os.sep)
+                    or any(root in v for v in env.values()))
+                    and proc.status() != psutil.STATUS_ZOMBIE):
+                found.append(f"pid {proc.pid}: {cmdline[:200]} (cwd {cwd})")
+    return found
+
+
+def start_stack(home: Path) -> Stack:
+    info = stack.up(home, token=secrets.token_urlsafe(16))
+    return Stack(home, info, CoulerClient(info.addresses, token=info.token))
+
+
+def stop_stack(s: Stack) -> None:
+    """``down``, then assert that nothing of the stack is left running."""
+    s.client.close()
+    info = stack._read(s.home / "stack.json")  # the latest pids (restart changes them)
+    pids = list(info.pids.values()) if info else list(s.info.pids.values())
+    if info is not None:
+        stack.down(s.home)
+    assert not (s.home / "stack.json").exists()
+    left = leftovers(s.home, pids)
+    assert left == [], f"left running after down: {left}"
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A fresh stack for the module; stopped (and checked empty) at teardown."""
+    s = start_stack(tmp_path_factory.mktemp("couler-home"))
+    try:
+        yield s
+    finally:
+        stop_stack(s)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def get(client: CoulerClient, run_id: str) -> Run:
+    """``Get``, retried while the submitter is restarting."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return client.submitter.get(run_id)
+        except RetryableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def wait_finished(client: CoulerClient, run_ids: Iterable[str],
+                  deadline: float = DEADLINE) -> dict[str, Run]:
+    """Poll until every run is terminal (or the deadline passes); the last records."""
+    pending = list(run_ids)
+    done: dict[str, Run] = {}
+    end = time.monotonic() + deadline
+    while pending and time.monotonic() < end:
+        for run_id in list(pending):
+            run = get(client, run_id)
+            if run.state.terminal:
+                done[run_id] = run
+                pending.remove(run_id)
+        if pending:
+            time.sleep(0.2)
+    for run_id in pending:
+        done[run_id] = get(client, run_id)
+    return done
+
+
+def wait_until(check: Callable[[], bool], what: str, deadline: float = 30.0) -> None:
+    end = time.monotonic() + deadline
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not within {deadline:.0f} s")
+        time.sleep(0.1)
+
+
+# ----------------------------------------------------------------------------- workflows
+
+
+def script(name: str, source: str, **kw: Any) -> ir.Step:
+    return ir.Step(name=name, body=ir.ScriptSpec(image=PY, source=source), **kw)
+
+
+def marked_source(step: str, marks: Path, work: str) -> str:
+    """Source of a step that logs ``start``/``end`` lines (with its pid) to ``marks/step``:
+    an execution on disk that no engine bookkeeping can hide or invent."""
+    path = str(marks / step)
+    return (f"import os, time\n"
+            f"open({path!r}, 'a').write(f'start {{os.getpid()}} {{time.time()}}\\n')\n"
+            f"{work}\n"
+            f"open({path!r}, 'a').write(f'end {{os.getpid()}} {{time.time()}}\\n')\n"
+            f"print('{step} ok')")
+
+
+def marked_workflow(name: str, marks: Path, sleep: float,
+                    first_sleep: float | None = None) -> ir.Workflow:
+    """``prepare`` (sleeps ``first_sleep``, default ``sleep``) → ``train-a`` and ``train-b``
+    (sleep) → ``pick``; every step marks its executions in ``marks`` (one directory per
+    workflow)."""
+    marks.mkdir(parents=True, exist_ok=True)
+    out = (ir.OutputParameter("said", source=ir.OutputSource.STDOUT),)
+    nap = f"time.sleep({sleep})"
+    first = f"time.sleep({sleep if first_sleep is None else first_sleep})"
+    return ir.Workflow(name=name, steps=(
+        script("prepare", marked_source("prepare", marks, first), outputs=out),
+        script("train-a", marked_source("train-a", marks, nap), outputs=out,
+               dependencies=(ir.Dependency("prepare"),)),
+        script("train-b", marked_source("train-b", marks, nap), outputs=out,
+               dependencies=(ir.Dependency("prepare"),)),
+        script("pick", marked_source("pick", marks, "pass"), outputs=out,
+               dependencies=(ir.Dependency("train-a"), ir.Dependency("train-b"))),
+    ))
+
+
+def marks(directory: Path) -> dict[str, list[str]]:
+    """Per step: the ``start PID`` / ``end PID`` lines its executions wrote."""
+    if not directory.is_dir():
+        return {}
+    return {p.name: p.read_text().splitlines() for p in sorted(directory.iterdir())}
+
+
+# ----------------------------------------------------------------------------- on disk
+
+
+@dataclass
+class Journal:
+    """What ``run.journal`` says about one step execution (step, key)."""
+
+    starts: int = 0  # attempts started: the attempt counter moved to a new non-zero value
+    successes: int = 0  # transitions into SUCCEEDED
+    last_state: str = ""
+
+
+def journal(run_dir: Path) -> dict[tuple[str, str], Journal]:
+    """Replay ``run.journal``: per (step, key), attempts started and successes recorded.
+
+    A resumed run (after a submitter crash) restarts an interrupted step's attempt counter
+    at 1; that shows here as one more start, which is how it is counted.
+    """
+    out: dict[tuple[str, str], Journal] = defaultdict(Journal)
+    attempts: dict[tuple[str, str], int] = {}
+    path = run_dir / "run.journal"
+    if not path.is_file():
+        return {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)["record"]
+        key = (rec["step"], rec.get("key", ""))
+        j = out[key]
+        n = int(rec.get("attempts") or 0)
+        if n and n != attempts.get(key, 0):
+            j.starts += 1
+        attempts[key] = n
+        if rec["state"] == "succeeded" and j.last_state != "succeeded":
+            j.successes += 1
+        j.last_state = rec["state"]
+    return dict(out)
+
+
+def processes_in(directory: Path) -> list[psutil.Process]:
+    """Processes whose working directory is inside ``directory`` (a run's step processes)."""
+    root = str(directory.resolve())
+    found = []
+    for proc in psutil.process_iter(["cwd"]):
+        cwd = proc.info.get("cwd")
+        if cwd and (cwd == root or cwd.startswith(root + os.sep)):
+            found.append(proc)
+    return found
+
+
+def execution_dirs(run_dir: Path) -> list[str]:
+    """``steps/<step>/<label>`` directories where an execution wrote stdout or stderr."""
+    steps = run_dir / "steps"
+    if not steps.is_dir():
+        return []
+    return sorted(str(p.parent.relative_to(steps)) for p in steps.rglob("stdout"))
+
+
+# ----------------------------------------------------------------------------- JetStream
+
+
+def stored_events(nats_url: str, subject: str, message: type[M]) -> list[tuple[str, M]]:
+    """Every message JetStream keeps on ``subject``: (Nats-Msg-Id, decoded body)."""
+    import nats
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.api import DeliverPolicy
+
+    async def read() -> list[tuple[str, M]]:
+        nc = await nats.connect(nats_url)
+        try:
+            js = nc.jetstream()
+            sub = await js.subscribe(subject, ordered_consumer=True,
+                                     deliver_policy=DeliverPolicy.ALL)
+            found = []
+            try:
+                while True:
+                    msg = await sub.next_msg(timeout=1.0)
+                    found.append(((msg.headers or {}).get("Nats-Msg-Id", ""),
+                                  message.FromString(msg.data)))
+            except NatsTimeout:
+                pass
+            await sub.unsubscribe()
+            return found
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())

@@ -1,0 +1,275 @@
+"""The acceptance path, as a new user takes it, and all five services through gRPC.
+
+``python -m couler up`` in a temporary ``COULER_HOME``; ``couler submit`` of an example
+program and of a text request, both waited for; the dashboard; a second submit of the
+same text, which runs nothing; ``couler status``; then the five services driven one by one
+through the typed client; and ``couler down``, after which no process of the stack is
+left. The tests of this module run in file order on one stack (``couler down`` is last).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from couler import ir
+from couler.engines.base import StepState
+from couler_runtime import stack
+from couler_runtime.client import CoulerClient
+from couler_runtime.rpc.records import RunState
+
+from .conftest import execution_dirs, journal, leftovers, wait_until
+
+pytestmark = [pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+TEXT = ("train an XGBoost and a LightGBM model on churn.csv, evaluate both, "
+        "keep the better one")
+
+
+@dataclass
+class CliStack:
+    """A stack started with ``python -m couler up`` and what the tests learnt about it."""
+
+    home: Path
+    env: dict[str, str]
+    up: subprocess.CompletedProcess[str]
+    runs: dict[str, str] = field(default_factory=dict)  # what -> run id
+    pids: list[int] = field(default_factory=list)
+
+    def couler(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "couler", *args], env=self.env,
+                              cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+
+    @property
+    def info(self) -> stack.StackInfo:
+        return stack.status(self.home)[0]
+
+    def dashboard(self, path: str, *, token: str | None = "", **params: str) -> httpx.Response:
+        info = self.info
+        headers = {} if token is None else {"Authorization": f"Bearer {token or info.token}"}
+        return httpx.get(info.dashboard.rstrip("/") + path, headers=headers, params=params,
+                         timeout=10, follow_redirects=False)
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliStack]:
+    home = tmp_path_factory.mktemp("couler-home")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
+    env["COULER_HOME"] = str(home)
+    up = subprocess.run([sys.executable, "-m", "couler", "up"], env=env, cwd=REPO,
+                        capture_output=True, text=True, timeout=120, check=False)
+    s = CliStack(home, env, up)
+    try:
+        yield s
+    finally:
+        if (home / "stack.json").exists():  # a test before `couler down` failed
+            pids = list(s.info.pids.values())
+            stack.down(home)
+            assert leftovers(home, pids) == []
+
+
+def _run_id(stderr: str) -> str:
+    found = re.findall(r"as run (run-[0-9a-f]+)", stderr)
+    assert len(found) == 1, stderr
+    return str(found[0])
+
+
+def test_up_prints_the_grpc_address_and_the_dashboard(cli: CliStack) -> None:
+    assert cli.up.returncode == 0, cli.up.stderr
+    info, alive = stack.status(cli.home)
+    assert alive == {name: True for name in ("nats", *stack.SERVICES)}
+    assert f"gRPC (submitter): {info.grpc_address}" in cli.up.stdout
+    assert f"dashboard:        {info.dashboard}" in cli.up.stdout
+    assert info.token  # `up` protects the endpoints with a token by default
+    cli.pids[:] = info.pids.values()
+
+
+def test_submit_an_example_program_and_wait(cli: CliStack) -> None:
+    done = cli.couler("submit", "examples/map_batches.py", "--wait", "--json")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert (record["workflow"], record["state"], record["engine"]) == (
+        "map-batches", "succeeded", "local")
+    steps = {(s["name"], s["key"]): s for s in record["steps"]}
+    assert {k for k in steps if k[1]} == {("train", str(i)) for i in range(4)} | {
+        ("score", str(i)) for i in range(3)}
+    assert all(s["state"] == "succeeded" and not s["cached"] for s in record["steps"])
+    assert json.loads(steps["shards", ""]["outputs"]["result"]) == ["shard-0", "shard-1",
+                                                                   "shard-2"]
+    assert record["passes"][0]["name"] == "validate"
+    cli.runs["example"] = record["run_id"]
+
+
+def test_submit_a_text_request_and_wait(cli: CliStack) -> None:
+    done = cli.couler("submit", "--text", TEXT, "--wait")
+    assert done.returncode == 0, done.stderr
+    run_id = _run_id(done.stderr)
+    assert f"run {run_id} succeeded" in done.stdout
+    assert "select-best" in done.stderr  # the live progress named the steps
+    cli.runs["text"] = run_id
+
+
+def test_the_dashboard_lists_both_runs_and_wants_the_token(cli: CliStack) -> None:
+    wanted = {cli.runs["example"], cli.runs["text"]}
+
+    def listed() -> bool:
+        got = cli.dashboard("/api/runs")
+        assert got.status_code == 200, got.text
+        return wanted <= {r["run_id"] for r in got.json()}
+
+    wait_until(listed, "the dashboard lists both runs")
+    page = cli.dashboard("/")
+    assert page.status_code == 200 and all(r in page.text for r in wanted)
+    assert cli.dashboard("/api/runs", token=None).status_code == 401
+    assert cli.dashboard("/", token=None).status_code == 401
+    assert cli.dashboard("/api/runs", token="not-the-token").status_code == 401
+    # ?token= works too (it redirects, keeping the token in a cookie)
+    # ?token= works too: it redirects to the page, remembering the token in a cookie
+    with httpx.Client(follow_redirects=True, timeout=10) as browser:
+        got = browser.get(cli.info.dashboard, params={"token": cli.info.token})
+        assert got.status_code == 200 and all(r in got.text for r in wanted)
+        assert "token" not in str(got.url)
+
+
+def test_the_dashboard_shows_concurrent_runs_in_their_final_state(cli: CliStack) -> None:
+    """The monitor's record of each finished run ends in the state the submitter reports,
+    with several runs at once (their step events then queue up behind each other)."""
+    compiled = cli.couler("compile", "examples/map_batches.py", "--engine", "ir")
+    assert compiled.returncode == 0, compiled.stderr
+    wf = ir.from_dict(ir.Workflow, json.loads(compiled.stdout))
+    with CoulerClient(cli.info.addresses, token=cli.info.token) as client:
+        ids = [client.submitter.submit(wf, no_cache=True).run_id for _ in range(4)]
+        truth = {r: client.submitter.wait(r, timeout=120).state.value for r in ids}
+    assert set(truth.values()) == {"succeeded"}
+
+    def shown() -> dict[str, str]:
+        return {r["run_id"]: r["state"] for r in cli.dashboard("/api/runs").json()
+                if r["run_id"] in truth}
+
+    end = time.monotonic() + 20
+    while shown() != truth and time.monotonic() < end:
+        time.sleep(0.2)
+    assert shown() == truth, "the monitor's state of each run (the submitter says succeeded)"
+
+
+def test_a_second_submit_of_the_same_text_runs_no_step(cli: CliStack) -> None:
+    done = cli.couler("submit", "--text", TEXT, "--wait", "--json")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    run_id = record["run_id"]
+    assert run_id != cli.runs["text"] and record["state"] == "succeeded"
+    names = {s["name"] for s in record["steps"]}
+    assert len(names) == 7 and sorted(names) == record["cached_steps"]
+    assert all((s["state"], s["cached"], s["attempts"]) == ("cached", True, 0)
+               for s in record["steps"])
+    prune = next(p for p in record["passes"] if p["name"] == "prune_cached")
+    assert prune["changed"] and len(prune["notes"]) == 7
+    # nothing ran for it: no execution directory, no attempt in the engine's journal
+    run_dir = cli.home / "state" / "runs" / run_id
+    assert run_dir.is_dir()
+    assert execution_dirs(run_dir) == []
+    assert all(j.starts == 0 for j in journal(run_dir).values())
+    # while the first run's steps did run, once each
+    first = cli.home / "state" / "runs" / cli.runs["text"]
+    assert sorted(execution_dirs(first)) == sorted(f"{n}/main" for n in names)
+    cli.runs["cached"] = run_id
+
+    def counted() -> bool:
+        row = next((r for r in cli.dashboard("/api/runs").json() if r["run_id"] == run_id),
+                   None)
+        return row is not None and row["cached_steps"] == 7
+
+    wait_until(counted, "the dashboard counts 7 cached steps")
+
+
+def test_status_lists_the_runs(cli: CliStack) -> None:
+    done = cli.couler("status")
+    assert done.returncode == 0, done.stderr
+    for name in ("nats", *stack.SERVICES):
+        assert re.search(rf"^\s+{name}\s+running\b", done.stdout, re.M), done.stdout
+    for run_id in cli.runs.values():
+        assert run_id in done.stdout
+    assert re.search(rf"{cli.runs['cached']}\s.*succeeded\s+steps 7, cached 7", done.stdout)
+
+
+def test_all_five_services_through_grpc(cli: CliStack) -> None:
+    info = cli.info
+    with CoulerClient(info.addresses, token=info.token) as client:
+        before = client.cache.stats()
+        text = ("train an XGBoost and a LightGBM model on "
+                f"grpc-{uuid.uuid4().hex[:6]}.csv, evaluate both, keep the better one")
+        generated = client.generator.generate(text)
+        wf = generated.workflow
+        ir.validate(wf)
+        assert len(wf.steps) == 7 and generated.report.planner
+        plan = client.optimizer.optimize(wf, "local")
+        assert [p.name for p in plan.passes] == [
+            "validate", "prune_cached", "right_size", "default_retry", "split", "compile"]
+        assert plan.cached == {}  # a new table: nothing of it is cached yet
+        assert plan.engine == "local" and plan.workflow.name == wf.name
+
+        first = client.submitter.submit(wf, engine="local")
+        run = client.submitter.wait(first.run_id, timeout=120)
+        assert run.state is RunState.SUCCEEDED, run.message
+        steps = {s.name for s in run.steps}
+        assert all(s.state is StepState.SUCCEEDED and s.attempts == 1 for s in run.steps)
+        assert [p.name for p in run.passes][:2] == ["validate", "prune_cached"]
+
+        def measured() -> bool:
+            u = client.monitor.utilization(run_id=first.run_id)
+            return {p.step for p in u.peaks} >= steps
+
+        wait_until(measured, "the monitor has peaks for every step")
+        u = client.monitor.utilization(run_id=first.run_id)
+        assert u.samples and all(s.run_id == first.run_id for s in u.samples)
+        # A step that ends within one sampling interval may have no sample (its peak then
+        # comes from its record, and may be 0); the longer ones were sampled.
+        assert any(p.samples >= 1 and p.peak_memory_bytes > 0 for p in u.peaks), u.peaks
+        assert {s.step for s in u.samples} <= steps
+
+        keys = {s.name: s.cache_key for s in run.steps}
+        assert all(keys.values()), keys  # every step of it is cacheable
+
+        def committed() -> bool:
+            return not client.cache.lookup(keys.values()).missing
+
+        wait_until(committed, "the cache committed every step")
+        entries = client.cache.lookup(keys.values()).entries
+        assert {entries[k].step for k in keys.values()} == steps
+        stats = client.cache.stats()
+        assert stats.entries >= before.entries + 1 and stats.bytes > before.bytes
+        hits_before = stats.hits
+
+        again = client.optimizer.optimize(wf, "local")
+        assert set(again.cached) == steps
+        second = client.submitter.submit(wf, engine="local")
+        assert second.created and second.run_id != first.run_id
+        run2 = client.submitter.wait(second.run_id, timeout=120)
+        assert run2.state is RunState.SUCCEEDED, run2.message
+        assert all(s.cached and s.state is StepState.CACHED for s in run2.steps)
+        assert client.cache.stats().hits >= hits_before + 2 * len(steps)  # two plans
+        assert execution_dirs(cli.home / "state" / "runs" / second.run_id) == []
+        cli.runs["grpc"], cli.runs["grpc-cached"] = first.run_id, second.run_id
+
+
+def test_down_leaves_no_process(cli: CliStack) -> None:
+    pids = list(cli.info.pids.values())
+    done = cli.couler("down")
+    assert done.returncode == 0, done.stderr
+    assert "nothing left running" in done.stdout
+    assert not (cli.home / "stack.json").exists()
+    assert leftovers(cli.home, pids) == []
+    assert all(not stack._alive(p) for p in (*pids, *cli.pids))
