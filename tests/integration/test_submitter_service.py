@@ -62,6 +62,10 @@ from couler_runtime.settings import SettingsError
 from couler_submitter.main import SubmitterSettings, build
 from couler_submitter.model import RunOptions, RunRequest
 from couler_submitter.store import RunStore
+from tests.integration.test_argo_adapter import T0 as ARGO_T0
+from tests.integration.test_argo_adapter import node as argo_node
+from tests.integration.test_argo_adapter import set_status as argo_status
+from tests.k8s_fake import FakeKube
 from tests.servers import NatsServer
 from tests.service_thread import Builder
 from tests.service_thread import ServiceThread as RunningService
@@ -821,6 +825,44 @@ class TestAdapters:
                     list(client.submitter.watch("run-unknown"))
         finally:
             svc.stop()
+
+    def test_argo_configured_from_settings_runs_through_the_kubernetes_api(
+            self, nats_server: NatsServer, tmp_path: Path) -> None:
+        """COULER_ENGINES=local,argo with COULER_KUBE_HOST/TOKEN: the submitter builds the
+        real ArgoAdapter. No Kubernetes runs here: tests/k8s_fake.py speaks the endpoints
+        used, and this test plays the Argo controller by writing the Workflow's status."""
+        with FakeKube(token="secret-t") as kube:
+            settings = settings_for(nats_server, tmp_path, f"sqlite:///{tmp_path / 's.db'}")
+            settings = SubmitterSettings.load("submitter", **{
+                **settings.model_dump(exclude={"service"}), "engines": "local,argo",
+                "kube_host": kube.url, "kube_token": "secret-t", "argo_namespace": "argo"})
+            svc = ServiceThread(settings).start()
+            try:
+                with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
+                    wf = ir.Workflow(name=unique("argo"), steps=(script(
+                        "hello", "print('hi')",
+                        outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),)),))
+                    sub = client.submitter.submit(wf, engine="argo")
+                    optimize(nats_server, sub.run_id, wf)
+                    (name,) = wait_for("the Workflow object", lambda: kube.names(
+                        "workflows", "argo"))
+                    obj = kube.get("workflows", "argo", name)
+                    annotations = obj["metadata"]["annotations"]
+                    assert annotations["couler.io/idempotency-key"] == sub.run_id
+                    nodes = {n["id"]: n for n in (
+                        argo_node(name, name, name, "DAG", "Succeeded", children=(f"{name}-1",),
+                                  finished=ARGO_T0),
+                        argo_node(name, f"{name}-1", "hello", "Pod", "Succeeded",
+                                  finished=ARGO_T0,
+                                  outputs={"parameters": [{"name": "said", "value": "hi"}],
+                                           "exitCode": "0"}))}
+                    kube.update("workflows", "argo", name, argo_status("Succeeded", nodes))
+                    run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+                    assert run.state is RunState.SUCCEEDED, run.message
+                    assert run.engine == "argo" and run.engine_run_id == name
+                    assert run.step("hello").outputs == {"said": "hi"}
+            finally:
+                svc.stop()
 
     def test_unknown_engines_in_the_settings_are_refused(self) -> None:
         with pytest.raises(SettingsError, match="COULER_ENGINES: unknown engine"):

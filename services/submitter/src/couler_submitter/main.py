@@ -9,8 +9,17 @@ artifact store) plus:
 * ``COULER_MAX_WORKERS`` -- step processes the local engine runs at once, per run;
 * ``COULER_ENGINES`` -- the engines this submitter runs, comma-separated
   (default ``local,dryrun``); a run for another engine fails naming the engine and this
-  setting. Remote engines are plugged in as ``couler.engines.base.EngineAdapter`` objects
-  through ``build(..., adapters=...)``;
+  setting. Remote engines run through their ``couler.engines.base.EngineAdapter``, built
+  from these settings (or plugged in with ``build(..., adapters=...)``):
+
+  - ``argo`` / ``tekton``: ``COULER_KUBE_HOST`` + ``COULER_KUBE_TOKEN`` (or
+    ``COULER_KUBECONFIG`` / ``COULER_KUBE_CONTEXT``, else the in-cluster configuration),
+    ``COULER_KUBE_VERIFY_SSL``, ``COULER_ARGO_NAMESPACE`` (default ``argo``),
+    ``COULER_TEKTON_NAMESPACE`` (default ``default``);
+  - ``airflow``: ``COULER_AIRFLOW_URL``, ``COULER_AIRFLOW_DAGS_FOLDER`` (the folder the
+    deployment watches) and ``COULER_AIRFLOW_TOKEN`` or ``COULER_AIRFLOW_USERNAME`` +
+    ``COULER_AIRFLOW_PASSWORD``;
+  - ``kfp``: ``COULER_KFP_HOST`` (+ ``COULER_KFP_TOKEN``); needs the kfp SDK installed;
 * ``COULER_OUTBOX_INTERVAL`` -- seconds between republishing runs whose ``requested`` event
   has not gone out yet.
 """
@@ -24,9 +33,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from couler.engines.base import EngineAdapter
+from couler.errors import UserError
 from couler_runtime.blobs import open_blob_store
 from couler_runtime.bus import Bus
 from couler_runtime.rpc import SUBMITTER
@@ -64,6 +74,21 @@ class SubmitterSettings(CommonSettings):
     max_workers: int = Field(default=4, ge=1, le=256)
     engines: str = "local,dryrun"
     outbox_interval: float = Field(default=5.0, gt=0)
+    # remote engines (see the module docstring)
+    kube_host: str | None = None
+    kube_token: SecretStr | None = None
+    kube_verify_ssl: bool = True
+    kubeconfig: str | None = None
+    kube_context: str | None = None
+    argo_namespace: str = "argo"
+    tekton_namespace: str = "default"
+    airflow_url: str | None = None
+    airflow_dags_folder: Path | None = None
+    airflow_token: SecretStr | None = None
+    airflow_username: str | None = None
+    airflow_password: SecretStr | None = None
+    kfp_host: str | None = None
+    kfp_token: SecretStr | None = None
 
     @field_validator("runs_dir", mode="before")
     @classmethod
@@ -92,18 +117,60 @@ class SubmitterSettings(CommonSettings):
         return tuple(n for n in self.engines.split(",") if n)
 
 
+def _secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value is not None else None
+
+
+def adapter_from_settings(name: str, settings: SubmitterSettings) -> EngineAdapter | None:
+    """The adapter of remote engine ``name`` built from the settings; None when the
+    settings do not configure it (SettingsError naming what is missing or wrong)."""
+    host, token = settings.kube_host, _secret(settings.kube_token)
+    verify, config, context = settings.kube_verify_ssl, settings.kubeconfig, settings.kube_context
+    try:
+        if name == "argo":
+            from couler_runtime.argo import ArgoAdapter
+
+            return ArgoAdapter(settings.argo_namespace, host=host, token=token,
+                               verify_ssl=verify, config_file=config, context=context)
+        if name == "tekton":
+            from couler_runtime.tekton import TektonAdapter
+
+            return TektonAdapter(settings.tekton_namespace, host=host, token=token,
+                                 verify_ssl=verify, config_file=config, context=context)
+        if name == "airflow":
+            if not settings.airflow_url or settings.airflow_dags_folder is None:
+                return None
+            from couler_runtime.airflow import AirflowAdapter
+
+            return AirflowAdapter(settings.airflow_url, settings.airflow_dags_folder,
+                                  token=_secret(settings.airflow_token),
+                                  username=settings.airflow_username,
+                                  password=_secret(settings.airflow_password))
+        if name == "kfp":
+            if not settings.kfp_host:
+                return None
+            from couler_runtime.kfp import KfpAdapter
+
+            return KfpAdapter(settings.kfp_host, existing_token=_secret(settings.kfp_token))
+    except UserError as exc:
+        raise SettingsError(f"COULER_ENGINES lists {name!r}, but its adapter cannot be "
+                            f"built: {exc}") from None
+    return None
+
+
 def make_runners(settings: SubmitterSettings,
                  adapters: Mapping[str, EngineAdapter] | None = None) -> dict[str, Runner]:
     """The runners of the configured engines (an adapter is needed for remote ones)."""
     runs_dir = settings.runs_dir or settings.state_dir / "runs"
     runners: dict[str, Runner] = {}
     for name in settings.engine_names:
+        adapter = (adapters or {}).get(name)
         if name == "local":
             runners[name] = LocalRunner(runs_dir, settings.max_workers)
         elif name == "dryrun":
             runners[name] = DryRunRunner()
-        elif adapters and name in adapters:
-            runners[name] = AdapterRunner(name, adapters[name])
+        elif adapter is not None or (adapter := adapter_from_settings(name, settings)):
+            runners[name] = AdapterRunner(name, adapter)
         else:
             log.warning("engine %r is listed in COULER_ENGINES but no adapter was plugged in; "
                         "its runs will fail", name)
