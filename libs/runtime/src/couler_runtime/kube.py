@@ -7,7 +7,6 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any, NoReturn
 
 import urllib3
@@ -15,12 +14,13 @@ from kubernetes import client as k8s_client
 from kubernetes import config as _k8s_config
 
 from couler.errors import ConflictError, NotFoundError, RetryableError, UserError
+from couler_runtime.polling import parse_time
 
 # Parts of the client without annotations: kept as ``Any`` here, at the boundary.
 k8s_config: Any = _k8s_config
 
-__all__ = ["CONNECTION_ERRORS", "LABEL_VALUE", "as_mapping", "items_of", "label_value",
-           "load_config", "parse_time", "raise_api_error"]
+__all__ = ["CONNECTION_ERRORS", "LABEL_VALUE", "api_client_for", "as_mapping", "items_of",
+           "label_value", "load_config", "parse_time", "raise_api_error"]
 
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
@@ -85,10 +85,23 @@ def items_of(obj: object) -> list[dict[str, Any]]:
     return [dict(i) for i in items if isinstance(i, Mapping)]
 
 
-def parse_time(value: object) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+def api_client_for(api_client: object = None, configuration: object = None, *,
+                   host: str | None = None, token: str | None = None,
+                   verify_ssl: bool = True, ca_cert: str | None = None,
+                   config_file: str | None = None, context: str | None = None) -> Any:
+    """The ``kubernetes`` ApiClient an adapter uses, from the first of: a ready client; a
+    ``Configuration``; ``host`` (+ bearer ``token``, ``verify_ssl``, ``ca_cert``); the kube
+    config (``config_file``, ``context``); the in-cluster configuration."""
+    if api_client is not None:
+        return api_client
+    cfg: Any = configuration
+    if cfg is None and host is not None:
+        cfg = k8s_client.Configuration(host=host)
+        if token is not None:
+            cfg.api_key = {"authorization": f"Bearer {token}"}
+        cfg.verify_ssl = verify_ssl
+        if ca_cert is not None:
+            cfg.ssl_ca_cert = ca_cert
+    if cfg is None:
+        cfg = load_config(config_file, context)
+    return k8s_client.ApiClient(cfg)

@@ -75,7 +75,6 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
@@ -90,6 +89,7 @@ from couler.errors import (
     RetryableError,
     UserError,
 )
+from couler_runtime.polling import parse_time, poll_status
 
 __all__ = ["CANCEL_NOTE", "AirflowAdapter", "Transport", "run_status", "urllib_transport"]
 
@@ -342,23 +342,7 @@ class AirflowAdapter:
             OperationTimeoutError: ``timeout`` seconds passed before the run ended.
             NotFoundError: the run does not exist.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last = self.status(run_id)
-        yield last
-        while not last.state.terminal:
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise OperationTimeoutError(
-                        f"run {run_id!r} of workflow {last.workflow!r}: not finished after "
-                        f"{timeout} s (last state {last.state.value})")
-                time.sleep(min(self.poll_interval, remaining))
-            else:
-                time.sleep(self.poll_interval)
-            current = self.status(run_id)
-            if current != last:
-                last = current
-                yield current
+        return poll_status(self.status, run_id, interval=self.poll_interval, timeout=timeout)
 
     def logs(self, run_id: str, step: str, key: str = "") -> str:
         """The log of the last attempt of step ``step`` (map item ``key``) as text.
@@ -564,15 +548,6 @@ def _int(value: object, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def _time(value: object) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def _text(value: object) -> str:
     if isinstance(value, str):
         return value
@@ -616,8 +591,8 @@ def _step_status(ti: Mapping[str, Any], outputs: Mapping[tuple[str, int], Mappin
                       or (raw in ("skipped", "upstream_failed") and tries == 0)):
         state, message = StepState.CANCELLED, "run cancelled"
     return StepStatus(step=task_id, state=state, key=str(map_index) if map_index >= 0 else "",
-                      attempts=tries, started_at=_time(ti.get("start_date")),
-                      finished_at=_time(ti.get("end_date")),
+                      attempts=tries, started_at=parse_time(ti.get("start_date")),
+                      finished_at=parse_time(ti.get("end_date")),
                       outputs=dict(outputs.get((task_id, map_index), {})), message=message)
 
 
@@ -651,5 +626,5 @@ def run_status(run: Mapping[str, Any], task_instances: Sequence[Mapping[str, Any
                   if s.state is StepState.FAILED]
         message = "failed steps: " + ", ".join(failed) if failed else "the DAG run failed"
     return RunStatus(run_id=f"{dag_id}/{run.get('dag_run_id', '')}", workflow=dag_id,
-                     state=state, steps=steps, started_at=_time(run.get("start_date")),
-                     finished_at=_time(run.get("end_date")), message=message)
+                     state=state, steps=steps, started_at=parse_time(run.get("start_date")),
+                     finished_at=parse_time(run.get("end_date")), message=message)

@@ -74,7 +74,6 @@ import contextlib
 import importlib
 import json
 import re
-import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
@@ -90,10 +89,10 @@ from couler.errors import (
     ConflictError,
     CoulerError,
     NotFoundError,
-    OperationTimeoutError,
     RetryableError,
     UserError,
 )
+from couler_runtime.polling import poll_status
 
 __all__ = ["IDEMPOTENCY_PREFIX", "MAIN_CONTAINER", "KfpAdapter", "run_status"]
 
@@ -272,23 +271,7 @@ class KfpAdapter:
             OperationTimeoutError: ``timeout`` seconds passed before the run ended.
             NotFoundError: the run does not exist or was deleted.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last = self.status(run_id)
-        yield last
-        while not last.state.terminal:
-            pause = self.poll_interval
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise OperationTimeoutError(
-                        f"run {run_id!r}: not finished after {timeout} s "
-                        f"(last state {last.state.value})")
-                pause = min(pause, remaining)
-            time.sleep(pause)
-            current = self.status(run_id)
-            if current != last:
-                last = current
-                yield current
+        return poll_status(self.status, run_id, interval=self.poll_interval, timeout=timeout)
 
     def logs(self, run_id: str, step: str, key: str = "") -> str:
         """The ``main`` container log of the pod of step ``step`` (map item ``key``).

@@ -88,10 +88,10 @@ from couler_runtime.argo.adapter import (
 )
 from couler_runtime.kube import (
     CONNECTION_ERRORS,
+    api_client_for,
     as_mapping,
     items_of,
     label_value,
-    load_config,
     parse_time,
     raise_api_error,
 )
@@ -139,19 +139,9 @@ class TektonAdapter:
                  ca_cert: str | None = None, config_file: str | None = None,
                  context: str | None = None) -> None:
         self.namespace = namespace
-        api: Any = api_client
-        if api is None:
-            cfg: Any = configuration
-            if cfg is None and host is not None:
-                cfg = k8s_client.Configuration(host=host)
-                if token is not None:
-                    cfg.api_key = {"authorization": f"Bearer {token}"}
-                cfg.verify_ssl = verify_ssl
-                if ca_cert is not None:
-                    cfg.ssl_ca_cert = ca_cert
-            if cfg is None:
-                cfg = load_config(config_file, context)
-            api = k8s_client.ApiClient(cfg)
+        api = api_client_for(api_client, configuration, host=host, token=token,
+                             verify_ssl=verify_ssl, ca_cert=ca_cert, config_file=config_file,
+                             context=context)
         self._api: Any = api
         self._custom: Any = k8s_client.CustomObjectsApi(api)
         self._core: Any = k8s_client.CoreV1Api(api)
