@@ -27,7 +27,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]
@@ -253,3 +254,47 @@ def make_root(prefix: str) -> Path:
     root = Path(tempfile.mkdtemp(prefix=prefix))
     root.chmod(0o755)
     return root
+
+
+def create_database(server_url: str, prefix: str) -> str:
+    """A new, empty database named ``<prefix>_<random>`` on the server; its URL."""
+    import sqlalchemy as sa
+
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    return sa.engine.make_url(server_url).set(database=name).render_as_string(
+        hide_password=False)
+
+
+@contextlib.contextmanager
+def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
+    """:func:`create_database`, dropped again (connections and all) on exit."""
+    import sqlalchemy as sa
+
+    url = create_database(server_url, prefix)
+    try:
+        yield url
+    finally:
+        admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                name = sa.engine.make_url(url).database
+                conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        finally:
+            admin.dispose()
+
+
+def processes_in(directory: Path) -> list[psutil.Process]:
+    """Processes whose working directory is ``directory`` or below it (a run's steps)."""
+    root = str(directory.resolve())
+    found = []
+    for proc in psutil.process_iter(["cwd"]):
+        cwd = proc.info.get("cwd")
+        if cwd and (cwd == root or cwd.startswith(root + os.sep)):
+            found.append(proc)
+    return found

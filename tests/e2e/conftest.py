@@ -239,17 +239,6 @@ def journal(run_dir: Path) -> dict[tuple[str, str], Journal]:
     return dict(out)
 
 
-def processes_in(directory: Path) -> list[psutil.Process]:
-    """Processes whose working directory is inside ``directory`` (a run's step processes)."""
-    root = str(directory.resolve())
-    found = []
-    for proc in psutil.process_iter(["cwd"]):
-        cwd = proc.info.get("cwd")
-        if cwd and (cwd == root or cwd.startswith(root + os.sep)):
-            found.append(proc)
-    return found
-
-
 def execution_dirs(run_dir: Path) -> list[str]:
     """``steps/<step>/<label>`` directories where an execution wrote stdout or stderr."""
     steps = run_dir / "steps"

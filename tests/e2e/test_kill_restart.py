@@ -44,6 +44,7 @@ from couler.engines.base import StepState
 from couler.v1 import events_pb2
 from couler_runtime import stack
 from couler_runtime.rpc.records import Run, RunState
+from tests.servers import processes_in
 
 from .conftest import (
     Stack,
@@ -53,7 +54,6 @@ from .conftest import (
     marked_source,
     marked_workflow,
     marks,
-    processes_in,
     script,
     stored_events,
     unique,

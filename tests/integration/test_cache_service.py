@@ -27,7 +27,6 @@ from typing import Any
 
 import grpc
 import pytest
-import sqlalchemy as sa
 from google.protobuf.message import Message
 
 from couler.errors import RetryableError, UserError
@@ -43,7 +42,7 @@ from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import CacheEntry, StoredArtifact
 from couler_runtime.service import READY_PREFIX
 from couler_runtime.settings import SettingsError
-from tests.servers import NatsServer, SeaweedS3
+from tests.servers import NatsServer, SeaweedS3, scratch_database
 from tests.service_thread import Builder
 from tests.service_thread import ServiceThread as RunningService
 
@@ -86,15 +85,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'state' / 'cache.db'}"
         return
-    server_url: str = request.getfixturevalue("postgres_url")
-    name = f"cache_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield server_url.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with scratch_database(request.getfixturevalue("postgres_url"), "cache") as url:
+        yield url
 
 
 @pytest.fixture(params=["local", "s3"])

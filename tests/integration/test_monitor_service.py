@@ -30,7 +30,6 @@ from urllib.parse import quote
 import grpc
 import httpx
 import pytest
-import sqlalchemy as sa
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -43,7 +42,7 @@ from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import Recommendation, RecommendationKind
 from couler_runtime.settings import SettingsError
-from tests.servers import NatsServer, free_port
+from tests.servers import NatsServer, free_port, scratch_database
 from tests.service_thread import Builder
 from tests.service_thread import ServiceThread as RunningService
 
@@ -127,15 +126,8 @@ def database(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path_factory.mktemp('monitor-db') / 'monitor.db'}"
         return
-    server_url: str = request.getfixturevalue("postgres_url")
-    name = f"monitor_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield server_url.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with scratch_database(request.getfixturevalue("postgres_url"), "monitor") as url:
+        yield url
 
 
 @pytest.fixture(scope="class")

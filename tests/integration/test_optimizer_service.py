@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from google.protobuf.message import Message
 
 from couler import ir
@@ -64,7 +63,7 @@ from couler_runtime.rpc.records import (
 )
 from couler_runtime.service import READY_PREFIX
 from couler_runtime.settings import SettingsError
-from tests.servers import NatsServer, free_port
+from tests.servers import NatsServer, free_port, scratch_database
 from tests.service_thread import Builder
 from tests.service_thread import ServiceThread as RunningService
 
@@ -228,15 +227,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path_factory.mktemp('optimizer') / 'optimizer.db'}"
         return
-    server_url: str = request.getfixturevalue("postgres_url")
-    name = f"opt_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield server_url.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with scratch_database(request.getfixturevalue("postgres_url"), "opt") as url:
+        yield url
 
 
 def settings_for(nats: NatsServer, state: Path, database_url: str, cache_address: str,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from couler_runtime.store import (
     session_scope,
     version_table,
 )
-from tests.servers import PostgresServer, free_port, listen_addresses
+from tests.servers import PostgresServer, free_port, listen_addresses, scratch_database
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "migrations_sample"
 ALPHA, BETA = SAMPLES / "alpha", SAMPLES / "beta"
@@ -33,15 +32,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'state' / 'test.db'}"
         return
-    server_url: str = request.getfixturevalue("postgres_url")
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield server_url.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with scratch_database(request.getfixturevalue("postgres_url"), "t") as url:
+        yield url
 
 
 def tables(url: str) -> set[str]:

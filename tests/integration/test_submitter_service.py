@@ -32,7 +32,6 @@ import grpc
 import nats
 import psutil  # type: ignore[import-untyped]
 import pytest
-import sqlalchemy as sa
 from google.protobuf.message import Message
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -67,7 +66,7 @@ from tests.integration.test_argo_adapter import T0 as ARGO_T0
 from tests.integration.test_argo_adapter import node as argo_node
 from tests.integration.test_argo_adapter import set_status as argo_status
 from tests.k8s_fake import FakeKube
-from tests.servers import NatsServer
+from tests.servers import NatsServer, create_database, processes_in
 from tests.service_thread import Builder
 from tests.service_thread import ServiceThread as RunningService
 
@@ -105,13 +104,7 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT) ->
 
 def fresh_database(base_url: str) -> str:
     """A new, empty PostgreSQL database on the session's server; its URL."""
-    name = f"submitter_{uuid.uuid4().hex[:10]}"
-    engine = sa.create_engine(base_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    engine.dispose()
-    return sa.engine.make_url(base_url).set(database=name).render_as_string(
-        hide_password=False)
+    return create_database(base_url, "submitter")
 
 
 def settings_for(nats_server: NatsServer, state: Path, database_url: str,
@@ -235,16 +228,6 @@ def marker_workflow(name: str, marker: Path, *, second: str = "", sleep: float =
 
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
-
-
-def processes_in(directory: Path) -> list[psutil.Process]:
-    root = str(directory.resolve())
-    found = []
-    for proc in psutil.process_iter(["cwd"]):
-        cwd = proc.info.get("cwd")
-        if cwd and (cwd == root or cwd.startswith(root + os.sep)):
-            found.append(proc)
-    return found
 
 
 # ----------------------------------------------------------------------------- store

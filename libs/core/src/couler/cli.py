@@ -211,13 +211,19 @@ def _engine(args: argparse.Namespace) -> Any:
     return LocalEngine(Path(args.work_dir), max_workers=4 if args.workers is None else args.workers)
 
 
-def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def parse_parameters(items: Sequence[str]) -> dict[str, str]:
+    """``-p NAME=VALUE`` options as a mapping; UserError for one without ``=``."""
     parameters = {}
-    for item in args.param:
+    for item in items:
         name, sep, value = item.partition("=")
         if not sep:
             raise UserError(f"-p {item!r}: use NAME=VALUE")
         parameters[name] = value
+    return parameters
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    parameters = parse_parameters(args.param)
     workflows = _capture(args.path, args.program_args)
     # Ray prints its notices (a task's retry, a worker's death) to sys.stdout from its
     # own threads: while it runs they go to stderr, keeping stdout for the JSON record.

@@ -126,18 +126,13 @@ def _record(run: Any) -> dict[str, Any]:
 
 
 def cmd_submit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from couler.cli import _capture
+    from couler.cli import _capture, parse_parameters
 
     if (args.path is None) == (args.text is None):
         raise UserError("couler submit: give a program PATH.py or --text \"...\" (one of them)")
     sources: list[Any] = ([args.text] if args.text is not None
                           else list(_capture(args.path, args.program_args)))
-    parameters = {}
-    for item in args.param:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise UserError(f"-p {item!r}: use NAME=VALUE")
-        parameters[name] = value
+    parameters = parse_parameters(args.param)
     status = 0
     with _client(args) as client:
         for source in sources:

@@ -181,18 +181,8 @@ def up(home: Path | None = None, *, token: str | None = None,
         nats_log = logs / "nats.log"
         nats_argv = [_nats_binary(), "-js", "-sd", str(home / "jetstream"), "-a", "127.0.0.1",
                      "-p", str(nats_port), "-m", str(nats_mon)]
-        pids["nats"] = _spawn(nats_argv, nats_log, os.environ)
-        health = f"http://127.0.0.1:{nats_mon}/healthz?js-enabled-only=true"
-
-        def nats_ready() -> bool:
-            try:
-                with urllib.request.urlopen(health, timeout=1) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
         progress("starting nats-server (JetStream)")
-        _wait(nats_ready, "nats-server", nats_log, pids["nats"])
+        pids["nats"] = _start_nats(nats_argv, nats_log, f"http://127.0.0.1:{nats_mon}")
         addresses = {name: f"127.0.0.1:{_free_port()}" for name in SERVICES}
         dashboard_port = _free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
@@ -220,6 +210,22 @@ def up(home: Path | None = None, *, token: str | None = None,
     except BaseException:
         _stop(pids, grace=5.0)
         raise
+
+
+def _start_nats(argv: list[str], log: Path, monitor: str) -> int:
+    """Start nats-server and wait until JetStream answers on its monitor port; its pid."""
+    pid = _spawn(argv, log, os.environ)
+    health = monitor + "/healthz?js-enabled-only=true"
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(health, timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    _wait(ready, "nats-server", log, pid)
+    return pid
 
 
 def _start_service(name: str, logs: Path, env: Mapping[str, str], address: str) -> int:
@@ -270,17 +276,7 @@ def restart(home: Path | None, name: str, *, sig: int = signal.SIGTERM,
     env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
     env.update(info.env)
     if name == "nats":
-        new = _spawn(info.nats_argv, logs / "nats.log", os.environ)
-        url = info.nats_monitor + "/healthz?js-enabled-only=true"
-
-        def nats_ready() -> bool:
-            try:
-                with urllib.request.urlopen(url, timeout=1) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        _wait(nats_ready, "nats-server", logs / "nats.log", new)
+        new = _start_nats(info.nats_argv, logs / "nats.log", info.nats_monitor)
     else:
         new = _start_service(name, logs, env, info.addresses[name])
     info.pids[name] = new
