@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import logging
 
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind
-
-from couler.errors import UserError, ValidationError
-from couler.v1 import common_pb2, events_pb2
+from couler.errors import UserError
+from couler.v1 import events_pb2
 from couler_generator.service import Generator
-from couler_runtime import codec, telemetry
-from couler_runtime.bus import HEADER_TENANT, Bus, Event, Subscription
+from couler_runtime import codec
+from couler_runtime.bus import Bus, Event, Subscription
 from couler_runtime.rpc.records import generation_report_to_proto
+from couler_runtime.stage import REJECTED, PlanningStage
 
 __all__ = [
     "DURABLE",
@@ -48,7 +46,6 @@ log = logging.getLogger(__name__)
 
 REQUESTED = "couler.workflow.requested"
 GENERATED = "couler.workflow.generated"
-REJECTED = "couler.workflow.rejected"
 DURABLE = "generator"
 STAGE = "generator"
 MAX_DELIVER = 5
@@ -65,10 +62,8 @@ class RequestHandler:
     """
 
     def __init__(self, bus: Bus, generator: Generator, *, max_deliver: int = MAX_DELIVER) -> None:
-        self._bus = bus
         self._generator = generator
-        self._max_deliver = max_deliver
-        self._tracer = trace.get_tracer(__name__)
+        self._stage = PlanningStage(bus, STAGE, max_deliver=max_deliver)
 
     async def __call__(self, event: Event[events_pb2.WorkflowRequested]) -> None:
         request = event.message
@@ -80,47 +75,18 @@ class RequestHandler:
         if not request.run_id:
             raise UserError(f"{event.subject} seq {event.stream_sequence}: a text request "
                             "without a run_id cannot be answered")
-        with self._tracer.start_as_current_span(
-            f"{REQUESTED} process", context=telemetry.extract(event.headers),
-            kind=SpanKind.CONSUMER,
-            attributes={"messaging.system": "nats", "messaging.destination.name": event.subject,
-                        "couler.run_id": request.run_id},
-        ):
-            headers = telemetry.inject({})
-            tenant = event.headers.get(HEADER_TENANT)
-            options = request.options
-            try:
-                wf, report = await self._generator.generate(
-                    request.text, constraints=tuple(options.constraints), engine=options.engine)
-            except UserError as exc:
-                await self._reject(request.run_id, exc, str(exc), headers, tenant)
-                return
-            except Exception as exc:
-                if event.delivery_count < self._max_deliver:
-                    raise  # the bus naks with back-off (and logs it)
-                log.error("run %s: giving up after %d deliveries: %s", request.run_id,
-                          event.delivery_count, exc, exc_info=True)
-                await self._reject(request.run_id, exc, f"gave up after "
-                                   f"{event.delivery_count} attempts: {exc}", headers, tenant)
-                return
+        options = request.options
+
+        async def work() -> tuple[str, events_pb2.WorkflowGenerated, str]:
+            wf, report = await self._generator.generate(
+                request.text, constraints=tuple(options.constraints), engine=options.engine)
             generated = events_pb2.WorkflowGenerated(
                 run_id=request.run_id, workflow=codec.workflow_to_proto(wf),
                 report=generation_report_to_proto(report), options=options)
-            await self._bus.publish(GENERATED, generated, msg_id=f"{request.run_id}.generated",
-                                    headers=headers, tenant=tenant)
-            log.info("run %s: generated workflow %r (%d steps, %s planner)", request.run_id,
-                     wf.name, len(wf.steps), report.planner)
+            return (GENERATED, generated, f"generated workflow {wf.name!r} "
+                    f"({len(wf.steps)} steps, {report.planner} planner)")
 
-    async def _reject(self, run_id: str, exc: Exception, reason: str, headers: dict[str, str],
-                      tenant: str | None) -> None:
-        issues = exc.issues if isinstance(exc, ValidationError) else ()
-        rejected = events_pb2.WorkflowRejected(
-            run_id=run_id, stage=STAGE, reason=reason,
-            issues=[common_pb2.Issue(workflow=i.workflow, step=i.step, field=i.field,
-                                     message=i.message) for i in issues])
-        await self._bus.publish(REJECTED, rejected, msg_id=f"{run_id}.rejected",
-                                headers=headers, tenant=tenant)
-        log.info("run %s: rejected: %s", run_id, reason)
+        await self._stage.answer(event, request.run_id, work)
 
 
 async def start_consumer(

@@ -33,20 +33,18 @@ from __future__ import annotations
 import logging
 from typing import TypeVar
 
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind
-
-from couler.errors import UserError, ValidationError
+from couler.errors import UserError
 from couler.v1 import common_pb2, events_pb2
 from couler_optimizer.service import Optimizer
-from couler_runtime import codec, telemetry
-from couler_runtime.bus import HEADER_TENANT, Bus, Event
+from couler_runtime import codec
+from couler_runtime.bus import Bus, Event
 from couler_runtime.engines import DEFAULT_ENGINE
 from couler_runtime.rpc.records import (
     objectives_from_proto,
     plan_to_proto,
     recommendation_from_proto,
 )
+from couler_runtime.stage import REJECTED, PlanningStage
 
 __all__ = [
     "FEEDBACK",
@@ -69,7 +67,6 @@ log = logging.getLogger(__name__)
 REQUESTED = "couler.workflow.requested"
 GENERATED = "couler.workflow.generated"
 OPTIMIZED = "couler.workflow.optimized"
-REJECTED = "couler.workflow.rejected"
 FEEDBACK = "couler.feedback.>"
 REQUESTED_DURABLE = "optimizer-requested"
 GENERATED_DURABLE = "optimizer-generated"
@@ -92,10 +89,8 @@ class PlanHandler:
     """
 
     def __init__(self, bus: Bus, optimizer: Optimizer, *, max_deliver: int = MAX_DELIVER) -> None:
-        self._bus = bus
         self._optimizer = optimizer
-        self._max_deliver = max_deliver
-        self._tracer = trace.get_tracer(__name__)
+        self._stage = PlanningStage(bus, STAGE, max_deliver=max_deliver)
 
     async def __call__(self, event: Event[P]) -> None:
         message = event.message
@@ -112,49 +107,20 @@ class PlanHandler:
         if not run_id:
             raise UserError(f"{event.subject} seq {event.stream_sequence}: a workflow "
                             "without a run_id cannot be answered")
-        with self._tracer.start_as_current_span(
-            f"{event.subject} process", context=telemetry.extract(event.headers),
-            kind=SpanKind.CONSUMER,
-            attributes={"messaging.system": "nats", "messaging.destination.name": event.subject,
-                        "couler.run_id": run_id},
-        ):
-            headers = telemetry.inject({})
-            tenant = event.headers.get(HEADER_TENANT)
-            options = message.options
-            try:
-                wf = codec.workflow_from_proto(message.workflow)
-                plan = await self._optimizer.plan_run(
-                    run_id, wf, options.engine or DEFAULT_ENGINE,
-                    objectives=objectives_from_proto(options.objectives),
-                    no_cache=options.no_cache, parameters=dict(options.parameters))
-            except UserError as exc:
-                await self._reject(run_id, exc, str(exc), headers, tenant)
-                return
-            except Exception as exc:
-                if event.delivery_count < self._max_deliver:
-                    raise  # the bus naks with back-off (and logs it)
-                log.error("run %s: giving up after %d deliveries: %s", run_id,
-                          event.delivery_count, exc, exc_info=True)
-                await self._reject(run_id, exc, f"gave up after {event.delivery_count} "
-                                   f"attempts: {exc}", headers, tenant)
-                return
+        options = message.options
+
+        async def work() -> tuple[str, events_pb2.WorkflowOptimized, str]:
+            wf = codec.workflow_from_proto(message.workflow)
+            plan = await self._optimizer.plan_run(
+                run_id, wf, options.engine or DEFAULT_ENGINE,
+                objectives=objectives_from_proto(options.objectives),
+                no_cache=options.no_cache, parameters=dict(options.parameters))
             optimized = events_pb2.WorkflowOptimized(run_id=run_id, plan=plan_to_proto(plan),
                                                      options=options)
-            await self._bus.publish(OPTIMIZED, optimized, msg_id=f"{run_id}.optimized",
-                                    headers=headers, tenant=tenant)
-            log.info("run %s: planned %r for %s (%d cached, %d chunks)", run_id,
-                     plan.workflow.name, plan.engine, len(plan.cached), len(plan.chunks))
+            return (OPTIMIZED, optimized, f"planned {plan.workflow.name!r} for {plan.engine} "
+                    f"({len(plan.cached)} cached, {len(plan.chunks)} chunks)")
 
-    async def _reject(self, run_id: str, exc: Exception, reason: str, headers: dict[str, str],
-                      tenant: str | None) -> None:
-        issues = exc.issues if isinstance(exc, ValidationError) else ()
-        rejected = events_pb2.WorkflowRejected(
-            run_id=run_id, stage=STAGE, reason=reason,
-            issues=[common_pb2.Issue(workflow=i.workflow, step=i.step, field=i.field,
-                                     message=i.message) for i in issues])
-        await self._bus.publish(REJECTED, rejected, msg_id=f"{run_id}.rejected",
-                                headers=headers, tenant=tenant)
-        log.info("run %s: rejected: %s", run_id, reason)
+        await self._stage.answer(event, run_id, work)
 
 
 class FeedbackHandler:
