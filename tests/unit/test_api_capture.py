@@ -300,7 +300,6 @@ def test_workflow_yaml_compiles_with_the_argo_compiler_and_applies_cluster_hooks
 
 
 def test_workflow_yaml_with_the_real_compiler() -> None:
-    pytest.importorskip("couler.compilers.argo")
     couler.config_workflow(name="real", cron_config={"schedule": "0 * * * *"})
     couler.run_container(image="alpine:3.20", command=["date"], step_name="tick")
     doc = couler.workflow_yaml()
@@ -391,7 +390,6 @@ def _workflow_with_secrets() -> tuple[ir.Workflow, list[Any]]:
 
 def test_argo_submitter_without_kubernetes_says_how_to_install_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("couler.compilers.argo")
     monkeypatch.setitem(sys.modules, "kubernetes", None)
     monkeypatch.setitem(sys.modules, "kubernetes.client", None)
     workflow, secrets = _workflow_with_secrets()
@@ -401,7 +399,6 @@ def test_argo_submitter_without_kubernetes_says_how_to_install_it(
 
 def test_argo_submitter_creates_secrets_then_the_workflow(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("couler.compilers.argo")
     kube = FakeKube()
     kube.install(monkeypatch)
     workflow, secrets = _workflow_with_secrets()
@@ -420,7 +417,6 @@ def test_argo_submitter_creates_secrets_then_the_workflow(
 
 def test_argo_submitter_replaces_existing_secrets_and_maps_errors(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("couler.compilers.argo")
     kube = FakeKube(secret_status=409, create_status=409)
     kube.install(monkeypatch)
     workflow, secrets = _workflow_with_secrets()
@@ -434,7 +430,6 @@ def test_argo_submitter_replaces_existing_secrets_and_maps_errors(
 
 
 def test_argo_submitter_cron_plural_and_delete(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("couler.compilers.argo")
     kube = FakeKube()
     kube.install(monkeypatch)
     with couler.workflow("nightly", cron_config={"schedule": "0 2 * * *"}) as wf:
