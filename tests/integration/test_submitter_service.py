@@ -46,7 +46,6 @@ from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import (
     CacheEntry,
-    Chunk,
     PassReport,
     Plan,
     Run,
@@ -562,21 +561,6 @@ class TestService:
         submitted = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.submitted",
                            events_pb2.WorkflowSubmitted, sub.run_id)
         assert len(submitted) == 1
-
-    def test_a_split_plan_is_refused_with_a_clear_message(
-            self, client: CoulerClient, nats_server: NatsServer, state: Path) -> None:
-        wf = greeting_workflow(unique("split"))
-        sub = client.submitter.submit(wf)
-        plan = Plan(workflow=wf, engine="local", chunks=(
-            Chunk("part-1", ("hello",)), Chunk("part-2", ("shout",), ("part-1",))),
-            workflow_digest=ir.digest(wf))
-        publish(nats_server, "couler.workflow.optimized",
-                events_pb2.WorkflowOptimized(run_id=sub.run_id, plan=plan_to_proto(plan)),
-                f"{sub.run_id}.optimized", None)
-        run = wait_state(client, sub.run_id, RunState.FAILED, RunState.SUCCEEDED)
-        assert run.state is RunState.FAILED
-        assert "split it into 2 chunks" in run.message and wf.name in run.message
-        assert not (state / "runs" / sub.run_id).exists()  # nothing was started
 
     def test_engines_not_configured_and_dry_runs(self, client: CoulerClient,
                                                  nats_server: NatsServer, state: Path) -> None:

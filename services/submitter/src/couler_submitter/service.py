@@ -18,6 +18,9 @@ Nothing accepted is lost on a crash (an outbox discipline around the store):
 * At start-up, PENDING / RUNNING runs are resumed from their engine's record (the local
   engine's run directory: steps that succeeded are not run again), or started from the
   stored plan when the engine never got them.
+* A plan the optimizer split to fit its engine runs as a
+  :class:`~couler_submitter.chunks.ChunkedRun`: each chunk is its own engine run
+  (``<run_id>-<chunk>``), resumed or retried chunk by chunk the same way.
 
 Engine callbacks arrive on worker threads; they are handed to the event loop and handled
 in order per run: the step's row is updated (the run's ``revision`` + 1), its output
@@ -58,6 +61,7 @@ from couler_runtime.rpc.records import (
     Template,
     UtilizationSample,
 )
+from couler_submitter.chunks import ChunkedRun
 from couler_submitter.engines import KNOWN_ENGINES, RunHandle, Runner, not_configured
 from couler_submitter.model import DEFAULT_ENGINE, RunOptions, RunRequest
 from couler_submitter.store import RunStore
@@ -138,6 +142,11 @@ class _Active:
     task: asyncio.Task[None] | None = None
 
 
+def _split(plan: Plan) -> bool:
+    """Whether the plan runs as chunks (the optimizer split it to fit the engine)."""
+    return len(plan.chunks) > 1
+
+
 def _failure_class(status: StepStatus) -> ir.FailureClass | None:
     """How a failed step failed, from what the engine reports."""
     if status.state is not StepState.FAILED:
@@ -208,8 +217,11 @@ class Submitter:
             # Stopped for the restart, not by a user: nothing is recorded, the next start
             # resumes the run (and no step process outlives this one).
             try:
-                await self._call(self._runners[active.engine].interrupt, run_id,
-                                 active.handle)
+                if isinstance(active.handle, ChunkedRun):
+                    await self._call(active.handle.interrupt)
+                else:
+                    await self._call(self._runners[active.engine].interrupt, run_id,
+                                     active.handle)
             except Exception as exc:
                 log.warning("run %s: not stopped cleanly (%s); resumed at the next start",
                             run_id, exc)
@@ -226,6 +238,9 @@ class Submitter:
             await self._fail(run.run_id, "no plan was stored for it", expect=_ENGINE_SIDE)
             return
         queue: asyncio.Queue[StepStatus | None] = asyncio.Queue()
+        if _split(plan):
+            await self._launch(run, plan, queue=queue, resuming=True)
+            return
         handle = await self._call(runner.resume, run.run_id, self._callback(queue))
         if handle is None:
             log.info("run %s: the engine never got it; starting it", run.run_id)
@@ -397,17 +412,8 @@ class Submitter:
                 await self._publish(self._events.finished, done)
             return
         runner = self._runners.get(run.engine)
-        problem = ""
         if runner is None:
             problem = str(not_configured(run.engine, tuple(self._runners)))
-        elif len(plan.chunks) > 1:
-            # Running a split plan (chunk after chunk, hand-off parameters filled from the
-            # upstream chunks) is not built yet: refuse rather than submit the whole
-            # workflow the engine's limits would reject.
-            problem = (f"workflow {plan.workflow.name!r}: the optimizer split it into "
-                       f"{len(plan.chunks)} chunks to fit engine {run.engine!r}; this "
-                       "submitter does not run split plans yet")
-        if problem:
             await self._call(self._store.update_run, run_id, expect=_NOT_STARTED, plan=plan,
                              passes=plan.passes, workflow=plan.workflow.name,
                              workflow_digest=digest)
@@ -464,6 +470,10 @@ class Submitter:
         if updated is None:
             raise NotRetryableError(f"run {run_id!r} changed state meanwhile; not retried")
         queue: asyncio.Queue[StepStatus | None] = asyncio.Queue()
+        if _split(plan):  # chunks that did not succeed retry from their failure point
+            await self._launch(updated, plan, queue=queue, retry=True)
+            log.info("run %s: retry %d started", run_id, updated.retries)
+            return await self.get(run_id)
         try:
             handle = await self._call(runner.retry, run_id, self._callback(queue))
         except Exception as exc:
@@ -480,8 +490,13 @@ class Submitter:
     # ------------------------------------------------------------------ engine side
 
     async def _launch(self, run: Run, plan: Plan,
-                      queue: asyncio.Queue[StepStatus | None] | None = None) -> None:
-        """Hand the stored plan to the engine (the row says PENDING already)."""
+                      queue: asyncio.Queue[StepStatus | None] | None = None, *,
+                      resuming: bool = False, retry: bool = False) -> None:
+        """Hand the stored plan to the engine (the row says PENDING already).
+
+        A split plan runs as a :class:`ChunkedRun` (``resuming``: after a restart, its
+        chunks the engine has are picked up; ``retry``: those that did not succeed retry).
+        """
         runner = self._runners[run.engine]
         request = await self._call(self._store.request, run.run_id)
         cached: Mapping[str, Reuse] = {}
@@ -490,8 +505,16 @@ class Submitter:
         queue = queue if queue is not None else asyncio.Queue()
         parameters = {**request.options.parameters}
         try:
-            handle = await self._call(runner.start, run.run_id, plan.workflow, parameters,
-                                      cached, self._callback(queue))
+            handle: RunHandle
+            if _split(plan):
+                chunked = ChunkedRun(runner, run.run_id, workflow=plan.workflow,
+                                     chunks=plan.chunks, parameters=parameters, cached=cached,
+                                     on_event=self._callback(queue), retry=retry)
+                await self._call(chunked.launched.wait)
+                handle = chunked
+            else:
+                handle = await self._call(runner.start, run.run_id, plan.workflow, parameters,
+                                          cached, self._callback(queue))
         except Exception as exc:  # the engine has not got the run: record why, never hang
             log.warning("run %s: engine %r did not start it: %s", run.run_id, run.engine, exc,
                         exc_info=not isinstance(exc, UserError))
@@ -504,8 +527,12 @@ class Submitter:
             run = await self._update(run.run_id, engine_run_id=engine_run_id) or run
         if (await self.get(run.run_id)).state.terminal:  # cancelled while it was starting
             await self._call(handle.cancel)
-        log.info("run %s: started on %s (%d cached step(s))", run.run_id, run.engine,
-                 len(cached))
+        if resuming and isinstance(handle, ChunkedRun) and handle.picked_up:
+            log.info("run %s: resumed on %s (split plan, %d chunks)", run.run_id, run.engine,
+                     len(plan.chunks))
+            return  # the engine had it: it was submitted before the restart
+        log.info("run %s: started on %s (%d cached step(s)%s)", run.run_id, run.engine,
+                 len(cached), f", {len(plan.chunks)} chunks" if _split(plan) else "")
         await self._publish(self._events.submitted, run)
 
     def _fetch_cached(self, run_id: str, plan: Plan) -> dict[str, Reuse]:

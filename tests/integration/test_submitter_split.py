@@ -1,0 +1,254 @@
+"""The submitter runs split plans: chunk after chunk, hand-offs filled, crash-safe.
+
+Against a real nats-server and PostgreSQL; steps run for real on the local engine. The
+tests play the optimizer: the plan's chunks come from :func:`couler.optimize.split.
+split_workflow` (the optimizer's own pass) with a budget of one or two steps per chunk, so
+each hand-off crosses a chunk boundary as a ``x--STEP--OUTPUT`` parameter.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from couler import ir
+from couler.engines.base import StepState
+from couler.optimize.split import Budget, split_workflow
+from couler.v1 import events_pb2
+from couler_runtime.client import CoulerClient
+from couler_runtime.rpc.records import Chunk, PassReport, Plan, RunState, plan_to_proto
+from tests.integration.test_submitter_service import (
+    WAIT,
+    ServiceProcess,
+    ServiceThread,
+    fresh_database,
+    lines,
+    publish,
+    script,
+    settings_for,
+    stored,
+    unique,
+    wait_for,
+    wait_state,
+)
+from tests.servers import NatsServer, processes_in
+
+V = (ir.EnvVar("V", "{{inputs.v}}"),)  # script source takes no placeholders; env values do
+
+
+def chain(name: str, marker: Path, *, fail_unless: Path | None = None,
+          sleep: float = 0) -> ir.Workflow:
+    """a -> b -> c, each reading the previous step's output; every run appends to marker.
+
+    ``b`` fails unless ``fail_unless`` exists, and sleeps ``sleep`` seconds first.
+    """
+    def log(step: str) -> str:
+        return f"open({str(marker)!r}, 'a').write({step!r} + '\\n')\n"
+
+    out = (ir.OutputParameter("v", source=ir.OutputSource.STDOUT),)
+    gate = "" if fail_unless is None else (
+        f"import os, sys\nif not os.path.exists({str(fail_unless)!r}): sys.exit(3)\n")
+    a = script("a", log("a") + "print('x')", outputs=out)
+    b = script("b", "import os, time\n" + log("b") + f"time.sleep({sleep})\n" + gate +
+               "print(os.environ['V'] + 'y')", env=V,
+               inputs=(ir.InputParameter("v", ir.StepOutputRef("a", "v")),), outputs=out,
+               dependencies=(ir.Dependency("a"),))
+    c = script("c", "import os\n" + log("c") + "print(os.environ['V'] + 'z')", env=V,
+               inputs=(ir.InputParameter("v", ir.StepOutputRef("b", "v")),), outputs=out,
+               dependencies=(ir.Dependency("b"),))
+    return ir.Workflow(name=name, steps=(a, b, c))
+
+
+def split_plan(wf: ir.Workflow, max_steps: int = 1) -> Plan:
+    result = split_workflow(wf, Budget(max_steps=max_steps), measure=lambda w: 0)
+    chunks = tuple(Chunk(c.name, c.steps, c.depends_on, c.workflow, c.size_bytes)
+                   for c in result.chunks)
+    assert len(chunks) > 1
+    return Plan(workflow=wf, engine="local", chunks=chunks,
+                passes=(PassReport("split", True, result.notes, 0.1),),
+                workflow_digest=ir.digest(wf))
+
+
+def send_plan(nats_server: NatsServer, run_id: str, plan: Plan) -> None:
+    publish(nats_server, "couler.workflow.optimized",
+            events_pb2.WorkflowOptimized(run_id=run_id, plan=plan_to_proto(plan)),
+            f"{run_id}.optimized")
+
+
+def submitted_events(nats_server: NatsServer, run_id: str) -> int:
+    return len(stored(nats_server, "COULER_WORKFLOW", "couler.workflow.submitted",
+                      events_pb2.WorkflowSubmitted, run_id))
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("submitter-split")
+
+
+@pytest.fixture
+def client(nats_server: NatsServer, postgres_url: str, state: Path) -> Iterator[CoulerClient]:
+    # per test: the crash test runs its own submitter, and instances share the durable
+    # consumers, so none may be left running
+    svc = ServiceThread(settings_for(nats_server, state, fresh_database(postgres_url))).start()
+    try:
+        with CoulerClient({"submitter": svc.address}, timeout=WAIT) as c:
+            yield c
+    finally:
+        svc.stop()
+
+
+def test_chunks_run_in_order_and_hand_off_outputs(client: CoulerClient,
+                                                  nats_server: NatsServer, state: Path,
+                                                  tmp_path: Path) -> None:
+    wf = chain(unique("split"), tmp_path / "m")
+    plan = split_plan(wf)
+    assert [c.steps for c in plan.chunks] == [("a",), ("b",), ("c",)]
+    sub = client.submitter.submit(wf)
+    send_plan(nats_server, sub.run_id, plan)
+    run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+    assert run.state is RunState.SUCCEEDED, run.message
+    # the value crossed two chunk boundaries as hand-off parameters
+    assert run.step("c").outputs == {"v": "xyz"}
+    assert {s.name: s.state for s in run.steps} == dict.fromkeys("abc", StepState.SUCCEEDED)
+    assert lines(tmp_path / "m") == ["a", "b", "c"]
+    # each chunk was its own engine run; no run of the whole workflow
+    runs = state / "runs"
+    assert sorted(p.name for p in runs.iterdir() if p.name.startswith(sub.run_id)) == sorted(
+        f"{sub.run_id}-{c.name}" for c in plan.chunks)
+    assert submitted_events(nats_server, sub.run_id) == 1
+
+
+def test_independent_chunks_run_side_by_side(client: CoulerClient,
+                                             nats_server: NatsServer) -> None:
+    """Two branches in two chunks, joined by a third: both branch outputs reach the join."""
+    out = (ir.OutputParameter("v", source=ir.OutputSource.STDOUT),)
+    left = script("left", "print('L')", outputs=out)
+    right = script("right", "print('R')", outputs=out)
+    join = script("join", "import os\nprint(os.environ['L'] + os.environ['R'])",
+                  outputs=out, env=(ir.EnvVar("L", "{{inputs.l}}"), ir.EnvVar("R", "{{inputs.r}}")),
+                  inputs=(ir.InputParameter("l", ir.StepOutputRef("left", "v")),
+                          ir.InputParameter("r", ir.StepOutputRef("right", "v"))),
+                  dependencies=(ir.Dependency("left"), ir.Dependency("right")))
+    wf = ir.Workflow(name=unique("fan"), steps=(left, right, join))
+    plan = split_plan(wf)
+    roots = [c for c in plan.chunks if not c.depends_on]
+    assert len(roots) == 2  # the branches do not wait for each other
+    sub = client.submitter.submit(wf)
+    send_plan(nats_server, sub.run_id, plan)
+    run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+    assert run.state is RunState.SUCCEEDED, run.message
+    assert run.step("join").outputs == {"v": "LR"}
+
+
+def test_a_failed_chunk_stops_the_rest_and_retry_goes_on_from_it(
+        client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    wf = chain(unique("split-fail"), tmp_path / "m", fail_unless=gate)
+    plan = split_plan(wf)
+    sub = client.submitter.submit(wf)
+    send_plan(nats_server, sub.run_id, plan)
+    run = wait_state(client, sub.run_id, RunState.FAILED, RunState.SUCCEEDED)
+    assert run.state is RunState.FAILED
+    failed_chunk = next(c.name for c in plan.chunks if "b" in c.steps)
+    assert run.message.startswith(f"chunk {failed_chunk}: "), run.message
+    assert run.step("a").state is StepState.SUCCEEDED
+    assert run.step("b").state is StepState.FAILED
+    assert run.step("c").state is StepState.SKIPPED
+    assert f"chunk {failed_chunk} failed" in run.step("c").message
+    assert lines(tmp_path / "m") == ["a", "b"]
+
+    gate.touch()
+    client.submitter.retry(sub.run_id)
+    run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+    assert run.state is RunState.SUCCEEDED, run.message
+    assert run.retries == 1
+    assert run.step("c").outputs == {"v": "xyz"}
+    # a's chunk succeeded and was reused; b's retried from its failure point; c ran once
+    assert lines(tmp_path / "m") == ["a", "b", "b", "c"]
+
+
+def test_a_missing_hand_off_output_fails_naming_chunk_step_and_output(
+        client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
+    """An engine that reports no value for a hand-off: the chunk is not started on a guess."""
+    wf = chain(unique("split-missing"), tmp_path / "m")
+    plan = split_plan(wf)
+    second = plan.chunks[1]
+    assert second.workflow is not None
+    # the chunk asks for an output step a never reports
+    bad = ir.Workflow(name=second.workflow.name, steps=second.workflow.steps,
+                      parameters=(*second.workflow.parameters,
+                                  ir.Parameter("x--a--nothing")))
+    plan = Plan(workflow=plan.workflow, engine="local", workflow_digest=plan.workflow_digest,
+                chunks=(plan.chunks[0], Chunk(second.name, second.steps, second.depends_on, bad),
+                        *plan.chunks[2:]))
+    sub = client.submitter.submit(wf)
+    send_plan(nats_server, sub.run_id, plan)
+    run = wait_state(client, sub.run_id, RunState.FAILED, RunState.SUCCEEDED)
+    assert run.state is RunState.FAILED
+    for part in (wf.name, repr(second.name), "'x--a--nothing'", "step 'a'", "output 'nothing'"):
+        assert part in run.message, run.message
+    assert {s.name: s.state for s in run.steps} == {
+        "a": StepState.SUCCEEDED, "b": StepState.SKIPPED, "c": StepState.SKIPPED}
+    assert lines(tmp_path / "m") == ["a"]
+
+
+def test_cancel_stops_the_running_chunk_and_starts_no_other(
+        client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
+    wf = chain(unique("split-cancel"), tmp_path / "m", sleep=60)
+    sub = client.submitter.submit(wf)
+    send_plan(nats_server, sub.run_id, split_plan(wf))
+    wait_for("b to start", lambda: "b" in lines(tmp_path / "m"))
+    run = client.submitter.cancel(sub.run_id, "enough")
+    run = wait_state(client, sub.run_id, RunState.CANCELLED, RunState.FAILED,
+                     RunState.SUCCEEDED)
+    assert run.state is RunState.CANCELLED, run.message
+    assert run.step("b").state is StepState.CANCELLED
+    assert run.step("c").state is StepState.SKIPPED
+    assert lines(tmp_path / "m") == ["a", "b"]
+
+
+def test_a_killed_submitter_resumes_a_split_run(nats_server: NatsServer, postgres_url: str,
+                                                tmp_path: Path) -> None:
+    """SIGKILL while the second chunk runs: the restarted submitter picks the chunk up
+    (not started twice), the first chunk is not run again, and the third follows."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
+    env.update({
+        "COULER_NATS_URL": nats_server.url,
+        "COULER_DATABASE_URL": fresh_database(postgres_url),
+        "COULER_STATE_DIR": str(tmp_path / "state"),
+        "COULER_ARTIFACTS": str(tmp_path / "state" / "blobs"),
+        "COULER_GRPC_ADDRESS": "127.0.0.1:0",
+        "COULER_OUTBOX_INTERVAL": "1",
+    })
+    marker = tmp_path / "m"
+    wf = chain(unique("split-crash"), marker, sleep=4)
+    plan = split_plan(wf)
+    first = ServiceProcess(env, tmp_path / "submitter.log").start()
+    second: ServiceProcess | None = None
+    try:
+        with CoulerClient({"submitter": first.address}, timeout=WAIT) as client:
+            sub = client.submitter.submit(wf)
+            send_plan(nats_server, sub.run_id, plan)
+            wait_for("b to start", lambda: "b" in lines(marker))
+        first.kill()
+        runs = tmp_path / "state" / "runs"
+        wait_for("b's process to die with the submitter",
+                 lambda: not processes_in(runs / f"{sub.run_id}-{plan.chunks[1].name}"))
+        second = ServiceProcess(env, tmp_path / "submitter.log").start()
+        with CoulerClient({"submitter": second.address}, timeout=WAIT) as client:
+            run = client.submitter.wait(sub.run_id, timeout=WAIT)
+        assert run.state is RunState.SUCCEEDED, run.message
+        assert run.step("c").outputs == {"v": "xyz"}
+        # a ran once; b's interrupted attempt counts, it finished as attempt 2; c once
+        assert lines(marker) == ["a", "b", "b", "c"]
+        assert run.step("a").attempts == 1
+        assert run.step("b").attempts == 2
+        assert submitted_events(nats_server, sub.run_id) == 1
+    finally:
+        if first.proc is not None and first.proc.poll() is None:
+            first.kill()
+        if second is not None:
+            second.stop()
