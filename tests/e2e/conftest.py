@@ -251,25 +251,26 @@ def execution_dirs(run_dir: Path) -> list[str]:
 
 
 def stored_events(nats_url: str, subject: str, message: type[M]) -> list[tuple[str, M]]:
-    """Every message JetStream keeps on ``subject``: (Nats-Msg-Id, decoded body)."""
+    """Every message JetStream keeps on ``subject``: (Nats-Msg-Id, decoded body).
+
+    Reads exactly what the stream held when the consumer was made (its ``num_pending``),
+    never "until a quiet second", which a loaded machine could cut short.
+    """
     import nats
-    from nats.errors import TimeoutError as NatsTimeout
-    from nats.js.api import DeliverPolicy
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
     async def read() -> list[tuple[str, M]]:
         nc = await nats.connect(nats_url)
         try:
             js = nc.jetstream()
-            sub = await js.subscribe(subject, ordered_consumer=True,
-                                     deliver_policy=DeliverPolicy.ALL)
-            found = []
-            try:
-                while True:
-                    msg = await sub.next_msg(timeout=1.0)
-                    found.append(((msg.headers or {}).get("Nats-Msg-Id", ""),
-                                  message.FromString(msg.data)))
-            except NatsTimeout:
-                pass
+            sub = await js.pull_subscribe(subject, config=ConsumerConfig(
+                deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE))
+            expected = (await sub.consumer_info()).num_pending or 0
+            found: list[tuple[str, M]] = []
+            while len(found) < expected:
+                msgs = await sub.fetch(min(512, expected - len(found)), timeout=DEADLINE)
+                found += [((m.headers or {}).get("Nats-Msg-Id", ""), message.FromString(m.data))
+                          for m in msgs]
             await sub.unsubscribe()
             return found
         finally:

@@ -551,7 +551,7 @@ def test_watch_times_out(kube: FakeKube, tekton: TektonAdapter) -> None:
     started = time.monotonic()
     with pytest.raises(OperationTimeoutError, match=name):
         next(seen)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # bounds a hang; not a speed test
 
 
 def test_watch_of_a_deleted_run(kube: FakeKube, tekton: TektonAdapter) -> None:
