@@ -211,6 +211,27 @@ def test_status_lists_the_runs(cli: CliStack) -> None:
     assert re.search(rf"{cli.runs['cached']}\s.*succeeded\s+steps 7, cached 7", done.stdout)
 
 
+def test_a_failed_step_says_why(cli: CliStack, tmp_path: Path) -> None:
+    """`couler submit --wait` names the failed step and its reason (not only the run's
+    "steps failed"); `--json` carries the exit code and message of each step."""
+    program = tmp_path / "boom.py"
+    program.write_text(
+        "import couler.argo as couler\n\n"
+        "couler.run_container(image='alpine', command=['sh', '-c', 'echo broken >&2; exit 3'],\n"
+        "                     step_name='boom', retry=0)\n")
+    done = cli.couler("submit", str(program), "--wait")
+    assert done.returncode == 1, done.stderr
+    assert re.search(r"^  step boom failed: .*exit code 3: broken$", done.stdout, re.M), \
+        done.stdout
+    assert re.search(r"boom\s+failed: .*exit code 3", done.stderr), done.stderr  # live line
+    done = cli.couler("submit", str(program), "--wait", "--json")
+    assert done.returncode == 1, done.stderr
+    (step,) = json.loads(done.stdout)["steps"]
+    assert (step["name"], step["state"], step["exit_code"]) == ("boom", "failed", 3)
+    assert "exit code 3: broken" in step["message"]
+    assert step["failure_class"] == "transient"
+
+
 def test_all_five_services_through_grpc(cli: CliStack) -> None:
     info = cli.info
     with CoulerClient(info.addresses, token=info.token) as client:

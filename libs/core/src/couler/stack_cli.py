@@ -108,8 +108,23 @@ class _Follow:
             label = s.name + (f"[{s.key}]" if s.key else "")
             extra = " (reused from cache)" if s.cached else (
                 f" attempt {s.attempts}" if s.attempts > 1 else "")
+            if s.state.value in ("failed", "retrying", "skipped") and s.message:
+                extra += f": {s.message}"
             print(f"[{time.strftime('%H:%M:%S')}]   {label:<32} {s.state.value}{extra}",
                   file=self.err, flush=True)
+
+
+def _failures(run: Any) -> list[str]:
+    """One line per failed step: why, and where its logs are."""
+    lines = []
+    for s in run.steps:
+        if s.state.value != "failed":
+            continue
+        label = s.name + (f"[{s.key}]" if s.key else "")
+        why = s.message or (f"exit code {s.exit_code}" if s.exit_code is not None else "")
+        tries = f" (after {s.attempts} attempts)" if s.attempts > 1 else ""
+        lines.append(f"  step {label} failed{tries}" + (f": {why}" if why else ""))
+    return lines
 
 
 def _record(run: Any) -> dict[str, Any]:
@@ -119,6 +134,10 @@ def _record(run: Any) -> dict[str, Any]:
         "cached_steps": sorted(s.name for s in run.steps if s.cached and not s.key),
         "steps": [{"name": s.name, "key": s.key, "state": s.state.value,
                    "attempts": s.attempts, "cached": s.cached, "outputs": dict(s.outputs),
+                   "exit_code": s.exit_code, "message": s.message,
+                   "failure_class": s.failure_class.value if s.failure_class else None,
+                   "duration_seconds": (s.finished_at - s.started_at
+                                        if s.finished_at and s.started_at else None),
                    "peak_memory_bytes": s.peak_memory_bytes} for s in run.steps],
         "passes": [{"name": p.name, "changed": p.changed, "notes": list(p.notes)}
                    for p in run.passes],
@@ -155,6 +174,8 @@ def cmd_submit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                       + (f": {run.message}" if run.message else "")
                       + (f"; {len(cached)} step(s) reused from the cache: {', '.join(cached)}"
                          if cached else ""), file=out)
+                for line in _failures(run):
+                    print(line, file=out)
             if run.state.value != "succeeded":
                 status = 1
     return status
