@@ -586,6 +586,9 @@ class TestService:
                 script("a", "print(1)", dependencies=(ir.Dependency("missing"),)),)))
         with pytest.raises(CoulerError, match="engine 'nomad' is unknown"):
             client.submitter.submit(wf, engine="nomad")
+        # parameter values are checked before anything is accepted
+        with pytest.raises(ValidationError, match=r"field 'parameters\.envv': no such parameter"):
+            client.submitter.submit(wf, parameters={"envv": "prod"})
         with pytest.raises(NotFoundError, match="template 'nope'"):
             client.submitter.submit(template="nope")
 

@@ -301,6 +301,7 @@ class Submitter:
                             f"{', '.join(KNOWN_ENGINES)})")
         if workflow is not None:
             ir.validate(workflow)
+            ir.check_parameters(workflow, options.parameters)
         elif text is not None and not text.strip():
             raise UserError("submit: field 'text': the request is empty")
         options = RunOptions(engine=engine, parameters=dict(options.parameters),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 
 from couler.alloc import gc_paused
@@ -48,7 +48,7 @@ from couler.ir.model import (
     assignable,
 )
 
-__all__ = ["find_issues", "parse_quantity", "validate"]
+__all__ = ["check_parameters", "find_issues", "parse_quantity", "validate"]
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -118,6 +118,58 @@ def validate(workflow: Workflow) -> None:
     issues = find_issues(workflow)
     if issues:
         raise ValidationError(issues)
+
+
+def check_parameters(workflow: Workflow, values: Mapping[str, str]) -> None:
+    """Check run-time parameter values (text, as given on a command line) against the
+    workflow's declared parameters; raise :class:`ValidationError` listing every problem.
+
+    An unknown name, a value that does not parse as the declared type (int, float, bool
+    ``true``/``false``, JSON, a JSON list), a value outside the declared ``enum``, and a
+    parameter without a default that was not given are problems.
+    """
+    declared = {p.name: p for p in workflow.parameters}
+    issues: list[Issue] = []
+
+    def problem(name: str, message: str) -> None:
+        issues.append(Issue(workflow.name, "", f"parameters.{name}", message))
+
+    for name, text in values.items():
+        param = declared.get(name)
+        if param is None:
+            known = ", ".join(sorted(declared)) or "none"
+            problem(name, f"no such parameter (the workflow declares: {known})")
+            continue
+        why = _type_problem(param.type, text)
+        if why:
+            problem(name, f"{text!r} is not a valid {param.type.value}: {why}")
+        elif param.enum and text not in {lit.text for lit in param.enum}:
+            allowed = ", ".join(lit.text for lit in param.enum)
+            problem(name, f"{text!r} is not one of the allowed values ({allowed})")
+    for name, param in declared.items():
+        if param.default is None and name not in values:
+            problem(name, f"has no default; give a value (e.g. -p {name}=VALUE)")
+    if issues:
+        raise ValidationError(issues)
+
+
+def _type_problem(kind: ValueType, text: str) -> str:
+    """Why ``text`` is not a value of type ``kind`` ("" when it is)."""
+    try:
+        if kind is ValueType.INT:
+            int(text)
+        elif kind is ValueType.FLOAT:
+            float(text)
+        elif kind is ValueType.BOOL:
+            if text.lower() not in ("true", "false"):
+                return "expected true or false"
+        elif kind is ValueType.JSON:
+            json.loads(text)
+        elif kind is ValueType.LIST and not isinstance(json.loads(text), list):
+            return "expected a JSON list, e.g. [1, 2]"
+    except ValueError as e:
+        return str(e)
+    return ""
 
 
 def find_issues(workflow: Workflow) -> list[Issue]:

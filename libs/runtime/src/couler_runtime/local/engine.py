@@ -1053,9 +1053,13 @@ class LocalRun:
                 continue
             value = self.engine.secrets.get((var.secret.name, var.secret.key))
             if value is None:
-                raise _StepError(f"{where}, field 'env.{var.name}': secret "
-                                 f"{var.secret.name!r} key {var.secret.key!r} is not in the "
-                                 "local engine's secrets")
+                name, key = var.secret.name, var.secret.key
+                raise _StepError(
+                    f"{where}, field 'env.{var.name}': secret {name!r} key {key!r} is not in "
+                    "the local engine's secrets; give it with `couler run --secrets-file FILE` "
+                    f"(or $COULER_SECRETS_FILE), FILE being JSON {{{json.dumps(name)}: "
+                    f"{{{json.dumps(key)}: \"value\"}}}}, or LocalEngine(secrets="
+                    f"{{({name!r}, {key!r}): \"value\"}})")
             env[var.name] = value
         for art in step.input_artifacts:
             self._fetch(step, art, paths.host(art.path), where)
@@ -1185,6 +1189,7 @@ class LocalEngine:
         hold, is recorded CACHED with those outputs and artifacts and does not run.
         """
         _check(wf)
+        ir.check_parameters(wf, parameters or {})
         references = _resolve(wf, self.workflows)
         run_id = run_id or f"{wf.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         run_dir = self.work_dir / run_id

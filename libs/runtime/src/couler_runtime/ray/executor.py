@@ -747,6 +747,7 @@ class RayExecutor:
         """Start ``wf`` on Ray and return its handle at once (see :meth:`run`)."""
         check_capabilities(ENGINE, CAPABILITIES, wf)
         ir.validate(wf)
+        ir.check_parameters(wf, parameters or {})
         ray = self.connect()
         run_id = f"{wf.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         run_dir = self.work_dir / run_id
