@@ -170,3 +170,36 @@ def test_address_needs_the_ray_engine(tmp_path: Path) -> None:
     status, _, err = run_cli("run", str(ROOT / "examples" / "coin_flip.py"), "--address",
                              "127.0.0.1:6379", "--work-dir", str(tmp_path / "runs"))
     assert status == 2 and "--address needs --engine ray" in err
+
+
+def test_what_the_program_prints_stays_out_of_the_json_and_the_document(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prog = program(tmp_path, """
+        import couler.argo as couler
+
+        print("building the workflow")
+        couler.run_container(image="alpine", command=["echo", "hi"], step_name="hi")
+    """)
+    status, out, err = run_cli("run", str(prog), "--json", "--work-dir", str(tmp_path / "runs"))
+    assert status == 0, err
+    assert json.loads(out)["state"] == "succeeded"
+    status, out, err = run_cli("compile", str(prog), "--engine", "ir")
+    assert status == 0, err
+    assert json.loads(out)["name"] == "wf"
+    assert capsys.readouterr().err.count("building the workflow") == 2  # on stderr instead
+
+
+def test_unknown_or_ill_typed_parameters_are_refused(tmp_path: Path) -> None:
+    prog = program(tmp_path, """
+        import couler.argo as couler
+
+        n = couler.workflow_parameter("n", default=3)
+        couler.run_container(image="alpine", command=["sh", "-c", "echo $0"], args=[n],
+                             step_name="show")
+    """)
+    status, out, err = run_cli("run", str(prog), "-p", "m=1", "-p", "n=abc",
+                               "--work-dir", str(tmp_path / "runs"))
+    assert status == 2 and out == ""
+    assert "field 'parameters.m': no such parameter (the workflow declares: n)" in err
+    assert "field 'parameters.n': 'abc' is not a valid int" in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

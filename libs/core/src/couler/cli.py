@@ -5,8 +5,9 @@
     couler compile PATH.py [--engine argo|tekton|airflow|kfp|ir] [-o FILE] [-- ARGS...]
     couler validate PATH.py [-- ARGS...]
     couler run PATH.py [--engine local|ray] [--address ADDR] [--json] [--workers N]
-               [--work-dir DIR] [-p NAME=VALUE]
-    couler retry RUN_DIR [--json]     re-run a local run from its failure point
+               [--work-dir DIR] [-p NAME=VALUE] [--secrets-file FILE]
+    couler retry RUN_DIR [--json] [--secrets-file FILE]
+                                       re-run a local run from its failure point
     couler up | down | status          the embedded stack (NATS + the five services)
     couler submit PATH.py | --text "..." [--wait] [--json] [--engine E] [-p NAME=VALUE]
 
@@ -21,6 +22,11 @@ executor live there); it is imported only when ``run`` is used. ``--engine ray``
 also needs Ray, which has its own environment (``scripts/setup-engine-venv.sh
 ray``); without it ``run`` stops with a user error naming that script. It starts a
 local Ray cluster (stopped when the command ends) unless ``--address`` names one.
+
+Secrets: ``run`` hands the engine, in memory, the values the program gave
+``create_secret`` and those of ``--secrets-file FILE`` (or ``$COULER_SECRETS_FILE``),
+a JSON file ``{"secret-name": {"KEY": "value"}}`` for secrets the program only
+references (``obtain_secret``). Values never enter the IR, the run record or the output.
 """
 
 from __future__ import annotations
@@ -31,16 +37,21 @@ import dataclasses
 import enum
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from couler import __version__, ir
 from couler.errors import CoulerError, UserError
+
+if TYPE_CHECKING:
+    from couler.api.capture import CapturedProgram
+    from couler.api.handles import SecretMaterial
 
 log = logging.getLogger("couler.cli")
 
@@ -89,14 +100,21 @@ COMPILERS: dict[str, Callable[[Sequence[ir.Workflow]], str]] = {
 
 
 def _capture(path: str, argv: Sequence[str]) -> list[ir.Workflow]:
-    from couler.api.capture import capture_program
+    return _capture_secrets(path, argv).workflows
+
+
+def _capture_secrets(path: str, argv: Sequence[str]) -> CapturedProgram:
+    from couler.api.capture import capture_program_secrets
 
     if not Path(path).is_file():
         raise UserError(f"{path}: no such file")
-    workflows = capture_program(path, argv)
-    if not workflows:
+    # What the program prints goes to stderr: stdout is for the CLI's own output (the
+    # compiled document, the --json record), which a stray print() would corrupt.
+    with contextlib.redirect_stdout(sys.stderr):
+        captured = capture_program_secrets(path, argv)
+    if not captured.workflows:
         raise UserError(f"{path}: the program built no workflow (it created no step)")
-    return workflows
+    return captured
 
 
 def cmd_compile(args: argparse.Namespace, out: TextIO) -> int:
@@ -185,7 +203,70 @@ def run_record(status: Any) -> dict[str, Any]:
     return record
 
 
-def _engine(args: argparse.Namespace) -> Any:
+SECRETS_FILE_ENV = "COULER_SECRETS_FILE"
+
+
+def read_secrets_file(path: str) -> dict[tuple[str, str], str]:
+    """The secret values in a JSON file ``{"secret-name": {"KEY": "value"}}``.
+
+    Returns:
+        Values by ``(secret name, key)``, as the local engine takes them.
+
+    Raises:
+        UserError: if the file cannot be read or has another shape. Messages
+            name the file, secret and key, never a value.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise UserError(f"secrets file {path!r}: cannot read it: {e.strerror or e}") from e
+    except ValueError:
+        # The decoder's message may quote the text around the error: do not show it.
+        raise UserError(f"secrets file {path!r}: not valid JSON; expected "
+                        '{"secret-name": {"KEY": "value"}}') from None
+    if not isinstance(data, dict):
+        raise UserError(f"secrets file {path!r}: expected a JSON object "
+                        '{"secret-name": {"KEY": "value"}}')
+    values: dict[tuple[str, str], str] = {}
+    for name, keys in data.items():
+        if not isinstance(keys, dict):
+            raise UserError(f"secrets file {path!r}, secret {name!r}: expected an object "
+                            '{"KEY": "value"}')
+        for key, value in keys.items():
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise UserError(f"secrets file {path!r}, secret {name!r}, key {key!r}: the value "
+                                "must be a string")
+            values[(name, key)] = str(value)
+    return values
+
+
+def run_secrets(args: argparse.Namespace,
+                material: Sequence[Sequence[SecretMaterial]] = ()) -> dict[tuple[str, str], str]:
+    """The secret values a local or Ray run gets, kept in memory only.
+
+    First the values the program itself gave to ``create_secret`` (for each
+    recorded workflow), then those of ``--secrets-file`` (else the file named
+    by ``$COULER_SECRETS_FILE``), which win.
+
+    Raises:
+        UserError: for an unreadable secrets file, or two workflows of the
+            program creating one secret with different values.
+    """
+    values: dict[tuple[str, str], str] = {}
+    for workflow_material in material:
+        for secret in workflow_material:
+            for key, value in secret.reveal().items():
+                if values.setdefault((secret.name, key), value) != value:
+                    raise UserError(f"secret {secret.name!r} key {key!r} is created with "
+                                    "different values by two workflows of the program; give "
+                                    "them different secret names")
+    path = getattr(args, "secrets_file", None) or os.environ.get(SECRETS_FILE_ENV)
+    if path:
+        values.update(read_secrets_file(path))
+    return values
+
+
+def _engine(args: argparse.Namespace, secrets: Mapping[tuple[str, str], str]) -> Any:
     """The engine ``couler run`` uses: an object with ``start(wf, parameters=, on_event=)``."""
     if args.engine == "ray":
         try:
@@ -199,7 +280,8 @@ def _engine(args: argparse.Namespace) -> Any:
             options["include_dashboard"] = False
             if args.workers is not None:
                 options["num_cpus"] = args.workers
-        executor = RayExecutor(Path(args.work_dir), address=args.address, init_options=options)
+        executor = RayExecutor(Path(args.work_dir), address=args.address, secrets=secrets,
+                               init_options=options)
         executor.connect()  # fails now, before the program runs, when Ray is missing
         return executor
     if args.address is not None:
@@ -208,7 +290,8 @@ def _engine(args: argparse.Namespace) -> Any:
         from couler_runtime.local import LocalEngine
     except ImportError as e:  # pragma: no cover - the runtime is installed with the CLI here
         raise UserError("couler run needs the couler-runtime package") from e
-    return LocalEngine(Path(args.work_dir), max_workers=4 if args.workers is None else args.workers)
+    return LocalEngine(Path(args.work_dir), max_workers=4 if args.workers is None else args.workers,
+                       secrets=secrets)
 
 
 def parse_parameters(items: Sequence[str]) -> dict[str, str]:
@@ -224,12 +307,15 @@ def parse_parameters(items: Sequence[str]) -> dict[str, str]:
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     parameters = parse_parameters(args.param)
-    workflows = _capture(args.path, args.program_args)
+    captured = _capture_secrets(args.path, args.program_args)
+    workflows = captured.workflows
+    # Handed to the engine in memory: never in the IR, the run record or the output.
+    secrets = run_secrets(args, captured.secrets)
     # Ray prints its notices (a task's retry, a worker's death) to sys.stdout from its
     # own threads: while it runs they go to stderr, keeping stdout for the JSON record.
     quiet_stdout = contextlib.redirect_stdout(err) if args.engine == "ray" else None
     with quiet_stdout or contextlib.nullcontext():
-        engine = _engine(args)
+        engine = _engine(args, secrets)
         try:
             return _run_all(engine, workflows, parameters, args, out=out, err=err)
         finally:
@@ -268,7 +354,10 @@ def cmd_retry(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except ImportError as e:  # pragma: no cover - the runtime is installed with the CLI here
         raise UserError("couler retry needs the couler-runtime package") from e
     run_dir = Path(args.run_dir)
-    engine = LocalEngine(run_dir.resolve().parent, max_workers=args.workers)
+    # The values the program gave create_secret are not kept with the run: a
+    # retry gets secrets from --secrets-file / $COULER_SECRETS_FILE only.
+    engine = LocalEngine(run_dir.resolve().parent, max_workers=args.workers,
+                         secrets=run_secrets(args))
     handle = engine.resume(run_dir, on_event=None if args.quiet else _Progress(err))
     if not args.quiet:
         err.write(f"couler: retrying {handle.workflow.name!r} from its failure point ({run_dir})\n")
@@ -294,6 +383,12 @@ def _cancel_on_interrupt(handle: Any) -> Any:
         handle.cancel()
 
     return signal.signal(signal.SIGINT, interrupt)
+
+
+SECRETS_FILE_HELP = (
+    'values of secrets the program does not create itself: a JSON file {"secret-name": '
+    '{"KEY": "value"}} (default: $COULER_SECRETS_FILE); values the program gives '
+    "create_secret are used without it")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -332,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                    help="a workflow parameter (repeatable)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--secrets-file", default=None, metavar="FILE", help=SECRETS_FILE_HELP)
     p.add_argument("program_args", nargs="*", help="arguments for the program (after --)")
     p.set_defaults(func=cmd_run)
 
@@ -340,6 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the final run record as JSON")
     p.add_argument("--workers", type=int, default=4, help="steps running at once (default 4)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--secrets-file", default=None, metavar="FILE", help=SECRETS_FILE_HELP)
     p.set_defaults(func=cmd_retry)
 
     p = sub.add_parser("validate", help="check a workflow program without compiling it")

@@ -57,8 +57,8 @@ from couler.api.control import (
 )
 from couler.api.handles import ArtifactOutput, ParameterOutput, Secret, StepOutput, WorkflowParam
 from couler.api.options import Cache, ImagePullPolicy
-from couler.api.secrets import create_secret, obtain_secret
-from couler.api.steps import run_container, run_job, run_script
+from couler.api.secrets import create_secret, get_secret, obtain_secret
+from couler.api.steps import get_step_output, run_container, run_job, run_script
 from couler.api.submission import run
 
 __all__ = [
@@ -95,6 +95,8 @@ __all__ = [
     "dag",
     "equal",
     "exec_while",
+    "get_secret",
+    "get_step_output",
     "map",
     "not_equal",
     "obtain_secret",

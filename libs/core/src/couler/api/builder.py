@@ -76,13 +76,17 @@ class CaptureSession:
     def __init__(self, path: str | None) -> None:
         self.path = path
         self.workflows: list[ir.Workflow] = []
+        # Per recorded workflow, in memory only: what a local run needs to resolve
+        # the secrets the program created with their values.
+        self.secrets: list[list[SecretMaterial]] = []
         self.finished: list[WorkflowBuilder] = []
 
     def record(self, builder: WorkflowBuilder) -> ir.Workflow:
-        """Freeze ``builder`` and keep its workflow."""
+        """Freeze ``builder`` and keep its workflow (and, apart, its secret material)."""
         wf = builder.to_ir()
         builder.recorded = True
         self.workflows.append(wf)
+        self.secrets.append(builder.secret_material())
         return wf
 
 
@@ -150,7 +154,10 @@ def capture_context(path: str | None) -> Iterator[CaptureSession]:
 
 
 def finish_capture(session: CaptureSession) -> list[ir.Workflow]:
-    """At the end of a captured program: record what was built but never run."""
+    """At the end of a captured program: record what was built but never run.
+
+    The secret material of each workflow is in ``session.secrets`` afterwards.
+    """
     if not session.workflows:
         pending = [b for b in session.finished if not b.recorded and b.has_steps]
         implicit = _BUILDER.get()
@@ -589,6 +596,37 @@ class WorkflowBuilder:
         scope = self.scope
         return scope.by_name.get(name) or scope.by_name.get(naming.sanitize(name))
 
+    def step_outputs(self, name: str) -> list[StepOutput]:
+        """The outputs of the step called ``name``: the list its ``run_*`` call returned.
+
+        The current scope is searched first, then every other scope of the
+        workflow (main steps, exit handlers, concurrent sub-tasks).
+
+        Raises:
+            UserError: if no step has that name.
+        """
+        wanted = {name, naming.sanitize(name)}
+        for scope in self._all_scopes():
+            for candidate in wanted:
+                draft = scope.by_name.get(candidate)
+                if draft is not None:
+                    return list(draft.handles)
+        known = sorted({d.name for s in self._all_scopes() for d in s.drafts})
+        raise UserError(f"workflow {self.workflow_name()!r}: get_step_output: no step called "
+                        f"{name!r} has been defined yet; defined steps: {known}")
+
+    def _all_scopes(self) -> list[_Scope]:
+        """Every scope, innermost current one first, then the rest in definition order."""
+        ordered: list[_Scope] = []
+        pending = [*reversed(self._scopes), self._top, *self._exit_scopes.values()]
+        while pending:
+            scope = pending.pop(0)
+            if scope in ordered:
+                continue
+            ordered.append(scope)
+            pending.extend(d.children for d in scope.drafts if d.children is not None)
+        return ordered
+
     def reserve_name(self, base: str) -> str:
         """A unique step name for a step built by the API itself (sub-workflows)."""
         return self._names.take(base)
@@ -697,6 +735,20 @@ class WorkflowBuilder:
     def find_secret(self, name: str) -> Secret | None:
         """The registered secret called ``name``."""
         return next((s for s in self._secrets if s.name == name), None)
+
+    def secret(self, name: str) -> Secret:
+        """The secret registered as ``name`` (by ``create_secret`` or ``obtain_secret``).
+
+        Raises:
+            UserError: if no secret has that name.
+        """
+        secret = self.find_secret(name)
+        if secret is None:
+            known = [s.name for s in self._secrets]
+            raise UserError(f"workflow {self.workflow_name()!r}: get_secret: no secret called "
+                            f"{name!r}; create it first with create_secret or obtain_secret "
+                            f"(registered: {known})")
+        return secret
 
     def secret_material(self) -> list[SecretMaterial]:
         """The secrets to create at submit time, values included (never part of the IR)."""

@@ -1,6 +1,8 @@
 """Capture mode: run a workflow program and record the workflows it builds, without submitting.
 
-The CLI uses :func:`capture_program`; tests can use :func:`capture_callable`.
+The CLI uses :func:`capture_program` (:func:`capture_program_secrets` when it
+also needs the values of the secrets the program created, to run it locally);
+tests can use :func:`capture_callable`.
 While a program runs in capture mode, every ``couler.run(...)`` records the
 current workflow's IR instead of submitting it. If the program never calls
 ``run()``, the workflows it built (the implicit one, and explicit
@@ -13,17 +15,40 @@ import os
 import runpy
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from couler import ir
 from couler.api.builder import capture_context, finish_capture
+from couler.api.handles import SecretMaterial
 from couler.errors import InvalidWorkflowError, UserError
 
-__all__ = ["capture_callable", "capture_program"]
+__all__ = ["CapturedProgram", "capture_callable", "capture_program", "capture_program_secrets"]
+
+
+@dataclass(frozen=True)
+class CapturedProgram:
+    """What a program built: its workflows and, in memory only, their secrets' values.
+
+    ``secrets[i]`` holds the secret material of ``workflows[i]``: the values
+    given to ``create_secret`` (hidden from ``repr``), for a local run. They
+    are never part of the IR.
+    """
+
+    workflows: list[ir.Workflow]
+    secrets: list[list[SecretMaterial]] = field(repr=False)
 
 
 def capture_program(path: str, argv: Sequence[str] = ()) -> list[ir.Workflow]:
     """Run the program at ``path`` in capture mode and return the workflows it builds.
+
+    See :func:`capture_program_secrets` for the arguments and errors.
+    """
+    return capture_program_secrets(path, argv).workflows
+
+
+def capture_program_secrets(path: str, argv: Sequence[str] = ()) -> CapturedProgram:
+    """Run the program at ``path`` in capture mode; return its workflows and secret material.
 
     The program runs as ``__main__`` with ``sys.argv = [path, *argv]`` and its
     directory first on ``sys.path`` (both restored afterwards). Process-wide
@@ -35,7 +60,7 @@ def capture_program(path: str, argv: Sequence[str] = ()) -> list[ir.Workflow]:
         argv: Its command-line arguments.
 
     Returns:
-        The recorded workflows, each validated.
+        The recorded workflows, each validated, with the secret material of each.
 
     Raises:
         UserError: if ``path`` is not a file.
@@ -59,9 +84,10 @@ def capture_program(path: str, argv: Sequence[str] = ()) -> list[ir.Workflow]:
             except Exception as e:
                 raise _program_error(program, e) from e
             try:
-                return finish_capture(session)
+                workflows = finish_capture(session)
             except Exception as e:
                 raise _program_error(program, e) from e
+            return CapturedProgram(workflows, list(session.secrets))
     finally:
         sys.argv = old_argv
         if directory in sys.path:

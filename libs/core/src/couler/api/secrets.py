@@ -10,7 +10,7 @@ from couler.api.builder import current_builder
 from couler.api.handles import Secret
 from couler.errors import UserError
 
-__all__ = ["SecretSpec", "create_secret", "obtain_secret"]
+__all__ = ["SecretSpec", "create_secret", "get_secret", "obtain_secret"]
 
 _KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
@@ -99,6 +99,22 @@ def obtain_secret(
     spec = SecretSpec(values=None, keys=keys, namespace=namespace, name=_check_name(name),
                       dry_run=dry_run)
     return current_builder().add_secret(spec)
+
+
+def get_secret(name: str) -> Secret:
+    """The secret registered earlier in the current workflow under ``name``.
+
+    Args:
+        name: The secret's name (``str()`` of what ``create_secret`` or
+            ``obtain_secret`` returned).
+
+    Returns:
+        The secret handle; pass it as ``secret=`` to ``run_container`` and friends.
+
+    Raises:
+        UserError: if the current workflow has no secret called ``name``.
+    """
+    return current_builder().secret(str(name))
 
 
 def _check_keys(values: Mapping[str, str]) -> None:

@@ -51,7 +51,7 @@ from couler.api.options import (
 )
 from couler.errors import UserError
 
-__all__ = ["run_container", "run_job", "run_script", "script_source"]
+__all__ = ["get_step_output", "run_container", "run_job", "run_script", "script_source"]
 
 _JOB_OUTPUTS = (
     ir.OutputParameter("job-name", ir.OutputSource.JSON_PATH, "{.metadata.name}"),
@@ -99,8 +99,9 @@ def run_container(  # noqa: PLR0917 - the SDK's positional signature
             earlier steps become input artifacts at their path, not arguments.
         output: What the step produces: artifacts from
             ``create_parameter_artifact`` / ``create_*_artifact`` (a list or one).
-        input: Artifacts the step reads: outputs of earlier steps, or S3/OSS
-            artifacts.
+        input: Artifacts the step reads: outputs of earlier steps (a list a
+            ``run_*`` call returned gives its artifacts; its parameters are
+            skipped), or S3/OSS artifacts.
         env: Environment variables (values converted with ``str``).
         env_from: Not supported yet; a non-empty value raises UserError.
         secret: A secret from ``create_secret``/``obtain_secret`` (or its name):
@@ -313,6 +314,21 @@ def run_job(  # noqa: PLR0917 - the SDK's positional signature
     return _finish(b, draft)
 
 
+def get_step_output(step_name: str) -> list[StepOutput]:
+    """The outputs of a step defined earlier in the current workflow, looked up by name.
+
+    Args:
+        step_name: The step's name (its ``step_name``, or the name Couler gave it).
+
+    Returns:
+        The list its ``run_container``/``run_script``/``run_job`` call returned.
+
+    Raises:
+        UserError: if no step of the current workflow has that name.
+    """
+    return current_builder().step_outputs(str(step_name))
+
+
 # --------------------------------------------------------------------------- script source
 
 
@@ -459,8 +475,35 @@ def _add_outputs(draft: StepDraft, output: object) -> None:
                             "create_parameter_artifact or create_*_artifact")
 
 
+def _input_items(inputs: object) -> list[object]:
+    """The items of ``input=``, with each list a ``run_*`` call returned reduced to its artifacts.
+
+    A script step's list starts with its stdout ``result`` (a parameter) and a
+    step may declare parameter outputs too; SDK users pass such lists as
+    ``input=`` directly, meaning the files. A returned list without any
+    artifact is kept whole, so it fails as a parameter does.
+    """
+    items = [inputs] if _returned_outputs(inputs) is not None else _as_list(inputs)
+    flat: list[object] = []
+    for item in items:
+        outputs = _returned_outputs(item)
+        artifacts = [o for o in outputs or () if isinstance(o, ArtifactOutput)]
+        flat.extend(artifacts if artifacts else [item])
+    return flat
+
+
+def _returned_outputs(value: object) -> list[StepOutput] | None:
+    """``value`` as step outputs if it is the very list of handles a ``run_*`` call returned."""
+    if not isinstance(value, (list, tuple)) or not value or not isinstance(value[0], StepOutput):
+        return None
+    handles = value[0].draft.handles
+    if len(handles) != len(value) or not all(a is b for a, b in zip(handles, value, strict=True)):
+        return None
+    return list(handles)
+
+
 def _add_inputs(b: WorkflowBuilder, draft: StepDraft, inputs: object) -> None:
-    for i, raw in enumerate(_as_list(inputs)):
+    for i, raw in enumerate(_input_items(inputs)):
         value = b.unwrap(raw)
         if isinstance(value, ArtifactOutput):
             _consume_artifact(b, draft, value)
