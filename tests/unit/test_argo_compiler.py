@@ -596,6 +596,23 @@ def test_when_leaves_numbers_and_bools_unquoted() -> None:
     assert task(doc, "flag")["when"] == "{{workflow.parameters.on}} == true"
 
 
+def test_an_ordering_of_two_step_outputs_compares_numbers() -> None:
+    """'10' > '9' is false as strings: two run-time values are ordered bare (as numbers, like
+    the local engine and Airflow do when both sides are numbers); equality stays quoted."""
+    other = S("other", ctr("alpine", "coin"), outputs=(
+        ir.OutputParameter("side", ir.OutputSource.STDOUT),))
+    after = (ir.Dependency("flip"), ir.Dependency("other"))
+    more = S("more", ctr(), dependencies=after, when=ir.When(ir.Condition(
+        ir.StepOutputRef("flip", "side"), ir.CompareOp.GT, ir.StepOutputRef("other", "side"))))
+    same = S("same", ctr(), dependencies=after, when=ir.When(ir.Condition(
+        ir.StepOutputRef("flip", "side"), ir.CompareOp.EQ, ir.StepOutputRef("other", "side"))))
+    doc = compile_ok(wf_of(*_flip(other, more, same)))
+    assert task(doc, "more")["when"] == (
+        "{{tasks.flip.outputs.result}} > {{tasks.other.outputs.result}}")
+    assert task(doc, "same")["when"] == (
+        "'{{tasks.flip.outputs.result}}' == '{{tasks.other.outputs.result}}'")
+
+
 @pytest.mark.parametrize(("op", "negated"), [
     (ir.CompareOp.EQ, "!="), (ir.CompareOp.NE, "=="), (ir.CompareOp.GT, "<="),
     (ir.CompareOp.LT, ">="), (ir.CompareOp.GE, "<"), (ir.CompareOp.LE, ">"),

@@ -606,11 +606,17 @@ class _Compiler:
 
     def compare(self, cond: ir.Condition, op: ir.CompareOp,
                 resolve: Callable[[ir.ValueSource], tuple[str, ir.ValueType]]) -> str:
-        """``left op right`` for Argo's ``when``; strings single-quoted, numbers bare."""
+        """``left op right`` for Argo's ``when``; strings single-quoted, numbers bare.
+
+        An ordering (``>``, ``<``, ...) of two run-time values (step outputs, parameters;
+        no literal) is emitted bare, so govaluate compares them as numbers, as the other
+        engines do when both sides are numbers: quoted, ``'10' > '9'`` would be false.
+        """
         sides = [(src, *resolve(src)) for src in (cond.left, cond.right)]
         literals = [t for src, _, t in sides if isinstance(src, ir.Literal)]
         types = literals or [t for _, _, t in sides]
-        if all(t in _NUMERIC for t in types):
+        ordering = op not in (ir.CompareOp.EQ, ir.CompareOp.NE)
+        if all(t in _NUMERIC for t in types) or (ordering and not literals):
             return f"{sides[0][1]} {op.value} {sides[1][1]}"
         left, right = (_quote(text, escape=isinstance(src, ir.Literal)) for src, text, _ in sides)
         return f"{left} {op.value} {right}"
