@@ -402,6 +402,22 @@ def test_set_dependencies_with_a_depends_expression() -> None:
     assert deps(b) == [("a", SUCCEEDED), ("c", ir.EdgeCondition.ANY)]
 
 
+def test_a_depends_string_of_plain_terms_is_just_edges() -> None:
+    """"clean.Failed" or "a && b" say nothing edges cannot: no depends expression (which
+    several engines cannot express), the same IR as edges with those conditions."""
+    def program() -> None:
+        couler.set_dependencies(lambda: job("a"))
+        couler.set_dependencies(lambda: job("clean"))
+        couler.set_dependencies(lambda: job("fallback"), dependencies="clean.Failed")
+        couler.set_dependencies(lambda: job("both"), dependencies="a && clean")
+
+    wf = build(program)
+    assert step(wf, "fallback").depends is None
+    assert deps(step(wf, "fallback")) == [("clean", ir.EdgeCondition.FAILED)]
+    assert step(wf, "both").depends is None
+    assert deps(step(wf, "both")) == [("a", SUCCEEDED), ("clean", SUCCEEDED)]
+
+
 # --------------------------------------------------------------------------- input parameters
 
 

@@ -432,11 +432,23 @@ def set_dependencies(step_function: Callable[[], Any],
                 for dep in parsed:
                     if dep.step != step.name:
                         step.add_dep(dep.step, dep.condition)
+                if _edges_only(expr):
+                    continue  # "A.Failed", "A && B": the edges say it all, on every engine
                 step.depends = expr if step.depends is None else ir.DependsAll((step.depends, expr))
             elif dependencies is not None:
                 for name in dependencies:
                     _edge(step, sanitize(name))
     return result
+
+
+def _edges_only(expr: ir.DependsExpr) -> bool:
+    """Whether ``expr`` is one term or an ``&&`` of terms on distinct steps: exactly what
+    the edges with those conditions mean, so no depends expression is needed."""
+    terms = expr.terms if isinstance(expr, ir.DependsAll) else (expr,)
+    if not all(isinstance(t, ir.DependsTerm) for t in terms):
+        return False
+    steps = [t.step for t in terms if isinstance(t, ir.DependsTerm)]
+    return len(set(steps)) == len(steps)
 
 
 # --------------------------------------------------------------------------- loops
