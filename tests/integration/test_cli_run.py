@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -203,3 +204,25 @@ def test_unknown_or_ill_typed_parameters_are_refused(tmp_path: Path) -> None:
     assert "field 'parameters.m': no such parameter (the workflow declares: n)" in err
     assert "field 'parameters.n': 'abc' is not a valid int" in err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def _local_examples() -> list[str]:
+    """The examples examples/README.md says run as they are on the local engine."""
+    text = (ROOT / "examples" / "README.md").read_text()
+    table = text.split("These also run as they are", 1)[1].split("The others", 1)[0]
+    return re.findall(r"^\| `(\w+\.py)` \|", table, re.M)
+
+
+def test_the_readme_lists_every_example_once() -> None:
+    text = (ROOT / "examples" / "README.md").read_text()
+    listed = re.findall(r"^\| `(\w+\.py)` \|", text, re.M)
+    assert sorted(listed) == sorted(p.name for p in (ROOT / "examples").glob("*.py"))
+    assert len(_local_examples()) >= 5
+
+
+@pytest.mark.parametrize("name", _local_examples())
+def test_the_examples_said_to_run_locally_do(name: str, tmp_path: Path) -> None:
+    status, out, err = run_cli("run", str(ROOT / "examples" / name), "--json", "--work-dir",
+                               str(tmp_path))
+    assert status == 0, err
+    assert json.loads(out)["state"] == "succeeded"

@@ -808,3 +808,19 @@ def test_a_crashed_engine_leaves_no_step_running_and_resume_counts_the_attempt(
     # The journal now holds both attempts' lines; loading must see the latest state only.
     _, after = _load(tmp_path / "r")
     assert after[("b", "")].state is StepState.CANCELLED and after[("b", "")].attempts == 2
+
+
+def test_a_container_step_with_args_but_no_command_needs_a_command_or_a_mapped_image(
+        tmp_path: Path) -> None:
+    """Without a command the image's entrypoint would run; the local engine cannot know it,
+    and must not run the first argument as the program instead."""
+    step = ir.Step(name="say", body=ir.ContainerSpec(image="docker/whalesay", args=("hello",)),
+                   outputs=(ir.OutputParameter("said", ir.OutputSource.STDOUT),))
+    status = LocalEngine(tmp_path / "a").run(wf("no-command", step))
+    failed = by_key(status, "say")
+    assert failed.state is StepState.FAILED
+    assert "field 'command'" in failed.message and "'docker/whalesay'" in failed.message
+    assert "image_commands" in failed.message
+    mapped = LocalEngine(tmp_path / "b", image_commands={"docker/whalesay": ["echo"]})
+    status = mapped.run(wf("no-command", step))
+    assert by_key(status, "say").outputs == {"said": "hello"}

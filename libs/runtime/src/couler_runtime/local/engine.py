@@ -1035,10 +1035,14 @@ class LocalRun:
         elif isinstance(body, ir.ContainerSpec):
             argv = [*(sub(c, "command") for c in body.command),
                     *(sub(a, "args") for a in body.args)]
-            if not argv:
+            mapped = self.engine.image_commands.get(body.image, ())
+            if not body.command and not mapped:
+                # args alone would run the first argument as the program
                 raise _StepError(f"{where}, field 'command': a container step needs a command "
-                                 "on the local engine (the image's entrypoint is unknown)")
-            argv = [*self.engine.image_commands.get(body.image, ()), *argv]
+                                 f"on the local engine (the entrypoint of image {body.image!r} "
+                                 "is unknown); give command=[...] or map the image to a "
+                                 "command (LocalEngine(image_commands=...))")
+            argv = [*mapped, *argv]
             working_dir = body.working_dir
         else:
             raise _StepError(f"{where}: the local engine cannot run a {body.KIND} step")
