@@ -288,6 +288,22 @@ def test_peak_memory_recorded(engine: LocalEngine) -> None:
     assert step.peak_cpu is not None
 
 
+def test_a_short_peak_between_samples_is_caught_and_the_engine_is_not_counted(
+        engine: LocalEngine) -> None:
+    """The peak is each process's high-water mark: 80 MiB held for a few milliseconds (less
+    than a sampling interval) is still seen once the process is sampled after it; and a
+    step never counts the engine's own pages (its process starts as a fork of the engine,
+    hundreds of MiB here, before it execs the step)."""
+    grow = script("grow", "import time\nx = bytearray(80 * 1024 * 1024)\n"
+                  "for i in range(0, len(x), 4096): x[i] = 1\n"
+                  "del x\ntime.sleep(0.3)")  # the peak is over before the process ends
+    quick = container("quick", "sh", "-c", "true")
+    status = engine.run(wf("peaks", grow, quick))
+    peak = by_key(status, "grow").peak_memory_bytes or 0
+    assert 80 * 2**20 <= peak < 80 * 2**20 + 100 * 2**20, peak
+    assert (by_key(status, "quick").peak_memory_bytes or 0) < 50 * 2**20  # 0: not sampled
+
+
 def test_memory_limit_is_an_oom(engine: LocalEngine) -> None:
     source = "import time; block = b'x' * (200 * 1024 * 1024); time.sleep(5)"
     step = script("hog", source, resources=ir.Resources(memory_limit="64Mi"),

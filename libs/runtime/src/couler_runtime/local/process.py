@@ -91,31 +91,61 @@ def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
 
 
 class _Sampler:
-    """Peak CPU and RSS over a process tree."""
+    """Peak CPU and resident memory over a process tree.
 
-    def __init__(self, pid: int) -> None:
+    Memory is each process's high-water mark (``VmHWM`` in ``/proc/PID/status``, so a peak
+    between two samples is not missed), summed over the tree; the current RSS (what a
+    memory limit is checked against) is returned by :meth:`sample`. The root is not
+    counted until it has exec'd ``argv``: before that it is a fork of this (large)
+    process, whose pages would be taken for the step's. A process that ends before it is
+    sampled once has no peak (0): unknown, never a guess.
+    """
+
+    def __init__(self, pid: int, argv: Sequence[str]) -> None:
         self.pid = pid
+        self.argv = list(argv)
         self.procs: dict[int, object] = {}
+        self.hwm: dict[int, int] = {}
+        self.execed = False
         self.peak_cpu = 0.0
         self.peak_rss = 0
 
     def sample(self) -> int:
         try:
             root = psutil.Process(self.pid)
+            if not self.execed:
+                self.execed = root.cmdline() == self.argv
+                if not self.execed:
+                    return 0
             tree = [root, *root.children(recursive=True)]
         except psutil.Error:
             return 0
         rss, cpu = 0, 0.0
         for proc in tree:
-            cached = self.procs.setdefault(int(proc.pid), proc)
+            pid = int(proc.pid)
+            cached = self.procs.setdefault(pid, proc)
             try:
-                rss += int(cached.memory_info().rss)  # type: ignore[attr-defined]
+                now = int(cached.memory_info().rss)  # type: ignore[attr-defined]
                 cpu += float(cached.cpu_percent(None)) / 100.0  # type: ignore[attr-defined]
             except psutil.Error:
                 continue
-        self.peak_rss = max(self.peak_rss, rss)
+            rss += now
+            self.hwm[pid] = max(self.hwm.get(pid, 0), now, _high_water_mark(pid))
+        self.peak_rss = max(self.peak_rss, rss, sum(self.hwm.values()))
         self.peak_cpu = max(self.peak_cpu, cpu)
         return rss
+
+
+def _high_water_mark(pid: int) -> int:
+    """The peak resident memory of ``pid`` since its exec, in bytes (0 when unknown)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def run_process(
@@ -154,7 +184,7 @@ def run_process(
             )
         except OSError as exc:
             return ProcessResult(exit_code=None, started=False, error=f"{argv[0]!r}: {exc}")
-        sampler = _Sampler(proc.pid)
+        sampler = _Sampler(proc.pid, argv)
         deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
         timed_out = oom = cancelled = False
         while True:
