@@ -228,3 +228,11 @@ def test_compile_for_kfp_without_kfp_says_how_to_get_it() -> None:
         "compile", str(ROOT / "examples" / "dag_diamond.py"), "--engine", "kfp"
     )
     assert status == 2 and "kfp" in err
+
+
+def test_stack_commands_without_a_stack_or_with_an_empty_request(tmp_path: Path) -> None:
+    status, out, err = run_cli("status", "--home", str(tmp_path))
+    assert status == 2 and out == ""
+    assert err.startswith(f"couler: error: no stack in {tmp_path.resolve()}; start one with")
+    status, _, err = run_cli("submit", "--text", "   ", "--home", str(tmp_path))
+    assert status == 2 and "--text is empty" in err

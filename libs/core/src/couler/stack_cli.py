@@ -64,7 +64,7 @@ def _client(args: argparse.Namespace) -> Any:
     if not address:
         info, alive = stack.status(_home(args))
         if not alive.get("submitter"):
-            raise UserError("couler: the stack's submitter is not running; `couler up` first")
+            raise UserError("the stack's submitter is not running; `couler up` first")
         address, token = info.addresses, token if token is not None else info.token
     return CoulerClient(address, token=token or None)
 
@@ -149,6 +149,8 @@ def cmd_submit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     if (args.path is None) == (args.text is None):
         raise UserError("couler submit: give a program PATH.py or --text \"...\" (one of them)")
+    if args.text is not None and not args.text.strip():
+        raise UserError("couler submit: --text is empty; say what the workflow should do")
     sources: list[Any] = ([args.text] if args.text is not None
                           else list(_capture(args.path, args.program_args)))
     parameters = parse_parameters(args.param)

@@ -291,9 +291,9 @@ def restart(home: Path | None, name: str, *, sig: int = signal.SIGTERM,
     state = home / _STATE
     info = _read(state)
     if info is None:
-        raise NotFoundError(f"couler: no stack in {home}")
+        raise NotFoundError(f"no stack in {home}")
     if name not in info.pids:
-        raise UserError(f"couler: no process {name!r} in the stack ({', '.join(info.pids)})")
+        raise UserError(f"no process {name!r} in the stack ({', '.join(info.pids)})")
     pid = info.pids[name]
     if _alive(pid):
         with contextlib.suppress(ProcessLookupError):
@@ -345,7 +345,7 @@ def status(home: Path | None = None) -> tuple[StackInfo, dict[str, bool]]:
     home = (home or default_home()).resolve()
     info = _read(home / _STATE)
     if info is None:
-        raise NotFoundError(f"couler: no stack in {home}; start one with `couler up`")
+        raise NotFoundError(f"no stack in {home}; start one with `couler up`")
     return info, {name: _alive(pid) for name, pid in info.pids.items()}
 
 
