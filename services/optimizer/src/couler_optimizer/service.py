@@ -70,6 +70,10 @@ _KINDS: Mapping[RecommendationKind, str] = {
     RecommendationKind.TIMEOUT: "timeout_seconds",
 }
 _PRUNE = "prune_cached"
+#: The engines whose runs restore a cached step's outputs and artifacts instead of running
+#: it (the submitter's local engine; the dry run runs nothing anyway). The adapters of
+#: remote engines submit the whole workflow, so pruning for them would only mislead.
+REUSING_ENGINES = frozenset({"local", "dryrun"})
 
 
 class CacheUnavailableError(RetryableError):
@@ -183,7 +187,9 @@ class Optimizer:
         ir.validate(wf)
         name = check_engine(engine, wf)
         recs = _core_recommendations(wf, self._store.recommendations(wf.name))
-        lookup = None if no_cache or self._cache is None else _PlanLookup(self._cache)
+        reuses = name in REUSING_ENGINES
+        lookup = (None if no_cache or self._cache is None or not reuses
+                  else _PlanLookup(self._cache))
         plan = passes.optimize(
             wf, name, lookup=lookup, recommendations=recs, parameters=parameters,
             budget=passes.budget_for(name, max_steps=self._max_steps), retry=self._retry)
@@ -194,7 +200,7 @@ class Optimizer:
                 reports[i] = dataclasses.replace(report, notes=(
                     *report.notes, "objectives: " + ", ".join(o.value for o in objectives)))
             elif report.name == _PRUNE:
-                reports[i] = self._prune_report(report, lookup, no_cache)
+                reports[i] = self._prune_report(report, lookup, no_cache, name)
         if lookup is not None and lookup.failure is None:
             cached = {step: _entry(wf.name, step, c, lookup.entries.get(c.key))
                       for step, c in plan.cached.items()}
@@ -210,9 +216,13 @@ class Optimizer:
             workflow_digest=ir.digest(plan.workflow))
 
     def _prune_report(self, report: passes.PassReport, lookup: _PlanLookup | None,
-                      no_cache: bool) -> passes.PassReport:
+                      no_cache: bool, engine: str) -> passes.PassReport:
         if no_cache:
             return dataclasses.replace(report, notes=("no_cache: the cache was not consulted",))
+        if engine not in REUSING_ENGINES:
+            return dataclasses.replace(report, notes=(
+                f"engine {engine!r} cannot restore cached results yet (they are in this "
+                "system's artifact store): the cache was not consulted, every step runs",))
         if lookup is None:
             return dataclasses.replace(report, notes=("no cache configured "
                                                       "(COULER_CACHE_ADDRESS is empty)",))
