@@ -125,6 +125,9 @@ def test_submit_a_text_request_and_wait(cli: CliStack) -> None:
     run_id = _run_id(done.stderr)
     assert f"run {run_id} succeeded" in done.stdout
     assert "select-best" in done.stderr  # the live progress named the steps
+    # what the optimizer changed in a workflow the user did not write is said
+    assert re.search(r"^  optimizer default_retry: default retry policy \(limit 2\) on: ",
+                     done.stdout, re.M), done.stdout
     cli.runs["text"] = run_id
 
 

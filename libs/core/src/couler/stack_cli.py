@@ -114,6 +114,16 @@ class _Follow:
                   file=self.err, flush=True)
 
 
+# Passes whose changes to the workflow the user did not write: said, not hidden.
+_SHOWN_PASSES = ("right_size", "default_retry", "split")
+
+
+def _changes(run: Any) -> list[str]:
+    """One line per change the optimizer made to the workflow (retries, resources, split)."""
+    return [f"  optimizer {p.name}: {note}" for p in run.passes
+            if p.changed and p.name in _SHOWN_PASSES for note in p.notes]
+
+
 def _failures(run: Any) -> list[str]:
     """One line per failed step: why, and where its logs are."""
     lines = []
@@ -176,6 +186,8 @@ def cmd_submit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                       + (f": {run.message}" if run.message else "")
                       + (f"; {len(cached)} step(s) reused from the cache: {', '.join(cached)}"
                          if cached else ""), file=out)
+                for line in _changes(run):
+                    print(line, file=out)
                 for line in _failures(run):
                     print(line, file=out)
             if run.state.value != "succeeded":
