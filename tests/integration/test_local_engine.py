@@ -840,3 +840,19 @@ def test_a_container_step_with_args_but_no_command_needs_a_command_or_a_mapped_i
     mapped = LocalEngine(tmp_path / "b", image_commands={"docker/whalesay": ["echo"]})
     status = mapped.run(wf("no-command", step))
     assert by_key(status, "say").outputs == {"said": "hello"}
+
+
+def test_reading_an_output_of_a_skipped_step_says_it_was_skipped(engine: LocalEngine) -> None:
+    """The branch of a when/else that did not run has no outputs: the reader's error says
+    why, not only that the output is missing."""
+    out = (ir.OutputParameter("v", ir.OutputSource.STDOUT),)
+    flip = container("flip", "echo", "small", outputs=out)
+    big = container("big", "echo", "B", outputs=out, dependencies=after("flip"), when=ir.When(
+        ir.Condition(ir.StepOutputRef("flip", "v"), ir.CompareOp.EQ, ir.Literal.of("big"))))
+    reader = container("publish", "echo", "{{inputs.x}}", dependencies=after("big"),
+                       inputs=(ir.InputParameter("x", ir.StepOutputRef("big", "v")),))
+    status = engine.run(wf("skipped-output", flip, big, reader))
+    assert by_key(status, "big").state is StepState.SKIPPED
+    failed = by_key(status, "publish")
+    assert failed.state is StepState.FAILED
+    assert "step 'big' has no output 'v' (it was skipped" in failed.message

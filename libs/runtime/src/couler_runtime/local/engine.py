@@ -637,8 +637,13 @@ class LocalRun:
             return own[source.output]
         rec = self._record(source.step)
         if rec is None or source.output not in rec.outputs:
+            why = ""
+            if rec is not None and rec.state is StepState.SKIPPED:
+                # e.g. the branch of a when/else that did not run
+                why = (f" (it was skipped: {rec.message})" if rec.message
+                       else " (it was skipped)")
             raise _StepError(f"workflow {wf!r}, step {step.name!r}, field {where!r}: step "
-                             f"{source.step!r} has no output {source.output!r}")
+                             f"{source.step!r} has no output {source.output!r}{why}")
         return rec.outputs[source.output]
 
     def _condition(self, cond: ir.Condition, step: ir.Step, own: Mapping[str, str]) -> bool:
