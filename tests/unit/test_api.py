@@ -904,6 +904,18 @@ def test_workflow_parameter_type_mismatch_is_refused() -> None:
         couler.workflow_parameter("n", default="ten", type=int)
 
 
+def test_a_parameter_declared_by_config_workflow_is_named_by_workflow_parameter() -> None:
+    with couler.workflow("cfg", parameters={"env": "dev"}) as wf:
+        env = couler.workflow_parameter("env")  # only the name: the one declared above
+        couler.run_container(image="alpine", command=["echo"], args=[env], step_name="show")
+        with pytest.raises(UserError, match=r"declared twice with different definitions "
+                                            r"\(string, default \"dev\" and int, default 3\)"):
+            couler.workflow_parameter("env", default=3)
+    result = wf.to_ir()
+    assert result.parameters == (ir.Parameter("env", ir.ValueType.STRING, ir.Literal.of("dev")),)
+    assert inputs(step(result, "show"))[0][1] == ir.WorkflowParamRef("env")
+
+
 # --------------------------------------------------------------------------- run_job
 
 

@@ -699,9 +699,14 @@ class WorkflowBuilder:
         existing = self._parameters.get(param.name)
         if existing is not None and existing != param:
             raise UserError(f"workflow {self.workflow_name()!r}: parameter {param.name!r} is "
-                            "declared twice with different definitions")
+                            f"declared twice with different definitions ({_describe(existing)}"
+                            f" and {_describe(param)})")
         self._parameters[param.name] = param
         return WorkflowParam(self, param.name, param.type)
+
+    def parameter_names(self) -> list[str]:
+        """The names of the workflow parameters declared so far."""
+        return list(self._parameters)
 
     def parameter(self, name: str) -> WorkflowParam:
         """The handle of the declared workflow parameter ``name``."""
@@ -936,3 +941,9 @@ def freeze_mapping(values: Mapping[str, object] | None, *, what: str) -> dict[st
     if not isinstance(values, Mapping):
         raise UserError(f"{what} must be a mapping of names to values, not {type(values).__name__}")
     return {str(k): str(v) for k, v in values.items()}
+
+
+def _describe(param: ir.Parameter) -> str:
+    """A parameter's definition in a few words, for error messages."""
+    default = "no default" if param.default is None else f"default {param.default.json}"
+    return f"{param.type.value}, {default}"

@@ -412,9 +412,13 @@ def workflow_parameter(name: str, default: object = None, type: object = None,
         description: Shown to users of the workflow.
 
     Returns:
-        The parameter handle.
+        The parameter handle. With only a name, for a parameter declared already (e.g. by
+        ``config_workflow(parameters=...)``), the handle of that one.
     """
-    return current_builder().add_parameter(_parameter(name, default, type, description))
+    b = current_builder()
+    if default is None and type is None and not description and name in b.parameter_names():
+        return b.parameter(name)
+    return b.add_parameter(_parameter(name, default, type, description))
 
 
 # --------------------------------------------------------------------------- cluster settings
