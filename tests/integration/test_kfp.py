@@ -212,6 +212,8 @@ def test_unsupported_program_names_step_and_feature(name: str,
     step, feature = UNSUPPORTED[name]
     assert (result["step"], result["feature"]) == (step, feature)
     assert "engine 'kfp' does not support" in result["message"]
+    if name == "coin_flip":  # a dependency the user never wrote: said where it came from
+        assert "steps written one after another run in sequence" in result["message"]
 
 
 def test_run_locally_script_stdout_feeds_next_step(tmp_path: Path) -> None:

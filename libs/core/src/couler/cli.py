@@ -166,7 +166,7 @@ class _Progress:
             detail.append(f"{status.finished_at - status.started_at:.1f}s")
         if status.peak_memory_bytes:
             detail.append(f"{status.peak_memory_bytes / 2**20:.0f} MiB")
-        if status.exit_code not in (None, 0):
+        if status.exit_code not in (None, 0) and state != "running":  # not the last attempt's
             detail.append(f"exit {status.exit_code}")
         if status.message and state in ("failed", "retrying", "cancelled"):
             detail.append(status.message)

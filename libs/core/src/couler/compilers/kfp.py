@@ -418,9 +418,15 @@ class _Builder:
                 if up is None:
                     continue
                 if up.when is not None:
+                    reads = any(isinstance(i.value, ir.StepOutputRef) and i.value.step == name
+                                for i in step.inputs)
+                    hint = "" if reads else (
+                        f"; {step.name!r} only runs after {name!r} (steps written one after "
+                        "another run in sequence): build them with couler.dag / "
+                        "set_dependencies so it depends on what it needs")
                     raise self._fail(step.name, "dependency on a conditional step",
                                      f"{name!r} runs under dsl.If; KFP forbids dependencies "
-                                     "into a dsl.If from outside it")
+                                     f"into a dsl.If from outside it{hint}")
             for i in step.inputs:
                 if isinstance(i.value, ir.StepOutputRef):
                     up = by_name.get(i.value.step)
