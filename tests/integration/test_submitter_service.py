@@ -15,6 +15,7 @@ Only one submitter runs at a time: instances share the durable consumers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import os
@@ -215,6 +216,12 @@ def greeting_workflow(name: str) -> ir.Workflow:
     return ir.Workflow(name=name, steps=(hello, shout))
 
 
+def declaring(wf: ir.Workflow, *names: str) -> ir.Workflow:
+    """``wf`` with string parameters ``names`` (default "") declared."""
+    params = tuple(ir.Parameter(n, default=ir.Literal.of("")) for n in names)
+    return dataclasses.replace(wf, parameters=(*wf.parameters, *params))
+
+
 def marker_workflow(name: str, marker: Path, *, second: str = "", sleep: float = 0) -> ir.Workflow:
     """``first`` appends a line to ``marker``; ``second`` (after it) runs ``second`` code."""
     first = script("first", f"open({str(marker)!r}, 'a').write('first\\n')\nprint('one')",
@@ -332,7 +339,7 @@ class TestService:
     def test_a_workflow_runs_to_success_and_every_step_is_reported(
             self, client: CoulerClient, nats_server: NatsServer, service: ServiceThread,
             state: Path) -> None:
-        wf = greeting_workflow(unique("greet"))
+        wf = declaring(greeting_workflow(unique("greet")), "p")
         sub = client.submitter.submit(wf, parameters={"p": "v"})
         assert sub.created
         seen: list[Run] = []
@@ -595,7 +602,7 @@ class TestService:
     def test_launch_a_template_twice_with_one_key_starts_one_run(
             self, client: CoulerClient, nats_server: NatsServer, service: ServiceThread) -> None:
         name = unique("nightly")
-        wf = greeting_workflow(name)
+        wf = declaring(greeting_workflow(name), "d")
         tpl = client.submitter.register_template(name, wf, engine="dryrun")
         assert tpl.workflow_digest == ir.digest(wf)
         assert name in {t.name for t in client.submitter.list_templates()}

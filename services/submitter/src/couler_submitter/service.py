@@ -18,6 +18,9 @@ Nothing accepted is lost on a crash (an outbox discipline around the store):
 * At start-up, PENDING / RUNNING runs are resumed from their engine's record (the local
   engine's run directory: steps that succeeded are not run again), or started from the
   stored plan when the engine never got them.
+* ``submitted`` is published after the engine start, and again when a run is resumed (a
+  crash may fall between the two), under the same msg id: stored once when the restart
+  comes within the streams' duplicate window (2 minutes), at least once after that.
 * A plan the optimizer split to fit its engine runs as a
   :class:`~couler_submitter.chunks.ChunkedRun`: each chunk is its own engine run
   (``<run_id>-<chunk>``), resumed or retried chunk by chunk the same way.
@@ -248,6 +251,9 @@ class Submitter:
             return
         log.info("run %s: resumed on %s", run.run_id, run.engine)
         self._track(run.run_id, handle, plan.workflow, run.engine, queue)
+        # The crash may have come between the engine start and this event: publish it again
+        # under the same msg id (JetStream drops it when the first one was stored).
+        await self._publish(self._events.submitted, run)
 
     async def _outbox_loop(self) -> None:
         while True:
@@ -529,11 +535,12 @@ class Submitter:
         if (await self.get(run.run_id)).state.terminal:  # cancelled while it was starting
             await self._call(handle.cancel)
         if resuming and isinstance(handle, ChunkedRun) and handle.picked_up:
+            # published again under the same msg id, as for a resumed run (see _recover)
             log.info("run %s: resumed on %s (split plan, %d chunks)", run.run_id, run.engine,
                      len(plan.chunks))
-            return  # the engine had it: it was submitted before the restart
-        log.info("run %s: started on %s (%d cached step(s)%s)", run.run_id, run.engine,
-                 len(cached), f", {len(plan.chunks)} chunks" if _split(plan) else "")
+        else:
+            log.info("run %s: started on %s (%d cached step(s)%s)", run.run_id, run.engine,
+                     len(cached), f", {len(plan.chunks)} chunks" if _split(plan) else "")
         await self._publish(self._events.submitted, run)
 
     def _fetch_cached(self, run_id: str, plan: Plan) -> dict[str, Reuse]:
