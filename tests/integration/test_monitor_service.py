@@ -500,7 +500,7 @@ class TestMonitor:
         assert set(got.sequences[:3]) <= got.terminated
         assert got.sequences[3] not in got.terminated
         assert by_kind(monitor.client.monitor.recommendations(wf))[
-            "train:memory_request"].value == "12Mi"
+            "train:memory_request"].value == "16Mi"  # 12Mi raised to the floor
         with pytest.raises(UserError, match="workflow"):
             monitor.client.monitor.recommendations("")
 
@@ -741,3 +741,39 @@ def test_peaks_are_taken_over_the_latest_runs_only(tmp_path: Path) -> None:
         assert asyncio.run(scenario()) == ["600Mi", "240Mi"]
     finally:
         store.close()
+
+
+def test_requests_below_the_minimum_are_raised_to_it(tmp_path: Path) -> None:
+    """A tiny step (a shell command) peaks at a few MiB and no CPU to speak of: the
+    recommendation is the configured minimum, and its reason says so."""
+    from couler.engines.base import StepState
+    from couler_monitor.service import Monitor as UseCases
+    from couler_monitor.store import MonitorStore
+    from couler_runtime.rpc.records import StepRecord
+
+    sent: list[Recommendation] = []
+
+    async def publish(rec: Recommendation) -> None:
+        sent.append(rec)
+
+    store = MonitorStore.open(f"sqlite:///{tmp_path / 'monitor.db'}")
+    monitor = UseCases(store, publish, min_memory_bytes=32 * MI, min_cpu=0.05)
+    tiny = StepRecord(name="echo", state=StepState.SUCCEEDED, attempts=1,
+                      peak_memory_bytes=3 * MI, peak_cpu=0.001, finished_at=100.0)
+    try:
+        asyncio.run(monitor.record_step("r1", "wf", "local", tiny, 100.0))
+    finally:
+        store.close()
+    got = {r.kind.value: r for r in sent}
+    assert got["memory_request"].value == "32Mi"
+    assert "raised to the minimum 32Mi" in got["memory_request"].reason
+    assert got["cpu_request"].value == "50m"
+    assert "raised to the minimum 0.05 cores" in got["cpu_request"].reason
+
+
+def test_the_minimum_requests_are_settings(tmp_path: Path) -> None:
+    settings = MonitorSettings.load("monitor", state_dir=tmp_path, min_memory_request="64Mi",
+                                    min_cpu_request="0.1")
+    assert (settings.min_memory_request, settings.min_cpu_request) == ("64Mi", "0.1")
+    with pytest.raises(SettingsError, match=r"COULER_MIN_MEMORY_REQUEST: 'lots' is not a"):
+        MonitorSettings.load("monitor", state_dir=tmp_path, min_memory_request="lots")

@@ -7,7 +7,9 @@ Settings (environment, ``COULER_`` prefix): the common ones (:class:`CommonSetti
 * ``COULER_HEADROOM`` -- factor over the observed peak for resource requests (default 1.2);
 * ``COULER_MIN_SAMPLES`` -- runs with a measured peak needed before recommending (default 1);
 * ``COULER_HISTORY_RUNS`` -- how many of a step's latest runs the peaks are taken over
-  (default 10).
+  (default 10);
+* ``COULER_MIN_MEMORY_REQUEST`` / ``COULER_MIN_CPU_REQUEST`` -- the smallest requests
+  recommended, as Kubernetes quantities (default ``16Mi`` and ``10m``).
 
 ``COULER_AUTH_TOKEN`` guards the dashboard as well as the gRPC server.
 """
@@ -20,6 +22,7 @@ import sys
 
 from pydantic import Field, field_validator
 
+from couler import ir
 from couler_monitor.dashboard import DashboardServer, create_app
 from couler_monitor.events import make_publisher, start_consumers
 from couler_monitor.rpc import MonitorService
@@ -43,12 +46,23 @@ class MonitorSettings(CommonSettings):
         headroom: Factor over the observed peak for memory and CPU requests (>= 1).
         min_samples: Runs with a measured peak needed before a request is recommended.
         history_runs: How many of a step's latest runs its peaks are taken over.
+        min_memory_request: The smallest memory request recommended (a quantity).
+        min_cpu_request: The smallest CPU request recommended (a quantity).
     """
 
     dashboard_address: str = "127.0.0.1:8080"
     headroom: float = Field(default=1.2, ge=1.0, le=10.0)
     min_samples: int = Field(default=1, ge=1)
     history_runs: int = Field(default=10, ge=1, le=1000)
+    min_memory_request: str = "16Mi"
+    min_cpu_request: str = "10m"
+
+    @field_validator("min_memory_request", "min_cpu_request")
+    @classmethod
+    def _quantity(cls, value: str) -> str:
+        if ir.parse_quantity(value) <= 0:  # raises ValueError naming the text when malformed
+            raise ValueError(f"must be more than 0 (got {value!r})")
+        return value
 
     @field_validator("dashboard_address")
     @classmethod
@@ -63,7 +77,9 @@ async def build(settings: MonitorSettings, bus: Bus) -> Component:
     """Wire the monitor: store (migrated), use cases, consumers, servicer and dashboard."""
     store = await asyncio.to_thread(MonitorStore.open, settings.database_url)
     monitor = Monitor(store, make_publisher(bus), headroom=settings.headroom,
-                      min_samples=settings.min_samples, history_runs=settings.history_runs)
+                      min_samples=settings.min_samples, history_runs=settings.history_runs,
+                      min_memory_bytes=int(ir.parse_quantity(settings.min_memory_request)),
+                      min_cpu=float(ir.parse_quantity(settings.min_cpu_request)))
     token = settings.auth_token.get_secret_value() if settings.auth_token else None
     dashboard = DashboardServer(create_app(monitor, token=token), settings.dashboard_address)
     try:

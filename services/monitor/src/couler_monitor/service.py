@@ -16,8 +16,10 @@ Recording is idempotent, because delivery is at-least-once:
 Recommendations, recomputed when a step ends with a measured peak (or failed out of memory),
 for one (workflow, step) over its last ``history_runs`` runs:
 
-* ``memory_request`` = the highest peak memory * ``headroom``, rounded up to whole Mi;
-* ``cpu_request`` = the highest peak CPU * ``headroom``, rounded up to whole millicores;
+* ``memory_request`` = the highest peak memory * ``headroom``, rounded up to whole Mi, at
+  least ``min_memory_bytes`` (a request below what any container needs to start is noise);
+* ``cpu_request`` = the highest peak CPU * ``headroom``, rounded up to whole millicores, at
+  least ``min_cpu`` cores;
 * after an out-of-memory failure, ``memory_limit`` = 2 * the peak at which it was killed
   (which is the limit it hit), and a ``retry`` limit for OOM failures.
 
@@ -76,6 +78,10 @@ _RUN_RANK = {RunState.ACCEPTED: 0, RunState.PLANNING: 1, RunState.PENDING: 2,
 _STEP_RANK = {StepState.PENDING: 0, StepState.RUNNING: 1, StepState.RETRYING: 2}
 
 
+MIN_MEMORY_BYTES = 16 * 1024 * 1024  # 16Mi
+MIN_CPU = 0.01  # 10m
+
+
 def memory_quantity(peak_bytes: int, headroom: Fraction) -> str:
     """``peak_bytes`` * ``headroom`` as a Kubernetes quantity in whole Mi, rounded up."""
     return f"{max(1, math.ceil(Fraction(peak_bytes) * headroom / MI))}Mi"
@@ -114,11 +120,14 @@ class Monitor:
         headroom: Factor over the observed peak (e.g. 1.2 for +20%).
         min_samples: Runs with a measured peak needed before recommending a request.
         history_runs: How many of a step's latest runs the peaks are taken over.
+        min_memory_bytes: The smallest memory request recommended.
+        min_cpu: The smallest CPU request recommended, in cores.
         clock: Seconds since the epoch (tests may pin it).
     """
 
     def __init__(self, store: MonitorStore, publish: Publisher, *, headroom: float = 1.2,
                  min_samples: int = 1, history_runs: int = 10,
+                 min_memory_bytes: int = MIN_MEMORY_BYTES, min_cpu: float = MIN_CPU,
                  clock: Callable[[], float] = time.time) -> None:
         if headroom < 1:
             raise UserError(f"headroom must be at least 1 (got {headroom})")
@@ -129,6 +138,8 @@ class Monitor:
         self._headroom = Fraction(str(headroom))
         self._min_samples = min_samples
         self._history_runs = history_runs
+        self._min_memory = min_memory_bytes
+        self._min_cpu = min_cpu
         self._clock = clock
         # One writer at a time in this process: concurrent handlers would otherwise race on
         # the same rows (and SQLite allows one writer anyway).
@@ -454,15 +465,26 @@ class Monitor:
         mems = [p.peak_memory_bytes for p in peaks if p.peak_memory_bytes]
         if len(mems) >= self._min_samples:
             top = max(mems)
+            floor = top * self._headroom < self._min_memory
             proposals.append(_Proposal(
-                RecommendationKind.MEMORY_REQUEST, memory_quantity(top, self._headroom),
-                f"peak {_mi(top)} over {_runs(len(mems))}, {pct}", len(mems)))
+                RecommendationKind.MEMORY_REQUEST,
+                memory_quantity(self._min_memory, Fraction(1)) if floor
+                else memory_quantity(top, self._headroom),
+                f"peak {_mi(top)} over {_runs(len(mems))}, {pct}"
+                + (f", raised to the minimum {_mi(self._min_memory)}" if floor else ""),
+                len(mems)))
         cpus = [p.peak_cpu for p in peaks if p.peak_cpu]
         if len(cpus) >= self._min_samples:
             top_cpu = max(cpus)
+            floor = Fraction(repr(float(top_cpu))) * self._headroom < Fraction(
+                repr(float(self._min_cpu)))
             proposals.append(_Proposal(
-                RecommendationKind.CPU_REQUEST, cpu_quantity(top_cpu, self._headroom),
-                f"peak {top_cpu:g} cores over {_runs(len(cpus))}, {pct}", len(cpus)))
+                RecommendationKind.CPU_REQUEST,
+                cpu_quantity(self._min_cpu, Fraction(1)) if floor
+                else cpu_quantity(top_cpu, self._headroom),
+                f"peak {top_cpu:g} cores over {_runs(len(cpus))}, {pct}"
+                + (f", raised to the minimum {self._min_cpu:g} cores" if floor else ""),
+                len(cpus)))
         ooms = [p for p in peaks if p.oom]
         if ooms:
             killed_at = [m for p in ooms
