@@ -226,3 +226,22 @@ def test_the_examples_said_to_run_locally_do(name: str, tmp_path: Path) -> None:
                                str(tmp_path))
     assert status == 0, err
     assert json.loads(out)["state"] == "succeeded"
+
+
+def test_the_json_record_says_where_the_run_and_its_artifacts_are(tmp_path: Path) -> None:
+    prog = program(tmp_path, """
+        import couler.argo as couler
+
+        out = couler.create_local_artifact("/tmp/out/model.txt")
+        couler.run_container(image="alpine", command=["sh", "-c"],
+                             args=["mkdir -p /tmp/out && echo weights > /tmp/out/model.txt"],
+                             output=out, step_name="train")
+    """)
+    status, out, err = run_cli("run", str(prog), "--json", "--work-dir", str(tmp_path / "runs"))
+    assert status == 0, err
+    record = json.loads(out)
+    assert Path(record["run_dir"]) == tmp_path / "runs" / record["run_id"]
+    (train,) = record["steps"]
+    (path,) = train["artifacts"].values()
+    assert Path(path).read_text() == "weights\n"
+    assert Path(path).is_relative_to(record["run_dir"])

@@ -188,14 +188,22 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def run_record(status: Any) -> dict[str, Any]:
-    """A run's final status as JSON-ready data, with per-step durations."""
+def run_record(status: Any, handle: Any = None, wf: ir.Workflow | None = None) -> dict[str, Any]:
+    """A run's final status as JSON-ready data, with per-step durations; with the run's
+    ``handle`` and workflow, also its directory and where each output artifact is."""
     record: dict[str, Any] = _plain(status)
+    declared = {s.name: s.output_artifacts for s in wf.steps} if wf is not None else {}
+    locate = getattr(handle, "artifact_path", None)
     for step in record["steps"]:
         started, finished = step.get("started_at"), step.get("finished_at")
         step["duration_seconds"] = (
             round(finished - started, 3) if started is not None and finished is not None else None
         )
+        if locate is not None and not step.get("key"):
+            found = {a.name: locate(step["step"], a.name) for a in declared.get(step["step"], ())}
+            step["artifacts"] = {name: str(path) for name, path in found.items() if path}
+    if handle is not None and getattr(handle, "run_dir", None) is not None:
+        record["run_dir"] = str(handle.run_dir)
     started, finished = record.get("started_at"), record.get("finished_at")
     record["duration_seconds"] = (
         round(finished - started, 3) if started is not None and finished is not None else None
@@ -340,7 +348,8 @@ def _run_all(engine: Any, workflows: Sequence[ir.Workflow], parameters: Mapping[
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
         if args.json:
-            out.write(json.dumps(run_record(status), indent=1, sort_keys=True) + "\n")
+            out.write(json.dumps(run_record(status, handle, wf), indent=1, sort_keys=True)
+                      + "\n")
         if not args.quiet:
             err.write(f"couler: workflow {wf.name!r} {status.state}\n")
         if str(status.state) != "succeeded":
@@ -368,7 +377,8 @@ def cmd_retry(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     if args.json:
-        out.write(json.dumps(run_record(status), indent=1, sort_keys=True) + "\n")
+        out.write(json.dumps(run_record(status, handle, handle.workflow), indent=1,
+                             sort_keys=True) + "\n")
     if not args.quiet:
         err.write(f"couler: workflow {handle.workflow.name!r} {status.state}\n")
     return 0 if str(status.state) == "succeeded" else 1
