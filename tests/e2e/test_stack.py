@@ -234,6 +234,16 @@ def test_a_failed_step_says_why(cli: CliStack, tmp_path: Path) -> None:
     assert "exit code 3: broken" in step["message"]
     assert step["failure_class"] == "transient"
 
+    run_id = json.loads(done.stdout)["run_id"]
+    shown = cli.couler("status", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(rf"^run {run_id} \(boom, engine local\): failed", shown.stdout, re.M)
+    assert re.search(r"^  boom\s+failed: .*exit code 3: broken$", shown.stdout, re.M)
+    logs = cli.couler("logs", run_id, "boom")
+    assert (logs.returncode, logs.stdout) == (0, "broken\n"), logs.stderr
+    missing = cli.couler("logs", run_id, "nope")
+    assert missing.returncode == 2 and "has no step 'nope' (its steps: boom)" in missing.stderr
+
 
 def test_all_five_services_through_grpc(cli: CliStack) -> None:
     info = cli.info

@@ -26,6 +26,7 @@ from couler.errors import (
     UserError,
 )
 from couler_runtime.argo import IDEMPOTENCY_KEY, ArgoAdapter, pod_name, run_status
+from couler_submitter.engines import AdapterRunner
 from tests.k8s_fake import FakeKube
 
 NS = "argo"
@@ -449,6 +450,8 @@ def test_logs_reads_the_pod_of_the_step(kube: FakeKube, argo: ArgoAdapter) -> No
     assert argo.logs(name, "extract") == "extracting\n42\n"
     assert kube.requests_of("GET")[-1].query["container"] == "main"
     assert argo.logs(name, "load") == "load failed: exit 2\n"  # the last attempt
+    # the submitter's runner for a remote engine asks the adapter
+    assert AdapterRunner("argo", argo).logs(name, "extract", "") == "extracting\n42\n"
     with pytest.raises(NotFoundError, match=r"workflow .*: no step 'nope'"):
         argo.logs(name, "nope")
     with pytest.raises(NotFoundError, match="has no pod"):

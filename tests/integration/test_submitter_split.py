@@ -16,6 +16,7 @@ import pytest
 
 from couler import ir
 from couler.engines.base import StepState
+from couler.errors import NotFoundError
 from couler.optimize.split import Budget, split_workflow
 from couler.v1 import events_pb2
 from couler_runtime.client import CoulerClient
@@ -114,6 +115,8 @@ def test_chunks_run_in_order_and_hand_off_outputs(client: CoulerClient,
     assert run.step("c").outputs == {"v": "xyz"}
     assert {s.name: s.state for s in run.steps} == dict.fromkeys("abc", StepState.SUCCEEDED)
     assert lines(tmp_path / "m") == ["a", "b", "c"]
+    # Logs come from the chunk's engine run that ran the step
+    assert client.submitter.logs(sub.run_id, "c") == "xyz\n"
     # each chunk was its own engine run; no run of the whole workflow
     runs = state / "runs"
     assert sorted(p.name for p in runs.iterdir() if p.name.startswith(sub.run_id)) == sorted(
@@ -252,3 +255,34 @@ def test_a_killed_submitter_resumes_a_split_run(nats_server: NatsServer, postgre
             first.kill()
         if second is not None:
             second.stop()
+
+
+def test_logs_of_a_run(client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
+    """Logs: the step's text from the engine, the end of it when long, clear errors."""
+    noisy = script("noisy", "import sys\nprint('x' * 5000)\nprint('oops', file=sys.stderr)")
+    wf = ir.Workflow(name=unique("logs"), steps=(noisy,))
+    sub = client.submitter.submit(wf)
+    with pytest.raises(NotFoundError, match="has not reached its engine"):
+        client.submitter.logs(sub.run_id, "noisy")
+    publish(nats_server, "couler.workflow.optimized",
+            events_pb2.WorkflowOptimized(run_id=sub.run_id, plan=plan_to_proto(Plan(
+                workflow=wf, engine="local", workflow_digest=ir.digest(wf)))),
+            f"{sub.run_id}.optimized")
+    run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+    assert run.state is RunState.SUCCEEDED, run.message
+    text = client.submitter.logs(sub.run_id, "noisy")
+    assert text.startswith("x" * 5000) and "oops" in text  # stdout, then stderr
+    tail = client.submitter.logs(sub.run_id, "noisy", max_bytes=10)
+    assert len(tail.encode()) <= 10 and "oops" in tail
+    with pytest.raises(NotFoundError, match=r"has no step 'nope' \(its steps: noisy\)"):
+        client.submitter.logs(sub.run_id, "nope")
+    with pytest.raises(NotFoundError, match="run 'run-does-not-exist' does not exist"):
+        client.submitter.logs("run-does-not-exist", "noisy")
+    dry = client.submitter.submit(wf, engine="dryrun")
+    publish(nats_server, "couler.workflow.optimized",
+            events_pb2.WorkflowOptimized(run_id=dry.run_id, plan=plan_to_proto(Plan(
+                workflow=wf, engine="dryrun", workflow_digest=ir.digest(wf)))),
+            f"{dry.run_id}.optimized")
+    wait_state(client, dry.run_id, RunState.SUCCEEDED, RunState.FAILED)
+    with pytest.raises(NotFoundError, match="dry run"):
+        client.submitter.logs(dry.run_id, "noisy")

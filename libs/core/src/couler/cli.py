@@ -8,7 +8,8 @@
                [--work-dir DIR] [-p NAME=VALUE] [--secrets-file FILE]
     couler retry RUN_DIR [--json] [--secrets-file FILE]
                                        re-run a local run from its failure point
-    couler up | down | status          the embedded stack (NATS + the five services)
+    couler up | down | status [RUN_ID] the embedded stack (NATS + the five services)
+    couler logs RUN_ID STEP [--key K]  what a step of a stack run wrote
     couler submit PATH.py | --text "..." [--wait] [--json] [--engine E] [-p NAME=VALUE]
 
 The program runs with submission turned off: a ``couler.run(...)`` inside it

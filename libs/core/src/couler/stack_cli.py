@@ -72,6 +72,8 @@ def _client(args: argparse.Namespace) -> Any:
 def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from couler_runtime import stack
 
+    if args.run_id:
+        return _run_status(args, out)
     info, alive = stack.status(_home(args))
     print(f"stack in {info.home} (dashboard {info.dashboard})", file=out)
     for name, ok in alive.items():
@@ -86,6 +88,29 @@ def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(f"  {run.run_id}  {run.workflow:<28} {run.state.value:<10} "
                   f"steps {len(run.steps)}, cached {cached}", file=out)
     return 0 if all(alive.values()) else 1
+
+
+def _run_status(args: argparse.Namespace, out: TextIO) -> int:
+    """One run: its state, then a line per step (with why a step failed)."""
+    with _client(args) as client:
+        run = client.submitter.get(args.run_id)
+    print(f"run {run.run_id} ({run.workflow}, engine {run.engine}): {run.state.value}"
+          + (f": {run.message}" if run.message else ""), file=out)
+    for s in run.steps:
+        label = s.name + (f"[{s.key}]" if s.key else "")
+        extra = " (reused from cache)" if s.cached else (
+            f" after {s.attempts} attempts" if s.attempts > 1 else "")
+        why = f": {s.message}" if s.message and s.state.value in ("failed", "skipped") else ""
+        print(f"  {label:<32} {s.state.value}{extra}{why}", file=out)
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    with _client(args) as client:
+        text = client.submitter.logs(args.run_id, args.step, args.key or "",
+                                     max_bytes=args.max_bytes)
+    out.write(text if text.endswith("\n") or not text else text + "\n")
+    return 0
 
 
 class _Follow:
@@ -212,10 +237,19 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--home", help="state directory (default $COULER_HOME or ~/.couler)")
     p.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL")
     p.set_defaults(takes_err=True, func=cmd_down)
-    p = sub.add_parser("status", help="the stack's processes and recent runs")
+    p = sub.add_parser("status", help="the stack's processes and recent runs, or one run")
+    p.add_argument("run_id", nargs="?", help="a run: its state and every step's")
     _connection(p)
     p.add_argument("--limit", type=int, default=10, help="how many recent runs")
     p.set_defaults(takes_err=True, func=cmd_status)
+    p = sub.add_parser("logs", help="what one step of a run wrote (stdout, then stderr)")
+    p.add_argument("run_id", help="the run")
+    p.add_argument("step", help="the step (inner steps of a sub-workflow: outer/inner)")
+    p.add_argument("--key", help="one map item or loop iteration of the step")
+    p.add_argument("--max-bytes", type=int, default=0,
+                   help="at most this many bytes, from the end (default 1 MiB)")
+    _connection(p)
+    p.set_defaults(takes_err=True, func=cmd_logs)
     p = sub.add_parser("submit", help="send a workflow program or a request to the stack")
     p.add_argument("path", nargs="?", help="a workflow program (PATH.py)")
     p.add_argument("--text", help="a request in plain language instead of a program")

@@ -230,6 +230,7 @@ class SubmitterClient(_ServiceClient):
         self._register = self._unary("RegisterTemplate", common_pb2.Template)
         self._templates = self._unary("ListTemplates",
                                       submitter_service_pb2.ListTemplatesResponse)
+        self._logs = self._unary("Logs", submitter_service_pb2.StepLogsResponse)
         self._watch: grpc.UnaryStreamMultiCallable[Any, common_pb2.Run] = channel.unary_stream(
             f"/{self._SERVICE}/Watch", request_serializer=_serialize,
             response_deserializer=common_pb2.Run.FromString)
@@ -325,6 +326,12 @@ class SubmitterClient(_ServiceClient):
         """The registered templates, by name."""
         resp = self._templates(submitter_service_pb2.ListTemplatesRequest())
         return tuple(template_from_proto(t) for t in resp.templates)
+
+    def logs(self, run_id: str, step: str, key: str = "", *, max_bytes: int = 0) -> str:
+        """What one step execution wrote (the last ``max_bytes``; 0: the server's 1 MiB)."""
+        resp = self._logs(submitter_service_pb2.StepLogsRequest(
+            run_id=run_id, step=step, key=key, max_bytes=max_bytes))
+        return str(resp.text)
 
 
 class MonitorClient(_ServiceClient):

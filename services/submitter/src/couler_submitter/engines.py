@@ -37,7 +37,7 @@ import psutil  # type: ignore[import-untyped]
 
 from couler import ir
 from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, StepStatus
-from couler.errors import UserError
+from couler.errors import NotFoundError, UserError
 from couler_runtime.local import LocalEngine, LocalRun, Reuse
 
 __all__ = [
@@ -99,6 +99,10 @@ class Runner(Protocol):
 
     def interrupt(self, run_id: str, handle: RunHandle) -> None:
         """Stop a run because the submitter stops (not the user): the next start resumes it."""
+        ...
+
+    def logs(self, engine_run_id: str, step: str, key: str) -> str:
+        """What one step execution of the engine's run wrote (NotFoundError if nothing)."""
         ...
 
 
@@ -227,6 +231,12 @@ class LocalRunner:
         reap_orphans(run_dir)
         return self.engine.resume(run_dir, on_event=on_event)
 
+    def logs(self, engine_run_id: str, step: str, key: str) -> str:
+        run_dir = self.run_dir(engine_run_id)
+        if not (run_dir / "run.json").is_file():
+            raise NotFoundError(f"run {engine_run_id!r}: the local engine has no record of it")
+        return self.engine.logs(run_dir, step, key)
+
 
 # =========================================================================== dry run
 
@@ -304,6 +314,9 @@ class DryRunRunner:
     def interrupt(self, run_id: str, handle: RunHandle) -> None:
         handle.cancel()
 
+    def logs(self, engine_run_id: str, step: str, key: str) -> str:
+        raise NotFoundError(f"run {engine_run_id!r} was a dry run: no step ran, none wrote logs")
+
 
 # =========================================================================== adapters
 
@@ -359,3 +372,6 @@ class AdapterRunner:
 
     def interrupt(self, run_id: str, handle: RunHandle) -> None:
         return None  # the remote run goes on; resume finds it by its idempotency key
+
+    def logs(self, engine_run_id: str, step: str, key: str) -> str:
+        return self.adapter.logs(engine_run_id, step, key)

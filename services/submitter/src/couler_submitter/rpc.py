@@ -99,3 +99,10 @@ class SubmitterService:
         """The registered templates."""
         templates = await self._submitter.templates()
         return pb.ListTemplatesResponse(templates=[template_to_proto(t) for t in templates])
+
+    async def Logs(self, request: pb.StepLogsRequest, context: Context  # noqa: N802
+                   ) -> pb.StepLogsResponse:
+        """What one step execution wrote."""
+        text, truncated = await self._submitter.logs(request.run_id, request.step, request.key,
+                                                     request.max_bytes)
+        return pb.StepLogsResponse(text=text, truncated=truncated)

@@ -53,7 +53,7 @@ from typing import Protocol, TypeVar
 
 from couler import ir
 from couler.engines.base import RunStatus, StepState, StepStatus
-from couler.errors import ConflictError, RetryableError, UserError
+from couler.errors import ConflictError, NotFoundError, RetryableError, UserError
 from couler_runtime.local import Reuse
 from couler_runtime.rpc.records import (
     Plan,
@@ -64,7 +64,7 @@ from couler_runtime.rpc.records import (
     Template,
     UtilizationSample,
 )
-from couler_submitter.chunks import ChunkedRun
+from couler_submitter.chunks import ChunkedRun, chunk_run_id
 from couler_submitter.engines import KNOWN_ENGINES, RunHandle, Runner, not_configured
 from couler_submitter.model import DEFAULT_ENGINE, RunOptions, RunRequest
 from couler_submitter.store import RunStore
@@ -86,6 +86,7 @@ _NOT_STARTED = (RunState.ACCEPTED, RunState.PLANNING)
 _ENGINE_SIDE = (RunState.PENDING, RunState.RUNNING)
 _RETRYABLE = (RunState.FAILED, RunState.CANCELLED)
 DEFAULT_PAGE = 50
+DEFAULT_LOG_BYTES = 1 << 20  # what Logs returns at most by default (the end of the text)
 MAX_PAGE = 1000
 _WATCH_POLL = 2.0  # seconds: a watcher also re-reads the record this often (other replicas)
 _PUBLISH_PATIENCE = 300.0  # seconds a run's event keeps being retried while NATS is away
@@ -362,6 +363,42 @@ class Submitter:
         runs, more = await self._call(self._store.list_runs, workflow=workflow, states=states,
                                       limit=limit, offset=max(offset, 0))
         return RunPage(tuple(runs), str(offset + limit) if more else "")
+
+    async def logs(self, run_id: str, step: str, key: str = "",
+                   max_bytes: int = DEFAULT_LOG_BYTES) -> tuple[str, bool]:
+        """What one step execution wrote, from the run's engine: ``(text, truncated)``,
+        the last ``max_bytes`` of it.
+
+        Raises:
+            NotFoundError: An unknown run or step, a run that has not reached its engine,
+                or a step the engine has no execution of.
+            UserError: The run's engine is not configured here, or ``max_bytes`` < 0.
+        """
+        if max_bytes < 0:
+            raise UserError(f"logs: field 'max_bytes' must not be negative (got {max_bytes})")
+        run = await self.get(run_id)
+        plan = await self._call(self._store.plan, run_id)
+        if plan is None or run.state in _NOT_STARTED:
+            raise NotFoundError(f"run {run_id!r} is {run.state.value}: it has not reached its "
+                                "engine, no step has logs yet")
+        top = step.split("/", 1)[0]
+        if all(s.name != top for s in plan.workflow.steps):
+            names = ", ".join(s.name for s in plan.workflow.steps)
+            raise NotFoundError(f"run {run_id!r}: workflow {plan.workflow.name!r} has no step "
+                                f"{top!r} (its steps: {names})")
+        runner = self._runners.get(run.engine)
+        if runner is None:
+            raise not_configured(run.engine, tuple(self._runners))
+        engine_run_id = run.engine_run_id or run_id
+        if _split(plan):  # each chunk is its own engine run
+            chunk = next(c for c in plan.chunks if top in c.steps)
+            engine_run_id = chunk_run_id(run_id, chunk.name)
+        text = await self._call(runner.logs, engine_run_id, step, key)
+        limit = max_bytes or DEFAULT_LOG_BYTES
+        data = text.encode()
+        if len(data) <= limit:
+            return text, False
+        return data[-limit:].decode(errors="ignore"), True
 
     # ------------------------------------------------------------------ templates
 

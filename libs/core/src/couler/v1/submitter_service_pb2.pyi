@@ -114,3 +114,23 @@ class ListTemplatesResponse(_message.Message):
     TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     templates: _containers.RepeatedCompositeFieldContainer[_common_pb2.Template]
     def __init__(self, templates: _Optional[_Iterable[_Union[_common_pb2.Template, _Mapping]]] = ...) -> None: ...
+
+class StepLogsRequest(_message.Message):
+    __slots__ = ("run_id", "step", "key", "max_bytes")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    step: str
+    key: str
+    max_bytes: int
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[str] = ..., key: _Optional[str] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class StepLogsResponse(_message.Message):
+    __slots__ = ("text", "truncated")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    truncated: bool
+    def __init__(self, text: _Optional[str] = ..., truncated: _Optional[bool] = ...) -> None: ...

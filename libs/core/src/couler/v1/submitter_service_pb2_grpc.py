@@ -76,6 +76,11 @@ class SubmitterServiceStub:
                 request_serializer=couler_dot_v1_dot_submitter__service__pb2.ListTemplatesRequest.SerializeToString,
                 response_deserializer=couler_dot_v1_dot_submitter__service__pb2.ListTemplatesResponse.FromString,
                 _registered_method=True)
+        self.Logs = channel.unary_unary(
+                '/couler.v1.SubmitterService/Logs',
+                request_serializer=couler_dot_v1_dot_submitter__service__pb2.StepLogsRequest.SerializeToString,
+                response_deserializer=couler_dot_v1_dot_submitter__service__pb2.StepLogsResponse.FromString,
+                _registered_method=True)
 
 
 class SubmitterServiceServicer:
@@ -143,6 +148,15 @@ class SubmitterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Logs(self, request, context):
+        """What one step execution wrote (standard output, then standard error), as
+        the run's engine keeps it; the last `max_bytes` of it. NOT_FOUND for an
+        unknown run or step, or a run that has not reached its engine yet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SubmitterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +199,11 @@ def add_SubmitterServiceServicer_to_server(servicer, server):
                     servicer.ListTemplates,
                     request_deserializer=couler_dot_v1_dot_submitter__service__pb2.ListTemplatesRequest.FromString,
                     response_serializer=couler_dot_v1_dot_submitter__service__pb2.ListTemplatesResponse.SerializeToString,
+            ),
+            'Logs': grpc.unary_unary_rpc_method_handler(
+                    servicer.Logs,
+                    request_deserializer=couler_dot_v1_dot_submitter__service__pb2.StepLogsRequest.FromString,
+                    response_serializer=couler_dot_v1_dot_submitter__service__pb2.StepLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -404,6 +423,33 @@ class SubmitterService:
             '/couler.v1.SubmitterService/ListTemplates',
             couler_dot_v1_dot_submitter__service__pb2.ListTemplatesRequest.SerializeToString,
             couler_dot_v1_dot_submitter__service__pb2.ListTemplatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Logs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/couler.v1.SubmitterService/Logs',
+            couler_dot_v1_dot_submitter__service__pb2.StepLogsRequest.SerializeToString,
+            couler_dot_v1_dot_submitter__service__pb2.StepLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,
