@@ -45,6 +45,7 @@ from couler.v1 import common_pb2, events_pb2
 from couler_runtime.blobs import LocalBlobStore
 from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
+from couler_runtime.local.artifacts import digest_path, is_packed_directory
 from couler_runtime.rpc.records import (
     CacheEntry,
     PassReport,
@@ -549,6 +550,67 @@ class TestService:
         events = stored(nats_server, "COULER_STEP", "couler.step.cached",
                         events_pb2.StepEvent, sub.run_id)
         assert [e[1].step.cached for e in events] == [True]
+
+    def test_a_directory_artifact_is_stored_and_restored_from_the_cache(
+            self, client: CoulerClient, nats_server: NatsServer, state: Path,
+            tmp_path: Path) -> None:
+        marker = tmp_path / "ran"
+        make = script(
+            "make", "import pathlib\n"
+            f"open({str(marker)!r}, 'a').write('make\\n')\n"
+            "root = pathlib.Path('/tmp/out/model')\n"
+            "(root / 'tok').mkdir(parents=True, exist_ok=True)\n"
+            "(root / 'weights.bin').write_bytes(b'\\x00\\x01' * 64)\n"
+            "(root / 'config.json').write_text('{\"layers\": 2}')\n"
+            "(root / 'tok' / 'vocab.txt').write_text('a b c')\nprint('trained')",
+            outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),),
+            output_artifacts=(ir.OutputArtifact("model", "/tmp/out/model"),))
+        use = script(
+            "use", "import pathlib\nroot = pathlib.Path('/tmp/in/model')\n"
+            "print(' '.join(f'{p.relative_to(root).as_posix()}={p.stat().st_size}'\n"
+            "               for p in sorted(root.rglob('*')) if p.is_file()))",
+            input_artifacts=(ir.InputArtifact("model", "/tmp/in/model",
+                                              ir.StepArtifactRef("make", "model")),),
+            outputs=(ir.OutputParameter("seen", source=ir.OutputSource.STDOUT),),
+            dependencies=(ir.Dependency("make"),))
+        wf = ir.Workflow(name=unique("dirart"), steps=(make, use))
+        seen = "config.json=13 tok/vocab.txt=5 weights.bin=128"
+        # First run: the directory is packed into the store under the engine's digest of it.
+        first = client.submitter.submit(wf)
+        optimize(nats_server, first.run_id, wf)
+        run = wait_state(client, first.run_id, RunState.SUCCEEDED, RunState.FAILED)
+        assert run.state is RunState.SUCCEEDED, [(s.name, s.message) for s in run.steps]
+        made = run.step("make")
+        assert made.cache_key and made.outputs == {"said": "trained"}
+        art = made.artifacts["model"]
+        kept = state / "runs" / first.run_id / "artifacts" / "make" / "model"
+        assert kept.is_dir() and art.digest == digest_path(kept)
+        blobs = LocalBlobStore(state / "blobs")
+        key = "sha256/" + art.digest.removeprefix("sha256:")
+        assert blobs.size(key) == art.size_bytes
+        blob = tmp_path / "blob.tar"
+        blobs.get_to_file(key, blob)
+        assert is_packed_directory(blob)
+        used = run.step("use")
+        assert used.outputs == {"seen": seen} and used.cache_key
+        assert lines(marker) == ["make"]
+        # Second run: the plan marks "make" cached; the directory comes back from the store.
+        entry = CacheEntry(key=made.cache_key, workflow=wf.name, step="make",
+                           outputs=dict(made.outputs), artifacts=dict(made.artifacts))
+        second = client.submitter.submit(wf)
+        optimize(nats_server, second.run_id, wf, cached={"make": entry})
+        again = wait_state(client, second.run_id, RunState.SUCCEEDED, RunState.FAILED)
+        assert again.state is RunState.SUCCEEDED, [(s.name, s.message) for s in again.steps]
+        cached = again.step("make")
+        assert (cached.state, cached.cached, cached.attempts) == (StepState.CACHED, True, 0)
+        assert lines(marker) == ["make"]  # the cached step never ran
+        restored = state / "runs" / second.run_id / "artifacts" / "make" / "model"
+        assert restored.is_dir() and digest_path(restored) == art.digest
+        assert (restored / "tok" / "vocab.txt").read_text() == "a b c"
+        # Downstream sees both files and the subdirectory, and gets the same cache key.
+        assert again.step("use").outputs == {"seen": seen}
+        assert again.step("use").cache_key == used.cache_key
+        assert not (state / "runs" / ".cache" / second.run_id).exists()  # fetched copy removed
 
     def test_a_redelivered_plan_starts_nothing_twice(
             self, client: CoulerClient, nats_server: NatsServer, state: Path,

@@ -17,17 +17,44 @@ Artifacts are copied into ``<run_dir>/artifacts/<step>/<artifact>`` (``<step>``
 is the record name, ``outer/inner`` for an inner step of a sub-workflow) when
 a step succeeds (the last successful execution of a map or loop wins) and
 copied out to the reading step's mapped path before it starts.
+
+A directory artifact has one byte form, :func:`pack_directory`'s deterministic tar (a
+``.couler-directory`` marker first, then the tree in sorted order with its times, owners and
+modes normalized): its sha256 is the directory's digest (:func:`digest_path`) and it is the
+blob the cache stores, so a restored directory (:func:`unpack_directory`) keeps its digest and
+the cache keys of the steps that read it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
+import os
+import posixpath
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+import stat
+import tarfile
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import IO, TYPE_CHECKING
 
-__all__ = ["ArtifactStore", "PathMap", "copy_path", "digest_path"]
+from couler.errors import UserError
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+__all__ = [
+    "MARKER",
+    "ArtifactStore",
+    "PathMap",
+    "copy_path",
+    "digest_path",
+    "is_packed_directory",
+    "pack_directory",
+    "unpack_directory",
+]
 
 _PATH_END = r"(?![A-Za-z0-9_.\-])"
 
@@ -127,16 +154,155 @@ class ArtifactStore:
 def digest_path(path: Path) -> str:
     """The content digest of a file or directory: ``sha256:`` + hex.
 
-    A directory hashes its files' relative paths and contents in sorted order, so the
-    same tree always gets the same digest.
+    A file hashes its bytes. A directory hashes the bytes :func:`pack_directory` writes for
+    it (streamed, never held in memory): the same tree always gets the same digest, and it is
+    the digest of the blob the cache stores for the directory.
     """
     h = hashlib.sha256()
     if path.is_dir():
-        for f in sorted(p for p in path.rglob("*") if p.is_file()):
-            h.update(f.relative_to(path).as_posix().encode() + b"\0")
-            h.update(bytes.fromhex(digest_path(f)[len("sha256:"):]))
+        _pack(path, _HashWriter(h))
         return "sha256:" + h.hexdigest()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return "sha256:" + h.hexdigest()
+
+
+MARKER = ".couler-directory"
+"""The first member of every tar :func:`pack_directory` writes."""
+
+_CHUNK = 1 << 20
+
+
+class _HashWriter(io.BufferedIOBase):
+    """A write-only stream feeding a hash (tarfile writes to it in stream mode)."""
+
+    def __init__(self, h: hashlib._Hash) -> None:
+        super().__init__()
+        self._h = h
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: ReadableBuffer, /) -> int:
+        view = memoryview(data)
+        self._h.update(view)
+        return view.nbytes
+
+
+def _entries(src: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """Every entry under ``src`` (not following symlinks) as (relative posix path, lstat)."""
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(src / rel if rel else src) as it:
+            for entry in it:
+                name = f"{rel}/{entry.name}" if rel else entry.name
+                st = entry.stat(follow_symlinks=False)
+                yield name, st
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(name)
+
+
+def _member(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.mode = mode
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _pack(src: Path, dest: IO[bytes] | io.BufferedIOBase) -> None:
+    """:func:`pack_directory` to any writable binary stream (tar stream mode only writes)."""
+    with tarfile.open(fileobj=dest, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+        tar.addfile(_member(MARKER, tarfile.REGTYPE, 0o644))
+        for rel, st in sorted(_entries(src), key=lambda e: e[0]):
+            path = src / rel
+            if stat.S_ISDIR(st.st_mode):
+                tar.addfile(_member(rel, tarfile.DIRTYPE, 0o755))
+            elif stat.S_ISLNK(st.st_mode):
+                info = _member(rel, tarfile.SYMTYPE, 0o777)
+                info.linkname = os.readlink(path)
+                tar.addfile(info)
+            elif stat.S_ISREG(st.st_mode):
+                info = _member(rel, tarfile.REGTYPE, 0o755 if st.st_mode & 0o111 else 0o644)
+                info.size = st.st_size
+                with path.open("rb") as fh:
+                    tar.addfile(info, fh)
+            # Sockets, FIFOs and devices hold no content to keep: left out.
+
+
+def pack_directory(src: Path, dest: IO[bytes]) -> None:
+    """Write a deterministic tar of the directory ``src`` to ``dest``.
+
+    The first member is an empty file named ``.couler-directory`` (the marker
+    :func:`is_packed_directory` looks for), then every entry under ``src`` in sorted order of
+    its relative path: directories (empty ones too), regular files and symlinks (as
+    symlinks; sockets, FIFOs and devices are left out). Times are 0, owners 0 with no names,
+    modes 0o755 for directories and executable files and 0o644 for other files; GNU format
+    (long names), no compression. The same tree always gives the same bytes.
+    """
+    _pack(src, dest)
+
+
+def is_packed_directory(path: Path) -> bool:
+    """Whether the file at ``path`` is a tar written by :func:`pack_directory`."""
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            first = tar.next()
+    except (tarfile.TarError, OSError):
+        return False
+    return first is not None and first.name == MARKER and first.isreg()
+
+
+def _check_member(archive: Path, member: tarfile.TarInfo) -> None:
+    """Refuse names and link targets that could land outside the destination."""
+    def refuse(why: str) -> UserError:
+        return UserError(f"archive {archive.name!r}: member {member.name!r} {why}")
+
+    if posixpath.isabs(member.name):
+        raise refuse("has an absolute path")
+    if ".." in member.name.split("/"):
+        raise refuse("has a '..' component")
+    if not (member.isdir() or member.isreg() or member.issym()):
+        raise refuse("is not a file, a directory or a symlink")
+    if member.issym():
+        if posixpath.isabs(member.linkname):
+            raise refuse("links to an absolute path")
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(member.name),
+                                                   member.linkname))
+        if target == ".." or target.startswith("../"):
+            raise refuse("links outside the directory")
+
+
+def unpack_directory(archive: Path, dest: Path) -> None:
+    """Restore a tar written by :func:`pack_directory` as the directory ``dest``.
+
+    Whatever is at ``dest`` is replaced once the whole archive is extracted (into a
+    temporary directory beside it), so ``dest`` never holds a partial tree.
+
+    Raises:
+        UserError: ``archive`` is not a packed directory, or a member has an absolute path,
+            a ``..`` component or a link leading out of ``dest``.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, mode="r:") as tar:
+        members = tar.getmembers()
+        if not members or members[0].name != MARKER:
+            raise UserError(f"archive {archive.name!r} is not a packed directory")
+        for member in members[1:]:
+            _check_member(archive, member)
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part"))
+        try:
+            tar.extractall(tmp, members=members[1:], filter="data")
+            tmp.chmod(0o755)  # mkdtemp's 0o700; packed directories are 0o755
+            if dest.is_dir() and not dest.is_symlink():
+                shutil.rmtree(dest)
+            elif dest.exists() or dest.is_symlink():
+                dest.unlink()
+            os.replace(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
