@@ -443,8 +443,9 @@ class Subscription(Generic[M]):
         while not self._stopping:
             try:
                 msgs = await self.psub.fetch(self.batch, timeout=1.0)
-            except nats.errors.TimeoutError:
-                continue  # nothing to do
+            except (nats.errors.TimeoutError, TimeoutError):
+                # nothing to do (nats-py raises its own or asyncio's timeout, by code path)
+                continue
             except (nats.errors.Error, OSError) as e:
                 # Disconnected, reconnecting or JetStream restarting: the client reconnects
                 # by itself and the durable consumer keeps its position on the server.
