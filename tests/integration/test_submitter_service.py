@@ -927,6 +927,20 @@ class TestAdapters:
 # ----------------------------------------------------------------------------- crash
 
 
+def process_env(nats_server: NatsServer, postgres_url: str, tmp_path: Path) -> dict[str, str]:
+    """The environment of a submitter process with its state under ``tmp_path``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
+    env.update({
+        "COULER_NATS_URL": nats_server.url,
+        "COULER_DATABASE_URL": fresh_database(postgres_url),
+        "COULER_STATE_DIR": str(tmp_path / "state"),
+        "COULER_ARTIFACTS": str(tmp_path / "state" / "blobs"),
+        "COULER_GRPC_ADDRESS": "127.0.0.1:0",
+        "COULER_OUTBOX_INTERVAL": "1",
+    })
+    return env
+
+
 class ServiceProcess:
     """``python -m couler_submitter.main`` with the given environment."""
 
@@ -972,15 +986,7 @@ class TestCrash:
 
     def test_a_killed_submitter_resumes_its_runs(self, nats_server: NatsServer,
                                                  postgres_url: str, tmp_path: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
-        env.update({
-            "COULER_NATS_URL": nats_server.url,
-            "COULER_DATABASE_URL": fresh_database(postgres_url),
-            "COULER_STATE_DIR": str(tmp_path / "state"),
-            "COULER_ARTIFACTS": str(tmp_path / "state" / "blobs"),
-            "COULER_GRPC_ADDRESS": "127.0.0.1:0",
-            "COULER_OUTBOX_INTERVAL": "1",
-        })
+        env = process_env(nats_server, postgres_url, tmp_path)
         marker = tmp_path / "m"
         wf = marker_workflow(unique("crash"), marker, sleep=4)
         first = ServiceProcess(env, tmp_path / "submitter.log").start()

@@ -8,7 +8,6 @@ each hand-off crosses a chunk boundary as a ``x--STEP--OUTPUT`` parameter.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from tests.integration.test_submitter_service import (
     ServiceThread,
     fresh_database,
     lines,
+    process_env,
     publish,
     script,
     settings_for,
@@ -217,15 +217,7 @@ def test_a_killed_submitter_resumes_a_split_run(nats_server: NatsServer, postgre
                                                 tmp_path: Path) -> None:
     """SIGKILL while the second chunk runs: the restarted submitter picks the chunk up
     (not started twice), the first chunk is not run again, and the third follows."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
-    env.update({
-        "COULER_NATS_URL": nats_server.url,
-        "COULER_DATABASE_URL": fresh_database(postgres_url),
-        "COULER_STATE_DIR": str(tmp_path / "state"),
-        "COULER_ARTIFACTS": str(tmp_path / "state" / "blobs"),
-        "COULER_GRPC_ADDRESS": "127.0.0.1:0",
-        "COULER_OUTBOX_INTERVAL": "1",
-    })
+    env = process_env(nats_server, postgres_url, tmp_path)
     marker = tmp_path / "m"
     wf = chain(unique("split-crash"), marker, sleep=4)
     plan = split_plan(wf)

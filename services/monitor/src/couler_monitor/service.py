@@ -458,33 +458,33 @@ class Monitor:
             return False
         return self._recommend(tx, workflow, r.name)
 
+    def _request(self, kind: RecommendationKind, peaks: Sequence[float], minimum: float, *,
+                 quantity: Callable[[float, Fraction], str], show: Callable[[float], str],
+                 pct: str) -> _Proposal:
+        """A request: the highest peak with headroom, or the minimum when that is less."""
+        top = max(peaks)
+        floor = Fraction(repr(top)) * self._headroom < Fraction(repr(minimum))
+        value = quantity(minimum, Fraction(1)) if floor else quantity(top, self._headroom)
+        reason = f"peak {show(top)} over {_runs(len(peaks))}, {pct}"
+        if floor:
+            reason += f", raised to the minimum {show(minimum)}"
+        return _Proposal(kind, value, reason, len(peaks))
+
     def _recommend(self, tx: Tx, workflow: str, step: str) -> bool:
         peaks = tx.run_peaks(workflow, step, self._history_runs)
         pct = f"+{float((self._headroom - 1) * 100):g}% headroom"
         proposals: list[_Proposal] = []
-        mems = [p.peak_memory_bytes for p in peaks if p.peak_memory_bytes]
+        mems = [float(p.peak_memory_bytes) for p in peaks if p.peak_memory_bytes]
         if len(mems) >= self._min_samples:
-            top = max(mems)
-            floor = top * self._headroom < self._min_memory
-            proposals.append(_Proposal(
-                RecommendationKind.MEMORY_REQUEST,
-                memory_quantity(self._min_memory, Fraction(1)) if floor
-                else memory_quantity(top, self._headroom),
-                f"peak {_mi(top)} over {_runs(len(mems))}, {pct}"
-                + (f", raised to the minimum {_mi(self._min_memory)}" if floor else ""),
-                len(mems)))
+            proposals.append(self._request(
+                RecommendationKind.MEMORY_REQUEST, mems, float(self._min_memory),
+                quantity=lambda v, h: memory_quantity(int(v), h), show=lambda v: _mi(int(v)),
+                pct=pct))
         cpus = [p.peak_cpu for p in peaks if p.peak_cpu]
         if len(cpus) >= self._min_samples:
-            top_cpu = max(cpus)
-            floor = Fraction(repr(float(top_cpu))) * self._headroom < Fraction(
-                repr(float(self._min_cpu)))
-            proposals.append(_Proposal(
-                RecommendationKind.CPU_REQUEST,
-                cpu_quantity(self._min_cpu, Fraction(1)) if floor
-                else cpu_quantity(top_cpu, self._headroom),
-                f"peak {top_cpu:g} cores over {_runs(len(cpus))}, {pct}"
-                + (f", raised to the minimum {self._min_cpu:g} cores" if floor else ""),
-                len(cpus)))
+            proposals.append(self._request(
+                RecommendationKind.CPU_REQUEST, cpus, self._min_cpu, quantity=cpu_quantity,
+                show=lambda v: f"{v:g} cores", pct=pct))
         ooms = [p for p in peaks if p.oom]
         if ooms:
             killed_at = [m for p in ooms
