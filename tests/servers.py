@@ -15,7 +15,6 @@ Recipes and quirks: ``shared/reference/test-servers.md`` sections 1-3 and 9.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import random
 import shlex
@@ -67,9 +66,14 @@ def free_port() -> int:
         return port
 
 
-def _die_with_parent() -> None:
-    """In the child: receive SIGTERM when the test process dies (even by SIGKILL)."""
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def with_death_signal(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM when the test process dies (even by SIGKILL).
+
+    ``setpriv --pdeathsig`` sets the signal and execs the server; a ``preexec_fn`` would
+    force ``fork()``, whose gRPC fork handlers abort children of a process with gRPC
+    threads now and then (the in-process services of the tests)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
 
 
 def port_open(port: int) -> bool:
@@ -137,10 +141,10 @@ class NatsServer:
         started = time.monotonic()
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [str(BIN / "nats-server"), "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1",
-                 "-p", str(self.port), "-m", str(self.monitor_port)],
+                with_death_signal([
+                    str(BIN / "nats-server"), "-js", "-sd", str(self.store_dir),
+                    "-a", "127.0.0.1", "-p", str(self.port), "-m", str(self.monitor_port)]),
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 -- started before any thread
             )
         self.starts += 1
         health = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"
@@ -236,9 +240,9 @@ class SeaweedS3:
         ]
         started = time.monotonic()
         with log.open("wb") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True,
-                                         preexec_fn=_die_with_parent)  # noqa: PLW1509
+            self.proc = subprocess.Popen(with_death_signal(argv), stdout=out,
+                                         stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
         wait_until("weed mini (S3 port)", lambda: port_open(self.port), self.proc, log)
         wait_until("weed mini", lambda: b"All enabled components are running" in
                    log.read_bytes(), self.proc, log)

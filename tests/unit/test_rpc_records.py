@@ -23,7 +23,7 @@ RPCS = {
     "GeneratorService": {"Generate"},
     "OptimizerService": {"Optimize"},
     "CacheService": {"Lookup", "Commit", "Stats", "Evict"},
-    "SubmitterService": {"Submit", "Get", "Watch", "Cancel", "Retry", "List",
+    "SubmitterService": {"Submit", "Get", "Watch", "Cancel", "Retry", "List", "Logs",
                          "RegisterTemplate", "ListTemplates"},
     "MonitorService": {"Utilization", "Recommendations"},
 }

@@ -7,16 +7,23 @@ engine process leaves no step running unobserved, and a resumed run runs the
 interrupted step again as a new attempt instead of losing a result it never saw. Every
 ``SAMPLE_SECONDS`` the tree's CPU (in cores) and resident memory are sampled
 with psutil; the peaks are returned with the exit code.
+
+The death signal is set by ``setpriv --pdeathsig KILL`` (util-linux), which then execs the
+command, or by a small Python shim where ``setpriv`` is missing -- never by a
+``preexec_fn``: that forces ``fork()`` instead of ``vfork()``, and a fork of a process
+running gRPC threads (every service) runs gRPC's fork handlers in the child, which abort
+it now and then (``Check failed: next_worker->state == KICKED``, exit -6, measured at about
+one spawn in ten under load).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -31,25 +38,47 @@ SAMPLE_SECONDS = 0.05
 
 _PR_SET_PDEATHSIG = 1
 
+# Sets the death signal, then becomes the command (the same process: the signal stays set).
+_SHIM = ("import ctypes, os, signal, sys\n"
+         "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+         "os.execvp(sys.argv[1], sys.argv[1:])\n")
 
-def _resolve_prctl() -> object | None:
-    """libc's prctl, resolved in the parent (the child must not load libraries)."""
+
+def _death_prefix() -> list[str]:
+    """What to put before a command so it gets SIGKILL when its parent dies (Linux)."""
     if os.uname().sysname != "Linux":
-        return None
-    name = ctypes.util.find_library("c") or "libc.so.6"
-    try:
-        return getattr(ctypes.CDLL(name, use_errno=True), "prctl", None)
-    except OSError:
-        return None
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        probe = subprocess.run([setpriv, "--pdeathsig", "KILL", "--", "true"],
+                               capture_output=True, check=False)
+        if probe.returncode == 0:
+            return [setpriv, "--pdeathsig", "KILL", "--"]
+    return [sys.executable, "-c", _SHIM]
 
 
-_PRCTL: object | None = _resolve_prctl()
+_PREFIX: list[str] | None = None
 
 
-def _die_with_parent() -> None:
-    """In the child between fork and exec: SIGKILL when the starting thread dies."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)  # type: ignore[operator]
+def _prefix() -> list[str]:
+    global _PREFIX  # noqa: PLW0603 -- probed once per process, on first use
+    if _PREFIX is None:
+        _PREFIX = _death_prefix()
+    return _PREFIX
+
+
+def _missing(program: str, cwd: Path, env: Mapping[str, str]) -> str:
+    """Why ``program`` cannot be executed ("" when it can), as exec would say it."""
+    if "/" in program:
+        path = Path(program) if program.startswith("/") else cwd / program
+        if not path.exists():
+            return f"{program!r}: [Errno 2] No such file or directory: {program!r}"
+        if not os.access(path, os.X_OK) or path.is_dir():
+            return f"{program!r}: [Errno 13] Permission denied: {program!r}"
+        return ""
+    if shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        return f"{program!r}: [Errno 2] No such file or directory: {program!r}"
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,13 +203,15 @@ def run_process(
     Returns:
         The exit code, the peaks, and why the process was killed, if it was.
     """
+    # Checked here: behind the death-signal prefix a missing program would be an exit code.
+    problem = _missing(argv[0], cwd, env) if argv else "an empty command"
+    if problem:
+        return ProcessResult(exit_code=None, started=False, error=problem)
     with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
         try:
-            # preexec_fn only calls the prctl resolved above (no imports, no locks).
             proc = subprocess.Popen(
-                list(argv), cwd=cwd, env=dict(env), stdout=out, stderr=err,
+                [*_prefix(), *argv], cwd=cwd, env=dict(env), stdout=out, stderr=err,
                 stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=_die_with_parent if _PRCTL is not None else None,  # noqa: PLW1509
             )
         except OSError as exc:
             return ProcessResult(exit_code=None, started=False, error=f"{argv[0]!r}: {exc}")
