@@ -35,6 +35,7 @@ import psutil  # type: ignore[import-untyped]
 __all__ = ["SAMPLE_SECONDS", "ProcessResult", "run_process"]
 
 SAMPLE_SECONDS = 0.05
+FIRST_SAMPLE_SECONDS = 0.004  # doubled up to SAMPLE_SECONDS
 
 _PR_SET_PDEATHSIG = 1
 
@@ -218,6 +219,7 @@ def run_process(
         sampler = _Sampler(proc.pid, argv)
         deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
         timed_out = oom = cancelled = False
+        interval = FIRST_SAMPLE_SECONDS
         while True:
             rss = sampler.sample()
             code = proc.poll()
@@ -235,8 +237,11 @@ def run_process(
                 break
             # Wait on the process itself: a step that ends early returns at once instead
             # of after a whole sampling interval (cancellation is checked every interval).
+            # The first intervals are short, so that a step of a few tens of milliseconds
+            # is still sampled once after its exec.
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=SAMPLE_SECONDS)
+                proc.wait(timeout=interval)
+            interval = min(interval * 2, SAMPLE_SECONDS)
         _kill_tree(proc)  # reap anything the step left running in its group
     return ProcessResult(
         exit_code=code, timed_out=timed_out, oom_killed=oom, cancelled=cancelled,
