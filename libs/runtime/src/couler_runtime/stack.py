@@ -224,6 +224,15 @@ def _start_nats(argv: list[str], log: Path, *, ports_dir: Path | None = None,
     server reports in its ports file; otherwise argv fixes them and ``monitor`` is given.
     """
     pid = _spawn(argv, log, os.environ)
+    try:
+        return pid, *_nats_ready(pid, log, ports_dir, monitor)
+    except BaseException:
+        _abandon(pid)  # never leave a half-started server behind
+        raise
+
+
+def _nats_ready(pid: int, log: Path, ports_dir: Path | None, monitor: str) -> tuple[str, str]:
+    """Wait until the nats-server ``pid`` serves JetStream; its client and monitor URLs."""
     client = ""
     if ports_dir is not None:
         found: list[dict[str, list[str]]] = []
@@ -251,7 +260,16 @@ def _start_nats(argv: list[str], log: Path, *, ports_dir: Path | None = None,
             return False
 
     _wait(ready, "nats-server", log, pid)
-    return pid, client, monitor
+    return client, monitor
+
+
+def _abandon(pid: int) -> None:
+    """Kill a process of the stack that failed to start (its whole session) and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _start_service(name: str, logs: Path, env: Mapping[str, str],
@@ -277,7 +295,11 @@ def _start_service(name: str, logs: Path, env: Mapping[str, str],
                 return True
         return False
 
-    _wait(ready, f"the {name} service", log, pid)
+    try:
+        _wait(ready, f"the {name} service", log, pid)
+    except BaseException:
+        _abandon(pid)
+        raise
     return pid, found[0]
 
 
