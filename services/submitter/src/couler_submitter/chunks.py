@@ -80,6 +80,7 @@ class ChunkedRun:
         self._retry = retry
         self._lock = threading.Lock()
         self._handles: dict[str, RunHandle] = {}
+        self._ended: set[str] = set()  # chunks whose engine run is over
         self._cancelled = threading.Event()
         self._interrupted = False
         self._status: RunStatus | None = None
@@ -111,7 +112,7 @@ class ChunkedRun:
         self._interrupted = True
         self._cancelled.set()
         with self._lock:
-            handles = dict(self._handles)
+            handles = {n: h for n, h in self._handles.items() if n not in self._ended}
         for name, handle in handles.items():
             self._runner.interrupt(chunk_run_id(self._run_id, name), handle)
 
@@ -207,6 +208,8 @@ class ChunkedRun:
             except Exception as exc:
                 status = RunStatus(sub_id, wf.name, RunState.FAILED, finished_at=time.time(),
                                    message=f"lost track of the chunk: {exc}")
+            with self._lock:
+                self._ended.add(name)
             finished.put((name, status))
 
         threading.Thread(target=wait, name=f"couler-chunk-{sub_id}", daemon=True).start()
