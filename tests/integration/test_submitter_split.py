@@ -213,10 +213,12 @@ def test_cancel_stops_the_running_chunk_and_starts_no_other(
     assert lines(tmp_path / "m") == ["a", "b"]
 
 
-def test_a_killed_submitter_resumes_a_split_run(nats_server: NatsServer, postgres_url: str,
-                                                tmp_path: Path) -> None:
-    """SIGKILL while the second chunk runs: the restarted submitter picks the chunk up
-    (not started twice), the first chunk is not run again, and the third follows."""
+@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
+def test_a_restarted_submitter_resumes_a_split_run(nats_server: NatsServer, postgres_url: str,
+                                                   tmp_path: Path, how: str) -> None:
+    """SIGKILL (a crash) or SIGTERM (a shutdown, which interrupts the running chunk) while
+    the second chunk runs: the restarted submitter picks the chunk up (not started twice),
+    the first chunk is not run again, and the third follows."""
     env = process_env(nats_server, postgres_url, tmp_path)
     marker = tmp_path / "m"
     wf = chain(unique("split-crash"), marker, sleep=4)
@@ -228,7 +230,11 @@ def test_a_killed_submitter_resumes_a_split_run(nats_server: NatsServer, postgre
             sub = client.submitter.submit(wf)
             send_plan(nats_server, sub.run_id, plan)
             wait_for("b to start", lambda: "b" in lines(marker))
-        first.kill()
+        if how == "sigkill":
+            first.kill()
+        else:
+            first.stop()
+            assert first.proc is not None and first.proc.returncode == 0
         runs = tmp_path / "state" / "runs"
         wait_for("b's process to die with the submitter",
                  lambda: not processes_in(runs / f"{sub.run_id}-{plan.chunks[1].name}"))

@@ -211,8 +211,9 @@ class LocalRunner:
         status = _status_from_record(run_dir)
         if status.state.terminal and not marker.exists():
             return _Finished(status, run_dir, on_event)
-        # Running when the submitter died, or stopped by its shutdown: go on from there.
-        handle = self.engine.resume(run_dir, on_event=on_event)
+        # Running when the submitter died, or stopped by its shutdown: go on from there
+        # (an attempt the shutdown stopped counts, like one a crash stopped).
+        handle = self.engine.resume(run_dir, on_event=on_event, interrupted=marker.exists())
         marker.unlink(missing_ok=True)
         return handle
 

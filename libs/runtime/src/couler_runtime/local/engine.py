@@ -1227,11 +1227,15 @@ class LocalEngine:
         """
         return self.resume(run_dir, on_event=on_event).wait()
 
-    def resume(self, run_dir: str | Path, *, on_event: EventCallback | None = None) -> LocalRun:
+    def resume(self, run_dir: str | Path, *, on_event: EventCallback | None = None,
+               interrupted: bool = False) -> LocalRun:
         """Start re-running a run from its failure point and return its handle.
 
         Steps (also inner steps of sub-workflows) that succeeded are reused with
-        their map items, loop iterations and inner steps; the others run again.
+        their map items, loop iterations and inner steps; the others run again. A step
+        that was running when the engine's process died goes on counting its attempts;
+        with ``interrupted`` (the run was stopped for a shutdown, not by a user), so does
+        a step that shutdown cancelled.
         """
         data, latest = _load(Path(run_dir))
         wf = ir.from_dict(ir.Workflow, data["workflow"])
@@ -1249,9 +1253,11 @@ class LocalEngine:
         handle._seq = max(int(data.get("seq", 0)), int(data.get("last_seq", 0)))
         # A step the crash interrupted (running, or waiting to retry) counts its attempts
         # on: running it again is a new attempt, never the same one twice.
+        going_on = {StepState.RUNNING, StepState.RETRYING}
+        if interrupted:
+            going_on.add(StepState.CANCELLED)
         handle._resumed_attempts = {
-            (r.step, r.key): r.attempts for r in latest.values()
-            if r.state in (StepState.RUNNING, StepState.RETRYING)}
+            (r.step, r.key): r.attempts for r in latest.values() if r.state in going_on}
         handle._start()
         return handle
 
