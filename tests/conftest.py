@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Protocol, TypeVar
 
 import pytest
 
@@ -31,30 +33,37 @@ def update_goldens(request: pytest.FixtureRequest) -> bool:
 # --- real servers for tests/integration (tests/servers.py); each starts only when a test asks
 
 
-@pytest.fixture(scope="session")
-def nats_server() -> Iterator[NatsServer]:
-    """nats-server with JetStream (file store); ``.url``, ``.restart()`` keeps the store."""
-    root = make_root("couler-nats-")
-    server = NatsServer(root)
+class _Server(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Server)
+
+
+def _running(kind: Callable[[Path], S], prefix: str) -> Iterator[S]:
+    """Start a server in a fresh directory, yield it, stop it and remove the directory."""
+    root = make_root(prefix)
+    server = kind(root)
     try:
         server.start()
         yield server
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[NatsServer]:
+    """nats-server with JetStream (file store); ``.url``, ``.restart()`` keeps the store."""
+    yield from _running(NatsServer, "couler-nats-")
 
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """A throwaway PostgreSQL 15 cluster on 127.0.0.1."""
-    root = make_root("couler-pg-")
-    server = PostgresServer(root)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from _running(PostgresServer, "couler-pg-")
 
 
 @pytest.fixture(scope="session")
@@ -66,11 +75,4 @@ def postgres_url(postgres_server: PostgresServer) -> str:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[SeaweedS3]:
     """SeaweedFS S3 on 127.0.0.1: ``.endpoint``, ``.access_key``, ``.secret_key``."""
-    root = make_root("couler-s3-")
-    server = SeaweedS3(root)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from _running(SeaweedS3, "couler-s3-")

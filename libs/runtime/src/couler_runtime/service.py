@@ -25,11 +25,11 @@ from typing import TypeVar
 
 from couler_runtime.bus import Bus
 from couler_runtime.rpc.server import RpcServer, start_server
-from couler_runtime.settings import CommonSettings
+from couler_runtime.settings import CommonSettings, SettingsError
 from couler_runtime.telemetry import setup_tracing
 
 __all__ = ["READY_PREFIX", "Component", "Ready", "parse_ready", "ready_line", "run_service",
-           "serve"]
+           "serve", "service_main"]
 
 log = logging.getLogger(__name__)
 
@@ -137,3 +137,16 @@ def run_service(settings: S, build: Callable[[S, Bus], Awaitable[Component]]) ->
         log.error("%s failed: %s", settings.service, exc, exc_info=True)
         return 1
     return 0
+
+
+def service_main(service: str, settings_type: type[S],
+                 build: Callable[[S, Bus], Awaitable[Component]]) -> int:
+    """A service's console script (``couler-<service>``, ``python -m couler_<service>.main``):
+    load its settings -- exit status 2 and the problem on stderr when they are invalid --
+    then :func:`run_service`."""
+    try:
+        settings = settings_type.load(service)
+    except SettingsError as exc:
+        sys.stderr.write(f"couler-{service}: {exc}\n")
+        return 2
+    return run_service(settings, build)

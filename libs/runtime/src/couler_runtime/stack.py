@@ -227,7 +227,7 @@ def _start_nats(argv: list[str], log: Path, *, ports_dir: Path | None = None,
     try:
         return pid, *_nats_ready(pid, log, ports_dir, monitor)
     except BaseException:
-        _abandon(pid)  # never leave a half-started server behind
+        _terminate(pid, signal.SIGKILL, 0)  # never leave a half-started server behind
         raise
 
 
@@ -263,15 +263,6 @@ def _nats_ready(pid: int, log: Path, ports_dir: Path | None, monitor: str) -> tu
     return client, monitor
 
 
-def _abandon(pid: int) -> None:
-    """Kill a process of the stack that failed to start (its whole session) and reap it."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
 def _start_service(name: str, logs: Path, env: Mapping[str, str],
                    address: str) -> tuple[int, Ready]:
     """Start one service process and wait for its READY line; its pid and the line's fields."""
@@ -298,7 +289,7 @@ def _start_service(name: str, logs: Path, env: Mapping[str, str],
     try:
         _wait(ready, f"the {name} service", log, pid)
     except BaseException:
-        _abandon(pid)
+        _terminate(pid, signal.SIGKILL, 0)
         raise
     return pid, found[0]
 
@@ -316,18 +307,7 @@ def restart(home: Path | None, name: str, *, sig: int = signal.SIGTERM,
         raise NotFoundError(f"no stack in {home}")
     if name not in info.pids:
         raise UserError(f"no process {name!r} in the stack ({', '.join(info.pids)})")
-    pid = info.pids[name]
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, sig)
-        deadline = time.monotonic() + grace
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            while _alive(pid):
-                time.sleep(0.05)
+    _terminate(info.pids[name], sig, grace)
     logs = home / "logs"
     env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
     env.update(info.env)
@@ -345,21 +325,27 @@ def _stop(pids: Mapping[str, int], grace: float) -> list[str]:
     killed = []
     order = [n for n in (*reversed(SERVICES), "nats") if n in pids]
     for name in order:
-        pid = pids[name]
-        if not _alive(pid):
-            continue
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        if _terminate(pids[name], signal.SIGTERM, grace):
             killed.append(name)
-            while _alive(pid):
-                time.sleep(0.05)
     return killed
+
+
+def _terminate(pid: int, sig: int, grace: float) -> bool:
+    """Send ``sig`` to the process's session (also when its leader is gone: what it left
+    running), wait up to ``grace`` seconds, then SIGKILL it and wait until it is gone; True
+    when SIGKILL was needed."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    deadline = time.monotonic() + grace
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not _alive(pid):
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    while _alive(pid):
+        time.sleep(0.05)
+    return True
 
 
 def status(home: Path | None = None) -> tuple[StackInfo, dict[str, bool]]:

@@ -22,8 +22,8 @@ from couler_cache.store import CacheStore
 from couler_runtime.blobs import BlobStore, key_for_digest, open_blob_store
 from couler_runtime.bus import Bus
 from couler_runtime.rpc import CACHE
-from couler_runtime.service import Component, run_service
-from couler_runtime.settings import CommonSettings, SettingsError
+from couler_runtime.service import Component, service_main
+from couler_runtime.settings import CommonSettings
 
 __all__ = ["DEFAULT_BUDGET_BYTES", "CacheSettings", "DigestBlobs", "build", "main", "open_blobs"]
 
@@ -112,12 +112,7 @@ async def build(settings: CacheSettings, bus: Bus) -> Component:
 
 def main() -> int:
     """The ``couler-cache`` console script; the process exit status."""
-    try:
-        settings = CacheSettings.load("cache")
-    except SettingsError as exc:
-        sys.stderr.write(f"couler-cache: {exc}\n")
-        return 2
-    return run_service(settings, build)
+    return service_main("cache", CacheSettings, build)
 
 
 if __name__ == "__main__":

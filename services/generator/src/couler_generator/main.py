@@ -25,8 +25,8 @@ from couler_generator.rpc import GeneratorService
 from couler_generator.service import ChatModel, Generator
 from couler_runtime.bus import Bus
 from couler_runtime.rpc import GENERATOR
-from couler_runtime.service import Component, run_service
-from couler_runtime.settings import ENV_PREFIX, CommonSettings, SettingsError, redact_url
+from couler_runtime.service import Component, service_main
+from couler_runtime.settings import ENV_PREFIX, CommonSettings, redact_url
 
 __all__ = ["GeneratorSettings", "build", "main"]
 
@@ -107,15 +107,10 @@ async def build(settings: GeneratorSettings, bus: Bus) -> Component:
     return Component({GENERATOR: GeneratorService(generator)}, close)
 
 
-def main() -> None:
+def main() -> int:
     """The ``couler-generator`` console script."""
-    try:
-        settings = GeneratorSettings.load("generator")
-    except SettingsError as exc:
-        sys.stderr.write(f"couler-generator: {exc}\n")
-        raise SystemExit(2) from None
-    raise SystemExit(run_service(settings, build))
+    return service_main("generator", GeneratorSettings, build)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

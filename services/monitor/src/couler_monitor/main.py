@@ -30,8 +30,8 @@ from couler_monitor.service import Monitor
 from couler_monitor.store import MonitorStore
 from couler_runtime.bus import Bus
 from couler_runtime.rpc import MONITOR
-from couler_runtime.service import Component, run_service
-from couler_runtime.settings import CommonSettings, SettingsError
+from couler_runtime.service import Component, service_main
+from couler_runtime.settings import CommonSettings
 
 __all__ = ["MonitorSettings", "build", "main"]
 
@@ -104,12 +104,7 @@ async def build(settings: MonitorSettings, bus: Bus) -> Component:
 
 def main() -> int:
     """The ``couler-monitor`` console script; the process exit status."""
-    try:
-        settings = MonitorSettings.load("monitor")
-    except SettingsError as exc:
-        sys.stderr.write(f"couler-monitor: {exc}\n")
-        return 2
-    return run_service(settings, build)
+    return service_main("monitor", MonitorSettings, build)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,11 @@ from couler_optimizer.events import start_consumers
 from couler_optimizer.lookup import CacheLookup
 from couler_optimizer.rpc import OptimizerService
 from couler_optimizer.service import Optimizer
-from couler_optimizer.store import SERVICE, OptimizerStore
+from couler_optimizer.store import OptimizerStore
 from couler_runtime.bus import Bus
 from couler_runtime.rpc import OPTIMIZER
-from couler_runtime.service import Component, run_service
-from couler_runtime.settings import CommonSettings, SettingsError
+from couler_runtime.service import Component, service_main
+from couler_runtime.settings import CommonSettings
 
 __all__ = ["OptimizerSettings", "build", "main"]
 
@@ -102,12 +102,7 @@ async def build(settings: OptimizerSettings, bus: Bus) -> Component:
 
 def main() -> int:
     """The ``couler-optimizer`` console script."""
-    try:
-        settings = OptimizerSettings.load(SERVICE)
-    except SettingsError as exc:
-        sys.stderr.write(f"couler-optimizer: {exc}\n")
-        return 2
-    return run_service(settings, build)
+    return service_main("optimizer", OptimizerSettings, build)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from couler.errors import UserError
 from couler_runtime.blobs import open_blob_store
 from couler_runtime.bus import Bus
 from couler_runtime.rpc import SUBMITTER
-from couler_runtime.service import Component, run_service
+from couler_runtime.service import Component, service_main
 from couler_runtime.settings import CommonSettings, SettingsError
 from couler_submitter.artifacts import ArtifactBlobs
 from couler_submitter.engines import (
@@ -204,12 +204,7 @@ async def build(settings: SubmitterSettings, bus: Bus, *,
 
 def main() -> int:
     """The ``couler-submitter`` console script (also ``python -m couler_submitter.main``)."""
-    try:
-        settings = SubmitterSettings.load("submitter")
-    except SettingsError as exc:
-        sys.stderr.write(f"couler-submitter: {exc}\n")
-        return 2
-    return run_service(settings, build)
+    return service_main("submitter", SubmitterSettings, build)
 
 
 if __name__ == "__main__":
