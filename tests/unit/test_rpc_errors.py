@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import grpc
 import pytest
 
@@ -13,7 +16,12 @@ from couler_runtime.rpc.errors import (
     error_from_status,
     status_for,
 )
-from couler_runtime.rpc.server import TokenInterceptor
+from couler_runtime.rpc.server import (
+    DEFAULT_OPTIONS,
+    MAX_MESSAGE_BYTES,
+    TokenInterceptor,
+    channel_options,
+)
 
 ISSUES = [
     errors.Issue("train", "fit", "dependencies", "dependency cycle: fit -> eval -> fit"),
@@ -121,3 +129,55 @@ def test_token_check() -> None:
     assert not check.authorized(None)
     with pytest.raises(ValueError):
         TokenInterceptor("")
+
+
+class _Details(grpc.HandlerCallDetails):
+    def __init__(self, method: str, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.method = method
+        self.invocation_metadata = metadata
+
+
+def _intercepted(handler: grpc.RpcMethodHandler[Any, Any], method: str,
+                 metadata: tuple[tuple[str, str], ...]) -> grpc.RpcMethodHandler[Any, Any]:
+    async def continuation(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any]:
+        return handler
+
+    result: grpc.RpcMethodHandler[Any, Any] = asyncio.run(
+        TokenInterceptor("s3cret").intercept_service(continuation, _Details(method, metadata)))
+    return result
+
+
+def _never(raw: bytes) -> bytes:
+    raise AssertionError("the request was decoded")
+
+
+@pytest.mark.parametrize("factory", [grpc.unary_unary_rpc_method_handler,
+                                     grpc.unary_stream_rpc_method_handler])
+def test_a_refused_call_gets_a_handler_that_neither_reads_nor_decodes(factory: Any) -> None:
+    handler = factory(lambda request, context: None, request_deserializer=_never,
+                      response_serializer=bytes)
+    for metadata in ((), (("authorization", "Bearer wrong"),)):
+        refusal = _intercepted(handler, "/couler.v1.CacheService/Lookup", metadata)
+        assert refusal is not handler
+        assert refusal.request_deserializer is None
+        # A streaming request is read only when the behaviour asks; a unary one before.
+        assert refusal.request_streaming
+        assert refusal.response_streaming == handler.response_streaming
+        assert refusal.response_serializer is bytes
+    good = (("authorization", "Bearer s3cret"),)
+    assert _intercepted(handler, "/couler.v1.CacheService/Lookup", good) is handler
+    assert _intercepted(handler, "/grpc.health.v1.Health/Check", ()) is handler
+
+
+def test_message_limits_are_one_parameter() -> None:
+    assert MAX_MESSAGE_BYTES == 64 * 1024 * 1024
+    assert dict(DEFAULT_OPTIONS) == {"grpc.max_receive_message_length": MAX_MESSAGE_BYTES,
+                                     "grpc.max_send_message_length": MAX_MESSAGE_BYTES}
+    assert channel_options(1024, (("grpc.keepalive_time_ms", 10_000),)) == (
+        ("grpc.max_receive_message_length", 1024), ("grpc.max_send_message_length", 1024),
+        ("grpc.keepalive_time_ms", 10_000))
+    with pytest.raises(ValueError, match=r"'grpc\.max_send_message_length'.*max_message_bytes"):
+        channel_options(1024, (("grpc.max_send_message_length", 1),))
+    for bad in (0, -5, 2**31, True, "64"):
+        with pytest.raises(ValueError, match=rf"max_message_bytes .* \(got {bad!r}\)"):
+            channel_options(bad)  # type: ignore[arg-type]

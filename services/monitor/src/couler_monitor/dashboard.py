@@ -7,13 +7,25 @@ Pages (HTML, every value escaped: run ids, step names and messages come from use
 * ``/runs/{run_id}`` -- one run's steps: name, key, state, attempts, cached, duration, peak
   memory, peak CPU, message.
 
-JSON: ``/api/runs``, ``/api/runs/{run_id}``, ``/api/utilization?workflow=&run_id=&step=``;
-``/healthz`` answers ``{"status": "ok"}`` without authentication.
+JSON: ``/api/runs?limit=``, ``/api/runs/{run_id}``,
+``/api/utilization?workflow=&run_id=&step=&limit=``; ``/healthz`` answers
+``{"status": "ok"}`` without authentication.
+
+``limit`` is a whole number: ``/api/runs`` lists 1 to :data:`MAX_RUNS` (500) runs, 100 by
+default; ``/api/utilization`` returns 1 to ``MAX_SAMPLE_LIMIT`` (10000) samples, 1000 by
+default. Absent, empty or 0 means the default, a larger value is capped at the maximum,
+and a negative or non-integer value is a 400.
 
 With a token configured (``COULER_AUTH_TOKEN``) every other path needs it, as
 ``Authorization: Bearer <token>``, or once as ``?token=<token>``: that answer sets an
 HttpOnly cookie (holding a digest of the token, not the token) and redirects to the same
-page without the token in its URL, so a browser keeps working. Anything else is 401.
+page without the token in its URL, so a browser keeps working. Anything else is 401. The
+redirect is always a path on the dashboard's own origin (:func:`local_target`), never a
+URL built from the raw request target: ``//host/`` would be another site to a browser.
+
+Errors (no or a wrong token, an unknown run or path, a bad query parameter) answer
+``{"error": <message>, "status": <code>}`` under ``/api/`` and an HTML page elsewhere;
+every answer carries the same strict Content-Security-Policy.
 """
 
 from __future__ import annotations
@@ -25,22 +37,26 @@ import hashlib
 import hmac
 import html
 import logging
+import re
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from couler.engines.base import StepState
 from couler.errors import NotFoundError, RetryableError, UserError
-from couler_monitor.service import MI, Monitor
+from couler_monitor.service import DEFAULT_SAMPLE_LIMIT, MAX_SAMPLE_LIMIT, MI, Monitor
 from couler_runtime.rpc.records import Run, StepRecord
 
-__all__ = ["COOKIE", "DashboardServer", "create_app"]
+__all__ = ["COOKIE", "DEFAULT_RUNS", "MAX_RUNS", "DashboardServer", "create_app",
+           "local_target"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +64,16 @@ COOKIE = "couler_dashboard"
 _REFRESH_SECONDS = 5
 _CACHED_MARK = '<span class="cached">cached</span>'
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+DEFAULT_RUNS = 100
+MAX_RUNS = 500
+_INTERNAL_MESSAGE = "internal error (logged by the monitor)"
+_UNAUTHORIZED_MESSAGE = ("a valid token is required: send 'Authorization: Bearer <token>', "
+                         "or open the page once with ?token=<token>")
+# What may stay unescaped in a redirect's path: RFC 3986 pchar and "/", without "%", so
+# that every other character (a "\", "?", "#", a control character) is encoded and the
+# browser asks for exactly the path that was requested.
+_PATH_SAFE = "/!$&'()*+,;=:@-._~"
+_LIMIT_SHOWN = 40  # characters of a bad value quoted back in an error message
 
 
 def _e(value: object) -> str:
@@ -89,11 +115,11 @@ def _cached(steps: tuple[StepRecord, ...]) -> int:
     return sum(1 for s in steps if s.cached or s.state is StepState.CACHED)
 
 
-def _page(title: str, body: str) -> str:
+def _page(title: str, body: str, *, refresh: bool = True) -> str:
+    meta = f'<meta http-equiv="refresh" content="{_REFRESH_SECONDS}">\n' if refresh else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="refresh" content="{_REFRESH_SECONDS}">
-<title>{_e(title)} · Couler</title>
+{meta}<title>{_e(title)} · Couler</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 1.5rem; color: #222; }}
 table {{ border-collapse: collapse; }}
@@ -158,6 +184,13 @@ def run_page(run: Run, *, now: float) -> str:
     return _page(f"Run {run.run_id}", f'<p><a href="/">all runs</a></p>{head}{table}')
 
 
+def error_page(status: int, message: str) -> str:
+    """The HTML of an error answer: the status and ``message`` (escaped)."""
+    title = f"{status} {HTTPStatus(status).phrase}"
+    return _page(title, f'<p class="msg">{_e(message)}</p><p><a href="/">all runs</a></p>',
+                 refresh=False)
+
+
 def _step_json(s: StepRecord) -> dict[str, Any]:
     return {"name": s.name, "key": s.key, "state": s.state.value, "attempts": s.attempts,
             "cached": s.cached, "exit_code": s.exit_code, "started_at": s.started_at,
@@ -181,17 +214,71 @@ def _token_digest(token: str) -> str:
     return hashlib.sha256(f"couler-dashboard:{token}".encode()).hexdigest()
 
 
+def local_target(path: str, query: Sequence[tuple[str, str]] = ()) -> str:
+    """A redirect target on this origin for the (decoded) request ``path`` and ``query``.
+
+    The request target is the client's: it may start with ``//`` (another host, to a
+    browser, also as ``/%2F%2F``), contain ``\\`` (read as ``/``), or be a whole URL
+    (``GET https://host/``). The answer is a path starting with exactly one ``/``
+    (leading slashes collapse; slashes inside, as in run ids, stay), every character
+    outside a URL path's alphabet percent-encoded, and the query re-encoded.
+    """
+    target = quote("/" + path.lstrip("/"), safe=_PATH_SAFE)
+    return f"{target}?{urlencode(query)}" if query else target
+
+
+def _limit(where: str, raw: str | None, *, default: int, maximum: int) -> int:
+    """The ``limit`` query parameter: default when absent, empty or 0; capped at ``maximum``.
+
+    Raises:
+        _HttpError: 400 for a negative or non-integer value.
+    """
+    if raw is None or raw in ("", "0"):
+        return default
+    if re.fullmatch(r"[0-9]+", raw):
+        # Long digit strings are above any maximum; int() of them is needlessly slow.
+        return maximum if len(raw) > 9 else min(int(raw) or default, maximum)
+    shown = raw if len(raw) <= _LIMIT_SHOWN else raw[:_LIMIT_SHOWN] + "..."
+    problem = ("must not be negative" if re.fullmatch(r"-[0-9]+", raw)
+               else "must be a whole number")
+    raise _HttpError(400, f"{where}: query parameter 'limit' {problem} "
+                          f"(0 for the default, {default}; at most {maximum}); "
+                          f"got {shown!r}")
+
+
+def _error(request: Request, status: int, message: str,
+           headers: Mapping[str, str] | None = None) -> Response:
+    """An error answer: JSON under /api/ (and /healthz), an HTML page elsewhere."""
+    path = request.scope.get("path", "")
+    if path.startswith("/api/") or path in ("/api", "/healthz"):
+        return JSONResponse({"error": message, "status": status}, status_code=status,
+                            headers=headers)
+    return HTMLResponse(error_page(status, message), status_code=status, headers=headers)
+
+
 def create_app(monitor: Monitor, *, token: str | None = None,
                clock: Callable[[], float] = time.time) -> FastAPI:
     """The dashboard's ASGI app over ``monitor``; ``token`` guards every page but /healthz."""
-    app = FastAPI(title="Couler monitor", docs_url=None, redoc_url=None, openapi_url=None)
+    # redirect_slashes=False: Starlette would answer "/healthz/" with a redirect to an
+    # absolute URL built from the client's Host header.
+    app = FastAPI(title="Couler monitor", docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     digest = _token_digest(token) if token else None
+
+    async def answer(request: Request,
+                     call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        try:
+            return _secured(await call_next(request))
+        except Exception:
+            # Logged here, answered like every other error (not uvicorn's plain text).
+            log.exception("dashboard: %s %s failed", request.method, request.scope.get("path"))
+            return _secured(_error(request, 500, _INTERNAL_MESSAGE))
 
     @app.middleware("http")
     async def guard(request: Request,
                     call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if token is None or digest is None or request.url.path == "/healthz":
-            return _secured(await call_next(request))
+        if token is None or digest is None or request.scope.get("path") == "/healthz":
+            return await answer(request, call_next)
         auth = request.headers.get("authorization", "")
         scheme, _, bearer = auth.partition(" ")
         query = request.query_params.get("token")
@@ -202,14 +289,15 @@ def create_app(monitor: Monitor, *, token: str | None = None,
             or hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), digest.encode())
         )
         if not ok:
-            return _secured(JSONResponse({"detail": "a valid token is required"},
-                                         status_code=401,
-                                         headers={"WWW-Authenticate": "Bearer"}))
+            return _secured(_error(request, 401, _UNAUTHORIZED_MESSAGE,
+                                   {"WWW-Authenticate": "Bearer"}))
         if query is None:
-            return _secured(await call_next(request))
+            return await answer(request, call_next)
         # Keep the token out of the address bar and history: remember it in a cookie.
-        url = request.url.remove_query_params("token")
-        target = url.path + (f"?{url.query}" if url.query else "")
+        # The target is built from the path alone (request.url would take a scheme and
+        # host from a request target like "https://host/").
+        rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+        target = local_target(request.scope.get("path", "/"), rest)
         response: Response = RedirectResponse(target, status_code=303)
         response.set_cookie(COOKIE, digest, httponly=True, samesite="strict", path="/")
         return _secured(response)
@@ -220,7 +308,9 @@ def create_app(monitor: Monitor, *, token: str | None = None,
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> HTMLResponse:
-        return HTMLResponse(runs_page(await monitor.runs(), now=clock()))
+        with _errors():
+            runs = await monitor.runs(DEFAULT_RUNS)
+        return HTMLResponse(runs_page(runs, now=clock()))
 
     @app.get("/runs/{run_id:path}", response_class=HTMLResponse)
     async def run(run_id: str) -> HTMLResponse:
@@ -228,9 +318,14 @@ def create_app(monitor: Monitor, *, token: str | None = None,
             got = await monitor.run(run_id)
         return HTMLResponse(run_page(got, now=clock()))
 
+    # ``limit`` is taken as text and parsed by _limit, for an error that says what is
+    # wrong (FastAPI's own would be a 422 listing pydantic's validation errors).
     @app.get("/api/runs")
-    async def api_runs(limit: int = 100) -> list[dict[str, Any]]:
-        return [_run_json(r, steps=False) for r in await monitor.runs(limit)]
+    async def api_runs(limit: str | None = None) -> list[dict[str, Any]]:
+        count = _limit("/api/runs", limit, default=DEFAULT_RUNS, maximum=MAX_RUNS)
+        with _errors():
+            runs = await monitor.runs(count)
+        return [_run_json(r, steps=False) for r in runs]
 
     @app.get("/api/runs/{run_id:path}")
     async def api_run(run_id: str) -> dict[str, Any]:
@@ -240,10 +335,12 @@ def create_app(monitor: Monitor, *, token: str | None = None,
 
     @app.get("/api/utilization")
     async def api_utilization(workflow: str = "", run_id: str = "", step: str = "",
-                              limit: int = 0) -> dict[str, Any]:
+                              limit: str | None = None) -> dict[str, Any]:
+        count = _limit("/api/utilization", limit, default=DEFAULT_SAMPLE_LIMIT,
+                       maximum=MAX_SAMPLE_LIMIT)
         with _errors():
             got = await monitor.utilization(run_id=run_id, workflow=workflow, step=step,
-                                            limit=limit)
+                                            limit=count)
         return {
             "samples": [{"run_id": s.run_id, "workflow": s.workflow, "step": s.step,
                          "key": s.key, "attempt": s.attempt, "at": s.at, "cpu": s.cpu,
@@ -255,8 +352,16 @@ def create_app(monitor: Monitor, *, token: str | None = None,
         }
 
     @app.exception_handler(_HttpError)
-    async def http_error(_request: Request, exc: _HttpError) -> Response:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+    async def http_error(request: Request, exc: _HttpError) -> Response:
+        return _error(request, exc.status, exc.detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def framework_error(request: Request, exc: StarletteHTTPException) -> Response:
+        path = request.scope.get("path", "")
+        message = {404: f"nothing at {path!r}",
+                   405: f"{request.method} is not allowed on {path!r}"}.get(
+            exc.status_code, str(exc.detail))
+        return _error(request, exc.status_code, message, exc.headers)
 
     return app
 

@@ -20,7 +20,7 @@ import grpc
 
 from couler_runtime import telemetry
 from couler_runtime.rpc.errors import error_from_rpc
-from couler_runtime.rpc.server import DEFAULT_OPTIONS
+from couler_runtime.rpc.server import MAX_MESSAGE_BYTES, channel_options
 
 __all__ = ["aio_connect", "call_metadata", "connect", "translated_errors"]
 
@@ -108,16 +108,28 @@ def connect(
     *,
     token: str | None = None,
     credentials: grpc.ChannelCredentials | None = None,
-    options: Sequence[tuple[str, Any]] = DEFAULT_OPTIONS,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.Channel:
     """A blocking channel to ``address`` ("host:port") adding token and ``traceparent``.
 
-    ``credentials`` selects TLS; ``None`` is plain text (the embedded stack, tests).
+    Args:
+        address: "host:port" of the server.
+        token: sent as ``authorization: Bearer <token>`` on every call, when given.
+        credentials: TLS; ``None`` is plain text (the embedded stack, tests).
+        max_message_bytes: the largest message sent or received, in bytes (default
+            64 MiB, as the server's).
+        options: further gRPC channel options (not the message limits).
+
+    Raises:
+        ValueError: ``max_message_bytes`` is out of range, or ``options`` sets a
+            message limit.
     """
+    all_options = list(channel_options(max_message_bytes, options))
     if credentials is None:
-        channel = grpc.insecure_channel(address, options=list(options))
+        channel = grpc.insecure_channel(address, options=all_options)
     else:
-        channel = grpc.secure_channel(address, credentials, options=list(options))
+        channel = grpc.secure_channel(address, credentials, options=all_options)
     return grpc.intercept_channel(channel, _MetadataInterceptor(token))
 
 
@@ -179,18 +191,25 @@ def aio_connect(
     *,
     token: str | None = None,
     credentials: grpc.ChannelCredentials | None = None,
-    options: Sequence[tuple[str, Any]] = DEFAULT_OPTIONS,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.aio.Channel:
     """An asyncio channel to ``address`` adding token and ``traceparent`` to every call.
 
-    Create it inside the event loop that will use it.
+    Create it inside the event loop that will use it. The arguments are
+    :func:`connect`'s.
+
+    Raises:
+        ValueError: ``max_message_bytes`` is out of range, or ``options`` sets a
+            message limit.
     """
+    all_options = list(channel_options(max_message_bytes, options))
     interceptors: list[grpc.aio.ClientInterceptor] = [
         _AioUnaryUnary(token), _AioUnaryStream(token), _AioStreamUnary(token),
         _AioStreamStream(token),
     ]
     if credentials is None:
-        return grpc.aio.insecure_channel(address, options=list(options),
+        return grpc.aio.insecure_channel(address, options=all_options,
                                          interceptors=interceptors)
-    return grpc.aio.secure_channel(address, credentials, options=list(options),
+    return grpc.aio.secure_channel(address, credentials, options=all_options,
                                    interceptors=interceptors)

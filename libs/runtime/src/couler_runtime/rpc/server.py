@@ -24,6 +24,22 @@ orchestrator's probes call (Kubernetes' gRPC probe, ``grpc_health_probe``, the
 embedded stack's readiness wait), which carry no credentials, and they reveal only
 whether the server is serving. Reflection is not exempt: ``grpcurl -H`` can send
 the token.
+
+Request bodies are untrusted until the token is checked, and malformed after it:
+
+* The token is checked before the body is read. A refused call is answered by a
+  handler that never reads its request (it has a streaming request and no
+  deserializer), so an anonymous caller costs neither a protobuf decode nor a
+  buffered copy of the body: UNAUTHENTICATED, whatever bytes were sent.
+* The services' methods are registered without a grpc deserializer; the request is
+  decoded inside the behaviour (after the token check, inside the span and the error
+  mapping), and a body that is not the method's message type is INVALID_ARGUMENT
+  naming the method and the type, not grpc's UNKNOWN "Exception deserializing".
+* A message over ``max_message_bytes`` (default :data:`MAX_MESSAGE_BYTES`, 64 MiB;
+  a 100k-step workflow is about 12 MiB) is refused by grpc core with
+  RESOURCE_EXHAUSTED from its length prefix, before it is buffered or decoded. The
+  same limit applies to what the server sends; :mod:`.client` channels take the same
+  parameter.
 """
 
 from __future__ import annotations
@@ -38,10 +54,13 @@ from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pool, message_factory
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from couler.errors import UserError
 
 # Imported for their side effect: they register the services' descriptors.
 from couler.v1 import (  # noqa: F401
@@ -56,22 +75,54 @@ from couler_runtime.rpc.errors import status_for
 
 __all__ = [
     "DEFAULT_OPTIONS",
+    "MAX_MESSAGE_BYTES",
+    "UNAUTHENTICATED_MESSAGE",
     "ErrorInterceptor",
     "RpcServer",
     "TokenInterceptor",
     "TracingInterceptor",
+    "channel_options",
+    "generic_handler",
     "start_server",
+    "wrap_handler",
 ]
 
 _log = logging.getLogger(__name__)
 
 _HEALTH_PREFIX = f"/{health.SERVICE_NAME}/"
-# Workflows of 100k steps are tens of MiB as protobuf; the default is 4 MiB.
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-DEFAULT_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-)
+UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token"
+# A 100k-step workflow is about 12 MiB as protobuf; grpc's own default is 4 MiB. The
+# limit bounds what one call may make a server (or client) buffer and decode.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_MAX_CHANNEL_INT = 2**31 - 1  # grpc channel arguments are C ints
+_MESSAGE_LIMIT_KEYS = ("grpc.max_receive_message_length", "grpc.max_send_message_length")
+
+
+def channel_options(
+    max_message_bytes: int = MAX_MESSAGE_BYTES, options: Sequence[tuple[str, Any]] = ()
+) -> tuple[tuple[str, Any], ...]:
+    """gRPC channel options: receive and send limits of ``max_message_bytes``, then ``options``.
+
+    Args:
+        max_message_bytes: the largest message received or sent, in bytes.
+        options: further channel options; they may not set the message limits.
+
+    Raises:
+        ValueError: ``max_message_bytes`` is not an int in 1..2**31-1, or ``options``
+            sets a message limit.
+    """
+    if (isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int)
+            or not 1 <= max_message_bytes <= _MAX_CHANNEL_INT):
+        raise ValueError(f"max_message_bytes must be an int from 1 to {_MAX_CHANNEL_INT} "
+                         f"bytes (got {max_message_bytes!r})")
+    for key, _ in options:
+        if key in _MESSAGE_LIMIT_KEYS:
+            raise ValueError(f"options sets {key!r}: give the message limit as "
+                             f"max_message_bytes instead")
+    return (*((key, max_message_bytes) for key in _MESSAGE_LIMIT_KEYS), *options)
+
+
+DEFAULT_OPTIONS: tuple[tuple[str, Any], ...] = channel_options()
 
 # A per-call wrapper around a method's behaviour: entered before it runs, exited after
 # it returned or failed (for streams: after the last message).
@@ -107,7 +158,8 @@ async def start_server(
     token: str | None = None,
     tracer_provider: trace.TracerProvider | None = None,
     credentials: grpc.ServerCredentials | None = None,
-    options: Sequence[tuple[str, Any]] = DEFAULT_OPTIONS,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    options: Sequence[tuple[str, Any]] = (),
 ) -> RpcServer:
     """Build, bind and start a server for ``servicers`` on ``address``.
 
@@ -119,16 +171,21 @@ async def start_server(
             health checks; ``None`` or "" requires nothing.
         tracer_provider: where server spans go (default: the global provider).
         credentials: TLS credentials; ``None`` listens in plain text.
-        options: gRPC channel options (default: 256 MiB message limits).
+        max_message_bytes: the largest request accepted and response sent, in bytes
+            (default 64 MiB); a larger request is RESOURCE_EXHAUSTED, undecoded.
+        options: further gRPC server options (not the message limits).
 
     Raises:
         KeyError: a service name no ``couler.v1`` proto declares.
+        ValueError: ``max_message_bytes`` is out of range, or ``options`` sets a
+            message limit.
     """
+    server_options = channel_options(max_message_bytes, options)
     interceptors: list[grpc.aio.ServerInterceptor] = [TracingInterceptor(tracer_provider)]
     if token:
         interceptors.append(TokenInterceptor(token))
     interceptors.append(ErrorInterceptor())
-    server = grpc.aio.server(interceptors=interceptors, options=list(options))
+    server = grpc.aio.server(interceptors=interceptors, options=list(server_options))
     names = tuple(servicers)
     for name, servicer in servicers.items():
         server.add_generic_rpc_handlers((generic_handler(name, servicer),))
@@ -152,7 +209,12 @@ async def start_server(
 def generic_handler(service_name: str, servicer: object) -> grpc.GenericRpcHandler:
     """The method table for ``servicer``, built from the service's proto descriptor.
 
-    A method the servicer lacks answers UNIMPLEMENTED.
+    A method the servicer lacks answers UNIMPLEMENTED. Requests reach grpc undecoded
+    (no ``request_deserializer``) and are decoded inside the behaviour, so a body that
+    does not parse is a :class:`couler.errors.UserError` (INVALID_ARGUMENT, through
+    :class:`ErrorInterceptor`) naming the method and the message type. A client-streaming
+    behaviour must read its requests from the iterator it is given: ``context.read()``
+    would return raw bytes.
     """
     service = descriptor_pool.Default().FindServiceByName(service_name)
     factories: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler[Any, Any]]] = {
@@ -168,11 +230,56 @@ def generic_handler(service_name: str, servicer: object) -> grpc.GenericRpcHandl
         behaviour = getattr(servicer, method.name, None) or _unimplemented(method.full_name)
         factory = factories[(method.client_streaming, method.server_streaming)]
         handlers[method.name] = factory(
-            behaviour,
-            request_deserializer=request.FromString,
+            _decoding(behaviour, _Decoder(method.full_name, request),
+                      client_streaming=method.client_streaming,
+                      server_streaming=method.server_streaming),
+            request_deserializer=None,
             response_serializer=response.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+@dataclass(frozen=True)
+class _Decoder:
+    """Decodes one method's request bodies; a body that does not parse is a UserError."""
+
+    method: str  # full name, "couler.v1.CacheService.Lookup"
+    message: type[Message]
+
+    def __call__(self, raw: bytes) -> Message:
+        try:
+            return self.message.FromString(raw)
+        except DecodeError as exc:
+            raise UserError(
+                f"{self.method}: the request body ({len(raw)} bytes) is not a valid "
+                f"{self.message.DESCRIPTOR.full_name} message") from exc
+
+    async def each(self, raws: AsyncIterator[bytes]) -> AsyncIterator[Message]:
+        """Decode a request stream as the behaviour reads it."""
+        async for raw in raws:
+            yield self(raw)
+
+
+def _decoding(behaviour: Callable[..., Any], decode: _Decoder, *, client_streaming: bool,
+              server_streaming: bool) -> Callable[..., Any]:
+    """``behaviour`` taking raw request bytes, decoded by ``decode`` as it starts."""
+
+    def call(raw: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        request = decode.each(raw) if client_streaming else decode(raw)
+        return behaviour(request, context)
+
+    if server_streaming:
+        async def streaming(raw: Any, context: grpc.aio.ServicerContext[Any, Any]
+                            ) -> AsyncIterator[Any]:
+            async for item in _stream(call(raw, context)):
+                yield item
+
+        return streaming
+
+    async def unary(raw: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return await _resolve(call(raw, context))
+
+    return unary
 
 
 def _unimplemented(name: str) -> Callable[..., Any]:
@@ -231,7 +338,8 @@ def _fail(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, me
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Rejects calls without ``authorization: Bearer <token>`` (UNAUTHENTICATED).
 
-    Health checks pass without it (see the module docstring).
+    The check needs only the call's metadata; a refused call's request is never read
+    (see :func:`_refusal`). Health checks pass without it (see the module docstring).
     """
 
     def __init__(self, token: str) -> None:
@@ -259,15 +367,27 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             or self.authorized(handler_call_details.invocation_metadata)
         ):
             return handler
+        return _refusal(handler)
 
-        @asynccontextmanager
-        async def deny(context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token"
-            )
-            yield  # never reached: abort raises
 
-        return wrap_handler(handler, deny)
+def _refusal(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler answering UNAUTHENTICATED without reading, let alone decoding, the request.
+
+    Its request side is streaming whatever ``handler``'s is: grpc reads a unary request
+    in full (up to the message limit) and hands it over before the behaviour runs, a
+    streaming one only when the behaviour asks; this one never asks. A unary client
+    cannot tell: the wire format is the same, and it gets the status. The response side
+    keeps ``handler``'s shape.
+    """
+
+    async def refuse(requests: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+
+    if handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(
+            refuse, request_deserializer=None, response_serializer=handler.response_serializer)
+    return grpc.stream_unary_rpc_method_handler(
+        refuse, request_deserializer=None, response_serializer=handler.response_serializer)
 
 
 class TracingInterceptor(grpc.aio.ServerInterceptor):
