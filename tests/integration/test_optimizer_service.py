@@ -684,7 +684,7 @@ class TestConsoleScript:
         env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
         env.update({"COULER_NATS_URL": nats.url, "COULER_GRPC_ADDRESS": "127.0.0.1:0",
                     "COULER_STATE_DIR": str(state), "COULER_MAX_STEPS_PER_CHUNK": "2",
-                    "COULER_CACHE_ADDRESS": "", **more})
+                    "COULER_CACHE_ADDRESS": "", "COULER_BUS_INSECURE": "true", **more})
         return env
 
     def test_serves_until_sigterm(self, nats_server: NatsServer, tmp_path: Path) -> None:

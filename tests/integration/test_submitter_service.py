@@ -937,6 +937,7 @@ def process_env(nats_server: NatsServer, postgres_url: str, tmp_path: Path) -> d
         "COULER_ARTIFACTS": str(tmp_path / "state" / "blobs"),
         "COULER_GRPC_ADDRESS": "127.0.0.1:0",
         "COULER_OUTBOX_INTERVAL": "1",
+        "COULER_BUS_INSECURE": "true",
     })
     return env
 

@@ -16,6 +16,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         if name.startswith("COULER_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    # the bus's identity has tests of its own below; the others are about other settings
+    monkeypatch.setenv("COULER_BUS_INSECURE", "true")
 
 
 class CacheSettings(CommonSettings):
@@ -129,3 +131,55 @@ def test_overrides_win_and_service_name_is_checked(monkeypatch: pytest.MonkeyPat
     assert CommonSettings.load("monitor", log_level="warning").log_level == "WARNING"
     with pytest.raises(SettingsError, match="service name 'Monitor!' must be a lowercase"):
         CommonSettings.load("Monitor!")
+
+
+def test_bus_identity_required_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COULER_BUS_INSECURE")
+    with pytest.raises(SettingsError) as err:
+        CommonSettings.load("optimizer")
+    text = str(err.value)
+    assert "COULER_NATS_SEED_FILE" in text and "COULER_NATS_TRUST_FILE" in text
+    assert "couler credentials init" in text and "COULER_BUS_INSECURE" in text
+
+
+def test_bus_identity_from_files(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from couler_runtime.bus_keys import BusFiles
+    from couler_runtime.service import bus_security
+
+    files = BusFiles.create(tmp_path / "bus")
+    monkeypatch.delenv("COULER_BUS_INSECURE")
+    monkeypatch.setenv("COULER_NATS_SEED_FILE", str(files.seed_file("optimizer")))
+    monkeypatch.setenv("COULER_NATS_TRUST_FILE", str(files.trust_file))
+    s = CommonSettings.load("optimizer")
+    assert s.nats_identity == "optimizer"
+    identity, trust, tls = bus_security(s)
+    assert identity is not None and identity.name == "optimizer"
+    assert trust is not None and identity.public_key == trust.public_keys["optimizer"]
+    assert tls is None
+    assert "SU" not in repr(s) and "SU" not in repr(identity)  # the seed is never shown
+
+
+def test_bus_seed_value_is_secret(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from couler_runtime.bus_keys import BusFiles
+
+    files = BusFiles.create(tmp_path / "bus")
+    seed = files.seed_file("cache").read_text().strip()
+    monkeypatch.delenv("COULER_BUS_INSECURE")
+    monkeypatch.setenv("COULER_NATS_SEED", seed)
+    monkeypatch.setenv("COULER_NATS_TRUST_FILE", str(files.trust_file))
+    s = CommonSettings.load("cache")
+    assert seed not in repr(s) and seed not in str(s)
+    assert seed not in s.model_dump_json()
+
+
+def test_bus_seed_file_too_open_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                           tmp_path: Path) -> None:
+    from couler_runtime.bus_keys import BusFiles
+    from couler_runtime.service import bus_security
+
+    files = BusFiles.create(tmp_path / "bus")
+    files.seed_file("monitor").chmod(0o644)
+    monkeypatch.setenv("COULER_NATS_SEED_FILE", str(files.seed_file("monitor")))
+    monkeypatch.setenv("COULER_NATS_TRUST_FILE", str(files.trust_file))
+    with pytest.raises(SettingsError, match="readable by others"):
+        bus_security(CommonSettings.load("monitor"))

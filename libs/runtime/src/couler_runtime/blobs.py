@@ -37,6 +37,7 @@ __all__ = [
     "digest_of",
     "key_for_digest",
     "open_blob_store",
+    "open_payload_store",
 ]
 
 _KEY = re.compile(r"sha256/([0-9a-f]{64})")
@@ -390,5 +391,29 @@ def open_blob_store(settings: CommonSettings) -> LocalBlobStore | S3BlobStore:
     store = S3BlobStore(settings.s3_endpoint, settings.s3_access_key.get_secret_value(),
                         settings.s3_secret_key.get_secret_value(), location.bucket,
                         location.prefix)
+    store.ensure_bucket()
+    return store
+
+
+PAYLOADS_PREFIX = "payloads"
+
+
+def open_payload_store(settings: CommonSettings) -> LocalBlobStore | S3BlobStore:
+    """Where bus messages too large to travel inline are kept: ``payloads/`` in the
+    artifact store (a directory of its own, so the cache's eviction never touches them).
+
+    Raises:
+        UserError: Bad credentials or bucket, naming the setting.
+        RetryableError: The S3 server is unreachable.
+    """
+    location = settings.s3_location
+    if location is None:
+        return LocalBlobStore(Path(settings.artifacts) / PAYLOADS_PREFIX)
+    if not (settings.s3_endpoint and settings.s3_access_key and settings.s3_secret_key):
+        raise UserError(f"{ENV_PREFIX}S3_ENDPOINT, {ENV_PREFIX}S3_ACCESS_KEY and "
+                        f"{ENV_PREFIX}S3_SECRET_KEY are required for {settings.artifacts!r}")
+    prefix = f"{location.prefix}/{PAYLOADS_PREFIX}" if location.prefix else PAYLOADS_PREFIX
+    store = S3BlobStore(settings.s3_endpoint, settings.s3_access_key.get_secret_value(),
+                        settings.s3_secret_key.get_secret_value(), location.bucket, prefix)
     store.ensure_bucket()
     return store

@@ -1,6 +1,6 @@
 """The event bus: NATS JetStream with protobuf bodies, durable pull consumers and idempotency.
 
-Publishing (:meth:`Bus.publish`) sets ``Nats-Msg-Id`` to the caller's deterministic idempotency
+Publishing (:meth:`Bus.publish`) sets ``Nats-Msg-Id`` from the caller's deterministic idempotency
 key, so a republish inside the streams' duplicate window is stored once, and the standard
 headers (:data:`HEADER_EVENT_ID` ... ``traceparent``). Consuming (:meth:`Bus.subscribe`) runs a
 durable pull-consumer loop that maps a handler's outcome to JetStream's answer -- this is one
@@ -9,9 +9,28 @@ interceptor)::
 
     handler returns             -> ack (after the effect is committed, confirmed by the server)
     RetryableError              -> nak with exponential back-off
-    UserError / undecodable     -> term, logged and passed to the ``on_reject`` hook
+    UserError / undecodable     -> term, logged, passed to the ``on_reject`` hook and recorded
+    unauthenticated             -> as a UserError
     any other exception         -> nak with back-off, logged with its traceback
     the last allowed delivery   -> term (as above) instead of nak: the reason is recorded
+
+**Identity** (``identity``, :class:`~couler_runtime.bus_keys.BusIdentity`): the connection
+authenticates with the identity's nkey and reads replies on its own inbox prefix; every
+message it publishes is signed and its msg id is ``<key>.<tag>``, unguessable by other
+publishers (:meth:`~couler_runtime.bus_keys.BusIdentity.msg_id`). **Trust** (``trust``): a
+consumer accepts a message only when it is signed by an owner of its subject
+(:func:`couler_runtime.bus_access.owners`; launches, published by outside launchers whom
+only the server's permissions admit, are the exception); anything else is terminated.
+
+**Payloads by reference**: a body over ``inline_limit`` bytes is stored in the payload
+store (content-addressed) and the message carries ``couler-payload: sha256:<hex>`` and
+``couler-payload-size`` instead; the consumer loads it, checks digest and size, and
+decodes it -- handlers never see the difference, and no message depends on the size of a
+workflow.
+
+**Dead letters**: a terminated message is published on ``couler.deadletter.<identity>``
+(``events.DeadLetter``: subject, headers, body, reason, and -- for an authenticated message
+-- its ``couler-run-id``), kept in the COULER_DEADLETTER stream.
 
 Consumers are durable and JetStream keeps their state on disk, so a consumer resumes where it
 stopped after the client reconnects or the server restarts. Handlers must still be idempotent:
@@ -23,26 +42,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import hashlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping
+import ssl
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import nats.errors
 import nats.js.errors
 from google.protobuf.message import DecodeError, Message
+from google.protobuf.timestamp_pb2 import Timestamp
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
-from couler.errors import RetryableError, UserError
+from couler.errors import NotFoundError, RetryableError, UserError
+from couler.v1 import events_pb2
+from couler_runtime.bus_access import (
+    DEADLETTER_PREFIX,
+    LAUNCH_SUBJECTS,
+    STREAMS,
+    StreamSpec,
+    deadletter_subject,
+    grant_for,
+    owners,
+    stream_of,
+    subject_matches,
+)
+from couler_runtime.bus_keys import (
+    HEADER_SIGNATURE,
+    HEADER_SIGNER,
+    BusIdentity,
+    SignatureError,
+    Trust,
+    signing_input,
+)
 from couler_runtime.settings import redact_url
 
 __all__ = [
+    "DEFAULT_INLINE_LIMIT",
     "HEADER_EVENT_ID",
     "HEADER_EVENT_TYPE",
+    "HEADER_PAYLOAD",
+    "HEADER_PAYLOAD_SIZE",
+    "HEADER_RUN_ID",
     "HEADER_SOURCE",
     "HEADER_TENANT",
     "HEADER_TIME",
@@ -51,6 +97,7 @@ __all__ = [
     "Bus",
     "Event",
     "Handler",
+    "Payloads",
     "PublishResult",
     "RejectHook",
     "Rejection",
@@ -68,29 +115,28 @@ HEADER_EVENT_TYPE = "couler-event-type"
 HEADER_SOURCE = "couler-source"
 HEADER_TIME = "couler-time"
 HEADER_TENANT = "couler-tenant"
+HEADER_RUN_ID = "couler-run-id"
+HEADER_PAYLOAD = "couler-payload"
+HEADER_PAYLOAD_SIZE = "couler-payload-size"
 HEADER_TRACEPARENT = "traceparent"
 _BUS_HEADERS = frozenset(
     h.lower() for h in (HEADER_MSG_ID, HEADER_EVENT_ID, HEADER_EVENT_TYPE, HEADER_SOURCE,
-                        HEADER_TIME)
+                        HEADER_TIME, HEADER_RUN_ID, HEADER_PAYLOAD, HEADER_PAYLOAD_SIZE,
+                        HEADER_SIGNER, HEADER_SIGNATURE)
 )
+# Bodies above this many bytes travel by reference (NATS's own limit is 1 MiB by default).
+DEFAULT_INLINE_LIMIT = 64 * 1024
 
 
-@dataclass(frozen=True)
-class StreamSpec:
-    """One JetStream stream: its name and the subjects it captures."""
+class Payloads(Protocol):
+    """A content-addressed store for bodies that travel by reference (keys ``sha256/<hex>``;
+    ``couler_runtime.blobs`` stores are such). Blocking calls."""
 
-    name: str
-    subjects: tuple[str, ...]
+    def put_bytes(self, data: bytes) -> str:
+        """Store ``data``; its key."""
 
-
-STREAMS: tuple[StreamSpec, ...] = (
-    StreamSpec("COULER_WORKFLOW", ("couler.workflow.>",)),
-    StreamSpec("COULER_STEP", ("couler.step.>",)),
-    StreamSpec("COULER_METRICS", ("couler.metrics.>",)),
-    StreamSpec("COULER_FEEDBACK", ("couler.feedback.>",)),
-    StreamSpec("COULER_LAUNCH", ("couler.launch.>",)),
-    StreamSpec("COULER_CACHE", ("couler.cache.>",)),
-)
+    def get_bytes(self, key: str) -> bytes:
+        """The bytes under ``key``, verified against it."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +149,8 @@ class Event(Generic[M]):
         headers: All headers (standard ones under the ``HEADER_*`` names).
         delivery_count: 1 on the first delivery, 2 on the first redelivery, ...
         stream_sequence: Its sequence number in the stream (stable across redeliveries).
+        signer: The identity whose signature was verified ("" when the bus has no trust
+            configured, or for an unsigned launch).
     """
 
     subject: str
@@ -110,10 +158,11 @@ class Event(Generic[M]):
     headers: Mapping[str, str]
     delivery_count: int
     stream_sequence: int
+    signer: str = ""
 
     @property
     def event_id(self) -> str:
-        """The event's id (equal to its idempotency key)."""
+        """The event's id (equal to its msg id)."""
         return self.headers.get(HEADER_EVENT_ID, "")
 
     @property
@@ -134,6 +183,8 @@ class Rejection:
         headers: The raw headers.
         delivery_count: How many times it was delivered.
         stream_sequence: Its sequence number in the stream.
+        authenticated: Whether it was signed by an owner of its subject (True when the
+            bus checks no signatures).
     """
 
     durable: str
@@ -143,6 +194,12 @@ class Rejection:
     headers: Mapping[str, str]
     delivery_count: int
     stream_sequence: int
+    authenticated: bool = True
+
+    @property
+    def run_id(self) -> str:
+        """The run it belongs to, when the message is authenticated and says so."""
+        return self.headers.get(HEADER_RUN_ID, "") if self.authenticated else ""
 
 
 @dataclass(frozen=True)
@@ -152,10 +209,27 @@ class PublishResult:
     stream: str
     sequence: int
     duplicate: bool
+    msg_id: str = ""
 
 
 Handler = Callable[[Event[M]], Awaitable[None]]
 RejectHook = Callable[[Rejection], Awaitable[None]]
+
+
+async def _until(task: asyncio.Future[Any], stop: Callable[[], bool], timeout: float) -> None:
+    """Wait for ``task`` up to ``timeout`` seconds, or until ``stop()`` holds (checked every
+    50 ms); cancel it (TimeoutError) when it did not finish."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not task.done() and not stop() and loop.time() < end:
+        await asyncio.wait({task}, timeout=min(0.05, max(0.0, end - loop.time())))
+    if task.done():
+        task.result()
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise TimeoutError("connect did not finish")
 
 
 def _now() -> str:
@@ -170,22 +244,40 @@ class Bus:
         source: The ``couler-source`` header of every message published (the service name).
         tenant: The default ``couler-tenant`` header.
         on_reject: Default hook called with every terminated message (a service stores it).
+        identity: Who publishes (signs, tags msg ids); None for an unauthenticated bus.
+        trust: The keys signatures are checked with; None to accept unsigned messages.
+        payloads: Where bodies over ``inline_limit`` go; None to send every body inline.
+        inline_limit: The largest body sent inline, in bytes.
+        deadletters: Record terminated messages on ``couler.deadletter.<identity>``
+            (``couler.deadletter.<source>`` without an identity).
     """
 
     def __init__(self, nc: NatsClient, *, source: str, tenant: str = "",
-                 on_reject: RejectHook | None = None) -> None:
+                 on_reject: RejectHook | None = None, identity: BusIdentity | None = None,
+                 trust: Trust | None = None, payloads: Payloads | None = None,
+                 inline_limit: int = DEFAULT_INLINE_LIMIT, deadletters: bool = True) -> None:
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream()
         self.source = source
         self.tenant = tenant
         self.on_reject = on_reject
+        self.identity = identity
+        self.trust = trust
+        self.payloads = payloads
+        self.inline_limit = inline_limit
+        name = identity.name if identity is not None else source.removeprefix("couler-")
+        self._deadletter_subject = deadletter_subject(name) if deadletters else None
         self._subscriptions: list[Subscription[Any]] = []
         self._closing = False
 
     @classmethod
     async def connect(cls, url: str, *, name: str, tenant: str = "",
                       on_reject: RejectHook | None = None, connect_timeout: float = 10.0,
-                      reconnect_wait: float = 0.5) -> Bus:
+                      reconnect_wait: float = 0.5, identity: BusIdentity | None = None,
+                      trust: Trust | None = None, tls: ssl.SSLContext | None = None,
+                      payloads: Payloads | None = None,
+                      inline_limit: int = DEFAULT_INLINE_LIMIT,
+                      deadletters: bool = True) -> Bus:
         """Connect to NATS, waiting up to ``connect_timeout`` seconds for the server.
 
         Once connected the client reconnects forever (every ``reconnect_wait`` seconds), so
@@ -198,15 +290,28 @@ class Bus:
             on_reject: Default hook for terminated messages.
             connect_timeout: How long to wait for the server to answer.
             reconnect_wait: Seconds between reconnect attempts.
+            identity: Authenticate (nkey) and sign as this identity.
+            trust: Verify what consumers receive with these keys.
+            tls: A TLS context (for ``tls://`` URLs or a server that requires TLS).
+            payloads: The store for bodies over ``inline_limit``.
+            inline_limit: The largest body sent inline.
+            deadletters: Record terminated messages in the dead-letter stream.
 
         Raises:
             RetryableError: The server did not answer in time.
+            UserError: The server refused the identity (or anonymous clients).
         """
         servers = [u.strip() for u in url.split(",")]
+
+        refused: list[Exception] = []  # the server's "Authorization Violation", if any
 
         async def on_error(e: Exception) -> None:
             # nats-py's default callback logs a full traceback for every failed reconnect.
             log.warning("NATS %s: %s: %s", redact_url(url), type(e).__name__, e)
+            # nats-py reports the server's -ERR as a plain Error: the text is all there is
+            if ("authorization violation" in str(e).lower()
+                    or isinstance(e, ssl.SSLCertVerificationError)):
+                refused.append(e)
 
         made: list[Bus] = []  # the callbacks exist before the Bus they report on
 
@@ -217,26 +322,46 @@ class Bus:
         async def on_reconnected() -> None:
             log.info("NATS %s: reconnected", redact_url(url))
 
+        auth: dict[str, Any] = {}
+        if identity is not None:
+            auth = {"nkeys_seed_str": identity.seed.decode(),
+                    "inbox_prefix": identity.inbox_prefix}
+        if tls is not None:
+            auth["tls"] = tls
         loop = asyncio.get_running_loop()
         deadline = loop.time() + connect_timeout
         delay = 0.05
+        who = f"identity {identity.name!r}" if identity is not None else "an anonymous client"
         while True:
             nc = NatsClient()
+            # With unlimited reconnects nats-py would retry the first connect forever too,
+            # and a refused identity along with it: a refusal ends the wait at once.
+            connecting = asyncio.ensure_future(nc.connect(
+                servers, name=name, error_cb=on_error, disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected, allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                # annotated int, used as float seconds (asyncio.sleep)
+                reconnect_time_wait=reconnect_wait,  # type: ignore[arg-type]
+                connect_timeout=max(1, round(min(2.0, connect_timeout))), **auth,
+            ))
             try:
-                # With unlimited reconnects nats-py would retry the first connect forever too.
-                await asyncio.wait_for(nc.connect(
-                    servers, name=name, error_cb=on_error, disconnected_cb=on_disconnected,
-                    reconnected_cb=on_reconnected, allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    # annotated int, used as float seconds (asyncio.sleep)
-                    reconnect_time_wait=reconnect_wait,  # type: ignore[arg-type]
-                    connect_timeout=max(1, round(min(2.0, connect_timeout))),
-                ), timeout=max(0.1, deadline - loop.time()))
-                made.append(cls(nc, source=name, tenant=tenant, on_reject=on_reject))
+                await _until(connecting, lambda: bool(refused),
+                             max(0.1, deadline - loop.time()))
+                made.append(cls(nc, source=name, tenant=tenant, on_reject=on_reject,
+                                identity=identity, trust=trust, payloads=payloads,
+                                inline_limit=inline_limit, deadletters=deadletters))
                 return made[0]
-            except (OSError, TimeoutError, nats.errors.Error) as e:
+            except (OSError, TimeoutError, nats.errors.Error, ssl.SSLError) as e:
                 with contextlib.suppress(nats.errors.Error):
                     await nc.close()
+                if refused and isinstance(refused[0], ssl.SSLCertVerificationError):
+                    raise UserError(f"NATS at {redact_url(url)}: its TLS certificate is not "
+                                    f"trusted ({refused[0].verify_message}); give the "
+                                    "deployment's CA in COULER_NATS_TLS_CA") from refused[0]
+                if refused or "authorization violation" in str(e).lower():
+                    raise UserError(f"NATS at {redact_url(url)} refused {who} (Authorization "
+                                    "Violation): check COULER_NATS_SEED_FILE / the server's "
+                                    "configuration") from e
                 if loop.time() + delay > deadline:
                     raise RetryableError(
                         f"NATS at {redact_url(url)} did not answer within {connect_timeout:g} s "
@@ -260,7 +385,8 @@ class Bus:
                              max_bytes: int | None = None) -> None:
         """Create the streams (file storage), or update them to this configuration.
 
-        Idempotent: run it at every service start.
+        Idempotent. Needs the admin identity on an authenticated bus (services only
+        :meth:`wait_for_streams`).
 
         Args:
             streams: The streams to ensure (all of Couler's by default).
@@ -284,9 +410,40 @@ class Bus:
                 raise RetryableError(f"ensuring stream {spec.name}: JetStream unavailable: "
                                      f"{type(e).__name__}") from e
 
+    async def wait_for_streams(self, names: Iterable[str], *, timeout: float = 60.0) -> None:
+        """Wait until the streams ``names`` exist (the admin creates them: ``couler up`` or
+        ``couler bus setup``).
+
+        Raises:
+            RetryableError: Not all of them within ``timeout`` seconds, naming the missing.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        missing = sorted(set(names))
+        said = False
+        while missing:
+            for name in list(missing):
+                with contextlib.suppress(nats.js.errors.NotFoundError, nats.errors.Error):
+                    await self._js.stream_info(name)
+                    missing.remove(name)
+            if not missing:
+                return
+            if loop.time() > deadline:
+                raise RetryableError(f"streams {', '.join(missing)} do not exist after "
+                                     f"{timeout:g} s: create them with `couler bus setup` "
+                                     "(the admin identity); `couler up` does it")
+            if not said:
+                log.info("waiting for streams %s (created by the bus admin)", ", ".join(missing))
+                said = True
+            await asyncio.sleep(0.5)
+
+    def msg_id(self, subject: str, key: str) -> str:
+        """The ``Nats-Msg-Id`` this bus gives idempotency key ``key`` on ``subject``."""
+        return self.identity.msg_id(subject, key) if self.identity is not None else key
+
     async def publish(self, subject: str, message: Message, *, msg_id: str,
                       headers: Mapping[str, str] | None = None, tenant: str | None = None,
-                      timeout: float = 5.0) -> PublishResult:
+                      run_id: str = "", timeout: float = 5.0) -> PublishResult:
         """Publish ``message`` on ``subject`` and wait until JetStream stored it.
 
         Args:
@@ -294,16 +451,21 @@ class Bus:
             message: The protobuf body.
             msg_id: A deterministic idempotency key (e.g. ``run-id/step/attempt/state``):
                 a republish with the same key inside the duplicate window is dropped.
+                With an identity, the id sent is ``<key>.<tag>`` (see :meth:`msg_id`).
             headers: Extra headers, e.g. ``traceparent``/``tracestate`` from telemetry.
             tenant: The ``couler-tenant`` header (the bus's default when None).
+            run_id: The run the message belongs to (``couler-run-id``; a dead letter of it
+                fails that run while it is being planned).
             timeout: Seconds to wait for JetStream's acknowledgement.
 
         Returns:
             Where it was stored, and whether it was a duplicate.
 
         Raises:
-            UserError: An empty ``msg_id`` or a header the bus owns.
-            RetryableError: JetStream did not acknowledge (no stream or server unavailable).
+            UserError: An empty ``msg_id``, a header the bus owns, or a body larger than
+                the server accepts with no payload store to send it by reference.
+            RetryableError: JetStream did not acknowledge (no stream or server unavailable),
+                or the payload store is unavailable.
         """
         if not msg_id:
             raise UserError(f"publish to {subject!r}: msg_id must be a non-empty key")
@@ -312,18 +474,34 @@ class Bus:
             if key.lower() in _BUS_HEADERS:
                 raise UserError(f"publish to {subject!r}: header {key!r} is set by the bus")
             hdrs[key] = value
+        wire_id = self.msg_id(subject, msg_id)
         hdrs.update({
-            HEADER_MSG_ID: msg_id,
-            HEADER_EVENT_ID: msg_id,
+            HEADER_MSG_ID: wire_id,
+            HEADER_EVENT_ID: wire_id,
             HEADER_EVENT_TYPE: message.DESCRIPTOR.full_name,
             HEADER_SOURCE: self.source,
             HEADER_TIME: _now(),
         })
         hdrs[HEADER_TENANT] = tenant if tenant is not None else hdrs.get(HEADER_TENANT,
                                                                          self.tenant)
+        if run_id:
+            hdrs[HEADER_RUN_ID] = run_id
+        body = message.SerializeToString()
+        digest = hashlib.sha256(body).hexdigest()
+        if len(body) > self.inline_limit and self.payloads is not None:
+            key = await self._store(subject, body)
+            hdrs[HEADER_PAYLOAD] = "sha256:" + key.removeprefix("sha256/")
+            hdrs[HEADER_PAYLOAD_SIZE] = str(len(body))
+            body = b""
+        if self.identity is not None and self.identity.signs:
+            hdrs[HEADER_SIGNER] = self.identity.name
+            hdrs[HEADER_SIGNATURE] = self.identity.sign(signing_input(subject, hdrs, digest))
         try:
-            ack = await self._js.publish(subject, message.SerializeToString(), timeout=timeout,
-                                         headers=hdrs)
+            ack = await self._js.publish(subject, body, timeout=timeout, headers=hdrs)
+        except nats.errors.MaxPayloadError as e:
+            raise UserError(f"publish to {subject!r}: a {len(body)}-byte body is over the "
+                            "server's max_payload and no payload store is configured "
+                            "(COULER_ARTIFACTS)") from e
         except nats.js.errors.NoStreamResponseError as e:
             raise RetryableError(f"publish to {subject!r}: no stream answered (is the subject "
                                  "in a stream, and JetStream up?)") from e
@@ -331,7 +509,17 @@ class Bus:
                 nats.errors.ConnectionReconnectingError, nats.errors.OutboundBufferLimitError,
                 nats.js.errors.ServiceUnavailableError) as e:
             raise RetryableError(f"publish to {subject!r}: {type(e).__name__}") from e
-        return PublishResult(ack.stream, ack.seq, bool(ack.duplicate))
+        return PublishResult(ack.stream, ack.seq, bool(ack.duplicate), wire_id)
+
+    async def _store(self, subject: str, body: bytes) -> str:
+        assert self.payloads is not None
+        try:
+            return await asyncio.to_thread(self.payloads.put_bytes, body)
+        except RetryableError:
+            raise
+        except Exception as e:
+            raise RetryableError(f"publish to {subject!r}: storing a {len(body)}-byte body "
+                                 f"failed: {type(e).__name__}: {e}") from e
 
     async def subscribe(self, subject: str, durable: str, message_type: type[M],
                         handler: Handler[M], *, max_deliver: int = 5, ack_wait: float = 30.0,
@@ -355,12 +543,21 @@ class Bus:
             stream: The stream (found from the subject when None).
 
         Raises:
+            UserError: The identity has no grant for this consumer (it would be refused).
             RetryableError: JetStream unavailable while creating the consumer.
         """
+        if stream is None:
+            stream = stream_of(subject)
+        if self.identity is not None:
+            grant = grant_for(self.identity.name)
+            if not grant.admin and not any(
+                    c.durable == durable and c.filter == subject and c.stream == stream
+                    for c in grant.consumers):
+                raise UserError(f"identity {self.identity.name!r} has no grant for consumer "
+                                f"{durable!r} on {subject!r} (couler_runtime.bus_access)")
         try:
             if stream is None:
-                stream = _stream_of(subject) or await self._js.find_stream_name_by_subject(
-                    subject)
+                stream = await self._js.find_stream_name_by_subject(subject)
             config = ConsumerConfig(
                 durable_name=durable, name=durable, filter_subject=subject,
                 ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait, max_deliver=max_deliver,
@@ -376,11 +573,92 @@ class Bus:
             psub=psub, durable=durable, message_type=message_type, handler=handler,
             max_deliver=max_deliver, ack_wait=ack_wait, retry_delay=retry_delay,
             max_retry_delay=max_retry_delay, batch=batch,
-            on_reject=on_reject if on_reject is not None else self.on_reject,
+            on_reject=on_reject if on_reject is not None else self.on_reject, bus=self,
         )
         sub.start()
         self._subscriptions.append(sub)
         return sub
+
+    # ---------------------------------------------------------------- consuming side
+
+    def authenticate(self, subject: str, headers: Mapping[str, str], body_sha256: str) -> str:
+        """The identity that signed the message; "" when no trust is configured or for an
+        unsigned launch.
+
+        Raises:
+            SignatureError: Unsigned, signed by a non-owner of ``subject``, or forged.
+        """
+        if self.trust is None:
+            return ""
+        signer = headers.get(HEADER_SIGNER, "")
+        signature = headers.get(HEADER_SIGNATURE, "")
+        if subject_matches(LAUNCH_SUBJECTS, subject) and not signer:
+            return ""  # outside launchers: the server's permissions admit only them
+        allowed = owners(subject)
+        if not signer or not signature:
+            raise SignatureError(f"unsigned message on {subject!r}: only "
+                                 f"{', '.join(sorted(allowed)) or 'nobody'} may publish it")
+        if signer not in allowed:
+            raise SignatureError(f"message on {subject!r} signed by {signer!r}, which does "
+                                 f"not own the subject (owners: "
+                                 f"{', '.join(sorted(allowed)) or 'none'})")
+        if not self.trust.verify(signer, signing_input(subject, headers, body_sha256),
+                                 signature):
+            raise SignatureError(f"message on {subject!r}: the signature of {signer!r} does "
+                                 "not match its content")
+        return signer
+
+    async def load_body(self, subject: str, data: bytes, headers: Mapping[str, str]) -> bytes:
+        """The message's body: ``data``, or the stored body it refers to (digest and size
+        checked).
+
+        Raises:
+            UserError: A malformed reference, or a body that is not (or no longer) stored.
+            RetryableError: The payload store is unavailable.
+        """
+        ref = headers.get(HEADER_PAYLOAD)
+        if ref is None:
+            return data
+        algorithm, _, hex_digest = ref.partition(":")
+        size_text = headers.get(HEADER_PAYLOAD_SIZE, "")
+        if algorithm != "sha256" or len(hex_digest) != 64 or not size_text.isdigit():
+            raise UserError(f"message on {subject!r}: malformed payload reference {ref!r} "
+                            f"(size {size_text!r})")
+        if self.payloads is None:
+            raise UserError(f"message on {subject!r} refers to a stored body ({ref}) and this "
+                            "service has no payload store (COULER_ARTIFACTS)")
+        try:
+            body = await asyncio.to_thread(self.payloads.get_bytes, f"sha256/{hex_digest}")
+        except NotFoundError as e:
+            raise UserError(f"message on {subject!r}: its body {ref} is not in the payload "
+                            "store") from e
+        except (RetryableError, UserError):
+            raise
+        except Exception as e:  # integrity errors and the like: the reference cannot be used
+            raise UserError(f"message on {subject!r}: its body {ref} cannot be read: "
+                            f"{type(e).__name__}: {e}") from e
+        if len(body) != int(size_text):
+            raise UserError(f"message on {subject!r}: its body {ref} has {len(body)} bytes, "
+                            f"the message says {size_text}")
+        return body
+
+    async def record_deadletter(self, rejection: Rejection) -> None:
+        """Publish ``rejection`` on this bus's dead-letter subject (no-op when off, and for
+        dead letters themselves: a consumer of dead letters that fails must not loop)."""
+        if self._deadletter_subject is None or rejection.subject.startswith(
+                DEADLETTER_PREFIX + "."):
+            return
+        at = Timestamp()
+        at.GetCurrentTime()
+        letter = events_pb2.DeadLetter(
+            durable=rejection.durable, subject=rejection.subject,
+            stream_sequence=rejection.stream_sequence,
+            delivery_count=rejection.delivery_count, reason=rejection.reason,
+            headers=dict(rejection.headers), payload=rejection.payload,
+            authenticated=rejection.authenticated, run_id=rejection.run_id, at=at)
+        await self.publish(self._deadletter_subject, letter,
+                           msg_id=f"{rejection.durable}.{rejection.stream_sequence}",
+                           run_id=rejection.run_id)
 
     async def close(self) -> None:
         """Stop every consumer loop (letting running handlers finish), then drain and close."""
@@ -393,14 +671,6 @@ class Bus:
                 await self._nc.drain()
             if not self._nc.is_closed:
                 await self._nc.close()
-
-
-def _stream_of(subject: str) -> str | None:
-    for spec in STREAMS:
-        for pattern in spec.subjects:
-            if subject.startswith(pattern.removesuffix(">")):
-                return spec.name
-    return None
 
 
 @dataclass(eq=False)
@@ -417,6 +687,7 @@ class Subscription(Generic[M]):
     max_retry_delay: float
     batch: int
     on_reject: RejectHook | None
+    bus: Bus | None = None
     _task: asyncio.Task[None] | None = field(default=None, init=False)
     _stopping: bool = field(default=False, init=False)
     _busy: bool = field(default=False, init=False)
@@ -472,15 +743,36 @@ class Subscription(Generic[M]):
         headers = dict(msg.headers or {})
         expected = self.message_type.DESCRIPTOR.full_name
         declared = headers.get(HEADER_EVENT_TYPE)
+        bus = self.bus
+        signer = ""
+        if bus is not None:
+            ref = headers.get(HEADER_PAYLOAD, "")
+            digest = (ref.removeprefix("sha256:") if ref
+                      else hashlib.sha256(msg.data).hexdigest())
+            try:
+                signer = bus.authenticate(msg.subject, headers, digest)
+            except SignatureError as e:
+                await self._term(msg, f"{type(e).__name__}: {e}", authenticated=False)
+                return
         if declared is not None and declared != expected:
             await self._term(msg, f"event type {declared!r}, this consumer expects {expected!r}")
             return
+        data = msg.data
+        if bus is not None:
+            try:
+                data = await bus.load_body(msg.subject, msg.data, headers)
+            except UserError as e:
+                await self._term(msg, f"{type(e).__name__}: {e}")
+                return
+            except RetryableError as e:
+                await self._retry(msg, delivered, f"{type(e).__name__}: {e}", exc_info=False)
+                return
         try:
-            message = self.message_type.FromString(msg.data)
+            message = self.message_type.FromString(data)
         except DecodeError as e:
-            await self._term(msg, f"undecodable {expected} body ({len(msg.data)} bytes): {e}")
+            await self._term(msg, f"undecodable {expected} body ({len(data)} bytes): {e}")
             return
-        event = Event(msg.subject, message, headers, delivered, seq)
+        event = Event(msg.subject, message, headers, delivered, seq, signer)
         keepalive = asyncio.create_task(self._keep_alive(msg))
         try:
             await self.handler(event)
@@ -524,22 +816,24 @@ class Subscription(Generic[M]):
         with contextlib.suppress(nats.errors.Error):
             await msg.nak(delay=delay)
 
-    async def _term(self, msg: Msg, reason: str) -> None:
+    async def _term(self, msg: Msg, reason: str, *, authenticated: bool = True) -> None:
         meta = msg.metadata
         log.error("consumer %s: terminating seq %d on %s: %s", self.durable,
                   meta.sequence.stream, msg.subject, reason)
-        if self.on_reject is not None:
-            rejection = Rejection(self.durable, msg.subject, reason, msg.data,
-                                  dict(msg.headers or {}), meta.num_delivered,
-                                  meta.sequence.stream)
-            try:
+        rejection = Rejection(self.durable, msg.subject, reason, msg.data,
+                              dict(msg.headers or {}), meta.num_delivered,
+                              meta.sequence.stream, authenticated=authenticated)
+        try:
+            if self.on_reject is not None:
                 await self.on_reject(rejection)
-            except Exception:
-                # Recording failed: leave the message for redelivery rather than lose the why.
-                log.exception("consumer %s: on_reject hook failed; redelivering seq %d",
-                              self.durable, meta.sequence.stream)
-                with contextlib.suppress(nats.errors.Error):
-                    await msg.nak(delay=self.retry_delay)
-                return
+            if self.bus is not None:
+                await self.bus.record_deadletter(rejection)
+        except Exception:
+            # Recording failed: leave the message for redelivery rather than lose the why.
+            log.exception("consumer %s: recording the rejection failed; redelivering seq %d",
+                          self.durable, meta.sequence.stream)
+            with contextlib.suppress(nats.errors.Error):
+                await msg.nak(delay=self.retry_delay)
+            return
         with contextlib.suppress(nats.errors.Error):
             await msg.term()

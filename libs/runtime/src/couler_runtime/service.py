@@ -17,19 +17,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from couler.errors import UserError
+from couler_runtime.blobs import open_payload_store
 from couler_runtime.bus import Bus
+from couler_runtime.bus_access import grant_for, streams_used
+from couler_runtime.bus_keys import BusIdentity, Trust
 from couler_runtime.rpc.server import RpcServer, start_server
 from couler_runtime.settings import CommonSettings, SettingsError
 from couler_runtime.telemetry import setup_tracing
 
-__all__ = ["READY_PREFIX", "Component", "Ready", "parse_ready", "ready_line", "run_service",
-           "serve", "service_main"]
+__all__ = ["READY_PREFIX", "Component", "Ready", "bus_security", "connect_bus", "parse_ready",
+           "ready_line", "run_service", "serve", "service_main"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +85,60 @@ def parse_ready(line: str) -> Ready | None:
     return Ready(fields[1], fields[2], endpoints)
 
 
+def bus_security(settings: CommonSettings
+                 ) -> tuple[BusIdentity | None, Trust | None, ssl.SSLContext | None]:
+    """The bus identity, trust and TLS context the settings name (None: not configured).
+
+    Raises:
+        SettingsError: A seed, trust or CA file that cannot be used, naming the variable.
+    """
+    identity: BusIdentity | None = None
+    trust: Trust | None = None
+    tls: ssl.SSLContext | None = None
+    try:
+        if settings.nats_seed is not None:
+            identity = BusIdentity(settings.nats_identity,
+                                   settings.nats_seed.get_secret_value().strip().encode())
+        elif settings.nats_seed_file is not None:
+            identity = BusIdentity.from_file(settings.nats_identity, settings.nats_seed_file)
+        if settings.nats_trust_file is not None:
+            trust = Trust.load(settings.nats_trust_file)
+    except KeyError as exc:
+        raise SettingsError(f"COULER_NATS_IDENTITY: {exc.args[0]}") from None
+    except UserError as exc:
+        raise SettingsError(f"COULER_NATS_SEED_FILE / COULER_NATS_TRUST_FILE: {exc}") from None
+    if settings.nats_tls_ca is not None:
+        try:
+            tls = ssl.create_default_context(cafile=str(settings.nats_tls_ca))
+        except (OSError, ssl.SSLError) as exc:
+            raise SettingsError(f"COULER_NATS_TLS_CA: cannot load {settings.nats_tls_ca}: "
+                                f"{exc}") from None
+    return identity, trust, tls
+
+
+async def connect_bus(settings: CommonSettings) -> Bus:
+    """Connect the service's bus as the settings say (identity, trust, TLS, payloads) and
+    make sure the streams it uses exist: created on an open bus, awaited (the admin makes
+    them) on an authenticated one."""
+    identity, trust, tls = bus_security(settings)
+    if identity is None:
+        log.warning("%s: the bus is OPEN (COULER_BUS_INSECURE): no identity, no signatures; "
+                    "anyone who reaches NATS can drive this service", settings.service)
+    payloads = await asyncio.to_thread(open_payload_store, settings)
+    bus = await Bus.connect(settings.nats_url, name=f"couler-{settings.service}",
+                            identity=identity, trust=trust, tls=tls, payloads=payloads,
+                            inline_limit=settings.inline_payload_bytes)
+    try:
+        if identity is None:
+            await bus.ensure_streams()
+        else:
+            await bus.wait_for_streams(streams_used(grant_for(identity.name)))
+    except BaseException:
+        await bus.close()
+        raise
+    return bus
+
+
 async def serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]], *,
                 stop: asyncio.Event | None = None,
                 on_ready: Callable[[int], None] | None = None) -> None:
@@ -91,7 +151,7 @@ async def serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]], *,
     # stacks) keep theirs local.
     provider = setup_tracing(settings.service, otlp_endpoint=settings.otel_endpoint,
                              set_global=stop is None)
-    bus = await Bus.connect(settings.nats_url, name=f"couler-{settings.service}")
+    bus = await connect_bus(settings)
     server: RpcServer | None = None
     component: Component | None = None
     stopping = stop or asyncio.Event()
@@ -100,11 +160,11 @@ async def serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]], *,
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
     try:
-        await bus.ensure_streams()
         component = await build(settings, bus)
         token = settings.auth_token.get_secret_value() if settings.auth_token else None
         server = await start_server(settings.grpc_address, component.servicers, token=token,
-                                    tracer_provider=provider)
+                                    tracer_provider=provider,
+                                    max_message_bytes=settings.grpc_max_message_bytes)
         host = settings.grpc_address.rsplit(":", 1)[0]
         print(ready_line(settings.service, f"{host}:{server.port}", component.endpoints),
               flush=True)
@@ -144,6 +204,7 @@ def service_main(service: str, settings_type: type[S],
     """A service's console script (``couler-<service>``, ``python -m couler_<service>.main``):
     load its settings -- exit status 2 and the problem on stderr when they are invalid --
     then :func:`run_service`."""
+    os.umask(0o077)  # what the service writes (databases, state, runs) is its own
     try:
         settings = settings_type.load(service)
     except SettingsError as exc:

@@ -7,9 +7,14 @@ Every service reads its settings in ``main.py`` with ``XxxSettings.load("xxx")``
 
     COULER_NATS_URL: scheme must be one of nats, tls, ws, wss (got 'http://x:4222')
 
-Secrets (``COULER_AUTH_TOKEN``, ``COULER_S3_ACCESS_KEY``, ``COULER_S3_SECRET_KEY``) are
-``SecretStr`` and never appear in ``repr``/``str``/logs; passwords inside URLs are masked in
-``repr`` and in error messages too.
+Secrets (``COULER_AUTH_TOKEN``, ``COULER_S3_ACCESS_KEY``, ``COULER_S3_SECRET_KEY``,
+``COULER_NATS_SEED``) are ``SecretStr`` and never appear in ``repr``/``str``/logs; passwords
+inside URLs are masked in ``repr`` and in error messages too.
+
+The bus is authenticated by default: a service needs its NATS identity (``COULER_NATS_SEED_FILE``
+or ``COULER_NATS_SEED``, and ``COULER_NATS_TRUST_FILE``, all made by ``couler credentials init``
+and by ``couler up``); only ``COULER_BUS_INSECURE=true`` runs it on an open bus (tests of a
+single component). ``COULER_NATS_TLS_CA`` makes the connection TLS, verified with that CA.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import (
+    Field,
     SecretStr,
     ValidationError,
     field_serializer,
@@ -106,6 +112,16 @@ class CommonSettings(BaseSettings):
         otel_endpoint: OTLP endpoint for traces; tracing export is off when unset.
         state_dir: Directory for local state (SQLite databases, artifacts, logs).
         log_level: ``DEBUG`` .. ``CRITICAL``.
+        nats_identity: The service's identity on the bus (default: the service's name).
+        nats_seed_file: A file holding the identity's nkey seed (mode 0600).
+        nats_seed: The seed itself (secret), instead of a file.
+        nats_trust_file: The public keys of every identity (``trust.json``), which
+            signatures of received messages are checked against.
+        nats_tls_ca: A CA certificate: connect with TLS and verify the server with it.
+        bus_insecure: Run on an open bus: no identity, no signatures (tests only).
+        inline_payload_bytes: Bodies larger than this travel by reference (stored in the
+            artifact store's ``payloads/``).
+        grpc_max_message_bytes: The largest gRPC message received or sent.
     """
 
     model_config = SettingsConfigDict(
@@ -124,6 +140,15 @@ class CommonSettings(BaseSettings):
     otel_endpoint: str | None = None
     state_dir: Path = Path()
     log_level: LogLevel = "INFO"
+    nats_identity: str = ""
+    nats_seed_file: Path | None = None
+    nats_seed: SecretStr | None = None
+    nats_trust_file: Path | None = None
+    nats_tls_ca: Path | None = None
+    bus_insecure: bool = False
+    inline_payload_bytes: int = Field(default=64 * 1024, ge=1024, le=512 * 1024)
+    grpc_max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024,
+                                        le=2**31 - 1)
 
     @classmethod
     def load(cls, service: str, **overrides: Any) -> Self:
@@ -214,10 +239,38 @@ class CommonSettings(BaseSettings):
         _ = parts.port
         return value
 
+    @field_validator("nats_seed_file", "nats_trust_file", "nats_tls_ca", mode="before")
+    @classmethod
+    def _optional_path(cls, value: Any) -> Any:
+        return None if value in ("", None) else value
+
+    @field_validator("nats_seed", mode="before")
+    @classmethod
+    def _optional_secret(cls, value: Any) -> Any:
+        return None if value in ("", None) else value
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _log_level(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _bus_identity(self) -> Self:
+        if not self.nats_identity:
+            self.nats_identity = self.service
+        if self.bus_insecure:
+            return self
+        missing = []
+        if self.nats_seed_file is None and self.nats_seed is None:
+            missing.append(f"{ENV_PREFIX}NATS_SEED_FILE (or {ENV_PREFIX}NATS_SEED)")
+        if self.nats_trust_file is None:
+            missing.append(f"{ENV_PREFIX}NATS_TRUST_FILE")
+        if missing:
+            raise ValueError(
+                f"{' and '.join(missing)}: required, the service's identity on the bus "
+                f"(`couler credentials init DIR` makes them; `couler up` does it itself); "
+                f"{ENV_PREFIX}BUS_INSECURE=true runs on an open bus, for tests only")
+        return self
 
     @model_validator(mode="after")
     def _defaults_and_s3(self) -> Self:

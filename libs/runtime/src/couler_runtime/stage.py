@@ -5,8 +5,11 @@ answer (``couler.workflow.<what>``, msg id ``<run_id>.<what>``) or a
 ``couler.workflow.rejected`` (msg id ``<run_id>.rejected``) naming why, so the submitter
 can fail the run. A UserError (bad input) rejects at once; any other error is left to the
 bus (nak with back-off) until the consumer's last delivery, which rejects instead of
-failing again — otherwise the run would wait in planning forever. The work runs inside a
-consumer span continuing the event's trace; the answer carries the trace on.
+failing again — otherwise the run would wait in planning forever. The same holds when the
+answer itself cannot be published (a UserError from the bus rejects at once; a retryable
+failure rejects at the last delivery). The work runs inside a consumer span continuing the
+event's trace; the answer carries the trace on. Every message carries the run id
+(``couler-run-id``), so a dead letter of it can fail the run.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ class PlanningStage:
             tenant = event.headers.get(HEADER_TENANT)
             try:
                 subject, message, done = await work()
+                what = subject.rsplit(".", 1)[-1]
+                await self._bus.publish(subject, message, msg_id=f"{run_id}.{what}",
+                                        headers=headers, tenant=tenant, run_id=run_id)
             except UserError as exc:
                 await self._reject(run_id, exc, str(exc), headers, tenant)
                 return
@@ -68,9 +74,6 @@ class PlanningStage:
                 await self._reject(run_id, exc, f"gave up after {event.delivery_count} "
                                    f"attempts: {exc}", headers, tenant)
                 return
-            what = subject.rsplit(".", 1)[-1]
-            await self._bus.publish(subject, message, msg_id=f"{run_id}.{what}",
-                                    headers=headers, tenant=tenant)
             log.info("run %s: %s", run_id, done)
 
     async def _reject(self, run_id: str, exc: Exception, reason: str, headers: dict[str, str],
@@ -81,5 +84,5 @@ class PlanningStage:
             issues=[common_pb2.Issue(workflow=i.workflow, step=i.step, field=i.field,
                                      message=i.message) for i in issues])
         await self._bus.publish(REJECTED, rejected, msg_id=f"{run_id}.rejected",
-                                headers=headers, tenant=tenant)
+                                headers=headers, tenant=tenant, run_id=run_id)
         log.info("run %s: rejected by the %s: %s", run_id, self.name, reason)

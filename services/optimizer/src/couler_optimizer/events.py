@@ -25,7 +25,11 @@ Three durable consumers:
 
 * ``optimizer-feedback`` on ``couler.feedback.>``: one ``Recommendation`` per message,
   kept as the latest for its (workflow, step, kind); every later plan of that workflow
-  applies it. An undecodable one or one without a kind is terminated (a UserError).
+  applies it. An undecodable one, one without a kind, or one whose value is outside what
+  any step could sensibly be given (:func:`check_recommendation`: a memory below 4 MiB,
+  a CPU below a millicore, more than 20 retries, ...) is terminated (a UserError): the
+  bus already admits only the monitor's signature, and a bad value must not reach every
+  later plan of the workflow.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from __future__ import annotations
 import logging
 from typing import TypeVar
 
+from couler import ir
 from couler.errors import UserError
 from couler.v1 import common_pb2, events_pb2
 from couler_optimizer.service import Optimizer
@@ -40,6 +45,8 @@ from couler_runtime import codec
 from couler_runtime.bus import Bus, Event
 from couler_runtime.engines import DEFAULT_ENGINE
 from couler_runtime.rpc.records import (
+    Recommendation,
+    RecommendationKind,
     objectives_from_proto,
     plan_to_proto,
     recommendation_from_proto,
@@ -59,6 +66,7 @@ __all__ = [
     "STAGE",
     "FeedbackHandler",
     "PlanHandler",
+    "check_recommendation",
     "start_consumers",
 ]
 
@@ -123,6 +131,44 @@ class PlanHandler:
         await self._stage.answer(event, run_id, work)
 
 
+# What a recommendation may say at all: far outside any real step's needs means a bug or
+# an attack (a memory limit of 1Ki OOM-kills every later run).
+_MIN_MEMORY = 4 * 1024**2
+_MAX_MEMORY = 64 * 1024**4
+_MIN_CPU = 0.001
+_MAX_CPU = 1024.0
+_MAX_RETRIES = 20
+_MAX_TIMEOUT = 30 * 24 * 3600
+
+
+def check_recommendation(rec: Recommendation) -> None:
+    """Refuse a recommendation whose value no step could sensibly be given.
+
+    Raises:
+        UserError: Naming the workflow, step, kind and the bounds.
+    """
+    where = f"recommendation for workflow {rec.workflow!r}, step {rec.step!r}: {rec.kind.value}"
+    kind = rec.kind
+    try:
+        if kind in (RecommendationKind.MEMORY_REQUEST, RecommendationKind.MEMORY_LIMIT):
+            value = float(ir.parse_quantity(rec.value))
+            if not _MIN_MEMORY <= value <= _MAX_MEMORY:
+                raise UserError(f"{where} = {rec.value!r} is outside 4Mi..64Ti; refused")
+        elif kind is RecommendationKind.CPU_REQUEST:
+            value = float(ir.parse_quantity(rec.value))
+            if not _MIN_CPU <= value <= _MAX_CPU:
+                raise UserError(f"{where} = {rec.value!r} is outside 1m..1024; refused")
+        elif kind is RecommendationKind.RETRY:
+            if not 0 <= int(rec.value) <= _MAX_RETRIES:
+                raise UserError(f"{where} = {rec.value!r} is outside 0..{_MAX_RETRIES}; "
+                                "refused")
+        elif kind is RecommendationKind.TIMEOUT and not 1 <= int(rec.value) <= _MAX_TIMEOUT:
+            raise UserError(f"{where} = {rec.value!r} seconds is outside 1..{_MAX_TIMEOUT}; "
+                            "refused")
+    except ValueError:
+        raise UserError(f"{where} = {rec.value!r} is not a valid value; refused") from None
+
+
 class FeedbackHandler:
     """Keeps one ``Recommendation`` from ``couler.feedback.<workflow>``."""
 
@@ -135,6 +181,7 @@ class FeedbackHandler:
             # The subject names the workflow when the body does not.
             message.workflow = event.subject.removeprefix("couler.feedback.")
         rec = recommendation_from_proto(message)  # UserError without a kind: terminated
+        check_recommendation(rec)
         kept = await self._optimizer.record_recommendation(rec)
         log.info("recommendation for %r step %r: %s = %s%s", rec.workflow, rec.step,
                  rec.kind.value, rec.value, "" if kept else " (older than the one kept)")

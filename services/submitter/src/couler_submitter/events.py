@@ -12,12 +12,23 @@ A retried run (``retries`` = N > 0) suffixes its step and submitted keys with th
 the local engine counts attempts afresh in a retry, so without it a step failing again
 would repeat the first failure's key and be dropped as a duplicate.
 
-Consumed (ack after the effect is committed; a UserError terminates the message and the
-reason is stored in ``submitter_rejections``)::
+Every message carries its run id (``couler-run-id``).
 
-    couler.workflow.optimized  durable submitter-optimized  start the run (ignored if started)
-    couler.workflow.rejected   durable submitter-rejected   the run FAILS with the reason
-    couler.launch.>            durable submitter-launch     submit the template, one run per key
+Consumed (ack after the effect is committed; a UserError terminates the message and the
+reason is stored in ``submitter_rejections`` and the dead-letter stream)::
+
+    couler.workflow.optimized  durable submitter-optimized   start the run (ignored if started)
+    couler.workflow.rejected   durable submitter-rejected    the run FAILS with the reason
+    couler.launch.>            durable submitter-launch      submit the template, one run per key
+    couler.deadletter.>        durable submitter-deadletter  fail the run of a dead letter
+
+The bus accepts a plan or a rejection only when the optimizer's (or the generator's)
+signature checks; the handler accepts a plan only for a run that is waiting for one
+(ACCEPTED or PLANNING, see ``Submitter.optimized``) and only for the engine the run asked
+for. A dead letter fails its run when it is authenticated, names the run, comes from a
+consumer on the run's planning path (:data:`PLANNING_CONSUMERS`) and the run is still being
+planned: the message that would have moved it on is gone, so it would wait forever. Dead
+letters of observers (the monitor, the cache) are kept and logged, and fail nothing.
 """
 
 from __future__ import annotations
@@ -49,9 +60,11 @@ from couler_submitter.service import Submitter
 from couler_submitter.store import RunStore
 
 __all__ = [
+    "DEADLETTER",
     "FINISHED",
     "LAUNCH",
     "OPTIMIZED",
+    "PLANNING_CONSUMERS",
     "REJECTED",
     "REQUESTED",
     "SUBMITTED",
@@ -70,9 +83,14 @@ FINISHED = "couler.workflow.finished"
 STEP = "couler.step"
 UTILIZATION = "couler.metrics.utilization"
 LAUNCH = "couler.launch.>"
+DEADLETTER = "couler.deadletter.>"
 DURABLE_OPTIMIZED = "submitter-optimized"
 DURABLE_REJECTED = "submitter-rejected"
 DURABLE_LAUNCH = "submitter-launch"
+DURABLE_DEADLETTER = "submitter-deadletter"
+# The consumers a run's planning goes through: a message they gave up on strands the run.
+PLANNING_CONSUMERS = frozenset({"generator", "optimizer-requested", "optimizer-generated",
+                                DURABLE_OPTIMIZED, DURABLE_REJECTED})
 
 
 def _now() -> Timestamp:
@@ -115,7 +133,8 @@ class BusEvents:
         else:
             msg.text = request.text or ""
         await self._bus.publish(REQUESTED, msg, msg_id=f"{run.run_id}.requested",
-                                headers=telemetry.inject({}), tenant=o.tenant or None)
+                                headers=telemetry.inject({}), tenant=o.tenant or None,
+                                run_id=run.run_id)
 
     async def submitted(self, run: Run) -> None:
         msg = events_pb2.WorkflowSubmitted(
@@ -123,7 +142,7 @@ class BusEvents:
             engine_run_id=run.engine_run_id, at=_now())
         await self._bus.publish(SUBMITTED, msg,
                                 msg_id=f"{run.run_id}.submitted{_suffix(run, '.')}",
-                                headers=telemetry.inject({}))
+                                headers=telemetry.inject({}), run_id=run.run_id)
 
     async def step(self, run: Run, rec: StepRecord) -> None:
         msg = events_pb2.StepEvent(run_id=run.run_id, workflow=run.workflow, engine=run.engine,
@@ -132,19 +151,19 @@ class BusEvents:
         await self._bus.publish(
             f"{STEP}.{state}", msg,
             msg_id=f"{run.run_id}.{rec.name}.{rec.key}.{rec.attempts}.{state}{_suffix(run)}",
-            headers=telemetry.inject({}))
+            headers=telemetry.inject({}), run_id=run.run_id)
 
     async def utilization(self, sample: UtilizationSample) -> None:
         at_ns = round((sample.at or 0.0) * 1e9)
         await self._bus.publish(
             UTILIZATION, utilization_sample_to_proto(sample),
             msg_id=f"{sample.run_id}.{sample.step}.{sample.key}.{sample.attempt}.{at_ns}",
-            headers=telemetry.inject({}))
+            headers=telemetry.inject({}), run_id=sample.run_id)
 
     async def finished(self, run: Run) -> None:
         await self._bus.publish(FINISHED, events_pb2.WorkflowFinished(run=run_to_proto(run)),
                                 msg_id=f"{run.run_id}.finished.{run.retries}",
-                                headers=telemetry.inject({}))
+                                headers=telemetry.inject({}), run_id=run.run_id)
 
 
 class _Handlers:
@@ -158,6 +177,10 @@ class _Handlers:
             raise UserError(f"{event.subject} seq {event.stream_sequence}: a plan needs a "
                             "run_id and a plan")
         plan = plan_from_proto(msg.plan)  # InvalidWorkflowError (a UserError) when corrupt
+        run = await self._submitter.get(msg.run_id)  # NotFoundError (a UserError): no such run
+        if plan.engine and run.engine and plan.engine != run.engine:
+            raise UserError(f"run {msg.run_id!r}: a plan for engine {plan.engine!r}, the run "
+                            f"asked for {run.engine!r}; refused")
         # The run's events (published by tasks started here) continue the plan's trace.
         with self._tracer.start_as_current_span(
             f"{OPTIMIZED} process", context=telemetry.extract(event.headers),
@@ -186,13 +209,25 @@ class _Handlers:
                  "" if created else " (already launched)")
 
 
+    async def deadletter(self, event: Event[events_pb2.DeadLetter]) -> None:
+        letter = event.message
+        log.error("dead letter from %s: %s seq %d (%d deliveries): %s", letter.durable,
+                  letter.subject, letter.stream_sequence, letter.delivery_count, letter.reason)
+        if not (letter.authenticated and letter.run_id
+                and letter.durable in PLANNING_CONSUMERS):
+            return
+        await self._submitter.rejected(
+            letter.run_id, "bus", f"{letter.subject} (seq {letter.stream_sequence}) could not "
+            f"be processed by consumer {letter.durable!r}: {letter.reason}")
+
+
 def _issue(i: common_pb2.Issue) -> str:
     where = f"workflow {i.workflow!r}" + (f", step {i.step!r}" if i.step else "")
     return where + (f", field {i.field!r}" if i.field else "") + f": {i.message}"
 
 
 async def start_consumers(bus: Bus, submitter: Submitter, store: RunStore) -> None:
-    """Start the three durable consumers; ``bus.close()`` stops them."""
+    """Start the four durable consumers; ``bus.close()`` stops them."""
 
     async def record(rejection: Rejection) -> None:
         await asyncio.to_thread(store.record_rejection, rejection.durable, rejection.subject,
@@ -205,3 +240,5 @@ async def start_consumers(bus: Bus, submitter: Submitter, store: RunStore) -> No
                         handlers.rejected, on_reject=record)
     await bus.subscribe(LAUNCH, DURABLE_LAUNCH, events_pb2.LaunchRequest, handlers.launch,
                         on_reject=record)
+    await bus.subscribe(DEADLETTER, DURABLE_DEADLETTER, events_pb2.DeadLetter,
+                        handlers.deadletter, on_reject=record)

@@ -160,3 +160,34 @@ class CacheEvicted(_message.Message):
     freed_bytes: int
     reason: str
     def __init__(self, keys: _Optional[_Iterable[str]] = ..., freed_bytes: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DeadLetter(_message.Message):
+    __slots__ = ("durable", "subject", "stream_sequence", "delivery_count", "reason", "headers", "payload", "authenticated", "run_id", "at")
+    class HeadersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    STREAM_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    AUTHENTICATED_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    durable: str
+    subject: str
+    stream_sequence: int
+    delivery_count: int
+    reason: str
+    headers: _containers.ScalarMap[str, str]
+    payload: bytes
+    authenticated: bool
+    run_id: str
+    at: _timestamp_pb2.Timestamp
+    def __init__(self, durable: _Optional[str] = ..., subject: _Optional[str] = ..., stream_sequence: _Optional[int] = ..., delivery_count: _Optional[int] = ..., reason: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., payload: _Optional[bytes] = ..., authenticated: _Optional[bool] = ..., run_id: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
