@@ -97,6 +97,8 @@ class Grant:
         admin: May call every JetStream API (create streams, inspect consumers).
         signs: Its messages carry a signature consumers verify (services do; outside
             launchers do not, the server's permissions are the check).
+        stream_info: May read the configuration of the streams it uses (services wait for
+            them at start; launchers need nothing but their subject).
     """
 
     identity: str
@@ -104,6 +106,7 @@ class Grant:
     consumers: tuple[Consumer, ...] = ()
     admin: bool = False
     signs: bool = True
+    stream_info: bool = True
 
 
 def deadletter_subject(identity: str) -> str:
@@ -175,7 +178,7 @@ def launcher_identity(name: str) -> str:
 
 def launcher_grant(identity: str) -> Grant:
     """An outside launcher: publishes ``couler.launch.>``, nothing else, unsigned."""
-    return Grant(identity, publishes=(LAUNCH_SUBJECTS,), signs=False)
+    return Grant(identity, publishes=(LAUNCH_SUBJECTS,), signs=False, stream_info=False)
 
 
 def grant_for(identity: str) -> Grant:
@@ -251,5 +254,6 @@ def nats_permissions(grant: Grant) -> dict[str, dict[str, list[str]]]:
             f"$JS.API.CONSUMER.MSG.NEXT.{c.stream}.{c.durable}",
             f"$JS.ACK.{c.stream}.{c.durable}.>",
         ]
-    publish += [f"$JS.API.STREAM.INFO.{s}" for s in streams_used(grant)]
+    if grant.stream_info:
+        publish += [f"$JS.API.STREAM.INFO.{s}" for s in streams_used(grant)]
     return {"publish": {"allow": publish}, "subscribe": {"allow": [inbox]}}
