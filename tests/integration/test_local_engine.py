@@ -856,3 +856,16 @@ def test_reading_an_output_of_a_skipped_step_says_it_was_skipped(engine: LocalEn
     failed = by_key(status, "publish")
     assert failed.state is StepState.FAILED
     assert "step 'big' has no output 'v' (it was skipped" in failed.message
+
+
+def test_steps_do_not_inherit_the_engines_couler_settings(
+        engine: LocalEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service's token and bus seed are its own, not the user's steps'."""
+    monkeypatch.setenv("COULER_AUTH_TOKEN", "service-token")
+    monkeypatch.setenv("COULER_NATS_SEED", "SUsecret")
+    monkeypatch.setenv("COULERISH_OTHER", "kept")
+    status = engine.run(wf("env", script(
+        "show", "import os; print(sorted(k for k in os.environ if 'COULER' in k))",
+        env=(ir.EnvVar("COULER_MODE", "declared by the workflow"),))))
+    assert status.state is RunState.SUCCEEDED, status
+    assert by_key(status, "show").outputs["result"] == "['COULERISH_OTHER', 'COULER_MODE']"

@@ -1055,7 +1055,9 @@ class LocalRun:
         if working_dir and not working_dir.startswith("/"):
             cwd = exec_dir / working_dir
         cwd.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
+        # The engine's own settings (a service's token, bus seed, S3 keys) are not the
+        # step's: a step gets this process's environment without COULER_* variables.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
         for var in step.env:
             if var.secret is None:
                 env[var.name] = sub(var.value, f"env.{var.name}")
