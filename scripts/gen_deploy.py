@@ -6,6 +6,12 @@ Deployment and a Service each; ``--check`` exits non-zero when a file differs fr
 what would be generated (run by tests/integration/test_deploy.py). Shared settings
 come from the ConfigMap ``couler-config``, secret values from the Secret
 ``couler-secrets`` (by key, never inline); the probes use the gRPC health service.
+
+Each service connects to NATS as its own identity: its nkey seed from the Secret
+``couler-bus`` (key ``seed-<service>``; only its own key is referenced) and the public keys
+of all identities from the ConfigMap ``couler-bus-trust`` (mounted at
+``/etc/couler/bus/trust.json``). Both are made by ``couler credentials init DIR
+--kubernetes`` (``kubectl apply -f DIR/kubernetes.yaml``), never committed.
 """
 
 from __future__ import annotations
@@ -69,6 +75,8 @@ def manifests(svc: Service) -> list[dict[str, object]]:
     env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": "couler-secrets", "key": v,
                                                        "optional": k == "COULER_LLM_API_KEY"}}}
             for k, v in sorted(secrets.items())]
+    env.append({"name": "COULER_NATS_SEED",
+                "valueFrom": {"secretKeyRef": {"name": "couler-bus", "key": f"seed-{svc.name}"}}})
     probe = {"grpc": {"port": svc.port, "service": f"couler.v1.{svc.name.capitalize()}Service"},
              "periodSeconds": 10}
     deployment = {
@@ -94,7 +102,11 @@ def manifests(svc: Service) -> list[dict[str, object]]:
                                       "limits": {"memory": svc.memory}},
                         "securityContext": {"allowPrivilegeEscalation": False,
                                             "readOnlyRootFilesystem": False},
+                        "volumeMounts": [{"name": "bus-trust", "mountPath": "/etc/couler/bus",
+                                          "readOnly": True}],
                     }],
+                    "volumes": [{"name": "bus-trust",
+                                 "configMap": {"name": "couler-bus-trust"}}],
                 },
             },
         },

@@ -28,7 +28,8 @@ K8S = ROOT / "deploy" / "k8s"
 SERVICES = ("generator", "optimizer", "cache", "submitter", "monitor")
 K8S_VERSION = "1.30.0"
 SECRET_ENV = {"POSTGRES_PASSWORD": "pw", "MINIO_ROOT_USER": "user",
-              "MINIO_ROOT_PASSWORD": "secret", "COULER_AUTH_TOKEN": "token"}
+              "MINIO_ROOT_PASSWORD": "secret", "COULER_AUTH_TOKEN": "token",
+              **{f"COULER_NATS_SEED_{n.upper()}": f"SU-{n}" for n in (*SERVICES, "admin")}}
 
 
 def compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -49,6 +50,21 @@ def test_compose_file_is_valid() -> None:
 def test_compose_refuses_to_start_without_the_secrets() -> None:
     proc = compose("config", "-q")
     assert proc.returncode != 0 and "set POSTGRES_PASSWORD" in proc.stderr
+    no_seed = {k: v for k, v in SECRET_ENV.items() if k != "COULER_NATS_SEED_OPTIMIZER"}
+    proc = compose("config", "-q", env=no_seed)
+    assert proc.returncode != 0 and "couler credentials init" in proc.stderr
+
+
+def test_compose_runs_an_authenticated_bus() -> None:
+    services = resolved_compose()["services"]
+    nats = services["nats"]
+    command = nats["command"]
+    assert command[command.index("-c") + 1] == "/etc/nats/nats.conf"
+    assert any(v.startswith("./bus/nats.conf:") or "/bus/nats.conf:" in v
+               for v in nats["volumes"])
+    setup = services["bus-setup"]
+    assert setup["command"][-2:] == ["bus", "setup"]
+    assert setup["environment"]["COULER_NATS_SEED"] == "SU-admin"
 
 
 def test_compose_validation_catches_a_broken_file(tmp_path: Path) -> None:
@@ -81,6 +97,14 @@ def test_compose_has_the_stack_and_wires_addresses_to_real_ports() -> None:
             assert env[f"COULER_{other.upper()}_ADDRESS"] == f"{other}:{ports[other]}"
         assert env["COULER_NATS_URL"] == "nats://nats:4222"
         assert "-js" in services["nats"]["command"]
+        # its own bus identity, the deployment's public keys, after the streams exist
+        assert env["COULER_NATS_SEED"] == f"SU-{name}"
+        assert env["COULER_NATS_TRUST_FILE"] == "/etc/couler/bus/trust.json"
+        assert any(v.endswith(":/etc/couler/bus/trust.json:ro")
+                   for v in services[name]["volumes"])
+        assert services[name]["depends_on"]["bus-setup"]["condition"] == \
+            "service_completed_successfully"
+        assert "COULER_BUS_INSECURE" not in env
         dockerfile = services[name]["build"]["dockerfile"]
         assert dockerfile == f"services/{name}/Dockerfile"
 
@@ -140,10 +164,10 @@ def test_every_service_has_a_deployment_service_and_grpc_probes() -> None:
 
 
 def test_secrets_are_references_never_values() -> None:
-    sensitive = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY|DATABASE_URL")
+    sensitive = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY|DATABASE_URL|SEED")
     for path, doc in manifests():
         assert doc["kind"] != "Secret", f"{path}: secret values do not belong in the repository"
-        if doc["kind"] != "Deployment":
+        if doc["kind"] not in ("Deployment", "Job"):
             continue
         for container in doc["spec"]["template"]["spec"]["containers"]:
             for var in container.get("env", []):
@@ -155,3 +179,42 @@ def test_generated_manifests_are_up_to_date() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_deploy.py"), "--check"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_kubernetes_services_connect_as_their_own_bus_identity() -> None:
+    for _, d in manifests():
+        if d["kind"] == "Deployment" and d["metadata"]["name"] in SERVICES:
+            name = d["metadata"]["name"]
+            (container,) = d["spec"]["template"]["spec"]["containers"]
+            refs = [v["valueFrom"]["secretKeyRef"] for v in container["env"]
+                    if v["name"] == "COULER_NATS_SEED"]
+            assert refs == [{"name": "couler-bus", "key": f"seed-{name}"}]
+            assert {"name": "bus-trust", "mountPath": "/etc/couler/bus",
+                    "readOnly": True} in container["volumeMounts"]
+    nats = next(d for _, d in manifests() if d["kind"] == "StatefulSet")
+    args = nats["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["-c", "/etc/nats/nats.conf"]
+    job = next(d for _, d in manifests() if d["kind"] == "Job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["bus", "setup"]
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_credentials_for_kubernetes_are_valid_objects(tmp_path: Path, tls: bool) -> None:
+    """What `couler credentials init DIR --kubernetes` writes: the objects the manifests
+    reference, valid for the API server, one seed per identity."""
+    from couler_runtime.bus_keys import BusFiles
+
+    files = BusFiles.create(tmp_path / "bus", tls=tls)
+    objects = files.kubernetes_objects()
+    for doc in objects:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    by_name = {d["metadata"]["name"]: d for d in objects}  # type: ignore[index]
+    seeds = by_name["couler-bus"]["stringData"]
+    assert set(seeds) == {f"seed-{n}" for n in (*SERVICES, "admin")}
+    config = by_name["couler-nats-config"]["stringData"]["nats.conf"]
+    assert str(tmp_path) not in config  # no path of this machine in the cluster's config
+    assert ("/etc/nats/server.pem" in config) is tls
+    assert "trust.json" in by_name["couler-bus-trust"]["data"]
+    lines = files.env_lines()
+    assert {line.split("=", 1)[0] for line in lines} == {
+        f"COULER_NATS_SEED_{n.upper()}" for n in (*SERVICES, "admin")}

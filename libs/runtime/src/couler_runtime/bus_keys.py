@@ -361,6 +361,45 @@ class BusFiles:
         return sorted(p.stem.removeprefix(LAUNCHER_PREFIX)
                       for p in (self.root / "keys").glob(f"{LAUNCHER_PREFIX}*.nk"))
 
+    def env_lines(self) -> list[str]:
+        """``COULER_NATS_SEED_<IDENTITY>=<seed>`` for every identity (a docker-compose
+        ``.env``; docker-compose.yml hands each service its own)."""
+        lines = []
+        for path in sorted((self.root / "keys").glob("*.nk")):
+            name = path.stem.upper().replace("-", "_")
+            lines.append(f"COULER_NATS_SEED_{name}={path.read_text().strip()}")
+        return lines
+
+    def kubernetes_objects(self, namespace: str = "couler") -> list[dict[str, object]]:
+        """The Secret ``couler-bus`` (``seed-<identity>``), the Secret ``couler-nats-config``
+        (``nats.conf``, plus the TLS files when on) and the ConfigMap ``couler-bus-trust``
+        (``trust.json``) that the manifests in ``deploy/k8s`` reference."""
+        seeds = {f"seed-{p.stem}": p.read_text().strip()
+                 for p in sorted((self.root / "keys").glob("*.nk"))}
+        labels = {"app.kubernetes.io/part-of": "couler"}
+        config = {"nats.conf": self.config.read_text()}
+        files = self.tls
+        if files is not None:
+            # the server's configuration names them by absolute path: mount them beside it
+            config["nats.conf"] = config["nats.conf"].replace(
+                str(files.cert), "/etc/nats/server.pem").replace(
+                str(files.key), "/etc/nats/server-key.pem")
+            config["server.pem"] = files.cert.read_text()
+            config["server-key.pem"] = files.key.read_text()
+        return [
+            {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+             "metadata": {"name": "couler-bus", "namespace": namespace, "labels": labels},
+             "stringData": seeds},
+            {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+             "metadata": {"name": "couler-nats-config", "namespace": namespace,
+                          "labels": labels},
+             "stringData": config},
+            {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "couler-bus-trust", "namespace": namespace,
+                          "labels": labels},
+             "data": {"trust.json": self.trust_file.read_text()}},
+        ]
+
     def client_tls(self) -> ssl.SSLContext | None:
         """A client context trusting the deployment's CA, when TLS is on."""
         files = self.tls
