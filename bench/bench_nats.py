@@ -5,9 +5,15 @@ Starts a throwaway ``nats-server -js`` (file storage) on 127.0.0.1, then sends N
 is published (waiting for JetStream's store acknowledgement, as services do) and
 the time until a durable pull consumer's handler receives it is recorded; the next
 message goes after the handler acked the previous one. Reports p50 / p90 / p99 /
-max of the hop and of the publish call alone, and messages per second. Usage::
+max of the hop and of the publish call alone, and messages per second.
 
-    .venv/bin/python bench/bench_nats.py [--messages 2000] [--json bench/results-nats.json]
+Three modes, each on its own server: ``open`` (no authentication, as before the bus was
+secured), ``auth`` (what every deployment runs: nkey identities with their permissions,
+messages signed by the submitter and verified by the consumer) and ``tls`` (the same over
+TLS with the deployment's CA). Usage::
+
+    .venv/bin/python bench/bench_nats.py [--messages 2000] [--modes open,auth,tls]
+        [--json bench/results-nats.json]
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 
 from couler.v1 import common_pb2, events_pb2
 from couler_runtime.bus import Bus, Event
+from couler_runtime.bus_keys import BusFiles
 
 
 def _free_port() -> int:
@@ -39,15 +46,27 @@ def _pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-async def _measure(url: str, n: int) -> dict[str, float]:
-    bus = await Bus.connect(url, name="bench")
-    await bus.ensure_streams()
+async def _measure(url: str, n: int, files: BusFiles | None) -> dict[str, float]:
+    if files is None:
+        bus = await Bus.connect(url, name="bench")
+        await bus.ensure_streams()
+        consumer = bus
+    else:
+        admin = await Bus.connect(url, name="admin", identity=files.identity("admin"),
+                                  tls=files.client_tls())
+        await admin.ensure_streams()
+        await admin.close()
+        bus = await Bus.connect(url, name="couler-submitter", tls=files.client_tls(),
+                                identity=files.identity("submitter"), trust=files.trust())
+        consumer = await Bus.connect(url, name="couler-monitor", tls=files.client_tls(),
+                                     identity=files.identity("monitor"), trust=files.trust())
     received: asyncio.Queue[float] = asyncio.Queue()
 
     async def handler(event: Event[events_pb2.StepEvent]) -> None:
         received.put_nowait(time.perf_counter())
 
-    await bus.subscribe("couler.step.>", "bench", events_pb2.StepEvent, handler, batch=1)
+    await consumer.subscribe("couler.step.>", "monitor-steps", events_pb2.StepEvent, handler,
+                             batch=1)
     hops: list[float] = []
     publishes: list[float] = []
     msg = events_pb2.StepEvent(run_id="bench", workflow="bench",
@@ -63,6 +82,8 @@ async def _measure(url: str, n: int) -> dict[str, float]:
         hops.append((got - t0) * 1000)
     total = time.perf_counter() - start_all
     await bus.close()
+    if consumer is not bus:
+        await consumer.close()
     return {
         "messages": n,
         "hop_p50_ms": round(_pct(hops, 50), 3), "hop_p90_ms": round(_pct(hops, 90), 3),
@@ -74,15 +95,14 @@ async def _measure(url: str, n: int) -> dict[str, float]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=2000)
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
-    args = parser.parse_args(argv)
+def _one(mode: str, n: int) -> dict[str, float]:
     binary = Path(sys.executable).parent / "nats-server"
     port, monitor = _free_port(), _free_port()
     with tempfile.TemporaryDirectory() as store:
-        proc = subprocess.Popen([str(binary), "-js", "-sd", store, "-a", "127.0.0.1",
+        files = None if mode == "open" else BusFiles.create(Path(store) / "bus",
+                                                            tls=mode == "tls")
+        config = [] if files is None else ["-c", str(files.config)]
+        proc = subprocess.Popen([str(binary), *config, "-js", "-sd", store, "-a", "127.0.0.1",
                                  "-p", str(port), "-m", str(monitor)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -97,10 +117,21 @@ def main(argv: list[str] | None = None) -> int:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.05)
-            figures = asyncio.run(_measure(f"nats://127.0.0.1:{port}", args.messages))
+            scheme = "tls" if mode == "tls" else "nats"
+            return {"mode": mode,  # type: ignore[dict-item]
+                    **asyncio.run(_measure(f"{scheme}://127.0.0.1:{port}", n, files))}
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--modes", default="open,auth,tls")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+    figures = [_one(mode, args.messages) for mode in args.modes.split(",")]
     print(json.dumps(figures, indent=2))
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")

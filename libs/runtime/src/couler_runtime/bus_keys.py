@@ -126,10 +126,17 @@ class BusIdentity:
 
     name: str
     seed: bytes = field(repr=False)
+    _signing_key: nacl.signing.SigningKey = field(init=False, repr=False, compare=False)
+    _msg_id_secret: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         grant_for(self.name)  # KeyError for an unknown identity
         public_key_of(self.seed)  # UserError for a malformed seed
+        # derived once: signing runs for every message published
+        key = nkeys.from_seed(bytearray(self.seed))
+        object.__setattr__(self, "_signing_key", key._keys)
+        object.__setattr__(self, "_msg_id_secret",
+                           hashlib.sha256(_MSG_ID_CONTEXT + self.seed).digest())
 
     @classmethod
     def from_file(cls, name: str, path: str | os.PathLike[str]) -> BusIdentity:
@@ -172,14 +179,13 @@ class BusIdentity:
 
     def sign(self, data: bytes) -> str:
         """The base64url Ed25519 signature of ``data``."""
-        key = nkeys.from_seed(bytearray(self.seed))
-        return base64.urlsafe_b64encode(bytes(key.sign(data))).decode().rstrip("=")
+        signature = self._signing_key.sign(data).signature
+        return base64.urlsafe_b64encode(signature).decode().rstrip("=")
 
     def msg_id(self, subject: str, key: str) -> str:
         """``<key>.<tag>``: the same for the same (subject, key) from this identity,
         unguessable without its seed."""
-        secret = hashlib.sha256(_MSG_ID_CONTEXT + self.seed).digest()
-        tag = hmac.new(secret, f"{subject}\0{key}".encode(), hashlib.sha256).hexdigest()
+        tag = hmac.new(self._msg_id_secret, f"{subject}\0{key}".encode(), hashlib.sha256).hexdigest()
         return f"{key}.{tag[:20]}"
 
 
