@@ -185,7 +185,8 @@ class BusIdentity:
     def msg_id(self, subject: str, key: str) -> str:
         """``<key>.<tag>``: the same for the same (subject, key) from this identity,
         unguessable without its seed."""
-        tag = hmac.new(self._msg_id_secret, f"{subject}\0{key}".encode(), hashlib.sha256).hexdigest()
+        tag = hmac.new(self._msg_id_secret, f"{subject}\0{key}".encode(),
+                       hashlib.sha256).hexdigest()
         return f"{key}.{tag[:20]}"
 
 
