@@ -177,3 +177,20 @@ def test_artifact_blobs_store_a_directory_under_its_digest_and_restore_it(
     blobs.download(plain.digest, dest)  # and a file replaces a directory
     assert dest.read_text() == "plain" and plain.digest == digest_path(tmp_path / "plain.txt")
     assert sorted(p.name for p in dest.parent.iterdir()) == ["model"]
+
+
+def test_unpacked_modes_follow_the_umask(tmp_path: Path) -> None:
+    """A service runs with umask 077: a directory restored from the cache is private too."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "file.txt").write_text("x")
+    archive = tmp_path / "a.tar"
+    with archive.open("wb") as out:
+        pack_directory(src, out)
+    old = os.umask(0o077)
+    try:
+        unpack_directory(archive, tmp_path / "dest")
+    finally:
+        os.umask(old)
+    for path in [tmp_path / "dest", *(tmp_path / "dest").rglob("*")]:
+        assert path.stat().st_mode & 0o077 == 0, (path, oct(path.stat().st_mode))

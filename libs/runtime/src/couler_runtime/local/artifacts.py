@@ -277,6 +277,18 @@ def _check_member(archive: Path, member: tarfile.TarInfo) -> None:
             raise refuse("links outside the directory")
 
 
+def _umask() -> int:
+    """This process's umask, read from /proc: ``os.umask`` can only read it by setting it,
+    which a thread creating a file meanwhile would see."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 def unpack_directory(archive: Path, dest: Path) -> None:
     """Restore a tar written by :func:`pack_directory` as the directory ``dest``.
 
@@ -297,7 +309,13 @@ def unpack_directory(archive: Path, dest: Path) -> None:
         tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part"))
         try:
             tar.extractall(tmp, members=members[1:], filter="data")
-            tmp.chmod(0o755)  # mkdtemp's 0o700; packed directories are 0o755
+            # The archive's modes (0755/0644) under this process's umask, as if the tree
+            # had been written here: a service's umask 077 keeps its runs private.
+            mask = _umask()
+            tmp.chmod(0o755 & ~mask)
+            for path in tmp.rglob("*"):
+                if not path.is_symlink():
+                    path.chmod(path.stat().st_mode & 0o7777 & ~mask)
             if dest.is_dir() and not dest.is_symlink():
                 shutil.rmtree(dest)
             elif dest.exists() or dest.is_symlink():
