@@ -464,3 +464,12 @@ async def test_tls_bus(secure_nats_tls: SecureNatsServer, tmp_path: Path) -> Non
     finally:
         await consumer.close()
         await producer.close()
+
+
+async def test_only_admin_may_create_streams(secure_nats: SecureNatsServer) -> None:
+    bus = await secure_nats.bus("optimizer")
+    try:
+        with pytest.raises(UserError, match="may not create or change streams"):
+            await bus.ensure_streams()
+    finally:
+        await bus.close()

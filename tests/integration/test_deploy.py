@@ -60,6 +60,7 @@ def test_compose_runs_an_authenticated_bus() -> None:
     nats = services["nats"]
     command = nats["command"]
     assert command[command.index("-c") + 1] == "/etc/nats/nats.conf"
+    assert "-m" not in command and "healthcheck" not in nats  # /connz answers anyone
     assert any(v.startswith("./bus/nats.conf:") or "/bus/nats.conf:" in v
                for v in nats["volumes"])
     setup = services["bus-setup"]
@@ -193,7 +194,7 @@ def test_kubernetes_services_connect_as_their_own_bus_identity() -> None:
                     "readOnly": True} in container["volumeMounts"]
     nats = next(d for _, d in manifests() if d["kind"] == "StatefulSet")
     args = nats["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:2] == ["-c", "/etc/nats/nats.conf"]
+    assert args[:2] == ["-c", "/etc/nats/nats.conf"] and "-m" not in args
     job = next(d for _, d in manifests() if d["kind"] == "Job")
     assert job["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["bus", "setup"]
 

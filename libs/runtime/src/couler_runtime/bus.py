@@ -216,6 +216,20 @@ Handler = Callable[[Event[M]], Awaitable[None]]
 RejectHook = Callable[[Rejection], Awaitable[None]]
 
 
+class _TlsEofNoise(logging.Filter):
+    """Drops asyncio's "returning true from eof_received() has no effect when using ssl",
+    logged for every TLS connection nats-py closes: noise, not a problem."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+def _quiet_tls_eof() -> None:
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _TlsEofNoise) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_TlsEofNoise())
+
+
 async def _until(task: asyncio.Future[Any], stop: Callable[[], bool], timeout: float) -> None:
     """Wait for ``task`` up to ``timeout`` seconds, or until ``stop()`` holds (checked every
     50 ms); cancel it (TimeoutError) when it did not finish."""
@@ -328,6 +342,7 @@ class Bus:
                     "inbox_prefix": identity.inbox_prefix}
         if tls is not None:
             auth["tls"] = tls
+            _quiet_tls_eof()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + connect_timeout
         delay = 0.05
@@ -393,6 +408,9 @@ class Bus:
             duplicate_window: Seconds within which a repeated ``Nats-Msg-Id`` is dropped.
             max_bytes: Optional size limit per stream (JetStream's default is machine-sized).
         """
+        if self.identity is not None and not grant_for(self.identity.name).admin:
+            raise UserError(f"identity {self.identity.name!r} may not create or change streams "
+                            "(only 'admin' may: `couler bus setup`, or `couler up`)")
         for spec in streams:
             config = StreamConfig(
                 name=spec.name, subjects=list(spec.subjects), storage=StorageType.FILE,
