@@ -1,18 +1,25 @@
 """Fixtures and helpers for the end-to-end tests: the real stack, as processes.
 
-Each module starts its own stack (``couler_runtime.stack.up``: nats-server with JetStream
-and the five services) in a temporary home with a token, and stops it at teardown,
-asserting that no process is left (see :func:`leftovers`). The helpers read what the
-local engine left on disk (``<home>/state/runs/<run_id>/``) and what JetStream stored.
+Each module starts its own stack (``couler_runtime.stack.up``: a supervisor that runs
+nats-server with JetStream and the five services) in a temporary home with a token, and
+stops it at teardown, asserting that no process is left (see :func:`leftovers`). The
+helpers read what the local engine left on disk (``<home>/state/runs/<run_id>/``) and what
+JetStream stored (connecting as the stack's ``admin`` bus identity: NATS refuses anonymous
+clients), and wait for the supervisor to bring a killed process back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import os
 import secrets
+import signal
+import stat
+import subprocess
+import sys
 import time
 import uuid
 from collections import defaultdict
@@ -26,19 +33,18 @@ import pytest
 from google.protobuf.message import Message
 
 from couler import ir
+from couler.cli import main as couler_main
 from couler.errors import RetryableError
 from couler_runtime import stack
+from couler_runtime.bus_keys import BusFiles
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import Run
+from couler_runtime.supervisor import ProcessRecord
 
 M = TypeVar("M", bound=Message)
 PY = "python:3.12-alpine"
 DEADLINE = 90.0  # seconds a run may take to finish in these tests (a hang, not a timing)
-
-# couler_runtime.stack starts each process with subprocess.Popen and drops the Popen object
-# while the process runs on (on purpose: the stack outlives `couler up`); CPython then warns
-# "subprocess N is still running" (ResourceWarning), which filterwarnings=error would turn
-# into errors of whichever test happens to be running.
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -54,8 +60,12 @@ class Stack:
         return self.home / "state" / "runs"
 
     def refresh(self) -> None:
-        """Re-read the state file (``restart`` records the new pid)."""
+        """Re-read the state file (the supervisor records new pids)."""
         self.info, _ = stack.status(self.home)
+
+    def record(self, name: str) -> ProcessRecord:
+        """The supervisor's current record of process ``name``."""
+        return stack.status(self.home)[0].processes[name]
 
 
 def leftovers(home: Path, pids: Iterable[int] = ()) -> list[str]:
@@ -84,21 +94,99 @@ def leftovers(home: Path, pids: Iterable[int] = ()) -> list[str]:
     return found
 
 
-def start_stack(home: Path) -> Stack:
-    info = stack.up(home, token=secrets.token_urlsafe(16))
+def recorded_pids(home: Path) -> list[int]:
+    """Every pid the state file names: the supervisor's and its processes'."""
+    info = stack._read(home / "stack.json")
+    return [info.supervisor, *info.pids.values()] if info else []
+
+
+def start_stack(home: Path, **kw: Any) -> Stack:
+    """``up`` with a token; when it fails, whatever it started is stopped."""
+    try:
+        info = stack.up(home, token=secrets.token_urlsafe(16), **kw)
+    except BaseException:
+        if (home / "stack.json").exists():
+            pids = recorded_pids(home)
+            stack.down(home)
+            assert leftovers(home, pids) == []
+        raise
     return Stack(home, info, CoulerClient(info.addresses, token=info.token))
 
 
 def stop_stack(s: Stack) -> None:
     """``down``, then assert that nothing of the stack is left running."""
     s.client.close()
-    info = stack._read(s.home / "stack.json")  # the latest pids (restart changes them)
-    pids = list(info.pids.values()) if info else list(s.info.pids.values())
-    if info is not None:
+    pids = recorded_pids(s.home) or list(s.info.pids.values())  # the latest (restarts)
+    if (s.home / "stack.json").exists():
         stack.down(s.home)
     assert not (s.home / "stack.json").exists()
     left = leftovers(s.home, pids)
     assert left == [], f"left running after down: {left}"
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie has)."""
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def crash(s: Stack, name: str) -> ProcessRecord:
+    """SIGKILL process ``name`` (a crash) and wait until the supervisor has it running again
+    (a new pid, one more restart); its new record. The address is the same."""
+    before = s.record(name)
+    os.kill(before.pid, signal.SIGKILL)
+    return restarted(s, name, before)
+
+
+def restarted(s: Stack, name: str, before: ProcessRecord) -> ProcessRecord:
+    """Wait until the supervisor has ``name`` running again after a SIGKILL to the process
+    of ``before`` (its record then): a new pid, one more restart, the same address."""
+    address = s.info.nats_url if name == "nats" else s.info.addresses[name]
+
+    def back() -> bool:
+        rec = s.record(name)
+        return rec.state == "running" and rec.pid not in (0, before.pid)
+
+    wait_until(back, f"the supervisor restarted {name}", deadline=DEADLINE)
+    s.refresh()
+    after = s.record(name)
+    assert after.restarts == before.restarts + 1, (before, after)
+    assert after.last_exit == "killed by SIGKILL", after
+    assert (s.info.nats_url if name == "nats" else s.info.addresses[name]) == address
+    return after
+
+
+def couler_status(home: Path) -> tuple[int, str]:
+    """``couler status --home HOME`` (in this process): exit status and what it printed."""
+    out, err = io.StringIO(), io.StringIO()
+    code = couler_main(["status", "--home", str(home)], out=out, err=err)
+    return code, out.getvalue() + err.getvalue()
+
+
+def couler_cli(home: Path, *args: str, env: dict[str, str] | None = None,
+               timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``python -m couler ARGS`` in a process of its own, for the stack in ``home``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
+    base.update(env or {})
+    base["COULER_HOME"] = str(home)
+    return subprocess.run([sys.executable, "-m", "couler", *args], env=base, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def loose_modes(home: Path) -> list[str]:
+    """Everything under ``home`` (itself included) that others could use: directories
+    must be 0700, files and sockets 0600."""
+    found = []
+    for path in [home, *home.rglob("*")]:
+        mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            continue
+        want = 0o700 if stat.S_ISDIR(mode) else 0o600
+        if stat.S_IMODE(mode) != want:
+            found.append(f"{path.relative_to(home)}: {stat.S_IMODE(mode):o}")
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -250,17 +338,31 @@ def execution_dirs(run_dir: Path) -> list[str]:
 # ----------------------------------------------------------------------------- JetStream
 
 
-def stored_events(nats_url: str, subject: str, message: type[M]) -> list[tuple[str, M]]:
-    """Every message JetStream keeps on ``subject``: (Nats-Msg-Id, decoded body).
+async def connect_as(home: Path, identity: str = "admin", **kw: Any) -> Any:
+    """A nats-py connection to the stack's NATS as ``identity`` (its seed, inbox prefix and
+    the stack's CA); ``kw`` go to ``nats.connect``."""
+    import nats
+
+    files = BusFiles(home / "bus")
+    me = files.identity(identity)
+    tls = files.client_tls()
+    info = stack.status(home)[0]
+    return await nats.connect(info.nats_url, nkeys_seed_str=me.seed.decode(),
+                              inbox_prefix=me.inbox_prefix,
+                              **({"tls": tls} if tls is not None else {}), **kw)
+
+
+def stored_events(home: Path, subject: str, message: type[M]) -> list[tuple[str, M]]:
+    """Every message JetStream keeps on ``subject``: (Nats-Msg-Id, decoded body), read as
+    the stack's admin.
 
     Reads exactly what the stream held when the consumer was made (its ``num_pending``),
     never "until a quiet second", which a loaded machine could cut short.
     """
-    import nats
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
     async def read() -> list[tuple[str, M]]:
-        nc = await nats.connect(nats_url)
+        nc = await connect_as(home)
         try:
             js = nc.jetstream()
             sub = await js.pull_subscribe(subject, config=ConsumerConfig(

@@ -3,7 +3,9 @@
 For each service (and for NATS) a test submits a mix of workflows -- program workflows
 (IR) whose steps sleep so that they are running at the kill, and text requests submitted
 right before the kill so that they are being generated / optimized -- kills the process
-with SIGKILL, starts it again (``stack.restart``: same ports, same store) and asserts:
+with SIGKILL and lets the stack's supervisor start it again (same ports, same store; no
+test code restarts anything), checks that ``couler status`` reports the restart, and
+asserts:
 
 1. every run ends SUCCEEDED, every step SUCCEEDED (or CACHED);
 2. **no step run twice for the same attempt**, counted in three independent places:
@@ -34,6 +36,7 @@ The module shares one fresh stack (started once: the tests are slow).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import uuid
 from collections.abc import Callable
@@ -44,18 +47,20 @@ import pytest
 from couler import ir
 from couler.engines.base import StepState
 from couler.v1 import events_pb2
-from couler_runtime import stack
 from couler_runtime.rpc.records import Run, RunState
-from tests.servers import processes_in
 
 from .conftest import (
     Stack,
+    couler_status,
+    crash,
     execution_dirs,
     get,
+    gone,
     journal,
     marked_source,
     marked_workflow,
     marks,
+    restarted,
     script,
     stored_events,
     unique,
@@ -103,11 +108,10 @@ def _check(live: Stack, runs: dict[str, Path | None], killed: str) -> None:
     dirs = {p.name for p in live.runs_dir.iterdir() if p.is_dir() and p.name.startswith("run-")}
     every = {r.run_id for r in live.client.submitter.list(page_size=1000).runs}
     assert dirs == every, f"engine run directories {sorted(dirs ^ every)} differ from runs"
-    submitted = stored_events(live.info.nats_url, "couler.workflow.submitted",
+    submitted = stored_events(live.home, "couler.workflow.submitted",
                               events_pb2.WorkflowSubmitted)
-    done = stored_events(live.info.nats_url, "couler.workflow.finished",
-                         events_pb2.WorkflowFinished)
-    succeeded = stored_events(live.info.nats_url, "couler.step.succeeded", events_pb2.StepEvent)
+    done = stored_events(live.home, "couler.workflow.finished", events_pb2.WorkflowFinished)
+    succeeded = stored_events(live.home, "couler.step.succeeded", events_pb2.StepEvent)
     for run_id, run in finished.items():
         n = sum(1 for _, e in submitted if e.run_id == run_id)
         if n != 1:
@@ -182,12 +186,13 @@ def _check_run(live: Stack, run: Run, marker_dir: Path | None, *, crash: bool) -
 
 
 def _kill(live: Stack, name: str) -> None:
-    old = live.info.pids.get(name)
-    stack.restart(live.home, name, sig=signal.SIGKILL)
-    live.refresh()
-    assert live.info.pids[name] != old
-    _, alive = stack.status(live.home)
-    assert all(alive.values()), alive
+    """SIGKILL ``name``; the supervisor brings it back, and ``couler status`` says so."""
+    rec = crash(live, name)
+    code, shown = couler_status(live.home)
+    assert code == 0, shown  # every process runs again
+    line = re.search(rf"^  {name}\s+running\s+pid {rec.pid}\s.*$", shown, re.M)
+    assert line, shown
+    assert f"restarts {rec.restarts}, last exit: killed by SIGKILL" in line.group(0), shown
 
 
 @pytest.fixture(scope="module")
@@ -223,16 +228,15 @@ def test_a_step_running_at_a_submitter_crash_dies_with_it_and_runs_again_as_atte
     name = unique("killed-with-submitter")
     directory = marks_root / name
     sub = live.client.submitter.submit(marked_workflow(name, directory, 0.2, first_sleep=4.0))
-    marker = directory / "prepare"
-    wait_until(marker.exists, f"run {sub.run_id}: prepare started")
-    pid = live.info.pids["submitter"]
-    run_dir = live.runs_dir / sub.run_id
-    os.killpg(pid, signal.SIGKILL)  # the crash; restart() below only starts it again
-    wait_until(lambda: not stack._alive(pid), "the submitter gone")
-    wait_until(lambda: not processes_in(run_dir), "the step process gone with the submitter")
+    wait_until(lambda: bool(marks(directory).get("prepare")),
+               f"run {sub.run_id}: prepare started")
+    step_pid = int(marks(directory)["prepare"][0].split()[1])
+    assert not gone(step_pid)
+    before = live.record("submitter")
+    os.kill(before.pid, signal.SIGKILL)  # the crash; the supervisor starts it again
+    wait_until(lambda: gone(step_pid), "the step process gone with the submitter")
     assert not any(x.startswith("end") for x in marks(directory)["prepare"])
-    stack.restart(live.home, "submitter")
-    live.refresh()
+    restarted(live, "submitter", before)
     run = wait_finished(live.client, [sub.run_id])[sub.run_id]
     assert run.state is RunState.SUCCEEDED, run.message
     seen = marks(directory)

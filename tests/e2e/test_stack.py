@@ -29,7 +29,17 @@ from couler_runtime import stack
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import RunState
 
-from .conftest import execution_dirs, journal, leftovers, wait_until
+from .conftest import (
+    execution_dirs,
+    gone,
+    journal,
+    leftovers,
+    marked_workflow,
+    marks,
+    recorded_pids,
+    unique,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow]
 
@@ -76,7 +86,7 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliStack]:
         yield s
     finally:
         if (home / "stack.json").exists():  # a test before `couler down` failed
-            pids = list(s.info.pids.values())
+            pids = recorded_pids(home)
             stack.down(home)
             assert leftovers(home, pids) == []
 
@@ -100,7 +110,7 @@ def test_up_prints_the_grpc_address_and_the_dashboard(cli: CliStack) -> None:
     assert info.env["COULER_CACHE_ADDRESS"] == info.addresses["cache"]
     assert info.env["COULER_DASHBOARD_ADDRESS"] in info.dashboard
     assert int(info.nats_url.rsplit(":", 1)[1]) > 0
-    cli.pids[:] = info.pids.values()
+    cli.pids[:] = [info.supervisor, *info.pids.values()]
 
 
 def test_submit_an_example_program_and_wait(cli: CliStack) -> None:
@@ -305,11 +315,38 @@ def test_all_five_services_through_grpc(cli: CliStack) -> None:
         cli.runs["grpc"], cli.runs["grpc-cached"] = first.run_id, second.run_id
 
 
+def test_restart_the_submitter_while_a_run_is_in_flight(cli: CliStack, tmp_path: Path) -> None:
+    """`couler restart submitter` stops it (SIGTERM) and the supervisor starts it again on
+    its address at once; the run in flight finishes, every step ending exactly once."""
+    before = cli.info.processes["submitter"]
+    name = unique("restarted")
+    with CoulerClient(cli.info.addresses, token=cli.info.token) as client:
+        sub = client.submitter.submit(marked_workflow(name, tmp_path / name, 1.5))
+        wait_until(lambda: any(s.state is StepState.RUNNING
+                               for s in client.submitter.get(sub.run_id).steps),
+                   "a step running")
+        done = cli.couler("restart", "submitter")
+        assert done.returncode == 0, done.stderr
+        after = cli.info.processes["submitter"]
+        assert f"submitter restarted: pid {after.pid} on {cli.info.grpc_address}" in done.stdout
+        assert after.pid != before.pid and after.restarts == before.restarts + 1
+        assert after.last_exit == "exit status 0"  # it stopped cleanly on SIGTERM
+        run = client.submitter.wait(sub.run_id, timeout=120)
+    assert run.state is RunState.SUCCEEDED, run.message
+    ended = {step: sum(1 for line in lines if line.startswith("end"))
+             for step, lines in marks(tmp_path / name).items()}
+    assert ended == {"prepare": 1, "train-a": 1, "train-b": 1, "pick": 1}, ended
+    shown = cli.couler("status")
+    assert re.search(rf"^  submitter\s+running\s+pid {after.pid}\s.*restarts "
+                     rf"{after.restarts}, last exit: exit status 0", shown.stdout, re.M), \
+        shown.stdout
+
+
 def test_down_leaves_no_process(cli: CliStack) -> None:
-    pids = list(cli.info.pids.values())
+    pids = recorded_pids(cli.home)
     done = cli.couler("down")
     assert done.returncode == 0, done.stderr
     assert "nothing left running" in done.stdout
     assert not (cli.home / "stack.json").exists()
     assert leftovers(cli.home, pids) == []
-    assert all(not stack._alive(p) for p in (*pids, *cli.pids))
+    assert all(gone(p) for p in (*pids, *cli.pids))
