@@ -30,13 +30,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from google.protobuf.message import Message
 
 from couler import ir
 from couler.errors import UnsupportedFeatureError, ValidationError
 from couler.optimize import step_cache_key
-from couler.v1 import cache_service_pb2, common_pb2, events_pb2
+from couler.v1 import cache_service_pb2, common_pb2, events_pb2, optimizer_service_pb2
 from couler_optimizer.events import (
     FEEDBACK_DURABLE,
     GENERATED,
@@ -47,11 +48,14 @@ from couler_optimizer.events import (
     REQUESTED_DURABLE,
 )
 from couler_optimizer.main import OptimizerSettings, build
+from couler_optimizer.rpc import INLINE_PLAN_BYTES
 from couler_optimizer.store import OptimizerStore
 from couler_runtime import codec
+from couler_runtime.blobs import digest_of, key_for_digest, open_blob_store
 from couler_runtime.bus import HEADER_TENANT, HEADER_TRACEPARENT, Bus
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc import CACHE, RpcServer, start_server
+from couler_runtime.rpc.client import connect
 from couler_runtime.rpc.records import (
     CacheEntry,
     Plan,
@@ -725,3 +729,53 @@ class TestConsoleScript:
             capture_output=True, text=True, timeout=WAIT, check=False)
         assert done.returncode == 2
         assert "COULER_CACHE_ADDRESS: must be host:port" in done.stderr
+
+
+class TestLarge:
+    """A workflow too large for one message comes by reference, and a plan too large to
+    answer inline goes back by reference (``Plan.stored``), both through the shared blob
+    store, checked against digest and size."""
+
+    def test_a_large_workflow_and_plan_travel_by_reference(
+            self, nats_server: NatsServer, cache: tuple[StandInCache, str],
+            tmp_path: Path) -> None:
+        settings = OptimizerSettings.load(
+            "optimizer", nats_url=nats_server.url, grpc_address="127.0.0.1:0",
+            state_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'o.db'}",
+            cache_address=cache[1], auth_token=TOKEN, otel_endpoint=None)
+        wf = chain(30_000)
+        data = codec.workflow_to_proto(wf).SerializeToString()
+        assert len(data) > INLINE_PLAN_BYTES
+        blobs = open_blob_store(settings)  # the store the service shares
+        key = blobs.put_bytes(data)
+        svc = ServiceThread(settings).start()
+        try:
+            with connect(svc.address, token=TOKEN) as channel:
+                optimize = channel.unary_unary(
+                    "/couler.v1.OptimizerService/Optimize",
+                    request_serializer=optimizer_service_pb2.OptimizeRequest.SerializeToString,
+                    response_deserializer=common_pb2.Plan.FromString)
+                request = optimizer_service_pb2.OptimizeRequest(engine="local")
+                request.workflow_ref.digest = "sha256:" + digest_of(key)
+                request.workflow_ref.size_bytes = len(data)
+                answer = optimize(request, timeout=WAIT)
+                assert answer.HasField("stored") and not answer.HasField("workflow")
+                assert answer.engine == "local" and answer.passes[0].name == "validate"
+                stored = common_pb2.Plan.FromString(blobs.get_bytes(
+                    key_for_digest(answer.stored.digest.removeprefix("sha256:"))))
+                assert len(stored.SerializeToString()) == answer.stored.size_bytes
+                planned = codec.workflow_from_proto(stored.workflow)
+                assert [s.name for s in planned.steps] == [s.name for s in wf.steps]
+                assert answer.workflow_digest == stored.workflow_digest == ir.digest(planned)
+                # A reference that does not match what is stored is the caller's mistake.
+                request.workflow_ref.size_bytes = len(data) - 1
+                with pytest.raises(grpc.RpcError) as info:
+                    optimize(request, timeout=WAIT)
+                assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                assert "size_bytes" in (info.value.details() or "")
+                request.workflow_ref.digest = "sha256:" + "0" * 64
+                with pytest.raises(grpc.RpcError) as info:
+                    optimize(request, timeout=WAIT)
+                assert info.value.code() is grpc.StatusCode.NOT_FOUND
+        finally:
+            svc.stop()

@@ -136,12 +136,13 @@ class Runs:
         return common_pb2.Run(run_id="r-1", workflow="train", state=self.STATES[-1])
 
     async def Watch(self, request: submitter_service_pb2.WatchRunRequest,
-                    context: object) -> AsyncIterator[common_pb2.Run]:
+                    context: object) -> AsyncIterator[submitter_service_pb2.WatchRunResponse]:
         if request.run_id != "r-1":
             raise errors.NotFoundError(f"run {request.run_id!r} not found")
         for revision, state in enumerate(self.STATES, 1):
             await asyncio.sleep(0)
-            yield common_pb2.Run(run_id="r-1", workflow="train", state=state, revision=revision)
+            yield submitter_service_pb2.WatchRunResponse(run=common_pb2.Run(
+                run_id="r-1", workflow="train", state=state, revision=revision))
 
 
 # =========================================================================== health, reflection
@@ -358,10 +359,10 @@ def test_aio_channel_sends_token_and_trace_and_translates_errors(
         watch = channel.unary_stream(
             f"/{SUBMITTER}/Watch",
             request_serializer=submitter_service_pb2.WatchRunRequest.SerializeToString,
-            response_deserializer=common_pb2.Run.FromString)
+            response_deserializer=submitter_service_pb2.WatchRunResponse.FromString)
         with TracerProvider().get_tracer("opt").start_as_current_span("optimize") as span:
             run = await get(submitter_service_pb2.GetRunRequest(run_id="r-1"))
-            states = [r.state async for r in watch(
+            states = [r.run.state async for r in watch(
                 submitter_service_pb2.WatchRunRequest(run_id="r-1"))]
             try:
                 with translated_errors():

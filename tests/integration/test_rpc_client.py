@@ -155,19 +155,27 @@ class Submitter:
         return self._run(request.run_id)
 
     async def Watch(self, request: submitter_service_pb2.WatchRunRequest,
-                    context: object) -> AsyncIterator[common_pb2.Run]:
+                    context: object) -> AsyncIterator[submitter_service_pb2.WatchRunResponse]:
+        # As the contract says: all steps first, then only the changed ones; a change of
+        # two steps comes as two pages (``more``).
         run = self._run(request.run_id)
-        yield run
-        for state, step_state in ((common_pb2.RUN_STATE_RUNNING, common_pb2.STEP_STATE_RUNNING),
-                                  (common_pb2.RUN_STATE_SUCCEEDED,
-                                   common_pb2.STEP_STATE_SUCCEEDED)):
-            run.state = state
-            run.revision += 1
-            del run.steps[:]
-            run.steps.add(name="prep", state=common_pb2.STEP_STATE_CACHED, cached=True,
-                          cache_key="k-prep", outputs={"rows": "10"})
-            run.steps.add(name="xgboost", state=step_state, attempts=1)
-            yield run
+        yield submitter_service_pb2.WatchRunResponse(run=run)
+        run.state, run.revision = common_pb2.RUN_STATE_RUNNING, run.revision + 1
+        run.steps.add(name="prep", state=common_pb2.STEP_STATE_CACHED, cached=True,
+                      cache_key="k-prep", outputs={"rows": "10"})
+        run.steps.add(name="xgboost", state=common_pb2.STEP_STATE_RUNNING, attempts=1)
+        for i, page in enumerate((run.steps[:1], run.steps[1:])):
+            message = submitter_service_pb2.WatchRunResponse(more=i == 0)
+            message.run.CopyFrom(run)
+            del message.run.steps[:]
+            message.run.steps.extend(page)
+            yield message
+        run.state, run.revision = common_pb2.RUN_STATE_SUCCEEDED, run.revision + 1
+        run.steps[1].state = common_pb2.STEP_STATE_SUCCEEDED
+        message = submitter_service_pb2.WatchRunResponse()
+        message.run.CopyFrom(run)
+        del message.run.steps[:1]  # only "xgboost" changed
+        yield message
 
     async def Cancel(self, request: submitter_service_pb2.CancelRunRequest,
                      context: object) -> common_pb2.Run:

@@ -163,6 +163,19 @@ def test_a_fully_cached_chain_is_found_level_by_level() -> None:
     assert len(index.calls) == 3  # one lookup per level
 
 
+def test_steps_that_read_nothing_upstream_are_looked_up_in_one_call() -> None:
+    """Control-only dependencies do not change keys: a 20,000-step chain of them is one
+    lookup (it was one per step, over a frontier scan of every step: quadratic)."""
+    steps = [container("c0")]
+    steps += [container(f"c{i}", deps=[f"c{i - 1}"]) for i in range(1, 20_000)]
+    wf = ir.Workflow(name="control-chain", steps=tuple(steps))
+    index = FakeIndex()
+    fill(index, wf, {s.name: s.name for s in wf.steps})
+    cached, notes = prune_cached(wf, index)
+    assert len(cached) == 20_000 and notes == []
+    assert len(index.calls) == 1 and len(index.calls[0]) == 20_000
+
+
 def test_a_miss_stops_the_chain_below_it() -> None:
     index = FakeIndex()
     fill(index, WF, {"s0": "0", "s1": "1", "s2": "2"})

@@ -23,8 +23,8 @@ RPCS = {
     "GeneratorService": {"Generate"},
     "OptimizerService": {"Optimize"},
     "CacheService": {"Lookup", "Commit", "Stats", "Evict"},
-    "SubmitterService": {"Submit", "Get", "Watch", "Cancel", "Retry", "List", "Logs",
-                         "RegisterTemplate", "ListTemplates"},
+    "SubmitterService": {"Submit", "UploadWorkflow", "Get", "Watch", "Cancel", "Retry",
+                         "List", "Logs", "RegisterTemplate", "ListTemplates", "DownloadBlob"},
     "MonitorService": {"Utilization", "Recommendations"},
 }
 
@@ -53,8 +53,10 @@ def test_services_declare_the_planned_rpcs_and_watch_streams() -> None:
         desc = pool.FindServiceByName(f"couler.v1.{service}")
         assert {m.name for m in desc.methods} == rpcs
         for m in desc.methods:
-            assert not m.client_streaming
-            assert m.server_streaming == ((service, m.name) == ("SubmitterService", "Watch"))
+            # Only an upload streams from the client; Watch and downloads to it.
+            assert m.client_streaming == (m.name == "UploadWorkflow")
+            assert m.server_streaming == (service == "SubmitterService"
+                                          and m.name in ("Watch", "DownloadBlob"))
 
 
 @pytest.mark.parametrize("proto", NEW_PROTOS)
@@ -173,3 +175,28 @@ def test_other_records_round_trip() -> None:
     states = (r.RunState.FAILED, r.RunState.ACCEPTED)
     assert r.run_states_from_proto(
         common_pb2.RunState.Value(n) for n in r.run_states_to_proto(states)) == states
+
+
+def test_pass_report_notes_are_bounded() -> None:
+    """A pass that names every step of a 100k-step workflow must not make the record (and
+    every Get) that large: at most MAX_NOTES notes of at most MAX_NOTE_CHARS characters."""
+    every_step = "on: " + ", ".join(f"s{i}" for i in range(100_000))
+    report = r.PassReport("default_retry", True,
+                          (every_step, *(f"step 's{i}': cached" for i in range(200))), 1.5)
+    bounded = r.bounded_report(report)
+    assert len(bounded.notes) == r.MAX_NOTES
+    assert all(len(n) <= r.MAX_NOTE_CHARS for n in bounded.notes)
+    assert bounded.notes[0].endswith("…") and bounded.notes[0].startswith("on: s0, s1")
+    assert bounded.notes[-1] == f"{201 - (r.MAX_NOTES - 1)} more notes left out"
+    assert (bounded.name, bounded.changed, bounded.duration_ms) == ("default_retry", True, 1.5)
+    small = r.PassReport("split", False, ("a", "b"))
+    assert r.bounded_report(small) is small
+    assert r.bounded_notes(["x"] * r.MAX_NOTES) == ("x",) * r.MAX_NOTES
+
+
+def test_run_counts_and_page_token_round_trip() -> None:
+    run = r.Run("run-1", r.RunState.RUNNING, steps=(r.StepRecord("a", base.StepState.RUNNING),),
+                step_count=100_000, cached_step_count=7, next_step_page_token="p1")
+    assert r.run_from_proto(r.run_to_proto(run)) == run
+    ref = r.BlobRef("sha256:" + "0" * 64, 12)
+    assert r.blob_ref_from_proto(r.blob_ref_to_proto(ref)) == ref

@@ -29,18 +29,24 @@ def _home(args: argparse.Namespace) -> Path | None:
 
 
 def cmd_up(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from couler.stack_admin import tls_requested
     from couler_runtime import stack
 
-    token = None if args.token is None else args.token
-    info = stack.up(_home(args), token=token, progress=lambda m: print(f"  {m}", file=err))
-    print(f"Couler is up in {info.home}", file=out)
+    os.umask(0o077)  # what `up` writes in the home is its owner's only
+    tls = tls_requested(args.tls)
+    info = stack.up(_home(args), token=args.token, tls=tls, secrets_file=args.secrets_file,
+                    progress=lambda m: print(f"  {m}", file=err, flush=True))
+    print(f"Couler is up in {info.home} (supervisor pid {info.supervisor})", file=out)
     print(f"  gRPC (submitter): {info.grpc_address}", file=out)
     for name, address in info.addresses.items():
         if name != "submitter":
             print(f"  gRPC ({name}): {address}", file=out)
     print(f"  dashboard:        {info.dashboard}"
           + ("  (token in stack.json; open it with ?token=...)" if info.token else ""), file=out)
-    print(f"  NATS:             {info.nats_url}", file=out)
+    print(f"  NATS:             {info.nats_url}  (an nkey per identity; keys in "
+          f"{info.home}/bus)", file=out)
+    if info.passed:
+        print(f"  settings passed:  {', '.join(info.passed)}", file=out)
     print("Submit work with `couler submit PATH.py --wait`; stop with `couler down`.", file=out)
     return 0
 
@@ -74,35 +80,43 @@ def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     if args.run_id:
         return _run_status(args, out)
-    info, alive = stack.status(_home(args))
+    from couler.stack_admin import print_processes
+
+    report = stack.report(_home(args))
+    info, alive = report.info, report.alive
     print(f"stack in {info.home} (dashboard {info.dashboard})", file=out)
-    for name, ok in alive.items():
-        where = info.addresses.get(name, info.nats_url if name == "nats" else "")
-        print(f"  {name:<10} {'running' if ok else 'STOPPED':<8} {where}", file=out)
+    print_processes(report, out)
     if alive.get("submitter"):
         with _client(args) as client:
             page = client.submitter.list(page_size=args.limit)
         print("recent runs:", file=out)
-        for run in page.runs:
-            cached = sum(1 for s in run.steps if s.cached)
+        for run in page.runs:  # listed without their steps: counted
             print(f"  {run.run_id}  {run.workflow:<28} {run.state.value:<10} "
-                  f"steps {len(run.steps)}, cached {cached}", file=out)
+                  f"steps {run.step_count}, cached {run.cached_step_count}", file=out)
     return 0 if all(alive.values()) else 1
 
 
 def _run_status(args: argparse.Namespace, out: TextIO) -> int:
-    """One run: its state, then a line per step (with why a step failed)."""
+    """One run: its state, then a line per step (with why a step failed), a page of steps
+    at a time (a run may have 100,000)."""
     with _client(args) as client:
-        run = client.submitter.get(args.run_id)
-    print(f"run {run.run_id} ({run.workflow}, engine {run.engine}): {run.state.value}"
-          + (f": {run.message}" if run.message else ""), file=out)
-    for s in run.steps:
-        label = s.name + (f"[{s.key}]" if s.key else "")
-        extra = " (reused from cache)" if s.cached else (
-            f" after {s.attempts} attempts" if s.attempts > 1 else "")
-        why = f": {s.message}" if s.message and s.state.value in ("failed", "skipped") else ""
-        print(f"  {label:<32} {s.state.value}{extra}{why}", file=out)
-    return 0
+        page = run = client.submitter.get_page(args.run_id)
+        print(f"run {run.run_id} ({run.workflow}, engine {run.engine}): {run.state.value}"
+              + (f": {run.message}" if run.message else "")
+              + (f" ({run.step_count} steps)" if run.step_count > len(page.steps) else ""),
+              file=out)
+        while True:
+            for s in page.steps:
+                label = s.name + (f"[{s.key}]" if s.key else "")
+                extra = " (reused from cache)" if s.cached else (
+                    f" after {s.attempts} attempts" if s.attempts > 1 else "")
+                why = (f": {s.message}" if s.message and s.state.value in ("failed", "skipped")
+                       else "")
+                print(f"  {label:<32} {s.state.value}{extra}{why}", file=out)
+            if not page.next_step_page_token:
+                return 0
+            page = client.submitter.get_page(args.run_id,
+                                             page_token=page.next_step_page_token)
 
 
 def cmd_logs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -114,18 +128,19 @@ def cmd_logs(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 class _Follow:
-    """Prints one line per step change while a run is watched."""
+    """Prints one line per step change while a run is watched (given only the steps that
+    changed, so following a run of 100,000 steps stays linear)."""
 
     def __init__(self, err: TextIO) -> None:
         self.err = err
         self.seen: dict[tuple[str, str], str] = {}
         self.state = ""
 
-    def __call__(self, run: Any) -> None:
+    def __call__(self, run: Any, changed: Any) -> None:
         if run.state.value != self.state:
             self.state = run.state.value
             print(f"[{time.strftime('%H:%M:%S')}] run {run.run_id}: {self.state}", file=self.err)
-        for s in run.steps:
+        for s in changed:
             key = (s.name, s.key)
             if self.seen.get(key) == s.state.value:
                 continue
@@ -149,16 +164,21 @@ def _changes(run: Any) -> list[str]:
             if p.changed and p.name in _SHOWN_PASSES for note in p.notes]
 
 
+_SHOWN = 20  # steps named at most in a summary line (a run may have 100,000)
+
+
 def _failures(run: Any) -> list[str]:
-    """One line per failed step: why, and where its logs are."""
+    """One line per failed step (the first ones): why, and where its logs are."""
+    failed = [s for s in run.steps if s.state.value == "failed"]
     lines = []
-    for s in run.steps:
-        if s.state.value != "failed":
-            continue
+    for s in failed[:_SHOWN]:
         label = s.name + (f"[{s.key}]" if s.key else "")
         why = s.message or (f"exit code {s.exit_code}" if s.exit_code is not None else "")
         tries = f" (after {s.attempts} attempts)" if s.attempts > 1 else ""
         lines.append(f"  step {label} failed{tries}" + (f": {why}" if why else ""))
+    if len(failed) > _SHOWN:
+        lines.append(f"  ... and {len(failed) - _SHOWN} more failed steps "
+                     "(`couler status RUN_ID` lists them all)")
     return lines
 
 
@@ -202,14 +222,15 @@ def cmd_submit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 print(sub.run_id, file=out)
                 continue
             run = client.submitter.wait(sub.run_id, timeout=args.timeout,
-                                        on_change=None if args.json else _Follow(err))
+                                        on_steps=None if args.json else _Follow(err))
             cached = sorted({s.name for s in run.steps if s.cached})
             if args.json:
                 print(json.dumps(_record(run), indent=2), file=out)
             else:
                 print(f"run {run.run_id} {run.state.value}"
                       + (f": {run.message}" if run.message else "")
-                      + (f"; {len(cached)} step(s) reused from the cache: {', '.join(cached)}"
+                      + (f"; {len(cached)} step(s) reused from the cache: "
+                         + ", ".join(cached[:_SHOWN]) + (", ..." if len(cached) > _SHOWN else "")
                          if cached else ""), file=out)
                 for line in _changes(run):
                     print(line, file=out)
@@ -227,11 +248,19 @@ def _connection(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: Any) -> None:
-    """Register up / down / status / submit on the CLI's sub-parsers."""
-    p = sub.add_parser("up", help="start NATS and the five services on this machine")
+    """Register up / down / status / submit / logs, and restart / credentials / bus
+    (:mod:`couler.stack_admin`), on the CLI's sub-parsers."""
+    from couler.stack_admin import add_admin_commands
+
+    p = sub.add_parser("up", help="start NATS and the five services on this machine, "
+                                  "supervised")
     p.add_argument("--home", help="state directory (default $COULER_HOME or ~/.couler)")
     p.add_argument("--token", default=None,
                    help="gRPC auth token (default: a random one; '' for none)")
+    p.add_argument("--tls", action="store_true",
+                   help="run NATS with TLS (also COULER_NATS_TLS=true)")
+    p.add_argument("--secrets-file", default=None, metavar="FILE",
+                   help="give the services COULER_SECRETS_FILE=FILE (mode 0600 required)")
     p.set_defaults(takes_err=True, func=cmd_up)
     p = sub.add_parser("down", help="stop the stack started by `couler up`")
     p.add_argument("--home", help="state directory (default $COULER_HOME or ~/.couler)")
@@ -265,4 +294,5 @@ def add_commands(sub: Any) -> None:
     p.add_argument("program_args", nargs="*", help="arguments for the program (after --)")
     _connection(p)
     p.set_defaults(takes_err=True, func=cmd_submit)
+    add_admin_commands(sub)
 

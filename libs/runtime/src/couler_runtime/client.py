@@ -9,9 +9,19 @@
 
 One address serves all five services (the embedded stack puts them behind one
 server) or a mapping names one per service (``{"submitter": "...", "cache": ...}``);
-services at the same address share a channel. Workflows go in and come out as IR
-(:mod:`couler.ir`, through :mod:`couler_runtime.codec`), everything else as the frozen
-dataclasses of :mod:`couler_runtime.rpc.records`; protobuf never reaches the caller.
+services at the same address share a channel.
+
+No message depends on the size of a workflow, and the client hides how: a workflow
+larger than :data:`UPLOAD_THRESHOLD` encoded is uploaded in chunks
+(``SubmitterService.UploadWorkflow``) and sent by reference (``submit``,
+``register_template``, ``optimize``); :meth:`SubmitterClient.get` fetches a record's steps
+page by page; :meth:`SubmitterClient.watch` merges the changes the server streams into
+whole records; a plan or template answered by reference is downloaded
+(``DownloadBlob``), checked against its digest and size, and decoded.
+
+Workflows go in and come out as IR (:mod:`couler.ir`, through
+:mod:`couler_runtime.codec`), everything else as the frozen dataclasses of
+:mod:`couler_runtime.rpc.records`; protobuf never reaches the caller.
 A failed call raises the :mod:`couler.errors` exception the server raised (a
 ``ValidationError`` with its issues, ``NotFoundError``, ...), chained to the RpcError.
 
@@ -20,16 +30,18 @@ Services use the asyncio channels of :mod:`couler_runtime.rpc.client` instead.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from couler import ir
-from couler.errors import UserError
+from couler.errors import InvalidWorkflowError, UserError
 from couler.v1 import (
     cache_service_pb2,
     common_pb2,
@@ -37,11 +49,13 @@ from couler.v1 import (
     monitor_service_pb2,
     optimizer_service_pb2,
     submitter_service_pb2,
+    workflow_pb2,
 )
 from couler_runtime import codec
 from couler_runtime.rpc import SERVICES
 from couler_runtime.rpc.client import connect, translated_errors
 from couler_runtime.rpc.records import (
+    BlobRef,
     CacheEntry,
     CacheStats,
     CommitResult,
@@ -53,8 +67,11 @@ from couler_runtime.rpc.records import (
     Recommendation,
     Run,
     RunState,
+    StepRecord,
     Template,
     Utilization,
+    blob_ref_from_proto,
+    blob_ref_to_proto,
     cache_entry_from_proto,
     cache_entry_to_proto,
     cache_stats_from_proto,
@@ -69,6 +86,7 @@ from couler_runtime.rpc.records import (
 )
 
 __all__ = [
+    "UPLOAD_THRESHOLD",
     "CacheClient",
     "CoulerClient",
     "Generated",
@@ -84,6 +102,10 @@ Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
 
 DEFAULT_TIMEOUT = 60.0
+#: A workflow larger than this, encoded, is uploaded and sent by reference.
+UPLOAD_THRESHOLD = 1 << 20
+#: Bytes per upload message.
+UPLOAD_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,22 +185,50 @@ class GeneratorClient(_ServiceClient):
 
 
 class OptimizerClient(_ServiceClient):
-    """``couler.v1.OptimizerService``."""
+    """``couler.v1.OptimizerService``.
+
+    ``blobs`` (the submitter's client, which :class:`CoulerClient` gives it when it knows
+    the submitter's address) uploads large workflows and downloads plans answered by
+    reference.
+    """
 
     _SERVICE = SERVICES["optimizer"]
 
-    def __init__(self, channel: grpc.Channel, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, channel: grpc.Channel, timeout: float | None = DEFAULT_TIMEOUT,
+                 blobs: SubmitterClient | None = None) -> None:
         super().__init__(channel, timeout)
         self._optimize = self._unary("Optimize", common_pb2.Plan)
+        self.blobs = blobs
 
     def optimize(self, workflow: ir.Workflow, engine: str = "local", *,
                  objectives: Iterable[Objective] = (), no_cache: bool = False,
                  parameters: Mapping[str, str] | None = None, run_id: str = "") -> Plan:
         """The plan for running ``workflow`` on ``engine``."""
-        return plan_from_proto(self._optimize(optimizer_service_pb2.OptimizeRequest(
-            workflow=codec.workflow_to_proto(workflow), engine=engine,
-            objectives=objectives_to_proto(objectives), no_cache=no_cache,
-            parameters=dict(parameters or {}), run_id=run_id)))
+        request = optimizer_service_pb2.OptimizeRequest(
+            engine=engine, objectives=objectives_to_proto(objectives), no_cache=no_cache,
+            parameters=dict(parameters or {}), run_id=run_id)
+        message = codec.workflow_to_proto(workflow)
+        if message.ByteSize() > UPLOAD_THRESHOLD and self.blobs is not None:
+            ref = self.blobs.upload_workflow(message.SerializeToString())
+            request.workflow_ref.CopyFrom(blob_ref_to_proto(ref))
+        else:
+            request.workflow.CopyFrom(message)
+        answer = self._optimize(request)
+        if answer.HasField("stored"):
+            if self.blobs is None:
+                raise UserError("optimize: the plan came by reference and no submitter "
+                                "address was given to download it")
+            data = self.blobs.download_blob(blob_ref_from_proto(answer.stored))
+            answer = _parse(common_pb2.Plan, data, "the stored plan")
+        return plan_from_proto(answer)
+
+
+def _parse(message_type: type[Resp], data: bytes, what: str) -> Resp:
+    try:
+        return message_type.FromString(data)
+    except DecodeError as exc:
+        raise InvalidWorkflowError(f"{what} ({len(data)} bytes) is not a "
+                                   f"{message_type.DESCRIPTOR.full_name}: {exc}") from None
 
 
 class CacheClient(_ServiceClient):
@@ -231,9 +281,18 @@ class SubmitterClient(_ServiceClient):
         self._templates = self._unary("ListTemplates",
                                       submitter_service_pb2.ListTemplatesResponse)
         self._logs = self._unary("Logs", submitter_service_pb2.StepLogsResponse)
-        self._watch: grpc.UnaryStreamMultiCallable[Any, common_pb2.Run] = channel.unary_stream(
-            f"/{self._SERVICE}/Watch", request_serializer=_serialize,
-            response_deserializer=common_pb2.Run.FromString)
+        self._watch: grpc.UnaryStreamMultiCallable[Any, submitter_service_pb2.WatchRunResponse] \
+            = channel.unary_stream(
+                f"/{self._SERVICE}/Watch", request_serializer=_serialize,
+                response_deserializer=submitter_service_pb2.WatchRunResponse.FromString)
+        self._upload: grpc.StreamUnaryMultiCallable[Any, common_pb2.BlobRef] = \
+            channel.stream_unary(f"/{self._SERVICE}/UploadWorkflow",
+                                 request_serializer=_serialize,
+                                 response_deserializer=common_pb2.BlobRef.FromString)
+        self._download: grpc.UnaryStreamMultiCallable[Any, submitter_service_pb2.BlobChunk] = \
+            channel.unary_stream(f"/{self._SERVICE}/DownloadBlob",
+                                 request_serializer=_serialize,
+                                 response_deserializer=submitter_service_pb2.BlobChunk.FromString)
 
     def submit(
         self,
@@ -251,8 +310,9 @@ class SubmitterClient(_ServiceClient):
     ) -> Submission:
         """Start a run of a workflow, of a request in plain language, or of a template.
 
-        Give exactly one of ``source`` (an IR workflow, or text) and ``template``.
-        Returns at once; follow the run with :meth:`watch` or :meth:`wait`.
+        Give exactly one of ``source`` (an IR workflow, or text) and ``template``. A
+        workflow larger than :data:`UPLOAD_THRESHOLD` encoded is uploaded first and sent
+        by reference. Returns at once; follow the run with :meth:`watch` or :meth:`wait`.
         """
         if (source is None) == (not template):
             raise UserError("submit: give exactly one of a workflow, a text or a template")
@@ -261,7 +321,7 @@ class SubmitterClient(_ServiceClient):
             dry_run=dry_run, no_cache=no_cache, constraints=list(constraints),
             objectives=objectives_to_proto(objectives), tenant=tenant)
         if isinstance(source, ir.Workflow):
-            request.workflow.CopyFrom(codec.workflow_to_proto(source))
+            self._attach(source, request.workflow, request.workflow_ref)
         elif isinstance(source, str):
             request.text = source
         else:
@@ -269,31 +329,128 @@ class SubmitterClient(_ServiceClient):
         resp = self._submit(request)
         return Submission(resp.run_id, resp.created)
 
+    def _attach(self, workflow: ir.Workflow, inline: workflow_pb2.Workflow,
+                ref: common_pb2.BlobRef) -> None:
+        """Put ``workflow`` in a request: inline, or uploaded and by reference when large."""
+        message = codec.workflow_to_proto(workflow)
+        if message.ByteSize() > UPLOAD_THRESHOLD:
+            ref.CopyFrom(blob_ref_to_proto(self.upload_workflow(message.SerializeToString())))
+        else:
+            inline.CopyFrom(message)
+
+    def upload_workflow(self, data: bytes | ir.Workflow) -> BlobRef:
+        """Upload an encoded ``couler.v1.Workflow`` (or a workflow, encoded here) in chunks;
+        its reference in the blob store."""
+        if isinstance(data, ir.Workflow):
+            data = codec.workflow_to_proto(data).SerializeToString()
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        size = len(data)
+
+        def chunks() -> Iterator[submitter_service_pb2.UploadWorkflowRequest]:
+            view = memoryview(data)
+            yield submitter_service_pb2.UploadWorkflowRequest(
+                data=bytes(view[:UPLOAD_CHUNK]), size_bytes=size, digest=digest)
+            for at in range(UPLOAD_CHUNK, size, UPLOAD_CHUNK):
+                yield submitter_service_pb2.UploadWorkflowRequest(
+                    data=bytes(view[at:at + UPLOAD_CHUNK]))
+
+        with translated_errors():
+            ref = self._upload(chunks(), timeout=self._timeout)
+        return blob_ref_from_proto(ref)
+
+    def download_blob(self, ref: BlobRef) -> bytes:
+        """The bytes of a blob, checked against the reference's digest and size."""
+        parts: list[bytes] = []
+        received = 0
+        call = self._download(submitter_service_pb2.DownloadBlobRequest(
+            ref=blob_ref_to_proto(ref)), timeout=self._timeout)
+        try:
+            with translated_errors():
+                for chunk in call:
+                    received += len(chunk.data)
+                    if received > ref.size_bytes:
+                        raise InvalidWorkflowError(f"blob {ref.digest}: more than the "
+                                                   f"{ref.size_bytes} bytes announced")
+                    parts.append(chunk.data)
+        finally:
+            call.cancel()
+        data = b"".join(parts)
+        if len(data) != ref.size_bytes or \
+                "sha256:" + hashlib.sha256(data).hexdigest() != ref.digest:
+            raise InvalidWorkflowError(f"blob {ref.digest}: received {len(data)} bytes that do "
+                                       "not match the reference")
+        return data
+
+    def get_page(self, run_id: str, *, page_size: int = 0, page_token: str = "") -> Run:
+        """The run's record with one page of its steps; ``next_step_page_token`` names the
+        next page ("" on the last). ``NotFoundError`` for an unknown run."""
+        return run_from_proto(self._get(submitter_service_pb2.GetRunRequest(
+            run_id=run_id, step_page_size=page_size, step_page_token=page_token)))
+
     def get(self, run_id: str) -> Run:
-        """The run's record; ``NotFoundError`` for an unknown run."""
-        return run_from_proto(self._get(submitter_service_pb2.GetRunRequest(run_id=run_id)))
+        """The run's record with all its steps (fetched a page at a time);
+        ``NotFoundError`` for an unknown run."""
+        return self._complete(self.get_page(run_id))
+
+    def _complete(self, first: Run) -> Run:
+        """``first`` (a record with the first page of steps) with the remaining pages."""
+        if not first.next_step_page_token:
+            return first
+        steps = list(first.steps)
+        token = first.next_step_page_token
+        while token:
+            page = self.get_page(first.run_id, page_token=token)
+            steps.extend(page.steps)
+            token = page.next_step_page_token
+        return dataclasses.replace(first, steps=tuple(steps), next_step_page_token="")
+
+    def watch_changes(self, run_id: str, *, timeout: float | None = None
+                      ) -> Iterator[tuple[Run, tuple[StepRecord, ...]]]:
+        """Like :meth:`watch`, with the step records that changed since the previous item
+        (all of them in the first)."""
+        call = self._watch(submitter_service_pb2.WatchRunRequest(run_id=run_id),
+                           timeout=timeout)
+        steps: dict[tuple[str, str], StepRecord] = {}
+        changed: dict[tuple[str, str], StepRecord] = {}
+        try:
+            with translated_errors():
+                for message in call:
+                    run = run_from_proto(message.run)
+                    for rec in run.steps:
+                        steps[(rec.name, rec.key)] = rec
+                        changed[(rec.name, rec.key)] = rec
+                    if message.more:
+                        continue
+                    yield dataclasses.replace(run, steps=tuple(steps.values())), \
+                        tuple(changed.values())
+                    changed = {}
+        finally:
+            call.cancel()
 
     def watch(self, run_id: str, *, timeout: float | None = None) -> Iterator[Run]:
-        """The current record, then one per change, ending after a terminal state.
+        """The current record, then one per change, ending after a terminal state; each
+        with all the run's steps (the server sends only what changed; they are merged here).
 
         ``timeout`` bounds the whole stream (``OperationTimeoutError`` past it).
         Closing the iterator early cancels the stream.
         """
-        call = self._watch(submitter_service_pb2.WatchRunRequest(run_id=run_id), timeout=timeout)
-        try:
-            with translated_errors():
-                for message in call:
-                    yield run_from_proto(message)
-        finally:
-            call.cancel()
+        for run, _ in self.watch_changes(run_id, timeout=timeout):
+            yield run
 
     def wait(self, run_id: str, *, timeout: float | None = None,
-             on_change: Callable[[Run], None] | None = None) -> Run:
-        """Follow the run until it is terminal and return the final record."""
+             on_change: Callable[[Run], None] | None = None,
+             on_steps: Callable[[Run, tuple[StepRecord, ...]], None] | None = None) -> Run:
+        """Follow the run until it is terminal and return the final record.
+
+        ``on_change`` gets every record; ``on_steps`` every record with the steps that
+        changed since the previous one (cheaper to follow for runs of many steps).
+        """
         last: Run | None = None
-        for run in self.watch(run_id, timeout=timeout):
+        for run, changed in self.watch_changes(run_id, timeout=timeout):
             if on_change is not None:
                 on_change(run)
+            if on_steps is not None:
+                on_steps(run, changed)
             last = run
         if last is None or not last.state.terminal:
             raise UserError(f"run {run_id!r}: the watch ended before the run finished")
@@ -301,16 +458,18 @@ class SubmitterClient(_ServiceClient):
 
     def cancel(self, run_id: str, reason: str = "") -> Run:
         """Stop the run (no-op if finished); returns its record."""
-        return run_from_proto(self._cancel(
-            submitter_service_pb2.CancelRunRequest(run_id=run_id, reason=reason)))
+        return self._complete(run_from_proto(self._cancel(
+            submitter_service_pb2.CancelRunRequest(run_id=run_id, reason=reason))))
 
     def retry(self, run_id: str) -> Run:
         """Re-run a failed or cancelled run from its failure point."""
-        return run_from_proto(self._retry(submitter_service_pb2.RetryRunRequest(run_id=run_id)))
+        return self._complete(run_from_proto(self._retry(
+            submitter_service_pb2.RetryRunRequest(run_id=run_id))))
 
     def list(self, *, workflow: str = "", states: Iterable[RunState] = (), page_size: int = 0,
              page_token: str = "") -> RunPage:
-        """Runs, newest first, filtered by workflow name and state."""
+        """Runs, newest first, filtered by workflow name and state; without their steps
+        (``step_count`` and ``cached_step_count`` say how many)."""
         resp = self._list(submitter_service_pb2.ListRunsRequest(
             workflow=workflow, states=run_states_to_proto(states), page_size=page_size,
             page_token=page_token))
@@ -319,13 +478,21 @@ class SubmitterClient(_ServiceClient):
     def register_template(self, name: str, workflow: ir.Workflow, *,
                           engine: str = "") -> Template:
         """Register (or replace) a template launched as ``couler.launch.<name>``."""
-        return template_from_proto(self._register(submitter_service_pb2.RegisterTemplateRequest(
-            name=name, workflow=codec.workflow_to_proto(workflow), engine=engine)))
+        request = submitter_service_pb2.RegisterTemplateRequest(name=name, engine=engine)
+        self._attach(workflow, request.workflow, request.workflow_ref)
+        return self._template(self._register(request))
 
     def list_templates(self) -> tuple[Template, ...]:
         """The registered templates, by name."""
         resp = self._templates(submitter_service_pb2.ListTemplatesRequest())
-        return tuple(template_from_proto(t) for t in resp.templates)
+        return tuple(self._template(t) for t in resp.templates)
+
+    def _template(self, message: common_pb2.Template) -> Template:
+        if message.HasField("workflow_ref"):
+            data = self.download_blob(blob_ref_from_proto(message.workflow_ref))
+            message.workflow.CopyFrom(_parse(workflow_pb2.Workflow, data,
+                                             f"template {message.name!r}'s workflow"))
+        return template_from_proto(message)
 
     def logs(self, run_id: str, step: str, key: str = "", *, max_bytes: int = 0) -> str:
         """What one step execution wrote (the last ``max_bytes``; 0: the server's 1 MiB)."""
@@ -404,8 +571,11 @@ class CoulerClient:
 
     @property
     def optimizer(self) -> OptimizerClient:
-        """The optimizer service."""
+        """The optimizer service (large workflows and plans go through the submitter's
+        blob store when its address is known)."""
         client: OptimizerClient = self._client("optimizer", OptimizerClient)
+        if client.blobs is None and self._addresses.get("submitter"):
+            client.blobs = self.submitter
         return client
 
     @property

@@ -237,7 +237,7 @@ class Cache:
 
     def _lookup(self, keys: list[str], max_age: int) -> tuple[LookupResult, bool]:
         with self._store.transaction() as tx:
-            candidates = {k: e for k in keys if (e := tx.get(k)) is not None}
+            candidates = tx.get_many(keys)
         # Outside the transaction: one existence check per artifact blob.
         broken = {key for key, e in candidates.items()
                   if any(not self._blobs.exists(a.digest) for a in e.artifacts.values())}

@@ -37,6 +37,9 @@ SERVICE = "cache"
 COUNTERS = ("hits", "misses", "evictions", "evicted_bytes")
 
 
+_IN_CHUNK = 500  # keys per IN (...) list
+
+
 class Base(DeclarativeBase):
     """The cache's tables."""
 
@@ -132,6 +135,16 @@ class Tx:
         """The entry for ``key``, or None."""
         row = self._s.get(EntryRow, key)
         return _entry(row) if row is not None else None
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
+        """The entries for those of ``keys`` that have one, by key (a few queries for
+        thousands of keys, not one per key)."""
+        found: dict[str, CacheEntry] = {}
+        for at in range(0, len(keys), _IN_CHUNK):
+            rows = self._s.scalars(sa.select(EntryRow).where(
+                EntryRow.key.in_(keys[at:at + _IN_CHUNK])))
+            found.update((row.key, _entry(row)) for row in rows)
+        return found
 
     def insert(self, entry: CacheEntry, now: float) -> bool:
         """Add ``entry`` (sized by the caller); False when ``key`` is already present."""

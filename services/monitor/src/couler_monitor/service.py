@@ -161,17 +161,33 @@ class Monitor:
                                           or self._clock())
 
         def write(tx: Tx) -> bool:
-            run = self._run_row(tx, run_id, workflow=workflow, engine=engine)
+            # Core statements, not the ORM: this runs once per step event (a run may have
+            # 100k steps) and the unit of work cost most of it.
+            run = tx.run_fields(run_id)
+            if run is None:
+                run = {"run_id": run_id, "workflow": workflow, "engine": engine,
+                       "state": RunState.ACCEPTED.value, "retries": 0, "message": "",
+                       "seen_at": self._clock(), "started_at": None}
+                tx.insert_run_fields(run)
+            changes: dict[str, object] = {}
+            if not run["workflow"] and workflow:
+                changes["workflow"] = workflow
+            if not run["engine"] and engine:
+                changes["engine"] = engine
+            state = RunState(run["state"])
             # A step event never reopens a finished run: events published late (under load,
             # or redelivered) would otherwise leave it "running" for good. A Retry reopens
             # it through its new couler.workflow.submitted (record_submitted).
-            if run.state not in (s.value for s in RunState if s.terminal):
-                self._advance(run, RunState.RUNNING)
-            if record.started_at is not None and (run.started_at is None
-                                                  or record.started_at < run.started_at):
-                run.started_at = record.started_at
-            self._merge_step(tx, run_id, run.workflow, record, when)
-            return self._recommend_after(tx, run.workflow, record)
+            if not state.terminal and _RUN_RANK[RunState.RUNNING] > _RUN_RANK[state]:
+                changes["state"] = RunState.RUNNING.value
+            if record.started_at is not None and (run["started_at"] is None
+                                                  or record.started_at < run["started_at"]):
+                changes["started_at"] = record.started_at
+            if changes:
+                tx.update_run_fields(run_id, changes)
+            name = str(changes.get("workflow", run["workflow"]) or "")
+            self._merge_step(tx, run_id, name, record, when)
+            return self._recommend_after(tx, name, record)
 
         await self._write(write)
 
@@ -255,7 +271,8 @@ class Monitor:
         await self._write(write)
 
     async def record_finished(self, record: Run) -> None:
-        """The run reached a terminal state (``WorkflowFinished``, with its steps)."""
+        """The run reached a terminal state (``WorkflowFinished``; the submitter sends it
+        without steps, which came as step events, but steps it carries are merged)."""
         run_id = self._need_run_id(record.run_id, "finished")
 
         def write(tx: Tx) -> bool:
@@ -339,8 +356,10 @@ class Monitor:
         def read() -> tuple[Run, ...]:
             with self._store.transaction() as tx:
                 rows = tx.runs(limit)
-                steps = tx.steps_of([r.run_id for r in rows])
-                return tuple(_run(r, [s for s in steps if s.run_id == r.run_id]) for r in rows)
+                by_run: dict[str, list[StepRow]] = {r.run_id: [] for r in rows}
+                for s in tx.steps_of(list(by_run)):  # grouped once: runs may be large
+                    by_run[s.run_id].append(s)
+                return tuple(_run(r, by_run[r.run_id]) for r in rows)
 
         return await asyncio.to_thread(read)
 
@@ -417,39 +436,41 @@ class Monitor:
 
     @staticmethod
     def _merge_step(tx: Tx, run_id: str, workflow: str, r: StepRecord, at: float) -> None:
+        """Keep ``r`` as the step's record if it is newer than the one kept; keep the highest
+        peaks and whether it ever ran out of memory in any case."""
         rank = 3 if r.state.terminal else _STEP_RANK.get(r.state, 0)
         oom = r.failure_class is ir.FailureClass.OOM
-        row = tx.step(run_id, r.name, r.key)
+        row = tx.step_fields(run_id, r.name, r.key)
+        new = row is None
         if row is None:
-            row = StepRow(run_id=run_id, name=r.name, key=r.key, oom_seen=False,
-                          oom_peak_memory_bytes=None, event_at=-1.0, rank=-1, attempts=-1)
+            row = {"run_id": run_id, "name": r.name, "key": r.key, "oom_seen": False,
+                   "oom_peak_memory_bytes": None, "max_peak_cpu": None,
+                   "max_peak_memory_bytes": None, "event_at": -1.0, "rank": -1,
+                   "attempts": -1, "workflow": ""}
             newer = True
         else:
-            newer = (at, r.attempts, rank) > (row.event_at, row.attempts, row.rank)
+            newer = (at, r.attempts, rank) > (row["event_at"], row["attempts"], row["rank"])
         if r.peak_memory_bytes is not None:
-            row.max_peak_memory_bytes = max(row.max_peak_memory_bytes or 0, r.peak_memory_bytes)
+            row["max_peak_memory_bytes"] = max(row["max_peak_memory_bytes"] or 0,
+                                               r.peak_memory_bytes)
         if r.peak_cpu is not None:
-            row.max_peak_cpu = max(row.max_peak_cpu or 0.0, r.peak_cpu)
+            row["max_peak_cpu"] = max(row["max_peak_cpu"] or 0.0, r.peak_cpu)
         if oom:
-            row.oom_seen = True
+            row["oom_seen"] = True
             if r.peak_memory_bytes is not None:
-                row.oom_peak_memory_bytes = max(row.oom_peak_memory_bytes or 0,
-                                                r.peak_memory_bytes)
+                row["oom_peak_memory_bytes"] = max(row["oom_peak_memory_bytes"] or 0,
+                                                   r.peak_memory_bytes)
         if newer:
-            row.workflow = workflow or row.workflow or ""
-            row.state = r.state.value
-            row.attempts = r.attempts
-            row.exit_code = r.exit_code
-            row.started_at = r.started_at
-            row.finished_at = r.finished_at
-            row.peak_cpu = r.peak_cpu
-            row.peak_memory_bytes = r.peak_memory_bytes
-            row.cached = r.cached or r.state is StepState.CACHED
-            row.cache_key = r.cache_key
-            row.message = r.message
-            row.failure_class = r.failure_class.value if r.failure_class else None
-            row.event_at, row.rank = at, rank
-        tx.add(row)
+            row.update(
+                workflow=workflow or row["workflow"] or "", state=r.state.value,
+                attempts=r.attempts, exit_code=r.exit_code, started_at=r.started_at,
+                finished_at=r.finished_at, peak_cpu=r.peak_cpu,
+                peak_memory_bytes=r.peak_memory_bytes,
+                cached=r.cached or r.state is StepState.CACHED, cache_key=r.cache_key,
+                message=r.message,
+                failure_class=r.failure_class.value if r.failure_class else None,
+                event_at=at, rank=rank)
+        tx.put_step_fields(row, new=new)
 
     def _recommend_after(self, tx: Tx, workflow: str, r: StepRecord) -> bool:
         oom = r.failure_class is ir.FailureClass.OOM

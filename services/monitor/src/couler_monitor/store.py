@@ -132,6 +132,18 @@ class RecommendationRow(Base):
     published: Mapped[bool] = mapped_column(Boolean, index=True)
 
 
+_RUNS: sa.Table = RunRow.__table__  # type: ignore[assignment]
+_STEPS: sa.Table = StepRow.__table__  # type: ignore[assignment]
+_SELECT_RUN = sa.select(_RUNS).where(_RUNS.c.run_id == sa.bindparam("k_run_id")) \
+    .with_for_update()
+_STEP_KEY = (_STEPS.c.run_id == sa.bindparam("k_run_id"),
+             _STEPS.c.name == sa.bindparam("k_name"), _STEPS.c.key == sa.bindparam("k_key"))
+_SELECT_STEP = sa.select(_STEPS).where(*_STEP_KEY)
+_INSERT_STEP = sa.insert(_STEPS)
+_UPDATE_STEP = sa.update(_STEPS).where(*_STEP_KEY).values(
+    {c.name: sa.bindparam(c.name) for c in _STEPS.columns if not c.primary_key})
+
+
 @dataclass(frozen=True, slots=True)
 class RunPeak:
     """The highest use of one step in one run (over its keys and samples)."""
@@ -162,8 +174,35 @@ class Tx:
         self.session.add(row)
         self.session.flush()
 
-    def step(self, run_id: str, name: str, key: str) -> StepRow | None:
-        return self.session.get(StepRow, (run_id, name, key))
+    # Core statements for the hot path (a step event), built once with bound parameters:
+    # no unit of work, no identity map, no statement construction per call -- a run of
+    # 100k steps sends 100k events, and those cost most of each.
+
+    def run_fields(self, run_id: str) -> dict[str, Any] | None:
+        """The run's row as a dict (locked on PostgreSQL), or None."""
+        row = self.session.execute(_SELECT_RUN, {"k_run_id": run_id}).mappings().one_or_none()
+        return dict(row) if row is not None else None
+
+    def insert_run_fields(self, values: dict[str, Any]) -> None:
+        full = {c.name: None for c in _RUNS.columns} | {"retries": 0, "message": ""}
+        self.session.execute(sa.insert(_RUNS), full | values)
+
+    def update_run_fields(self, run_id: str, values: dict[str, Any]) -> None:
+        self.session.execute(sa.update(_RUNS).where(_RUNS.c.run_id == run_id).values(**values))
+
+    def step_fields(self, run_id: str, name: str, key: str) -> dict[str, Any] | None:
+        """The step's row as a dict, or None."""
+        row = self.session.execute(_SELECT_STEP, {"k_run_id": run_id, "k_name": name,
+                                                  "k_key": key}).mappings().one_or_none()
+        return dict(row) if row is not None else None
+
+    def put_step_fields(self, values: dict[str, Any], *, new: bool) -> None:
+        """Insert (``new``) or update the step row ``values`` describe (every column)."""
+        if new:
+            self.session.execute(_INSERT_STEP, values)
+            return
+        self.session.execute(_UPDATE_STEP, {**values, "k_run_id": values["run_id"],
+                                            "k_name": values["name"], "k_key": values["key"]})
 
     def runs(self, limit: int) -> Sequence[RunRow]:
         stmt = (sa.select(RunRow).order_by(RunRow.seen_at.desc(), RunRow.run_id)

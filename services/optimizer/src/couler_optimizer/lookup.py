@@ -5,6 +5,7 @@ pipeline calls from its worker thread. Any failure of the call (the cache is dow
 deadline passed, the token was refused, an error inside the cache) raises
 :class:`~couler_optimizer.service.CacheUnavailableError`; the optimizer then makes the plan
 without the cache and says so in the ``prune_cached`` report, rather than failing the run.
+Keys are asked :data:`LOOKUP_PAGE` at a time.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from couler_optimizer.service import CacheUnavailableError
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import CacheEntry
 
-__all__ = ["CacheLookup"]
+__all__ = ["LOOKUP_PAGE", "CacheLookup"]
+
+#: Keys asked per Lookup call (a 64-character key: about 70 KiB per request).
+LOOKUP_PAGE = 1000
 
 
 class CacheLookup:
@@ -48,13 +52,17 @@ class CacheLookup:
         """
         if not keys:
             return {}
+        found: dict[str, CacheEntry] = {}
         try:
             with self._lock:  # the client creates its channel lazily
                 cache = self._client.cache
-            return dict(cache.lookup(keys).entries)
+            # A page of keys per call: no message grows with the workflow.
+            for at in range(0, len(keys), LOOKUP_PAGE):
+                found.update(cache.lookup(keys[at:at + LOOKUP_PAGE]).entries)
         except CoulerError as exc:
             raise CacheUnavailableError(
                 f"Lookup at {self.address}: {type(exc).__name__}: {exc}") from exc
+        return found
 
     def close(self) -> None:
         """Close the channel."""

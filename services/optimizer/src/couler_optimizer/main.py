@@ -27,6 +27,7 @@ from couler_optimizer.lookup import CacheLookup
 from couler_optimizer.rpc import OptimizerService
 from couler_optimizer.service import Optimizer
 from couler_optimizer.store import OptimizerStore
+from couler_runtime.blobs import open_blob_store
 from couler_runtime.bus import Bus
 from couler_runtime.rpc import OPTIMIZER
 from couler_runtime.service import Component, service_main
@@ -93,11 +94,12 @@ async def build(settings: OptimizerSettings, bus: Bus) -> Component:
         store.close()
 
     try:
+        blobs = await asyncio.to_thread(open_blob_store, settings)  # workflows, plans by ref
         await start_consumers(bus, optimizer)
     except BaseException:
         await close()
         raise
-    return Component({OPTIMIZER: OptimizerService(optimizer)}, close)
+    return Component({OPTIMIZER: OptimizerService(optimizer, blobs)}, close)
 
 
 def main() -> int:

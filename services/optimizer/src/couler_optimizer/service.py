@@ -51,6 +51,7 @@ from couler_runtime.rpc.records import (
     Recommendation,
     RecommendationKind,
     StoredArtifact,
+    bounded_notes,
 )
 
 __all__ = [
@@ -209,7 +210,7 @@ class Optimizer:
                         wf.name, self._cache_address, lookup.failure)
         return Plan(
             workflow=plan.workflow, engine=name, compiled=plan.document, cached=cached,
-            passes=tuple(PassReport(r.name, r.changed, r.notes, r.duration_ms)
+            passes=tuple(PassReport(r.name, r.changed, bounded_notes(r.notes), r.duration_ms)
                          for r in reports),
             chunks=tuple(Chunk(c.name, c.steps, c.depends_on, c.workflow, c.size_bytes)
                          for c in plan.chunks),

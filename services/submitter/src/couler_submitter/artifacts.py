@@ -6,6 +6,9 @@ deterministic tar :func:`~couler_runtime.local.artifacts.pack_directory` writes,
 digest is the one the local engine computes for it
 (:func:`~couler_runtime.local.artifacts.digest_path`) and the cache keys of the steps that
 read it agree. A download unpacks such a tar back into a directory.
+
+:meth:`ArtifactBlobs.put_file` / :meth:`ArtifactBlobs.get_file` store and read other bytes
+(uploaded workflows, answers too large to send inline) as they are.
 """
 
 from __future__ import annotations
@@ -78,6 +81,19 @@ class ArtifactBlobs:
             if dest.is_dir() and not dest.is_symlink():
                 shutil.rmtree(dest)
             os.replace(blob, dest)
+
+    def put_file(self, path: Path) -> str:
+        """Store the file's bytes as they are (no packing); their ``sha256:<hex>`` digest."""
+        return _PREFIX + digest_of(self.store.put_file(path))
+
+    def size(self, digest: str) -> int:
+        """The size of blob ``sha256:<hex>`` in bytes (NotFoundError when not stored)."""
+        return self.store.size(key_for_digest(digest.removeprefix(_PREFIX)))
+
+    def get_file(self, digest: str, dest: Path) -> None:
+        """Write the bytes of blob ``sha256:<hex>`` to the file ``dest`` (no unpacking),
+        checked against the digest on the way."""
+        self.store.get_to_file(key_for_digest(digest.removeprefix(_PREFIX)), dest)
 
     def _uri(self, key: str) -> str:
         if isinstance(self.store, LocalBlobStore):

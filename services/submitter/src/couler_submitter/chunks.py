@@ -193,7 +193,8 @@ class ChunkedRun:
             except _MissingOutputError as exc:
                 return RunStatus(sub_id, wf.name, RunState.FAILED, finished_at=time.time(),
                                  message=str(exc))
-            cached = {s: r for s, r in self._cached.items() if s in chunk.steps}
+            mine = set(chunk.steps)  # a set: a chunk may hold thousands of steps
+            cached = {s: r for s, r in self._cached.items() if s in mine}
             handle = self._runner.start(sub_id, wf, parameters, cached, self._on_event)
             log.info("run %s: chunk %s started (%d step(s))", self._run_id, name,
                      len(chunk.steps))

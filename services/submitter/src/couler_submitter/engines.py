@@ -284,17 +284,33 @@ class _DryRun:
 
 
 def _topological(wf: ir.Workflow) -> list[ir.Step]:
-    done: set[str] = set()
-    order: list[ir.Step] = []
-    pending = list(wf.steps)
-    while pending:
-        ready = [s for s in pending
-                 if all(d.step in done for d in s.dependencies)] or pending[:1]
-        for step in ready:
-            order.append(step)
-            done.add(step.name)
-        pending = [s for s in pending if s.name not in done]
-    return order
+    """The steps level by level (a step after all it depends on), each level in workflow
+    order; linear in the steps and edges. Steps left in a cycle (an invalid workflow)
+    come last, in workflow order."""
+    index = {s.name: i for i, s in enumerate(wf.steps)}
+    waiting = [0] * len(wf.steps)
+    downstream: list[list[int]] = [[] for _ in wf.steps]
+    for i, step in enumerate(wf.steps):
+        for up in {d.step for d in step.dependencies}:
+            j = index.get(up)
+            if j is not None and j != i:
+                waiting[i] += 1
+                downstream[j].append(i)
+    level = [i for i, n in enumerate(waiting) if n == 0]
+    order: list[int] = []
+    while level:
+        order.extend(level)
+        following: list[int] = []
+        for i in level:
+            for k in downstream[i]:
+                waiting[k] -= 1
+                if waiting[k] == 0:
+                    following.append(k)
+        level = sorted(following)
+    if len(order) < len(wf.steps):
+        placed = set(order)
+        order.extend(i for i in range(len(wf.steps)) if i not in placed)
+    return [wf.steps[i] for i in order]
 
 
 class DryRunRunner:

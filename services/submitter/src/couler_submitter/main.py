@@ -20,8 +20,14 @@ artifact store) plus:
     deployment watches) and ``COULER_AIRFLOW_TOKEN`` or ``COULER_AIRFLOW_USERNAME`` +
     ``COULER_AIRFLOW_PASSWORD``;
   - ``kfp``: ``COULER_KFP_HOST`` (+ ``COULER_KFP_TOKEN``); needs the kfp SDK installed;
-* ``COULER_OUTBOX_INTERVAL`` -- seconds between republishing runs whose ``requested`` event
-  has not gone out yet.
+* ``COULER_OUTBOX_INTERVAL`` -- seconds between looks at the events outbox when nothing
+  new was queued (events are published as soon as they are committed; this bounds how
+  long a row left by another process waits);
+* ``COULER_MAX_VALUE_BYTES`` (default 262144, 256 KiB), ``COULER_MAX_WORKFLOW_BYTES``
+  (default 67108864, 64 MiB), ``COULER_MAX_WORKFLOW_STEPS`` (default 200000) and
+  ``COULER_MAX_NESTING_DEPTH`` (default 16) -- the size limits Submit and RegisterTemplate
+  check (:mod:`couler.ir.limits`): a value over its limit is refused with
+  INVALID_ARGUMENT naming the workflow, step, field and limit.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from couler.engines.base import EngineAdapter
 from couler.errors import UserError
+from couler.ir.limits import DEFAULT_LIMITS, SizeLimits
 from couler_runtime.blobs import open_blob_store
 from couler_runtime.bus import Bus
 from couler_runtime.rpc import SUBMITTER
@@ -67,13 +74,25 @@ class SubmitterSettings(CommonSettings):
         runs_dir: The local engine's run directories; ``<state_dir>/runs`` when unset.
         max_workers: Step processes the local engine runs at once, per run.
         engines: The engines this submitter runs, comma-separated.
-        outbox_interval: Seconds between outbox sweeps.
+        outbox_interval: Seconds between looks at the outbox when nothing woke the sender.
+        max_value_bytes: The largest single value in a workflow (an argument, an env
+            value, a script's source, a parameter value, ...), in bytes.
+        max_workflow_bytes: The largest encoded workflow, in bytes (also the largest
+            upload).
+        max_workflow_steps: The most steps a workflow may have, nested ones included.
+        max_nesting_depth: How deeply sub-workflows may nest.
     """
 
     runs_dir: Path | None = None
     max_workers: int = Field(default=4, ge=1, le=256)
     engines: str = "local,dryrun"
     outbox_interval: float = Field(default=5.0, gt=0)
+    max_value_bytes: int = Field(default=DEFAULT_LIMITS.max_value_bytes, ge=1024,
+                                 le=64 * 1024 * 1024)
+    max_workflow_bytes: int = Field(default=DEFAULT_LIMITS.max_workflow_bytes, ge=64 * 1024,
+                                    le=1024 * 1024 * 1024)
+    max_workflow_steps: int = Field(default=DEFAULT_LIMITS.max_steps, ge=1, le=10_000_000)
+    max_nesting_depth: int = Field(default=DEFAULT_LIMITS.max_depth, ge=1, le=64)
     # remote engines (see the module docstring)
     kube_host: str | None = None
     kube_token: SecretStr | None = None
@@ -110,6 +129,13 @@ class SubmitterSettings(CommonSettings):
         if self.runs_dir is None:
             self.runs_dir = self.state_dir / "runs"
         return self
+
+    @property
+    def size_limits(self) -> SizeLimits:
+        """The size limits these settings give (``COULER_MAX_*``)."""
+        return SizeLimits(max_value_bytes=self.max_value_bytes,
+                          max_workflow_bytes=self.max_workflow_bytes,
+                          max_steps=self.max_workflow_steps, max_depth=self.max_nesting_depth)
 
     @property
     def engine_names(self) -> tuple[str, ...]:
@@ -187,7 +213,8 @@ async def build(settings: SubmitterSettings, bus: Bus, *,
         runs_dir.mkdir(parents=True, exist_ok=True)
         submitter = Submitter(store, BusEvents(bus), make_runners(settings, adapters),
                               blobs=blobs, runs_dir=runs_dir,
-                              outbox_interval=settings.outbox_interval)
+                              outbox_interval=settings.outbox_interval,
+                              limits=settings.size_limits)
         await submitter.start()
         await start_consumers(bus, submitter, store)
     except BaseException:

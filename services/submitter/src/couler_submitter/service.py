@@ -7,29 +7,41 @@ The life of a run (states of :class:`~couler_runtime.rpc.records.RunState`)::
                  └────────── Cancel / rejected ─────┴──► CANCELLED / FAILED    SUCCEEDED / FAILED
                                                                                / CANCELLED
 
-Nothing accepted is lost on a crash (an outbox discipline around the store):
+Nothing accepted is lost, and no event is lost or sent twice into the streams' duplicate
+window, on a crash or while NATS is away -- a transactional outbox:
 
-* Submit commits the run row, then publishes ``requested`` (msg id ``<run_id>.requested``);
-  runs still ACCEPTED are republished at start-up and every ``outbox_interval`` seconds
-  (JetStream drops the duplicates).
+* Every event (requested, submitted, step, utilization, finished) is inserted in the
+  ``submitter_outbox`` table in the same transaction as the change it reports
+  (:class:`~couler_submitter.store.RunStore`). One sender task publishes the rows in id
+  order -- many in flight at once, each with its deterministic msg id -- and deletes them
+  once JetStream stored them. While NATS is away rows accumulate and runs go on; the sender
+  retries with back-off, and at start-up it drains what a previous process left, alongside
+  recovery. A row that can never be published (a UserError, or a payload that no longer
+  decodes) is moved to ``submitter_outbox_dead`` with the reason and logged; the rest go on.
+* A run leaves ACCEPTED (for PLANNING) once its ``requested`` event is stored.
 * An ``optimized`` plan is stored with the state PENDING and ``engine_run_id`` *before* the
   engine starts; the consumer acks after that. A redelivered plan for a run that is
   PENDING or later is ignored, so no run reaches an engine twice.
 * At start-up, PENDING / RUNNING runs are resumed from their engine's record (the local
   engine's run directory: steps that succeeded are not run again), or started from the
-  stored plan when the engine never got them.
-* ``submitted`` is published after the engine start, and again when a run is resumed (a
-  crash may fall between the two), under the same msg id: stored once when the restart
-  comes within the streams' duplicate window (2 minutes), at least once after that.
+  stored plan when the engine never got them. ``submitted`` is queued again then, under
+  the same msg id (stored once within the streams' duplicate window, 2 minutes).
 * A plan the optimizer split to fit its engine runs as a
   :class:`~couler_submitter.chunks.ChunkedRun`: each chunk is its own engine run
   (``<run_id>-<chunk>``), resumed or retried chunk by chunk the same way.
+* :meth:`Submitter.close` (a graceful stop) stops the runs without recording anything about
+  them: the next start resumes them.
 
 Engine callbacks arrive on worker threads; they are handed to the event loop and handled
-in order per run: the step's row is updated (the run's ``revision`` + 1), its output
-artifacts are uploaded to the artifact store when it has a cache key, and a StepEvent (and
-a UtilizationSample when its peaks are known) is published. When the engine finishes, the
-final state is stored and ``finished`` published.
+in order per run, in batches: the steps' rows (the run's ``revision`` + 1 per change) and
+their events commit in one transaction; a step's output artifacts are uploaded to the
+artifact store first when it has a cache key.
+
+Large workflows and records: a workflow too large for one message is uploaded in chunks to
+the shared blob store (:meth:`Submitter.upload_workflow`) and submitted by reference; a
+record is read a page of steps at a time (:meth:`Submitter.get`), and a watcher is sent
+only what changed (:meth:`Submitter.watch`). Sizes are checked at Submit and
+RegisterTemplate against :class:`couler.ir.limits.SizeLimits`.
 
 Errors: the :mod:`couler.errors` hierarchy; :class:`NotRetryableError` when Retry is asked
 of a run that is not failed or cancelled (FAILED_PRECONDITION at the gRPC edge).
@@ -40,22 +52,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import logging
+import os
 import re
 import shutil
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from google.protobuf.message import DecodeError
+from opentelemetry import context as otel_context
+
 from couler import ir
 from couler.engines.base import RunStatus, StepState, StepStatus
-from couler.errors import ConflictError, NotFoundError, RetryableError, UserError
+from couler.errors import ConflictError, CoulerError, NotFoundError, RetryableError, UserError
+from couler.ir.limits import DEFAULT_LIMITS, SizeLimits, check_sizes
+from couler.v1 import common_pb2, workflow_pb2
+from couler_runtime import codec, telemetry
 from couler_runtime.local import Reuse
 from couler_runtime.rpc.records import (
+    BlobRef,
     Plan,
     Run,
     RunState,
@@ -63,13 +85,19 @@ from couler_runtime.rpc.records import (
     StoredArtifact,
     Template,
     UtilizationSample,
+    run_from_proto,
+    step_record_from_proto,
+    utilization_sample_from_proto,
 )
 from couler_submitter.chunks import ChunkedRun, chunk_run_id
 from couler_submitter.engines import KNOWN_ENGINES, RunHandle, Runner, not_configured
 from couler_submitter.model import DEFAULT_ENGINE, RunOptions, RunRequest
-from couler_submitter.store import RunStore
+from couler_submitter.store import EventKind, OutboxEntry, RunStore, parse_page_token
 
 __all__ = [
+    "BLOB_CHUNK",
+    "DEFAULT_STEP_PAGE",
+    "MAX_STEP_PAGE",
     "Blobs",
     "Events",
     "NotRetryableError",
@@ -82,14 +110,26 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_MAX_KEY = 255  # characters of an idempotency key (the column's width)
 _NOT_STARTED = (RunState.ACCEPTED, RunState.PLANNING)
 _ENGINE_SIDE = (RunState.PENDING, RunState.RUNNING)
 _RETRYABLE = (RunState.FAILED, RunState.CANCELLED)
 DEFAULT_PAGE = 50
 DEFAULT_LOG_BYTES = 1 << 20  # what Logs returns at most by default (the end of the text)
 MAX_PAGE = 1000
+DEFAULT_STEP_PAGE = 1000  # steps per Get page / Watch message by default
+MAX_STEP_PAGE = 10_000
+BLOB_CHUNK = 1 << 20  # bytes per DownloadBlob message
+MAX_UPLOAD_CHUNK = 4 << 20  # the largest UploadWorkflow chunk taken
 _WATCH_POLL = 2.0  # seconds: a watcher also re-reads the record this often (other replicas)
-_PUBLISH_PATIENCE = 300.0  # seconds a run's event keeps being retried while NATS is away
+_WATCH_MIN_INTERVAL = 0.2  # seconds between a watcher's rounds of changes (they coalesce)
+_STEP_BATCH = 500  # step changes of one run recorded in one transaction at most
+_OUTBOX_BATCH = 1000  # outbox rows read at once
+_OUTBOX_WINDOW = 256  # events in flight at once
+_OUTBOX_MAX_ATTEMPTS = 5  # failures (other than NATS being away) before a row is set aside
+_OUTBOX_MAX_DELAY = 5.0  # seconds between attempts while NATS is away, at most
+_INLINE_SAFE = 16 * 1024  # a row's payload under this goes inline (the bus's limit: 64 KiB)
 
 
 class NotRetryableError(ConflictError):
@@ -124,6 +164,15 @@ class Blobs(Protocol):
     def download(self, digest: str, dest: Path) -> None:
         """Write the blob ``digest`` to ``dest``."""
 
+    def put_file(self, path: Path) -> str:
+        """Store the file's bytes as they are; their ``sha256:<hex>`` digest."""
+
+    def size(self, digest: str) -> int:
+        """The size of blob ``digest`` in bytes; NotFoundError when it is not stored."""
+
+    def get_file(self, digest: str, dest: Path) -> None:
+        """Write the bytes of blob ``digest`` to the file ``dest``, checked against it."""
+
 
 @dataclass(frozen=True, slots=True)
 class RunPage:
@@ -144,6 +193,13 @@ class _Active:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_reason: str = ""
     task: asyncio.Task[None] | None = None
+    _steps: dict[str, ir.Step] | None = None
+
+    def step(self, name: str) -> ir.Step | None:
+        """The top-level step ``name`` (indexed on first use: a run may have 100k)."""
+        if self._steps is None:
+            self._steps = {s.name: s for s in self.workflow.steps}
+        return self._steps.get(name)
 
 
 def _split(plan: Plan) -> bool:
@@ -164,55 +220,128 @@ def _failure_class(status: StepStatus) -> ir.FailureClass | None:
     return None
 
 
+async def _wait(event: asyncio.Event, timeout: float) -> bool:
+    """Wait until ``event`` is set, at most ``timeout`` seconds; whether it was set.
+
+    Unlike ``asyncio.wait_for`` on Python 3.11, a cancellation that arrives as the event is
+    set is never swallowed (a loop around it would otherwise never stop).
+    """
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((waiter,), timeout=timeout)
+    finally:
+        waiter.cancel()
+    return event.is_set()
+
+
+def _alone(row: OutboxEntry) -> bool:
+    """Whether an outbox row is published on its own: its body may be large enough to go
+    by reference (a requested event carries the workflow)."""
+    return row.kind == EventKind.REQUESTED.value or len(row.payload) > _INLINE_SAFE
+
+
+def _step_page(size: int, field: str = "step_page_size") -> int:
+    if size < 0:
+        raise UserError(f"field {field!r} must not be negative (got {size})")
+    return min(size or DEFAULT_STEP_PAGE, MAX_STEP_PAGE)
+
+
+def _check_ref(ref: BlobRef, what: str) -> None:
+    if not _DIGEST.fullmatch(ref.digest):
+        raise UserError(f"{what}: field 'digest' must be 'sha256:<64 lowercase hex digits>' "
+                        f"(got {ref.digest[:80]!r})")
+    if ref.size_bytes < 0:
+        raise UserError(f"{what}: field 'size_bytes' must not be negative "
+                        f"(got {ref.size_bytes})")
+
+
+def decode_workflow(data: bytes, what: str) -> ir.Workflow:
+    """The IR of an encoded ``couler.v1.Workflow``; UserError naming ``what`` when the
+    bytes are not one, or not a valid one."""
+    try:
+        message = workflow_pb2.Workflow.FromString(data)
+    except DecodeError as exc:
+        raise UserError(f"{what}: the {len(data)} bytes are not a couler.v1.Workflow "
+                        f"message: {exc}") from None
+    return workflow_from_message(message, what)
+
+
+def workflow_from_message(message: workflow_pb2.Workflow, what: str) -> ir.Workflow:
+    """The IR of ``message``; any failure to convert it is the caller's (a UserError)."""
+    try:
+        return codec.workflow_from_proto(message)
+    except CoulerError:
+        raise
+    except (ValueError, TypeError, KeyError, RecursionError, UnicodeError) as exc:
+        name = message.name or "(unnamed)"
+        raise UserError(f"{what}: workflow {name!r} cannot be read: "
+                        f"{type(exc).__name__}: {exc}") from None
+
+
 class Submitter:
     """The use cases (see the module docstring).
 
     Args:
         store: The run records.
-        events: Where events go.
+        events: Where events go (the outbox sender hands every event to it).
         runners: The engines this submitter runs, by name.
-        blobs: The artifact store (None: cached results with artifacts are not reused and
-            outputs are not uploaded).
-        runs_dir: Where cached artifacts are fetched to (``<runs_dir>/.cache/<run_id>``).
-        outbox_interval: Seconds between republishing runs still ACCEPTED.
+        blobs: The artifact store (None: cached results with artifacts are not reused,
+            outputs are not uploaded, and workflows cannot be uploaded).
+        runs_dir: Where cached artifacts are fetched to (``<runs_dir>/.cache/<run_id>``)
+            and uploads are received (``<runs_dir>/.uploads``).
+        outbox_interval: Seconds between looks at the outbox when nothing wakes the sender.
+        limits: The size limits Submit and RegisterTemplate check.
     """
 
     def __init__(self, store: RunStore, events: Events, runners: Mapping[str, Runner], *,
-                 blobs: Blobs | None, runs_dir: Path, outbox_interval: float = 5.0) -> None:
+                 blobs: Blobs | None, runs_dir: Path, outbox_interval: float = 5.0,
+                 limits: SizeLimits = DEFAULT_LIMITS) -> None:
         self._store = store
         self._events = events
         self._runners = dict(runners)
         self._blobs = blobs
         self._runs_dir = runs_dir
         self._outbox_interval = outbox_interval
+        self._limits = limits
         self._active: dict[str, _Active] = {}
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._outbox: asyncio.Task[None] | None = None
+        self._sender: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        # Requests accepted here and not yet published: the sender need not decode them.
+        self._requests: dict[str, RunRequest] = {}
         self._closing = False
+
+    @property
+    def limits(self) -> SizeLimits:
+        """The size limits checked at Submit and RegisterTemplate."""
+        return self._limits
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Recover: republish ACCEPTED runs, resume or start runs left with an engine."""
+        """Start the outbox sender (it drains what a previous process left), then resume or
+        start the runs left with an engine."""
         self._loop = asyncio.get_running_loop()
-        await self._republish()
+        queued = await self._call(self._store.requeue_unrequested)
+        if queued:
+            log.info("outbox: %d accepted run(s) had no requested event queued; queued", queued)
+        self._sender = asyncio.create_task(self._send_loop(), name="submitter-outbox")
         for run in await self._call(self._store.runs_in, _ENGINE_SIDE):
             try:
                 await self._recover(run)
             except Exception as exc:  # one bad run must not keep the others down
+                if self._closing:
+                    return
                 log.error("run %s: recovery failed: %s", run.run_id, exc, exc_info=True)
                 await self._fail(run.run_id, f"could not be resumed after a restart: {exc}",
                                  expect=_ENGINE_SIDE)
-        self._outbox = asyncio.create_task(self._outbox_loop(), name="submitter-outbox")
 
     async def close(self) -> None:
-        """Stop the background work and interrupt the runs; the next start resumes them."""
+        """Stop the runs and the sender; nothing is recorded about the runs (not failed,
+        not cancelled): the next start resumes them. Queued events stay queued."""
         self._closing = True
-        if self._outbox is not None:
-            self._outbox.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._outbox
         for run_id, active in list(self._active.items()):
             if active.task is not None:
                 active.task.cancel()
@@ -230,6 +359,11 @@ class Submitter:
                 log.warning("run %s: not stopped cleanly (%s); resumed at the next start",
                             run_id, exc)
         self._active.clear()
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+            self._sender = None
 
     async def _recover(self, run: Run) -> None:
         runner = self._runners.get(run.engine)
@@ -252,114 +386,427 @@ class Submitter:
             return
         log.info("run %s: resumed on %s", run.run_id, run.engine)
         self._track(run.run_id, handle, plan.workflow, run.engine, queue)
-        # The crash may have come between the engine start and this event: publish it again
+        # The crash may have come between the engine start and this event: queue it again
         # under the same msg id (JetStream drops it when the first one was stored).
-        await self._publish(self._events.submitted, run)
+        await self._call(self._store.emit, run.run_id, EventKind.SUBMITTED)
+        self._wake.set()
 
-    async def _outbox_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._outbox_interval)
+    # ------------------------------------------------------------------ the outbox
+
+    async def _send_loop(self) -> None:
+        """Publish the outbox in order, forever (see the module docstring)."""
+        delay = 0.0
+        while not self._closing:
+            self._wake.clear()  # a row committed from now on wakes the wait below
             try:
-                await self._republish(older_than=self._outbox_interval)
-            except Exception as exc:
-                log.warning("outbox: %s", exc)
+                sent_all = await self._send_pending()
+            except (asyncio.CancelledError, GeneratorExit):
+                raise
+            except Exception as exc:  # the store is away, say: try again later
+                log.warning("outbox: %s: %s", type(exc).__name__, exc)
+                sent_all = False
+            if sent_all:
+                delay = 0.0
+                self._drained.set()
+                await _wait(self._wake, self._outbox_interval)
+            else:  # NATS (or the store) is away: back off, however many rows arrive
+                delay = min(max(delay * 2, 0.2), _OUTBOX_MAX_DELAY)
+                await asyncio.sleep(delay)
 
-    async def _republish(self, older_than: float = 0.0) -> None:
-        now = time.time()
-        for run in await self._call(self._store.runs_in, (RunState.ACCEPTED,)):
-            if run.created_at is not None and now - run.created_at < older_than:
-                continue
-            await self._request_planning(run)
+    async def _send_pending(self) -> bool:
+        """Publish queued events until none are left (True) or NATS is away (False)."""
+        while True:
+            rows = await self._call(self._store.pending_events, _OUTBOX_BATCH)
+            if not rows:
+                return True
+            if not await self._send_rows(rows):
+                return False
 
-    async def _request_planning(self, run: Run) -> None:
-        request = await self._call(self._store.request, run.run_id)
+    async def _send_rows(self, rows: Sequence[OutboxEntry]) -> bool:
+        """Publish ``rows`` in order, a window at a time; delete those JetStream stored."""
+        i = 0
+        while i < len(rows):
+            # An event whose body may go by reference (stored first, in a thread) could be
+            # overtaken by events started after it: it goes alone.
+            if _alone(rows[i]):
+                window = rows[i:i + 1]
+            else:
+                j = i
+                while j < len(rows) and j - i < _OUTBOX_WINDOW and not _alone(rows[j]):
+                    j += 1
+                window = rows[i:j]
+            # Tasks start in order and each reaches the connection's buffer before it first
+            # waits, so JetStream receives (and stores) the window in order. (Only a
+            # connection lost in the middle of a window, with a later event acknowledged and
+            # an earlier one not, could store that earlier one later, when it is retried.)
+            results = await asyncio.gather(*(self._send_one(r) for r in window),
+                                           return_exceptions=True)
+            done: list[int] = []
+            away = False
+            for row, result in zip(window, results, strict=True):
+                if result is None:
+                    done.append(row.id)
+                elif isinstance(result, RetryableError):
+                    away = True
+                elif isinstance(result, BaseException):
+                    if isinstance(result, asyncio.CancelledError):
+                        raise result
+                    await self._unpublishable(row, result)
+            if done:
+                await self._call(self._store.published, done)
+                await self._after_published([r for r in window if r.id in set(done)])
+            if away:
+                first = next(r for r, x in zip(window, results, strict=True)
+                             if isinstance(x, RetryableError))
+                log.warning("outbox: NATS unavailable (%s); %s event(s) of run %s and "
+                            "later wait", results[window.index(first)], first.kind,
+                            first.run_id)
+                return False
+            i += len(window)
+        return True
+
+    async def _send_one(self, row: OutboxEntry) -> None:
+        """Hand one queued event to the publisher, in the trace of the change it reports."""
+        token = otel_context.attach(telemetry.extract(row.trace)) if row.trace else None
         try:
-            await self._events.requested(run, request)
-        except RetryableError as exc:
-            log.warning("run %s: requested not published yet (%s); the outbox retries",
-                        run.run_id, exc)
-            return
-        if await self._update(run.run_id, expect=(RunState.ACCEPTED,),
-                              state=RunState.PLANNING) is None:
-            log.debug("run %s: left ACCEPTED before planning was recorded", run.run_id)
+            await self._publish_entry(row)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+
+    async def _publish_entry(self, row: OutboxEntry) -> None:
+        header = Run(run_id=row.run_id, state=RunState.RUNNING, workflow=row.workflow,
+                     engine=row.engine, retries=row.retries)
+        kind = row.kind
+        try:
+            if kind == EventKind.STEP.value:
+                rec = step_record_from_proto(common_pb2.StepRecord.FromString(row.payload))
+                await self._events.step(header, rec)
+            elif kind == EventKind.UTILIZATION.value:
+                sample = utilization_sample_from_proto(
+                    common_pb2.UtilizationSample.FromString(row.payload))
+                await self._events.utilization(sample)
+            elif kind == EventKind.SUBMITTED.value:
+                await self._events.submitted(run_from_proto(common_pb2.Run.FromString(row.payload)))
+            elif kind == EventKind.FINISHED.value:
+                await self._events.finished(run_from_proto(common_pb2.Run.FromString(row.payload)))
+            elif kind == EventKind.REQUESTED.value:
+                request = self._requests.get(row.run_id)
+                if request is None:
+                    request = await self._call(self._store.request, row.run_id)
+                await self._events.requested(dataclasses.replace(
+                    header, state=RunState.ACCEPTED), request)
+            else:
+                raise UserError(f"unknown event kind {kind!r}")
+        except DecodeError as exc:
+            raise UserError(f"the queued {kind} event does not decode: {exc}") from None
+
+    async def _after_published(self, rows: Sequence[OutboxEntry]) -> None:
+        for row in rows:
+            if row.kind != EventKind.REQUESTED.value:
+                continue
+            self._requests.pop(row.run_id, None)
+            if await self._update(row.run_id, expect=(RunState.ACCEPTED,),
+                                  state=RunState.PLANNING) is None:
+                log.debug("run %s: left ACCEPTED before planning was recorded", row.run_id)
+
+    async def _unpublishable(self, row: OutboxEntry, exc: BaseException) -> None:
+        """A row failed for a reason other than NATS being away: set it aside when it can
+        never be published (a UserError, or after a few attempts)."""
+        reason = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, NotFoundError) and row.kind == EventKind.REQUESTED.value:
+            self._requests.pop(row.run_id, None)
+        attempts = _OUTBOX_MAX_ATTEMPTS
+        if not isinstance(exc, UserError):
+            attempts = await self._call(self._store.failed_attempt, row.id, reason)
+            log.warning("outbox: %s event %d of run %s failed (attempt %d): %s", row.kind,
+                        row.id, row.run_id, attempts, reason, exc_info=exc)
+        if attempts >= _OUTBOX_MAX_ATTEMPTS:
+            await self._call(self._store.move_aside, row.id, reason)
+            log.error("outbox: %s event %d of run %s can never be published, set aside: %s",
+                      row.kind, row.id, row.run_id, reason)
+
+    async def drained(self, timeout: float) -> bool:
+        """Wait until the outbox was found empty once after this call (tests, tools)."""
+        self._drained.clear()
+        self._wake.set()
+        return await _wait(self._drained, timeout)
 
     # ------------------------------------------------------------------ submit
 
+    async def upload_workflow(self, chunks: AsyncIterator[tuple[bytes, int, str]]) -> BlobRef:
+        """Store an encoded workflow sent in ``(data, size, digest)`` chunks (size and digest
+        announced by the first, optional) in the blob store; its reference.
+
+        Raises:
+            UserError: Over the workflow size limit, a chunk over 4 MiB, bytes that do not
+                match the announced size or digest, or not a ``couler.v1.Workflow``.
+        """
+        if self._blobs is None:
+            raise UserError("upload: no blob store is configured (COULER_ARTIFACTS)")
+        limit = self._limits.max_workflow_bytes
+        upload_dir = self._runs_dir / ".uploads"
+        upload_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=upload_dir, suffix=".workflow")
+        path = Path(name)
+        try:
+            h = hashlib.sha256()
+            size = 0
+            want_size, want_digest = -1, ""
+            first = True
+            with os.fdopen(fd, "wb") as out:
+                async for data, announced_size, announced_digest in chunks:
+                    if first:
+                        first = False
+                        want_size = announced_size or -1
+                        want_digest = announced_digest
+                        if want_digest and not _DIGEST.fullmatch(want_digest):
+                            raise UserError("upload: field 'digest' must be 'sha256:<64 "
+                                            f"lowercase hex digits>' (got {want_digest[:80]!r})")
+                        if want_size > limit:
+                            raise UserError(f"upload: the workflow is {want_size} bytes, over "
+                                            f"the limit of {limit} bytes per workflow")
+                    if len(data) > MAX_UPLOAD_CHUNK:
+                        raise UserError(f"upload: field 'data': a chunk of {len(data)} bytes "
+                                        f"is over the limit of {MAX_UPLOAD_CHUNK} bytes")
+                    size += len(data)
+                    if size > limit:
+                        raise UserError(f"upload: the workflow is over the limit of {limit} "
+                                        "bytes per workflow")
+                    h.update(data)
+                    await asyncio.to_thread(out.write, data)
+            digest = "sha256:" + h.hexdigest()
+            if want_size >= 0 and want_size != size:
+                raise UserError(f"upload: field 'size_bytes': announced {want_size} bytes, "
+                                f"received {size}")
+            if want_digest and want_digest != digest:
+                raise UserError(f"upload: field 'digest': announced {want_digest}, the bytes "
+                                f"received hash to {digest}")
+            if size == 0:
+                raise UserError("upload: no bytes received (an empty workflow)")
+            data = await asyncio.to_thread(path.read_bytes)
+            try:
+                workflow_pb2.Workflow.FromString(data)
+            except DecodeError as exc:
+                raise UserError(f"upload: the {size} bytes are not a couler.v1.Workflow "
+                                f"message: {exc}") from None
+            del data
+            stored = await self._call(self._blobs.put_file, path)
+            if stored != digest:  # the file changed under us: never hand out a wrong ref
+                raise RetryableError(f"upload: stored {stored}, expected {digest}; try again")
+            log.info("upload: workflow %s (%d bytes) stored", digest, size)
+            return BlobRef(digest, size)
+        finally:
+            path.unlink(missing_ok=True)
+
+    async def read_blob(self, ref: BlobRef, what: str = "blob") -> bytes:
+        """The bytes of ``ref`` from the blob store, checked against its digest and size.
+
+        Raises:
+            UserError: A malformed reference, or bytes of another size.
+            NotFoundError: Nothing stored under it.
+        """
+        _check_ref(ref, what)
+        if self._blobs is None:
+            raise UserError(f"{what}: no blob store is configured (COULER_ARTIFACTS)")
+        if ref.size_bytes > self._limits.max_workflow_bytes:
+            raise UserError(f"{what}: {ref.size_bytes} bytes is over the limit of "
+                            f"{self._limits.max_workflow_bytes} bytes per workflow")
+        await self._check_size(ref, what)  # before reading a byte of it
+        with self._scratch() as tmp:
+            dest = tmp / "blob"
+            await self._call(self._blobs.get_file, ref.digest, dest)
+            return await asyncio.to_thread(dest.read_bytes)
+
+    async def _check_size(self, ref: BlobRef, what: str) -> None:
+        assert self._blobs is not None  # the callers checked
+        size = await self._call(self._blobs.size, ref.digest)
+        if size != ref.size_bytes:
+            raise UserError(f"{what}: field 'size_bytes': blob {ref.digest} is {size} "
+                            f"bytes, not {ref.size_bytes}")
+
+    async def blob_chunks(self, ref: BlobRef) -> AsyncIterator[bytes]:
+        """The bytes of ``ref`` in chunks of at most :data:`BLOB_CHUNK`, checked first."""
+        _check_ref(ref, "download")
+        if self._blobs is None:
+            raise UserError("download: no blob store is configured (COULER_ARTIFACTS)")
+        await self._check_size(ref, "download")
+        with self._scratch() as tmp:
+            dest = tmp / "blob"
+            await self._call(self._blobs.get_file, ref.digest, dest)  # checked on the way
+            with dest.open("rb") as f:
+                while chunk := await asyncio.to_thread(f.read, BLOB_CHUNK):
+                    yield chunk
+
+    async def store_blob(self, data: bytes) -> BlobRef:
+        """Put ``data`` in the blob store (for an answer too large to send inline)."""
+        if self._blobs is None:
+            raise UserError("no blob store is configured (COULER_ARTIFACTS)")
+        with self._scratch() as tmp:
+            path = tmp / "blob"
+            await asyncio.to_thread(path.write_bytes, data)
+            digest = await self._call(self._blobs.put_file, path)
+        return BlobRef(digest, len(data))
+
+    @contextlib.contextmanager
+    def _scratch(self) -> Iterator[Path]:
+        base = self._runs_dir / ".uploads"
+        base.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=base))
+        try:
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def check_workflow(self, wf: ir.Workflow, parameters: Mapping[str, str] | None = None, *,
+                       encoded_bytes: int | None = None) -> None:
+        """Refuse ``wf`` over a size limit, then when invalid (ValidationError)."""
+        check_sizes(wf, self._limits, parameters=parameters, encoded_bytes=encoded_bytes)
+        ir.validate(wf)
+
     async def submit(self, *, workflow: ir.Workflow | None = None, text: str | None = None,
-                     template: str = "", options: RunOptions,
-                     idempotency_key: str = "") -> tuple[str, bool]:
-        """Record a run (ACCEPTED) and request its planning; ``(run_id, created)``.
+                     template: str = "", options: RunOptions, idempotency_key: str = "",
+                     workflow_ref: BlobRef | None = None,
+                     encoded: bytes | None = None) -> tuple[str, bool]:
+        """Record a run (ACCEPTED) with its ``requested`` event; ``(run_id, created)``.
+
+        ``workflow_ref`` names an uploaded workflow instead of ``workflow``; ``encoded`` is
+        ``workflow``'s protobuf encoding when the caller has it (stored as it is).
 
         Raises:
             UserError: No or several sources, an empty text, an unknown engine.
-            ValidationError: The workflow is invalid.
-            NotFoundError: No template of that name.
+            ValidationError: The workflow is invalid or over a size limit.
+            NotFoundError: No template of that name, nothing uploaded under the reference.
         """
-        if sum(x is not None and x != "" for x in (workflow, text, template)) != 1:
-            raise UserError("submit: give exactly one of a workflow, a text or a template")
+        given = (workflow is not None, text is not None and text != "", bool(template),
+                 workflow_ref is not None)
+        if sum(given) != 1:
+            raise UserError("submit: give exactly one of a workflow, a workflow reference, "
+                            "a text or a template")
+        if len(idempotency_key) > _MAX_KEY:
+            raise UserError(f"submit: field 'idempotency_key' is {len(idempotency_key)} "
+                            f"characters, over the limit of {_MAX_KEY}")
+        if workflow_ref is not None:
+            encoded = await self.read_blob(workflow_ref, "submit: field 'workflow_ref'")
+            workflow = await asyncio.to_thread(decode_workflow, encoded,
+                                               "submit: field 'workflow_ref'")
         engine = options.engine
         if template:
             tpl = await self._call(self._store.get_template, template)
             workflow = tpl.workflow
             engine = engine or tpl.engine
+            encoded = None
         engine = (engine or DEFAULT_ENGINE).strip().lower()
         if engine not in KNOWN_ENGINES:
-            raise UserError(f"submit: engine {engine!r} is unknown (known: "
-                            f"{', '.join(KNOWN_ENGINES)})")
+            raise UserError(f"submit: field 'engine': engine {engine[:80]!r} is unknown "
+                            f"(known: {', '.join(KNOWN_ENGINES)})")
         if workflow is not None:
-            ir.validate(workflow)
-            ir.check_parameters(workflow, options.parameters)
+            await asyncio.to_thread(self._check_submitted, workflow, options.parameters,
+                                    len(encoded) if encoded is not None else None,
+                                    bool(template))
         elif text is not None and not text.strip():
             raise UserError("submit: field 'text': the request is empty")
+        elif text is not None and len(text.encode("utf-8", "surrogatepass")) > \
+                self._limits.max_value_bytes:
+            raise UserError(f"submit: field 'text': the request is over the limit of "
+                            f"{self._limits.max_value_bytes} bytes")
         options = RunOptions(engine=engine, parameters=dict(options.parameters),
                              dry_run=options.dry_run, no_cache=options.no_cache,
                              constraints=options.constraints, objectives=options.objectives,
                              tenant=options.tenant)
         request = RunRequest(workflow, text if workflow is None else None, options, template)
         run_id = f"run-{uuid.uuid4().hex[:20]}"
-        run, created = await self._call(self._store.create_run, run_id, request,
-                                        idempotency_key=idempotency_key)
+        self._requests[run_id] = request
+        try:
+            run, created = await self._call(self._store.create_run, run_id, request,
+                                            idempotency_key=idempotency_key, encoded=encoded)
+        except BaseException:
+            self._requests.pop(run_id, None)
+            raise
         if not created:
+            self._requests.pop(run_id, None)
             log.info("submit: idempotency key %r is run %s; nothing started",
                      idempotency_key, run.run_id)
             return run.run_id, False
         self._notify()
+        self._wake.set()
         log.info("run %s: accepted (%s, engine %s)", run_id,
                  f"workflow {workflow.name!r}" if workflow is not None else "text", engine)
-        await self._request_planning(run)
         return run_id, True
+
+    def _check_submitted(self, wf: ir.Workflow, parameters: Mapping[str, str],
+                         encoded_bytes: int | None, from_template: bool) -> None:
+        for name, value in parameters.items():
+            if len(name) > 253 or "\x00" in name:
+                raise UserError(f"submit: field 'parameters': the name {name[:80]!r} is not a "
+                                "parameter name")
+            del value
+        if from_template:  # its values were checked at registration; the parameters now
+            check_sizes(dataclasses.replace(wf, steps=(), exit_hooks=()), self._limits,
+                        parameters=parameters)
+        else:
+            check_sizes(wf, self._limits, parameters=parameters, encoded_bytes=encoded_bytes)
+        ir.validate(wf)
+        ir.check_parameters(wf, parameters)
 
     # ------------------------------------------------------------------ read
 
-    async def get(self, run_id: str) -> Run:
-        """The run's record; NotFoundError for an unknown run."""
-        return await self._call(self._store.get_run, run_id)
+    async def header(self, run_id: str) -> Run:
+        """The run's record without its steps; NotFoundError for an unknown run."""
+        return await self._call(self._store.header, run_id)
 
-    async def watch(self, run_id: str) -> AsyncIterator[Run]:
-        """The record now, then on every change (by revision), until it is terminal."""
-        last = -1
+    async def get(self, run_id: str, *, page_size: int = 0, page_token: str = "") -> Run:
+        """The run's record with one page of its steps (``next_step_page_token`` names the
+        next); NotFoundError for an unknown run."""
+        limit = _step_page(page_size)
+        after = parse_page_token(page_token)
+        return await self._call(self._store.run_page, run_id, limit=limit, after=after)
+
+    async def watch(self, run_id: str, *, page_size: int = 0
+                    ) -> AsyncIterator[tuple[Run, bool]]:
+        """The record now with all its steps, then on every change with the steps that
+        changed, until it is terminal: ``(record, more)``, ``more`` when the next item
+        carries more steps of the same revision (one page of steps per item)."""
+        limit = _step_page(page_size)
+        since = 0
+        sent = False
+        last_round = 0.0
         while True:
             changed = self._changed
-            run = await self.get(run_id)
-            if run.revision != last:
-                last = run.revision
-                yield run
-            if run.state.terminal:
+            header = await self.header(run_id)
+            if not sent or header.revision != since:
+                upto = header.revision
+                after = 0
+                while True:
+                    steps, after, more = await self._call(
+                        self._store.changed_steps, run_id, since=since, upto=upto, after=after,
+                        limit=limit)
+                    yield dataclasses.replace(header, steps=steps), more
+                    if not more:
+                        break
+                since, sent = upto, True
+                last_round = time.monotonic()
+            if header.state.terminal:
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), _WATCH_POLL)
+            await _wait(changed, _WATCH_POLL)
+            # Changes arriving faster than this are sent together.
+            pause = _WATCH_MIN_INTERVAL - (time.monotonic() - last_round)
+            if pause > 0:
+                await asyncio.sleep(pause)
 
     async def list(self, *, workflow: str = "", states: Sequence[RunState] = (),
                    page_size: int = 0, page_token: str = "") -> RunPage:
-        """Runs newest first; the token is an opaque position."""
+        """Runs newest first, without their steps; the token is an opaque position."""
         if page_size < 0:
             raise UserError(f"list: field 'page_size' must not be negative (got {page_size})")
         limit = min(page_size or DEFAULT_PAGE, MAX_PAGE)
         try:
-            offset = int(page_token) if page_token else 0
+            offset = int(page_token) if page_token and len(page_token) <= 20 else 0
+            if page_token and len(page_token) > 20:
+                raise ValueError(page_token)
         except ValueError:
-            raise UserError(f"list: field 'page_token': {page_token!r} is not a token this "
-                            "server gave") from None
+            raise UserError(f"list: field 'page_token': {page_token[:40]!r} is not a token "
+                            "this server gave") from None
         runs, more = await self._call(self._store.list_runs, workflow=workflow, states=states,
                                       limit=limit, offset=max(offset, 0))
         return RunPage(tuple(runs), str(offset + limit) if more else "")
@@ -376,16 +823,18 @@ class Submitter:
         """
         if max_bytes < 0:
             raise UserError(f"logs: field 'max_bytes' must not be negative (got {max_bytes})")
-        run = await self.get(run_id)
+        run = await self.header(run_id)
         plan = await self._call(self._store.plan, run_id)
         if plan is None or run.state in _NOT_STARTED:
             raise NotFoundError(f"run {run_id!r} is {run.state.value}: it has not reached its "
                                 "engine, no step has logs yet")
         top = step.split("/", 1)[0]
-        if all(s.name != top for s in plan.workflow.steps):
-            names = ", ".join(s.name for s in plan.workflow.steps)
+        if plan.workflow.step(top) is None:
+            names = [s.name for s in plan.workflow.steps]
+            shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)"
+                                             if len(names) > 20 else "")
             raise NotFoundError(f"run {run_id!r}: workflow {plan.workflow.name!r} has no step "
-                                f"{top!r} (its steps: {names})")
+                                f"{top[:100]!r} (its steps: {shown})")
         runner = self._runners.get(run.engine)
         if runner is None:
             raise not_configured(run.engine, tuple(self._runners))
@@ -402,16 +851,30 @@ class Submitter:
 
     # ------------------------------------------------------------------ templates
 
-    async def register_template(self, name: str, wf: ir.Workflow, engine: str) -> Template:
-        """Register (or replace) a template launched as ``couler.launch.<name>``."""
+    async def register_template(self, name: str, wf: ir.Workflow | None, engine: str, *,
+                                workflow_ref: BlobRef | None = None,
+                                encoded: bytes | None = None) -> Template:
+        """Register (or replace) a template launched as ``couler.launch.<name>``.
+
+        ``workflow_ref`` names an uploaded workflow instead of ``wf``.
+        """
         if not _LABEL.fullmatch(name):
-            raise UserError(f"template {name!r}: field 'name' must be a DNS-1123 label "
+            raise UserError(f"template {name[:80]!r}: field 'name' must be a DNS-1123 label "
                             "(lowercase letters, digits, '-', at most 63)")
         engine = engine.strip().lower()
         if engine and engine not in KNOWN_ENGINES:
-            raise UserError(f"template {name!r}: field 'engine': {engine!r} is unknown")
-        ir.validate(wf)
-        return await self._call(self._store.put_template, name, wf, engine)
+            raise UserError(f"template {name!r}: field 'engine': {engine[:80]!r} is unknown")
+        if (wf is None) == (workflow_ref is None):
+            raise UserError(f"template {name!r}: give exactly one of a workflow and a "
+                            "workflow reference")
+        if workflow_ref is not None:
+            what = f"template {name!r}: field 'workflow_ref'"
+            encoded = await self.read_blob(workflow_ref, what)
+            wf = await asyncio.to_thread(decode_workflow, encoded, what)
+        assert wf is not None  # one of the two was given (checked above)
+        await asyncio.to_thread(self.check_workflow, wf,
+                                encoded_bytes=len(encoded) if encoded is not None else None)
+        return await self._call(self._store.put_template, name, wf, engine, encoded=encoded)
 
     async def templates(self) -> Sequence[Template]:
         """The registered templates, by name."""
@@ -440,20 +903,24 @@ class Submitter:
 
         Returns once the run row records the start (PENDING, engine run id) and the engine
         has the run: the consumer acks then.
+
+        Raises:
+            RetryableError: The submitter is stopping (the plan is redelivered later).
         """
-        run = await self.get(run_id)
+        if self._closing:
+            raise RetryableError(f"run {run_id}: the submitter is stopping; plan it later")
+        run = await self.header(run_id)
         if run_id in self._active or run.state not in _NOT_STARTED:
             log.info("run %s: plan ignored (the run is %s)", run_id, run.state.value)
             return
-        request = await self._call(self._store.request, run_id)
-        digest = plan.workflow_digest or ir.digest(plan.workflow)
-        if request.options.dry_run:
-            done = await self._update(
+        options = await self._call(self._store.options, run_id)
+        digest = plan.workflow_digest or await asyncio.to_thread(ir.digest, plan.workflow)
+        if options.dry_run:
+            await self._update(
                 run_id, expect=_NOT_STARTED, state=RunState.SUCCEEDED, plan=plan,
                 passes=plan.passes, workflow=plan.workflow.name, workflow_digest=digest,
-                message="dry run: planned and compiled, not run", finished_at=time.time())
-            if done is not None:
-                await self._publish(self._events.finished, done)
+                message="dry run: planned and compiled, not run", finished_at=time.time(),
+                emit=(EventKind.FINISHED,))
             return
         runner = self._runners.get(run.engine)
         if runner is None:
@@ -474,8 +941,8 @@ class Submitter:
     # ------------------------------------------------------------------ cancel / retry
 
     async def cancel(self, run_id: str, reason: str = "") -> Run:
-        """Stop the run; a no-op on a finished one. Returns the record."""
-        run = await self.get(run_id)
+        """Stop the run; a no-op on a finished one. Returns the record (without steps)."""
+        run = await self.header(run_id)
         if run.state.terminal:
             return run
         message = f"cancelled: {reason}" if reason else "cancelled"
@@ -484,20 +951,18 @@ class Submitter:
             active.cancel_reason = message
             await self._call(active.handle.cancel)
             # The engine stops its steps and reports; a bound on waiting, not a guarantee.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(active.done.wait(), 30.0)
-            return await self.get(run_id)
+            await _wait(active.done, 30.0)
+            return await self.header(run_id)
         cancelled = await self._update(run_id, expect=(*_NOT_STARTED, *_ENGINE_SIDE),
                                        state=RunState.CANCELLED, message=message,
-                                       finished_at=time.time())
+                                       finished_at=time.time(), emit=(EventKind.FINISHED,))
         if cancelled is None:
-            return await self.get(run_id)
-        await self._publish(self._events.finished, cancelled)
+            return await self.header(run_id)
         return cancelled
 
     async def retry(self, run_id: str) -> Run:
         """Re-run a FAILED or CANCELLED run from its failure point under the same id."""
-        run = await self.get(run_id)
+        run = await self.header(run_id)
         if run.state not in _RETRYABLE or run_id in self._active:
             raise NotRetryableError(f"run {run_id!r} is {run.state.value}: only a failed or "
                                     "cancelled run can be retried")
@@ -517,7 +982,7 @@ class Submitter:
         if _split(plan):  # chunks that did not succeed retry from their failure point
             await self._launch(updated, plan, queue=queue, retry=True)
             log.info("run %s: retry %d started", run_id, updated.retries)
-            return await self.get(run_id)
+            return await self.header(run_id)
         try:
             handle = await self._call(runner.retry, run_id, self._callback(queue))
         except Exception as exc:
@@ -527,9 +992,10 @@ class Submitter:
             await self._launch(updated, plan, queue=queue)
         else:
             self._track(run_id, handle, plan.workflow, run.engine, queue)
-            await self._publish(self._events.submitted, updated)
+            await self._call(self._store.emit, run_id, EventKind.SUBMITTED)
+            self._wake.set()
         log.info("run %s: retry %d started", run_id, updated.retries)
-        return await self.get(run_id)
+        return await self.header(run_id)
 
     # ------------------------------------------------------------------ engine side
 
@@ -542,12 +1008,12 @@ class Submitter:
         chunks the engine has are picked up; ``retry``: those that did not succeed retry).
         """
         runner = self._runners[run.engine]
-        request = await self._call(self._store.request, run.run_id)
+        options = await self._call(self._store.options, run.run_id)
         cached: Mapping[str, Reuse] = {}
-        if plan.cached and not request.options.no_cache:
+        if plan.cached and not options.no_cache:
             cached = await self._call(self._fetch_cached, run.run_id, plan)
         queue = queue if queue is not None else asyncio.Queue()
-        parameters = {**request.options.parameters}
+        parameters = {**options.parameters}
         try:
             handle: RunHandle
             if _split(plan):
@@ -560,6 +1026,9 @@ class Submitter:
                 handle = await self._call(runner.start, run.run_id, plan.workflow, parameters,
                                           cached, self._callback(queue))
         except Exception as exc:  # the engine has not got the run: record why, never hang
+            if self._closing:  # not the engine's doing: the next start starts it
+                log.info("run %s: not started (stopping): %s", run.run_id, exc)
+                return
             log.warning("run %s: engine %r did not start it: %s", run.run_id, run.engine, exc,
                         exc_info=not isinstance(exc, UserError))
             await self._fail(run.run_id, f"engine {run.engine!r} refused the run: {exc}",
@@ -567,18 +1036,21 @@ class Submitter:
             return
         self._track(run.run_id, handle, plan.workflow, run.engine, queue)
         engine_run_id = getattr(handle, "engine_run_id", run.run_id)  # remote engines' own
+        emit = (EventKind.SUBMITTED,)
         if engine_run_id != run.engine_run_id:
-            run = await self._update(run.run_id, engine_run_id=engine_run_id) or run
-        if (await self.get(run.run_id)).state.terminal:  # cancelled while it was starting
+            updated = await self._update(run.run_id, engine_run_id=engine_run_id, emit=emit)
+            run = updated or run
+        else:
+            await self._call(self._store.emit, run.run_id, EventKind.SUBMITTED)
+            self._wake.set()
+        if (await self.header(run.run_id)).state.terminal:  # cancelled while starting
             await self._call(handle.cancel)
         if resuming and isinstance(handle, ChunkedRun) and handle.picked_up:
-            # published again under the same msg id, as for a resumed run (see _recover)
             log.info("run %s: resumed on %s (split plan, %d chunks)", run.run_id, run.engine,
                      len(plan.chunks))
         else:
             log.info("run %s: started on %s (%d cached step(s)%s)", run.run_id, run.engine,
                      len(cached), f", {len(plan.chunks)} chunks" if _split(plan) else "")
-        await self._publish(self._events.submitted, run)
 
     def _fetch_cached(self, run_id: str, plan: Plan) -> dict[str, Reuse]:
         """The plan's cache hits as the local engine takes them (artifacts fetched)."""
@@ -631,51 +1103,76 @@ class Submitter:
 
     async def _drive(self, run_id: str, active: _Active) -> None:
         try:
-            while (status := await active.queue.get()) is not None:
+            ended = False
+            while not ended:
+                first = await active.queue.get()
+                if first is None:
+                    break
+                batch = [first]
+                while len(batch) < _STEP_BATCH and not active.queue.empty():
+                    item = active.queue.get_nowait()
+                    if item is None:
+                        ended = True
+                        break
+                    batch.append(item)
                 try:
-                    await self._on_step(run_id, active, status)
+                    await self._on_steps(run_id, active, batch)
                 except (asyncio.CancelledError, GeneratorExit):
                     raise
                 except Exception as exc:
-                    log.error("run %s: recording step %r failed: %s", run_id, status.step, exc,
-                              exc_info=True)
-            final = await self._call(active.handle.wait)
+                    if self._closing:
+                        return  # resumed at the next start
+                    log.error("run %s: recording %d step change(s) failed: %s", run_id,
+                              len(batch), exc, exc_info=True)
+            final = await asyncio.to_thread(active.handle.wait)  # as long as the run takes
+            if self._closing:
+                return  # stopped by the shutdown, not finished: resumed at the next start
             await self._finish(run_id, active, final)
         finally:
             active.done.set()
             if self._active.get(run_id) is active:
                 del self._active[run_id]
 
-    async def _on_step(self, run_id: str, active: _Active, status: StepStatus) -> None:
-        artifacts: dict[str, StoredArtifact] = {}
-        cache_key = status.cache_key
-        if status.state is StepState.SUCCEEDED and cache_key and not status.key:
-            try:
-                artifacts = await self._call(self._upload, active, status.step)
-            except Exception as exc:  # never commit an entry without its artifacts
-                log.warning("run %s, step %r: artifacts not stored (%s); not cacheable",
-                            run_id, status.step, exc)
-                cache_key = ""
-        rec = dataclasses.replace(
-            StepRecord.from_status(status, failure_class=_failure_class(status)),
-            cache_key=cache_key, artifacts=artifacts)
-        moving = status.state not in (StepState.PENDING,)
-        run = await self._call(self._store.put_step, run_id, rec,
-                               state=RunState.RUNNING if moving else None,
-                               started_at=status.started_at if moving else None)
+    async def _on_steps(self, run_id: str, active: _Active,
+                        statuses: Sequence[StepStatus]) -> None:
+        """Record a batch of step changes of one run, and queue their events."""
+        records: list[StepRecord] = []
+        samples: list[UtilizationSample] = []
+        started_at: float | None = None
+        moving = False
+        for status in statuses:
+            artifacts: dict[str, StoredArtifact] = {}
+            cache_key = status.cache_key
+            if status.state is StepState.SUCCEEDED and cache_key and not status.key:
+                try:
+                    artifacts = await self._call(self._upload, active, status.step)
+                except Exception as exc:  # never commit an entry without its artifacts
+                    log.warning("run %s, step %r: artifacts not stored (%s); not cacheable",
+                                run_id, status.step, exc)
+                    cache_key = ""
+            records.append(dataclasses.replace(
+                StepRecord.from_status(status, failure_class=_failure_class(status)),
+                cache_key=cache_key, artifacts=artifacts))
+            if status.state is not StepState.PENDING:
+                moving = True
+                if started_at is None and status.started_at is not None:
+                    started_at = status.started_at
+            # Peaks are known once an attempt ended; a process too short to sample has none.
+            if status.state in (StepState.SUCCEEDED, StepState.FAILED) and \
+                    status.peak_memory_bytes:
+                samples.append(UtilizationSample(
+                    run_id=run_id, workflow=active.workflow.name, step=status.step,
+                    at=status.finished_at or time.time(), cpu=status.peak_cpu or 0.0,
+                    memory_bytes=status.peak_memory_bytes or 0, key=status.key,
+                    attempt=max(status.attempts, 1)))
+        await self._call(self._store.put_steps, run_id, records,
+                         state=RunState.RUNNING if moving else None,
+                         started_at=started_at if moving else None, samples=samples)
         self._notify()
-        await self._publish(self._events.step, run, rec)
-        # Peaks are known once an attempt ended; a process too short to sample has none.
-        if status.state in (StepState.SUCCEEDED, StepState.FAILED) and status.peak_memory_bytes:
-            sample = UtilizationSample(
-                run_id=run_id, workflow=run.workflow, step=status.step,
-                at=status.finished_at or time.time(), cpu=status.peak_cpu or 0.0,
-                memory_bytes=status.peak_memory_bytes or 0, key=status.key,
-                attempt=max(status.attempts, 1))
-            await self._publish(self._events.utilization, sample)
+        self._wake.set()
 
     def _upload(self, active: _Active, step_name: str) -> dict[str, StoredArtifact]:
-        step = next((s for s in active.workflow.steps if s.name == step_name), None)
+        step = active.step(step_name)
         if step is None or not step.output_artifacts:
             return {}
         if self._blobs is None:
@@ -695,49 +1192,48 @@ class Submitter:
         if state is RunState.CANCELLED and active.cancel_reason:
             message = active.cancel_reason
         run = await self._update(run_id, expect=_ENGINE_SIDE, state=state, message=message,
-                                 finished_at=final.finished_at or time.time())
+                                 finished_at=final.finished_at or time.time(),
+                                 emit=(EventKind.FINISHED,))
         shutil.rmtree(self._runs_dir / ".cache" / run_id, ignore_errors=True)
         if run is None:
             return
         log.info("run %s: %s%s", run_id, state.value, f" ({message})" if message else "")
-        await self._publish(self._events.finished, run)
 
     # ------------------------------------------------------------------ helpers
 
     async def _fail(self, run_id: str, message: str, *, expect: Iterable[RunState]) -> bool:
+        if self._closing:  # a stop is not a failure: the next start takes the run up
+            log.info("run %s: not failed while stopping: %s", run_id, message)
+            return False
         run = await self._update(run_id, expect=tuple(expect), state=RunState.FAILED,
-                                 message=message, finished_at=time.time())
+                                 message=message, finished_at=time.time(),
+                                 emit=(EventKind.FINISHED,))
         if run is None:
             return False
         log.info("run %s: failed: %s", run_id, message)
-        await self._publish(self._events.finished, run)
         return True
 
     async def _update(self, run_id: str, **changes: object) -> Run | None:
         run = await self._call(self._store.update_run, run_id, **changes)
         if run is not None:
             self._notify()
+            if changes.get("emit"):
+                self._wake.set()
         return run
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def _publish(self, publish: Callable[..., Awaitable[None]], *args: object) -> None:
-        """Publish, retrying while the bus is away (bounded); the record is already stored."""
-        delay, waited = 0.2, 0.0
-        while True:
-            try:
-                await publish(*args)
-                return
-            except RetryableError as exc:
-                if self._closing or waited >= _PUBLISH_PATIENCE:
-                    log.error("event %s not published: %s", publish.__name__, exc)
-                    return
-                await asyncio.sleep(delay)
-                waited += delay
-                delay = min(delay * 2, 5.0)
-
     @staticmethod
     async def _call(fn: Callable[..., T], *args: object, **kwargs: object) -> T:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        """``fn`` in a worker thread. A cancelled caller still waits for the thread to be
+        done, so that a stop (which closes the store next) never pulls the database out from
+        under a call in progress. Not for calls that wait for a run to end."""
+        call = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            with contextlib.suppress(BaseException):
+                await call
+            raise

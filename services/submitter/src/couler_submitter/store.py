@@ -1,24 +1,36 @@
-"""Run records in SQL: runs, their steps, registered templates, terminated messages.
+"""Run records in SQL: runs, their steps, registered templates, the events outbox.
 
 Tables (created by ``couler_submitter/migrations``, version table
 ``alembic_version_submitter``):
 
 * ``submitter_runs`` -- one row per run: the request (workflow protobuf or text), options,
   the plan once optimized, state, engine ids, pass reports, times, ``revision`` (bumped by
-  every change, so watchers can order records) and ``retries``. ``idempotency_key`` is
-  UNIQUE: two Submits with one key race on the insert, and the loser reads the winner's row.
-* ``submitter_steps`` -- the latest record of each step execution ``(run_id, name, key)``.
+  every change, so watchers can order records), ``retries`` and how many steps it has
+  (``step_count``, ``cached_step_count``). ``idempotency_key`` is UNIQUE: two Submits with
+  one key race on the insert, and the loser reads the winner's row.
+* ``submitter_steps`` -- the latest record of each step execution ``(run_id, name, key)``,
+  with ``position`` (the run's revision when it was first seen: the steps' order) and
+  ``revision`` (the run's revision when it last changed: what a watcher has not seen).
+  Every step change takes a revision of its own, so both are unique within a run.
+* ``submitter_outbox`` -- the events to publish, each inserted in the transaction of the
+  change it reports and deleted once JetStream stored it; ``submitter_outbox_dead`` --
+  those that can never be published, with the reason.
 * ``submitter_templates`` -- registered templates (workflow protobuf, default engine).
 * ``submitter_rejections`` -- messages the consumers terminated, with the reason.
 
-The API is synchronous; the service calls it through ``asyncio.to_thread``.
+Records come back without their steps (:meth:`RunStore.header`) or with one page of them
+(:meth:`RunStore.run_page`, :meth:`RunStore.changed_steps`): nothing reads all the steps of
+a run at once but :meth:`RunStore.get_run` (for tools and tests). The API is synchronous;
+the service calls it through ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +43,7 @@ from couler import ir
 from couler.engines.base import StepState
 from couler.errors import ConflictError, NotFoundError, UserError
 from couler.v1 import common_pb2, workflow_pb2
-from couler_runtime import codec
+from couler_runtime import codec, telemetry
 from couler_runtime.rpc.records import (
     PassReport,
     Plan,
@@ -40,17 +52,34 @@ from couler_runtime.rpc.records import (
     StepRecord,
     StoredArtifact,
     Template,
+    UtilizationSample,
+    bounded_report,
     plan_from_proto,
     plan_to_proto,
+    run_to_proto,
+    step_record_to_proto,
+    utilization_sample_to_proto,
 )
 from couler_runtime.store import make_engine, make_session_factory, migrate, session_scope
 from couler_submitter.model import RunOptions, RunRequest
 
-__all__ = ["MIGRATIONS", "SERVICE", "RunStore"]
+__all__ = ["MIGRATIONS", "SERVICE", "EventKind", "OutboxEntry", "RunStore", "parse_page_token"]
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SERVICE = "submitter"
 _UNSET: Any = object()
+_ID = BigInteger().with_variant(Integer(), "sqlite")
+_IN_CHUNK = 500  # names per IN (...) list
+
+
+class EventKind(enum.StrEnum):
+    """What an outbox row publishes (the ``service.Events`` method it is handed to)."""
+
+    REQUESTED = "requested"
+    SUBMITTED = "submitted"
+    STEP = "step"
+    UTILIZATION = "utilization"
+    FINISHED = "finished"
 
 
 class Base(DeclarativeBase):
@@ -65,11 +94,12 @@ class RunRow(Base):
     workflow: Mapped[str] = mapped_column(String(255), default="")
     workflow_digest: Mapped[str] = mapped_column(String(80), default="")
     source: Mapped[str] = mapped_column(String(16))
-    request: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    # The two large columns (megabytes for a big workflow) are read only when used.
+    request: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
     text: Mapped[str | None] = mapped_column(Text, nullable=True)
     template: Mapped[str] = mapped_column(String(63), default="")
     options: Mapped[str] = mapped_column(Text, default="{}")
-    plan: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    plan: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
     state: Mapped[str] = mapped_column(String(16))
     engine: Mapped[str] = mapped_column(String(32))
     engine_run_id: Mapped[str] = mapped_column(String(255), default="")
@@ -81,6 +111,8 @@ class RunRow(Base):
     revision: Mapped[int] = mapped_column(BigInteger, default=1)
     retries: Mapped[int] = mapped_column(Integer, default=0)
     dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
+    step_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_step_count: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class StepRow(Base):
@@ -91,6 +123,7 @@ class StepRow(Base):
     name: Mapped[str] = mapped_column(String(512), primary_key=True)
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     position: Mapped[int] = mapped_column(Integer)
+    revision: Mapped[int] = mapped_column(BigInteger, default=0)
     state: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -104,6 +137,39 @@ class StepRow(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     failure_class: Mapped[str] = mapped_column(String(16), default="")
     artifacts: Mapped[str] = mapped_column(Text, default="{}")
+
+
+class OutboxRow(Base):
+    __tablename__ = "submitter_outbox"
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(64), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    workflow: Mapped[str] = mapped_column(String(255), default="")
+    engine: Mapped[str] = mapped_column(String(32), default="")
+    retries: Mapped[int] = mapped_column(Integer, default=0)
+    payload: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    trace: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str] = mapped_column(Text, default="")
+
+
+class DeadOutboxRow(Base):
+    __tablename__ = "submitter_outbox_dead"
+
+    id: Mapped[int] = mapped_column(_ID, primary_key=True, autoincrement=True)
+    outbox_id: Mapped[int] = mapped_column(BigInteger)
+    run_id: Mapped[str] = mapped_column(String(64), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    workflow: Mapped[str] = mapped_column(String(255), default="")
+    engine: Mapped[str] = mapped_column(String(32), default="")
+    retries: Mapped[int] = mapped_column(Integer, default=0)
+    payload: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    trace: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text)
+    moved_at: Mapped[float] = mapped_column(Float)
 
 
 class TemplateRow(Base):
@@ -125,6 +191,35 @@ class RejectionRow(Base):
     stream_sequence: Mapped[int] = mapped_column(BigInteger)
     reason: Mapped[str] = mapped_column(Text)
     at: Mapped[float] = mapped_column(Float)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """One event waiting to be published (see :meth:`RunStore.pending_events`).
+
+    Attributes:
+        id: Its place in the outbox: events are published in id order.
+        run_id: The run it is about.
+        kind: Which event.
+        workflow: The run's workflow name when the event was recorded.
+        engine: The run's engine.
+        retries: The run's retry count (part of the events' msg ids).
+        payload: The encoded record it carries: a ``StepRecord`` (step), a
+            ``UtilizationSample`` (utilization), a ``Run`` without steps (submitted,
+            finished); empty for requested (the request is read from the run's row).
+        trace: The trace context of the change (``traceparent`` ...), to continue.
+        attempts: Failed attempts to publish it so far.
+    """
+
+    id: int
+    run_id: str
+    kind: str
+    workflow: str
+    engine: str
+    retries: int
+    payload: bytes
+    trace: dict[str, str]
+    attempts: int = 0
 
 
 def _step_record(row: StepRow) -> StepRecord:
@@ -159,20 +254,50 @@ def _fill_step(row: StepRow, rec: StepRecord) -> None:
                                sort_keys=True)
 
 
-def _run_record(row: RunRow, steps: Sequence[StepRow]) -> Run:
+def _run_record(row: RunRow, steps: Sequence[StepRow] = (), next_token: str = "") -> Run:
+    """The run's record with ``steps`` (already in order)."""
     options = RunOptions.from_json(json.loads(row.options))
     passes = tuple(PassReport(p["name"], bool(p.get("changed")), tuple(p.get("notes", ())),
                               float(p.get("duration_ms", 0.0)))
                    for p in json.loads(row.passes))
     return Run(
         run_id=row.run_id, state=RunState(row.state), workflow=row.workflow, engine=row.engine,
-        engine_run_id=row.engine_run_id,
-        steps=tuple(_step_record(s) for s in sorted(steps, key=lambda s: s.position)),
+        engine_run_id=row.engine_run_id, steps=tuple(_step_record(s) for s in steps),
         created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
         message=row.message, passes=passes, idempotency_key=row.idempotency_key or "",
         parameters=dict(options.parameters), workflow_digest=row.workflow_digest,
         template=row.template, dry_run=row.dry_run, revision=row.revision, retries=row.retries,
+        step_count=row.step_count or 0, cached_step_count=row.cached_step_count or 0,
+        next_step_page_token=next_token,
     )
+
+
+def page_token(position: int) -> str:
+    """The opaque token of the page of steps after ``position``."""
+    return f"p{position}"
+
+
+def parse_page_token(token: str, *, field: str = "step_page_token") -> int:
+    """The position a :func:`page_token` names (0 for ""); UserError naming ``field``."""
+    if not token:
+        return 0
+    if token.startswith("p") and token[1:].isdigit() and len(token) <= 20:
+        return int(token[1:])
+    raise UserError(f"field {field!r}: {token[:40]!r} is not a token this server gave")
+
+
+def _current_trace() -> str:
+    """The current trace context as JSON headers ("" outside a trace)."""
+    headers = telemetry.inject({})
+    return json.dumps(headers, sort_keys=True) if headers else ""
+
+
+def _trace(text: str) -> dict[str, str]:
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
 class RunStore:
@@ -194,29 +319,37 @@ class RunStore:
     # ------------------------------------------------------------------ runs
 
     def create_run(self, run_id: str, request: RunRequest, *, idempotency_key: str = "",
-                   now: float | None = None) -> tuple[Run, bool]:
-        """Insert a run in state ACCEPTED; ``(run, created)``.
+                   now: float | None = None, encoded: bytes | None = None
+                   ) -> tuple[Run, bool]:
+        """Insert a run in state ACCEPTED, and its ``requested`` event; ``(run, created)``.
 
-        With an ``idempotency_key`` already used, the existing run and False: the UNIQUE
-        constraint decides between concurrent submits, not a read before the write.
+        ``encoded`` is the workflow's protobuf encoding when the caller has it (it is
+        stored as given rather than encoded again). With an ``idempotency_key`` already
+        used, the existing run and False: the UNIQUE constraint decides between
+        concurrent submits, not a read before the write. The record has no steps.
         """
         wf = request.workflow
+        if wf is not None and encoded is None:
+            encoded = codec.workflow_to_proto(wf).SerializeToString()
+        at = now or time.time()
         row = RunRow(
             run_id=run_id, idempotency_key=idempotency_key or None,
             workflow=wf.name if wf is not None else "",
             workflow_digest="",
             source="workflow" if wf is not None else "text",
-            request=codec.workflow_to_proto(wf).SerializeToString() if wf is not None else None,
+            request=encoded if wf is not None else None,
             text=request.text, template=request.template,
             options=json.dumps(request.options.to_json(), sort_keys=True),
             plan=None, state=RunState.ACCEPTED.value, engine=request.options.engine,
-            engine_run_id="", passes="[]", message="", created_at=now or time.time(),
+            engine_run_id="", passes="[]", message="", created_at=at,
             started_at=None, finished_at=None, revision=1, retries=0,
-            dry_run=request.options.dry_run,
+            dry_run=request.options.dry_run, step_count=0, cached_step_count=0,
         )
         try:
             with session_scope(self._sessions) as session:
                 session.add(row)
+                session.flush()
+                self._emit(session, row, EventKind.REQUESTED)
         except ConflictError:
             if not idempotency_key:
                 raise
@@ -225,16 +358,59 @@ class RunStore:
                     RunRow.idempotency_key == idempotency_key)).one_or_none()
                 if found is None:
                     raise
-                return self._load(session, found), False
-        return self.get_run(run_id), True
+                return _run_record(found), False
+        return _run_record(row), True
+
+    def header(self, run_id: str) -> Run:
+        """The run's record without its steps; NotFoundError for an unknown run."""
+        with session_scope(self._sessions) as session:
+            return _run_record(self._row(session, run_id))
 
     def get_run(self, run_id: str) -> Run:
-        """The run's record; NotFoundError for an unknown run."""
+        """The run's record with every step, in order (tools and tests; the service reads
+        steps a page at a time)."""
         with session_scope(self._sessions) as session:
-            return self._load(session, self._row(session, run_id))
+            row = self._row(session, run_id)
+            steps = session.scalars(sa.select(StepRow).where(StepRow.run_id == run_id)
+                                    .order_by(StepRow.position)).all()
+            return _run_record(row, steps)
+
+    def run_page(self, run_id: str, *, limit: int, after: int = 0) -> Run:
+        """The run's record with at most ``limit`` steps, those after position ``after``
+        in order; ``next_step_page_token`` names the next page ("" on the last)."""
+        with session_scope(self._sessions) as session:
+            row = self._row(session, run_id)
+            steps = session.scalars(
+                sa.select(StepRow).where(StepRow.run_id == run_id, StepRow.position > after)
+                .order_by(StepRow.position).limit(limit + 1)).all()
+            more = len(steps) > limit
+            steps = steps[:limit]
+            token = page_token(steps[-1].position) if more and steps else ""
+            return _run_record(row, steps, token)
+
+    def changed_steps(self, run_id: str, *, since: int, upto: int, after: int,
+                      limit: int) -> tuple[tuple[StepRecord, ...], int, bool]:
+        """The steps that changed in revisions ``(since, upto]`` or were first seen then,
+        after position ``after``, in order of position: ``(steps, last position, more)``.
+
+        A watcher that knows every step first seen by revision ``since`` learns of new
+        steps in the order of their positions this way (a step's position never exceeds
+        its revision).
+        """
+        changed = sa.or_(sa.and_(StepRow.revision > since, StepRow.revision <= upto),
+                         sa.and_(StepRow.position > since, StepRow.position <= upto))
+        with session_scope(self._sessions) as session:
+            rows = session.scalars(
+                sa.select(StepRow).where(StepRow.run_id == run_id, StepRow.position > after,
+                                         changed)
+                .order_by(StepRow.position).limit(limit + 1)).all()
+            more = len(rows) > limit
+            rows = rows[:limit]
+            last = rows[-1].position if rows else after
+            return tuple(_step_record(r) for r in rows), last, more
 
     def request(self, run_id: str) -> RunRequest:
-        """What the run was submitted with."""
+        """What the run was submitted with (its workflow decoded)."""
         with session_scope(self._sessions) as session:
             row = self._row(session, run_id)
             wf = (codec.workflow_from_proto(common_workflow(row.request))
@@ -242,13 +418,22 @@ class RunStore:
             return RunRequest(wf, row.text, RunOptions.from_json(json.loads(row.options)),
                               row.template)
 
+    def options(self, run_id: str) -> RunOptions:
+        """The options the run was submitted with (without decoding its workflow)."""
+        with session_scope(self._sessions) as session:
+            options = session.scalar(sa.select(RunRow.options).where(RunRow.run_id == run_id))
+            if options is None:
+                raise NotFoundError(f"run {run_id!r} does not exist")
+            return RunOptions.from_json(json.loads(options))
+
     def plan(self, run_id: str) -> Plan | None:
         """The stored plan (None before the optimizer answered)."""
         with session_scope(self._sessions) as session:
-            row = self._row(session, run_id)
-            if row.plan is None:
+            data = session.scalar(sa.select(RunRow.plan).where(RunRow.run_id == run_id))
+            if data is None:
+                self._row(session, run_id)  # NotFoundError for an unknown run
                 return None
-            return plan_from_proto(common_pb2.Plan.FromString(row.plan))
+            return plan_from_proto(common_pb2.Plan.FromString(data))
 
     def update_run(self, run_id: str, *, expect: Iterable[RunState] | None = None,
                    state: RunState | None = None, workflow: str | None = None,
@@ -256,11 +441,14 @@ class RunStore:
                    engine: str | None = None, engine_run_id: str | None = None,
                    passes: Sequence[PassReport] | None = None, message: str | None = None,
                    started_at: float | None = _UNSET, finished_at: float | None = _UNSET,
-                   retries: int | None = None, clear_steps: bool = False) -> Run | None:
-        """Change a run (revision + 1) and return the new record.
+                   retries: int | None = None, clear_steps: bool = False,
+                   emit: Sequence[EventKind] = ()) -> Run | None:
+        """Change a run (revision + 1) and return the new record (without steps).
 
         With ``expect``, the change is made only while the run is in one of those states
         (checked under a row lock); otherwise nothing changes and None is returned.
+        ``emit``: events reporting the change, committed with it (``submitted``,
+        ``finished``: they carry the new record).
         """
         with session_scope(self._sessions) as session:
             row = self._row(session, run_id, lock=True)
@@ -281,7 +469,8 @@ class RunStore:
             if passes is not None:
                 row.passes = json.dumps([{"name": p.name, "changed": p.changed,
                                           "notes": list(p.notes),
-                                          "duration_ms": p.duration_ms} for p in passes])
+                                          "duration_ms": p.duration_ms}
+                                         for p in map(bounded_report, passes)])
             if message is not None:
                 row.message = message
             if started_at is not _UNSET:
@@ -292,47 +481,92 @@ class RunStore:
                 row.retries = retries
             if clear_steps:
                 session.execute(sa.delete(StepRow).where(StepRow.run_id == run_id))
+                row.step_count = row.cached_step_count = 0
             row.revision += 1
             session.flush()
-            return self._load(session, row)
+            for kind in emit:
+                self._emit(session, row, kind)
+            return _run_record(row)
 
-    def put_step(self, run_id: str, rec: StepRecord, *, state: RunState | None = None,
-                 started_at: float | None = None) -> Run:
-        """Record the latest state of one step execution (revision + 1).
+    def emit(self, run_id: str, kind: EventKind) -> None:
+        """Queue an event carrying the run's current record (e.g. ``submitted`` again
+        after a restart: the bus drops it when the first one was stored)."""
+        with session_scope(self._sessions) as session:
+            self._emit(session, self._row(session, run_id), kind)
 
-        Returns the run's record *without* its steps (cheap for runs of many steps).
-        ``state`` moves the run along too (PENDING -> RUNNING on the first step), only from
-        a non-terminal state; ``started_at`` is set when the run has none.
+    def put_steps(self, run_id: str, records: Sequence[StepRecord], *,
+                  state: RunState | None = None, started_at: float | None = None,
+                  samples: Sequence[UtilizationSample] = ()) -> Run:
+        """Record the latest state of step executions, and their events, in one transaction.
+
+        Every record takes a revision of its own (the run's revision + 1 each), in order;
+        a step first seen takes that revision as its position. Each record's ``step``
+        event (and each sample's ``utilization`` event) is queued in the same transaction.
+        ``state`` moves the run along too (PENDING -> RUNNING), only from a non-terminal
+        state; ``started_at`` is set when the run has none. Returns the record without
+        steps.
         """
         with session_scope(self._sessions) as session:
             row = self._row(session, run_id, lock=True)
-            step = session.get(StepRow, (run_id, rec.name, rec.key))
-            if step is None:
-                # The run's revision only grows: it orders the steps as first seen, without
-                # counting them (a run may have 100k steps).
-                step = StepRow(run_id=run_id, name=rec.name, key=rec.key,
-                               position=row.revision)
-                session.add(step)
-            _fill_step(step, rec)
+            existing: dict[tuple[str, str], StepRow] = {}
+            names = sorted({r.name for r in records})
+            for i in range(0, len(names), _IN_CHUNK):
+                for step in session.scalars(sa.select(StepRow).where(
+                        StepRow.run_id == run_id,
+                        StepRow.name.in_(names[i:i + _IN_CHUNK]))):
+                    existing[(step.name, step.key)] = step
+            outbox: list[dict[str, Any]] = []
+            now = time.time()
+            trace = _current_trace()
+            revision = row.revision
+            for rec in records:
+                revision += 1
+                found = existing.get((rec.name, rec.key))
+                if found is not None:
+                    step = found
+                else:
+                    step = StepRow(run_id=run_id, name=rec.name, key=rec.key,
+                                   position=revision, cached=False)
+                    session.add(step)
+                    existing[(rec.name, rec.key)] = step
+                    row.step_count = (row.step_count or 0) + 1
+                was_cached = bool(step.cached)
+                _fill_step(step, rec)
+                step.revision = revision
+                row.cached_step_count = (row.cached_step_count or 0) + \
+                    int(bool(rec.cached)) - int(was_cached)
+                outbox.append(self._entry(row, EventKind.STEP, now,
+                                          step_record_to_proto(rec).SerializeToString(), trace))
+            for sample in samples:
+                outbox.append(self._entry(row, EventKind.UTILIZATION, now,
+                                          utilization_sample_to_proto(sample)
+                                          .SerializeToString(), trace))
             if state is not None and not RunState(row.state).terminal:
                 row.state = state.value
             if started_at is not None and row.started_at is None:
                 row.started_at = started_at
-            row.revision += 1
+            row.revision = max(revision, row.revision + 1)
             session.flush()
-            return _run_record(row, ())
+            if outbox:
+                session.execute(sa.insert(OutboxRow), outbox)
+            return _run_record(row)
+
+    def put_step(self, run_id: str, rec: StepRecord, *, state: RunState | None = None,
+                 started_at: float | None = None) -> Run:
+        """:meth:`put_steps` of one record."""
+        return self.put_steps(run_id, (rec,), state=state, started_at=started_at)
 
     def runs_in(self, states: Iterable[RunState]) -> list[Run]:
-        """Every run in one of ``states``, oldest first."""
+        """Every run in one of ``states``, oldest first (without steps)."""
         values = [s.value for s in states]
         with session_scope(self._sessions) as session:
             rows = session.scalars(sa.select(RunRow).where(RunRow.state.in_(values))
                                    .order_by(RunRow.created_at, RunRow.run_id)).all()
-            return [self._load(session, r) for r in rows]
+            return [_run_record(r) for r in rows]
 
     def list_runs(self, *, workflow: str = "", states: Iterable[RunState] = (),
                   limit: int = 50, offset: int = 0) -> tuple[list[Run], bool]:
-        """Runs newest first from ``offset``; ``(runs, more)``."""
+        """Runs newest first from ``offset`` (without steps; counted); ``(runs, more)``."""
         query = sa.select(RunRow)
         if workflow:
             query = query.where(RunRow.workflow == workflow)
@@ -342,21 +576,99 @@ class RunStore:
         query = query.order_by(RunRow.created_at.desc(), RunRow.run_id.desc())
         with session_scope(self._sessions) as session:
             rows = session.scalars(query.offset(offset).limit(limit + 1)).all()
-            return [self._load(session, r) for r in rows[:limit]], len(rows) > limit
+            return [_run_record(r) for r in rows[:limit]], len(rows) > limit
+
+    # ------------------------------------------------------------------ outbox
+
+    def pending_events(self, limit: int, *, after: int = 0) -> list[OutboxEntry]:
+        """The oldest ``limit`` events waiting to be published (id > ``after``)."""
+        with session_scope(self._sessions) as session:
+            rows = session.scalars(sa.select(OutboxRow).where(OutboxRow.id > after)
+                                   .order_by(OutboxRow.id).limit(limit)).all()
+            return [OutboxEntry(r.id, r.run_id, r.kind, r.workflow, r.engine, r.retries,
+                                r.payload or b"", _trace(r.trace), r.attempts) for r in rows]
+
+    def published(self, ids: Sequence[int]) -> None:
+        """Delete the events JetStream stored."""
+        with session_scope(self._sessions) as session:
+            for i in range(0, len(ids), _IN_CHUNK):
+                session.execute(sa.delete(OutboxRow).where(
+                    OutboxRow.id.in_(ids[i:i + _IN_CHUNK])))
+
+    def failed_attempt(self, event_id: int, error: str) -> int:
+        """Count a failed attempt to publish event ``event_id``; the attempts so far."""
+        with session_scope(self._sessions) as session:
+            row = session.get(OutboxRow, event_id)
+            if row is None:
+                return 0
+            row.attempts += 1
+            row.last_error = error[:2000]
+            return row.attempts
+
+    def move_aside(self, event_id: int, reason: str) -> None:
+        """Move an event that can never be published to the dead table, with the reason."""
+        with session_scope(self._sessions) as session:
+            row = session.get(OutboxRow, event_id)
+            if row is None:
+                return
+            session.add(DeadOutboxRow(
+                outbox_id=row.id, run_id=row.run_id, kind=row.kind, workflow=row.workflow,
+                engine=row.engine, retries=row.retries, payload=row.payload, trace=row.trace,
+                created_at=row.created_at, reason=reason, moved_at=time.time()))
+            session.delete(row)
+
+    def outbox_size(self) -> int:
+        """How many events wait to be published."""
+        with session_scope(self._sessions) as session:
+            return int(session.scalar(sa.select(sa.func.count()).select_from(OutboxRow)) or 0)
+
+    def dead_events(self) -> list[tuple[int, str, str, str]]:
+        """``(outbox id, run id, kind, reason)`` of every event moved aside."""
+        with session_scope(self._sessions) as session:
+            rows = session.scalars(sa.select(DeadOutboxRow).order_by(DeadOutboxRow.id)).all()
+            return [(r.outbox_id, r.run_id, r.kind, r.reason) for r in rows]
+
+    def requeue_unrequested(self) -> int:
+        """Queue ``requested`` for ACCEPTED runs that have none queued (runs accepted by a
+        version without the outbox); how many."""
+        with session_scope(self._sessions) as session:
+            queued = sa.select(OutboxRow.run_id).where(
+                OutboxRow.kind == EventKind.REQUESTED.value)
+            rows = session.scalars(sa.select(RunRow).where(
+                RunRow.state == RunState.ACCEPTED.value, RunRow.run_id.not_in(queued))).all()
+            for row in rows:
+                self._emit(session, row, EventKind.REQUESTED)
+            return len(rows)
+
+    @staticmethod
+    def _entry(row: RunRow, kind: EventKind, now: float, payload: bytes | None,
+               trace: str = "") -> dict[str, Any]:
+        return {"run_id": row.run_id, "kind": kind.value, "workflow": row.workflow,
+                "engine": row.engine, "retries": row.retries, "payload": payload,
+                "trace": trace, "created_at": now, "attempts": 0, "last_error": ""}
+
+    def _emit(self, session: Session, row: RunRow, kind: EventKind) -> None:
+        payload = None
+        if kind in (EventKind.SUBMITTED, EventKind.FINISHED):
+            payload = run_to_proto(_run_record(row)).SerializeToString()
+        session.execute(sa.insert(OutboxRow),
+                        [self._entry(row, kind, time.time(), payload, _current_trace())])
 
     # ------------------------------------------------------------------ templates
 
     def put_template(self, name: str, wf: ir.Workflow, engine: str,
-                     now: float | None = None) -> Template:
-        """Register (or replace) a template."""
+                     now: float | None = None, *, encoded: bytes | None = None) -> Template:
+        """Register (or replace) a template (``encoded``: its protobuf, when known)."""
         digest = ir.digest(wf)
         at = now or time.time()
+        data = encoded if encoded is not None else \
+            codec.workflow_to_proto(wf).SerializeToString()
         with session_scope(self._sessions) as session:
             row = session.get(TemplateRow, name, with_for_update=True)
             if row is None:
                 row = TemplateRow(name=name)
                 session.add(row)
-            row.workflow = codec.workflow_to_proto(wf).SerializeToString()
+            row.workflow = data
             row.engine = engine
             row.workflow_digest = digest
             row.registered_at = at
@@ -400,11 +712,6 @@ class RunStore:
         if row is None:
             raise NotFoundError(f"run {run_id!r} does not exist")
         return row
-
-    @staticmethod
-    def _load(session: Session, row: RunRow) -> Run:
-        steps = session.scalars(sa.select(StepRow).where(StepRow.run_id == row.run_id)).all()
-        return _run_record(row, steps)
 
     @staticmethod
     def _template(row: TemplateRow) -> Template:

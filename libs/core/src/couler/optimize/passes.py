@@ -102,11 +102,14 @@ def prune_cached(wf: ir.Workflow, lookup: Lookup,
                  ) -> tuple[dict[str, CachedStep], list[str]]:
     """Find the top-level steps whose results the cache already holds.
 
-    Keys are computed in dependency order: a step's inputs are known when they are
-    literals, workflow parameters, or outputs of steps found cached, so a fully
-    cached chain is found in one call per level. Returns the cached steps and notes
-    (why steps were not looked up). The workflow itself is unchanged: the engine
-    skips a cached step's execution and reports it ``cached``, with its outputs.
+    Keys are computed in data-flow order: a step's inputs are known when they are
+    literals, workflow parameters, or outputs of steps found cached, so its key is
+    computed once every step it reads from is decided. Steps that read nothing from
+    other steps are all looked up in the first call, and a fully cached chain is found
+    in one call per link. Linear in the steps and their inputs (plus the lookups).
+    Returns the cached steps and notes (why steps were not looked up). The workflow
+    itself is unchanged: the engine skips a cached step's execution and reports it
+    ``cached``, with its outputs.
     """
     params = dict(parameters or {})
     for p in wf.parameters:
@@ -115,30 +118,47 @@ def prune_cached(wf: ir.Workflow, lookup: Lookup,
     by_name = {s.name: s for s in wf.steps}
     cached: dict[str, CachedStep] = {}
     notes: list[str] = []
-    decided: set[str] = set()
-    while len(decided) < len(by_name):
-        frontier = [s for s in wf.steps if s.name not in decided
-                    and all(d.step in decided for d in s.dependencies)]
-        if not frontier:
-            break  # unreachable for a validated (acyclic) workflow
+    # Which steps each step reads from (outputs and artifacts), and who reads each step.
+    waiting: dict[str, int] = {}
+    readers: dict[str, list[str]] = {}
+    ready: list[str] = []
+    for step in wf.steps:
+        producers = {inp.value.step for inp in step.inputs
+                     if isinstance(inp.value, ir.StepOutputRef) and inp.value.step in by_name}
+        producers |= {art.source.step for art in step.input_artifacts
+                      if isinstance(art.source, ir.StepArtifactRef)
+                      and art.source.step in by_name}
+        producers.discard(step.name)
+        waiting[step.name] = len(producers)
+        for up in producers:
+            readers.setdefault(up, []).append(step.name)
+        if not producers:
+            ready.append(step.name)
+    while ready:
         wanted: dict[str, str] = {}
-        for step in frontier:
-            decided.add(step.name)
+        for name in ready:
+            step = by_name[name]
             reason = not_cacheable_reason(wf, step)
             if reason is not None:
-                notes.append(f"step {step.name!r}: not cached: {reason}")
+                notes.append(f"step {name!r}: not cached: {reason}")
                 continue
             known = _known_inputs(step, params, cached)
             key = None if known is None else step_cache_key(wf, step, *known)
             if key is not None:
-                wanted[step.name] = key
-        if not wanted:
-            continue
-        found = lookup(sorted(set(wanted.values())))
-        for name, key in wanted.items():
-            hit = found.get(key)
-            if hit is not None and _complete(by_name[name], hit):
-                cached[name] = dataclasses.replace(hit, key=key)
+                wanted[name] = key
+        if wanted:
+            found = lookup(sorted(set(wanted.values())))
+            for name, key in wanted.items():
+                hit = found.get(key)
+                if hit is not None and _complete(by_name[name], hit):
+                    cached[name] = dataclasses.replace(hit, key=key)
+        following: list[str] = []
+        for name in ready:
+            for reader in readers.get(name, ()):
+                waiting[reader] -= 1
+                if waiting[reader] == 0:
+                    following.append(reader)
+        ready = following
     return cached, notes
 
 

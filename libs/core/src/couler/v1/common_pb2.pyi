@@ -126,7 +126,7 @@ class StepRecord(_message.Message):
     def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., attempts: _Optional[int] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., peak_cpu: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., outputs: _Optional[_Mapping[str, str]] = ..., cache_key: _Optional[str] = ..., cached: _Optional[bool] = ..., message: _Optional[str] = ..., failure_class: _Optional[_Union[_workflow_pb2.FailureClass, str]] = ..., artifacts: _Optional[_Mapping[str, StoredArtifact]] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "workflow", "state", "engine", "engine_run_id", "steps", "created_at", "started_at", "finished_at", "message", "passes", "idempotency_key", "parameters", "workflow_digest", "template", "dry_run", "revision", "retries")
+    __slots__ = ("run_id", "workflow", "state", "engine", "engine_run_id", "steps", "created_at", "started_at", "finished_at", "message", "passes", "idempotency_key", "parameters", "workflow_digest", "template", "dry_run", "revision", "retries", "step_count", "cached_step_count", "next_step_page_token")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,9 @@ class Run(_message.Message):
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     RETRIES_FIELD_NUMBER: _ClassVar[int]
+    STEP_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CACHED_STEP_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STEP_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     workflow: str
     state: RunState
@@ -170,21 +173,34 @@ class Run(_message.Message):
     dry_run: bool
     revision: int
     retries: int
-    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., engine: _Optional[str] = ..., engine_run_id: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ..., passes: _Optional[_Iterable[_Union[PassReport, _Mapping]]] = ..., idempotency_key: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., workflow_digest: _Optional[str] = ..., template: _Optional[str] = ..., dry_run: _Optional[bool] = ..., revision: _Optional[int] = ..., retries: _Optional[int] = ...) -> None: ...
+    step_count: int
+    cached_step_count: int
+    next_step_page_token: str
+    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., state: _Optional[_Union[RunState, str]] = ..., engine: _Optional[str] = ..., engine_run_id: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., message: _Optional[str] = ..., passes: _Optional[_Iterable[_Union[PassReport, _Mapping]]] = ..., idempotency_key: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., workflow_digest: _Optional[str] = ..., template: _Optional[str] = ..., dry_run: _Optional[bool] = ..., revision: _Optional[int] = ..., retries: _Optional[int] = ..., step_count: _Optional[int] = ..., cached_step_count: _Optional[int] = ..., next_step_page_token: _Optional[str] = ...) -> None: ...
 
 class Template(_message.Message):
-    __slots__ = ("name", "workflow", "engine", "workflow_digest", "registered_at")
+    __slots__ = ("name", "workflow", "engine", "workflow_digest", "registered_at", "workflow_ref")
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_DIGEST_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_REF_FIELD_NUMBER: _ClassVar[int]
     name: str
     workflow: _workflow_pb2.Workflow
     engine: str
     workflow_digest: str
     registered_at: _timestamp_pb2.Timestamp
-    def __init__(self, name: _Optional[str] = ..., workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., engine: _Optional[str] = ..., workflow_digest: _Optional[str] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    workflow_ref: BlobRef
+    def __init__(self, name: _Optional[str] = ..., workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., engine: _Optional[str] = ..., workflow_digest: _Optional[str] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., workflow_ref: _Optional[_Union[BlobRef, _Mapping]] = ...) -> None: ...
+
+class BlobRef(_message.Message):
+    __slots__ = ("digest", "size_bytes")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    size_bytes: int
+    def __init__(self, digest: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class StoredArtifact(_message.Message):
     __slots__ = ("digest", "size_bytes", "uri")
@@ -277,7 +293,7 @@ class Chunk(_message.Message):
     def __init__(self, name: _Optional[str] = ..., steps: _Optional[_Iterable[str]] = ..., depends_on: _Optional[_Iterable[str]] = ..., workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("workflow", "engine", "compiled", "cached", "passes", "chunks", "workflow_digest")
+    __slots__ = ("workflow", "engine", "compiled", "cached", "passes", "chunks", "workflow_digest", "stored")
     class CachedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -292,6 +308,7 @@ class Plan(_message.Message):
     PASSES_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
     workflow: _workflow_pb2.Workflow
     engine: str
     compiled: str
@@ -299,7 +316,8 @@ class Plan(_message.Message):
     passes: _containers.RepeatedCompositeFieldContainer[PassReport]
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     workflow_digest: str
-    def __init__(self, workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., engine: _Optional[str] = ..., compiled: _Optional[str] = ..., cached: _Optional[_Mapping[str, CacheEntry]] = ..., passes: _Optional[_Iterable[_Union[PassReport, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., workflow_digest: _Optional[str] = ...) -> None: ...
+    stored: BlobRef
+    def __init__(self, workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., engine: _Optional[str] = ..., compiled: _Optional[str] = ..., cached: _Optional[_Mapping[str, CacheEntry]] = ..., passes: _Optional[_Iterable[_Union[PassReport, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., workflow_digest: _Optional[str] = ..., stored: _Optional[_Union[BlobRef, _Mapping]] = ...) -> None: ...
 
 class UtilizationSample(_message.Message):
     __slots__ = ("run_id", "workflow", "step", "key", "attempt", "at", "cpu", "memory_bytes")

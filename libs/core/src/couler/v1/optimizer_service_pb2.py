@@ -26,7 +26,7 @@ from couler.v1 import common_pb2 as couler_dot_v1_dot_common__pb2
 from couler.v1 import workflow_pb2 as couler_dot_v1_dot_workflow__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!couler/v1/optimizer_service.proto\x12\tcouler.v1\x1a\x16\x63ouler/v1/common.proto\x1a\x18\x63ouler/v1/workflow.proto\"\x87\x02\n\x0fOptimizeRequest\x12%\n\x08workflow\x18\x01 \x01(\x0b\x32\x13.couler.v1.Workflow\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12(\n\nobjectives\x18\x03 \x03(\x0e\x32\x14.couler.v1.Objective\x12\x10\n\x08no_cache\x18\x04 \x01(\x08\x12>\n\nparameters\x18\x05 \x03(\x0b\x32*.couler.v1.OptimizeRequest.ParametersEntry\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32K\n\x10OptimizerService\x12\x37\n\x08Optimize\x12\x1a.couler.v1.OptimizeRequest\x1a\x0f.couler.v1.Planb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!couler/v1/optimizer_service.proto\x12\tcouler.v1\x1a\x16\x63ouler/v1/common.proto\x1a\x18\x63ouler/v1/workflow.proto\"\xbf\x02\n\x0fOptimizeRequest\x12\'\n\x08workflow\x18\x01 \x01(\x0b\x32\x13.couler.v1.WorkflowH\x00\x12*\n\x0cworkflow_ref\x18\x07 \x01(\x0b\x32\x12.couler.v1.BlobRefH\x00\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12(\n\nobjectives\x18\x03 \x03(\x0e\x32\x14.couler.v1.Objective\x12\x10\n\x08no_cache\x18\x04 \x01(\x08\x12>\n\nparameters\x18\x05 \x03(\x0b\x32*.couler.v1.OptimizeRequest.ParametersEntry\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06source2K\n\x10OptimizerService\x12\x37\n\x08Optimize\x12\x1a.couler.v1.OptimizeRequest\x1a\x0f.couler.v1.Planb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,9 +36,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPTIMIZEREQUEST_PARAMETERSENTRY']._loaded_options = None
   _globals['_OPTIMIZEREQUEST_PARAMETERSENTRY']._serialized_options = b'8\001'
   _globals['_OPTIMIZEREQUEST']._serialized_start=99
-  _globals['_OPTIMIZEREQUEST']._serialized_end=362
-  _globals['_OPTIMIZEREQUEST_PARAMETERSENTRY']._serialized_start=313
-  _globals['_OPTIMIZEREQUEST_PARAMETERSENTRY']._serialized_end=362
-  _globals['_OPTIMIZERSERVICE']._serialized_start=364
-  _globals['_OPTIMIZERSERVICE']._serialized_end=439
+  _globals['_OPTIMIZEREQUEST']._serialized_end=418
+  _globals['_OPTIMIZEREQUEST_PARAMETERSENTRY']._serialized_start=359
+  _globals['_OPTIMIZEREQUEST_PARAMETERSENTRY']._serialized_end=408
+  _globals['_OPTIMIZERSERVICE']._serialized_start=420
+  _globals['_OPTIMIZERSERVICE']._serialized_end=495
 # @@protoc_insertion_point(module_scope)

@@ -51,7 +51,8 @@ class OptimizerServiceServicer:
 
     def Optimize(self, request, context):
         """Returns the plan. INVALID_ARGUMENT for an invalid workflow,
-        FAILED_PRECONDITION for a feature the engine cannot express.
+        FAILED_PRECONDITION for a feature the engine cannot express. A plan that
+        encodes to more than 1 MiB comes back by reference (`Plan.stored`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

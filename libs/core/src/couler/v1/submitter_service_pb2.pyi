@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("workflow", "text", "template", "engine", "parameters", "idempotency_key", "dry_run", "no_cache", "constraints", "objectives", "tenant")
+    __slots__ = ("workflow", "text", "template", "workflow_ref", "engine", "parameters", "idempotency_key", "dry_run", "no_cache", "constraints", "objectives", "tenant")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class SubmitRequest(_message.Message):
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_REF_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +32,7 @@ class SubmitRequest(_message.Message):
     workflow: _workflow_pb2.Workflow
     text: str
     template: str
+    workflow_ref: _common_pb2.BlobRef
     engine: str
     parameters: _containers.ScalarMap[str, str]
     idempotency_key: str
@@ -39,7 +41,7 @@ class SubmitRequest(_message.Message):
     constraints: _containers.RepeatedScalarFieldContainer[str]
     objectives: _containers.RepeatedScalarFieldContainer[_common_pb2.Objective]
     tenant: str
-    def __init__(self, workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., text: _Optional[str] = ..., template: _Optional[str] = ..., engine: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., dry_run: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., constraints: _Optional[_Iterable[str]] = ..., objectives: _Optional[_Iterable[_Union[_common_pb2.Objective, str]]] = ..., tenant: _Optional[str] = ...) -> None: ...
+    def __init__(self, workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., text: _Optional[str] = ..., template: _Optional[str] = ..., workflow_ref: _Optional[_Union[_common_pb2.BlobRef, _Mapping]] = ..., engine: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., dry_run: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., constraints: _Optional[_Iterable[str]] = ..., objectives: _Optional[_Iterable[_Union[_common_pb2.Objective, str]]] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class SubmitResponse(_message.Message):
     __slots__ = ("run_id", "created")
@@ -49,17 +51,41 @@ class SubmitResponse(_message.Message):
     created: bool
     def __init__(self, run_id: _Optional[str] = ..., created: _Optional[bool] = ...) -> None: ...
 
+class UploadWorkflowRequest(_message.Message):
+    __slots__ = ("data", "size_bytes", "digest")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    size_bytes: int
+    digest: str
+    def __init__(self, data: _Optional[bytes] = ..., size_bytes: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+
 class GetRunRequest(_message.Message):
-    __slots__ = ("run_id",)
+    __slots__ = ("run_id", "step_page_size", "step_page_token")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STEP_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
-    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+    step_page_size: int
+    step_page_token: str
+    def __init__(self, run_id: _Optional[str] = ..., step_page_size: _Optional[int] = ..., step_page_token: _Optional[str] = ...) -> None: ...
 
 class WatchRunRequest(_message.Message):
-    __slots__ = ("run_id",)
+    __slots__ = ("run_id", "step_page_size")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
-    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+    step_page_size: int
+    def __init__(self, run_id: _Optional[str] = ..., step_page_size: _Optional[int] = ...) -> None: ...
+
+class WatchRunResponse(_message.Message):
+    __slots__ = ("run", "more")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    more: bool
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class CancelRunRequest(_message.Message):
     __slots__ = ("run_id", "reason")
@@ -96,14 +122,16 @@ class ListRunsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[_common_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class RegisterTemplateRequest(_message.Message):
-    __slots__ = ("name", "workflow", "engine")
+    __slots__ = ("name", "workflow", "workflow_ref", "engine")
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_REF_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     name: str
     workflow: _workflow_pb2.Workflow
+    workflow_ref: _common_pb2.BlobRef
     engine: str
-    def __init__(self, name: _Optional[str] = ..., workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., engine: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., workflow_ref: _Optional[_Union[_common_pb2.BlobRef, _Mapping]] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class ListTemplatesRequest(_message.Message):
     __slots__ = ()
@@ -134,3 +162,15 @@ class StepLogsResponse(_message.Message):
     text: str
     truncated: bool
     def __init__(self, text: _Optional[str] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class DownloadBlobRequest(_message.Message):
+    __slots__ = ("ref",)
+    REF_FIELD_NUMBER: _ClassVar[int]
+    ref: _common_pb2.BlobRef
+    def __init__(self, ref: _Optional[_Union[_common_pb2.BlobRef, _Mapping]] = ...) -> None: ...
+
+class BlobChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...

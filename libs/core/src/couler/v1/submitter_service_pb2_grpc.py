@@ -28,6 +28,12 @@ if _version_not_supported:
 
 class SubmitterServiceStub:
     """Runs workflows and reports on them.
+
+    No message depends on the size of a workflow: a workflow too large for one
+    message is uploaded in chunks (UploadWorkflow) and named by reference
+    (`workflow_ref`); run records carry their steps in pages (Get) or as changes
+    (Watch), and lists carry step counts, not steps. The Python client
+    (couler_runtime.client.CoulerClient) does all of it by itself.
     """
 
     def __init__(self, channel):
@@ -41,6 +47,11 @@ class SubmitterServiceStub:
                 request_serializer=couler_dot_v1_dot_submitter__service__pb2.SubmitRequest.SerializeToString,
                 response_deserializer=couler_dot_v1_dot_submitter__service__pb2.SubmitResponse.FromString,
                 _registered_method=True)
+        self.UploadWorkflow = channel.stream_unary(
+                '/couler.v1.SubmitterService/UploadWorkflow',
+                request_serializer=couler_dot_v1_dot_submitter__service__pb2.UploadWorkflowRequest.SerializeToString,
+                response_deserializer=couler_dot_v1_dot_common__pb2.BlobRef.FromString,
+                _registered_method=True)
         self.Get = channel.unary_unary(
                 '/couler.v1.SubmitterService/Get',
                 request_serializer=couler_dot_v1_dot_submitter__service__pb2.GetRunRequest.SerializeToString,
@@ -49,7 +60,7 @@ class SubmitterServiceStub:
         self.Watch = channel.unary_stream(
                 '/couler.v1.SubmitterService/Watch',
                 request_serializer=couler_dot_v1_dot_submitter__service__pb2.WatchRunRequest.SerializeToString,
-                response_deserializer=couler_dot_v1_dot_common__pb2.Run.FromString,
+                response_deserializer=couler_dot_v1_dot_submitter__service__pb2.WatchRunResponse.FromString,
                 _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/couler.v1.SubmitterService/Cancel',
@@ -81,38 +92,68 @@ class SubmitterServiceStub:
                 request_serializer=couler_dot_v1_dot_submitter__service__pb2.StepLogsRequest.SerializeToString,
                 response_deserializer=couler_dot_v1_dot_submitter__service__pb2.StepLogsResponse.FromString,
                 _registered_method=True)
+        self.DownloadBlob = channel.unary_stream(
+                '/couler.v1.SubmitterService/DownloadBlob',
+                request_serializer=couler_dot_v1_dot_submitter__service__pb2.DownloadBlobRequest.SerializeToString,
+                response_deserializer=couler_dot_v1_dot_submitter__service__pb2.BlobChunk.FromString,
+                _registered_method=True)
 
 
 class SubmitterServiceServicer:
     """Runs workflows and reports on them.
+
+    No message depends on the size of a workflow: a workflow too large for one
+    message is uploaded in chunks (UploadWorkflow) and named by reference
+    (`workflow_ref`); run records carry their steps in pages (Get) or as changes
+    (Watch), and lists carry step counts, not steps. The Python client
+    (couler_runtime.client.CoulerClient) does all of it by itself.
     """
 
     def Submit(self, request, context):
         """Records a run (state ACCEPTED) and starts planning it; returns at once.
         With an idempotency key already used, returns that run (`created` false)
-        and starts nothing.
+        and starts nothing. INVALID_ARGUMENT for an invalid workflow, or one over a
+        size limit (the error names the workflow, step, field and limit).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadWorkflow(self, request_iterator, context):
+        """Stores an encoded `Workflow` sent in chunks of at most 4 MiB (1 MiB is
+        the usual size) in the blob store, content-addressed; returns its
+        reference, to pass as `SubmitRequest.workflow_ref` or
+        `RegisterTemplateRequest.workflow_ref`. INVALID_ARGUMENT when the bytes
+        are over the workflow size limit, do not match the digest or size the
+        first chunk announced, or are not a `Workflow` message.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Get(self, request, context):
-        """The run's current record. NOT_FOUND for an unknown run.
+        """The run's record with one page of its steps, in the order they were first
+        seen (`next_step_page_token` names the next page). NOT_FOUND for an
+        unknown run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Watch(self, request, context):
-        """The current record, then every change; the stream ends after a terminal
-        state (SUCCEEDED, FAILED, CANCELLED).
+        """The current record, then every change, until a terminal state (SUCCEEDED,
+        FAILED, CANCELLED) was sent. Each message carries the record's fields and
+        only the steps that changed since the previous message; the first
+        message(s) carry all current steps, a page per message (see
+        WatchRunResponse.more).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Cancel(self, request, context):
-        """Stops the run; a no-op on a finished run. Returns the record.
+        """Stops the run; a no-op on a finished run. Returns the record (the first
+        page of its steps).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -121,14 +162,16 @@ class SubmitterServiceServicer:
     def Retry(self, request, context):
         """Re-runs a FAILED or CANCELLED run from its failure point under the same
         run id: steps that succeeded (or were cached) are kept. FAILED_PRECONDITION
-        for a run that is not failed or cancelled.
+        for a run that is not failed or cancelled. Returns the record (the first
+        page of its steps).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def List(self, request, context):
-        """Runs, newest first.
+        """Runs, newest first, without their steps (`step_count` and
+        `cached_step_count` say how many).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -136,6 +179,7 @@ class SubmitterServiceServicer:
 
     def RegisterTemplate(self, request, context):
         """Registers (or replaces) a workflow template launched by name.
+        INVALID_ARGUMENT as for Submit.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -157,6 +201,15 @@ class SubmitterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DownloadBlob(self, request, context):
+        """The bytes of a blob (an uploaded workflow, a plan or template stored by
+        reference), in chunks of at most 1 MiB, checked against the reference's
+        digest and size before they are sent. NOT_FOUND when it is not stored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SubmitterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -164,6 +217,11 @@ def add_SubmitterServiceServicer_to_server(servicer, server):
                     servicer.Submit,
                     request_deserializer=couler_dot_v1_dot_submitter__service__pb2.SubmitRequest.FromString,
                     response_serializer=couler_dot_v1_dot_submitter__service__pb2.SubmitResponse.SerializeToString,
+            ),
+            'UploadWorkflow': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadWorkflow,
+                    request_deserializer=couler_dot_v1_dot_submitter__service__pb2.UploadWorkflowRequest.FromString,
+                    response_serializer=couler_dot_v1_dot_common__pb2.BlobRef.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
@@ -173,7 +231,7 @@ def add_SubmitterServiceServicer_to_server(servicer, server):
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
                     request_deserializer=couler_dot_v1_dot_submitter__service__pb2.WatchRunRequest.FromString,
-                    response_serializer=couler_dot_v1_dot_common__pb2.Run.SerializeToString,
+                    response_serializer=couler_dot_v1_dot_submitter__service__pb2.WatchRunResponse.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
@@ -205,6 +263,11 @@ def add_SubmitterServiceServicer_to_server(servicer, server):
                     request_deserializer=couler_dot_v1_dot_submitter__service__pb2.StepLogsRequest.FromString,
                     response_serializer=couler_dot_v1_dot_submitter__service__pb2.StepLogsResponse.SerializeToString,
             ),
+            'DownloadBlob': grpc.unary_stream_rpc_method_handler(
+                    servicer.DownloadBlob,
+                    request_deserializer=couler_dot_v1_dot_submitter__service__pb2.DownloadBlobRequest.FromString,
+                    response_serializer=couler_dot_v1_dot_submitter__service__pb2.BlobChunk.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'couler.v1.SubmitterService', rpc_method_handlers)
@@ -215,6 +278,12 @@ def add_SubmitterServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class SubmitterService:
     """Runs workflows and reports on them.
+
+    No message depends on the size of a workflow: a workflow too large for one
+    message is uploaded in chunks (UploadWorkflow) and named by reference
+    (`workflow_ref`); run records carry their steps in pages (Get) or as changes
+    (Watch), and lists carry step counts, not steps. The Python client
+    (couler_runtime.client.CoulerClient) does all of it by itself.
     """
 
     @staticmethod
@@ -234,6 +303,33 @@ class SubmitterService:
             '/couler.v1.SubmitterService/Submit',
             couler_dot_v1_dot_submitter__service__pb2.SubmitRequest.SerializeToString,
             couler_dot_v1_dot_submitter__service__pb2.SubmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadWorkflow(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/couler.v1.SubmitterService/UploadWorkflow',
+            couler_dot_v1_dot_submitter__service__pb2.UploadWorkflowRequest.SerializeToString,
+            couler_dot_v1_dot_common__pb2.BlobRef.FromString,
             options,
             channel_credentials,
             insecure,
@@ -287,7 +383,7 @@ class SubmitterService:
             target,
             '/couler.v1.SubmitterService/Watch',
             couler_dot_v1_dot_submitter__service__pb2.WatchRunRequest.SerializeToString,
-            couler_dot_v1_dot_common__pb2.Run.FromString,
+            couler_dot_v1_dot_submitter__service__pb2.WatchRunResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -450,6 +546,33 @@ class SubmitterService:
             '/couler.v1.SubmitterService/Logs',
             couler_dot_v1_dot_submitter__service__pb2.StepLogsRequest.SerializeToString,
             couler_dot_v1_dot_submitter__service__pb2.StepLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DownloadBlob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/couler.v1.SubmitterService/DownloadBlob',
+            couler_dot_v1_dot_submitter__service__pb2.DownloadBlobRequest.SerializeToString,
+            couler_dot_v1_dot_submitter__service__pb2.BlobChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -31,6 +31,9 @@ from couler.v1 import workflow_pb2 as wpb
 from couler_runtime import codec
 
 __all__ = [
+    "MAX_NOTES",
+    "MAX_NOTE_CHARS",
+    "BlobRef",
     "CacheEntry",
     "CacheStats",
     "Chunk",
@@ -248,6 +251,31 @@ class PassReport:
     duration_ms: float = 0.0
 
 
+MAX_NOTES = 50  # notes kept per pass report
+MAX_NOTE_CHARS = 1000  # characters kept per note
+
+
+def _cut(note: str) -> str:
+    return note if len(note) <= MAX_NOTE_CHARS else note[:MAX_NOTE_CHARS - 1] + "…"
+
+
+def bounded_notes(notes: Iterable[str]) -> tuple[str, ...]:
+    """``notes`` bounded as ``couler.v1.PassReport`` documents: at most :data:`MAX_NOTES`
+    (the last counting those left out), each at most :data:`MAX_NOTE_CHARS` characters."""
+    items = list(notes)
+    if len(items) <= MAX_NOTES:
+        return tuple(_cut(n) for n in items)
+    kept = [_cut(n) for n in items[:MAX_NOTES - 1]]
+    return (*kept, f"{len(items) - len(kept)} more notes left out")
+
+
+def bounded_report(r: PassReport) -> PassReport:
+    """``r`` with :func:`bounded_notes` (itself when already within the bounds)."""
+    if len(r.notes) <= MAX_NOTES and all(len(n) <= MAX_NOTE_CHARS for n in r.notes):
+        return r
+    return PassReport(r.name, r.changed, bounded_notes(r.notes), r.duration_ms)
+
+
 def pass_report_to_proto(r: PassReport) -> common_pb2.PassReport:
     """The ``couler.v1.PassReport`` of ``r``."""
     return common_pb2.PassReport(name=r.name, changed=r.changed, notes=list(r.notes),
@@ -281,6 +309,12 @@ class Run:
     dry_run: bool = False
     revision: int = 0
     retries: int = 0
+    # How many step records the run has in all (``steps`` may hold a page of them, the
+    # ones that changed, or none) and how many of them were cached; the token of the next
+    # page of steps when ``steps`` is one page ("" on the last).
+    step_count: int = 0
+    cached_step_count: int = 0
+    next_step_page_token: str = ""
 
     def step(self, name: str, key: str = "") -> StepRecord:
         """The record of step ``name`` (item ``key``); KeyError if there is none."""
@@ -301,7 +335,8 @@ def run_to_proto(r: Run) -> common_pb2.Run:
         passes=[pass_report_to_proto(p) for p in r.passes],
         idempotency_key=r.idempotency_key, parameters=dict(r.parameters),
         workflow_digest=r.workflow_digest, template=r.template, dry_run=r.dry_run,
-        revision=r.revision, retries=r.retries,
+        revision=r.revision, retries=r.retries, step_count=r.step_count,
+        cached_step_count=r.cached_step_count, next_step_page_token=r.next_step_page_token,
     )
 
 
@@ -317,7 +352,8 @@ def run_from_proto(m: common_pb2.Run) -> Run:
         passes=tuple(pass_report_from_proto(p) for p in m.passes),
         idempotency_key=m.idempotency_key, parameters=dict(m.parameters),
         workflow_digest=m.workflow_digest, template=m.template, dry_run=m.dry_run,
-        revision=m.revision, retries=m.retries,
+        revision=m.revision, retries=m.retries, step_count=m.step_count,
+        cached_step_count=m.cached_step_count, next_step_page_token=m.next_step_page_token,
     )
 
 
@@ -347,6 +383,24 @@ def template_from_proto(m: common_pb2.Template) -> Template:
 
 
 # =========================================================================== cache
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    """Bytes in the shared blob store: ``sha256:<hex>`` digest and size."""
+
+    digest: str
+    size_bytes: int
+
+
+def blob_ref_to_proto(r: BlobRef) -> common_pb2.BlobRef:
+    """The ``couler.v1.BlobRef`` of ``r``."""
+    return common_pb2.BlobRef(digest=r.digest, size_bytes=r.size_bytes)
+
+
+def blob_ref_from_proto(m: common_pb2.BlobRef) -> BlobRef:
+    """The :class:`BlobRef` of ``m``."""
+    return BlobRef(m.digest, m.size_bytes)
 
 
 @dataclass(frozen=True, slots=True)
