@@ -13,9 +13,6 @@ import pytest
 
 from tests.servers import NatsServer, PostgresServer, SeaweedS3, SecureNatsServer, make_root
 
-# TEMPORARY (issue 8 in progress): service tests still run on an open bus.
-os.environ.setdefault("COULER_BUS_INSECURE", "true")
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

@@ -14,6 +14,9 @@ the stack decides those), and ``--secrets-file`` names a 0600 file.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +47,7 @@ from tests.e2e.conftest import (
 )
 
 STEPS = 5
+SECRET = f"pw-{uuid.uuid4().hex}"
 USER_ENV = {"COULER_MAX_STEPS_PER_CHUNK": "2", "COULER_NATS_TLS": "true",
             "COULER_BUS_INSECURE": "true", "COULER_NATS_URL": "nats://127.0.0.1:1"}
 
@@ -51,7 +55,7 @@ USER_ENV = {"COULER_MAX_STEPS_PER_CHUNK": "2", "COULER_NATS_TLS": "true",
 @pytest.fixture(scope="module")
 def secrets_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("secrets") / "secrets.json"
-    path.write_text("{}")
+    path.write_text(json.dumps({"db": {"password": SECRET}}))
     path.chmod(0o600)
     return path
 
@@ -118,6 +122,26 @@ def test_a_split_workflow_runs_chunk_by_chunk_and_is_cached_the_second_time(
         f"s{i}": (StepState.CACHED, 0) for i in range(STEPS)}
     assert run.step(f"s{STEPS - 1}").outputs == {"n": str(STEPS)}
 
+
+
+def test_a_step_gets_its_secret_from_the_secrets_file_and_it_is_written_nowhere(
+        small: Stack) -> None:
+    source = ("import hashlib, os\n"
+              "print(hashlib.sha256(os.environ['PW'].encode()).hexdigest())")
+    wf = ir.Workflow(name=unique("secret"), steps=(script(
+        "use", source, outputs=(ir.OutputParameter("h", source=ir.OutputSource.STDOUT),),
+        env=(ir.EnvVar("PW", secret=ir.SecretRef("db", "password")),)),))
+    sub = small.client.submitter.submit(wf)
+    run = small.client.submitter.wait(sub.run_id, timeout=DEADLINE)
+    assert run.state is RunState.SUCCEEDED, run.message
+    assert run.step("use").outputs == {"h": hashlib.sha256(SECRET.encode()).hexdigest()}
+    # not in the record, nor in any file of the stack: JetStream's store (every event),
+    # the databases, the logs, the run directories
+    assert SECRET not in repr(run)
+    assert any((small.home / "jetstream").rglob("*.blk"))
+    for path in small.home.rglob("*"):
+        if path.is_file() and path.stat().st_size < 50 * 1024 * 1024:
+            assert SECRET.encode() not in path.read_bytes(), path
 
 
 def test_the_users_settings_reach_the_services_and_the_stacks_own_win(

@@ -109,6 +109,7 @@ def start(nats_server: NatsServer, tmp_path: Path) -> Iterator[Starter]:
         values: dict[str, Any] = {
             "nats_url": nats_server.url, "grpc_address": "127.0.0.1:0",
             "state_dir": tmp_path / "state", "auth_token": None, "otel_endpoint": None,
+            "bus_insecure": True,  # the logic on an open bus: see test_bus_security.py
             **overrides}
         settings = CacheSettings.load("cache", **values)
         service = ServiceThread(settings).start()
@@ -587,7 +588,7 @@ def test_side_effects_survive_failures_and_restarts(db_url: str, tmp_path: Path)
 def cache_env(nats: NatsServer, state: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
     env.update({"COULER_NATS_URL": nats.url, "COULER_GRPC_ADDRESS": "127.0.0.1:0",
-                "COULER_STATE_DIR": str(state), **extra})
+                "COULER_STATE_DIR": str(state), "COULER_BUS_INSECURE": "true", **extra})
     return env
 
 

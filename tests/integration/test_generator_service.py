@@ -87,9 +87,11 @@ def ServiceThread(settings: GeneratorSettings,
 
 def settings_for(nats: NatsServer, state: Path, **llm: Any) -> GeneratorSettings:
     defaults: dict[str, Any] = {"llm_base_url": None, "llm_model": "", "llm_api_key": None}
+    # the generator's logic on an open bus; its identity and permissions are tested with
+    # the others' in tests/integration/test_bus_security.py and tests/security
     return GeneratorSettings.load("generator", nats_url=nats.url, grpc_address="127.0.0.1:0",
                                   state_dir=state, auth_token=None, otel_endpoint=None,
-                                  **{**defaults, **llm})
+                                  bus_insecure=True, **{**defaults, **llm})
 
 
 @dataclass
@@ -503,7 +505,8 @@ def generator_env(nats: NatsServer, state: Path, **extra: str) -> dict[str, str]
     env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
     env.update({"COULER_NATS_URL": nats.url, "COULER_GRPC_ADDRESS": "127.0.0.1:0",
                 "COULER_STATE_DIR": str(state), "COULER_LLM_BASE_URL": "",
-                "COULER_LLM_MODEL": "", "COULER_LLM_API_KEY": "", **extra})
+                "COULER_LLM_MODEL": "", "COULER_LLM_API_KEY": "",
+                "COULER_BUS_INSECURE": "true", **extra})
     return env
 
 

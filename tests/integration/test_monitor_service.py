@@ -110,7 +110,7 @@ def start_monitor(nats: NatsServer, state: Path, database_url: str, *,
         "monitor", nats_url=nats.url, grpc_address="127.0.0.1:0", state_dir=state,
         database_url=database_url, auth_token=token, otel_endpoint=None,
         dashboard_address=f"127.0.0.1:{free_port()}", headroom=1.2, min_samples=1,
-        history_runs=10)
+        history_runs=10, bus_insecure=True)  # the logic on an open bus: test_bus_security
     logs = Records()
     logging.getLogger("couler_monitor").addHandler(logs)
     logging.getLogger("couler_monitor").setLevel(logging.INFO)
@@ -639,7 +639,7 @@ def test_process_logs_the_dashboard_and_stops_on_sigterm(nats_server: NatsServer
     port = free_port()
     env = {**os.environ, "COULER_NATS_URL": nats_server.url,
            "COULER_GRPC_ADDRESS": "127.0.0.1:0", "COULER_STATE_DIR": str(tmp_path),
-           "COULER_DASHBOARD_ADDRESS": f"127.0.0.1:{port}"}
+           "COULER_DASHBOARD_ADDRESS": f"127.0.0.1:{port}", "COULER_BUS_INSECURE": "true"}
     for name in ("COULER_AUTH_TOKEN", "COULER_DATABASE_URL", "COULER_OTEL_ENDPOINT"):
         env.pop(name, None)
     log = tmp_path / "stderr.log"

@@ -240,7 +240,8 @@ def settings_for(nats: NatsServer, state: Path, database_url: str, cache_address
     return OptimizerSettings.load(
         "optimizer", nats_url=nats.url, grpc_address="127.0.0.1:0", state_dir=state,
         database_url=database_url, cache_address=cache_address, auth_token=TOKEN,
-        otel_endpoint=None, max_steps_per_chunk=MAX_STEPS, default_retry=True, **more)
+        otel_endpoint=None, max_steps_per_chunk=MAX_STEPS, default_retry=True,
+        bus_insecure=True, **more)  # the logic on an open bus: see test_bus_security.py
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ from couler import ir
 from couler.errors import UserError
 from couler.v1 import common_pb2, events_pb2
 from couler_optimizer.service import Optimizer
-from couler_runtime import codec
+from couler_runtime import codec, offload
 from couler_runtime.bus import Bus, Event
 from couler_runtime.engines import DEFAULT_ENGINE
 from couler_runtime.rpc.records import (
@@ -118,13 +118,15 @@ class PlanHandler:
         options = message.options
 
         async def work() -> tuple[str, events_pb2.WorkflowOptimized, str]:
-            wf = codec.workflow_from_proto(message.workflow)
+            steps = len(message.workflow.steps)
+            wf = await offload.convert(steps, codec.workflow_from_proto, message.workflow)
             plan = await self._optimizer.plan_run(
                 run_id, wf, options.engine or DEFAULT_ENGINE,
                 objectives=objectives_from_proto(options.objectives),
                 no_cache=options.no_cache, parameters=dict(options.parameters))
-            optimized = events_pb2.WorkflowOptimized(run_id=run_id, plan=plan_to_proto(plan),
-                                                     options=options)
+            optimized = events_pb2.WorkflowOptimized(
+                run_id=run_id, plan=await offload.convert(steps, plan_to_proto, plan),
+                options=options)
             return (OPTIMIZED, optimized, f"planned {plan.workflow.name!r} for {plan.engine} "
                     f"({len(plan.cached)} cached, {len(plan.chunks)} chunks)")
 

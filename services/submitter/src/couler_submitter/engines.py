@@ -182,9 +182,33 @@ class LocalRunner:
 
     name = "local"
 
-    def __init__(self, runs_dir: Path, max_workers: int) -> None:
+    def __init__(self, runs_dir: Path, max_workers: int, *,
+                 secrets_file: Path | None = None) -> None:
         self.runs_dir = runs_dir
-        self.engine = LocalEngine(runs_dir, max_workers, cache_keys=True)
+        self.secrets_file = secrets_file
+        self.engine = LocalEngine(runs_dir, max_workers, cache_keys=True,
+                                  secrets=self._secrets())
+
+    def _secrets(self) -> dict[tuple[str, str], str]:
+        """The values of ``secrets_file`` (none without one).
+
+        Raises:
+            UserError: The file cannot be read, is readable by others, or has another
+                shape (naming file, secret and key, never a value).
+        """
+        if self.secrets_file is None:
+            return {}
+        from couler.cli import read_secrets_file
+
+        try:
+            mode = self.secrets_file.stat().st_mode
+        except OSError as exc:
+            raise UserError(f"COULER_SECRETS_FILE {str(self.secrets_file)!r}: "
+                            f"{exc.strerror or exc}") from None
+        if mode & 0o077:
+            raise UserError(f"COULER_SECRETS_FILE {str(self.secrets_file)!r} is readable by "
+                            f"others (mode {mode & 0o777:o}); chmod 600 it")
+        return read_secrets_file(str(self.secrets_file))
 
     def run_dir(self, run_id: str) -> Path:
         """The engine's directory of run ``run_id``."""
@@ -192,6 +216,8 @@ class LocalRunner:
 
     def start(self, run_id: str, wf: ir.Workflow, parameters: Mapping[str, str],
               cached: Mapping[str, Reuse], on_event: OnStep) -> LocalRun:
+        if self.secrets_file is not None:  # an edit takes effect at the next run
+            self.engine.secrets = self._secrets()
         return self.engine.start(wf, run_id=run_id, parameters=parameters, cached=cached,
                                  on_event=on_event)
 

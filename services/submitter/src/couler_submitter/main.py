@@ -27,7 +27,11 @@ artifact store) plus:
   (default 67108864, 64 MiB), ``COULER_MAX_WORKFLOW_STEPS`` (default 200000) and
   ``COULER_MAX_NESTING_DEPTH`` (default 16) -- the size limits Submit and RegisterTemplate
   check (:mod:`couler.ir.limits`): a value over its limit is refused with
-  INVALID_ARGUMENT naming the workflow, step, field and limit.
+  INVALID_ARGUMENT naming the workflow, step, field and limit;
+* ``COULER_SECRETS_FILE`` -- a JSON file ``{"secret-name": {"KEY": "value"}}`` (mode 0600)
+  with the values of the secrets local runs reference (``couler up --secrets-file``); read
+  at start (a bad file fails the start, naming it) and again for every run, so an edit
+  takes effect without a restart. Values never enter records, events or logs.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class SubmitterSettings(CommonSettings):
         max_workers: Step processes the local engine runs at once, per run.
         engines: The engines this submitter runs, comma-separated.
         outbox_interval: Seconds between looks at the outbox when nothing woke the sender.
+        secrets_file: The secret values of local runs (JSON; see the module docstring).
         max_value_bytes: The largest single value in a workflow (an argument, an env
             value, a script's source, a parameter value, ...), in bytes.
         max_workflow_bytes: The largest encoded workflow, in bytes (also the largest
@@ -87,6 +92,7 @@ class SubmitterSettings(CommonSettings):
     max_workers: int = Field(default=4, ge=1, le=256)
     engines: str = "local,dryrun"
     outbox_interval: float = Field(default=5.0, gt=0)
+    secrets_file: Path | None = None
     max_value_bytes: int = Field(default=DEFAULT_LIMITS.max_value_bytes, ge=1024,
                                  le=64 * 1024 * 1024)
     max_workflow_bytes: int = Field(default=DEFAULT_LIMITS.max_workflow_bytes, ge=64 * 1024,
@@ -109,9 +115,9 @@ class SubmitterSettings(CommonSettings):
     kfp_host: str | None = None
     kfp_token: SecretStr | None = None
 
-    @field_validator("runs_dir", mode="before")
+    @field_validator("runs_dir", "secrets_file", mode="before")
     @classmethod
-    def _runs_dir(cls, value: Any) -> Any:
+    def _optional_path(cls, value: Any) -> Any:
         return None if value in ("", None) else value
 
     @field_validator("engines")
@@ -192,7 +198,8 @@ def make_runners(settings: SubmitterSettings,
     for name in settings.engine_names:
         adapter = (adapters or {}).get(name)
         if name == "local":
-            runners[name] = LocalRunner(runs_dir, settings.max_workers)
+            runners[name] = LocalRunner(runs_dir, settings.max_workers,
+                                        secrets_file=settings.secrets_file)
         elif name == "dryrun":
             runners[name] = DryRunRunner()
         elif adapter is not None or (adapter := adapter_from_settings(name, settings)):
