@@ -60,6 +60,13 @@ METHODS = [
     (service, m.name, m.input_type.full_name, m.server_streaming)
     for service in SERVICES.values()
     for m in descriptor_pool.Default().FindServiceByName(service).methods
+    if not m.client_streaming  # a request stream is decoded as the servicer reads it: below
+]
+CLIENT_STREAMING = [
+    (service, m.name, m.input_type.full_name)
+    for service in SERVICES.values()
+    for m in descriptor_pool.Default().FindServiceByName(service).methods
+    if m.client_streaming
 ]
 
 
@@ -210,6 +217,35 @@ def test_garbage_with_the_token_is_invalid_argument_naming_the_method(
         # The same call with a valid (empty) body reaches the servicer, which lacks it.
         valid = refused(lambda: raw_call(channel, service, method, streaming, b"", TOKEN))
         assert valid.code() is grpc.StatusCode.UNIMPLEMENTED
+
+
+@pytest.mark.parametrize(("service", "method", "request_type"), CLIENT_STREAMING)
+def test_garbage_in_a_request_stream_is_invalid_argument_when_read(
+        serve: Callable[..., RpcServer], service: str, method: str, request_type: str) -> None:
+    assert CLIENT_STREAMING, "the contract has client-streaming methods (uploads)"
+
+    class Reader:
+        async def read_all(self, requests: Any, context: object) -> object:
+            async for _ in requests:
+                pass
+            raise AssertionError("garbage was decoded")
+
+    reader = Reader()
+    setattr(Reader, method, Reader.read_all)
+    server = serve({service: reader}, token=TOKEN)
+    with grpc.insecure_channel(address(server)) as channel:
+        call: Any = channel.stream_unary(f"/{service}/{method}")
+        for body in GARBAGE.values():
+            with pytest.raises(grpc.RpcError) as info:
+                call(iter([body]), metadata=(("authorization", f"Bearer {TOKEN}"),),
+                     timeout=TIMEOUT)
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.details() == (f"{service}.{method}: the request body "
+                                            f"({len(body)} bytes) is not a valid "
+                                            f"{request_type} message")
+        with pytest.raises(grpc.RpcError) as info:  # and no token: never read at all
+            call(iter([GARBAGE["random"]]), timeout=TIMEOUT)
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_a_bad_body_is_a_user_error_for_couler_clients_and_traced(

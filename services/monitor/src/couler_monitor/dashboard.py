@@ -83,7 +83,10 @@ def _e(value: object) -> str:
 def _time(at: float | None) -> str:
     if at is None:
         return "—"
-    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):  # a damaged record
+        return "?"
 
 
 def _duration(start: float | None, end: float | None, *, now: float) -> str:

@@ -31,11 +31,14 @@ deterministic id), then flagged; a crash in between republishes it with the same
 from __future__ import annotations
 
 import asyncio
+import enum
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TypeVar
 
 from couler import ir
 from couler.engines.base import StepState
@@ -69,6 +72,10 @@ DEFAULT_SAMPLE_LIMIT = 1000
 MAX_SAMPLE_LIMIT = 10_000
 OOM_RETRY_LIMIT = 2
 _MAX_RUNS_LISTED = 500
+_INT32 = 2**31 - 1
+_LAST_SECOND = 253402300799.0  # 9999-12-31T23:59:59Z, the last a Timestamp holds
+E = TypeVar("E", bound=enum.Enum)
+log = logging.getLogger(__name__)
 
 Publisher = Callable[[Recommendation], Awaitable[None]]
 
@@ -174,7 +181,10 @@ class Monitor:
                 changes["workflow"] = workflow
             if not run["engine"] and engine:
                 changes["engine"] = engine
-            state = RunState(run["state"])
+            try:
+                state = RunState(run["state"])
+            except ValueError:  # a damaged row: the event says where the run is
+                state = RunState.ACCEPTED
             # A step event never reopens a finished run: events published late (under load,
             # or redelivered) would otherwise leave it "running" for good. A Retry reopens
             # it through its new couler.workflow.submitted (record_submitted).
@@ -345,7 +355,8 @@ class Monitor:
 
         def read() -> tuple[Recommendation, ...]:
             with self._store.transaction() as tx:
-                return tuple(_recommendation(r) for r in tx.recommendations(workflow, step))
+                found = (_recommendation(r) for r in tx.recommendations(workflow, step))
+                return tuple(r for r in found if r is not None)
 
         return await asyncio.to_thread(read)
 
@@ -395,7 +406,9 @@ class Monitor:
         self._outbox_dirty = True
         rows = await asyncio.to_thread(pending)
         for row in rows:
-            await self._publish(_recommendation(row))
+            rec = _recommendation(row)
+            if rec is not None:  # a damaged one is marked too: it could never be sent
+                await self._publish(rec)
 
             def mark(r: RecommendationRow = row) -> None:
                 with self._store.transaction() as tx:
@@ -426,7 +439,7 @@ class Monitor:
     @staticmethod
     def _advance(run: RunRow, state: RunState, *, retries: int | None = None) -> bool:
         """Move ``run`` to ``state`` if that is forward; whether it moved."""
-        old = (run.retries, _RUN_RANK[RunState(run.state)])
+        old = (run.retries, _rank(run.state))
         new = (run.retries if retries is None else retries, _RUN_RANK[state])
         if new <= old:
             return False
@@ -548,24 +561,67 @@ def _runs(n: int) -> str:
     return f"{n} run" if n == 1 else f"{n} runs"
 
 
-def _recommendation(r: RecommendationRow) -> Recommendation:
-    return Recommendation(
-        workflow=r.workflow, step=r.step, kind=RecommendationKind(r.kind), value=r.value,
-        reason=r.reason, based_on_samples=r.based_on, created_at=r.created_at,
-        failure_class=ir.FailureClass(r.failure_class) if r.failure_class else None, id=r.id)
+def _recommendation(r: RecommendationRow) -> Recommendation | None:
+    """The stored recommendation; None (logged) when its row is damaged."""
+    try:
+        return Recommendation(
+            workflow=r.workflow, step=r.step, kind=RecommendationKind(r.kind), value=r.value,
+            reason=r.reason, based_on_samples=r.based_on, created_at=r.created_at,
+            failure_class=ir.FailureClass(r.failure_class) if r.failure_class else None,
+            id=r.id)
+    except (ValueError, TypeError) as exc:
+        log.error("workflow %r, step %r: a stored recommendation cannot be read (%s)",
+                  r.workflow, r.step, exc)
+        return None
+
+
+def _state(kind: type[E], value: str, default: E, damaged: list[str], field: str) -> E:
+    """``kind(value)``; ``default`` (noted in ``damaged``) when the stored value is not one."""
+    try:
+        return kind(value)
+    except ValueError:
+        damaged.append(field)
+        return default
+
+
+def _damaged(message: str, damaged: list[str]) -> str:
+    if not damaged:
+        return message
+    said = f"the stored record is damaged ({', '.join(damaged)} could not be read)"
+    return f"{said}: {message}" if message else said
+
+
+def _time(value: float | None) -> float | None:
+    """A stored time a record can carry (None when it is not one)."""
+    return value if value is None or 0 <= value <= _LAST_SECOND else None
 
 
 def _step(s: StepRow) -> StepRecord:
+    damaged: list[str] = []
+    state = _state(StepState, s.state, StepState.FAILED, damaged, "state")
+    failure = (_state(ir.FailureClass, s.failure_class, ir.FailureClass.INFRA, damaged,
+                      "failure_class") if s.failure_class else None)
     return StepRecord(
-        name=s.name, state=StepState(s.state), key=s.key, attempts=s.attempts,
-        exit_code=s.exit_code, started_at=s.started_at, finished_at=s.finished_at,
+        name=s.name, state=state, key=s.key, attempts=max(0, min(s.attempts, _INT32)),
+        exit_code=s.exit_code, started_at=_time(s.started_at), finished_at=_time(s.finished_at),
         peak_cpu=s.peak_cpu, peak_memory_bytes=s.peak_memory_bytes, cache_key=s.cache_key,
-        cached=s.cached, message=s.message,
-        failure_class=ir.FailureClass(s.failure_class) if s.failure_class else None)
+        cached=bool(s.cached), message=_damaged(s.message or "", damaged),
+        failure_class=failure)
 
 
 def _run(r: RunRow, steps: Sequence[StepRow]) -> Run:
-    return Run(run_id=r.run_id, state=RunState(r.state), workflow=r.workflow, engine=r.engine,
-               steps=tuple(_step(s) for s in steps), created_at=r.created_at,
-               started_at=r.started_at, finished_at=r.finished_at, message=r.message,
-               retries=r.retries)
+    damaged: list[str] = []
+    state = _state(RunState, r.state, RunState.FAILED, damaged, "state")
+    return Run(run_id=r.run_id, state=state, workflow=r.workflow, engine=r.engine,
+               steps=tuple(_step(s) for s in steps), created_at=_time(r.created_at),
+               started_at=_time(r.started_at), finished_at=_time(r.finished_at),
+               message=_damaged(r.message or "", damaged),
+               retries=max(0, min(r.retries, _INT32)))
+
+
+def _rank(value: str) -> int:
+    """How far a stored run state is; a damaged one is the least (new events fix it)."""
+    try:
+        return _RUN_RANK[RunState(value)]
+    except ValueError:
+        return -1

@@ -15,15 +15,17 @@ The API is synchronous; the service calls it through ``asyncio.to_thread``.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Engine, Float, Integer, LargeBinary, String, Text, select
+from google.protobuf.message import DecodeError
+from sqlalchemy import Engine, Float, Integer, LargeBinary, String, Text, delete, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from couler import ir
-from couler.errors import ConflictError
+from couler.errors import ConflictError, UserError
 from couler.v1 import common_pb2
 from couler_runtime.rpc.records import (
     PassReport,
@@ -36,6 +38,8 @@ from couler_runtime.rpc.records import (
 from couler_runtime.store import make_engine, make_session_factory, migrate, session_scope
 
 __all__ = ["MIGRATIONS", "SERVICE", "OptimizerStore", "PlanSummary"]
+
+log = logging.getLogger(__name__)
 
 SERVICE = "optimizer"
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -162,14 +166,20 @@ class OptimizerStore:
             rows = session.scalars(
                 select(_RecommendationRow).where(_RecommendationRow.workflow == workflow)
                 .order_by(_RecommendationRow.step, _RecommendationRow.kind)).all()
-            return tuple(
-                Recommendation(
-                    workflow=r.workflow, step=r.step, kind=RecommendationKind(r.kind),
-                    value=r.value, reason=r.reason, based_on_samples=r.based_on_samples,
-                    created_at=r.created_at,
-                    failure_class=ir.FailureClass(r.failure_class) if r.failure_class else None,
-                    id=r.rec_id)
-                for r in rows)
+            found = []
+            for r in rows:
+                try:
+                    found.append(Recommendation(
+                        workflow=r.workflow, step=r.step, kind=RecommendationKind(r.kind),
+                        value=str(r.value), reason=str(r.reason or ""),
+                        based_on_samples=r.based_on_samples, created_at=r.created_at,
+                        failure_class=(ir.FailureClass(r.failure_class) if r.failure_class
+                                       else None),
+                        id=str(r.rec_id or "")))
+                except (ValueError, TypeError) as exc:  # a damaged row is not applied
+                    log.error("workflow %r, step %r: a stored recommendation cannot be read "
+                              "(%s); not applied", workflow, r.step, exc)
+            return tuple(found)
 
     # ---------------------------------------------------------------------- plans
 
@@ -195,9 +205,11 @@ class OptimizerStore:
             if not from_event:
                 raise
             earlier = self.event_plan(run_id)
-            if earlier is None:
-                raise
-            return earlier
+            if earlier is not None:
+                return earlier
+            with session_scope(self._sessions) as session:  # the recorded one is damaged
+                session.execute(delete(_PlanRow).where(_PlanRow.event_run_id == run_id))
+                session.add(row)
         return plan
 
     def event_plan(self, run_id: str) -> Plan | None:
@@ -206,7 +218,12 @@ class OptimizerStore:
             data = session.scalar(select(_PlanRow.plan).where(_PlanRow.event_run_id == run_id))
         if data is None:
             return None
-        return plan_from_proto(common_pb2.Plan.FromString(data))
+        try:
+            return plan_from_proto(common_pb2.Plan.FromString(data))
+        except (UserError, DecodeError, ValueError, TypeError) as exc:
+            log.error("run %s: the stored plan cannot be read (%s); planning again", run_id,
+                      type(exc).__name__)
+            return None
 
     def history(self, workflow: str | None = None, *, run_id: str | None = None
                 ) -> tuple[PlanSummary, ...]:
@@ -222,8 +239,25 @@ class OptimizerStore:
                 PlanSummary(
                     run_id=r.run_id, from_event=r.event_run_id is not None,
                     workflow=r.workflow, engine=r.engine, workflow_digest=r.workflow_digest,
-                    passes=tuple(PassReport(p["name"], p["changed"], tuple(p["notes"]))
-                                 for p in json.loads(r.passes)),
-                    cached_steps=tuple(json.loads(r.cached_steps)), chunk_count=r.chunk_count,
-                    created_at=r.created_at)
+                    passes=_passes(r.passes), cached_steps=_names(r.cached_steps),
+                    chunk_count=r.chunk_count, created_at=r.created_at)
                 for r in rows)
+
+
+def _passes(text: str) -> tuple[PassReport, ...]:
+    """The stored pass reports; none when the row is damaged."""
+    try:
+        return tuple(PassReport(str(p["name"]), bool(p["changed"]),
+                                tuple(str(n) for n in p["notes"]))
+                     for p in json.loads(text))
+    except (ValueError, TypeError, KeyError):
+        return ()
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """The stored step names; none when the row is damaged."""
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError):
+        return ()
+    return tuple(str(n) for n in value) if isinstance(value, list) else ()

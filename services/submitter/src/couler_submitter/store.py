@@ -26,13 +26,15 @@ the service calls it through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
+import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from google.protobuf.message import DecodeError
@@ -222,18 +224,95 @@ class OutboxEntry:
     attempts: int = 0
 
 
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+E = TypeVar("E", bound=enum.Enum)
+N = TypeVar("N", int, float)
+_INT32 = 2**31 - 1
+_INT64 = 2**63 - 1
+_LAST_SECOND = 253402300799.0  # 9999-12-31T23:59:59Z, the last a Timestamp holds
+
+
+class _Reading:
+    """Reads the columns of one stored row, noting those it cannot: a damaged row must
+    never stop the service, nor a call that lists it (it is shown as damaged instead)."""
+
+    def __init__(self) -> None:
+        self.damaged: list[str] = []
+
+    def json(self, field: str, text: str | None, kind: type[T], default: T) -> T:
+        try:
+            value = json.loads(text or "null")
+        except (ValueError, TypeError):
+            value = None
+        if isinstance(value, kind):
+            return value
+        if text not in (None, ""):
+            self.damaged.append(field)
+        return default
+
+    def enum(self, field: str, kind: type[E], value: str | None, default: E) -> E:
+        try:
+            return kind(value)
+        except ValueError:
+            self.damaged.append(field)
+            return default
+
+    def number(self, field: str, value: N | None, low: float, high: float) -> N | None:
+        """``value`` when it lies in ``low..high`` (what its protobuf field can carry);
+        None otherwise, noted."""
+        if value is None or (low <= value <= high):
+            return value
+        self.damaged.append(field)
+        return None
+
+    def when(self, field: str, value: float | None) -> float | None:
+        """A time (seconds since the epoch) a protobuf Timestamp can carry."""
+        return self.number(field, value, 0.0, _LAST_SECOND)
+
+    def note(self, message: str) -> str:
+        """``message`` with what could not be read said first."""
+        if not self.damaged:
+            return message
+        said = (f"the stored record is damaged (field(s) {', '.join(self.damaged)} could not "
+                "be read)")
+        return f"{said}: {message}" if message else said
+
+
 def _step_record(row: StepRow) -> StepRecord:
-    artifacts = {name: StoredArtifact(a["digest"], int(a.get("size_bytes", 0)), a.get("uri", ""))
-                 for name, a in json.loads(row.artifacts).items()}
+    read = _Reading()
+    artifacts: dict[str, StoredArtifact] = {}
+    for name, a in read.json("artifacts", row.artifacts, dict, {}).items():
+        try:
+            artifacts[str(name)] = StoredArtifact(str(a["digest"]), int(a.get("size_bytes", 0)),
+                                                  str(a.get("uri", "")))
+        except (TypeError, KeyError, ValueError, AttributeError):
+            read.damaged.append(f"artifacts.{name}")
+    outputs = {str(k): str(v) for k, v in read.json("outputs", row.outputs, dict, {}).items()}
+    state = read.enum("state", StepState, row.state, StepState.FAILED)
+    failure = (read.enum("failure_class", ir.FailureClass, row.failure_class,
+                         ir.FailureClass.INFRA) if row.failure_class else None)
     return StepRecord(
-        name=row.name, key=row.key, state=StepState(row.state), attempts=row.attempts,
-        exit_code=row.exit_code, started_at=row.started_at, finished_at=row.finished_at,
-        peak_cpu=row.peak_cpu, peak_memory_bytes=row.peak_memory_bytes,
-        outputs=json.loads(row.outputs), cache_key=row.cache_key, cached=row.cached,
-        message=row.message,
-        failure_class=ir.FailureClass(row.failure_class) if row.failure_class else None,
-        artifacts=artifacts,
+        name=row.name, key=row.key, state=state,
+        attempts=read.number("attempts", row.attempts, 0, _INT32) or 0,
+        exit_code=read.number("exit_code", row.exit_code, -_INT32 - 1, _INT32),
+        started_at=read.when("started_at", row.started_at),
+        finished_at=read.when("finished_at", row.finished_at),
+        peak_cpu=read.number("peak_cpu", row.peak_cpu, 0.0, 1e9),
+        peak_memory_bytes=read.number("peak_memory_bytes", row.peak_memory_bytes, 0, _INT64),
+        outputs=outputs, cache_key=row.cache_key or "", cached=bool(row.cached),
+        message=read.note(row.message or ""), failure_class=failure, artifacts=artifacts,
     )
+
+
+def _run_state(row: RunRow) -> RunState:
+    """The row's state; a state that cannot be read counts as FAILED (terminal: nothing
+    resumes or changes a run whose record is damaged)."""
+    try:
+        return RunState(row.state)
+    except ValueError:
+        return RunState.FAILED
 
 
 def _fill_step(row: StepRow, rec: StepRecord) -> None:
@@ -256,20 +335,50 @@ def _fill_step(row: StepRow, rec: StepRecord) -> None:
 
 def _run_record(row: RunRow, steps: Sequence[StepRow] = (), next_token: str = "") -> Run:
     """The run's record with ``steps`` (already in order)."""
-    options = RunOptions.from_json(json.loads(row.options))
-    passes = tuple(PassReport(p["name"], bool(p.get("changed")), tuple(p.get("notes", ())),
-                              float(p.get("duration_ms", 0.0)))
-                   for p in json.loads(row.passes))
+    read = _Reading()
+    try:
+        options = RunOptions.from_json(read.json("options", row.options, dict, {}))
+    except (TypeError, ValueError, KeyError, AttributeError, UserError):
+        read.damaged.append("options")
+        options = RunOptions()
+    passes: list[PassReport] = []
+    for p in read.json("passes", row.passes, list, []):
+        try:
+            passes.append(PassReport(str(p["name"]), bool(p.get("changed")),
+                                     tuple(str(n) for n in p.get("notes", ())),
+                                     float(p.get("duration_ms", 0.0))))
+        except (TypeError, KeyError, ValueError, AttributeError):
+            read.damaged.append("passes")
+    state = read.enum("state", RunState, row.state, RunState.FAILED)
+    created = read.when("created_at", row.created_at)
+    started = read.when("started_at", row.started_at)
+    finished = read.when("finished_at", row.finished_at)
+    revision = read.number("revision", row.revision, 0, _INT64) or 0
+    retries = read.number("retries", row.retries, 0, _INT32) or 0
+    step_count = read.number("step_count", row.step_count, 0, _INT32) or 0
+    cached = read.number("cached_step_count", row.cached_step_count, 0, _INT32) or 0
     return Run(
-        run_id=row.run_id, state=RunState(row.state), workflow=row.workflow, engine=row.engine,
+        run_id=row.run_id, state=state, workflow=row.workflow, engine=row.engine,
         engine_run_id=row.engine_run_id, steps=tuple(_step_record(s) for s in steps),
-        created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
-        message=row.message, passes=passes, idempotency_key=row.idempotency_key or "",
-        parameters=dict(options.parameters), workflow_digest=row.workflow_digest,
-        template=row.template, dry_run=row.dry_run, revision=row.revision, retries=row.retries,
-        step_count=row.step_count or 0, cached_step_count=row.cached_step_count or 0,
+        created_at=created, started_at=started, finished_at=finished,
+        message=read.note(row.message or ""), passes=tuple(passes),
+        idempotency_key=row.idempotency_key or "", parameters=dict(options.parameters),
+        workflow_digest=row.workflow_digest, template=row.template, dry_run=bool(row.dry_run),
+        revision=revision, retries=retries, step_count=step_count, cached_step_count=cached,
         next_step_page_token=next_token,
     )
+
+
+@contextlib.contextmanager
+def _damaged(run_id: str, what: str) -> Iterator[None]:
+    """A stored value that cannot be decoded is a UserError naming the run and the field."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError, DecodeError) as exc:
+        raise UserError(f"run {run_id!r}: its stored {what} is damaged and cannot be read "
+                        f"({type(exc).__name__})") from exc
 
 
 def page_token(position: int) -> str:
@@ -413,10 +522,11 @@ class RunStore:
         """What the run was submitted with (its workflow decoded)."""
         with session_scope(self._sessions) as session:
             row = self._row(session, run_id)
-            wf = (codec.workflow_from_proto(common_workflow(row.request))
-                  if row.request is not None else None)
-            return RunRequest(wf, row.text, RunOptions.from_json(json.loads(row.options)),
-                              row.template)
+            with _damaged(run_id, "request"):
+                wf = (codec.workflow_from_proto(common_workflow(row.request))
+                      if row.request is not None else None)
+                options = RunOptions.from_json(json.loads(row.options))
+            return RunRequest(wf, row.text, options, row.template)
 
     def options(self, run_id: str) -> RunOptions:
         """The options the run was submitted with (without decoding its workflow)."""
@@ -424,7 +534,8 @@ class RunStore:
             options = session.scalar(sa.select(RunRow.options).where(RunRow.run_id == run_id))
             if options is None:
                 raise NotFoundError(f"run {run_id!r} does not exist")
-            return RunOptions.from_json(json.loads(options))
+            with _damaged(run_id, "options"):
+                return RunOptions.from_json(json.loads(options))
 
     def plan(self, run_id: str) -> Plan | None:
         """The stored plan (None before the optimizer answered)."""
@@ -433,7 +544,8 @@ class RunStore:
             if data is None:
                 self._row(session, run_id)  # NotFoundError for an unknown run
                 return None
-            return plan_from_proto(common_pb2.Plan.FromString(data))
+            with _damaged(run_id, "plan"):
+                return plan_from_proto(common_pb2.Plan.FromString(data))
 
     def update_run(self, run_id: str, *, expect: Iterable[RunState] | None = None,
                    state: RunState | None = None, workflow: str | None = None,
@@ -452,7 +564,7 @@ class RunStore:
         """
         with session_scope(self._sessions) as session:
             row = self._row(session, run_id, lock=True)
-            if expect is not None and RunState(row.state) not in set(expect):
+            if expect is not None and _run_state(row) not in set(expect):
                 return None
             if state is not None:
                 row.state = state.value
@@ -541,7 +653,7 @@ class RunStore:
                 outbox.append(self._entry(row, EventKind.UTILIZATION, now,
                                           utilization_sample_to_proto(sample)
                                           .SerializeToString(), trace))
-            if state is not None and not RunState(row.state).terminal:
+            if state is not None and not _run_state(row).terminal:
                 row.state = state.value
             if started_at is not None and row.started_at is None:
                 row.started_at = started_at
@@ -686,7 +798,13 @@ class RunStore:
         """Every registered template, by name."""
         with session_scope(self._sessions) as session:
             rows = session.scalars(sa.select(TemplateRow).order_by(TemplateRow.name)).all()
-            return [self._template(r) for r in rows]
+            found = []
+            for row in rows:
+                try:
+                    found.append(self._template(row))
+                except UserError as exc:  # one damaged row must not hide the others
+                    log.error("template %r: %s; left out of the list", row.name, exc)
+            return found
 
     # ------------------------------------------------------------------ rejections
 
@@ -715,7 +833,11 @@ class RunStore:
 
     @staticmethod
     def _template(row: TemplateRow) -> Template:
-        wf = codec.workflow_from_proto(common_workflow(row.workflow))
+        try:
+            wf = codec.workflow_from_proto(common_workflow(row.workflow))
+        except (UserError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise UserError(f"template {row.name!r}: its stored workflow is damaged and "
+                            f"cannot be read ({type(exc).__name__}); register it again") from exc
         return Template(row.name, wf, row.engine, row.workflow_digest, row.registered_at)
 
 
