@@ -76,6 +76,23 @@ def test_validate_reports_ok_with_digest() -> None:
     assert out.startswith("ok: workflow 'coin-flip': 3 steps, sha256:")
 
 
+def test_validate_checks_the_size_limits_submit_applies(tmp_path: Path) -> None:
+    prog = write(
+        tmp_path,
+        "big.py",
+        """
+        import couler.argo as couler
+
+        couler.run_container(image="alpine", command=["echo", "x" * 300000],
+                             step_name="huge")
+        """,
+    )
+    status, out, err = run_cli("validate", str(prog))
+    assert status == 2 and out == ""
+    assert ("workflow 'big', step 'huge', field 'command[1]': 300000 bytes is over the "
+            "limit of 256 KiB per value") in err, err
+
+
 def test_cycle_fails_naming_the_steps(tmp_path: Path) -> None:
     prog = write(
         tmp_path,

@@ -131,8 +131,12 @@ def cmd_compile(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, out: TextIO) -> int:
-    # capture_program validates each workflow as it is recorded.
+    from couler.ir.limits import check_sizes
+
+    # capture_program validates each workflow as it is recorded; the sizes are those a
+    # stack's Submit accepts by default (couler.ir.limits).
     for wf in _capture(args.path, args.program_args):
+        check_sizes(wf)
         n = sum(1 for _ in ir.all_steps(wf.steps))
         out.write(f"ok: workflow {wf.name!r}: {n} step{'s' if n != 1 else ''}, {ir.digest(wf)}\n")
     return 0
