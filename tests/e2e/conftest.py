@@ -179,8 +179,13 @@ def loose_modes(home: Path) -> list[str]:
     """Everything under ``home`` (itself included) that others could use: directories
     must be 0700, files and sockets 0600."""
     found = []
-    for path in [home, *home.rglob("*")]:
-        mode = path.lstat().st_mode
+    # os.walk, unlike rglob, skips directories that vanish while it walks
+    paths = [home, *(Path(d) / n for d, dirs, files in os.walk(home) for n in dirs + files)]
+    for path in paths:
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:  # a live stack removes files as we walk (JetStream consumers)
+            continue
         if stat.S_ISLNK(mode):
             continue
         want = 0o700 if stat.S_ISDIR(mode) else 0o600
