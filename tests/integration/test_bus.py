@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 from google.protobuf.wrappers_pb2 import StringValue
@@ -23,6 +23,7 @@ from couler_runtime.bus import (
     Rejection,
 )
 from tests.servers import NatsServer, free_port, listen_addresses
+from tests.waiting import aeventually
 
 pytestmark = pytest.mark.anyio
 
@@ -32,15 +33,6 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    """Wait until ``check()`` holds (a bound on waiting, not a timing assertion)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.02)
 
 
 async def connect(server: NatsServer, name: str = "test") -> Bus:
@@ -114,7 +106,7 @@ async def test_publish_consume_ack_with_standard_headers(nats_server: NatsServer
             assert result.stream == "COULER_WORKFLOW" and not result.duplicate
         seen, handle = recorder()
         await bus.subscribe(subject, durable, StringValue, handle)
-        await eventually(lambda: len(seen) == 3, "three messages handled")
+        await aeventually(lambda: len(seen) == 3, "three messages handled")
         assert [e.message.value for e in seen] == ["m0", "m1", "m2"]
         first = seen[0]
         assert first.subject == subject
@@ -147,9 +139,9 @@ async def test_failed_handler_is_redelivered_then_acked(nats_server: NatsServer)
         await bus.subscribe(subject, durable, StringValue, flaky, retry_delay=0.05)
         await bus.publish(subject, StringValue(value="retryable"), msg_id="r")
         await bus.publish(subject, StringValue(value="crash"), msg_id="c")
-        await eventually(lambda: ("retryable", 2) in attempts and ("crash", 3) in attempts,
+        await aeventually(lambda: ("retryable", 2) in attempts and ("crash", 3) in attempts,
                          "both redelivered until they succeed")
-        await eventually(lambda: len(attempts) == 5, "five deliveries")
+        await aeventually(lambda: len(attempts) == 5, "five deliveries")
         assert sorted(attempts) == [("crash", 1), ("crash", 2), ("crash", 3),
                                     ("retryable", 1), ("retryable", 2)]
         await settled(bus, "COULER_STEP", durable)
@@ -182,7 +174,7 @@ async def test_bad_bytes_and_user_errors_are_terminated_and_recorded(
         await bus.jetstream.publish(subject, StringValue(value="x").SerializeToString(),
                                     headers={HEADER_EVENT_TYPE: "couler.v1.Other"})
         await bus.publish(subject, StringValue(value="fine"), msg_id="fine")
-        await eventually(lambda: "fine" in handled and len(rejections) == 3, "all answered")
+        await aeventually(lambda: "fine" in handled and len(rejections) == 3, "all answered")
         reasons = [r.reason for r in rejections]
         assert reasons[0].startswith("undecodable google.protobuf.StringValue body (3 bytes)")
         assert rejections[0].payload == b"\x0a\xff\x01"
@@ -213,7 +205,7 @@ async def test_giving_up_after_max_deliver_records_why(nats_server: NatsServer) 
         await bus.subscribe(subject, durable, StringValue, always_busy, max_deliver=3,
                             retry_delay=0.02)
         await bus.publish(subject, StringValue(value="doomed"), msg_id="doomed")
-        await eventually(lambda: len(rejections) == 1, "given up")
+        await aeventually(lambda: len(rejections) == 1, "given up")
         assert rejections[0].reason == "gave up after 3 deliveries: RetryableError: still busy"
         assert rejections[0].delivery_count == 3
         await settled(bus, "COULER_STEP", durable)
@@ -232,7 +224,7 @@ async def test_same_msg_id_is_stored_and_delivered_once(nats_server: NatsServer)
         await bus.publish(subject, StringValue(value="end"), msg_id="run-1/end")
         seen, handle = recorder()
         await bus.subscribe(subject, durable, StringValue, handle)
-        await eventually(lambda: any(e.message.value == "end" for e in seen), "sentinel seen")
+        await aeventually(lambda: any(e.message.value == "end" for e in seen), "sentinel seen")
         assert [e.message.value for e in seen] == ["submit", "end"]
     finally:
         await bus.close()
@@ -245,7 +237,7 @@ async def test_durable_consumer_resumes_after_client_reconnects(nats_server: Nat
     await bus.subscribe(subject, durable, StringValue, handle)
     for i in range(2):
         await bus.publish(subject, StringValue(value=f"a{i}"), msg_id=f"a{i}")
-    await eventually(lambda: len(seen) == 2, "first two handled")
+    await aeventually(lambda: len(seen) == 2, "first two handled")
     await bus.close()
 
     producer = await connect(nats_server, name="producer")
@@ -256,7 +248,7 @@ async def test_durable_consumer_resumes_after_client_reconnects(nats_server: Nat
     bus2 = await connect(nats_server)
     try:
         await bus2.subscribe(subject, durable, StringValue, handle)
-        await eventually(lambda: len(seen) == 4, "the two published while away")
+        await aeventually(lambda: len(seen) == 4, "the two published while away")
         assert [e.message.value for e in seen] == ["a0", "a1", "b0", "b1"]
         assert all(e.delivery_count == 1 for e in seen)
     finally:
@@ -271,13 +263,13 @@ async def test_consumer_survives_nats_server_restart(nats_server: NatsServer) ->
         await bus.subscribe(subject, durable, StringValue, handle)
         for i in range(3):
             await bus.publish(subject, StringValue(value=f"before{i}"), msg_id=f"before{i}")
-        await eventually(lambda: len(seen) == 3, "handled before the restart")
+        await aeventually(lambda: len(seen) == 3, "handled before the restart")
 
         nats_server.restart()  # same port, same store directory
 
         for i in range(3):
             await publish_retrying(bus, subject, f"after{i}", f"after{i}")
-        await eventually(lambda: len(seen) == 6, "handled after the restart")
+        await aeventually(lambda: len(seen) == 6, "handled after the restart")
         values = [e.message.value for e in seen]
         assert values == [f"before{i}" for i in range(3)] + [f"after{i}" for i in range(3)]
         assert all(e.delivery_count == 1 for e in seen)  # acked ones never came back
@@ -292,7 +284,7 @@ async def test_messages_published_before_a_restart_are_not_lost(nats_server: Nat
     seen, handle = recorder()
     await bus.subscribe(subject, durable, StringValue, handle)
     await bus.publish(subject, StringValue(value="handled"), msg_id="h")
-    await eventually(lambda: len(seen) == 1, "first handled")
+    await aeventually(lambda: len(seen) == 1, "first handled")
     await bus.close()  # the service goes away ...
     producer = await connect(nats_server, name="producer")
     for i in range(3):
@@ -304,7 +296,7 @@ async def test_messages_published_before_a_restart_are_not_lost(nats_server: Nat
     bus2 = await connect(nats_server)
     try:
         await bus2.subscribe(subject, durable, StringValue, handle)
-        await eventually(lambda: len(seen) == 4, "queued messages handled")
+        await aeventually(lambda: len(seen) == 4, "queued messages handled")
         assert [e.message.value for e in seen] == ["handled", "queued0", "queued1", "queued2"]
     finally:
         await bus2.close()
@@ -356,10 +348,10 @@ async def test_restart_mid_stream_loses_nothing_and_repeats_only_unconfirmed_ack
         # ack_wait 2 s: a delivery whose ack was lost in the restart comes back soon
         await bus.subscribe(subject, durable, StringValue, slow, batch=5, ack_wait=2.0)
         producer = asyncio.create_task(produce())
-        await eventually(lambda: len(handled) >= 30, "a third handled")
+        await aeventually(lambda: len(handled) >= 30, "a third handled")
         nats_server.restart()
         await producer
-        await eventually(lambda: len({v for v, _, _ in handled}) == total, "all handled",
+        await aeventually(lambda: len({v for v, _, _ in handled}) == total, "all handled",
                          timeout=60)
         await settled(bus, "COULER_STEP", durable)
         values = [v for v, _, _ in handled]
@@ -374,3 +366,106 @@ async def test_restart_mid_stream_loses_nothing_and_repeats_only_unconfirmed_ack
         assert repeated <= unconfirmed
     finally:
         await bus.close()
+
+
+async def test_a_batch_handler_takes_what_arrived_together_and_it_is_acked(
+        nats_server: NatsServer) -> None:
+    subject, durable = unique("step")
+    bus = await connect(nats_server)
+    batches: list[list[str]] = []
+    release = asyncio.Event()
+
+    async def handle(events: Sequence[Event[StringValue]]) -> None:
+        batches.append([e.message.value for e in events])
+        if len(batches) == 1:
+            await release.wait()  # more arrive meanwhile
+
+    try:
+        await bus.subscribe(subject, durable, StringValue, batch_handler=handle, batch=10)
+        await bus.publish(subject, StringValue(value="m0"), msg_id=f"{durable}.m0")
+        await aeventually(lambda: batches == [["m0"]], "the first handled alone")
+        for i in range(1, 6):  # msg ids unique in the stream (other tests share it)
+            await bus.publish(subject, StringValue(value=f"m{i}"), msg_id=f"{durable}.m{i}")
+
+        async def delivered() -> int:
+            return int((await bus.jetstream.consumer_info("COULER_STEP", durable))
+                       .num_ack_pending)
+
+        for _ in range(500):  # the open pull request brought them all (a bound, not timing)
+            if await delivered() == 6:
+                break
+            await asyncio.sleep(0.01)
+        release.set()
+        await aeventually(lambda: sum(map(len, batches)) == 6, "all handled")
+        assert batches == [["m0"], ["m1", "m2", "m3", "m4", "m5"]]  # in order, together
+        await settled(bus, "COULER_STEP", durable)  # every one acked
+    finally:
+        await bus.close()
+
+
+async def test_a_failing_batch_is_handled_again_one_by_one(nats_server: NatsServer) -> None:
+    subject, durable = unique("step")
+    rejections: list[Rejection] = []
+
+    async def record(rejection: Rejection) -> None:
+        rejections.append(rejection)
+
+    bus = await connect(nats_server)
+    calls: list[list[tuple[str, int]]] = []
+    committed: list[str] = []
+
+    async def handle(events: Sequence[Event[StringValue]]) -> None:
+        calls.append([(e.message.value, e.delivery_count) for e in events])
+        for e in events:  # all or nothing, as one transaction would
+            if e.message.value == "bad":
+                raise UserError("workflow 'w', step 'bad': field 'image' is empty")
+            if e.message.value == "busy" and e.delivery_count == 1:
+                raise RetryableError("database locked")
+        committed.extend(e.message.value for e in events)
+
+    try:
+        for value in ("a", "bad", "busy", "b"):  # waiting before the consumer starts
+            await bus.publish(subject, StringValue(value=value), msg_id=f"{durable}.{value}")
+        await bus.subscribe(subject, durable, StringValue, batch_handler=handle, batch=10,
+                            on_reject=record, retry_delay=0.05)
+        await aeventually(lambda: "busy" in committed and len(rejections) == 1,
+                         "each answered by its own outcome")
+        assert calls[0] == [("a", 1), ("bad", 1), ("busy", 1), ("b", 1)]
+        # then alone: only the bad one terminated, only the busy one retried
+        assert calls[1:4] == [[("a", 1)], [("bad", 1)], [("busy", 1)]]
+        assert calls[4] == [("b", 1)] and [("busy", 2)] in calls[5:]
+        assert sorted(committed) == ["a", "b", "busy"]
+        assert [r.reason for r in rejections] == [
+            "UserError: workflow 'w', step 'bad': field 'image' is empty"]
+        await settled(bus, "COULER_STEP", durable)
+    finally:
+        await bus.close()
+
+
+async def test_a_graceful_close_waits_for_the_acks_to_be_confirmed(
+        nats_server: NatsServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="couler_runtime.bus")
+    subject, durable = unique("step")
+    bus, publisher = await connect(nats_server), await connect(nats_server)
+    seen: list[str] = []
+    last = asyncio.Event()
+
+    async def handle(event: Event[StringValue]) -> None:
+        seen.append(event.message.value)
+        if len(seen) == 20:
+            last.set()
+
+    try:
+        await bus.subscribe(subject, durable, StringValue, handle)
+        for i in range(20):  # one at a time: each acked on its own
+            await publisher.publish(subject, StringValue(value=f"m{i}"),
+                                    msg_id=f"{durable}.m{i}")
+            await asyncio.sleep(0.002)
+        await asyncio.wait_for(last.wait(), 60)
+    finally:
+        await bus.close()  # right after the last handler: its ack is still on its way
+    try:
+        assert not [r for r in caplog.records if "not confirmed" in r.getMessage()]
+        await settled(publisher, "COULER_STEP", durable)  # nothing left awaiting an ack
+    finally:
+        await publisher.close()

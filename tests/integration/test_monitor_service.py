@@ -777,3 +777,41 @@ def test_the_minimum_requests_are_settings(tmp_path: Path) -> None:
     assert (settings.min_memory_request, settings.min_cpu_request) == ("64Mi", "0.1")
     with pytest.raises(SettingsError, match=r"COULER_MIN_MEMORY_REQUEST: 'lots' is not a"):
         MonitorSettings.load("monitor", state_dir=tmp_path, min_memory_request="lots")
+
+
+def test_the_changes_of_a_batch_commit_together(tmp_path: Path) -> None:
+    """A consumer's batch of events is one transaction: all of it, or none of it."""
+    from couler.errors import NotFoundError, RetryableError
+    from couler_runtime.rpc.records import Run, RunState
+
+    sent: list[Recommendation] = []
+    monitor, store = _monitor_on(tmp_path, sent)
+
+    def broken(tx: Any) -> bool:
+        raise RetryableError("database locked")
+
+    async def scenario() -> None:
+        await monitor.apply([
+            monitor.requested_change("r1", workflow="wf", engine="local", at=1.0),
+            monitor.step_change("r1", "wf", "local",
+                                _record("train", "succeeded", peak=300 * MI, finished=2.0),
+                                2.0),
+            monitor.finished_change(Run(run_id="r1", state=RunState.SUCCEEDED, workflow="wf",
+                                        engine="local", finished_at=3.0))])
+        run = await monitor.run("r1")
+        assert (run.state, run.created_at, run.finished_at) == (RunState.SUCCEEDED, 1.0, 3.0)
+        assert [s.name for s in run.steps] == ["train"]
+        assert [r.value for r in sent] == ["360Mi"]  # published after the commit
+        with pytest.raises(RetryableError):
+            await monitor.apply([
+                monitor.requested_change("r2", workflow="wf", engine="local", at=4.0),
+                broken])
+        with pytest.raises(NotFoundError):
+            await monitor.run("r2")  # the batch left nothing behind
+        with pytest.raises(UserError, match="field 'run_id' is empty"):
+            monitor.step_change("", "wf", "local", _record("train", "succeeded"), 5.0)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()

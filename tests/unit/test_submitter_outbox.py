@@ -23,7 +23,7 @@ from couler_runtime.rpc.records import Plan, Run, RunState, StepRecord, Utilizat
 from couler_submitter.engines import DryRunRunner, _topological
 from couler_submitter.model import RunOptions, RunRequest
 from couler_submitter.service import Submitter
-from couler_submitter.store import EventKind, RunStore
+from couler_submitter.store import EventKind, Finish, RunStore
 
 T = TypeVar("T")
 WAIT = 60.0  # a bound on waiting, never an assertion about speed
@@ -283,3 +283,87 @@ def test_the_dry_run_order_is_topological_and_linear() -> None:
     assert [s.name for s in _topological(wf)] == ["a", "d", "b", "c"]
     big = chain(100_000)
     assert [s.name for s in _topological(big)][-3:] == ["s99997", "s99998", "s99999"]
+
+
+def test_events_committed_on_the_loop_and_in_threads_go_out_once_in_order(
+        store: RunStore, tmp_path: Path) -> None:
+    """Small changes commit on the loop and reach the sender as committed; a large batch of
+    step changes commits in a thread, and the sender reads the table for it. Either way
+    every event goes out once, in each run's order."""
+    events = FakeEvents()
+    sizes = {"big": 300, "small-a": 3, "small-b": 4, "small-c": 2}
+
+    async def scenario() -> dict[str, str]:
+        sub = submitter(store, events, tmp_path)
+        await sub.start()
+        try:
+            ids = {}
+            for name, n in sizes.items():  # all at once: their commits interleave
+                ids[name], _ = await sub.submit(workflow=chain(n, name),
+                                                options=RunOptions("dryrun"))
+            for run_id in ids.values():
+                await until(lambda r=run_id: store.header(r).state is not RunState.ACCEPTED,
+                            "planning")
+            await asyncio.gather(*(sub.optimized(ids[name], Plan(
+                workflow=chain(n, name), engine="dryrun")) for name, n in sizes.items()))
+            for run_id in ids.values():
+                await until(lambda r=run_id: store.header(r).state is RunState.SUCCEEDED,
+                            "the runs")
+            assert await sub.drained(WAIT)
+            return ids
+        finally:
+            await sub.close()
+
+    ids = run_async(scenario)
+    assert len(events.sent) == len(set(events.sent))  # none twice
+    for name, n in sizes.items():
+        mine = [e for e in events.sent if e[1] == ids[name]]
+        assert [e[0] for e in mine] == ["requested", "submitted", *["step"] * n, "finished"]
+        assert [e[2] for e in mine if e[0] == "step"] == [f"s{i}" for i in range(n)]
+    assert store.outbox_size() == 0
+
+
+def test_an_event_another_writer_queued_goes_out_at_the_next_look(
+        store: RunStore, tmp_path: Path) -> None:
+    """The sender takes this process's commits as they come, and still reads the table now
+    and then: a row queued by another writer of the same database is published too."""
+    events = FakeEvents()
+
+    async def scenario() -> str:
+        sub = submitter(store, events, tmp_path)
+        await sub.start()
+        try:
+            run_id, _ = await sub.submit(workflow=chain(2), options=RunOptions("dryrun"))
+            await until(lambda: ("requested", run_id, "chain") in events.sent, "requested")
+            # not through the submitter: nothing wakes its sender
+            await asyncio.to_thread(store.update_run, run_id, state=RunState.CANCELLED,
+                                    emit=(EventKind.FINISHED,))
+            await until(lambda: any(e[0] == "finished" for e in events.sent), "the look")
+            return run_id
+        finally:
+            await sub.close()
+
+    run_id = run_async(scenario)
+    assert events.sent[-1] == ("finished", run_id, "cancelled", "0")
+    assert store.outbox_size() == 0
+
+
+def test_the_end_commits_with_the_last_step_changes(store: RunStore) -> None:
+    store.create_run("r1", RunRequest(chain(2), None, RunOptions("dryrun")))
+    store.update_run("r1", state=RunState.PENDING)
+    end = Finish(RunState.SUCCEEDED, "", 123.0, (RunState.PENDING, RunState.RUNNING))
+    before = store.header("r1").revision
+    run = store.put_steps("r1", [StepRecord("s0", StepState.SUCCEEDED, attempts=1),
+                                 StepRecord("s1", StepState.SUCCEEDED, attempts=1)],
+                          state=RunState.RUNNING, finish=end)
+    assert (run.state, run.finished_at, run.step_count) == (RunState.SUCCEEDED, 123.0, 2)
+    assert run.revision == before + 3  # a revision per step change, one for the end
+    assert [e.kind for e in store.pending_events(10)] == [
+        "requested", "step", "step", "finished"]
+    # A run that ended meanwhile (cancelled) keeps its end; the steps are still recorded.
+    store.create_run("r2", RunRequest(chain(1), None, RunOptions("dryrun")))
+    store.update_run("r2", state=RunState.CANCELLED, message="cancelled")
+    run = store.put_steps("r2", [StepRecord("s0", StepState.CANCELLED)], finish=end)
+    assert (run.state, run.message, run.step_count) == (RunState.CANCELLED, "cancelled", 1)
+    assert [e.kind for e in store.pending_events(10) if e.run_id == "r2"] == [
+        "requested", "step"]

@@ -7,7 +7,7 @@ durable pull-consumer loop that maps a handler's outcome to JetStream's answer -
 of the two places where Couler's error hierarchy is translated (the other is the gRPC
 interceptor)::
 
-    handler returns             -> ack (after the effect is committed, confirmed by the server)
+    handler returns             -> ack (after the effect is committed; see below)
     RetryableError              -> nak with exponential back-off
     UserError / undecodable     -> term, logged, passed to the ``on_reject`` hook and recorded
     unauthenticated             -> as a UserError
@@ -32,6 +32,23 @@ workflow.
 (``events.DeadLetter``: subject, headers, body, reason, and -- for an authenticated message
 -- its ``couler-run-id``), kept in the COULER_DEADLETTER stream.
 
+**Pulling**: a consumer keeps one pull request open at a time (up to ``batch`` messages,
+waiting up to :data:`PULL_EXPIRES` seconds on the server) and handles the messages it
+brings as they arrive, asking again once it brought ``batch`` or ended: a message that
+arrives alone costs its delivery, not a round of requests.
+
+**Batches**: a consumer may take a *batch handler* (:meth:`Bus.subscribe` with
+``batch_handler``): the messages of one fetch that pass the checks above go to it together
+(one transaction for all of them, say) and are acked when it returns; when it raises, each
+of them is handled again alone, so that only the one that fails is naked or terminated.
+
+**Acknowledgements** are sent without waiting: the loop goes on to the next message while
+the server's confirmation travels back (to one inbox per connection, :class:`_Acks`). An
+ack not confirmed within 5 s, or still unconfirmed when the connection drops, is logged
+("not confirmed"): JetStream redelivers that message after ``ack_wait`` and the idempotent
+handler sees it again. A handler running longer than ``ack_wait`` / 2 keeps its messages
+from being redelivered (one timer per fetch sends "in progress").
+
 Consumers are durable and JetStream keeps their state on disk, so a consumer resumes where it
 stopped after the client reconnects or the server restarts. Handlers must still be idempotent:
 delivery is at-least-once (an ack lost with the connection means a redelivery).
@@ -40,13 +57,15 @@ delivery is at-least-once (an ack lost with the connection means a redelivery).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime
 import hashlib
+import json
 import logging
 import random
 import ssl
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -93,7 +112,9 @@ __all__ = [
     "HEADER_TENANT",
     "HEADER_TIME",
     "HEADER_TRACEPARENT",
+    "PULL_EXPIRES",
     "STREAMS",
+    "BatchHandler",
     "Bus",
     "Event",
     "Handler",
@@ -213,7 +234,218 @@ class PublishResult:
 
 
 Handler = Callable[[Event[M]], Awaitable[None]]
+BatchHandler = Callable[[Sequence[Event[M]]], Awaitable[None]]
 RejectHook = Callable[[Rejection], Awaitable[None]]
+
+PULL_EXPIRES = 1.0  # seconds a pull request waits on the server for messages
+_PULL_GRACE = 0.5  # more seconds without an answer, and the request is taken as lost
+_STATUS = "Status"
+_HEARTBEAT = "100"
+_ACK = b"+ACK"
+_ACK_TIMEOUT = 5.0  # seconds for the server to confirm an ack before it is said unconfirmed
+_OWNERS_KEPT = 1024  # subjects whose owners a bus remembers
+
+
+class _Acks:
+    """Acknowledgements sent without waiting for the server's confirmation.
+
+    Each ack is published with a reply subject under one inbox of this connection; the
+    server's confirmation removes it from :attr:`pending`. An ack still unconfirmed after
+    ``timeout`` seconds, or when the connection drops (:meth:`lost`), is logged as not
+    confirmed: its message may be redelivered (handlers are idempotent).
+    """
+
+    def __init__(self, nc: NatsClient, timeout: float = _ACK_TIMEOUT) -> None:
+        self._nc = nc
+        self._timeout = timeout
+        self._inbox = ""
+        self._next = 0
+        # token -> (durable, stream sequence, when sent); in the order sent
+        self.pending: dict[str, tuple[str, int, float]] = {}
+        self._sweep: asyncio.TimerHandle | None = None
+        self._starting: asyncio.Lock | None = None
+
+    async def send(self, msg: Msg, durable: str, seq: int) -> None:
+        """Acknowledge ``msg``; returns once the ack is in the connection's buffer.
+
+        Raises:
+            nats.errors.Error: The connection is closed (the message will be redelivered).
+        """
+        if not self._inbox:
+            await self._start()
+        self._next += 1
+        token = str(self._next)
+        loop = asyncio.get_running_loop()
+        self.pending[token] = (durable, seq, loop.time())
+        if self._sweep is None:
+            self._sweep = loop.call_later(self._timeout, self._expire)
+        await self._nc.publish(msg.reply, _ACK, reply=f"{self._inbox}.{token}")
+
+    async def _start(self) -> None:
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if not self._inbox:
+                inbox = self._nc.new_inbox()
+                await self._nc.subscribe(f"{inbox}.*", cb=self._confirmed)
+                self._inbox = inbox
+
+    async def _confirmed(self, msg: Msg) -> None:
+        self.pending.pop(msg.subject.rpartition(".")[2], None)
+
+    def _expire(self) -> None:
+        self._sweep = None
+        loop = asyncio.get_running_loop()
+        oldest = loop.time() - self._timeout
+        for token, (durable, seq, sent) in list(self.pending.items()):
+            if sent > oldest:
+                break
+            del self.pending[token]
+            self._unconfirmed(durable, seq, "TimeoutError")
+        if self.pending:
+            first = next(iter(self.pending.values()))[2]
+            self._sweep = loop.call_later(max(0.0, first - oldest), self._expire)
+
+    def lost(self, reason: str) -> None:
+        """The connection dropped: no confirmation in flight will arrive."""
+        for durable, seq, _ in self.pending.values():
+            self._unconfirmed(durable, seq, reason)
+        self.pending.clear()
+
+    @staticmethod
+    def _unconfirmed(durable: str, seq: int, reason: str) -> None:
+        # The effect is committed; JetStream will redeliver and the idempotent handler
+        # will see it again. Nothing else can be done here.
+        log.warning("consumer %s: ack of seq %d not confirmed (%s); it may be redelivered",
+                    durable, seq, reason)
+
+    async def settled(self, timeout: float) -> None:
+        """Wait until every ack sent was confirmed (or lost), at most ``timeout`` s."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while self.pending and loop.time() < end and not self._nc.is_closed:
+            await asyncio.sleep(0.005)
+
+    def close(self) -> None:
+        """Stop the timer (pending confirmations are dropped silently)."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+
+
+class _Inbox:
+    """Where JetStream delivers one consumer's pulled messages: a subscription to
+    ``<inbox>.*``, each pull request answered on ``<inbox>.<n>``. Messages wait here, in
+    order, until the consumer takes them."""
+
+    def __init__(self, nc: NatsClient) -> None:
+        self._nc = nc
+        self.prefix = nc.new_inbox()
+        self._sub: Any = None
+        self._msgs: collections.deque[Msg] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._request = 0
+
+    @property
+    def opened(self) -> bool:
+        return self._sub is not None
+
+    async def open(self) -> None:
+        self._sub = await self._nc.subscribe(f"{self.prefix}.*", cb=self._deliver)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    def next_reply(self) -> str:
+        """The reply subject of a new pull request (statuses of older ones are ignored)."""
+        self._request += 1
+        return f"{self.prefix}.{self._request}"
+
+    async def _deliver(self, msg: Msg) -> None:
+        self._msgs.append(msg)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait until something was delivered (at most ``timeout`` s); whether it was."""
+        if self._msgs:
+            return True
+        if timeout <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+
+        def expire() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        timer = loop.call_later(timeout, expire)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        return bool(self._msgs)
+
+    def take(self, limit: int) -> tuple[list[Msg], bool]:
+        """Up to ``limit`` delivered messages, in order, and whether the current pull
+        request ended (its status came: expired, or refused). Heartbeats and the statuses
+        of earlier requests are dropped."""
+        taken: list[Msg] = []
+        current = f"{self.prefix}.{self._request}"
+        while self._msgs and len(taken) < limit:
+            msg = self._msgs.popleft()
+            if msg.reply:  # a stream message (its reply is the ack subject)
+                taken.append(msg)
+                continue
+            status = (msg.headers or {}).get(_STATUS, "")
+            if status == _HEARTBEAT or msg.subject != current:
+                continue
+            if status not in ("404", "408"):
+                log.info("pull request answered %s %s", status,
+                         (msg.headers or {}).get("Description", ""))
+            return taken, True
+        return taken, False
+
+
+class _KeepAlive:
+    """Tells JetStream that ``msgs`` are being worked on every ``interval`` seconds until
+    each is answered (:meth:`done`) or the whole is :meth:`stop`-ped: a handler that runs
+    longer than ack_wait would otherwise be redelivered while running."""
+
+    def __init__(self, msgs: Iterable[Msg], interval: float) -> None:
+        self._open = {id(m): m for m in msgs}
+        self._interval = interval
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(interval, self._tick)
+        self._sending: set[asyncio.Task[None]] = set()
+
+    def done(self, msg: Msg) -> None:
+        self._open.pop(id(msg), None)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._open.clear()
+
+    def _tick(self) -> None:
+        if not self._open:
+            self._timer = None
+            return
+        task = self._loop.create_task(self._progress(list(self._open.values())))
+        self._sending.add(task)  # a reference until it is done
+        task.add_done_callback(self._sending.discard)
+        self._timer = self._loop.call_later(self._interval, self._tick)
+
+    @staticmethod
+    async def _progress(msgs: list[Msg]) -> None:
+        for msg in msgs:
+            with contextlib.suppress(nats.errors.Error):
+                await msg.in_progress()
 
 
 class _TlsEofNoise(logging.Filter):
@@ -283,6 +515,8 @@ class Bus:
         self._deadletter_subject = deadletter_subject(name) if deadletters else None
         self._subscriptions: list[Subscription[Any]] = []
         self._closing = False
+        self._acks = _Acks(nc)
+        self._owners: dict[str, frozenset[str]] = {}
 
     @classmethod
     async def connect(cls, url: str, *, name: str, tenant: str = "",
@@ -330,6 +564,8 @@ class Bus:
         made: list[Bus] = []  # the callbacks exist before the Bus they report on
 
         async def on_disconnected() -> None:
+            if made:
+                made[0]._acks.lost("disconnected")
             if not (made and made[0]._closing):
                 log.warning("NATS %s: disconnected", redact_url(url))
 
@@ -540,10 +776,11 @@ class Bus:
                                  f"failed: {type(e).__name__}: {e}") from e
 
     async def subscribe(self, subject: str, durable: str, message_type: type[M],
-                        handler: Handler[M], *, max_deliver: int = 5, ack_wait: float = 30.0,
-                        retry_delay: float = 1.0, max_retry_delay: float = 60.0,
-                        batch: int = 10, on_reject: RejectHook | None = None,
-                        stream: str | None = None) -> Subscription[M]:
+                        handler: Handler[M] | None = None, *, max_deliver: int = 5,
+                        ack_wait: float = 30.0, retry_delay: float = 1.0,
+                        max_retry_delay: float = 60.0, batch: int = 10,
+                        on_reject: RejectHook | None = None, stream: str | None = None,
+                        batch_handler: BatchHandler[M] | None = None) -> Subscription[M]:
         """Start a durable pull consumer that feeds ``handler``; returns its running loop.
 
         Args:
@@ -551,6 +788,10 @@ class Bus:
             durable: The durable consumer's name; it keeps its position across restarts.
             message_type: The protobuf class of the body.
             handler: ``async def handler(event)``; the message is acked when it returns.
+            batch_handler: Instead of ``handler``: ``async def handler(events)`` gets the
+                valid messages of one fetch (in stream order) at once; they are acked when
+                it returns. When it raises, each is passed again alone (a list of one) and
+                answered by its own outcome.
             max_deliver: Deliveries before the message is given up (terminated, recorded).
             ack_wait: Seconds before an unacknowledged delivery is redelivered; a running
                 handler keeps extending it.
@@ -564,6 +805,9 @@ class Bus:
             UserError: The identity has no grant for this consumer (it would be refused).
             RetryableError: JetStream unavailable while creating the consumer.
         """
+        if (handler is None) == (batch_handler is None):
+            raise UserError(f"consumer {durable!r}: give exactly one of handler and "
+                            "batch_handler")
         if stream is None:
             stream = stream_of(subject)
         if self.identity is not None:
@@ -582,16 +826,17 @@ class Bus:
             )
             # Create-or-update: a changed max_deliver/ack_wait takes effect at the next start.
             await self._js.add_consumer(stream, config)
-            psub = await self._js.pull_subscribe_bind(durable=durable, stream=stream)
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
                 nats.errors.ConnectionClosedError, nats.js.errors.NotFoundError) as e:
             raise RetryableError(f"consumer {durable!r} on {subject!r}: {type(e).__name__}: "
                                  f"{e}") from e
         sub: Subscription[M] = Subscription(
-            psub=psub, durable=durable, message_type=message_type, handler=handler,
+            nc=self._nc, stream=stream, durable=durable, message_type=message_type,
+            handler=handler,
             max_deliver=max_deliver, ack_wait=ack_wait, retry_delay=retry_delay,
             max_retry_delay=max_retry_delay, batch=batch,
             on_reject=on_reject if on_reject is not None else self.on_reject, bus=self,
+            batch_handler=batch_handler,
         )
         sub.start()
         self._subscriptions.append(sub)
@@ -612,7 +857,11 @@ class Bus:
         signature = headers.get(HEADER_SIGNATURE, "")
         if subject_matches(LAUNCH_SUBJECTS, subject) and not signer:
             return ""  # outside launchers: the server's permissions admit only them
-        allowed = owners(subject)
+        allowed = self._owners.get(subject)
+        if allowed is None:
+            if len(self._owners) >= _OWNERS_KEPT:
+                self._owners.clear()
+            allowed = self._owners[subject] = owners(subject)
         if not signer or not signature:
             raise SignatureError(f"unsigned message on {subject!r}: only "
                                  f"{', '.join(sorted(allowed)) or 'nobody'} may publish it")
@@ -684,6 +933,9 @@ class Bus:
         for sub in self._subscriptions:
             await sub.stop()
         self._subscriptions.clear()
+        # The last acks' confirmations are on their way: a graceful stop waits for them.
+        await self._acks.settled(2.0)
+        self._acks.close()
         if not self._nc.is_closed:
             with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
                 await self._nc.drain()
@@ -695,10 +947,11 @@ class Bus:
 class Subscription(Generic[M]):
     """A running durable consumer loop; :meth:`stop` ends it after the current message."""
 
-    psub: JetStreamContext.PullSubscription
+    nc: NatsClient
+    stream: str
     durable: str
     message_type: type[M]
-    handler: Handler[M]
+    handler: Handler[M] | None
     max_deliver: int
     ack_wait: float
     retry_delay: float
@@ -706,11 +959,14 @@ class Subscription(Generic[M]):
     batch: int
     on_reject: RejectHook | None
     bus: Bus | None = None
+    batch_handler: BatchHandler[M] | None = None
     _task: asyncio.Task[None] | None = field(default=None, init=False)
     _stopping: bool = field(default=False, init=False)
     _busy: bool = field(default=False, init=False)
+    _inbox: _Inbox | None = field(default=None, init=False)
 
     def start(self) -> None:
+        self._inbox = _Inbox(self.nc)
         self._task = asyncio.create_task(self._run(), name=f"consumer:{self.durable}")
 
     async def stop(self) -> None:
@@ -724,38 +980,106 @@ class Subscription(Generic[M]):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        with contextlib.suppress(nats.errors.Error):
-            await self.psub.unsubscribe()
+        if self._inbox is not None:
+            await self._inbox.close()
 
     async def _run(self) -> None:
+        inbox = self._inbox
+        assert inbox is not None  # start() made it
+        loop = asyncio.get_running_loop()
+        next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.durable}"
+        request = json.dumps({"batch": self.batch,
+                              "expires": int(PULL_EXPIRES * 1e9)}).encode()
         idle_backoff = 0.05
         while not self._stopping:
             try:
-                msgs = await self.psub.fetch(self.batch, timeout=1.0)
-            except (nats.errors.TimeoutError, TimeoutError):
-                # nothing to do (nats-py raises its own or asyncio's timeout, by code path)
-                continue
+                if not inbox.opened:
+                    await inbox.open()
+                # One request at a time; it brings up to `batch` messages as they come.
+                await self.nc.publish(next_subject, request, reply=inbox.next_reply())
             except (nats.errors.Error, OSError) as e:
                 # Disconnected, reconnecting or JetStream restarting: the client reconnects
                 # by itself and the durable consumer keeps its position on the server.
-                log.info("consumer %s: fetch failed (%s: %s); retrying", self.durable,
+                log.info("consumer %s: pull request failed (%s: %s); retrying", self.durable,
                          type(e).__name__, e)
                 await asyncio.sleep(idle_backoff)
                 idle_backoff = min(idle_backoff * 2, 2.0)
                 continue
             idle_backoff = 0.05
-            self._busy = True
-            try:
-                for msg in msgs:
-                    if self._stopping:  # hand the rest of the batch back at once
-                        with contextlib.suppress(nats.errors.Error):
-                            await msg.nak()
-                        continue
-                    await self._handle(msg)
-            finally:
-                self._busy = False
+            credit = self.batch
+            deadline = loop.time() + PULL_EXPIRES + _PULL_GRACE
+            while credit > 0 and not self._stopping:
+                # No answer by the deadline (the connection dropped, say): ask again.
+                if not await inbox.wait(deadline - loop.time()):
+                    break
+                # Let what the same read woke run first (the publisher of these messages,
+                # by its PubAck; more deliveries): a handler's effect is then not seen
+                # before the ack that follows it can leave, and more come in one batch.
+                await asyncio.sleep(0)
+                msgs, ended = inbox.take(credit)
+                if msgs:
+                    credit -= len(msgs)
+                    await self._handle_all(msgs)
+                if ended:
+                    break
 
-    async def _handle(self, msg: Msg) -> None:
+    async def _handle_all(self, msgs: Sequence[Msg]) -> None:
+        """Answer ``msgs`` (delivered together), in order."""
+        self._busy = True
+        keepalive = _KeepAlive(msgs, self.ack_wait / 2)
+        try:
+            if self.batch_handler is not None:
+                await self._handle_batch(msgs, keepalive)
+                return
+            for msg in msgs:
+                if self._stopping:  # hand the rest back at once
+                    with contextlib.suppress(nats.errors.Error):
+                        await msg.nak()
+                    continue
+                event = await self._decode(msg)
+                if event is not None:
+                    await self._dispatch(msg, event, self._single)
+                keepalive.done(msg)
+        finally:
+            keepalive.stop()
+            self._busy = False
+
+    async def _single(self, event: Event[M]) -> None:
+        assert self.handler is not None  # subscribe() gave one of the two
+        await self.handler(event)
+
+    async def _alone(self, event: Event[M]) -> None:
+        assert self.batch_handler is not None
+        await self.batch_handler((event,))
+
+    async def _handle_batch(self, msgs: Sequence[Msg], keepalive: _KeepAlive) -> None:
+        assert self.batch_handler is not None
+        valid: list[tuple[Msg, Event[M]]] = []
+        for msg in msgs:
+            event = await self._decode(msg)
+            if event is None:
+                keepalive.done(msg)
+            else:
+                valid.append((msg, event))
+        if not valid:
+            return
+        if len(valid) > 1:
+            try:
+                await self.batch_handler([event for _, event in valid])
+            except Exception as e:  # handled again one by one: only the failing one fails
+                log.info("consumer %s: a batch of %d failed (%s: %s); handling each alone",
+                         self.durable, len(valid), type(e).__name__, e)
+            else:
+                for msg, event in valid:
+                    await self._ack(msg, event.stream_sequence)
+                return
+        for msg, event in valid:
+            await self._dispatch(msg, event, self._alone)
+            keepalive.done(msg)
+
+    async def _decode(self, msg: Msg) -> Event[M] | None:
+        """The message as a handler sees it; None when it was answered already (terminated:
+        unauthenticated, of another type, undecodable; or naked: its body is unavailable)."""
         meta = msg.metadata
         delivered, seq = meta.num_delivered, meta.sequence.stream
         headers = dict(msg.headers or {})
@@ -771,29 +1095,33 @@ class Subscription(Generic[M]):
                 signer = bus.authenticate(msg.subject, headers, digest)
             except SignatureError as e:
                 await self._term(msg, f"{type(e).__name__}: {e}", authenticated=False)
-                return
+                return None
         if declared is not None and declared != expected:
             await self._term(msg, f"event type {declared!r}, this consumer expects {expected!r}")
-            return
+            return None
         data = msg.data
         if bus is not None:
             try:
                 data = await bus.load_body(msg.subject, msg.data, headers)
             except UserError as e:
                 await self._term(msg, f"{type(e).__name__}: {e}")
-                return
+                return None
             except RetryableError as e:
                 await self._retry(msg, delivered, f"{type(e).__name__}: {e}", exc_info=False)
-                return
+                return None
         try:
             message = self.message_type.FromString(data)
         except DecodeError as e:
             await self._term(msg, f"undecodable {expected} body ({len(data)} bytes): {e}")
-            return
-        event = Event(msg.subject, message, headers, delivered, seq, signer)
-        keepalive = asyncio.create_task(self._keep_alive(msg))
+            return None
+        return Event(msg.subject, message, headers, delivered, seq, signer)
+
+    async def _dispatch(self, msg: Msg, event: Event[M],
+                        call: Callable[[Event[M]], Awaitable[None]]) -> None:
+        """Run ``call(event)`` and answer ``msg`` by its outcome."""
+        delivered = event.delivery_count
         try:
-            await self.handler(event)
+            await call(event)
         except UserError as e:
             await self._term(msg, f"{type(e).__name__}: {e}")
         except RetryableError as e:
@@ -801,28 +1129,19 @@ class Subscription(Generic[M]):
         except Exception as e:
             await self._retry(msg, delivered, f"{type(e).__name__}: {e}", exc_info=True)
         else:
-            await self._ack(msg, seq)
-        finally:
-            keepalive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keepalive
-
-    async def _keep_alive(self, msg: Msg) -> None:
-        # A handler that runs longer than ack_wait would otherwise be redelivered while running.
-        while True:
-            await asyncio.sleep(self.ack_wait / 2)
-            with contextlib.suppress(nats.errors.Error):
-                await msg.in_progress()
+            await self._ack(msg, event.stream_sequence)
 
     async def _ack(self, msg: Msg, seq: int) -> None:
         try:
-            await msg.ack_sync(timeout=5.0)
+            if self.bus is not None:
+                await self.bus._acks.send(msg, self.durable, seq)
+            else:
+                await msg.ack_sync(timeout=5.0)
         except (TimeoutError, nats.errors.Error) as e:
             # The effect is committed; JetStream will redeliver and the idempotent handler
             # will see it again. Nothing else can be done here.
             log.warning("consumer %s: ack of seq %d not confirmed (%s); it may be redelivered",
                         self.durable, seq, type(e).__name__)
-
     async def _retry(self, msg: Msg, delivered: int, reason: str, *, exc_info: bool) -> None:
         if delivered >= self.max_deliver:
             await self._term(msg, f"gave up after {delivered} deliveries: {reason}")

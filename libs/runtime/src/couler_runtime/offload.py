@@ -13,14 +13,22 @@ import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["LARGE_STEPS", "convert"]
+__all__ = ["LARGE_BYTES", "LARGE_STEPS", "convert", "run"]
 
 T = TypeVar("T")
 V = TypeVar("V")
 
 LARGE_STEPS = 1000
+LARGE_BYTES = 64 * 1024  # an encoded workflow this large (about 1,500 small steps)
 
 
 async def convert(steps: int, fn: Callable[[V], T], value: V) -> T:
     """``fn(value)``, in a worker thread when ``steps`` makes it long."""
     return await asyncio.to_thread(fn, value) if steps > LARGE_STEPS else fn(value)
+
+
+async def run(encoded_bytes: int, fn: Callable[..., T], *args: object) -> T:
+    """``fn(*args)``, work on a workflow whose encoding has ``encoded_bytes`` bytes
+    (decoding or checking it), in a worker thread when that makes it long: the size
+    counts what nested sub-workflows and large values hold, which top-level steps do not."""
+    return await asyncio.to_thread(fn, *args) if encoded_bytes > LARGE_BYTES else fn(*args)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -171,6 +172,13 @@ async def serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]], *,
         if on_ready is not None:
             on_ready(server.port)
         log.info("%s serving on %s:%d", settings.service, host, server.port)
+        if stop is None:
+            # A service process: what start-up made (modules, the ORM's and protobuf's
+            # tables) lives as long as it does. Out of the collector's sight from now on,
+            # full collections scan only what serving allocates (they took 40-100 ms,
+            # stalling every call and consumer, a few times a minute under load).
+            gc.collect()
+            gc.freeze()
         await stopping.wait()
     finally:
         log.info("%s stopping", settings.service)

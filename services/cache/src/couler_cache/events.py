@@ -15,6 +15,7 @@ from its outbox (:mod:`couler_cache.service`) through :class:`OutboxPublisher`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from google.protobuf.message import Message
 from opentelemetry import trace
@@ -58,13 +59,18 @@ class OutboxPublisher:
 
 
 class StepSucceededHandler:
-    """Commits one succeeded step (see the module docstring)."""
+    """Commits succeeded steps (see the module docstring): called with the messages of one
+    fetch, in order; most have no cache key and cost nothing."""
 
     def __init__(self, cache: Cache) -> None:
         self._cache = cache
         self._tracer = trace.get_tracer(__name__)
 
-    async def __call__(self, event: Event[events_pb2.StepEvent]) -> None:
+    async def __call__(self, events: Sequence[Event[events_pb2.StepEvent]]) -> None:
+        for event in events:
+            await self._one(event)
+
+    async def _one(self, event: Event[events_pb2.StepEvent]) -> None:
         msg = event.message
         step = msg.step
         if step.state != common_pb2.STEP_STATE_SUCCEEDED or not step.cache_key:
@@ -96,4 +102,5 @@ async def start_consumer(bus: Bus, cache: Cache, *, max_deliver: int = MAX_DELIV
                          ) -> Subscription[events_pb2.StepEvent]:
     """Start the durable consumer of ``couler.step.succeeded``; ``bus.close()`` stops it."""
     return await bus.subscribe(SUCCEEDED, DURABLE, events_pb2.StepEvent,
-                               StepSucceededHandler(cache), max_deliver=max_deliver)
+                               batch_handler=StepSucceededHandler(cache),
+                               max_deliver=max_deliver)

@@ -55,6 +55,7 @@ COMMITTED = "couler.cache.committed"
 EVICTED = "couler.cache.evicted"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _MAX_KEY = 255
+_QUICK_KEYS = 100  # keys a lookup may look for on the event loop (a quick store)
 
 
 class Blobs(Protocol):
@@ -180,6 +181,11 @@ class Cache:
                             f"(got {max_age_seconds})")
         wanted = list(dict.fromkeys(k for k in keys))
         async with self._lock:
+            # A new workflow's keys are all missing: counted on the loop when the store is
+            # quick (one short transaction); found entries need the artifact store.
+            if wanted and self._store.quick and len(wanted) <= _QUICK_KEYS and \
+                    self._store.count_misses(wanted):
+                return LookupResult({}, tuple(wanted))
             result, dropped = await asyncio.to_thread(self._lookup, wanted, max_age_seconds)
         if dropped:
             await self._sweep()
@@ -238,6 +244,9 @@ class Cache:
     def _lookup(self, keys: list[str], max_age: int) -> tuple[LookupResult, bool]:
         with self._store.transaction() as tx:
             candidates = tx.get_many(keys)
+            if not candidates:  # all missing (a new workflow's steps): counted at once
+                tx.bump("misses", len(keys))
+                return LookupResult({}, tuple(keys)), False
         # Outside the transaction: one existence check per artifact blob.
         broken = {key for key, e in candidates.items()
                   if any(not self._blobs.exists(a.digest) for a in e.artifacts.values())}

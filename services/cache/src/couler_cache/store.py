@@ -28,7 +28,14 @@ from sqlalchemy import BigInteger, Float, ForeignKey, Integer, LargeBinary, Stri
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from couler_runtime.rpc.records import CacheEntry, StoredArtifact
-from couler_runtime.store import make_engine, make_session_factory, migrate, session_scope
+from couler_runtime.store import (
+    connection_scope,
+    is_local,
+    make_engine,
+    make_session_factory,
+    migrate,
+    session_scope,
+)
 
 __all__ = ["COUNTERS", "CacheStore", "OutboxMessage", "Tx"]
 
@@ -264,11 +271,30 @@ class CacheStore:
 
     Args:
         url: A SQLAlchemy URL (SQLite or PostgreSQL).
+
+    Attributes:
+        quick: Short transactions may run on the caller's event loop (SQLite:
+            :func:`couler_runtime.store.is_local`).
     """
 
     def __init__(self, url: str) -> None:
         self._engine = make_engine(url)
         self._factory = make_session_factory(self._engine)
+        self.quick = is_local(self._engine)
+
+    def count_misses(self, keys: Sequence[str]) -> bool:
+        """When none of ``keys`` has an entry, count them all as misses (True); otherwise
+        change nothing (False). Core statements: a new workflow's lookups end here."""
+        entries: sa.Table = EntryRow.__table__  # type: ignore[assignment]
+        counters: sa.Table = CounterRow.__table__  # type: ignore[assignment]
+        with connection_scope(self._engine) as conn:
+            for at in range(0, len(keys), _IN_CHUNK):
+                if conn.execute(sa.select(entries.c.key).where(
+                        entries.c.key.in_(keys[at:at + _IN_CHUNK])).limit(1)).first():
+                    return False
+            conn.execute(sa.update(counters).where(counters.c.name == "misses")
+                         .values(value=counters.c.value + len(keys)))
+        return True
 
     @classmethod
     def open(cls, url: str) -> CacheStore:

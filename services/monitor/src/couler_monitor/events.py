@@ -1,7 +1,8 @@
 """The monitor's NATS side: step events, samples and run events in; recommendations out.
 
 Durable consumers (each acks after the effect is committed; redelivery is harmless because
-:class:`~couler_monitor.service.Monitor` records idempotently):
+:class:`~couler_monitor.service.Monitor` records idempotently; the messages of one fetch
+commit in one transaction):
 
 * ``monitor-steps`` on ``couler.step.>`` (``StepEvent``);
 * ``monitor-metrics`` on ``couler.metrics.>`` (``UtilizationSample``);
@@ -19,8 +20,8 @@ from __future__ import annotations
 import datetime
 import logging
 import re
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 from opentelemetry import trace
@@ -29,7 +30,7 @@ from opentelemetry.trace import SpanKind
 from couler.v1 import common_pb2, events_pb2
 from couler_monitor.service import Monitor
 from couler_runtime import telemetry
-from couler_runtime.bus import HEADER_TIME, Bus, Event, Subscription
+from couler_runtime.bus import HEADER_TIME, HEADER_TRACEPARENT, Bus, Event, Subscription
 from couler_runtime.rpc.records import (
     Recommendation,
     recommendation_to_proto,
@@ -60,6 +61,7 @@ METRICS_DURABLE = "monitor-metrics"
 WORKFLOW_DURABLE_PREFIX = "monitor-workflows"
 
 _SUBJECT_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+M = TypeVar("M", bound=Message)
 _tracer = trace.get_tracer(__name__)
 
 
@@ -93,63 +95,91 @@ def _at(event: Event[Any], message: Message | None = None, field: str = "at") ->
     return None
 
 
-def _span(event: Event[Any], **attributes: str) -> Any:
-    return _tracer.start_as_current_span(
-        f"{event.subject} process", context=telemetry.extract(event.headers),
-        kind=SpanKind.CONSUMER,
-        attributes={"messaging.system": "nats", "messaging.destination.name": event.subject,
-                    **attributes})
+def _span(events: Sequence[Event[Any]], **attributes: str) -> Any:
+    """The consumer span of processing ``events``: a child of the one event's trace, or,
+    for a batch, a span linked to each event's trace (OpenTelemetry's batch processing)."""
+    first = events[0]
+    attrs = {"messaging.system": "nats", "messaging.destination.name": first.subject,
+             **attributes}
+    if len(events) == 1:
+        return _tracer.start_as_current_span(
+            f"{first.subject} process", context=telemetry.extract(first.headers),
+            kind=SpanKind.CONSUMER, attributes=attrs)
+    links = []
+    for event in events:
+        if HEADER_TRACEPARENT in event.headers:
+            linked = trace.get_current_span(telemetry.extract(event.headers)).get_span_context()
+            if linked.is_valid:
+                links.append(trace.Link(linked))
+    attrs["messaging.batch.message_count"] = str(len(events))
+    return _tracer.start_as_current_span(f"{first.subject} process", kind=SpanKind.CONSUMER,
+                                         attributes=attrs, links=links)
 
 
 async def start_consumers(bus: Bus, monitor: Monitor) -> list[Subscription[Any]]:
-    """Start every consumer of the monitor; ``bus.close()`` stops them."""
+    """Start every consumer of the monitor; ``bus.close()`` stops them.
 
-    async def on_step(event: Event[events_pb2.StepEvent]) -> None:
-        m = event.message
-        with _span(event, **{"couler.run_id": m.run_id}):
-            record = step_record_from_proto(m.step)
-            await monitor.record_step(m.run_id, m.workflow, m.engine, record, _at(event, m))
+    Each takes the messages of a fetch as a batch: their changes commit in one transaction
+    (:meth:`Monitor.apply`); a batch that fails is handled again one message at a time.
+    """
 
-    async def on_sample(event: Event[common_pb2.UtilizationSample]) -> None:
-        with _span(event, **{"couler.run_id": event.message.run_id}):
-            await monitor.record_sample(utilization_sample_from_proto(event.message))
+    async def on_steps(events: Sequence[Event[events_pb2.StepEvent]]) -> None:
+        changes = [monitor.step_change(e.message.run_id, e.message.workflow, e.message.engine,
+                                       step_record_from_proto(e.message.step),
+                                       _at(e, e.message)) for e in events]
+        with _span(events, **_run_attribute(events, lambda m: m.run_id)):
+            await monitor.apply(changes)
 
-    async def on_requested(event: Event[events_pb2.WorkflowRequested]) -> None:
-        m = event.message
-        workflow = m.workflow.name if m.WhichOneof("source") == "workflow" else ""
-        await monitor.record_requested(m.run_id, workflow=workflow,
-                                       engine=m.options.engine, at=_at(event))
+    async def on_samples(events: Sequence[Event[common_pb2.UtilizationSample]]) -> None:
+        changes = [monitor.sample_change(utilization_sample_from_proto(e.message))
+                   for e in events]
+        with _span(events, **_run_attribute(events, lambda m: m.run_id)):
+            await monitor.apply(changes)
 
-    async def on_generated(event: Event[events_pb2.WorkflowGenerated]) -> None:
-        m = event.message
-        await monitor.record_planned(m.run_id, workflow=m.workflow.name,
-                                     engine=m.options.engine)
+    async def on_requested(events: Sequence[Event[events_pb2.WorkflowRequested]]) -> None:
+        changes = []
+        for e in events:
+            m = e.message
+            workflow = m.workflow.name if m.WhichOneof("source") == "workflow" else ""
+            changes.append(monitor.requested_change(m.run_id, workflow=workflow,
+                                                    engine=m.options.engine, at=_at(e)))
+        await monitor.apply(changes)
 
-    async def on_optimized(event: Event[events_pb2.WorkflowOptimized]) -> None:
-        m = event.message
-        await monitor.record_planned(m.run_id, workflow=m.plan.workflow.name,
-                                     engine=m.plan.engine or m.options.engine)
+    async def on_generated(events: Sequence[Event[events_pb2.WorkflowGenerated]]) -> None:
+        await monitor.apply([monitor.planned_change(e.message.run_id,
+                                                    workflow=e.message.workflow.name,
+                                                    engine=e.message.options.engine)
+                             for e in events])
 
-    async def on_submitted(event: Event[events_pb2.WorkflowSubmitted]) -> None:
-        m = event.message
-        with _span(event, **{"couler.run_id": m.run_id}):
-            await monitor.record_submitted(m.run_id, workflow=m.workflow, engine=m.engine,
-                                           at=_at(event, m))
+    async def on_optimized(events: Sequence[Event[events_pb2.WorkflowOptimized]]) -> None:
+        await monitor.apply([monitor.planned_change(
+            e.message.run_id, workflow=e.message.plan.workflow.name,
+            engine=e.message.plan.engine or e.message.options.engine) for e in events])
 
-    async def on_finished(event: Event[events_pb2.WorkflowFinished]) -> None:
-        with _span(event, **{"couler.run_id": event.message.run.run_id}):
-            await monitor.record_finished(run_from_proto(event.message.run))
+    async def on_submitted(events: Sequence[Event[events_pb2.WorkflowSubmitted]]) -> None:
+        changes = [monitor.submitted_change(e.message.run_id, workflow=e.message.workflow,
+                                            engine=e.message.engine, at=_at(e, e.message))
+                   for e in events]
+        with _span(events, **_run_attribute(events, lambda m: m.run_id)):
+            await monitor.apply(changes)
 
-    async def on_rejected(event: Event[events_pb2.WorkflowRejected]) -> None:
-        m = event.message
-        await monitor.record_rejected(m.run_id, stage=m.stage, reason=m.reason,
-                                      at=_at(event))
+    async def on_finished(events: Sequence[Event[events_pb2.WorkflowFinished]]) -> None:
+        changes = [monitor.finished_change(run_from_proto(e.message.run)) for e in events]
+        with _span(events, **_run_attribute(events, lambda m: m.run.run_id)):
+            await monitor.apply(changes)
+
+    async def on_rejected(events: Sequence[Event[events_pb2.WorkflowRejected]]) -> None:
+        await monitor.apply([monitor.rejected_change(e.message.run_id, stage=e.message.stage,
+                                                     reason=e.message.reason, at=_at(e))
+                             for e in events])
 
     subs: list[Subscription[Any]] = [
-        await bus.subscribe(STEPS, STEPS_DURABLE, events_pb2.StepEvent, on_step),
-        await bus.subscribe(METRICS, METRICS_DURABLE, common_pb2.UtilizationSample, on_sample),
+        await bus.subscribe(STEPS, STEPS_DURABLE, events_pb2.StepEvent, batch_handler=on_steps),
+        await bus.subscribe(METRICS, METRICS_DURABLE, common_pb2.UtilizationSample,
+                            batch_handler=on_samples),
     ]
-    workflow_events: list[tuple[str, type[Message], Callable[[Any], Awaitable[None]]]] = [
+    workflow_events: list[tuple[str, type[Message],
+                                Callable[[Sequence[Event[Any]]], Awaitable[None]]]] = [
         ("requested", events_pb2.WorkflowRequested, on_requested),
         ("generated", events_pb2.WorkflowGenerated, on_generated),
         ("optimized", events_pb2.WorkflowOptimized, on_optimized),
@@ -160,5 +190,10 @@ async def start_consumers(bus: Bus, monitor: Monitor) -> list[Subscription[Any]]
     for name, message_type, handler in workflow_events:
         subs.append(await bus.subscribe(f"couler.workflow.{name}",
                                         f"{WORKFLOW_DURABLE_PREFIX}-{name}", message_type,
-                                        handler))
+                                        batch_handler=handler))
     return subs
+
+
+def _run_attribute(events: Sequence[Event[M]], run_id: Callable[[M], str]) -> dict[str, str]:
+    """``couler.run_id`` for a span over one event (a batch spans several runs)."""
+    return {"couler.run_id": run_id(events[0].message)} if len(events) == 1 else {}

@@ -43,7 +43,15 @@ from typing import TypeVar
 from couler import ir
 from couler.engines.base import StepState
 from couler.errors import NotFoundError, UserError
-from couler_monitor.store import MonitorStore, RecommendationRow, RunRow, SampleRow, StepRow, Tx
+from couler_monitor.store import (
+    MonitorStore,
+    RecommendationRow,
+    RunFields,
+    RunRow,
+    SampleRow,
+    StepRow,
+    Tx,
+)
 from couler_runtime.rpc.records import (
     Recommendation,
     RecommendationKind,
@@ -60,6 +68,7 @@ __all__ = [
     "MAX_SAMPLE_LIMIT",
     "MI",
     "OOM_RETRY_LIMIT",
+    "Change",
     "Monitor",
     "Publisher",
     "cpu_quantity",
@@ -72,12 +81,15 @@ DEFAULT_SAMPLE_LIMIT = 1000
 MAX_SAMPLE_LIMIT = 10_000
 OOM_RETRY_LIMIT = 2
 _MAX_RUNS_LISTED = 500
+_QUICK_CHANGES = 32  # changes committed on the event loop at most (a quick store)
 _INT32 = 2**31 - 1
 _LAST_SECOND = 253402300799.0  # 9999-12-31T23:59:59Z, the last a Timestamp holds
 E = TypeVar("E", bound=enum.Enum)
 log = logging.getLogger(__name__)
 
 Publisher = Callable[[Recommendation], Awaitable[None]]
+Change = Callable[[Tx], bool]
+"""One checked event's writes inside a transaction; True when a recommendation changed."""
 
 _RUN_RANK = {RunState.ACCEPTED: 0, RunState.PLANNING: 1, RunState.PENDING: 2,
              RunState.RUNNING: 3, RunState.SUCCEEDED: 4, RunState.FAILED: 4,
@@ -154,10 +166,39 @@ class Monitor:
         self._outbox_dirty = True  # until a flush succeeded, assume something is left
 
     # ------------------------------------------------------------------ recording
+    #
+    # Each ``*_change`` method checks an event and returns its :data:`Change`; ``apply``
+    # commits changes in one transaction (a consumer's batch of events), and each
+    # ``record_*`` method is ``apply`` of one change.
+
+    async def apply(self, changes: Sequence[Change]) -> None:
+        """Commit ``changes`` in one transaction, in order; then publish the
+        recommendations they changed. A few changes on a quick store (SQLite) commit on the
+        event loop: less work than handing them to a thread and back."""
+        def txn() -> bool:
+            changed = False
+            with self._store.transaction() as tx:
+                for change in changes:
+                    changed = change(tx) or changed
+            return changed
+
+        async with self._lock:
+            if self._store.quick and len(changes) <= _QUICK_CHANGES:
+                changed = txn()
+            else:
+                changed = await asyncio.to_thread(txn)
+            # Also when an earlier publish failed (or a crash left one): send it now.
+            if changed or self._outbox_dirty:
+                await self._flush()
 
     async def record_step(self, run_id: str, workflow: str, engine: str, record: StepRecord,
                           at: float | None) -> None:
         """A step changed state (a ``StepEvent``)."""
+        await self.apply((self.step_change(run_id, workflow, engine, record, at),))
+
+    def step_change(self, run_id: str, workflow: str, engine: str, record: StepRecord,
+                    at: float | None) -> Change:
+        """:meth:`record_step` as a change to apply."""
         if not run_id:
             raise UserError(f"step event of workflow {workflow!r}, step {record.name!r}: "
                             "field 'run_id' is empty")
@@ -170,39 +211,32 @@ class Monitor:
         def write(tx: Tx) -> bool:
             # Core statements, not the ORM: this runs once per step event (a run may have
             # 100k steps) and the unit of work cost most of it.
-            run = tx.run_fields(run_id)
-            if run is None:
-                run = {"run_id": run_id, "workflow": workflow, "engine": engine,
-                       "state": RunState.ACCEPTED.value, "retries": 0, "message": "",
-                       "seen_at": self._clock(), "started_at": None}
-                tx.insert_run_fields(run)
-            changes: dict[str, object] = {}
-            if not run["workflow"] and workflow:
-                changes["workflow"] = workflow
-            if not run["engine"] and engine:
-                changes["engine"] = engine
+            run = self._run_row(tx, run_id, workflow=workflow, engine=engine)
             try:
-                state = RunState(run["state"])
+                state = RunState(run.state)
             except ValueError:  # a damaged row: the event says where the run is
                 state = RunState.ACCEPTED
             # A step event never reopens a finished run: events published late (under load,
             # or redelivered) would otherwise leave it "running" for good. A Retry reopens
             # it through its new couler.workflow.submitted (record_submitted).
             if not state.terminal and _RUN_RANK[RunState.RUNNING] > _RUN_RANK[state]:
-                changes["state"] = RunState.RUNNING.value
-            if record.started_at is not None and (run["started_at"] is None
-                                                  or record.started_at < run["started_at"]):
-                changes["started_at"] = record.started_at
-            if changes:
-                tx.update_run_fields(run_id, changes)
-            name = str(changes.get("workflow", run["workflow"]) or "")
+                run.state = RunState.RUNNING.value
+            if record.started_at is not None and (run.started_at is None
+                                                  or record.started_at < run.started_at):
+                run.started_at = record.started_at
+            tx.save_run(run)
+            name = str(run.workflow or "")
             self._merge_step(tx, run_id, name, record, when)
             return self._recommend_after(tx, name, record)
 
-        await self._write(write)
+        return write
 
     async def record_sample(self, sample: UtilizationSample) -> None:
         """One utilization sample."""
+        await self.apply((self.sample_change(sample),))
+
+    def sample_change(self, sample: UtilizationSample) -> Change:
+        """:meth:`record_sample` as a change to apply."""
         where = f"utilization sample of run {sample.run_id!r}, step {sample.step!r}"
         if not sample.run_id:
             raise UserError(f"{where}: field 'run_id' is empty")
@@ -225,36 +259,57 @@ class Monitor:
             tx.insert_sample(row)
             return False
 
-        await self._write(write)
+        return write
 
     async def record_requested(self, run_id: str, *, workflow: str, engine: str,
                                at: float | None) -> None:
         """A run was accepted (``WorkflowRequested``)."""
+        await self.apply((self.requested_change(run_id, workflow=workflow, engine=engine,
+                                                at=at),))
+
+    def requested_change(self, run_id: str, *, workflow: str, engine: str,
+                         at: float | None) -> Change:
+        """:meth:`record_requested` as a change to apply."""
+        run_id = self._need_run_id(run_id, "requested")
+
         def write(tx: Tx) -> bool:
-            run = self._run_row(tx, self._need_run_id(run_id, "requested"),
-                                workflow=workflow, engine=engine)
+            run = self._run_row(tx, run_id, workflow=workflow, engine=engine)
             if run.created_at is None or (at is not None and at < run.created_at):
                 run.created_at = at if at is not None else self._clock()
+            tx.save_run(run)
             return False
 
-        await self._write(write)
+        return write
 
     async def record_planned(self, run_id: str, *, workflow: str, engine: str) -> None:
         """The run was generated or optimized (its workflow's name is known)."""
+        await self.apply((self.planned_change(run_id, workflow=workflow, engine=engine),))
+
+    def planned_change(self, run_id: str, *, workflow: str, engine: str) -> Change:
+        """:meth:`record_planned` as a change to apply."""
+        run_id = self._need_run_id(run_id, "planned")
+
         def write(tx: Tx) -> bool:
-            run = self._run_row(tx, self._need_run_id(run_id, "planned"),
-                                workflow=workflow, engine=engine)
+            run = self._run_row(tx, run_id, workflow=workflow, engine=engine)
             self._advance(run, RunState.PLANNING)
+            tx.save_run(run)
             return False
 
-        await self._write(write)
+        return write
 
     async def record_submitted(self, run_id: str, *, workflow: str, engine: str,
                                at: float | None) -> None:
         """The engine accepted the run (``WorkflowSubmitted``)."""
+        await self.apply((self.submitted_change(run_id, workflow=workflow, engine=engine,
+                                                at=at),))
+
+    def submitted_change(self, run_id: str, *, workflow: str, engine: str,
+                         at: float | None) -> Change:
+        """:meth:`record_submitted` as a change to apply."""
+        run_id = self._need_run_id(run_id, "submitted")
+
         def write(tx: Tx) -> bool:
-            run = self._run_row(tx, self._need_run_id(run_id, "submitted"),
-                                workflow=workflow, engine=engine)
+            run = self._run_row(tx, run_id, workflow=workflow, engine=engine)
             terminal = run.state in (s.value for s in RunState if s.terminal)
             if terminal and at is not None and at > (run.finished_at or 0.0):
                 # submitted again after the end: a Retry of the run
@@ -263,26 +318,38 @@ class Monitor:
             self._advance(run, RunState.PENDING)
             if at is not None and (run.started_at is None or at < run.started_at):
                 run.started_at = at
+            tx.save_run(run)
             return False
 
-        await self._write(write)
+        return write
 
     async def record_rejected(self, run_id: str, *, stage: str, reason: str,
                               at: float | None) -> None:
         """The generator or the optimizer refused the run (``WorkflowRejected``)."""
+        await self.apply((self.rejected_change(run_id, stage=stage, reason=reason, at=at),))
+
+    def rejected_change(self, run_id: str, *, stage: str, reason: str,
+                        at: float | None) -> Change:
+        """:meth:`record_rejected` as a change to apply."""
+        run_id = self._need_run_id(run_id, "rejected")
+
         def write(tx: Tx) -> bool:
-            run = self._run_row(tx, self._need_run_id(run_id, "rejected"), workflow="",
-                                engine="")
+            run = self._run_row(tx, run_id, workflow="", engine="")
             if self._advance(run, RunState.FAILED):
                 run.finished_at = at if at is not None else self._clock()
                 run.message = f"rejected by the {stage or 'planner'}: {reason}"
+            tx.save_run(run)
             return False
 
-        await self._write(write)
+        return write
 
     async def record_finished(self, record: Run) -> None:
         """The run reached a terminal state (``WorkflowFinished``; the submitter sends it
         without steps, which came as step events, but steps it carries are merged)."""
+        await self.apply((self.finished_change(record),))
+
+    def finished_change(self, record: Run) -> Change:
+        """:meth:`record_finished` as a change to apply."""
         run_id = self._need_run_id(record.run_id, "finished")
 
         def write(tx: Tx) -> bool:
@@ -298,6 +365,7 @@ class Monitor:
             if record.started_at is not None and (run.started_at is None
                                                   or record.started_at < run.started_at):
                 run.started_at = record.started_at
+            tx.save_run(run)
             changed = False
             when = record.finished_at or self._clock()
             for step in record.steps:
@@ -305,7 +373,7 @@ class Monitor:
                 changed = self._recommend_after(tx, run.workflow, step) or changed
             return changed
 
-        await self._write(write)
+        return write
 
     async def publish_pending(self) -> int:
         """Publish every committed-but-unpublished recommendation; how many were sent."""
@@ -387,17 +455,6 @@ class Monitor:
 
     # ------------------------------------------------------------------ internals
 
-    async def _write(self, fn: Callable[[Tx], bool]) -> None:
-        def txn() -> bool:
-            with self._store.transaction() as tx:
-                return fn(tx)
-
-        async with self._lock:
-            changed = await asyncio.to_thread(txn)
-            # Also when an earlier publish failed (or a crash left one): send it now.
-            if changed or self._outbox_dirty:
-                await self._flush()
-
     async def _flush(self) -> int:
         def pending() -> Sequence[RecommendationRow]:
             with self._store.transaction() as tx:
@@ -424,20 +481,21 @@ class Monitor:
             raise UserError(f"workflow {what} event: field 'run_id' is empty")
         return run_id
 
-    def _run_row(self, tx: Tx, run_id: str, *, workflow: str, engine: str) -> RunRow:
-        run = tx.run(run_id, lock=True)
+    def _run_row(self, tx: Tx, run_id: str, *, workflow: str, engine: str) -> RunFields:
+        """The run's row to change (locked on PostgreSQL); a new one when there is none.
+        The caller writes it back with ``tx.save_run``."""
+        run = tx.run_namespace(run_id)
         if run is None:
-            run = RunRow(run_id=run_id, workflow=workflow, engine=engine,
-                         state=RunState.ACCEPTED.value, retries=0, message="",
-                         seen_at=self._clock())
-            tx.add(run)
+            run = tx.new_run(run_id=run_id, workflow=workflow, engine=engine,
+                             state=RunState.ACCEPTED.value, retries=0, message="",
+                             seen_at=self._clock())
         else:
             run.workflow = run.workflow or workflow
             run.engine = run.engine or engine
         return run
 
     @staticmethod
-    def _advance(run: RunRow, state: RunState, *, retries: int | None = None) -> bool:
+    def _advance(run: RunFields, state: RunState, *, retries: int | None = None) -> bool:
         """Move ``run`` to ``state`` if that is forward; whether it moved."""
         old = (run.retries, _rank(run.state))
         new = (run.retries if retries is None else retries, _RUN_RANK[state])

@@ -32,13 +32,20 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from couler.errors import ConflictError, RetryableError
-from couler_runtime.store import make_engine, make_session_factory, migrate, session_scope
+from couler_runtime.store import (
+    is_local,
+    make_engine,
+    make_session_factory,
+    migrate,
+    session_scope,
+)
 
 __all__ = [
     "MIGRATIONS",
     "SERVICE",
     "MonitorStore",
     "RecommendationRow",
+    "RunFields",
     "RunRow",
     "SampleRow",
     "StepRow",
@@ -142,6 +149,45 @@ _SELECT_STEP = sa.select(_STEPS).where(*_STEP_KEY)
 _INSERT_STEP = sa.insert(_STEPS)
 _UPDATE_STEP = sa.update(_STEPS).where(*_STEP_KEY).values(
     {c.name: sa.bindparam(c.name) for c in _STEPS.columns if not c.primary_key})
+_INSERT_RUN = sa.insert(_RUNS)
+_UPDATE_RUN = sa.update(_RUNS).where(_RUNS.c.run_id == sa.bindparam("k_run_id")).values(
+    {c.name: sa.bindparam(c.name) for c in _RUNS.columns if not c.primary_key})
+
+
+class RunFields:
+    """The columns of one ``monitor_runs`` row as attributes, noting which changed (a Core
+    row to change without the ORM's unit of work)."""
+
+    def __init__(self, values: dict[str, Any], *, new: bool) -> None:
+        object.__setattr__(self, "_values", values)
+        object.__setattr__(self, "_changed", set())
+        object.__setattr__(self, "is_new", new)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._values:
+            raise AttributeError(f"monitor_runs has no column {name!r}")
+        if self._values[name] != value or type(self._values[name]) is not type(value):
+            self._values[name] = value
+            self._changed.add(name)
+
+    def values(self) -> dict[str, Any]:
+        """Every column."""
+        return dict(self._values)
+
+    def changed(self) -> dict[str, Any]:
+        """The columns changed since read (or stored)."""
+        return {name: self._values[name] for name in self._changed}
+
+    def stored(self) -> None:
+        """Written: nothing is new or changed any more."""
+        object.__setattr__(self, "is_new", False)
+        self._changed.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,10 +203,22 @@ class RunPeak:
 
 
 class Tx:
-    """One transaction's primitive operations."""
+    """One transaction's primitive operations.
+
+    The hot path's Core statements run on the session's connection directly (not through
+    ``Session.execute``, whose ORM layer costs as much as the statement).
+    """
 
     def __init__(self, session: Session) -> None:
         self.session = session
+        self._conn: sa.Connection | None = None
+
+    @property
+    def conn(self) -> sa.Connection:
+        """The transaction's connection (the session's)."""
+        if self._conn is None:
+            self._conn = self.session.connection()
+        return self._conn
 
     # ----------------------------------------------------------------- runs and steps
 
@@ -178,31 +236,40 @@ class Tx:
     # no unit of work, no identity map, no statement construction per call -- a run of
     # 100k steps sends 100k events, and those cost most of each.
 
-    def run_fields(self, run_id: str) -> dict[str, Any] | None:
-        """The run's row as a dict (locked on PostgreSQL), or None."""
-        row = self.session.execute(_SELECT_RUN, {"k_run_id": run_id}).mappings().one_or_none()
-        return dict(row) if row is not None else None
+    def run_namespace(self, run_id: str) -> RunFields | None:
+        """The run's row (locked on PostgreSQL) as a :class:`RunFields` to change and
+        :meth:`save_run`, or None."""
+        row = self.conn.execute(_SELECT_RUN, {"k_run_id": run_id}).mappings().one_or_none()
+        return RunFields(dict(row), new=False) if row is not None else None
 
-    def insert_run_fields(self, values: dict[str, Any]) -> None:
+    @staticmethod
+    def new_run(**values: Any) -> RunFields:
+        """A run row not stored yet (:meth:`save_run` inserts it)."""
         full = {c.name: None for c in _RUNS.columns} | {"retries": 0, "message": ""}
-        self.session.execute(sa.insert(_RUNS), full | values)
+        return RunFields(full | values, new=True)
 
-    def update_run_fields(self, run_id: str, values: dict[str, Any]) -> None:
-        self.session.execute(sa.update(_RUNS).where(_RUNS.c.run_id == run_id).values(**values))
+    def save_run(self, run: RunFields) -> None:
+        """Insert the run's row, or update it when something changed (every column: one
+        statement built once)."""
+        if run.is_new:
+            self.conn.execute(_INSERT_RUN, run.values())
+        elif run.changed():
+            self.conn.execute(_UPDATE_RUN, {**run.values(), "k_run_id": run.run_id})
+        run.stored()
 
     def step_fields(self, run_id: str, name: str, key: str) -> dict[str, Any] | None:
         """The step's row as a dict, or None."""
-        row = self.session.execute(_SELECT_STEP, {"k_run_id": run_id, "k_name": name,
-                                                  "k_key": key}).mappings().one_or_none()
+        row = self.conn.execute(_SELECT_STEP, {"k_run_id": run_id, "k_name": name,
+                                               "k_key": key}).mappings().one_or_none()
         return dict(row) if row is not None else None
 
     def put_step_fields(self, values: dict[str, Any], *, new: bool) -> None:
         """Insert (``new``) or update the step row ``values`` describe (every column)."""
         if new:
-            self.session.execute(_INSERT_STEP, values)
+            self.conn.execute(_INSERT_STEP, values)
             return
-        self.session.execute(_UPDATE_STEP, {**values, "k_run_id": values["run_id"],
-                                            "k_name": values["name"], "k_key": values["key"]})
+        self.conn.execute(_UPDATE_STEP, {**values, "k_run_id": values["run_id"],
+                                         "k_name": values["name"], "k_key": values["key"]})
 
     def runs(self, limit: int) -> Sequence[RunRow]:
         stmt = (sa.select(RunRow).order_by(RunRow.seen_at.desc(), RunRow.run_id)
@@ -344,11 +411,16 @@ class MonitorStore:
 
     Args:
         url: A SQLAlchemy URL (SQLite file or PostgreSQL).
+
+    Attributes:
+        quick: Short transactions may run on the caller's event loop (SQLite:
+            :func:`couler_runtime.store.is_local`).
     """
 
     def __init__(self, url: str) -> None:
         self._engine = make_engine(url)
         self._sessions = make_session_factory(self._engine)
+        self.quick = is_local(self._engine)
 
     @classmethod
     def open(cls, url: str) -> MonitorStore:

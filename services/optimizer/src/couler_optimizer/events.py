@@ -48,7 +48,6 @@ from couler_runtime.rpc.records import (
     Recommendation,
     RecommendationKind,
     objectives_from_proto,
-    plan_to_proto,
     recommendation_from_proto,
 )
 from couler_runtime.stage import REJECTED, PlanningStage
@@ -120,13 +119,12 @@ class PlanHandler:
         async def work() -> tuple[str, events_pb2.WorkflowOptimized, str]:
             steps = len(message.workflow.steps)
             wf = await offload.convert(steps, codec.workflow_from_proto, message.workflow)
-            plan = await self._optimizer.plan_run(
+            # encoded once: the same message is recorded and sent
+            plan = await self._optimizer.plan_event(
                 run_id, wf, options.engine or DEFAULT_ENGINE,
                 objectives=objectives_from_proto(options.objectives),
                 no_cache=options.no_cache, parameters=dict(options.parameters))
-            optimized = events_pb2.WorkflowOptimized(
-                run_id=run_id, plan=await offload.convert(steps, plan_to_proto, plan),
-                options=options)
+            optimized = events_pb2.WorkflowOptimized(run_id=run_id, plan=plan, options=options)
             return (OPTIMIZED, optimized, f"planned {plan.workflow.name!r} for {plan.engine} "
                     f"({len(plan.cached)} cached, {len(plan.chunks)} chunks)")
 

@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from couler import ir
 from couler import optimize as passes
 from couler.errors import RetryableError, UserError
+from couler.v1 import common_pb2
 from couler_optimizer.store import OptimizerStore, PlanSummary
 from couler_runtime.engines import check_engine
 from couler_runtime.rpc.records import (
@@ -52,6 +53,8 @@ from couler_runtime.rpc.records import (
     RecommendationKind,
     StoredArtifact,
     bounded_notes,
+    plan_from_proto,
+    plan_to_proto,
 )
 
 __all__ = [
@@ -161,14 +164,31 @@ class Optimizer:
 
         Same arguments and errors as :meth:`optimize`.
         """
-        earlier = await asyncio.to_thread(self._store.event_plan, run_id)
+        message = await self.plan_event(run_id, wf, engine, objectives=objectives,
+                                        no_cache=no_cache, parameters=parameters)
+        return plan_from_proto(message)
+
+    async def plan_event(self, run_id: str, wf: ir.Workflow, engine: str = "", *,
+                         objectives: Sequence[Objective] = (), no_cache: bool = False,
+                         parameters: Mapping[str, str] | None = None) -> common_pb2.Plan:
+        """:meth:`plan_run` answered as the ``couler.v1.Plan`` an event carries: encoded
+        once (the same bytes are recorded and sent), in one worker thread (the cache is
+        asked over gRPC, a blocking call).
+        """
+        return await asyncio.to_thread(self._plan_event, run_id, wf, engine, tuple(objectives),
+                                       no_cache=no_cache, parameters=dict(parameters or {}))
+
+    def _plan_event(self, run_id: str, wf: ir.Workflow, engine: str,
+                    objectives: tuple[Objective, ...], *, no_cache: bool,
+                    parameters: dict[str, str]) -> common_pb2.Plan:
+        earlier = self._store.event_plan_message(run_id)
         if earlier is not None:
             log.info("run %s: planned before; answering with the recorded plan", run_id)
             return earlier
-        plan = await asyncio.to_thread(self._plan, wf, engine, tuple(objectives), no_cache,
-                                       dict(parameters or {}))
-        return await asyncio.to_thread(self._store.save_plan, plan, run_id=run_id,
-                                       from_event=True)
+        plan = self._plan(wf, engine, objectives, no_cache, parameters)
+        kept = self._store.save_encoded(plan, plan_to_proto(plan), run_id=run_id)
+        assert kept is not None  # an event plan is recorded whole
+        return kept
 
     async def record_recommendation(self, rec: Recommendation) -> bool:
         """Keep ``rec`` for the next plans of its workflow; False if a newer one is kept."""

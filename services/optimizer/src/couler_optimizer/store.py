@@ -21,7 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
-from sqlalchemy import Engine, Float, Integer, LargeBinary, String, Text, delete, select
+from sqlalchemy import (
+    Engine,
+    Float,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    Text,
+    bindparam,
+    delete,
+    select,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from couler import ir
@@ -35,7 +46,13 @@ from couler_runtime.rpc.records import (
     plan_from_proto,
     plan_to_proto,
 )
-from couler_runtime.store import make_engine, make_session_factory, migrate, session_scope
+from couler_runtime.store import (
+    connection_scope,
+    make_engine,
+    make_session_factory,
+    migrate,
+    session_scope,
+)
 
 __all__ = ["MIGRATIONS", "SERVICE", "OptimizerStore", "PlanSummary"]
 
@@ -78,6 +95,16 @@ class _PlanRow(_Base):
     chunk_count: Mapped[int] = mapped_column(Integer)
     plan: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+_PLANS: Table = _PlanRow.__table__  # type: ignore[assignment]
+_RECS: Table = _RecommendationRow.__table__  # type: ignore[assignment]
+# Core statements for what runs once per planned event (no unit of work).
+_INSERT_PLAN = _PLANS.insert()
+_SELECT_EVENT_PLAN = select(_PLANS.c.plan).where(
+    _PLANS.c.event_run_id == bindparam("k_run_id"))
+_SELECT_RECOMMENDATIONS = (select(_RECS).where(_RECS.c.workflow == bindparam("k_workflow"))
+                           .order_by(_RECS.c.step, _RECS.c.kind))
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +189,8 @@ class OptimizerStore:
 
     def recommendations(self, workflow: str) -> tuple[Recommendation, ...]:
         """The latest recommendations for ``workflow``, by step and kind."""
-        with session_scope(self._sessions) as session:
-            rows = session.scalars(
-                select(_RecommendationRow).where(_RecommendationRow.workflow == workflow)
-                .order_by(_RecommendationRow.step, _RecommendationRow.kind)).all()
+        with connection_scope(self._engine) as conn:
+            rows = conn.execute(_SELECT_RECOMMENDATIONS, {"k_workflow": workflow}).all()
             found = []
             for r in rows:
                 try:
@@ -189,41 +214,62 @@ class OptimizerStore:
         Returns the plan recorded for the run: ``plan``, or the one an earlier delivery
         of the same event recorded first (then ``plan`` is not recorded).
         """
-        row = _PlanRow(
-            run_id=run_id, event_run_id=run_id if from_event else None,
-            workflow=plan.workflow.name, engine=plan.engine,
-            workflow_digest=plan.workflow_digest,
-            passes=json.dumps([{"name": p.name, "changed": p.changed, "notes": list(p.notes)}
-                               for p in plan.passes]),
-            cached_steps=json.dumps(sorted(plan.cached)), chunk_count=len(plan.chunks),
-            plan=plan_to_proto(plan).SerializeToString() if from_event else None,
-            created_at=time.time())
+        encoded = plan_to_proto(plan) if from_event else None
+        kept = self.save_encoded(plan, encoded, run_id=run_id)
+        if kept is encoded:
+            return plan
+        assert kept is not None  # an event plan recorded first
+        return plan_from_proto(kept)
+
+    def save_encoded(self, plan: Plan, encoded: common_pb2.Plan | None, *,
+                     run_id: str = "") -> common_pb2.Plan | None:
+        """:meth:`save_plan` of ``plan`` already encoded: an event plan when ``encoded``
+        is given (kept whole). Returns the encoding recorded for the run: ``encoded``, or
+        the one an earlier delivery of the same event recorded first."""
+        from_event = encoded is not None
+        values = {
+            "run_id": run_id, "event_run_id": run_id if from_event else None,
+            "workflow": plan.workflow.name, "engine": plan.engine,
+            "workflow_digest": plan.workflow_digest,
+            "passes": json.dumps([{"name": p.name, "changed": p.changed,
+                                   "notes": list(p.notes)} for p in plan.passes]),
+            "cached_steps": json.dumps(sorted(plan.cached)), "chunk_count": len(plan.chunks),
+            "plan": encoded.SerializeToString() if encoded is not None else None,
+            "created_at": time.time()}
         try:
-            with session_scope(self._sessions) as session:
-                session.add(row)
+            with connection_scope(self._engine) as conn:
+                conn.execute(_INSERT_PLAN, values)
         except ConflictError:
             if not from_event:
                 raise
-            earlier = self.event_plan(run_id)
+            earlier = self.event_plan_message(run_id)
             if earlier is not None:
                 return earlier
-            with session_scope(self._sessions) as session:  # the recorded one is damaged
-                session.execute(delete(_PlanRow).where(_PlanRow.event_run_id == run_id))
-                session.add(row)
-        return plan
+            with connection_scope(self._engine) as conn:  # the recorded one is damaged
+                conn.execute(delete(_PLANS).where(_PLANS.c.event_run_id == run_id))
+                conn.execute(_INSERT_PLAN, values)
+        return encoded
 
     def event_plan(self, run_id: str) -> Plan | None:
         """The plan recorded for the event of run ``run_id``, if one was."""
-        with session_scope(self._sessions) as session:
-            data = session.scalar(select(_PlanRow.plan).where(_PlanRow.event_run_id == run_id))
+        message = self.event_plan_message(run_id)
+        return plan_from_proto(message) if message is not None else None
+
+    def event_plan_message(self, run_id: str) -> common_pb2.Plan | None:
+        """The plan recorded for the event of run ``run_id`` as its ``couler.v1.Plan``, if
+        one was (and it can be read)."""
+        with connection_scope(self._engine) as conn:
+            data = conn.scalar(_SELECT_EVENT_PLAN, {"k_run_id": run_id})
         if data is None:
             return None
         try:
-            return plan_from_proto(common_pb2.Plan.FromString(data))
+            message = common_pb2.Plan.FromString(data)
+            plan_from_proto(message)  # a damaged plan is made again, not sent on
         except (UserError, DecodeError, ValueError, TypeError) as exc:
             log.error("run %s: the stored plan cannot be read (%s); planning again", run_id,
                       type(exc).__name__)
             return None
+        return message
 
     def history(self, workflow: str | None = None, *, run_id: str | None = None
                 ) -> tuple[PlanSummary, ...]:

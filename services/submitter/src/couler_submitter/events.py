@@ -128,7 +128,9 @@ class BusEvents:
                 engine=o.engine, parameters=dict(o.parameters), dry_run=o.dry_run,
                 no_cache=o.no_cache, constraints=list(o.constraints),
                 objectives=objectives_to_proto(o.objectives), tenant=o.tenant))
-        if request.workflow is not None:
+        if request.encoded is not None:
+            msg.workflow.MergeFromString(request.encoded)  # as submitted: no encoding again
+        elif request.workflow is not None:
             msg.workflow.CopyFrom(await offload.convert(len(request.workflow.steps),
                                                   codec.workflow_to_proto, request.workflow))
         else:
@@ -180,10 +182,6 @@ class _Handlers:
         # InvalidWorkflowError (a UserError) when corrupt; a large plan decodes in a thread,
         # not on the loop every consumer and call shares (2.6 s at 100k steps)
         plan = await offload.convert(len(msg.plan.workflow.steps), plan_from_proto, msg.plan)
-        run = await self._submitter.header(msg.run_id)  # NotFoundError: no such run
-        if plan.engine and run.engine and plan.engine != run.engine:
-            raise UserError(f"run {msg.run_id!r}: a plan for engine {plan.engine!r}, the run "
-                            f"asked for {run.engine!r}; refused")
         # The run's events (published by tasks started here) continue the plan's trace.
         with self._tracer.start_as_current_span(
             f"{OPTIMIZED} process", context=telemetry.extract(event.headers),
@@ -191,7 +189,9 @@ class _Handlers:
             attributes={"messaging.system": "nats", "messaging.destination.name": event.subject,
                         "couler.run_id": msg.run_id},
         ):
-            await self._submitter.optimized(msg.run_id, plan)
+            # NotFoundError: no such run; UserError: a plan for another engine
+            await self._submitter.optimized(msg.run_id, plan,
+                                            encoded=msg.plan.SerializeToString())
 
     async def rejected(self, event: Event[events_pb2.WorkflowRejected]) -> None:
         msg = event.message

@@ -51,9 +51,14 @@ class RunOptions:
 
 @dataclass(frozen=True, slots=True)
 class RunRequest:
-    """What a run was submitted with: a workflow or a text (a template becomes a workflow)."""
+    """What a run was submitted with: a workflow or a text (a template becomes a workflow).
+
+    ``encoded`` is the workflow's ``couler.v1.Workflow`` encoding when it is at hand (as
+    submitted): what is published need not encode the workflow again.
+    """
 
     workflow: ir.Workflow | None
     text: str | None
     options: RunOptions
     template: str = ""
+    encoded: bytes | None = field(default=None, compare=False, repr=False)

@@ -20,6 +20,7 @@ import grpc
 
 from couler.v1 import common_pb2
 from couler.v1 import submitter_service_pb2 as pb
+from couler_runtime import offload
 from couler_runtime.rpc.records import (
     Template,
     blob_ref_from_proto,
@@ -59,8 +60,8 @@ class SubmitterService:
         encoded = None
         if source == "workflow":
             encoded = request.workflow.SerializeToString()
-            workflow = await asyncio.to_thread(workflow_from_message, request.workflow,
-                                               "submit: field 'workflow'")
+            workflow = await offload.run(len(encoded), workflow_from_message,
+                                         request.workflow, "submit: field 'workflow'")
         run_id, created = await self._submitter.submit(
             workflow=workflow, encoded=encoded,
             workflow_ref=blob_ref_from_proto(request.workflow_ref)

@@ -14,10 +14,14 @@ window, on a crash or while NATS is away -- a transactional outbox:
   ``submitter_outbox`` table in the same transaction as the change it reports
   (:class:`~couler_submitter.store.RunStore`). One sender task publishes the rows in id
   order -- many in flight at once, each with its deterministic msg id -- and deletes them
-  once JetStream stored them. While NATS is away rows accumulate and runs go on; the sender
-  retries with back-off, and at start-up it drains what a previous process left, alongside
-  recovery. A row that can never be published (a UserError, or a payload that no longer
-  decodes) is moved to ``submitter_outbox_dead`` with the reason and logged; the rest go on.
+  once JetStream stored them. Rows committed on the event loop reach the sender as they
+  were committed (in commit order) instead of being read back; whenever the table may hold
+  others (written from a thread, left by a previous process or a failed attempt, and
+  every ``outbox_interval`` anyway) the sender reads the table. While NATS is away rows
+  accumulate and runs go on; the sender retries with back-off, and at start-up it drains
+  what a previous process left, alongside recovery. A row that can never be published (a
+  UserError, or a payload that no longer decodes) is moved to ``submitter_outbox_dead``
+  with the reason and logged; the rest go on.
 * A run leaves ACCEPTED (for PLANNING) once its ``requested`` event is stored.
 * An ``optimized`` plan is stored with the state PENDING and ``engine_run_id`` *before* the
   engine starts; the consumer acks after that. A redelivered plan for a run that is
@@ -31,6 +35,10 @@ window, on a crash or while NATS is away -- a transactional outbox:
   (``<run_id>-<chunk>``), resumed or retried chunk by chunk the same way.
 * :meth:`Submitter.close` (a graceful stop) stops the runs without recording anything about
   them: the next start resumes them.
+
+Store calls run in worker threads, except short ones on a quick store (SQLite: a few rows
+and no network, :attr:`RunStore.quick`), which run on the event loop: handing a
+transaction of a fraction of a millisecond to a thread and back costs more than it does.
 
 Engine callbacks arrive on worker threads; they are handed to the event loop and handled
 in order per run, in batches: the steps' rows (the run's ``revision`` + 1 per change) and
@@ -61,7 +69,15 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -74,7 +90,7 @@ from couler.engines.base import RunStatus, StepState, StepStatus
 from couler.errors import ConflictError, CoulerError, NotFoundError, RetryableError, UserError
 from couler.ir.limits import DEFAULT_LIMITS, SizeLimits, check_sizes
 from couler.v1 import common_pb2, workflow_pb2
-from couler_runtime import codec, telemetry
+from couler_runtime import codec, offload, telemetry
 from couler_runtime.local import Reuse
 from couler_runtime.rpc.records import (
     BlobRef,
@@ -92,7 +108,7 @@ from couler_runtime.rpc.records import (
 from couler_submitter.chunks import ChunkedRun, chunk_run_id
 from couler_submitter.engines import KNOWN_ENGINES, RunHandle, Runner, not_configured
 from couler_submitter.model import DEFAULT_ENGINE, RunOptions, RunRequest
-from couler_submitter.store import EventKind, OutboxEntry, RunStore, parse_page_token
+from couler_submitter.store import EventKind, Finish, OutboxEntry, RunStore, parse_page_token
 
 __all__ = [
     "BLOB_CHUNK",
@@ -123,9 +139,19 @@ MAX_STEP_PAGE = 10_000
 BLOB_CHUNK = 1 << 20  # bytes per DownloadBlob message
 MAX_UPLOAD_CHUNK = 4 << 20  # the largest UploadWorkflow chunk taken
 _WATCH_POLL = 2.0  # seconds: a watcher also re-reads the record this often (other replicas)
-_WATCH_MIN_INTERVAL = 0.2  # seconds between a watcher's rounds of changes (they coalesce)
+# A watcher's next round of changes starts no sooner than this many times the CPU time
+# the previous round spent reading the store (changes meanwhile are sent together), and
+# waits at most
+# _WATCH_MAX_PAUSE: a quiet run's change goes out at once (a round woken by a change made
+# here reads nothing), and a run of 100k steps, whose rounds read long, spends a bounded
+# share of its time on them instead of a round per change.
+_WATCH_SPACING = 4.0
+_WATCH_MAX_PAUSE = 1.0  # seconds
+_HEADERS_KEPT = 4096  # records of runs a watcher may be woken for, kept in memory
 _STEP_BATCH = 500  # step changes of one run recorded in one transaction at most
 _OUTBOX_BATCH = 1000  # outbox rows read at once
+_QUICK_ROWS = 64  # rows a store call may read or write on the event loop (a quick store)
+_QUICK_BYTES = 1 << 20  # bytes a store call may write on the event loop
 _OUTBOX_WINDOW = 256  # events in flight at once
 _OUTBOX_MAX_ATTEMPTS = 5  # failures (other than NATS being away) before a row is set aside
 _OUTBOX_MAX_DELAY = 5.0  # seconds between attempts while NATS is away, at most
@@ -193,6 +219,7 @@ class _Active:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_reason: str = ""
     task: asyncio.Task[None] | None = None
+    final: RunStatus | None = None  # set by the waiting thread before it posts the end
     _steps: dict[str, ir.Step] | None = None
 
     def step(self, name: str) -> ir.Step | None:
@@ -232,6 +259,17 @@ async def _wait(event: asyncio.Event, timeout: float) -> bool:
     finally:
         waiter.cancel()
     return event.is_set()
+
+
+def _cpu_timed(fn: Callable[..., T]) -> Callable[..., tuple[T, float]]:
+    """``fn`` returning also the CPU time its thread spent in it (not the time it waited
+    for a worker or the GIL)."""
+    def timed(*args: object, **kwargs: object) -> tuple[T, float]:
+        begun = time.thread_time()
+        result = fn(*args, **kwargs)
+        return result, time.thread_time() - begun
+
+    return timed
 
 
 def _alone(row: OutboxEntry) -> bool:
@@ -278,6 +316,56 @@ def workflow_from_message(message: workflow_pb2.Workflow, what: str) -> ir.Workf
                         f"{type(exc).__name__}: {exc}") from None
 
 
+class _Headers:
+    """The latest records (without steps) of the runs this process changed or read, the
+    most recent :data:`_HEADERS_KEPT`: a watcher woken by a change made here reads the
+    record from here instead of the store (a poll every :data:`_WATCH_POLL` s reads the
+    store, for changes made by other replicas).
+
+    With each record goes ``steps_upto``: no step of the run changed after that revision
+    (None when unknown), so that a round whose change is to the run only (its state, say)
+    need not ask the store for steps.
+    """
+
+    def __init__(self, limit: int = _HEADERS_KEPT) -> None:
+        self._limit = limit
+        self._runs: dict[str, tuple[Run, int | None]] = {}
+
+    def get(self, run_id: str) -> tuple[Run, int | None] | None:
+        return self._runs.get(run_id)
+
+    def changed(self, run: Run, *, steps: bool, new: bool = False) -> None:
+        """``run`` is the record a change made here committed (its revision one more than
+        the one before, or more for step changes); ``steps``: steps changed in it; ``new``:
+        it was just created (it has no steps)."""
+        old = self._runs.get(run.run_id)
+        if old is not None and old[0].revision >= run.revision:
+            return  # an older answer arriving late
+        if new:
+            upto: int | None = 0
+        elif steps:
+            upto = run.revision
+        elif old is not None and old[0].revision == run.revision - 1:
+            upto = old[1]  # nothing happened between the two: what was known still holds
+        else:
+            upto = None  # another replica may have changed steps in between
+        self._put(run, upto)
+
+    def read(self, run: Run) -> int | None:
+        """``run`` as read from the store; what is known of its steps' last change."""
+        old = self._runs.get(run.run_id)
+        if old is not None and old[0].revision >= run.revision:
+            return old[1] if old[0].revision == run.revision else None
+        self._put(run, None)
+        return None
+
+    def _put(self, run: Run, upto: int | None) -> None:
+        self._runs.pop(run.run_id, None)  # to the end: the most recent
+        self._runs[run.run_id] = (run, upto)
+        if len(self._runs) > self._limit:
+            del self._runs[next(iter(self._runs))]
+
+
 class Submitter:
     """The use cases (see the module docstring).
 
@@ -297,6 +385,7 @@ class Submitter:
                  blobs: Blobs | None, runs_dir: Path, outbox_interval: float = 5.0,
                  limits: SizeLimits = DEFAULT_LIMITS) -> None:
         self._store = store
+        self._quick = store.quick
         self._events = events
         self._runners = dict(runners)
         self._blobs = blobs
@@ -304,13 +393,22 @@ class Submitter:
         self._outbox_interval = outbox_interval
         self._limits = limits
         self._active: dict[str, _Active] = {}
-        self._changed = asyncio.Event()
+        # per run: a change wakes only that run's watchers (each re-reads the store)
+        self._changed: dict[str, asyncio.Event] = {}
+        self._watching: dict[str, int] = {}  # watchers per run
+        self._headers = _Headers()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sender: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         # Requests accepted here and not yet published: the sender need not decode them.
         self._requests: dict[str, RunRequest] = {}
+        # Events committed here on the loop, in commit order, not yet handed to the sender;
+        # while _unread, the outbox table may hold others (written in a thread, left by
+        # a previous process or a failed attempt): the sender reads the table then.
+        self._fresh: list[OutboxEntry] = []
+        self._unread = True
+        self._threads_writing = 0
         self._closing = False
 
     @property
@@ -388,7 +486,7 @@ class Submitter:
         self._track(run.run_id, handle, plan.workflow, run.engine, queue)
         # The crash may have come between the engine start and this event: queue it again
         # under the same msg id (JetStream drops it when the first one was stored).
-        await self._call(self._store.emit, run.run_id, EventKind.SUBMITTED)
+        await self._db(True, self._store.emit, run.run_id, EventKind.SUBMITTED)
         self._wake.set()
 
     # ------------------------------------------------------------------ the outbox
@@ -408,22 +506,56 @@ class Submitter:
             if sent_all:
                 delay = 0.0
                 self._drained.set()
-                await _wait(self._wake, self._outbox_interval)
+                if not await _wait(self._wake, self._outbox_interval):
+                    self._unread = True  # a look at the table now and then: rows of others
             else:  # NATS (or the store) is away: back off, however many rows arrive
+                self._unread = True
                 delay = min(max(delay * 2, 0.2), _OUTBOX_MAX_DELAY)
                 await asyncio.sleep(delay)
 
     async def _send_pending(self) -> bool:
-        """Publish queued events until none are left (True) or NATS is away (False)."""
+        """Publish queued events until none are left (True) or NATS is away (False).
+
+        The events JetStream stored are deleted (and the runs whose requested event went
+        out move to PLANNING) in the transaction that reads the next ones. Events committed
+        here on the loop are taken as committed (:attr:`_fresh`) instead of read back,
+        unless the table may hold others (:attr:`_unread`).
+        """
+        done: list[int] = []
+        requested: list[str] = []
+        backlog = False  # the last read was full: read more at once, in a thread
         while True:
-            rows = await self._call(self._store.pending_events, _OUTBOX_BATCH)
+            if self._unread or backlog:
+                limit = _OUTBOX_BATCH if backlog else _QUICK_ROWS
+                inline = not backlog and len(done) <= _QUICK_ROWS and self._quick
+                if inline:  # nothing commits during the read: what is committed is read
+                    self._fresh.clear()
+                    self._unread = self._threads_writing > 0
+                moved, rows = await self._db(inline, self._store.next_events, limit,
+                                             published=done, requested=requested)
+                backlog = len(rows) >= limit
+            else:
+                moved = (await self._db(len(done) <= _QUICK_ROWS, self._store.published, done,
+                                        requested=requested) if done else [])
+                rows, self._fresh = self._fresh, []
+            for run in moved:
+                self._changed_here(run)
             if not rows:
                 return True
-            if not await self._send_rows(rows):
+            done, requested, sent_all = await self._send_rows(rows)
+            if not sent_all:
+                if done:
+                    for run in await self._db(len(done) <= _QUICK_ROWS, self._store.published,
+                                              done, requested=requested):
+                        self._changed_here(run)
                 return False
 
-    async def _send_rows(self, rows: Sequence[OutboxEntry]) -> bool:
-        """Publish ``rows`` in order, a window at a time; delete those JetStream stored."""
+    async def _send_rows(self, rows: Sequence[OutboxEntry]
+                         ) -> tuple[list[int], list[str], bool]:
+        """Publish ``rows`` in order, a window at a time: ``(ids JetStream stored, runs
+        whose requested event it stored, whether NATS took them all)``."""
+        stored: list[int] = []
+        requested: list[str] = []
         i = 0
         while i < len(rows):
             # An event whose body may go by reference (stored first, in a thread) could be
@@ -452,18 +584,21 @@ class Submitter:
                     if isinstance(result, asyncio.CancelledError):
                         raise result
                     await self._unpublishable(row, result)
-            if done:
-                await self._call(self._store.published, done)
-                await self._after_published([r for r in window if r.id in set(done)])
+            stored += done
+            done_ids = set(done)
+            for row in window:
+                if row.kind == EventKind.REQUESTED.value and row.id in done_ids:
+                    requested.append(row.run_id)
+                    self._requests.pop(row.run_id, None)
             if away:
                 first = next(r for r, x in zip(window, results, strict=True)
                              if isinstance(x, RetryableError))
                 log.warning("outbox: NATS unavailable (%s); %s event(s) of run %s and "
                             "later wait", results[window.index(first)], first.kind,
                             first.run_id)
-                return False
+                return stored, requested, False
             i += len(window)
-        return True
+        return stored, requested, True
 
     async def _send_one(self, row: OutboxEntry) -> None:
         """Hand one queued event to the publisher, in the trace of the change it reports."""
@@ -501,15 +636,6 @@ class Submitter:
         except DecodeError as exc:
             raise UserError(f"the queued {kind} event does not decode: {exc}") from None
 
-    async def _after_published(self, rows: Sequence[OutboxEntry]) -> None:
-        for row in rows:
-            if row.kind != EventKind.REQUESTED.value:
-                continue
-            self._requests.pop(row.run_id, None)
-            if await self._update(row.run_id, expect=(RunState.ACCEPTED,),
-                                  state=RunState.PLANNING) is None:
-                log.debug("run %s: left ACCEPTED before planning was recorded", row.run_id)
-
     async def _unpublishable(self, row: OutboxEntry, exc: BaseException) -> None:
         """A row failed for a reason other than NATS being away: set it aside when it can
         never be published (a UserError, or after a few attempts)."""
@@ -518,11 +644,11 @@ class Submitter:
             self._requests.pop(row.run_id, None)
         attempts = _OUTBOX_MAX_ATTEMPTS
         if not isinstance(exc, UserError):
-            attempts = await self._call(self._store.failed_attempt, row.id, reason)
+            attempts = await self._db(False, self._store.failed_attempt, row.id, reason)
             log.warning("outbox: %s event %d of run %s failed (attempt %d): %s", row.kind,
                         row.id, row.run_id, attempts, reason, exc_info=exc)
         if attempts >= _OUTBOX_MAX_ATTEMPTS:
-            await self._call(self._store.move_aside, row.id, reason)
+            await self._db(False, self._store.move_aside, row.id, reason)
             log.error("outbox: %s event %d of run %s can never be published, set aside: %s",
                       row.kind, row.id, row.run_id, reason)
 
@@ -701,9 +827,11 @@ class Submitter:
             raise UserError(f"submit: field 'engine': engine {engine[:80]!r} is unknown "
                             f"(known: {', '.join(KNOWN_ENGINES)})")
         if workflow is not None:
-            await asyncio.to_thread(self._check_submitted, workflow, options.parameters,
-                                    len(encoded) if encoded is not None else None,
-                                    bool(template))
+            # a small workflow is checked on the loop (a thread hop costs more)
+            size = len(encoded) if encoded is not None else None
+            await offload.run(size if size is not None else offload.LARGE_BYTES + 1,
+                              self._check_submitted, workflow, options.parameters, size,
+                              bool(template))
         elif text is not None and not text.strip():
             raise UserError("submit: field 'text': the request is empty")
         elif text is not None and len(text.encode("utf-8", "surrogatepass")) > \
@@ -714,12 +842,14 @@ class Submitter:
                              dry_run=options.dry_run, no_cache=options.no_cache,
                              constraints=options.constraints, objectives=options.objectives,
                              tenant=options.tenant)
-        request = RunRequest(workflow, text if workflow is None else None, options, template)
+        request = RunRequest(workflow, text if workflow is None else None, options, template,
+                             encoded=encoded if workflow is not None else None)
         run_id = f"run-{uuid.uuid4().hex[:20]}"
         self._requests[run_id] = request
         try:
-            run, created = await self._call(self._store.create_run, run_id, request,
-                                            idempotency_key=idempotency_key, encoded=encoded)
+            small = workflow is None or (encoded is not None and len(encoded) <= _QUICK_BYTES)
+            run, created = await self._db(small, self._store.create_run, run_id, request,
+                                          idempotency_key=idempotency_key, encoded=encoded)
         except BaseException:
             self._requests.pop(run_id, None)
             raise
@@ -728,7 +858,7 @@ class Submitter:
             log.info("submit: idempotency key %r is run %s; nothing started",
                      idempotency_key, run.run_id)
             return run.run_id, False
-        self._notify()
+        self._changed_here(run, new=True)
         self._wake.set()
         log.info("run %s: accepted (%s, engine %s)", run_id,
                  f"workflow {workflow.name!r}" if workflow is not None else "text", engine)
@@ -753,7 +883,9 @@ class Submitter:
 
     async def header(self, run_id: str) -> Run:
         """The run's record without its steps; NotFoundError for an unknown run."""
-        return await self._call(self._store.header, run_id)
+        run = await self._db(True, self._store.header, run_id)
+        self._headers.read(run)
+        return run
 
     async def get(self, run_id: str, *, page_size: int = 0, page_token: str = "") -> Run:
         """The run's record with one page of its steps (``next_step_page_token`` names the
@@ -766,31 +898,68 @@ class Submitter:
                     ) -> AsyncIterator[tuple[Run, bool]]:
         """The record now with all its steps, then on every change with the steps that
         changed, until it is terminal: ``(record, more)``, ``more`` when the next item
-        carries more steps of the same revision (one page of steps per item)."""
+        carries more steps of the same revision (one page of steps per item).
+
+        A round woken by a change made in this process takes the record it committed; one
+        woken by the poll (every :data:`_WATCH_POLL` s: changes made by other replicas)
+        reads the store. Rounds are spaced by :data:`_WATCH_SPACING` times the CPU time the
+        previous one spent reading the store (at most :data:`_WATCH_MAX_PAUSE`): changes
+        meanwhile coalesce.
+        """
         limit = _step_page(page_size)
+        self._watching[run_id] = self._watching.get(run_id, 0) + 1
+        try:
+            async with contextlib.aclosing(self._rounds(run_id, limit)) as rounds:
+                async for item in rounds:
+                    yield item
+        finally:  # ended, or the client went away
+            left = self._watching.pop(run_id) - 1
+            if left:
+                self._watching[run_id] = left
+            else:
+                self._changed.pop(run_id, None)  # nothing waits for its changes
+
+    async def _rounds(self, run_id: str, limit: int) -> AsyncGenerator[tuple[Run, bool], None]:
+        """:meth:`watch`'s rounds."""
         since = 0
         sent = False
-        last_round = 0.0
+        local = False  # woken by a change made here
         while True:
-            changed = self._changed
-            header = await self.header(run_id)
-            if not sent or header.revision != since:
+            changed = self._changed.setdefault(run_id, asyncio.Event())
+            reading = 0.0  # CPU seconds this round spends reading the store
+            # woken by a change made here: the record it committed; the first round and a
+            # poll read the store (other replicas write too)
+            known = self._headers.get(run_id) if local else None
+            if known is not None:
+                header, steps_upto = known
+            else:
+                header, cost = await self._db(True, _cpu_timed(self._store.header), run_id)
+                reading += cost
+                steps_upto = self._headers.read(header)
+            if not sent or header.revision > since:
                 upto = header.revision
-                after = 0
-                while True:
-                    steps, after, more = await self._call(
-                        self._store.changed_steps, run_id, since=since, upto=upto, after=after,
-                        limit=limit)
-                    yield dataclasses.replace(header, steps=steps), more
-                    if not more:
-                        break
+                if steps_upto is not None and steps_upto <= since:
+                    yield header, False  # the run changed, none of its steps
+                else:
+                    after = 0
+                    # every change takes a revision: at most this many steps to read
+                    small = min(upto - since, header.step_count) <= _QUICK_ROWS
+                    while True:
+                        (steps, after, more), cost = await self._db(
+                            small, _cpu_timed(self._store.changed_steps), run_id, since=since,
+                            upto=upto, after=after, limit=limit)
+                        reading += cost
+                        yield dataclasses.replace(header, steps=steps), more
+                        if not more:
+                            break
                 since, sent = upto, True
-                last_round = time.monotonic()
             if header.state.terminal:
                 return
-            await _wait(changed, _WATCH_POLL)
-            # Changes arriving faster than this are sent together.
-            pause = _WATCH_MIN_INTERVAL - (time.monotonic() - last_round)
+            ended = time.monotonic()
+            local = await _wait(changed, _WATCH_POLL)
+            # Changes arriving sooner than this are sent together.
+            pause = min(_WATCH_MAX_PAUSE, _WATCH_SPACING * reading) - \
+                (time.monotonic() - ended)
             if pause > 0:
                 await asyncio.sleep(pause)
 
@@ -898,45 +1067,53 @@ class Submitter:
         if not await self._fail(run_id, message, expect=_NOT_STARTED):
             log.info("run %s: rejection ignored (the run is past planning)", run_id)
 
-    async def optimized(self, run_id: str, plan: Plan) -> None:
+    async def optimized(self, run_id: str, plan: Plan, *, encoded: bytes | None = None
+                        ) -> None:
         """Start the planned run on its engine; a plan for a started run is ignored.
 
         Returns once the run row records the start (PENDING, engine run id) and the engine
-        has the run: the consumer acks then.
+        has the run: the consumer acks then. ``encoded``: the plan's protobuf encoding, when
+        at hand (stored as it is).
 
         Raises:
             RetryableError: The submitter is stopping (the plan is redelivered later).
+            NotFoundError: No such run.
+            UserError: A plan for another engine than the run asked for.
         """
         if self._closing:
             raise RetryableError(f"run {run_id}: the submitter is stopping; plan it later")
-        run = await self.header(run_id)
+        run, options = await self._db(True, self._store.header_options, run_id)
+        self._headers.read(run)
+        if plan.engine and run.engine and plan.engine != run.engine:
+            raise UserError(f"run {run_id!r}: a plan for engine {plan.engine!r}, the run "
+                            f"asked for {run.engine!r}; refused")
         if run_id in self._active or run.state not in _NOT_STARTED:
             log.info("run %s: plan ignored (the run is %s)", run_id, run.state.value)
             return
-        options = await self._call(self._store.options, run_id)
         digest = plan.workflow_digest or await asyncio.to_thread(ir.digest, plan.workflow)
         if options.dry_run:
             await self._update(
                 run_id, expect=_NOT_STARTED, state=RunState.SUCCEEDED, plan=plan,
                 passes=plan.passes, workflow=plan.workflow.name, workflow_digest=digest,
                 message="dry run: planned and compiled, not run", finished_at=time.time(),
-                emit=(EventKind.FINISHED,))
+                emit=(EventKind.FINISHED,), encoded_plan=encoded)
             return
         runner = self._runners.get(run.engine)
         if runner is None:
             problem = str(not_configured(run.engine, tuple(self._runners)))
-            await self._call(self._store.update_run, run_id, expect=_NOT_STARTED, plan=plan,
-                             passes=plan.passes, workflow=plan.workflow.name,
-                             workflow_digest=digest)
+            await self._update(run_id, expect=_NOT_STARTED, plan=plan, passes=plan.passes,
+                               workflow=plan.workflow.name, workflow_digest=digest,
+                               encoded_plan=encoded)
             await self._fail(run_id, problem, expect=_NOT_STARTED)
             return
         started = await self._update(
             run_id, expect=_NOT_STARTED, state=RunState.PENDING, plan=plan, passes=plan.passes,
-            workflow=plan.workflow.name, workflow_digest=digest, engine_run_id=run_id)
+            workflow=plan.workflow.name, workflow_digest=digest, engine_run_id=run_id,
+            encoded_plan=encoded)
         if started is None:
             log.info("run %s: cancelled or failed while planning; not started", run_id)
             return
-        await self._launch(started, plan)
+        await self._launch(started, plan, options=options)
 
     # ------------------------------------------------------------------ cancel / retry
 
@@ -992,7 +1169,7 @@ class Submitter:
             await self._launch(updated, plan, queue=queue)
         else:
             self._track(run_id, handle, plan.workflow, run.engine, queue)
-            await self._call(self._store.emit, run_id, EventKind.SUBMITTED)
+            await self._db(True, self._store.emit, run_id, EventKind.SUBMITTED)
             self._wake.set()
         log.info("run %s: retry %d started", run_id, updated.retries)
         return await self.header(run_id)
@@ -1001,14 +1178,17 @@ class Submitter:
 
     async def _launch(self, run: Run, plan: Plan,
                       queue: asyncio.Queue[StepStatus | None] | None = None, *,
-                      resuming: bool = False, retry: bool = False) -> None:
+                      resuming: bool = False, retry: bool = False,
+                      options: RunOptions | None = None) -> None:
         """Hand the stored plan to the engine (the row says PENDING already).
 
         A split plan runs as a :class:`ChunkedRun` (``resuming``: after a restart, its
         chunks the engine has are picked up; ``retry``: those that did not succeed retry).
+        ``options``: the run's, when the caller read them.
         """
         runner = self._runners[run.engine]
-        options = await self._call(self._store.options, run.run_id)
+        if options is None:
+            options = await self._db(True, self._store.options, run.run_id)
         cached: Mapping[str, Reuse] = {}
         if plan.cached and not options.no_cache:
             cached = await self._call(self._fetch_cached, run.run_id, plan)
@@ -1039,11 +1219,11 @@ class Submitter:
         emit = (EventKind.SUBMITTED,)
         if engine_run_id != run.engine_run_id:
             updated = await self._update(run.run_id, engine_run_id=engine_run_id, emit=emit)
-            run = updated or run
-        else:
-            await self._call(self._store.emit, run.run_id, EventKind.SUBMITTED)
+            now = updated or await self.header(run.run_id)
+        else:  # the record as the event's transaction read it, after the engine started
+            now = await self._db(True, self._store.emit, run.run_id, EventKind.SUBMITTED)
             self._wake.set()
-        if (await self.header(run.run_id)).state.terminal:  # cancelled while starting
+        if now.state.terminal:  # cancelled while starting
             await self._call(handle.cancel)
         if resuming and isinstance(handle, ChunkedRun) and handle.picked_up:
             log.info("run %s: resumed on %s (split plan, %d chunks)", run.run_id, run.engine,
@@ -1094,7 +1274,7 @@ class Submitter:
 
         def wait() -> None:  # its own thread: a run may take hours; the pool is for I/O
             with contextlib.suppress(Exception):
-                handle.wait()
+                active.final = handle.wait()
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(queue.put_nowait, None)
 
@@ -1103,7 +1283,7 @@ class Submitter:
 
     async def _drive(self, run_id: str, active: _Active) -> None:
         try:
-            ended = False
+            ended = finished = False
             while not ended:
                 first = await active.queue.get()
                 if first is None:
@@ -1115,8 +1295,17 @@ class Submitter:
                         ended = True
                         break
                     batch.append(item)
+                # The end came with the last changes: recorded in their transaction.
+                finish = (self._finish_of(active, active.final)
+                          if ended and active.final is not None and not self._closing
+                          else None)
                 try:
-                    await self._on_steps(run_id, active, batch)
+                    run = await self._on_steps(run_id, active, batch, finish=finish)
+                    if finish is not None:
+                        finished = True
+                        ended_here = (run.state is finish.state
+                                      and run.finished_at == finish.finished_at)
+                        self._finished(run_id, finish if ended_here else None)
                 except (asyncio.CancelledError, GeneratorExit):
                     raise
                 except Exception as exc:
@@ -1124,18 +1313,22 @@ class Submitter:
                         return  # resumed at the next start
                     log.error("run %s: recording %d step change(s) failed: %s", run_id,
                               len(batch), exc, exc_info=True)
-            final = await asyncio.to_thread(active.handle.wait)  # as long as the run takes
+            final = active.final  # the waiting thread got it before it posted the end
+            if final is None:
+                final = await asyncio.to_thread(active.handle.wait)  # as long as it takes
             if self._closing:
                 return  # stopped by the shutdown, not finished: resumed at the next start
-            await self._finish(run_id, active, final)
+            if not finished:
+                await self._finish(run_id, active, final)
         finally:
             active.done.set()
             if self._active.get(run_id) is active:
                 del self._active[run_id]
 
-    async def _on_steps(self, run_id: str, active: _Active,
-                        statuses: Sequence[StepStatus]) -> None:
-        """Record a batch of step changes of one run, and queue their events."""
+    async def _on_steps(self, run_id: str, active: _Active, statuses: Sequence[StepStatus], *,
+                        finish: Finish | None = None) -> Run:
+        """Record a batch of step changes of one run, and queue their events; ``finish``:
+        the run's end, recorded after them. The record committed."""
         records: list[StepRecord] = []
         samples: list[UtilizationSample] = []
         started_at: float | None = None
@@ -1165,11 +1358,13 @@ class Submitter:
                     at=status.finished_at or time.time(), cpu=status.peak_cpu or 0.0,
                     memory_bytes=status.peak_memory_bytes or 0, key=status.key,
                     attempt=max(status.attempts, 1)))
-        await self._call(self._store.put_steps, run_id, records,
-                         state=RunState.RUNNING if moving else None,
-                         started_at=started_at if moving else None, samples=samples)
-        self._notify()
+        run = await self._db(len(records) + len(samples) <= _QUICK_ROWS, self._store.put_steps,
+                             run_id, records, state=RunState.RUNNING if moving else None,
+                             started_at=started_at if moving else None, samples=samples,
+                             finish=finish)
+        self._changed_here(run, steps=True)
         self._wake.set()
+        return run
 
     def _upload(self, active: _Active, step_name: str) -> dict[str, StoredArtifact]:
         step = active.step(step_name)
@@ -1186,18 +1381,29 @@ class Submitter:
             stored[art.name] = self._blobs.upload(path)
         return stored
 
-    async def _finish(self, run_id: str, active: _Active, final: RunStatus) -> None:
+    @staticmethod
+    def _finish_of(active: _Active, final: RunStatus) -> Finish:
+        """How the run ends, from the engine's final status."""
         state = RunState.from_engine(final.state)
         message = final.message
         if state is RunState.CANCELLED and active.cancel_reason:
             message = active.cancel_reason
-        run = await self._update(run_id, expect=_ENGINE_SIDE, state=state, message=message,
-                                 finished_at=final.finished_at or time.time(),
+        return Finish(state, message, final.finished_at or time.time(), _ENGINE_SIDE)
+
+    async def _finish(self, run_id: str, active: _Active, final: RunStatus) -> None:
+        end = self._finish_of(active, final)
+        run = await self._update(run_id, expect=end.expect, state=end.state,
+                                 message=end.message, finished_at=end.finished_at,
                                  emit=(EventKind.FINISHED,))
+        self._finished(run_id, end if run is not None else None)
+
+    def _finished(self, run_id: str, end: Finish | None) -> None:
+        """The run's engine is done (``end``: how the run ended, None when it had ended
+        already, e.g. cancelled)."""
         shutil.rmtree(self._runs_dir / ".cache" / run_id, ignore_errors=True)
-        if run is None:
-            return
-        log.info("run %s: %s%s", run_id, state.value, f" ({message})" if message else "")
+        if end is not None:
+            log.info("run %s: %s%s", run_id, end.state.value,
+                     f" ({end.message})" if end.message else "")
 
     # ------------------------------------------------------------------ helpers
 
@@ -1214,16 +1420,45 @@ class Submitter:
         return True
 
     async def _update(self, run_id: str, **changes: object) -> Run | None:
-        run = await self._call(self._store.update_run, run_id, **changes)
+        encoded = changes.get("encoded_plan")
+        small = not changes.get("clear_steps") and (
+            changes.get("plan") is None  # else encoded here, unless given
+            or (isinstance(encoded, bytes) and len(encoded) <= _QUICK_BYTES))
+        run = await self._db(small, self._store.update_run, run_id, **changes)
         if run is not None:
-            self._notify()
+            self._changed_here(run, steps=bool(changes.get("clear_steps")))
             if changes.get("emit"):
                 self._wake.set()
         return run
 
-    def _notify(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+    def _changed_here(self, run: Run, *, steps: bool = False, new: bool = False) -> None:
+        """``run`` is the record a change committed here: keep it for the watchers, and wake
+        them (a watcher takes a fresh event before reading)."""
+        self._headers.changed(run, steps=steps, new=new)
+        changed = self._changed.pop(run.run_id, None)
+        if changed is not None:
+            changed.set()
+
+    async def _db(self, small: bool, fn: Callable[..., T], *args: object,
+                  **kwargs: object) -> T:
+        """A store call: on the event loop when the store is quick and the call ``small``
+        (a few rows, no large value), else in a worker thread (:meth:`_call`).
+
+        On the loop, the events it commits are handed to the sender as they are; from a
+        thread, the sender reads the table (in a thread, commits interleave with the
+        loop's: only the table has their order).
+        """
+        if small and self._quick:
+            with self._store.capturing() as queued:
+                result = fn(*args, **kwargs)
+            self._fresh += queued
+            return result
+        self._unread = True
+        self._threads_writing += 1
+        try:
+            return await self._call(fn, *args, **kwargs)
+        finally:
+            self._threads_writing -= 1
 
     @staticmethod
     async def _call(fn: Callable[..., T], *args: object, **kwargs: object) -> T:

@@ -30,16 +30,18 @@ import contextlib
 import enum
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from google.protobuf.message import DecodeError
 from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Integer, LargeBinary, String, Text
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from couler import ir
 from couler.engines.base import StepState
@@ -62,10 +64,18 @@ from couler_runtime.rpc.records import (
     step_record_to_proto,
     utilization_sample_to_proto,
 )
-from couler_runtime.store import make_engine, make_session_factory, migrate, session_scope
+from couler_runtime.store import (
+    connection_scope,
+    is_local,
+    make_engine,
+    make_session_factory,
+    migrate,
+    session_scope,
+)
 from couler_submitter.model import RunOptions, RunRequest
 
-__all__ = ["MIGRATIONS", "SERVICE", "EventKind", "OutboxEntry", "RunStore", "parse_page_token"]
+__all__ = ["MIGRATIONS", "SERVICE", "EventKind", "Finish", "OutboxEntry", "RunStore",
+           "parse_page_token"]
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SERVICE = "submitter"
@@ -195,6 +205,71 @@ class RejectionRow(Base):
     at: Mapped[float] = mapped_column(Float)
 
 
+_RUNS: sa.Table = RunRow.__table__  # type: ignore[assignment]
+_STEPS: sa.Table = StepRow.__table__  # type: ignore[assignment]
+_OUTBOX: sa.Table = OutboxRow.__table__  # type: ignore[assignment]
+# Core statements for what runs per event and per step change (built once, bound per
+# call): no unit of work, no identity map -- the ORM cost most of each transaction.
+_HEADER_COLUMNS = [c for c in _RUNS.columns if c.name not in ("request", "plan")]
+_SELECT_HEADER = sa.select(*_HEADER_COLUMNS).where(_RUNS.c.run_id == sa.bindparam("k_run_id"))
+_SELECT_HEADER_LOCKED = _SELECT_HEADER.with_for_update()
+_INSERT_RUN = sa.insert(_RUNS)
+_INSERT_STEP = sa.insert(_STEPS)
+_STEP_FIELDS = ("revision", "state", "attempts", "exit_code", "started_at", "finished_at",
+                "peak_cpu", "peak_memory_bytes", "outputs", "cache_key", "cached", "message",
+                "failure_class", "artifacts")
+_UPDATE_STEP = sa.update(_STEPS).where(
+    _STEPS.c.run_id == sa.bindparam("k_run_id"), _STEPS.c.name == sa.bindparam("k_name"),
+    _STEPS.c.key == sa.bindparam("k_key"),
+).values({name: sa.bindparam(name) for name in _STEP_FIELDS})
+_INSERT_OUTBOX = sa.insert(_OUTBOX)
+_INSERT_OUTBOX_IDS = _INSERT_OUTBOX.returning(_OUTBOX.c.id, sort_by_parameter_order=True)
+_KEY = _RUNS.c.run_id == sa.bindparam("k_run_id")
+# A run's row written back whole (every column but the two large ones): one statement for
+# every change, instead of one built per set of changed columns.
+_UPDATE_HEADER = sa.update(_RUNS).where(_KEY).values(
+    {c.name: sa.bindparam(c.name) for c in _HEADER_COLUMNS if not c.primary_key})
+_UPDATE_HEADER_PLAN = sa.update(_RUNS).where(_KEY).values(
+    {c.name: sa.bindparam(c.name) for c in _HEADER_COLUMNS if not c.primary_key}
+    | {"plan": sa.bindparam("plan")})
+_STEPS_STORED = sa.select(_STEPS.c.name, _STEPS.c.key, _STEPS.c.cached).where(
+    _STEPS.c.run_id == sa.bindparam("k_run_id"),
+    _STEPS.c.name.in_(sa.bindparam("k_names", expanding=True)))
+_CHANGED_STEPS = (
+    sa.select(_STEPS).where(
+        _STEPS.c.run_id == sa.bindparam("k_run_id"),
+        _STEPS.c.position > sa.bindparam("k_after"),
+        sa.or_(sa.and_(_STEPS.c.revision > sa.bindparam("k_since"),
+                       _STEPS.c.revision <= sa.bindparam("k_upto")),
+               sa.and_(_STEPS.c.position > sa.bindparam("k_since"),
+                       _STEPS.c.position <= sa.bindparam("k_upto"))))
+    .order_by(_STEPS.c.position).limit(sa.bindparam("k_limit")))
+_DELETE_OUTBOX = sa.delete(_OUTBOX).where(
+    _OUTBOX.c.id.in_(sa.bindparam("k_ids", expanding=True)))
+_PENDING = (sa.select(_OUTBOX.c.id, _OUTBOX.c.run_id, _OUTBOX.c.kind, _OUTBOX.c.workflow,
+                      _OUTBOX.c.engine, _OUTBOX.c.retries, _OUTBOX.c.payload, _OUTBOX.c.trace,
+                      _OUTBOX.c.attempts)
+            .where(_OUTBOX.c.id > sa.bindparam("k_after")).order_by(_OUTBOX.c.id)
+            .limit(sa.bindparam("k_limit")))
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """A run's end, recorded with its last step changes (:meth:`RunStore.put_steps`).
+
+    Attributes:
+        state: The terminal state.
+        message: Why (or "").
+        finished_at: When.
+        expect: The states the run may end from; from any other, it is left as it is.
+    """
+
+    state: RunState
+    message: str
+    finished_at: float
+    expect: tuple[RunState, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class OutboxEntry:
     """One event waiting to be published (see :meth:`RunStore.pending_events`).
@@ -225,6 +300,10 @@ class OutboxEntry:
 
 
 log = logging.getLogger(__name__)
+
+# A stored row as the record builders read it: an ORM object, a Core row of the table's
+# columns, or a namespace of them (what a transaction is about to write).
+_Fields = Any
 
 T = TypeVar("T")
 E = TypeVar("E", bound=enum.Enum)
@@ -280,7 +359,7 @@ class _Reading:
         return f"{said}: {message}" if message else said
 
 
-def _step_record(row: StepRow) -> StepRecord:
+def _step_record(row: _Fields) -> StepRecord:
     read = _Reading()
     artifacts: dict[str, StoredArtifact] = {}
     for name, a in read.json("artifacts", row.artifacts, dict, {}).items():
@@ -306,7 +385,7 @@ def _step_record(row: StepRow) -> StepRecord:
     )
 
 
-def _run_state(row: RunRow) -> RunState:
+def _run_state(row: _Fields) -> RunState:
     """The row's state; a state that cannot be read counts as FAILED (terminal: nothing
     resumes or changes a run whose record is damaged)."""
     try:
@@ -315,25 +394,22 @@ def _run_state(row: RunRow) -> RunState:
         return RunState.FAILED
 
 
-def _fill_step(row: StepRow, rec: StepRecord) -> None:
-    row.state = rec.state.value
-    row.attempts = rec.attempts
-    row.exit_code = rec.exit_code
-    row.started_at = rec.started_at
-    row.finished_at = rec.finished_at
-    row.peak_cpu = rec.peak_cpu
-    row.peak_memory_bytes = rec.peak_memory_bytes
-    row.outputs = json.dumps(dict(rec.outputs), sort_keys=True)
-    row.cache_key = rec.cache_key
-    row.cached = rec.cached
-    row.message = rec.message
-    row.failure_class = rec.failure_class.value if rec.failure_class is not None else ""
-    row.artifacts = json.dumps({n: {"digest": a.digest, "size_bytes": a.size_bytes,
-                                    "uri": a.uri} for n, a in rec.artifacts.items()},
-                               sort_keys=True)
+def _step_values(rec: StepRecord) -> dict[str, Any]:
+    """The columns of a step row that record ``rec`` (all but the key and the order)."""
+    return {
+        "state": rec.state.value, "attempts": rec.attempts, "exit_code": rec.exit_code,
+        "started_at": rec.started_at, "finished_at": rec.finished_at,
+        "peak_cpu": rec.peak_cpu, "peak_memory_bytes": rec.peak_memory_bytes,
+        "outputs": json.dumps(dict(rec.outputs), sort_keys=True) if rec.outputs else "{}",
+        "cache_key": rec.cache_key, "cached": rec.cached, "message": rec.message,
+        "failure_class": rec.failure_class.value if rec.failure_class is not None else "",
+        "artifacts": json.dumps({n: {"digest": a.digest, "size_bytes": a.size_bytes,
+                                     "uri": a.uri} for n, a in rec.artifacts.items()},
+                                sort_keys=True) if rec.artifacts else "{}",
+    }
 
 
-def _run_record(row: RunRow, steps: Sequence[StepRow] = (), next_token: str = "") -> Run:
+def _run_record(row: _Fields, steps: Sequence[_Fields] = (), next_token: str = "") -> Run:
     """The run's record with ``steps`` (already in order)."""
     read = _Reading()
     try:
@@ -412,18 +488,74 @@ def _trace(text: str) -> dict[str, str]:
 class RunStore:
     """The submitter's tables in one database (SQLite or PostgreSQL).
 
+    The statements a run goes through many times (its header, step changes, the outbox)
+    are Core statements; the rest use the ORM.
+
     Args:
         url: The SQLAlchemy URL; the tables are migrated to the newest revision.
+
+    Attributes:
+        quick: Short transactions may run on the caller's event loop (SQLite:
+            :func:`couler_runtime.store.is_local`); otherwise every call goes to a thread.
     """
 
     def __init__(self, url: str) -> None:
         self._engine = make_engine(url)
         migrate(self._engine, SERVICE, MIGRATIONS)
         self._sessions = make_session_factory(self._engine)
+        self.quick = is_local(self._engine)
+        # SQLite's driver runs a transaction's first SELECT outside it (no lock is taken
+        # before the first write): two threads of this process could both read a run's
+        # revision and write the same next one. One writer at a time in this process
+        # (SQLite allows one anyway); PostgreSQL's row locks do the same there.
+        self._one_writer: contextlib.AbstractContextManager[object] = (
+            threading.Lock() if self._engine.dialect.name == "sqlite"
+            else contextlib.nullcontext())
+        self._local = threading.local()  # .captured: see capturing(); .queued: this txn's
 
     def close(self) -> None:
         """Release the connections."""
         self._engine.dispose()
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[list[OutboxEntry]]:
+        """Collect the events that calls made inside the block, in this thread, queue in
+        the outbox: those of committed transactions only, with their ids, in order (the
+        service hands them to its sender without reading them back)."""
+        captured: list[OutboxEntry] = []
+        self._local.captured = captured
+        try:
+            yield captured
+        finally:
+            self._local.captured = None
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sa.Connection]:
+        """One write transaction (one at a time in this process on SQLite)."""
+        captured: list[OutboxEntry] | None = getattr(self._local, "captured", None)
+        queued: list[OutboxEntry] = []
+        self._local.queued = queued if captured is not None else None
+        try:
+            with self._one_writer, connection_scope(self._engine) as conn:
+                yield conn
+        finally:
+            self._local.queued = None
+        if captured is not None:  # committed
+            captured.extend(queued)
+
+    def _queue(self, conn: sa.Connection, rows: list[dict[str, Any]]) -> None:
+        """Insert outbox rows (noting them, with their ids, when captured)."""
+        queued: list[OutboxEntry] | None = getattr(self._local, "queued", None)
+        if queued is None:
+            conn.execute(_INSERT_OUTBOX, rows)
+            return
+        ids = conn.execute(_INSERT_OUTBOX_IDS, rows).scalars().all()
+        queued.extend(OutboxEntry(i, r["run_id"], r["kind"], r["workflow"], r["engine"],
+                                  r["retries"], r["payload"] or b"", _trace(r["trace"]))
+                      for i, r in zip(ids, rows, strict=True))
+
+    def _read(self) -> contextlib.AbstractContextManager[sa.Connection]:
+        return connection_scope(self._engine)
 
     # ------------------------------------------------------------------ runs
 
@@ -441,30 +573,29 @@ class RunStore:
         if wf is not None and encoded is None:
             encoded = codec.workflow_to_proto(wf).SerializeToString()
         at = now or time.time()
-        row = RunRow(
-            run_id=run_id, idempotency_key=idempotency_key or None,
-            workflow=wf.name if wf is not None else "",
-            workflow_digest="",
-            source="workflow" if wf is not None else "text",
-            request=encoded if wf is not None else None,
-            text=request.text, template=request.template,
-            options=json.dumps(request.options.to_json(), sort_keys=True),
-            plan=None, state=RunState.ACCEPTED.value, engine=request.options.engine,
-            engine_run_id="", passes="[]", message="", created_at=at,
-            started_at=None, finished_at=None, revision=1, retries=0,
-            dry_run=request.options.dry_run, step_count=0, cached_step_count=0,
-        )
+        values: dict[str, Any] = {
+            "run_id": run_id, "idempotency_key": idempotency_key or None,
+            "workflow": wf.name if wf is not None else "", "workflow_digest": "",
+            "source": "workflow" if wf is not None else "text",
+            "request": encoded if wf is not None else None,
+            "text": request.text, "template": request.template,
+            "options": json.dumps(request.options.to_json(), sort_keys=True),
+            "plan": None, "state": RunState.ACCEPTED.value, "engine": request.options.engine,
+            "engine_run_id": "", "passes": "[]", "message": "", "created_at": at,
+            "started_at": None, "finished_at": None, "revision": 1, "retries": 0,
+            "dry_run": request.options.dry_run, "step_count": 0, "cached_step_count": 0,
+        }
+        row = SimpleNamespace(**values)
         try:
-            with session_scope(self._sessions) as session:
-                session.add(row)
-                session.flush()
-                self._emit(session, row, EventKind.REQUESTED)
+            with self._write() as conn:
+                conn.execute(_INSERT_RUN, values)
+                self._emit(conn, row, EventKind.REQUESTED)
         except ConflictError:
             if not idempotency_key:
                 raise
-            with session_scope(self._sessions) as session:
-                found = session.scalars(sa.select(RunRow).where(
-                    RunRow.idempotency_key == idempotency_key)).one_or_none()
+            with self._read() as conn:
+                found = conn.execute(sa.select(*_HEADER_COLUMNS).where(
+                    _RUNS.c.idempotency_key == idempotency_key)).one_or_none()
                 if found is None:
                     raise
                 return _run_record(found), False
@@ -472,26 +603,35 @@ class RunStore:
 
     def header(self, run_id: str) -> Run:
         """The run's record without its steps; NotFoundError for an unknown run."""
-        with session_scope(self._sessions) as session:
-            return _run_record(self._row(session, run_id))
+        with self._read() as conn:
+            return _run_record(self._row(conn, run_id))
+
+    def header_options(self, run_id: str) -> tuple[Run, RunOptions]:
+        """The run's record without its steps, and the options it was submitted with,
+        read at once; NotFoundError for an unknown run, UserError for damaged options."""
+        with self._read() as conn:
+            row = self._row(conn, run_id)
+        with _damaged(run_id, "options"):
+            options = RunOptions.from_json(json.loads(row.options))
+        return _run_record(row), options
 
     def get_run(self, run_id: str) -> Run:
         """The run's record with every step, in order (tools and tests; the service reads
         steps a page at a time)."""
-        with session_scope(self._sessions) as session:
-            row = self._row(session, run_id)
-            steps = session.scalars(sa.select(StepRow).where(StepRow.run_id == run_id)
-                                    .order_by(StepRow.position)).all()
+        with self._read() as conn:
+            row = self._row(conn, run_id)
+            steps = conn.execute(sa.select(_STEPS).where(_STEPS.c.run_id == run_id)
+                                 .order_by(_STEPS.c.position)).all()
             return _run_record(row, steps)
 
     def run_page(self, run_id: str, *, limit: int, after: int = 0) -> Run:
         """The run's record with at most ``limit`` steps, those after position ``after``
         in order; ``next_step_page_token`` names the next page ("" on the last)."""
-        with session_scope(self._sessions) as session:
-            row = self._row(session, run_id)
-            steps = session.scalars(
-                sa.select(StepRow).where(StepRow.run_id == run_id, StepRow.position > after)
-                .order_by(StepRow.position).limit(limit + 1)).all()
+        with self._read() as conn:
+            row = self._row(conn, run_id)
+            steps = conn.execute(
+                sa.select(_STEPS).where(_STEPS.c.run_id == run_id, _STEPS.c.position > after)
+                .order_by(_STEPS.c.position).limit(limit + 1)).all()
             more = len(steps) > limit
             steps = steps[:limit]
             token = page_token(steps[-1].position) if more and steps else ""
@@ -506,46 +646,47 @@ class RunStore:
         steps in the order of their positions this way (a step's position never exceeds
         its revision).
         """
-        changed = sa.or_(sa.and_(StepRow.revision > since, StepRow.revision <= upto),
-                         sa.and_(StepRow.position > since, StepRow.position <= upto))
-        with session_scope(self._sessions) as session:
-            rows = session.scalars(
-                sa.select(StepRow).where(StepRow.run_id == run_id, StepRow.position > after,
-                                         changed)
-                .order_by(StepRow.position).limit(limit + 1)).all()
-            more = len(rows) > limit
-            rows = rows[:limit]
-            last = rows[-1].position if rows else after
-            return tuple(_step_record(r) for r in rows), last, more
+        with self._read() as conn:
+            rows = conn.execute(_CHANGED_STEPS, {
+                "k_run_id": run_id, "k_after": after, "k_since": since, "k_upto": upto,
+                "k_limit": limit + 1}).all()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        last = rows[-1].position if rows else after
+        return tuple(_step_record(r) for r in rows), last, more
 
     def request(self, run_id: str) -> RunRequest:
         """What the run was submitted with (its workflow decoded)."""
-        with session_scope(self._sessions) as session:
-            row = self._row(session, run_id)
-            with _damaged(run_id, "request"):
-                wf = (codec.workflow_from_proto(common_workflow(row.request))
-                      if row.request is not None else None)
-                options = RunOptions.from_json(json.loads(row.options))
-            return RunRequest(wf, row.text, options, row.template)
+        with self._read() as conn:
+            row = conn.execute(sa.select(_RUNS.c.request, _RUNS.c.text, _RUNS.c.options,
+                                         _RUNS.c.template)
+                               .where(_RUNS.c.run_id == run_id)).one_or_none()
+        if row is None:
+            raise NotFoundError(f"run {run_id!r} does not exist")
+        with _damaged(run_id, "request"):
+            wf = (codec.workflow_from_proto(common_workflow(row.request))
+                  if row.request is not None else None)
+            options = RunOptions.from_json(json.loads(row.options))
+        return RunRequest(wf, row.text, options, row.template)
 
     def options(self, run_id: str) -> RunOptions:
         """The options the run was submitted with (without decoding its workflow)."""
-        with session_scope(self._sessions) as session:
-            options = session.scalar(sa.select(RunRow.options).where(RunRow.run_id == run_id))
-            if options is None:
-                raise NotFoundError(f"run {run_id!r} does not exist")
-            with _damaged(run_id, "options"):
-                return RunOptions.from_json(json.loads(options))
+        with self._read() as conn:
+            options = conn.scalar(sa.select(_RUNS.c.options).where(_RUNS.c.run_id == run_id))
+        if options is None:
+            raise NotFoundError(f"run {run_id!r} does not exist")
+        with _damaged(run_id, "options"):
+            return RunOptions.from_json(json.loads(options))
 
     def plan(self, run_id: str) -> Plan | None:
         """The stored plan (None before the optimizer answered)."""
-        with session_scope(self._sessions) as session:
-            data = session.scalar(sa.select(RunRow.plan).where(RunRow.run_id == run_id))
+        with self._read() as conn:
+            data = conn.scalar(sa.select(_RUNS.c.plan).where(_RUNS.c.run_id == run_id))
             if data is None:
-                self._row(session, run_id)  # NotFoundError for an unknown run
+                self._row(conn, run_id)  # NotFoundError for an unknown run
                 return None
-            with _damaged(run_id, "plan"):
-                return plan_from_proto(common_pb2.Plan.FromString(data))
+        with _damaged(run_id, "plan"):
+            return plan_from_proto(common_pb2.Plan.FromString(data))
 
     def update_run(self, run_id: str, *, expect: Iterable[RunState] | None = None,
                    state: RunState | None = None, workflow: str | None = None,
@@ -554,113 +695,148 @@ class RunStore:
                    passes: Sequence[PassReport] | None = None, message: str | None = None,
                    started_at: float | None = _UNSET, finished_at: float | None = _UNSET,
                    retries: int | None = None, clear_steps: bool = False,
-                   emit: Sequence[EventKind] = ()) -> Run | None:
+                   emit: Sequence[EventKind] = (), encoded_plan: bytes | None = None
+                   ) -> Run | None:
         """Change a run (revision + 1) and return the new record (without steps).
 
         With ``expect``, the change is made only while the run is in one of those states
         (checked under a row lock); otherwise nothing changes and None is returned.
         ``emit``: events reporting the change, committed with it (``submitted``,
-        ``finished``: they carry the new record).
+        ``finished``: they carry the new record). ``encoded_plan``: ``plan``'s protobuf
+        encoding when the caller has it (stored as given).
         """
-        with session_scope(self._sessions) as session:
-            row = self._row(session, run_id, lock=True)
+        with self._write() as conn:
+            row = self._row(conn, run_id, lock=True)
             if expect is not None and _run_state(row) not in set(expect):
                 return None
+            changes: dict[str, Any] = {}
             if state is not None:
-                row.state = state.value
+                changes["state"] = state.value
             if workflow is not None:
-                row.workflow = workflow
+                changes["workflow"] = workflow
             if workflow_digest is not None:
-                row.workflow_digest = workflow_digest
+                changes["workflow_digest"] = workflow_digest
             if plan is not None:
-                row.plan = plan_to_proto(plan).SerializeToString()
+                changes["plan"] = (encoded_plan if encoded_plan is not None
+                                   else plan_to_proto(plan).SerializeToString())
             if engine is not None:
-                row.engine = engine
+                changes["engine"] = engine
             if engine_run_id is not None:
-                row.engine_run_id = engine_run_id
+                changes["engine_run_id"] = engine_run_id
             if passes is not None:
-                row.passes = json.dumps([{"name": p.name, "changed": p.changed,
-                                          "notes": list(p.notes),
-                                          "duration_ms": p.duration_ms}
-                                         for p in map(bounded_report, passes)])
+                changes["passes"] = json.dumps([{"name": p.name, "changed": p.changed,
+                                                 "notes": list(p.notes),
+                                                 "duration_ms": p.duration_ms}
+                                                for p in map(bounded_report, passes)])
             if message is not None:
-                row.message = message
+                changes["message"] = message
             if started_at is not _UNSET:
-                row.started_at = started_at
+                changes["started_at"] = started_at
             if finished_at is not _UNSET:
-                row.finished_at = finished_at
+                changes["finished_at"] = finished_at
             if retries is not None:
-                row.retries = retries
+                changes["retries"] = retries
             if clear_steps:
-                session.execute(sa.delete(StepRow).where(StepRow.run_id == run_id))
-                row.step_count = row.cached_step_count = 0
-            row.revision += 1
-            session.flush()
+                conn.execute(sa.delete(_STEPS).where(_STEPS.c.run_id == run_id))
+                changes["step_count"] = changes["cached_step_count"] = 0
+            changes["revision"] = row.revision + 1
+            plan_data = changes.pop("plan", None)
+            for name, value in changes.items():
+                setattr(row, name, value)
+            if plan_data is not None:
+                conn.execute(_UPDATE_HEADER_PLAN, {**vars(row), "k_run_id": run_id,
+                                                   "plan": plan_data})
+            else:
+                self._save(conn, row)
             for kind in emit:
-                self._emit(session, row, kind)
+                self._emit(conn, row, kind)
             return _run_record(row)
 
-    def emit(self, run_id: str, kind: EventKind) -> None:
+    def emit(self, run_id: str, kind: EventKind) -> Run:
         """Queue an event carrying the run's current record (e.g. ``submitted`` again
-        after a restart: the bus drops it when the first one was stored)."""
-        with session_scope(self._sessions) as session:
-            self._emit(session, self._row(session, run_id), kind)
+        after a restart: the bus drops it when the first one was stored); the record."""
+        with self._write() as conn:
+            row = self._row(conn, run_id)
+            self._emit(conn, row, kind)
+            return _run_record(row)
 
     def put_steps(self, run_id: str, records: Sequence[StepRecord], *,
                   state: RunState | None = None, started_at: float | None = None,
-                  samples: Sequence[UtilizationSample] = ()) -> Run:
+                  samples: Sequence[UtilizationSample] = (),
+                  finish: Finish | None = None) -> Run:
         """Record the latest state of step executions, and their events, in one transaction.
 
         Every record takes a revision of its own (the run's revision + 1 each), in order;
         a step first seen takes that revision as its position. Each record's ``step``
         event (and each sample's ``utilization`` event) is queued in the same transaction.
         ``state`` moves the run along too (PENDING -> RUNNING), only from a non-terminal
-        state; ``started_at`` is set when the run has none. Returns the record without
-        steps.
+        state; ``started_at`` is set when the run has none. ``finish`` ends the run after
+        them (one more revision, and its ``finished`` event), as :meth:`update_run` with
+        ``expect`` would. Returns the record without steps.
         """
-        with session_scope(self._sessions) as session:
-            row = self._row(session, run_id, lock=True)
-            existing: dict[tuple[str, str], StepRow] = {}
+        with self._write() as conn:
+            row = self._row(conn, run_id, lock=True)
+            cached: dict[tuple[str, str], bool] = {}  # the steps stored: whether cached
             names = sorted({r.name for r in records})
             for i in range(0, len(names), _IN_CHUNK):
-                for step in session.scalars(sa.select(StepRow).where(
-                        StepRow.run_id == run_id,
-                        StepRow.name.in_(names[i:i + _IN_CHUNK]))):
-                    existing[(step.name, step.key)] = step
+                for name, key, was in conn.execute(_STEPS_STORED, {
+                        "k_run_id": run_id, "k_names": names[i:i + _IN_CHUNK]}):
+                    cached[(name, key)] = bool(was)
+            inserted: dict[tuple[str, str], dict[str, Any]] = {}
+            updated: dict[tuple[str, str], dict[str, Any]] = {}
             outbox: list[dict[str, Any]] = []
             now = time.time()
             trace = _current_trace()
             revision = row.revision
+            step_count = row.step_count or 0
+            cached_count = row.cached_step_count or 0
             for rec in records:
                 revision += 1
-                found = existing.get((rec.name, rec.key))
-                if found is not None:
-                    step = found
+                ident = (rec.name, rec.key)
+                values = _step_values(rec)
+                values["revision"] = revision
+                if ident in inserted:  # first seen earlier in this batch
+                    inserted[ident].update(values)
+                elif ident in cached:
+                    updated[ident] = {**values, "k_run_id": run_id, "k_name": rec.name,
+                                      "k_key": rec.key}
                 else:
-                    step = StepRow(run_id=run_id, name=rec.name, key=rec.key,
-                                   position=revision, cached=False)
-                    session.add(step)
-                    existing[(rec.name, rec.key)] = step
-                    row.step_count = (row.step_count or 0) + 1
-                was_cached = bool(step.cached)
-                _fill_step(step, rec)
-                step.revision = revision
-                row.cached_step_count = (row.cached_step_count or 0) + \
-                    int(bool(rec.cached)) - int(was_cached)
+                    inserted[ident] = {"run_id": run_id, "name": rec.name, "key": rec.key,
+                                       "position": revision, **values}
+                    step_count += 1
+                    cached[ident] = False
+                cached_count += int(bool(rec.cached)) - int(cached[ident])
+                cached[ident] = bool(rec.cached)
                 outbox.append(self._entry(row, EventKind.STEP, now,
                                           step_record_to_proto(rec).SerializeToString(), trace))
             for sample in samples:
                 outbox.append(self._entry(row, EventKind.UTILIZATION, now,
                                           utilization_sample_to_proto(sample)
                                           .SerializeToString(), trace))
-            if state is not None and not _run_state(row).terminal:
-                row.state = state.value
+            if inserted:
+                conn.execute(_INSERT_STEP, list(inserted.values()))
+            if updated:
+                conn.execute(_UPDATE_STEP, list(updated.values()))
+            changes: dict[str, Any] = {"step_count": step_count,
+                                       "cached_step_count": cached_count,
+                                       "revision": max(revision, row.revision + 1)}
+            now_state = _run_state(row)
+            if state is not None and not now_state.terminal:
+                changes["state"], now_state = state.value, state
             if started_at is not None and row.started_at is None:
-                row.started_at = started_at
-            row.revision = max(revision, row.revision + 1)
-            session.flush()
+                changes["started_at"] = started_at
+            ending = finish is not None and now_state in finish.expect
+            if finish is not None and ending:
+                changes.update(state=finish.state.value, message=finish.message,
+                               finished_at=finish.finished_at,
+                               revision=changes["revision"] + 1)
+            for name, value in changes.items():
+                setattr(row, name, value)
+            self._save(conn, row)
             if outbox:
-                session.execute(sa.insert(OutboxRow), outbox)
+                self._queue(conn, outbox)
+            if ending:
+                self._emit(conn, row, EventKind.FINISHED)
             return _run_record(row)
 
     def put_step(self, run_id: str, rec: StepRecord, *, state: RunState | None = None,
@@ -671,41 +847,71 @@ class RunStore:
     def runs_in(self, states: Iterable[RunState]) -> list[Run]:
         """Every run in one of ``states``, oldest first (without steps)."""
         values = [s.value for s in states]
-        with session_scope(self._sessions) as session:
-            rows = session.scalars(sa.select(RunRow).where(RunRow.state.in_(values))
-                                   .order_by(RunRow.created_at, RunRow.run_id)).all()
-            return [_run_record(r) for r in rows]
+        with self._read() as conn:
+            rows = conn.execute(sa.select(*_HEADER_COLUMNS).where(_RUNS.c.state.in_(values))
+                                .order_by(_RUNS.c.created_at, _RUNS.c.run_id)).all()
+        return [_run_record(r) for r in rows]
 
     def list_runs(self, *, workflow: str = "", states: Iterable[RunState] = (),
                   limit: int = 50, offset: int = 0) -> tuple[list[Run], bool]:
         """Runs newest first from ``offset`` (without steps; counted); ``(runs, more)``."""
-        query = sa.select(RunRow)
+        query = sa.select(*_HEADER_COLUMNS)
         if workflow:
-            query = query.where(RunRow.workflow == workflow)
+            query = query.where(_RUNS.c.workflow == workflow)
         values = [s.value for s in states]
         if values:
-            query = query.where(RunRow.state.in_(values))
-        query = query.order_by(RunRow.created_at.desc(), RunRow.run_id.desc())
-        with session_scope(self._sessions) as session:
-            rows = session.scalars(query.offset(offset).limit(limit + 1)).all()
-            return [_run_record(r) for r in rows[:limit]], len(rows) > limit
+            query = query.where(_RUNS.c.state.in_(values))
+        query = query.order_by(_RUNS.c.created_at.desc(), _RUNS.c.run_id.desc())
+        with self._read() as conn:
+            rows = conn.execute(query.offset(offset).limit(limit + 1)).all()
+        return [_run_record(r) for r in rows[:limit]], len(rows) > limit
 
     # ------------------------------------------------------------------ outbox
 
     def pending_events(self, limit: int, *, after: int = 0) -> list[OutboxEntry]:
         """The oldest ``limit`` events waiting to be published (id > ``after``)."""
-        with session_scope(self._sessions) as session:
-            rows = session.scalars(sa.select(OutboxRow).where(OutboxRow.id > after)
-                                   .order_by(OutboxRow.id).limit(limit)).all()
-            return [OutboxEntry(r.id, r.run_id, r.kind, r.workflow, r.engine, r.retries,
-                                r.payload or b"", _trace(r.trace), r.attempts) for r in rows]
+        with self._read() as conn:
+            return self._pending(conn, limit, after)
 
-    def published(self, ids: Sequence[int]) -> None:
-        """Delete the events JetStream stored."""
-        with session_scope(self._sessions) as session:
-            for i in range(0, len(ids), _IN_CHUNK):
-                session.execute(sa.delete(OutboxRow).where(
-                    OutboxRow.id.in_(ids[i:i + _IN_CHUNK])))
+    def published(self, ids: Sequence[int], *, requested: Sequence[str] = ()) -> list[Run]:
+        """Delete the events JetStream stored; the runs of ``requested`` (their requested
+        event was among them) move from ACCEPTED to PLANNING in the same transaction.
+        Returns the records of the runs that moved."""
+        with self._write() as conn:
+            return self._published(conn, ids, requested)
+
+    def next_events(self, limit: int, *, published: Sequence[int] = (),
+                    requested: Sequence[str] = ()) -> tuple[list[Run], list[OutboxEntry]]:
+        """:meth:`published` (when ``published`` names events) and then
+        :meth:`pending_events` in one transaction: ``(runs moved, events waiting)``."""
+        if not published:
+            return [], self.pending_events(limit)
+        with self._write() as conn:
+            moved = self._published(conn, published, requested)
+            return moved, self._pending(conn, limit, 0)
+
+    @staticmethod
+    def _pending(conn: sa.Connection, limit: int, after: int) -> list[OutboxEntry]:
+        rows = conn.execute(_PENDING, {"k_after": after, "k_limit": limit}).all()
+        return [OutboxEntry(r.id, r.run_id, r.kind, r.workflow, r.engine, r.retries,
+                            r.payload or b"", _trace(r.trace), r.attempts) for r in rows]
+
+    @staticmethod
+    def _published(conn: sa.Connection, ids: Sequence[int],
+                   requested: Sequence[str]) -> list[Run]:
+        moved: list[Run] = []
+        for i in range(0, len(ids), _IN_CHUNK):
+            conn.execute(_DELETE_OUTBOX, {"k_ids": list(ids[i:i + _IN_CHUNK])})
+        for run_id in requested:
+            found = conn.execute(_SELECT_HEADER_LOCKED, {"k_run_id": run_id}).one_or_none()
+            if found is None or found.state != RunState.ACCEPTED.value:
+                log.debug("run %s: left ACCEPTED before planning was recorded", run_id)
+                continue
+            row = SimpleNamespace(**found._mapping)
+            row.state, row.revision = RunState.PLANNING.value, row.revision + 1
+            RunStore._save(conn, row)
+            moved.append(_run_record(row))
+        return moved
 
     def failed_attempt(self, event_id: int, error: str) -> int:
         """Count a failed attempt to publish event ``event_id``; the attempts so far."""
@@ -743,28 +949,26 @@ class RunStore:
     def requeue_unrequested(self) -> int:
         """Queue ``requested`` for ACCEPTED runs that have none queued (runs accepted by a
         version without the outbox); how many."""
-        with session_scope(self._sessions) as session:
-            queued = sa.select(OutboxRow.run_id).where(
-                OutboxRow.kind == EventKind.REQUESTED.value)
-            rows = session.scalars(sa.select(RunRow).where(
-                RunRow.state == RunState.ACCEPTED.value, RunRow.run_id.not_in(queued))).all()
+        queued = sa.select(_OUTBOX.c.run_id).where(_OUTBOX.c.kind == EventKind.REQUESTED.value)
+        with self._write() as conn:
+            rows = conn.execute(sa.select(*_HEADER_COLUMNS).where(
+                _RUNS.c.state == RunState.ACCEPTED.value, _RUNS.c.run_id.not_in(queued))).all()
             for row in rows:
-                self._emit(session, row, EventKind.REQUESTED)
+                self._emit(conn, row, EventKind.REQUESTED)
             return len(rows)
 
     @staticmethod
-    def _entry(row: RunRow, kind: EventKind, now: float, payload: bytes | None,
+    def _entry(row: _Fields, kind: EventKind, now: float, payload: bytes | None,
                trace: str = "") -> dict[str, Any]:
         return {"run_id": row.run_id, "kind": kind.value, "workflow": row.workflow,
                 "engine": row.engine, "retries": row.retries, "payload": payload,
                 "trace": trace, "created_at": now, "attempts": 0, "last_error": ""}
 
-    def _emit(self, session: Session, row: RunRow, kind: EventKind) -> None:
+    def _emit(self, conn: sa.Connection, row: _Fields, kind: EventKind) -> None:
         payload = None
         if kind in (EventKind.SUBMITTED, EventKind.FINISHED):
             payload = run_to_proto(_run_record(row)).SerializeToString()
-        session.execute(sa.insert(OutboxRow),
-                        [self._entry(row, kind, time.time(), payload, _current_trace())])
+        self._queue(conn, [self._entry(row, kind, time.time(), payload, _current_trace())])
 
     # ------------------------------------------------------------------ templates
 
@@ -825,11 +1029,19 @@ class RunStore:
     # ------------------------------------------------------------------ helpers
 
     @staticmethod
-    def _row(session: Session, run_id: str, *, lock: bool = False) -> RunRow:
-        row = session.get(RunRow, run_id, with_for_update=lock)
-        if row is None:
+    def _save(conn: sa.Connection, row: SimpleNamespace) -> None:
+        """Write ``row`` (read by :meth:`_row`, then changed) back whole."""
+        conn.execute(_UPDATE_HEADER, {**vars(row), "k_run_id": row.run_id})
+
+    @staticmethod
+    def _row(conn: sa.Connection, run_id: str, *, lock: bool = False) -> SimpleNamespace:
+        """The run's row without its two large columns (a namespace a writer may change);
+        NotFoundError for an unknown run."""
+        found = conn.execute(_SELECT_HEADER_LOCKED if lock else _SELECT_HEADER,
+                             {"k_run_id": run_id}).one_or_none()
+        if found is None:
             raise NotFoundError(f"run {run_id!r} does not exist")
-        return row
+        return SimpleNamespace(**found._mapping)
 
     @staticmethod
     def _template(row: TemplateRow) -> Template:

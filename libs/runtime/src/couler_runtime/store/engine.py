@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from couler.errors import ConflictError, RetryableError, UserError
 from couler_runtime.settings import redact_url
 
-__all__ = ["make_engine", "make_session_factory", "normalize_url", "session_scope"]
+__all__ = ["connection_scope", "is_local", "make_engine", "make_session_factory",
+           "normalize_url", "session_scope"]
 
 _PG_ALIASES = ("postgres://", "postgresql://", "postgresql+psycopg2://")
 
@@ -78,6 +79,15 @@ def make_engine(url: str | URL, *, busy_timeout: float = 10.0, echo: bool = Fals
     return create_engine(parsed, echo=echo, pool_pre_ping=True)
 
 
+def is_local(engine: Engine) -> bool:
+    """Whether ``engine`` is SQLite: a file on this machine, reached without a network round
+    trip, committed without an fsync (WAL, ``synchronous=NORMAL``). A short transaction
+    there costs a fraction of a millisecond of CPU -- less than handing it to a worker
+    thread and back -- so a service may run its short transactions on its event loop
+    (PostgreSQL's go to a worker thread: a round trip would stall the loop)."""
+    return engine.dialect.name == "sqlite"
+
+
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     """A session factory whose objects stay readable after commit."""
     return sessionmaker(engine, expire_on_commit=False)
@@ -111,3 +121,25 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+@contextmanager
+def connection_scope(engine: Engine) -> Iterator[Connection]:
+    """One transaction on a Core connection (no ORM unit of work: for hot paths), with
+    :func:`session_scope`'s errors: committed when the block ends, rolled back if it raises.
+
+    Raises:
+        ConflictError: A constraint was violated (unique key, foreign key, ...).
+        RetryableError: The database was unreachable, restarted or locked.
+    """
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except IntegrityError as e:
+        raise ConflictError(f"database constraint violated: {e.orig}") from e
+    except OperationalError as e:
+        raise RetryableError(f"database unavailable: {e.orig}") from e
+    except SQLAlchemyError as e:
+        if getattr(e, "connection_invalidated", False):
+            raise RetryableError(f"database connection lost: {e}") from e
+        raise
