@@ -25,7 +25,6 @@ another's event by sending first.
 from __future__ import annotations
 
 import base64
-import contextlib
 import datetime
 import hashlib
 import hmac
@@ -34,7 +33,6 @@ import json
 import os
 import secrets
 import ssl
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +50,7 @@ from couler_runtime.bus_access import (
     launcher_identity,
     nats_permissions,
 )
+from couler_runtime.private_files import check_private, write_private
 
 __all__ = [
     "HEADER_SIGNATURE",
@@ -146,15 +145,12 @@ class BusIdentity:
             UserError: The file is missing, unreadable, too open or not a seed.
         """
         p = Path(path)
+        check_private(p, f"bus identity {name!r}: seed file")
         try:
-            mode = p.stat().st_mode
             seed = p.read_bytes().strip()
         except OSError as exc:
             raise UserError(f"bus identity {name!r}: cannot read its seed file {p}: "
                             f"{exc.strerror or exc}") from None
-        if mode & 0o077:
-            raise UserError(f"bus identity {name!r}: seed file {p} is readable by others "
-                            f"(mode {mode & 0o777:o}); chmod 600 it")
         try:
             return cls(name, seed)
         except KeyError as exc:
@@ -237,22 +233,6 @@ class Trust:
         except (ValueError, TypeError, nacl.exceptions.BadSignatureError):
             return False
         return True
-
-
-def write_private(path: Path, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` atomically, readable by its owner only (0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(raw)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ from couler.errors import ConflictError, NotFoundError, UserError
 from couler_runtime.bus import Bus
 from couler_runtime.bus_access import STREAMS, inbox_prefix, launcher_identity
 from couler_runtime.bus_keys import BusFiles, BusIdentity
+from couler_runtime.private_files import check_private, write_private
 from couler_runtime.supervisor import (
     RESTARTING,
     RUNNING,
@@ -142,15 +143,7 @@ def check_secrets_file(path: str | os.PathLike[str]) -> Path:
         UserError: It does not exist, is not a regular file, or others may read it.
     """
     p = Path(path).expanduser().resolve()
-    try:
-        st = p.stat()
-    except OSError as exc:
-        raise UserError(f"secrets file {p}: {exc.strerror or exc}") from None
-    if not p.is_file():
-        raise UserError(f"secrets file {p} is not a regular file")
-    if st.st_mode & 0o077:
-        raise UserError(f"secrets file {p} is readable by others (mode "
-                        f"{st.st_mode & 0o777:o}); chmod 600 {p}")
+    check_private(p, "secrets file")
     return p
 
 
@@ -222,11 +215,7 @@ def _read(path: Path) -> StackInfo | None:
 def _save(path: Path, info: StackInfo) -> None:
     """Write the state file atomically, readable by its owner only (it holds the token)."""
     info.pids = {n: r.pid for n, r in info.processes.items() if r.pid}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(json.dumps(asdict(info), indent=2) + "\n")
-    os.replace(tmp, path)
+    write_private(path, json.dumps(asdict(info), indent=2) + "\n")
 
 
 def _tail(path: Path, lines: int = 20) -> str:

@@ -39,6 +39,7 @@ from couler import ir
 from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, StepStatus
 from couler.errors import NotFoundError, UserError
 from couler_runtime.local import LocalEngine, LocalRun, Reuse
+from couler_runtime.private_files import check_private
 
 __all__ = [
     "KNOWN_ENGINES",
@@ -200,14 +201,7 @@ class LocalRunner:
             return {}
         from couler.cli import read_secrets_file
 
-        try:
-            mode = self.secrets_file.stat().st_mode
-        except OSError as exc:
-            raise UserError(f"COULER_SECRETS_FILE {str(self.secrets_file)!r}: "
-                            f"{exc.strerror or exc}") from None
-        if mode & 0o077:
-            raise UserError(f"COULER_SECRETS_FILE {str(self.secrets_file)!r} is readable by "
-                            f"others (mode {mode & 0o777:o}); chmod 600 it")
+        check_private(self.secrets_file, "COULER_SECRETS_FILE")
         return read_secrets_file(str(self.secrets_file))
 
     def run_dir(self, run_id: str) -> Path:
