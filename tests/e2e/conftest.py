@@ -23,7 +23,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +40,7 @@ from couler_runtime.bus_keys import BusFiles
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import Run
 from couler_runtime.supervisor import ProcessRecord
+from tests.waiting import eventually as wait_until
 
 M = TypeVar("M", bound=Message)
 PY = "python:3.12-alpine"
@@ -242,14 +243,6 @@ def wait_finished(client: CoulerClient, run_ids: Iterable[str],
     return done
 
 
-def wait_until(check: Callable[[], bool], what: str, deadline: float = 30.0) -> None:
-    end = time.monotonic() + deadline
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"{what}: not within {deadline:.0f} s")
-        time.sleep(0.1)
-
-
 # ----------------------------------------------------------------------------- workflows
 
 
@@ -355,6 +348,29 @@ async def connect_as(home: Path, identity: str = "admin", **kw: Any) -> Any:
     return await nats.connect(info.nats_url, nkeys_seed_str=me.seed.decode(),
                               inbox_prefix=me.inbox_prefix,
                               **({"tls": tls} if tls is not None else {}), **kw)
+
+
+def _submitter_db(home: Path, sql: str) -> list[tuple[Any, ...]]:
+    import sqlite3
+
+    db = home / "state" / "submitter.db"
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def outbox_rows(home: Path) -> int:
+    """Events the stack's submitter committed and has not yet had JetStream store (its
+    transactional outbox): a run's record can be final before its events are out."""
+    return int(_submitter_db(home, "SELECT count(*) FROM submitter_outbox")[0][0])
+
+
+def outbox_set_aside(home: Path) -> list[str]:
+    """The events the submitter's outbox gave up on: ``run kind: reason``."""
+    return [f"{run} {kind}: {reason}" for run, kind, reason in _submitter_db(
+        home, "SELECT run_id, kind, reason FROM submitter_outbox_dead")]
 
 
 def stored_events(home: Path, subject: str, message: type[M]) -> list[tuple[str, M]]:

@@ -60,6 +60,8 @@ from .conftest import (
     marked_source,
     marked_workflow,
     marks,
+    outbox_rows,
+    outbox_set_aside,
     restarted,
     script,
     stored_events,
@@ -101,6 +103,8 @@ def _submit_batch(live: Stack, marks_root: Path, *, programs: int = 2, texts: in
 
 def _check(live: Stack, runs: dict[str, Path | None], killed: str) -> None:
     finished = wait_finished(live.client, runs)
+    # the records are final; their events leave the outbox after (NATS may be back just now)
+    wait_until(lambda: outbox_rows(live.home) == 0, "the submitter's outbox drained")
     problems: list[str] = []
     for run_id, run in finished.items():
         problems += _check_run(live, run, runs[run_id], crash=killed == "submitter")
@@ -127,6 +131,7 @@ def _check(live: Stack, runs: dict[str, Path | None], killed: str) -> None:
             if n != 1:
                 problems.append(f"{run_id}: step {step.name}[{step.key}]: {n} "
                                 "couler.step.succeeded events")
+    problems += [f"set aside: {x}" for x in outbox_set_aside(live.home)]
     assert problems == [], f"after killing {killed}:\n" + "\n".join(problems)
 
 

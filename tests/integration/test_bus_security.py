@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from couler_runtime.bus import HEADER_PAYLOAD, Bus, Event
 from couler_runtime.bus_access import GRANTS, SERVICES, deadletter_subject, owners
 from couler_runtime.bus_keys import HEADER_SIGNATURE, HEADER_SIGNER, BusFiles
 from tests.servers import NatsServer, SecureNatsServer
+from tests.waiting import aeventually, nkey_client
 
 pytestmark = pytest.mark.anyio
 
@@ -43,23 +44,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.02)
-
-
 async def raw(server: SecureNatsServer, identity: str, errors: list[str]) -> Any:
     """A plain nats-py client connected as ``identity``, collecting async errors."""
-    async def on_error(e: Exception) -> None:
-        errors.append(str(e))
-
-    return await nats.connect(
-        server.url, nkeys_seed=str(server.files.seed_file(identity)),
-        inbox_prefix=f"_INBOX.{identity}", error_cb=on_error, allow_reconnect=False,
-        tls=server.files.client_tls())
+    return await nkey_client(server.url, server.files.seed_file(identity), identity, errors,
+                             tls=server.files.client_tls())
 
 
 async def stream_counts(server: SecureNatsServer) -> dict[str, int]:
@@ -107,7 +95,7 @@ async def test_each_identity_publishes_only_what_it_owns(secure_nats: SecureNats
         for subject in foreign:
             await nc.publish(subject, b"forged")
         await nc.flush()
-        await eventually(lambda: len(errors) >= len(foreign), f"{identity}: every violation")
+        await aeventually(lambda: len(errors) >= len(foreign), f"{identity}: every violation")
         for subject in foreign:
             assert any(f'permissions violation for publish to "{subject}"' in e
                        for e in errors), (identity, subject, errors)
@@ -149,7 +137,7 @@ async def test_no_identity_may_administer_or_eavesdrop(secure_nats: SecureNatsSe
         await nc.subscribe("couler.>")
         await nc.subscribe("_INBOX.>")
         await nc.flush()
-        await eventually(lambda: sum("permissions violation" in e for e in errors) >= 6,
+        await aeventually(lambda: sum("permissions violation" in e for e in errors) >= 6,
                          f"{identity}: six violations")
         text = "\n".join(errors).lower()
         for what in ("publish to \"$js.api.stream.delete.couler_launch\"",
@@ -190,7 +178,7 @@ async def test_each_service_can_run_all_its_consumers(secure_nats: SecureNatsSer
                 wanted[c.durable] = owner
                 await buses[owner].publish(subject, StringValue(value=c.durable),
                                            msg_id=uuid.uuid4().hex)
-        await eventually(lambda: set(wanted) <= set(got), "every consumer got its message")
+        await aeventually(lambda: set(wanted) <= set(got), "every consumer got its message")
         for durable, owner in wanted.items():
             assert got[durable].signer == owner
     finally:
@@ -258,7 +246,7 @@ async def test_unsigned_and_foreign_messages_are_refused(open_nats: NatsServer,
                              run_id="r1")
         await optimizer.publish(subject, StringValue(value="the owner"), msg_id="d",
                                 run_id="r1")
-        await eventually(lambda: len(got) == 1, "the owner's message")
+        await aeventually(lambda: len(got) == 1, "the owner's message")
         assert got[0].message.value == "the owner" and got[0].signer == "optimizer"
         letters: list[events_pb2.DeadLetter] = []
 
@@ -295,8 +283,9 @@ async def test_a_tampered_body_is_refused(open_nats: NatsServer, tmp_path: Path)
             captured.append(m)
 
         spy = await nc.subscribe(subject, cb=keep)
+        await nc.flush()  # the server has the subscription before the publish
         await optimizer.publish(subject, StringValue(value="plan A"), msg_id="x")
-        await eventually(lambda: len(captured) == 1 and len(got) == 1, "delivered")
+        await aeventually(lambda: len(captured) == 1 and len(got) == 1, "delivered")
         await spy.unsubscribe()
         original = captured[0]
         headers = dict(original.headers)
@@ -371,7 +360,7 @@ async def test_large_bodies_travel_by_reference(secure_nats: SecureNatsServer,
         small = await producer.publish("couler.workflow.requested",
                                        StringValue(value="small"), msg_id=uuid.uuid4().hex)
         assert result.sequence and small.sequence
-        await eventually(lambda: len(got) >= 2, "both delivered")
+        await aeventually(lambda: len(got) >= 2, "both delivered")
         by_value = {len(e.message.value): e for e in got}
         assert by_value[len(big)].message.value == big
         assert by_value[len(big)].headers[HEADER_PAYLOAD].startswith("sha256:")
@@ -460,7 +449,7 @@ async def test_tls_bus(secure_nats_tls: SecureNatsServer, tmp_path: Path) -> Non
                                  StringValue, handle)
         await producer.publish("couler.workflow.requested", StringValue(value="over tls"),
                                msg_id=uuid.uuid4().hex)
-        await eventually(lambda: any(e.message.value == "over tls" for e in got), "delivery")
+        await aeventually(lambda: any(e.message.value == "over tls" for e in got), "delivery")
     finally:
         await consumer.close()
         await producer.close()

@@ -10,6 +10,7 @@ cache instance runs at a time, because instances share the durable consumer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import nats
+import nats.js.errors
 import pytest
 from google.protobuf.message import Message
 
@@ -104,6 +107,9 @@ def artifacts(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
 def start(nats_server: NatsServer, tmp_path: Path) -> Iterator[Starter]:
     """Start a cache service (stopped at teardown): ``start(database_url=..., ...)``."""
     running: list[Cache] = []
+    # The session's NATS carries other modules' step events; this module's caches start
+    # from an empty step stream so that only its own commits are counted.
+    asyncio.run(_purge_steps(nats_server.url))
 
     def starter(**overrides: Any) -> Cache:
         values: dict[str, Any] = {
@@ -122,6 +128,15 @@ def start(nats_server: NatsServer, tmp_path: Path) -> Iterator[Starter]:
     for cache in running:
         cache.client.close()
         cache.service.stop()
+
+
+async def _purge_steps(url: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await nc.jetstream().purge_stream("COULER_STEP")
+    finally:
+        await nc.close()
 
 
 def stop(cache: Cache) -> None:

@@ -20,7 +20,7 @@ from couler_monitor.dashboard import DashboardServer, create_app
 from couler_monitor.service import Monitor
 from couler_monitor.store import MonitorStore
 from couler_runtime.rpc.records import Recommendation, Run, Utilization
-from tests.integration.test_rpc import LoopThread
+from tests.integration.loop_thread import LoopThread
 
 TOKEN = "dashboard-hardening-token-4d1e"
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -62,13 +62,6 @@ class Dashboard:
         """GET with ``target`` sent as it is (httpx would resolve ``//host/`` itself)."""
         url = httpx.URL(self.url).copy_with(raw_path=target)
         return http.send(http.build_request("GET", url, **kw))
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[LoopThread]:
-    lt = LoopThread()
-    yield lt
-    lt.close()
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -43,48 +42,9 @@ from couler_runtime.rpc import (
 )
 from couler_runtime.rpc.errors import INTERNAL_MESSAGE
 from couler_runtime.rpc.records import RunState
+from tests.integration.loop_thread import LoopThread
 
-T = TypeVar("T")
 TOKEN = "test-token-7f3a"
-
-
-class LoopThread:
-    """An asyncio loop in a daemon thread; ``run`` executes a coroutine on it."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        # The timeout only keeps a broken test from hanging the suite.
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[LoopThread]:
-    lt = LoopThread()
-    yield lt
-    lt.close()
-
-
-@pytest.fixture
-def serve(loop: LoopThread) -> Iterator[Callable[..., RpcServer]]:
-    started: list[RpcServer] = []
-
-    def start(servicers: Mapping[str, object], **kw: Any) -> RpcServer:
-        server = loop.run(start_server("127.0.0.1:0", servicers, **kw))
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        loop.run(server.stop(None))
 
 
 def address(server: RpcServer) -> str:

@@ -28,7 +28,8 @@ from couler_runtime import codec
 from couler_runtime.client import CoulerClient, Generated, Submission
 from couler_runtime.rpc import SERVICES, RpcServer, start_server
 from couler_runtime.rpc import records as r
-from tests.integration.test_rpc import TOKEN, LoopThread
+from tests.integration.loop_thread import LoopThread
+from tests.integration.test_rpc import TOKEN
 from tests.ir_strategies import workflows
 
 
@@ -232,13 +233,6 @@ class Stack:
 
     def servicers(self) -> dict[str, object]:
         return {SERVICES[name]: getattr(self, name) for name in SERVICES}
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[LoopThread]:
-    lt = LoopThread()
-    yield lt
-    lt.close()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,8 @@ from couler_runtime.rpc.server import (
     ErrorInterceptor,
     TokenInterceptor,
 )
-from tests.integration.test_rpc import LoopThread, address
+from tests.integration.loop_thread import LoopThread
+from tests.integration.test_rpc import address
 
 TOKEN = "hardening-token-91c2"
 MI = 1024 * 1024
@@ -68,27 +69,6 @@ CLIENT_STREAMING = [
     for m in descriptor_pool.Default().FindServiceByName(service).methods
     if m.client_streaming
 ]
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[LoopThread]:
-    lt = LoopThread()
-    yield lt
-    lt.close()
-
-
-@pytest.fixture
-def serve(loop: LoopThread) -> Iterator[Callable[..., RpcServer]]:
-    started: list[RpcServer] = []
-
-    def start(servicers: Mapping[str, object], **kw: Any) -> RpcServer:
-        server = loop.run(start_server("127.0.0.1:0", servicers, **kw))
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        loop.run(server.stop(None))
 
 
 def raw_call(channel: grpc.Channel, service: str, method: str, streaming: bool,

@@ -8,16 +8,14 @@ the stack's streams hold through the admin identity.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 
 from couler_runtime import stack
@@ -26,6 +24,7 @@ from couler_runtime.bus_keys import BusFiles
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import Run
 from tests.e2e.conftest import leftovers
+from tests.waiting import nkey_client
 
 DEADLINE = 90.0
 
@@ -55,13 +54,8 @@ class Stack:
 
     async def raw(self, identity: str, errors: list[str]) -> Any:
         """A plain nats-py client with ``identity``'s seed, collecting async errors."""
-        async def on_error(e: Exception) -> None:
-            errors.append(str(e))
-
-        return await nats.connect(
-            self.nats_url, nkeys_seed=str(self.files.seed_file(identity)),
-            inbox_prefix=f"_INBOX.{identity}", error_cb=on_error, allow_reconnect=False,
-            tls=self.files.client_tls())
+        return await nkey_client(self.nats_url, self.files.seed_file(identity), identity,
+                                 errors, tls=self.files.client_tls())
 
     @contextlib.asynccontextmanager
     async def admin(self) -> AsyncIterator[Bus]:
@@ -97,22 +91,6 @@ class Stack:
             if run.state.terminal or time.monotonic() > end:
                 return run
             time.sleep(0.2)
-
-
-def eventually(check: Callable[[], bool], what: str, deadline: float = 30.0) -> None:
-    end = time.monotonic() + deadline
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"{what}: not within {deadline:.0f} s")
-        time.sleep(0.1)
-
-
-async def aeventually(check: Callable[[], bool], what: str, deadline: float = 30.0) -> None:
-    end = asyncio.get_running_loop().time() + deadline
-    while not check():
-        if asyncio.get_running_loop().time() > end:
-            raise AssertionError(f"{what}: not within {deadline:.0f} s")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
