@@ -352,7 +352,7 @@ async def test_restart_mid_stream_loses_nothing_and_repeats_only_unconfirmed_ack
         nats_server.restart()
         await producer
         await aeventually(lambda: len({v for v, _, _ in handled}) == total, "all handled",
-                         timeout=60)
+                         deadline=60)
         await settled(bus, "COULER_STEP", durable)
         values = [v for v, _, _ in handled]
         assert sorted(set(values)) == [f"m{i:03}" for i in range(total)]

@@ -185,8 +185,9 @@ class Outcome:
     """What a test's publishes led to."""
 
     feedback: list[tuple[Recommendation, dict[str, str]]] = field(default_factory=list)
-    terminated: set[int] = field(default_factory=set)  # stream seqs the consumers terminated
-    sequences: list[int] = field(default_factory=list)
+    # (stream, sequence) of the messages the consumers terminated / of those published here
+    terminated: set[tuple[str, int]] = field(default_factory=set)
+    sequences: list[tuple[str, int]] = field(default_factory=list)
 
 
 Publish = tuple[str, Message, str]  # subject, body, msg id
@@ -221,7 +222,8 @@ async def _exchange(nats: NatsServer, publishes: Sequence[Publish],
         out.feedback.append((recommendation_from_proto(rec), dict(msg.headers or {})))
 
     async def terminated(msg: Any) -> None:
-        out.terminated.add(json.loads(msg.data)["stream_seq"])
+        advisory = json.loads(msg.data)
+        out.terminated.add((advisory["stream"], advisory["stream_seq"]))
 
     subs = [await bus.client.subscribe(feedback_subject(wf), cb=collect) for wf in workflows]
     subs.append(await bus.client.subscribe(
@@ -231,7 +233,7 @@ async def _exchange(nats: NatsServer, publishes: Sequence[Publish],
         last: dict[tuple[str, str], int] = {}
         for subject, body, msg_id in publishes:
             got = await bus.publish(subject, body, msg_id=msg_id)
-            out.sequences.append(got.sequence)
+            out.sequences.append((got.stream, got.sequence))
             if not got.duplicate:
                 last[(got.stream, _durable(subject))] = got.sequence
         # Every message answered (acked or terminated) by its consumer: a bound, not a timing.

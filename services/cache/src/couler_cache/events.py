@@ -103,4 +103,4 @@ async def start_consumer(bus: Bus, cache: Cache, *, max_deliver: int = MAX_DELIV
     """Start the durable consumer of ``couler.step.succeeded``; ``bus.close()`` stops it."""
     return await bus.subscribe(SUCCEEDED, DURABLE, events_pb2.StepEvent,
                                batch_handler=StepSucceededHandler(cache),
-                               max_deliver=max_deliver)
+                               max_deliver=max_deliver, batch=100, linger=0.02)
