@@ -38,8 +38,9 @@ from couler_runtime.rpc.records import (
     recommendation_to_proto,
     run_to_proto,
 )
+from tests.waiting import aeventually, eventually
 
-from .conftest import Stack, aeventually, eventually
+from .conftest import Stack
 
 pytestmark = [pytest.mark.slow]
 
