@@ -398,3 +398,23 @@ def test_an_anonymous_body_under_the_limit_is_neither_buffered_nor_decoded() -> 
         assert err.code() is grpc.StatusCode.UNAUTHENTICATED
         assert err.details() == UNAUTHENTICATED_MESSAGE
         assert server.peak() - before < 16 * MI
+
+
+@pytest.mark.parametrize("path", [("couler.v1.SubmitterService", "DropAllRuns"),
+                                  ("couler.v1.NoSuchService", "Get"),
+                                  ("couler.v1.CacheService", "lookup")])
+def test_without_the_token_a_method_that_does_not_exist_is_unauthenticated_too(
+        every_service: tuple[RpcServer, InMemorySpanExporter], path: tuple[str, str]) -> None:
+    """Without the token nobody can probe which methods exist: an unknown method gets the
+    same UNAUTHENTICATED as a known one; with the token it is UNIMPLEMENTED."""
+    server, _ = every_service
+    service, method = path
+    with grpc.insecure_channel(address(server)) as channel:
+        for token in (None, "wrong"):
+            unknown = refused(lambda t=token: raw_call(channel, service, method, False, b"", t))
+            known = refused(lambda t=token: raw_call(channel, "couler.v1.SubmitterService",
+                                                     "Get", False, b"", t))
+            assert unknown.code() is known.code() is grpc.StatusCode.UNAUTHENTICATED
+            assert unknown.details() == known.details()
+        found = refused(lambda: raw_call(channel, service, method, False, b"", TOKEN))
+        assert found.code() is grpc.StatusCode.UNIMPLEMENTED

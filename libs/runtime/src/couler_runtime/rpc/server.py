@@ -362,32 +362,35 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
     ) -> Any:
         handler = await continuation(handler_call_details)
         if (
-            handler is None
-            or handler_call_details.method.startswith(_HEALTH_PREFIX)
+            handler_call_details.method.startswith(_HEALTH_PREFIX)
             or self.authorized(handler_call_details.invocation_metadata)
         ):
             return handler
+        # A method that does not exist is refused the same way: without the token,
+        # nobody learns which methods exist.
         return _refusal(handler)
 
 
-def _refusal(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+def _refusal(handler: grpc.RpcMethodHandler[Any, Any] | None
+             ) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler answering UNAUTHENTICATED without reading, let alone decoding, the request.
 
     Its request side is streaming whatever ``handler``'s is: grpc reads a unary request
     in full (up to the message limit) and hands it over before the behaviour runs, a
     streaming one only when the behaviour asks; this one never asks. A unary client
     cannot tell: the wire format is the same, and it gets the status. The response side
-    keeps ``handler``'s shape.
+    keeps ``handler``'s shape (unary for a method that does not exist: ``None``).
     """
 
     async def refuse(requests: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
 
-    if handler.response_streaming:
+    if handler is not None and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(
             refuse, request_deserializer=None, response_serializer=handler.response_serializer)
     return grpc.stream_unary_rpc_method_handler(
-        refuse, request_deserializer=None, response_serializer=handler.response_serializer)
+        refuse, request_deserializer=None,
+        response_serializer=handler.response_serializer if handler is not None else None)
 
 
 class TracingInterceptor(grpc.aio.ServerInterceptor):
