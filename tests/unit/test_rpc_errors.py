@@ -119,6 +119,18 @@ def test_retryable_and_user_errors_stay_apart() -> None:
     assert not isinstance(invalid, errors.RetryableError)
 
 
+def test_a_message_over_the_size_limit_is_a_user_error_not_a_retry() -> None:
+    """grpc answers RESOURCE_EXHAUSTED for a message over the limit: sending it again fails
+    the same way, so it is not retryable; any other exhaustion still is."""
+    too_large = error_from_status(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  "Received message larger than max (70000000 vs. 67108864)")
+    assert type(too_large) is errors.UserError
+    assert "70000000 vs. 67108864" in str(too_large)
+    assert "COULER_GRPC_MAX_MESSAGE_BYTES" in str(too_large) and "UploadWorkflow" in str(too_large)
+    busy = error_from_status(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many concurrent streams")
+    assert type(busy) is errors.RetryableError
+
+
 def test_token_check() -> None:
     check = TokenInterceptor("s3cret")
     assert check.authorized((("authorization", "Bearer s3cret"),))

@@ -56,6 +56,10 @@ _KINDS: dict[str, type[errors.CoulerError]] = {
     )
 }
 
+# grpc's words for a message over the size limit (either side's): RESOURCE_EXHAUSTED, but
+# not a shortage that passes.
+_TOO_LARGE = "larger than max"
+
 # Without an ErrorDetail (another server, or a status the server's grpc layer set).
 _BY_CODE: dict[grpc.StatusCode, type[errors.CoulerError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: errors.UserError,
@@ -128,6 +132,12 @@ def error_from_status(
         exc = cls(message)
     else:
         exc = _BY_CODE.get(code, errors.CoulerError)(message)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and _TOO_LARGE in message:
+        # A message over the size limit fails the same way however often it is sent.
+        message = (f"{message}: the message is over the gRPC size limit "
+                   "(COULER_GRPC_MAX_MESSAGE_BYTES); send a large workflow by reference "
+                   "(UploadWorkflow, what `couler submit` does) and read large runs by page")
+        exc = errors.UserError(message)
     exc.args = (message,)  # the server's words, whatever the constructor made of them
     return exc
 
