@@ -322,12 +322,15 @@ dns_configs = st.builds(
     searches=_tuples(texts),
     options=pairs,
 )
+se_linux_options = st.builds(ir.SELinuxOptions, user=texts, role=texts, type=texts,
+                             level=texts)
 security_contexts = st.builds(
     ir.SecurityContext,
     run_as_user=_opt(int64s),
     run_as_group=_opt(int64s),
     fs_group=_opt(int64s),
     run_as_non_root=_opt(bools),
+    se_linux_options=_opt(se_linux_options),
 )
 
 

@@ -11,14 +11,14 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from couler import ir
+from couler import ir, states
 from couler.api import *  # noqa: F403 - this module's purpose is to re-export the API
 from couler.api import __all__ as _api_all
 from couler.api.builder import WorkflowBuilder, current_builder
 from couler.errors import UserError
 
 __all__ = list(_api_all)
-__all__ += ["apply_cluster_config", "compile_ir", "delete", "workflow_yaml"]
+__all__ += ["apply_cluster_config", "compile_ir", "delete", "states", "workflow_yaml"]
 
 
 def workflow_yaml() -> dict[str, Any]:

@@ -10,6 +10,7 @@ cancelling come with the full engine adapter.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,27 @@ __all__ = ["ArgoSubmitter"]
 
 GROUP = "argoproj.io"
 VERSION = "v1alpha1"
+
+# The open-source SDK chose between a Python and a Go submission path with this variable;
+# its programs and tests set it. Both values are accepted here and submit the same way:
+# the Kubernetes API from Python (the SDK's Go path, a cgo library that also waited for the
+# workflow to finish, is not provided). Another value is refused.
+_SUBMITTER_IMPL_ENV_VAR_KEY = "SUBMITTER_IMPLEMENTATION"
+
+
+class _SubmitterImplTypes:
+    """The values of ``SUBMITTER_IMPLEMENTATION`` the open-source SDK knew."""
+
+    GO = "Go"
+    PYTHON = "Python"
+
+
+def _check_implementation() -> None:
+    chosen = os.environ.get(_SUBMITTER_IMPL_ENV_VAR_KEY, "")
+    if chosen and chosen not in (_SubmitterImplTypes.GO, _SubmitterImplTypes.PYTHON):
+        raise UserError(f"{_SUBMITTER_IMPL_ENV_VAR_KEY}={chosen!r}: expected "
+                        f"{_SubmitterImplTypes.PYTHON!r} or {_SubmitterImplTypes.GO!r} "
+                        "(both submit through the Kubernetes API)")
 
 
 class ArgoSubmitter:
@@ -68,6 +90,7 @@ class ArgoSubmitter:
         """
         from couler.argo import compile_ir
 
+        _check_implementation()
         doc = compile_ir(workflow_ir, cluster_config_file)
         custom, core = self._clients()
         for secret in secrets:

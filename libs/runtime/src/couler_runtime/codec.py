@@ -838,20 +838,27 @@ def _dns_from_proto(m: pb.DnsConfig) -> ir.DnsConfig:
 
 
 def _security_to_proto(v: ir.SecurityContext) -> pb.SecurityContext:
+    se = v.se_linux_options
     return pb.SecurityContext(
         run_as_user=v.run_as_user,
         run_as_group=v.run_as_group,
         fs_group=v.fs_group,
         run_as_non_root=v.run_as_non_root,
+        se_linux_options=(pb.SELinuxOptions(user=se.user, role=se.role, type=se.type,
+                                            level=se.level) if se is not None else None),
     )
 
 
 def _security_from_proto(m: pb.SecurityContext) -> ir.SecurityContext:
+    se = m.se_linux_options
     return ir.SecurityContext(
         run_as_user=m.run_as_user if m.HasField("run_as_user") else None,
         run_as_group=m.run_as_group if m.HasField("run_as_group") else None,
         fs_group=m.fs_group if m.HasField("fs_group") else None,
         run_as_non_root=m.run_as_non_root if m.HasField("run_as_non_root") else None,
+        se_linux_options=(ir.SELinuxOptions(user=se.user, role=se.role, type=se.type,
+                                            level=se.level)
+                          if m.HasField("se_linux_options") else None),
     )
 
 

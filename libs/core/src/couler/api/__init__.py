@@ -59,7 +59,7 @@ from couler.api.handles import ArtifactOutput, ParameterOutput, Secret, StepOutp
 from couler.api.options import Cache, ImagePullPolicy
 from couler.api.secrets import create_secret, get_secret, obtain_secret
 from couler.api.steps import get_step_output, run_container, run_job, run_script
-from couler.api.submission import run
+from couler.api.submission import run, set_default_submitter
 
 __all__ = [
     "ArtifactOutput",
@@ -104,6 +104,7 @@ __all__ = [
     "run_container",
     "run_job",
     "run_script",
+    "set_default_submitter",
     "set_dependencies",
     "set_dns",
     "set_exit_handler",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -348,6 +348,17 @@ class WorkflowConfig:
 
 
 # --------------------------------------------------------------------------- the builder
+
+
+def _scratch_volumes(declared: Sequence[ir.Volume], steps: Sequence[ir.Step],
+                     hooks: Sequence[ir.ExitHook]) -> tuple[ir.Volume, ...]:
+    """An empty directory for each volume a step mounts that the workflow does not declare
+    (the open-source SDK added an ``emptyDir`` for it): a scratch volume of the pod."""
+    names = {v.name for v in declared}
+    every = [*steps, *(s for hook in hooks for s in hook.steps)]
+    scratch = dict.fromkeys(m.name for s in ir.all_steps(every) for m in s.volume_mounts
+                            if m.name not in names and not m.name.startswith("couler-out-dir"))
+    return tuple(ir.Volume(name, kind=ir.VolumeKind.EMPTY_DIR) for name in scratch)
 
 
 class WorkflowBuilder:
@@ -791,7 +802,7 @@ class WorkflowBuilder:
             annotations=ir.pairs(cfg.annotations),
             tenant=cfg.tenant,
             defaults=cfg.defaults,
-            volumes=tuple(cfg.volumes),
+            volumes=tuple(cfg.volumes) + _scratch_volumes(cfg.volumes, steps, hooks),
             node_selector=ir.pairs(cfg.node_selector),
             tolerations=tuple(cfg.tolerations),
             service_account=service_account,

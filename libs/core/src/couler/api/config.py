@@ -477,27 +477,56 @@ _SECURITY_KEYS = {
     "runasgroup": "run_as_group", "run_as_group": "run_as_group",
     "fsgroup": "fs_group", "fs_group": "fs_group",
     "runasnonroot": "run_as_non_root", "run_as_non_root": "run_as_non_root",
+    "selinuxoptions": "se_linux_options", "se_linux_options": "se_linux_options",
 }
+_SE_LINUX_KEYS = ("user", "role", "type", "level")
 
 
 def set_security_context(security_context: Mapping[str, object] | ir.SecurityContext) -> None:
-    """Set the pods' security context: ``{"runAsUser": 1000, "fsGroup": 2000, ...}``."""
+    """Set the pods' security context, as Kubernetes spells it: ``{"runAsUser": 1000,
+    "runAsGroup": 3000, "fsGroup": 2000, "runAsNonRoot": True, "seLinuxOptions": {"level":
+    "s0:c123,c456"}}`` (``seLinuxOptions`` takes ``user``, ``role``, ``type``, ``level``).
+
+    Raises:
+        UserError: An unsupported key or a value of the wrong type, named.
+    """
     if isinstance(security_context, ir.SecurityContext):
         current_builder().config.security_context = security_context
         return
     if not isinstance(security_context, Mapping):
         raise UserError("set_security_context needs a dict such as {'runAsUser': 1000}")
-    kwargs: dict[str, int | bool] = {}
+    ids: dict[str, int] = {}
+    non_root: bool | None = None
+    se_linux: ir.SELinuxOptions | None = None
     for key, value in security_context.items():
         target = _SECURITY_KEYS.get(str(key).lower())
         if target is None:
             raise UserError(f"set_security_context: unsupported key {key!r}; supported: "
-                            "runAsUser, runAsGroup, fsGroup, runAsNonRoot")
+                            "runAsUser, runAsGroup, fsGroup, runAsNonRoot, seLinuxOptions")
         if target == "run_as_non_root":
-            kwargs[target] = _bool(value)
+            non_root = _bool(value)
+        elif target == "se_linux_options":
+            se_linux = _se_linux(value)
         else:
             try:
-                kwargs[target] = int(str(value))
+                ids[target] = int(str(value))
             except ValueError as e:
                 raise UserError(f"set_security_context: {key} must be an integer") from e
-    current_builder().config.security_context = ir.SecurityContext(**kwargs)  # type: ignore[arg-type]
+    current_builder().config.security_context = ir.SecurityContext(
+        run_as_user=ids.get("run_as_user"), run_as_group=ids.get("run_as_group"),
+        fs_group=ids.get("fs_group"), run_as_non_root=non_root, se_linux_options=se_linux)
+
+
+def _se_linux(value: object) -> ir.SELinuxOptions:
+    if not isinstance(value, Mapping):
+        raise UserError("set_security_context: seLinuxOptions must be a dict such as "
+                        "{'level': 's0:c123,c456'}")
+    unknown = sorted(str(k) for k in value if k not in _SE_LINUX_KEYS)
+    if unknown:
+        raise UserError(f"set_security_context: seLinuxOptions has unsupported key(s) "
+                        f"{', '.join(map(repr, unknown))}; supported: "
+                        f"{', '.join(_SE_LINUX_KEYS)}")
+    bad = [k for k in _SE_LINUX_KEYS if k in value and not isinstance(value[k], str)]
+    if bad:
+        raise UserError(f"set_security_context: seLinuxOptions.{bad[0]} must be a string")
+    return ir.SELinuxOptions(**{k: str(value.get(k, "")) for k in _SE_LINUX_KEYS})

@@ -92,7 +92,7 @@ from couler import ir
 from couler.alloc import gc_paused
 from couler.compilers import emit
 from couler.compilers.argo_capabilities import CAPABILITIES, ENGINE
-from couler.compilers.kube import dns_settings, resource_requirements
+from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
 from couler.engines.base import check_capabilities
 from couler.errors import UnsupportedFeatureError
 from couler.ir.validate import parse_quantity
@@ -430,6 +430,8 @@ class _Compiler:
                 ctx["fsGroup"] = sc.fs_group
             if sc.run_as_non_root is not None:
                 ctx["runAsNonRoot"] = sc.run_as_non_root
+            if sc.se_linux_options is not None:
+                ctx["seLinuxOptions"] = se_linux_options(sc.se_linux_options)
             if ctx:
                 spec["securityContext"] = ctx
         if wf.timeout_seconds is not None:

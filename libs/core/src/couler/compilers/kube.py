@@ -6,7 +6,7 @@ from typing import Any
 
 from couler import ir
 
-__all__ = ["dns_settings", "resource_requirements"]
+__all__ = ["dns_settings", "resource_requirements", "se_linux_options"]
 
 
 def resource_requirements(r: ir.Resources) -> dict[str, Any]:
@@ -29,6 +29,12 @@ def resource_requirements(r: ir.Resources) -> dict[str, Any]:
     if limits:
         out["limits"] = limits
     return out
+
+
+def se_linux_options(options: ir.SELinuxOptions) -> dict[str, str]:
+    """A ``seLinuxOptions`` object (only the labels that are set)."""
+    return {k: v for k, v in (("user", options.user), ("role", options.role),
+                              ("type", options.type), ("level", options.level)) if v}
 
 
 def dns_settings(dns: ir.DnsConfig) -> dict[str, Any]:

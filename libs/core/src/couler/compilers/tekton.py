@@ -67,7 +67,7 @@ from typing import Any
 
 from couler import ir
 from couler.compilers import emit
-from couler.compilers.kube import dns_settings, resource_requirements
+from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
 from couler.engines.base import Capability, Feature, Limit, Support, check_capabilities
 from couler.errors import UnsupportedFeatureError
 
@@ -392,10 +392,12 @@ class _Compiler:
             pod.update(dns_settings(wf.dns))
         if wf.security_context is not None:
             sc = wf.security_context
-            ctx = {k: v for k, v in (("runAsUser", sc.run_as_user),
+            ctx: dict[str, Any] = {k: v for k, v in (("runAsUser", sc.run_as_user),
                                      ("runAsGroup", sc.run_as_group),
                                      ("fsGroup", sc.fs_group),
                                      ("runAsNonRoot", sc.run_as_non_root)) if v is not None}
+            if sc.se_linux_options is not None:
+                ctx["seLinuxOptions"] = se_linux_options(sc.se_linux_options)
             if ctx:
                 pod["securityContext"] = ctx
         if pod:

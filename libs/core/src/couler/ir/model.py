@@ -73,6 +73,7 @@ __all__ = [
     "Resources",
     "RetryPolicy",
     "RunStatus",
+    "SELinuxOptions",
     "ScriptLanguage",
     "ScriptSpec",
     "SecretRef",
@@ -790,6 +791,16 @@ class DnsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SELinuxOptions:
+    """The SELinux labels of a pod's containers (Kubernetes ``seLinuxOptions``)."""
+
+    user: str = ""
+    role: str = ""
+    type: str = ""
+    level: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SecurityContext:
     """Pod security context."""
 
@@ -797,6 +808,7 @@ class SecurityContext:
     run_as_group: int | None = None
     fs_group: int | None = None
     run_as_non_root: bool | None = None
+    se_linux_options: SELinuxOptions | None = None
 
 
 @dataclass(frozen=True, slots=True)

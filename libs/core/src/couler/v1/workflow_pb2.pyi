@@ -682,17 +682,31 @@ class DnsConfig(_message.Message):
     options: _containers.RepeatedCompositeFieldContainer[StringPair]
     def __init__(self, policy: _Optional[str] = ..., nameservers: _Optional[_Iterable[str]] = ..., searches: _Optional[_Iterable[str]] = ..., options: _Optional[_Iterable[_Union[StringPair, _Mapping]]] = ...) -> None: ...
 
+class SELinuxOptions(_message.Message):
+    __slots__ = ("user", "role", "type", "level")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    role: str
+    type: str
+    level: str
+    def __init__(self, user: _Optional[str] = ..., role: _Optional[str] = ..., type: _Optional[str] = ..., level: _Optional[str] = ...) -> None: ...
+
 class SecurityContext(_message.Message):
-    __slots__ = ("run_as_user", "run_as_group", "fs_group", "run_as_non_root")
+    __slots__ = ("run_as_user", "run_as_group", "fs_group", "run_as_non_root", "se_linux_options")
     RUN_AS_USER_FIELD_NUMBER: _ClassVar[int]
     RUN_AS_GROUP_FIELD_NUMBER: _ClassVar[int]
     FS_GROUP_FIELD_NUMBER: _ClassVar[int]
     RUN_AS_NON_ROOT_FIELD_NUMBER: _ClassVar[int]
+    SE_LINUX_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     run_as_user: int
     run_as_group: int
     fs_group: int
     run_as_non_root: bool
-    def __init__(self, run_as_user: _Optional[int] = ..., run_as_group: _Optional[int] = ..., fs_group: _Optional[int] = ..., run_as_non_root: _Optional[bool] = ...) -> None: ...
+    se_linux_options: SELinuxOptions
+    def __init__(self, run_as_user: _Optional[int] = ..., run_as_group: _Optional[int] = ..., fs_group: _Optional[int] = ..., run_as_non_root: _Optional[bool] = ..., se_linux_options: _Optional[_Union[SELinuxOptions, _Mapping]] = ...) -> None: ...
 
 class Workflow(_message.Message):
     __slots__ = ("name", "steps", "parameters", "exit_hooks", "schedule", "triggers", "labels", "annotations", "tenant", "defaults", "volumes", "node_selector", "tolerations", "service_account", "image_pull_secrets", "dns", "security_context", "timeout_seconds", "ttl_seconds", "parallelism")

@@ -1,0 +1,5 @@
+"""``couler.core.templates.toleration`` of the open-source SDK."""
+
+from couler.api import Toleration
+
+__all__ = ["Toleration"]
