@@ -137,6 +137,45 @@ def test_failed_edge_and_depends_expression(engine: LocalEngine) -> None:
     assert by_key(status, "expr2").state is StepState.SKIPPED
 
 
+def test_a_step_that_never_ran_because_its_upstream_failed_stops_its_dependents(
+        engine: LocalEngine) -> None:
+    """Argo's rule: ``b`` after a failed ``a`` is not run (Omitted), and neither is ``d``
+    after ``b`` -- a default edge accepts a step skipped by its own ``when``, never one
+    that did not run because its upstream failed (a deployment after a failed training)."""
+    status = engine.run(wf(
+        "omitted", container("train", "false"),
+        container("evaluate", "true", dependencies=after("train")),
+        container("deploy", "true", dependencies=after("evaluate")),
+        container("report", "true", dependencies=after("deploy")),
+        container("cleanup", "true",
+                  dependencies=after("evaluate", cond=ir.EdgeCondition.ANY)),
+        container("if-skipped", "true",
+                  dependencies=after("evaluate", cond=ir.EdgeCondition.SKIPPED))))
+    assert status.state is RunState.FAILED
+    for name in ("evaluate", "deploy", "report"):
+        step = by_key(status, name)
+        assert step.state is StepState.SKIPPED and step.attempts == 0, step
+    assert "did not reach succeeded" in by_key(status, "deploy").message
+    assert by_key(status, "cleanup").state is StepState.SUCCEEDED  # any outcome will do
+    # .Skipped is a skip by its own when, not a step that never ran (Argo's Omitted)
+    assert by_key(status, "if-skipped").state is StepState.SKIPPED
+
+
+def test_dependents_of_a_step_skipped_by_its_when_run_and_keep_running(
+        engine: LocalEngine) -> None:
+    cond = ir.Condition(ir.Literal.of("a"), ir.CompareOp.EQ, ir.Literal.of("b"))
+    status = engine.run(wf(
+        "skipped", container("gate", "true", when=ir.When(cond)),
+        container("next", "true", dependencies=after("gate")),
+        container("last", "true", dependencies=after("next")),
+        container("if-skipped", "true",
+                  dependencies=after("gate", cond=ir.EdgeCondition.SKIPPED))))
+    assert status.state is RunState.SUCCEEDED
+    assert by_key(status, "gate").state is StepState.SKIPPED
+    assert [by_key(status, n).state for n in ("next", "last", "if-skipped")] == \
+        [StepState.SUCCEEDED] * 3
+
+
 @pytest.mark.parametrize("parallelism", [1, 3])
 def test_map_static_items(engine: LocalEngine, parallelism: int) -> None:
     step = script("sq", "import sys, time; time.sleep(0.3); print(int(sys.argv[1]) ** 2)",

@@ -22,10 +22,14 @@ Execution rules:
 * Outputs: ``stdout`` -> the process's standard output, stripped; ``path`` ->
   the mapped file's contents, stripped. A missing file fails the step.
 * Scheduling: every step whose dependencies are terminal is decided: edge
-  conditions (``succeeded`` = upstream succeeded or was skipped) or the
-  ``depends`` expression must hold, then ``when`` is evaluated (numbers
-  compared numerically when both sides parse as numbers, else strings);
-  otherwise it is SKIPPED. At most ``max_workers`` processes run at once.
+  conditions or the ``depends`` expression must hold, then ``when`` is
+  evaluated (numbers compared numerically when both sides parse as numbers,
+  else strings); otherwise it is SKIPPED. As on Argo, ``succeeded`` (the
+  default edge) holds for an upstream that succeeded or was skipped by its own
+  ``when``, and ``skipped`` only for the latter: a step that did not run
+  because its own dependencies did not hold (Argo's "Omitted") stops its
+  dependents too, so nothing runs after a failure that it did not ask for. At
+  most ``max_workers`` processes run at once.
 * ``map``: one execution per item (``key`` = index), at most ``parallelism``
   at once; the step's outputs are JSON lists of the items' outputs, in order.
 * ``loop``: run (``key`` = iteration), evaluate the condition over the latest
@@ -112,6 +116,7 @@ EventCallback = Callable[[StepStatus], None]
 
 _PLACEHOLDER = re.compile(r"\{\{\s*(inputs\.[^}\s]+|item(?:\.[^}\s]+)?|workflow\.name)\s*\}\}")
 _DONE_OK = (StepState.SUCCEEDED, StepState.CACHED)
+_BY_WHEN = "its when"  # how the reason of a step skipped by its own when begins
 _SNAPSHOT_INTERVAL = 1.0  # seconds between full run.json snapshots while a run goes on
 
 
@@ -177,6 +182,9 @@ class _Record:
     message: str = ""
     failure: str = ""  # the failure class of the last failed attempt
     cache_key: str = ""
+    # SKIPPED because its dependencies did not allow it to run (Argo's "Omitted"), not by
+    # its own when: its dependents' default edges do not run either
+    omitted: bool = False
 
     def status(self) -> StepStatus:
         return StepStatus(
@@ -194,7 +202,7 @@ class _Record:
             "started_at": data.started_at, "finished_at": data.finished_at,
             "peak_cpu": data.peak_cpu, "peak_memory_bytes": data.peak_memory_bytes,
             "outputs": dict(data.outputs), "message": data.message, "failure": self.failure,
-            "cache_key": self.cache_key,
+            "cache_key": self.cache_key, "omitted": self.omitted,
         }
 
     @classmethod
@@ -217,7 +225,7 @@ class _Record:
             outputs={str(k): str(v) for k, v in outputs.items()}
             if isinstance(outputs, dict) else {},
             message=str(data.get("message", "")), failure=str(data.get("failure", "")),
-            cache_key=str(data.get("cache_key", "")),
+            cache_key=str(data.get("cache_key", "")), omitted=data.get("omitted") is True,
         )
 
 
@@ -513,7 +521,8 @@ class LocalRun:
                         rec = self._record(name) or _Record(self._name(name))
                         if decision:
                             self._update(rec, state=StepState.SKIPPED, message=decision,
-                                         finished_at=time.time())
+                                         finished_at=time.time(),
+                                         omitted=not decision.startswith(_BY_WHEN))
                             continue
                         prev = self._reuse.get(self._name(name)) if reuse else None
                         if prev is not None:
@@ -581,9 +590,9 @@ class LocalRun:
             try:
                 holds = self._condition(step.when.condition, step, {})
             except _StepError as exc:
-                return f"when cannot be evaluated: {exc}"
+                return f"{_BY_WHEN} cannot be evaluated: {exc}"
             if holds != step.when.expect:
-                return "its when condition is " + ("false" if step.when.expect else "true")
+                return f"{_BY_WHEN} condition is " + ("false" if step.when.expect else "true")
         return ""
 
     def _edge(self, name: str, cond: ir.EdgeCondition) -> bool:
@@ -591,13 +600,16 @@ class LocalRun:
         rec = self._record(name)
         failure = rec.failure if rec is not None else ""
         if cond is ir.EdgeCondition.SUCCEEDED:
-            return state in (*_DONE_OK, StepState.SKIPPED)
+            # Argo's default edge: succeeded, or skipped by its own when -- not a step
+            # that never ran because its own upstream failed (Argo's "Omitted")
+            omitted = rec is not None and rec.omitted
+            return state in _DONE_OK or (state is StepState.SKIPPED and not omitted)
         if cond is ir.EdgeCondition.FAILED:
             return state is StepState.FAILED
         if cond is ir.EdgeCondition.ERRORED:
             return state is StepState.FAILED and failure == ir.FailureClass.INFRA.value
-        if cond is ir.EdgeCondition.SKIPPED:
-            return state is StepState.SKIPPED
+        if cond is ir.EdgeCondition.SKIPPED:  # by its own when (Argo's Skipped, not Omitted)
+            return state is StepState.SKIPPED and not (rec is not None and rec.omitted)
         if cond is ir.EdgeCondition.COMPLETED:
             return state in (*_DONE_OK, StepState.FAILED)
         return state.terminal
