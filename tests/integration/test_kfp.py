@@ -52,13 +52,13 @@ print(json.dumps(out))
 '''
 
 SUPPORTED = [
-    "concurrent", "dag_diamond", "dag_linear", "dag_linear_set_dependencies", "dag_conditional",
+    "coin_flip", "concurrent", "dag_diamond", "dag_linear", "dag_linear_set_dependencies",
+    "dag_conditional",
     "exit_handlers", "implicit_parameter_passing", "input_bare_string", "input_from_script",
     "input_two_calls", "input_two_params", "map_static", "map_upstream", "multiple_outputs",
     "producer_consumer", "resources", "when_else", "workflow_parameters",
 ]
 UNSUPPORTED = {  # program → (step, feature)
-    "coin_flip": ("tails", "dependency on a conditional step"),
     "concurrent_subtasks": ("concurrent-task", "inline sub-workflow"),
     "cron": ("", "cron schedule"),
     "job_apply": ("mnist", "job step (Kubernetes resource)"),
@@ -212,8 +212,21 @@ def test_unsupported_program_names_step_and_feature(name: str,
     step, feature = UNSUPPORTED[name]
     assert (result["step"], result["feature"]) == (step, feature)
     assert "engine 'kfp' does not support" in result["message"]
-    if name == "coin_flip":  # a dependency the user never wrote: said where it came from
-        assert "steps written one after another run in sequence" in result["message"]
+
+
+def test_a_dependency_the_user_never_wrote_is_said_where_it_came_from(tmp_path: Path) -> None:
+    """A step written after a conditional step runs after it (steps run in sequence), and
+    KFP cannot depend on a task that may not run: the refusal says where it came from."""
+    program = tmp_path / "after_when.py"
+    program.write_text(
+        "import couler.argo as couler\n"
+        "out = couler.run_script(image='python:3.12', source='print(1)', step_name='gate')\n"
+        "couler.when(couler.equal(out, '1'), lambda: couler.run_container(\n"
+        "    image='alpine', command=['true'], step_name='maybe'))\n"
+        "couler.run_container(image='alpine', command=['true'], step_name='after')\n")
+    result = helper(tmp_path, "compile", str(program))[str(program)]
+    assert (result["step"], result["feature"]) == ("after", "dependency on a conditional step")
+    assert "steps written one after another run in sequence" in result["message"]
 
 
 def test_run_locally_script_stdout_feeds_next_step(tmp_path: Path) -> None:

@@ -908,3 +908,23 @@ def test_steps_do_not_inherit_the_engines_couler_settings(
         env=(ir.EnvVar("COULER_MODE", "declared by the workflow"),))))
     assert status.state is RunState.SUCCEEDED, status
     assert by_key(status, "show").outputs["result"] == "['COULERISH_OTHER', 'COULER_MODE']"
+
+
+def test_a_failing_when_branch_does_not_keep_its_sibling_from_running(
+        engine: LocalEngine, tmp_path: Path) -> None:
+    """Two whens on the same output, built by the SDK's API: both branches hold, the first
+    fails, the second still runs (they are siblings, not a sequence)."""
+    program = tmp_path / "siblings.py"
+    program.write_text(
+        "import couler.argo as couler\n"
+        "couler.config_workflow(name='siblings')\n"
+        "out = couler.run_script(image='python:3.12', source='print(1)', step_name='gate')\n"
+        "couler.when(couler.bigger(out, '0'), lambda: couler.run_container(\n"
+        "    image='alpine', command=['false'], step_name='first'))\n"
+        "couler.when(couler.bigger(out, '0'), lambda: couler.run_container(\n"
+        "    image='alpine', command=['true'], step_name='second'))\n")
+    (workflow,) = capture_program(str(program))
+    status = engine.run(workflow)
+    assert status.state is RunState.FAILED
+    assert by_key(status, "first").state is StepState.FAILED
+    assert by_key(status, "second").state is StepState.SUCCEEDED

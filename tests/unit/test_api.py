@@ -103,10 +103,45 @@ def test_coin_flip_with_two_whens() -> None:
     assert h.when == ir.When(ir.Condition(result, ir.CompareOp.EQ, ir.Literal.of("heads")))
     assert t.when == ir.When(ir.Condition(result, ir.CompareOp.EQ, ir.Literal.of("tails")))
     assert deps(h) == [("flip-coin", SUCCEEDED)]
-    # steps mode: the second group follows the first (SUCCEEDED also passes a skipped step)
-    assert deps(t) == [("flip-coin", SUCCEEDED), ("heads", SUCCEEDED)]
+    # two whens on the same output are siblings (one step group per condition in the
+    # open-source SDK): a failing "heads" must not keep "tails" from running
+    assert deps(t) == [("flip-coin", SUCCEEDED)]
     # container steps get no stdout output unless something reads it
     assert h.outputs == () and t.outputs == ()
+
+
+def test_whens_on_the_same_output_are_siblings_and_what_follows_waits_for_both() -> None:
+    def program() -> None:
+        couler.config_workflow(name="three-way")
+        score = couler.run_script(image="python:3.12-alpine", source="print(2)",
+                                  step_name="score")
+        couler.when(couler.equal(score, "1"), lambda: job("one"))
+        couler.when(couler.equal(score, "2"), lambda: job("two"))
+        couler.when(couler.equal(score, "3"), lambda: job("three"))
+        job("report")
+
+    wf = build(program)
+    for name in ("one", "two", "three"):
+        assert deps(step(wf, name)) == [("score", SUCCEEDED)], name
+    assert deps(step(wf, "report")) == [("one", SUCCEEDED), ("two", SUCCEEDED),
+                                        ("three", SUCCEEDED)]
+
+
+def test_whens_on_other_outputs_or_apart_from_each_other_stay_in_sequence() -> None:
+    def program() -> None:
+        couler.config_workflow(name="apart")
+        a = couler.run_script(image="python:3.12-alpine", source="print(1)", step_name="a")
+        couler.when(couler.equal(a, "1"), lambda: job("if-a"))
+        b = couler.run_script(image="python:3.12-alpine", source="print(1)", step_name="b")
+        couler.when(couler.equal(b, "1"), lambda: job("if-b"))
+        job("between")
+        couler.when(couler.equal(b, "1"), lambda: job("again-b"))
+
+    wf = build(program)
+    assert deps(step(wf, "b")) == [("if-a", SUCCEEDED)]
+    assert deps(step(wf, "if-b")) == [("b", SUCCEEDED)]
+    # a statement in between: the next when on the same output comes after it
+    assert deps(step(wf, "again-b")) == [("b", SUCCEEDED), ("between", SUCCEEDED)]
 
 
 def test_when_with_else_branch() -> None:

@@ -228,6 +228,10 @@ class _Scope:
         self.drafts: list[StepDraft] = []
         self.by_name: dict[str, StepDraft] = {}
         self.prev: list[StepDraft] = []
+        # the last when() of this scope: (its condition's upstream steps, the steps it
+        # started after, the steps it ended with); a when() on the same upstream right
+        # after it is its sibling, as in the open-source SDK (one step group per condition)
+        self.last_when: tuple[tuple[int, ...], list[StepDraft], list[StepDraft]] | None = None
 
     def __repr__(self) -> str:
         return f"_Scope({self.kind!r}, {len(self.drafts)} steps)"

@@ -140,12 +140,20 @@ def when(condition: Predicate, function: Callable[[], Any],
     stdout_of = tuple(u for u, s in ((up_l, out_l), (up_r, out_r)) if u is not None and s)
     scope = b.scope
     entry = list(scope.prev)
+    exits: list[StepDraft] = []
+    key = tuple(sorted(id(u) for u in upstream))
+    last = scope.last_when
+    if scope.chain and key and last is not None and last[0] == key and scope.prev == last[2]:
+        # right after a when() on the same upstream: a sibling branch (both start after
+        # that upstream; the next statement waits for both), not a step after it
+        entry = list(last[1])
+        exits = list(last[2])
+        scope.prev = list(entry)
     with b.atomic():
-        exits: list[StepDraft] = []
         with b.capture() as frame, b.when_context(ir.When(cond, True), upstream, stdout_of):
             result = function()
         if any(d.scope is scope for d in frame.created):
-            exits.extend(scope.prev)
+            exits.extend(d for d in scope.prev if d not in exits)
         if else_function is not None:
             scope.prev = list(entry)
             with b.capture() as frame, b.when_context(ir.When(cond, False), upstream, stdout_of):
@@ -153,6 +161,7 @@ def when(condition: Predicate, function: Callable[[], Any],
             if any(d.scope is scope for d in frame.created):
                 exits.extend(d for d in scope.prev if d not in exits)
         scope.prev = exits or entry
+        scope.last_when = (key, entry, list(scope.prev)) if key else None
     return result
 
 
