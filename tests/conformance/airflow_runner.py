@@ -82,7 +82,6 @@ def summarize(wf: ir.Workflow, dag_run: Any) -> dict[str, Any]:
     from airflow import settings
     from airflow.models.xcom import XComModel
 
-    hooks = {s.name for h in wf.exit_hooks for s in h.steps}
     with settings.Session() as session:
         tis = list(dag_run.get_task_instances(session=session))
         rows = session.query(XComModel).filter(XComModel.dag_id == dag_run.dag_id,
@@ -97,8 +96,6 @@ def summarize(wf: ir.Workflow, dag_run: Any) -> dict[str, Any]:
         states = [STATES.get(str(ti.state), str(ti.state)) for ti in instances]
         if task_id == compiler.EXIT_STATUS_TASK or task_id.endswith(compiler.ITEMS_SUFFIX):
             continue  # compiler helpers, not workflow steps
-        if task_id in hooks and states == ["skipped"]:
-            continue  # an exit hook whose status did not occur never runs elsewhere either
         if len(set(states)) == 1:
             state = states[0]
         else:

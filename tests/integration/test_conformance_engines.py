@@ -28,7 +28,8 @@ PATHS = {p.stem: p for p in program_paths()}
 # Runs inside .venv-kfp: run every program with kfp.local (couler's local mode) and
 # print, per program, its summary: steps (and exit hook steps) that ran, attempts
 # (executions), outputs (the output parameter files kfp.local keeps under the pipeline
-# root, compared as they are); a conditional step that did not run is "skipped". Also
+# root, compared as they are); a conditional step or an exit hook that did not run is
+# "skipped". Also
 # the accelerators the container-mode pipeline requests (executor → accelerator).
 KFP_RUN_HELPER = r'''
 import json, re, sys
@@ -51,9 +52,10 @@ for path in sys.argv[3:]:
         continue
     (run_dir,) = [d for d in (root / name).iterdir() if not d.name.startswith("couler-kfp-log")]
     steps = {}
+    hooks = {s.name for hook in wf.exit_hooks for s in hook.steps}
     for step in [*wf.steps, *(s for hook in wf.exit_hooks for s in hook.steps)]:
         if step.name not in runs:
-            if step.when is not None:
+            if step.when is not None or step.name in hooks:  # a hook that did not fire
                 steps[step.name] = {"state": "skipped", "outputs": {}, "attempts": 0}
             continue
         outputs = {}

@@ -188,6 +188,8 @@ def test_map_static_items(engine: LocalEngine, parallelism: int) -> None:
     status = engine.run(wf("map", step))
     assert status.state is RunState.SUCCEEDED
     assert json.loads(by_key(status, "sq").outputs["result"]) == ["1", "4", "9"]
+    # three items that each ran once: the map step took one attempt, not three
+    assert by_key(status, "sq").attempts == 1
     items = [by_key(status, "sq", str(i)) for i in range(3)]
     spans = [(i.started_at or 0, i.finished_at or 0) for i in items]
     overlaps = sum(1 for a in spans for b in spans if a != b and a[0] < b[1] and b[0] < a[1])
@@ -411,7 +413,8 @@ def test_golden_exit_handlers(engine: LocalEngine) -> None:
     assert status.state is RunState.SUCCEEDED
     assert by_key(status, "hello").outputs == {"result": "hello from a script body"}
     assert by_key(status, "celebrate").state is StepState.SUCCEEDED
-    assert all(s.step != "mourn" for s in status.steps)
+    assert by_key(status, "mourn").state is StepState.SKIPPED  # recorded, never run
+    assert "did not fire" in by_key(status, "mourn").message
 
 
 def test_steps_after_a_map_run_when_it_finishes(tmp_path: Path) -> None:
@@ -697,7 +700,8 @@ def test_workflow_timeout_fails_the_run_and_still_runs_exit_hooks(engine: LocalE
     assert nxt.state is StepState.CANCELLED and "not started" in nxt.message
     assert not marker.exists()
     assert by_key(status, "mourn").state is StepState.SUCCEEDED  # hooks run after a timeout
-    assert all(s.step != "celebrate" for s in status.steps)
+    assert by_key(status, "celebrate").state is StepState.SKIPPED  # recorded, never run
+    assert "did not fire" in by_key(status, "celebrate").message
     run_dir = engine.work_dir / status.run_id
     assert engine.logs(run_dir, "mourn") == "late\n"
     assert json.loads((run_dir / "run.json").read_text())["state"] == "failed"
@@ -928,3 +932,19 @@ def test_a_failing_when_branch_does_not_keep_its_sibling_from_running(
     assert status.state is RunState.FAILED
     assert by_key(status, "first").state is StepState.FAILED
     assert by_key(status, "second").state is StepState.SUCCEEDED
+
+
+@pytest.mark.parametrize(("command", "fired", "not_fired"), [
+    ("true", "on-success", "on-failure"), ("false", "on-failure", "on-success")])
+def test_an_exit_hook_that_does_not_fire_is_recorded_skipped_with_why(
+        engine: LocalEngine, command: str, fired: str, not_fired: str) -> None:
+    status = engine.run(wf(
+        "hooks", container("main", command),
+        exit_hooks=(ir.ExitHook(ir.RunStatus.SUCCEEDED, (container("on-success", "true"),)),
+                    ir.ExitHook(ir.RunStatus.FAILED, (container("on-failure", "true"),)))))
+    assert by_key(status, fired).state is StepState.SUCCEEDED
+    skipped = by_key(status, not_fired)
+    assert skipped.state is StepState.SKIPPED and skipped.attempts == 0
+    outcome = "succeeded" if command == "true" else "failed"
+    assert skipped.message == (f"exit hook on {'failed' if command == 'true' else 'succeeded'}"
+                               f" did not fire: the run {outcome}")

@@ -451,6 +451,7 @@ class LocalRun:
                     if not self._user_cancel:  # the deadline stopped the graph, not the hooks
                         self._cancel.clear()
                 hook_steps = self._hooks(final, failed)
+                self._not_fired(hook_steps, f"the run {final.value}")
                 if hook_steps:
                     for step in hook_steps:
                         self._update(_Record(step.name))
@@ -463,6 +464,8 @@ class LocalRun:
                                                           + ", ".join(bad)]))
                 if self._user_cancel:
                     final, message = RunState.CANCELLED, "cancelled"
+            if self._user_cancel:
+                self._not_fired((), "the run was cancelled")
         except Exception as exc:  # an engine bug must still leave a final record
             final, message = RunState.FAILED, f"local engine error: {exc!r}"
         finally:
@@ -482,6 +485,20 @@ class LocalRun:
             self._halt = (f"workflow {self.workflow.name!r} exceeded its timeout of "
                           f"{self.workflow.timeout_seconds} s (field 'timeout_seconds')")
             self._cancel.set()
+
+    def _not_fired(self, firing: Sequence[ir.Step], why: str) -> None:
+        """Record the exit-hook steps that will not run as SKIPPED, saying why (they would
+        otherwise look pending forever)."""
+        names = {s.name for s in firing}
+        now = time.time()
+        for hook in self.workflow.exit_hooks:
+            for step in hook.steps:
+                rec = self._record(step.name)
+                if step.name in names or (rec is not None and rec.state.terminal):
+                    continue
+                self._update(rec or _Record(self._name(step.name)), state=StepState.SKIPPED,
+                             finished_at=now, omitted=True,
+                             message=f"exit hook on {hook.on.value} did not fire: {why}")
 
     def _hooks(self, final: RunState, failed: Sequence[_Record]) -> list[ir.Step]:
         errored = any(r.failure == ir.FailureClass.INFRA.value for r in failed)
@@ -754,7 +771,9 @@ class LocalRun:
                    for o in ms.step.outputs}
         rec = self._record(ms.step.name) or _Record(name)
         self._update(rec, state=state, outputs=outputs, finished_at=time.time(),
-                     attempts=sum(r.attempts for r in recs),
+                     # the most attempts an item took (the items are in the step's
+                     # records of their own); not their sum, which reads as retries
+                     attempts=max((r.attempts for r in recs), default=0),
                      failure=failed[0].failure if failed else "",
                      message=(f"items failed: {', '.join(r.key for r in failed)}"
                               if failed else ""),
