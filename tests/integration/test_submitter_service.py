@@ -40,7 +40,7 @@ from couler import ir
 from couler.api.handles import SecretMaterial
 from couler.engines.base import RunState as EngineRunState
 from couler.engines.base import RunStatus, StepState, StepStatus
-from couler.errors import CoulerError, NotFoundError, ValidationError
+from couler.errors import CoulerError, NotFoundError, UserError, ValidationError
 from couler.v1 import common_pb2, events_pb2
 from couler_runtime.blobs import LocalBlobStore
 from couler_runtime.bus import Bus
@@ -412,6 +412,23 @@ class TestService:
         assert final.step_count == 2 and final.revision == run.revision
         # A watch of a finished run yields once and ends.
         assert [r.state for r in client.submitter.watch(sub.run_id)] == [RunState.SUCCEEDED]
+
+    def test_logs_of_a_map_step_name_its_items_and_each_item_has_its_own(
+            self, client: CoulerClient, nats_server: NatsServer) -> None:
+        wf = ir.Workflow(unique("logs-map"), (ir.Step(
+            name="sq", body=ir.ContainerSpec(image="alpine", command=("echo",),
+                                             args=("item", "{{item}}")),
+            foreach=ir.ForEach(items=(ir.Literal.of("a"), ir.Literal.of("b"),
+                                      ir.Literal.of("c")))),))
+        sub = client.submitter.submit(wf)
+        optimize(nats_server, sub.run_id, wf)
+        run = client.submitter.wait(sub.run_id, timeout=WAIT)
+        assert run.state is RunState.SUCCEEDED, run.message
+        assert run.step("sq").attempts == 1  # three items, each run once
+        with pytest.raises(UserError, match=r"step 'sq' is a map step: each item has logs of "
+                                            r"its own; .*--key KEY; keys: 0, 1, 2\)"):
+            client.submitter.logs(sub.run_id, "sq")
+        assert client.submitter.logs(sub.run_id, "sq", "1") == "item b\n"
 
     def test_the_same_idempotency_key_starts_one_run(
             self, client: CoulerClient, nats_server: NatsServer) -> None:

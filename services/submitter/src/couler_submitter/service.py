@@ -1004,6 +1004,18 @@ class Submitter:
                                              if len(names) > 20 else "")
             raise NotFoundError(f"run {run_id!r}: workflow {plan.workflow.name!r} has no step "
                                 f"{top[:100]!r} (its steps: {shown})")
+        spec = plan.workflow.step(top)
+        if not key and "/" not in step and spec is not None and (
+                spec.foreach is not None or spec.loop is not None):
+            # each item (iteration) ran on its own and has logs of its own
+            keys = await self._call(self._keys_of, run_id, top)
+            what = "a map step" if spec.foreach is not None else "a loop step"
+            listed = ", ".join(keys[:20]) + (f", ... ({len(keys)} in all)"
+                                             if len(keys) > 20 else "")
+            raise UserError(f"run {run_id!r}: step {top!r} is {what}: each "
+                            f"{'item' if spec.foreach is not None else 'iteration'} has logs "
+                            f"of its own; name one with its key (couler logs {run_id} {top} "
+                            f"--key KEY; keys: {listed or 'none yet'})")
         runner = self._runners.get(run.engine)
         if runner is None:
             raise not_configured(run.engine, tuple(self._runners))
@@ -1017,6 +1029,17 @@ class Submitter:
         if len(data) <= limit:
             return text, False
         return data[-limit:].decode(errors="ignore"), True
+
+    def _keys_of(self, run_id: str, step: str) -> tuple[str, ...]:
+        """The keys of ``step``'s recorded items (iterations), in order."""
+        keys: tuple[str, ...] = ()
+        after = 0
+        while True:
+            page = self._store.run_page(run_id, limit=MAX_STEP_PAGE, after=after)
+            keys += tuple(s.key for s in page.steps if s.name == step and s.key)
+            if not page.next_step_page_token:
+                return keys
+            after = parse_page_token(page.next_step_page_token)
 
     # ------------------------------------------------------------------ templates
 
