@@ -124,9 +124,13 @@ def edges_and_hooks() -> ir.Workflow:
     cleanup = container("cleanup", "echo", "cleaned", outputs=STDOUT,
                         dependencies=after("bad", cond=ir.EdgeCondition.FAILED))
     never = container("never", "echo", "no", outputs=STDOUT, dependencies=after("bad"))
+    # never ran because "never" did not: does not run either (Argo's Omitted)
+    nor = container("nor", "echo", "no", outputs=STDOUT, dependencies=after("never"))
     hook = container("notify", "echo", "run failed", outputs=STDOUT)
-    return wf("edges", bad, cleanup, never,
-              exit_hooks=(ir.ExitHook(ir.RunStatus.FAILED, (hook,)),))
+    unfired = container("celebrate", "echo", "yay", outputs=STDOUT)
+    return wf("edges", bad, cleanup, never, nor,
+              exit_hooks=(ir.ExitHook(ir.RunStatus.FAILED, (hook,)),
+                          ir.ExitHook(ir.RunStatus.SUCCEEDED, (unfired,))))
 
 
 def counting_loop(tmp: Path) -> ir.Workflow:
@@ -210,7 +214,11 @@ def test_edge_condition_and_exit_hook(ray_exec: RayExecutor) -> None:
     assert bad.state is StepState.FAILED and bad.exit_code == 3
     assert by_key(status, "cleanup").outputs == {"result": "cleaned"}
     assert by_key(status, "never").state is StepState.SKIPPED
+    assert by_key(status, "nor").state is StepState.SKIPPED and by_key(status, "nor").attempts == 0
     assert by_key(status, "notify").outputs == {"result": "run failed"}
+    celebrate = by_key(status, "celebrate")
+    assert celebrate.state is StepState.SKIPPED
+    assert celebrate.message == "exit hook on succeeded did not fire: the run failed"
 
 
 def test_retry_fails_twice_then_succeeds(ray_exec: RayExecutor, tmp_path: Path) -> None:

@@ -117,6 +117,18 @@ EventCallback = Callable[[StepStatus], None]
 _PLACEHOLDER = re.compile(r"\{\{\s*(inputs\.[^}\s]+|item(?:\.[^}\s]+)?|workflow\.name)\s*\}\}")
 _DONE_OK = (StepState.SUCCEEDED, StepState.CACHED)
 _BY_WHEN = "its when"  # how the reason of a step skipped by its own when begins
+
+
+def skipped_without_running(decision: str) -> bool:
+    """Whether a skip ``decision`` (a reason from the scheduler) means the step's own
+    dependencies did not let it run (Argo's "Omitted": its dependents do not run either)
+    rather than its own ``when``."""
+    return not decision.startswith(_BY_WHEN)
+
+
+def hook_not_fired(hook: ir.ExitHook, why: str) -> str:
+    """The message of an exit-hook step that did not run."""
+    return f"exit hook on {hook.on.value} did not fire: {why}"
 _SNAPSHOT_INTERVAL = 1.0  # seconds between full run.json snapshots while a run goes on
 
 
@@ -498,7 +510,7 @@ class LocalRun:
                     continue
                 self._update(rec or _Record(self._name(step.name)), state=StepState.SKIPPED,
                              finished_at=now, omitted=True,
-                             message=f"exit hook on {hook.on.value} did not fire: {why}")
+                             message=hook_not_fired(hook, why))
 
     def _hooks(self, final: RunState, failed: Sequence[_Record]) -> list[ir.Step]:
         errored = any(r.failure == ir.FailureClass.INFRA.value for r in failed)
@@ -539,7 +551,7 @@ class LocalRun:
                         if decision:
                             self._update(rec, state=StepState.SKIPPED, message=decision,
                                          finished_at=time.time(),
-                                         omitted=not decision.startswith(_BY_WHEN))
+                                         omitted=skipped_without_running(decision))
                             continue
                         prev = self._reuse.get(self._name(name)) if reuse else None
                         if prev is not None:

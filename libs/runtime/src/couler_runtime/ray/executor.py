@@ -95,6 +95,8 @@ from couler_runtime.local.engine import (
     _quantity,
     _Record,
     _StepError,
+    hook_not_fired,
+    skipped_without_running,
 )
 
 from .capabilities import CAPABILITIES, ENGINE
@@ -229,6 +231,14 @@ def _ended(name: str, state: StepState, message: str, key: str = "") -> Result:
     return _result(_Record(name, key=key, state=state, message=message, finished_at=time.time()))
 
 
+def _skipped(name: str, decision: str, key: str = "") -> Result:
+    """A step the scheduler decided not to run: skipped by its own when, or never run
+    because its dependencies did not hold (its dependents then do not run either)."""
+    return _result(_Record(name, key=key, state=StepState.SKIPPED, message=decision,
+                           finished_at=time.time(),
+                           omitted=skipped_without_running(decision)))
+
+
 def _decision(run: _TaskRun, step: ir.Step) -> str | None:
     """None = run the step; otherwise why it does not run (a SKIPPED record)."""
     decision = run._decide(step)
@@ -308,7 +318,7 @@ def _step_task(ctx: _Context, name: str, index: int | None, item: object, n_upst
     key = "" if index is None else str(index)
     skip = _decision(run, step)
     if skip is not None:
-        return _ended(name, StepState.SKIPPED, skip, key)
+        return _skipped(name, skip, key)
     if step.loop is not None:
         def loop() -> Result:
             rec = _Record(name)
@@ -328,7 +338,7 @@ def _map_task(ctx: _Context, name: str, n_upstream: int, *results: Result) -> Re
     run = _local_run(ctx, results[:n_upstream])
     skip = _decision(run, step)
     if skip is not None:
-        return _ended(name, StepState.SKIPPED, skip)
+        return _skipped(name, skip)
     items = [_Record.from_dict(r["record"]) for r in results[n_upstream:]]
     for rec in items:
         run._records[(name, rec.key)] = rec
@@ -522,6 +532,13 @@ class RayRun:
         final = RunState.FAILED if failed else RunState.SUCCEEDED
         message = ("steps failed: " + ", ".join(r.step for r in failed)) if failed else ""
         hooks = _local_run(self._ctx)._hooks(final, failed)
+        firing = {s.name for s in hooks}
+        for hook in wf.exit_hooks:  # recorded as not fired, not left pending
+            for step in hook.steps:
+                if step.name not in firing:
+                    self._set(StepStatus(step.name, StepState.SKIPPED, finished_at=time.time(),
+                                         message=hook_not_fired(hook, f"the run {final.value}")),
+                              final=True)
         if hooks:
             for step in hooks:
                 self._set(StepStatus(step.name, StepState.PENDING), final=True)
@@ -673,7 +690,7 @@ class RayRun:
                 needs, upstream, strict=True)])
             skip = _decision(run, step)
             if skip is not None:
-                return ray.put(_ended(step.name, StepState.SKIPPED, skip))
+                return ray.put(_skipped(step.name, skip))
             try:
                 items = run._items(step)
             except _StepError as exc:
