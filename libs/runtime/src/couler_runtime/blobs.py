@@ -27,6 +27,7 @@ from minio import Minio
 from minio.error import InvalidResponseError, MinioException, S3Error, ServerError
 
 from couler.errors import CoulerError, NotFoundError, RetryableError, UserError
+from couler_runtime.private_files import write_atomic
 from couler_runtime.settings import ENV_PREFIX, CommonSettings, S3Location
 
 __all__ = [
@@ -158,15 +159,7 @@ class LocalBlobStore:
         dest = self._path(key)
         if not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(data)
-                os.replace(tmp, dest)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
+            write_atomic(dest, data)
         return key
 
     def _open(self, key: str) -> IO[bytes]:

@@ -1,6 +1,7 @@
 """Files only their owner may read: seeds, secrets, the stack's state.
 
-* :func:`write_private` -- write a file atomically with mode 0600 (its directory 0700).
+* :func:`write_atomic` -- write a file atomically (a temporary file, then a rename).
+* :func:`write_private` -- the same with mode 0600 (its directory 0700).
 * :func:`check_private` -- refuse a file that others may read, naming what it is for.
 """
 
@@ -14,24 +15,31 @@ from pathlib import Path
 
 from couler.errors import UserError
 
-__all__ = ["check_private", "write_private"]
+__all__ = ["check_private", "write_atomic", "write_private"]
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file beside it, then a rename):
+    a reader sees the old file or the new one, never part of it. ``mode``: the new file's
+    permissions (default: the temporary file's, 0600)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        if mode is not None:
+            os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def write_private(path: Path, data: bytes | str) -> None:
     """Write ``data`` to ``path`` atomically, readable by its owner only (0600); a missing
     directory is made 0700."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(raw)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, data.encode() if isinstance(data, str) else data, mode=0o600)
 
 
 def check_private(path: str | os.PathLike[str], what: str) -> os.stat_result:
