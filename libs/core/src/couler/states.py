@@ -30,8 +30,8 @@ class _CurrentWorkflow:
         """:func:`couler.set_security_context`."""
         set_security_context(security_context)
 
-    def __repr__(self) -> str:
-        return f"<the workflow being built: {self.name!r}>"
+    def __repr__(self) -> str:  # without creating a workflow to name
+        return "<couler.states.workflow: the workflow being built>"
 
 
 workflow = _CurrentWorkflow()

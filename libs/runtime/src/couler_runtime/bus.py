@@ -301,7 +301,7 @@ class _Acks:
             if sent > oldest:
                 break
             del self.pending[token]
-            self._unconfirmed(durable, seq, "TimeoutError")
+            self.unconfirmed(durable, seq, "TimeoutError")
         if self.pending:
             first = next(iter(self.pending.values()))[2]
             self._sweep = loop.call_later(max(0.0, first - oldest), self._expire)
@@ -309,11 +309,11 @@ class _Acks:
     def lost(self, reason: str) -> None:
         """The connection dropped: no confirmation in flight will arrive."""
         for durable, seq, _ in self.pending.values():
-            self._unconfirmed(durable, seq, reason)
+            self.unconfirmed(durable, seq, reason)
         self.pending.clear()
 
     @staticmethod
-    def _unconfirmed(durable: str, seq: int, reason: str) -> None:
+    def unconfirmed(durable: str, seq: int, reason: str) -> None:
         # The effect is committed; JetStream will redeliver and the idempotent handler
         # will see it again. Nothing else can be done here.
         log.warning("consumer %s: ack of seq %d not confirmed (%s); it may be redelivered",
@@ -961,7 +961,7 @@ class Subscription(Generic[M]):
     max_retry_delay: float
     batch: int
     on_reject: RejectHook | None
-    bus: Bus | None = None
+    bus: Bus
     batch_handler: BatchHandler[M] | None = None
     linger: float = 0.0
     _task: asyncio.Task[None] | None = field(default=None, init=False)
@@ -1091,30 +1091,24 @@ class Subscription(Generic[M]):
         headers = dict(msg.headers or {})
         expected = self.message_type.DESCRIPTOR.full_name
         declared = headers.get(HEADER_EVENT_TYPE)
-        bus = self.bus
-        signer = ""
-        if bus is not None:
-            ref = headers.get(HEADER_PAYLOAD, "")
-            digest = (ref.removeprefix("sha256:") if ref
-                      else hashlib.sha256(msg.data).hexdigest())
-            try:
-                signer = bus.authenticate(msg.subject, headers, digest)
-            except SignatureError as e:
-                await self._term(msg, f"{type(e).__name__}: {e}", authenticated=False)
-                return None
+        ref = headers.get(HEADER_PAYLOAD, "")
+        digest = ref.removeprefix("sha256:") if ref else hashlib.sha256(msg.data).hexdigest()
+        try:
+            signer = self.bus.authenticate(msg.subject, headers, digest)
+        except SignatureError as e:
+            await self._term(msg, f"{type(e).__name__}: {e}", authenticated=False)
+            return None
         if declared is not None and declared != expected:
             await self._term(msg, f"event type {declared!r}, this consumer expects {expected!r}")
             return None
-        data = msg.data
-        if bus is not None:
-            try:
-                data = await bus.load_body(msg.subject, msg.data, headers)
-            except UserError as e:
-                await self._term(msg, f"{type(e).__name__}: {e}")
-                return None
-            except RetryableError as e:
-                await self._retry(msg, delivered, f"{type(e).__name__}: {e}", exc_info=False)
-                return None
+        try:
+            data = await self.bus.load_body(msg.subject, msg.data, headers)
+        except UserError as e:
+            await self._term(msg, f"{type(e).__name__}: {e}")
+            return None
+        except RetryableError as e:
+            await self._retry(msg, delivered, f"{type(e).__name__}: {e}", exc_info=False)
+            return None
         try:
             message = self.message_type.FromString(data)
         except DecodeError as e:
@@ -1139,15 +1133,10 @@ class Subscription(Generic[M]):
 
     async def _ack(self, msg: Msg, seq: int) -> None:
         try:
-            if self.bus is not None:
-                await self.bus._acks.send(msg, self.durable, seq)
-            else:
-                await msg.ack_sync(timeout=5.0)
-        except (TimeoutError, nats.errors.Error) as e:
-            # The effect is committed; JetStream will redeliver and the idempotent handler
-            # will see it again. Nothing else can be done here.
-            log.warning("consumer %s: ack of seq %d not confirmed (%s); it may be redelivered",
-                        self.durable, seq, type(e).__name__)
+            await self.bus._acks.send(msg, self.durable, seq)
+        except nats.errors.Error as e:  # the connection is closed: it will be redelivered
+            _Acks.unconfirmed(self.durable, seq, type(e).__name__)
+
     async def _retry(self, msg: Msg, delivered: int, reason: str, *, exc_info: bool) -> None:
         if delivered >= self.max_deliver:
             await self._term(msg, f"gave up after {delivered} deliveries: {reason}")
@@ -1169,8 +1158,7 @@ class Subscription(Generic[M]):
         try:
             if self.on_reject is not None:
                 await self.on_reject(rejection)
-            if self.bus is not None:
-                await self.bus.record_deadletter(rejection)
+            await self.bus.record_deadletter(rejection)
         except Exception:
             # Recording failed: leave the message for redelivery rather than lose the why.
             log.exception("consumer %s: recording the rejection failed; redelivering seq %d",
