@@ -176,6 +176,51 @@ def test_dependents_of_a_step_skipped_by_its_when_run_and_keep_running(
         [StepState.SUCCEEDED] * 3
 
 
+def test_succeeded_is_strict_where_the_default_edge_accepts_a_when_skip(
+        engine: LocalEngine) -> None:
+    """B2, Argo's rule: ``A.Succeeded`` needs A to have run and succeeded; bare ``A`` also
+    accepts A skipped by its own when. A step not run for that reason is omitted, and so
+    are its bare dependents; ``.Omitted`` picks exactly those."""
+    cond = ir.Condition(ir.Literal.of("a"), ir.CompareOp.EQ, ir.Literal.of("b"))
+    status = engine.run(wf(
+        "strict", container("gate", "true", when=ir.When(cond)),
+        container("bare", "true", dependencies=after("gate")),
+        container("strict", "true",
+                  dependencies=after("gate", cond=ir.EdgeCondition.SUCCEEDED_ONLY)),
+        container("after-strict", "true", dependencies=after("strict")),
+        container("if-omitted", "true",
+                  dependencies=after("strict", cond=ir.EdgeCondition.OMITTED)),
+        container("gate-omitted", "true",
+                  dependencies=after("gate", cond=ir.EdgeCondition.OMITTED))))
+    assert status.state is RunState.SUCCEEDED
+    assert by_key(status, "bare").state is StepState.SUCCEEDED
+    assert by_key(status, "strict").state is StepState.SKIPPED
+    assert "did not reach succeeded_only" in by_key(status, "strict").message
+    assert by_key(status, "after-strict").state is StepState.SKIPPED
+    assert by_key(status, "if-omitted").state is StepState.SUCCEEDED
+    # gate was skipped by its own when: that is not "omitted"
+    assert by_key(status, "gate-omitted").state is StepState.SKIPPED
+
+
+def test_any_succeeded_and_all_failed_count_a_maps_items(engine: LocalEngine) -> None:
+    def fan(name: str, codes: tuple[int, ...]) -> ir.Step:
+        return container(name, "sh", "-c", "exit {{inputs.code}}",
+                         foreach=ir.ForEach(items=tuple(ir.Literal.of(c) for c in codes)),
+                         inputs=(ir.InputParameter("code", ir.ItemRef()),))
+
+    any_ok, all_bad = ir.EdgeCondition.ANY_SUCCEEDED, ir.EdgeCondition.ALL_FAILED
+    status = engine.run(wf(
+        "counting", fan("mixed", (0, 1)), fan("broken", (1, 2)),
+        container("one-of-mixed", "true", dependencies=after("mixed", cond=any_ok)),
+        container("all-of-mixed", "true", dependencies=after("mixed", cond=all_bad)),
+        container("one-of-broken", "true", dependencies=after("broken", cond=any_ok)),
+        container("all-of-broken", "true", dependencies=after("broken", cond=all_bad))))
+    assert by_key(status, "mixed").state is StepState.FAILED
+    assert [by_key(status, n).state for n in
+            ("one-of-mixed", "all-of-mixed", "one-of-broken", "all-of-broken")] == [
+        StepState.SUCCEEDED, StepState.SKIPPED, StepState.SKIPPED, StepState.SUCCEEDED]
+
+
 @pytest.mark.parametrize("parallelism", [1, 3])
 def test_map_static_items(engine: LocalEngine, parallelism: int) -> None:
     step = script("sq", "import sys, time; time.sleep(0.3); print(int(sys.argv[1]) ** 2)",

@@ -18,7 +18,7 @@ from couler import ir
 from couler.api.builder import Defaults, discard_implicit_builder, get_defaults, set_defaults
 from couler.api.capture import capture_callable
 from couler.argo import WFStatus
-from couler.errors import UserError
+from couler.errors import UserError, ValidationError
 
 
 @pytest.fixture(autouse=True)
@@ -431,10 +431,51 @@ def test_set_dependencies_with_a_depends_expression() -> None:
     b = step(wf, "b")
     assert b.depends == ir.DependsAll((
         ir.DependsTerm("a"),
-        ir.DependsAny((ir.DependsTerm("c", ir.EdgeCondition.SUCCEEDED),
+        # "c.Succeeded" is Argo's: c ran and succeeded (not also "skipped by its when")
+        ir.DependsAny((ir.DependsTerm("c", ir.EdgeCondition.SUCCEEDED_ONLY),
                        ir.DependsTerm("c", ir.EdgeCondition.FAILED))),
     ))
     assert deps(b) == [("a", SUCCEEDED), ("c", ir.EdgeCondition.ANY)]
+
+
+def test_succeeded_is_strict_and_a_bare_name_is_argos_default_edge() -> None:
+    """B2: "a.Succeeded" must not run after a skipped by its when; bare "a" may."""
+    def program() -> None:
+        couler.set_dependencies(lambda: job("a"))
+        couler.set_dependencies(lambda: job("strict"), dependencies="a.Succeeded")
+        couler.set_dependencies(lambda: job("listed"), dependencies=["a.Succeeded"])
+        couler.set_dependencies(lambda: job("bare"), dependencies="a")
+        couler.set_dependencies(lambda: job("gone"), dependencies="a.Omitted")
+
+    wf = build(program)
+    assert deps(step(wf, "strict")) == [("a", ir.EdgeCondition.SUCCEEDED_ONLY)]
+    assert deps(step(wf, "listed")) == [("a", ir.EdgeCondition.SUCCEEDED_ONLY)]
+    assert deps(step(wf, "bare")) == [("a", SUCCEEDED)]
+    assert deps(step(wf, "gone")) == [("a", ir.EdgeCondition.OMITTED)]
+    for name in ("strict", "listed", "bare", "gone"):
+        assert step(wf, name).depends is None
+
+
+def test_daemoned_and_an_expression_in_a_list_are_refused() -> None:
+    with pytest.raises(UserError, match="Daemoned.*not supported"):
+        build(lambda: (couler.set_dependencies(lambda: job("a")),
+                       couler.set_dependencies(lambda: job("b"), dependencies="a.Daemoned")))
+
+    def in_list() -> None:
+        couler.set_dependencies(lambda: job("a"))
+        couler.set_dependencies(lambda: job("b"), dependencies=["a.Succeeded || a.Failed"])
+
+    with pytest.raises(UserError, match="is an expression; pass it as a string"):
+        build(in_list)
+
+
+def test_any_succeeded_needs_a_map_upstream() -> None:
+    def program() -> None:
+        couler.set_dependencies(lambda: job("a"))
+        couler.set_dependencies(lambda: job("b"), dependencies="a.AnySucceeded")
+
+    with pytest.raises(ValidationError, match="'any_succeeded' on 'a' needs a map step"):
+        build(program)
 
 
 def test_a_depends_string_of_plain_terms_is_just_edges() -> None:

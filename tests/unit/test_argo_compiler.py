@@ -534,7 +534,10 @@ def test_artifacts_with_storage_and_from_steps() -> None:
     (ir.EdgeCondition.ERRORED, "a.Errored"),
     (ir.EdgeCondition.SKIPPED, "a.Skipped"),
     (ir.EdgeCondition.COMPLETED, "(a.Succeeded || a.Failed)"),
-    (ir.EdgeCondition.ANY, "(a.Succeeded || a.Failed || a.Errored || a.Skipped)"),
+    # "any terminal state": Argo's Omitted (not run: its dependencies failed) included
+    (ir.EdgeCondition.ANY, "(a.Succeeded || a.Failed || a.Errored || a.Skipped || a.Omitted)"),
+    (ir.EdgeCondition.SUCCEEDED_ONLY, "a.Succeeded"),
+    (ir.EdgeCondition.OMITTED, "a.Omitted"),
 ])
 def test_dependency_conditions(condition: ir.EdgeCondition, expected: str) -> None:
     doc = compile_ok(wf_of(S("a", ctr()), S("b", ctr(), dependencies=(
@@ -542,6 +545,16 @@ def test_dependency_conditions(condition: ir.EdgeCondition, expected: str) -> No
     t = task(doc, "b")
     assert t["depends"] == expected
     assert "dependencies" not in t
+
+
+@pytest.mark.parametrize(("condition", "expected"), [
+    (ir.EdgeCondition.ANY_SUCCEEDED, "a.AnySucceeded"),
+    (ir.EdgeCondition.ALL_FAILED, "a.AllFailed"),
+])
+def test_item_counting_conditions_on_a_map(condition: ir.EdgeCondition, expected: str) -> None:
+    fan = S("a", ctr(), foreach=ir.ForEach(items=(ir.Literal.of(1), ir.Literal.of(2))))
+    doc = compile_ok(wf_of(fan, S("b", ctr(), dependencies=(ir.Dependency("a", condition),))))
+    assert task(doc, "b")["depends"] == expected
 
 
 def test_several_dependencies_are_and_joined() -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from couler import ir
 from couler.api.builder import StepDraft, WorkflowBuilder, current_builder
 from couler.api.config import WFStatus
-from couler.api.depends import parse_depends
+from couler.api.depends import DEPENDS_STATUSES, parse_depends
 from couler.api.handles import ItemHandle, ParameterOutput, StepOutput, WorkflowParam
 from couler.api.naming import sanitize
 from couler.errors import UserError
@@ -439,15 +439,29 @@ def set_dependencies(step_function: Callable[[], Any],
         for step in steps:
             if expr is not None:
                 for dep in parsed:
-                    if dep.step != step.name:
-                        step.add_dep(dep.step, dep.condition)
+                    if dep.step != step.name:  # the stated outcome wins over an implicit edge
+                        step.deps[dep.step] = dep.condition
                 if _edges_only(expr):
                     continue  # "A.Failed", "A && B": the edges say it all, on every engine
                 step.depends = expr if step.depends is None else ir.DependsAll((step.depends, expr))
             elif dependencies is not None:
                 for name in dependencies:
-                    _edge(step, sanitize(name))
+                    _listed_edge(step, name)
     return result
+
+
+def _listed_edge(step: StepDraft, name: str) -> None:
+    """An edge from one entry of a ``dependencies`` list: a step name, or ``NAME.Status``."""
+    if name.rpartition(".")[2] not in DEPENDS_STATUSES:
+        _edge(step, sanitize(name))
+        return
+    expr, _ = parse_depends(name)
+    if not isinstance(expr, ir.DependsTerm):
+        raise UserError(f"set_dependencies(): list entry {name!r} is an expression; pass it as "
+                        "a string (dependencies=\"A && B.Failed\"), not inside a list")
+    if expr.step != step.name:
+        _edge(step, expr.step)
+        step.deps[expr.step] = expr.condition
 
 
 def _edges_only(expr: ir.DependsExpr) -> bool:

@@ -6,11 +6,18 @@ Grammar::
     and     := unary ( "&&" unary )*
     unary   := "!" unary | "(" expr ")" | term
     term    := STEP ( "." STATUS )?
-    STATUS  := Succeeded | Failed | Errored | Skipped | Completed
+    STATUS  := Succeeded | Failed | Errored | Skipped | Omitted | Completed
+             | AnySucceeded | AllFailed
 
-A bare ``STEP`` means "succeeded, or skipped by its own ``when``" (Argo's
-plain ``depends: A``), the IR's :attr:`~couler.ir.EdgeCondition.SUCCEEDED`.
-``A.Succeeded`` maps to the same IR condition.
+The meanings follow Argo's: a bare ``STEP`` means "succeeded, or skipped by
+its own ``when``" (Argo's plain ``depends: A``), the IR's
+:attr:`~couler.ir.EdgeCondition.SUCCEEDED`; ``A.Succeeded`` means "ran and
+succeeded" (:attr:`~couler.ir.EdgeCondition.SUCCEEDED_ONLY`), so a step whose
+upstream was skipped by its ``when`` does not run. ``Skipped`` is a skip by the
+step's own ``when``; ``Omitted`` a step not run because its dependencies did
+not hold. ``AnySucceeded`` / ``AllFailed`` count the items of a map step.
+``Completed`` (succeeded or failed) is Couler's. ``Daemoned`` is refused: the
+IR has no daemon outcome.
 """
 
 from __future__ import annotations
@@ -22,16 +29,20 @@ from couler import ir
 from couler.api.naming import sanitize
 from couler.errors import UserError
 
-__all__ = ["depends_steps", "parse_depends"]
+__all__ = ["DEPENDS_STATUSES", "depends_steps", "parse_depends"]
 
 _STATUS = {
-    "Succeeded": ir.EdgeCondition.SUCCEEDED,
+    "Succeeded": ir.EdgeCondition.SUCCEEDED_ONLY,
     "Failed": ir.EdgeCondition.FAILED,
     "Errored": ir.EdgeCondition.ERRORED,
     "Skipped": ir.EdgeCondition.SKIPPED,
+    "Omitted": ir.EdgeCondition.OMITTED,
     "Completed": ir.EdgeCondition.COMPLETED,
+    "AnySucceeded": ir.EdgeCondition.ANY_SUCCEEDED,
+    "AllFailed": ir.EdgeCondition.ALL_FAILED,
 }
-_UNSUPPORTED = ("Omitted", "Daemoned", "AnySucceeded", "AllFailed")
+_UNSUPPORTED = ("Daemoned",)
+DEPENDS_STATUSES = frozenset(_STATUS)  # the ``.Status`` suffixes a term may carry
 _TOKEN = re.compile(r"\s*(?:(?P<op>&&|\|\||!|\(|\))|(?P<name>[A-Za-z0-9_][-A-Za-z0-9_]*)"
                     r"(?:\.(?P<status>[A-Za-z]+))?)")
 

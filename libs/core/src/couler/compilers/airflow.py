@@ -96,7 +96,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from couler import ir
-from couler.engines.base import Capability, Feature, Limit, Support, check_capabilities
+from couler.engines.base import (
+    Capability,
+    Feature,
+    Limit,
+    Support,
+    check_capabilities,
+    plain_edges,
+)
 from couler.errors import UnsupportedFeatureError
 
 __all__ = [
@@ -231,6 +238,9 @@ _RULE_OF_EDGE: dict[ir.EdgeCondition, str] = {
     ir.EdgeCondition.SKIPPED: "all_skipped",
     ir.EdgeCondition.COMPLETED: "all_done",
     ir.EdgeCondition.ANY: "all_done",
+    ir.EdgeCondition.SUCCEEDED_ONLY: "all_success",
+    ir.EdgeCondition.ANY_SUCCEEDED: "one_success",  # over a mapped task's instances
+    ir.EdgeCondition.ALL_FAILED: "all_failed",
 }
 TRIGGER_RULES: Mapping[ir.EdgeCondition, str] = _RULE_OF_EDGE
 _RULE_OF_HOOK: dict[ir.RunStatus, str] = {
@@ -439,6 +449,7 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> str:
     """
     if validate:
         ir.validate(wf)
+    wf = plain_edges(wf)  # A.Succeeded from a step without a when is a plain edge
     check_capabilities(ENGINE, CAPABILITIES, wf)
     return _Compiler(wf).compile()
 
@@ -691,7 +702,12 @@ class _Compiler:
             raise self._fail(step.name, Feature.EDGE_CONDITIONS,
                              "Airflow has one trigger_rule per task: all edges of a step must "
                              "share one condition, got " + ", ".join(sorted(conditions)))
-        return _RULE_OF_EDGE[conditions.pop()]
+        condition = conditions.pop()
+        if condition not in _RULE_OF_EDGE:
+            raise self._fail(step.name, Feature.EDGE_CONDITIONS,
+                             f"Airflow has no trigger rule for {condition.value!r}: it does not "
+                             "tell a task that was not run from one skipped by its when")
+        return _RULE_OF_EDGE[condition]
 
     def _emit_group(self, scope: _Scope, step: ir.Step, indent: int, rule: str | None) -> None:
         body = step.body

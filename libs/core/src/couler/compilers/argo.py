@@ -141,9 +141,13 @@ _EXIT_STATUS = {
     ir.RunStatus.ERROR: "Error",
 }
 _EDGE_SUFFIX = {
+    ir.EdgeCondition.SUCCEEDED_ONLY: "Succeeded",
     ir.EdgeCondition.FAILED: "Failed",
     ir.EdgeCondition.ERRORED: "Errored",
     ir.EdgeCondition.SKIPPED: "Skipped",
+    ir.EdgeCondition.OMITTED: "Omitted",
+    ir.EdgeCondition.ANY_SUCCEEDED: "AnySucceeded",
+    ir.EdgeCondition.ALL_FAILED: "AllFailed",
 }
 _OOM_EXPRESSION = 'asInt(lastRetry.exitCode) == 137 || lastRetry.message contains "OOMKilled"'
 
@@ -653,7 +657,8 @@ class _Compiler:
         if cond == ir.EdgeCondition.COMPLETED:
             return f"({name}.Succeeded || {name}.Failed)"
         if cond == ir.EdgeCondition.ANY:
-            return f"({name}.Succeeded || {name}.Failed || {name}.Errored || {name}.Skipped)"
+            return (f"({name}.Succeeded || {name}.Failed || {name}.Errored || {name}.Skipped "
+                    f"|| {name}.Omitted)")
         return f"{name}.{_EDGE_SUFFIX[cond]}"
 
     # ------------------------------------------------------------------ step policies

@@ -94,7 +94,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from couler import ir
-from couler.engines.base import Capability, Feature, Limit, Support, check_capabilities
+from couler.engines.base import (
+    Capability,
+    Feature,
+    Limit,
+    Support,
+    check_capabilities,
+    plain_edges,
+)
 from couler.errors import UnsupportedFeatureError, UserError
 
 __all__ = [
@@ -276,6 +283,7 @@ def build_pipeline(wf: ir.Workflow, *, validate: bool = True, local: bool = Fals
     _import("kfp")
     if validate:
         ir.validate(wf)
+    wf = plain_edges(wf)  # A.Succeeded from a step without a when is a plain edge
     check_capabilities(ENGINE, CAPABILITIES, wf)
     return _Builder(wf, local=local, workdir=workdir).build()
 

@@ -68,7 +68,14 @@ from typing import Any
 from couler import ir
 from couler.compilers import emit
 from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
-from couler.engines.base import Capability, Feature, Limit, Support, check_capabilities
+from couler.engines.base import (
+    Capability,
+    Feature,
+    Limit,
+    Support,
+    check_capabilities,
+    plain_edges,
+)
 from couler.errors import UnsupportedFeatureError
 
 __all__ = [
@@ -228,6 +235,7 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> list[dict[str
     """
     if validate:
         ir.validate(wf)
+    wf = plain_edges(wf)  # A.Succeeded from a step without a when is a plain edge
     check_capabilities(ENGINE, CAPABILITIES, wf)
     return _Compiler(wf).compile()
 

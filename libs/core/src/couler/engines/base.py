@@ -13,6 +13,7 @@ records. Each engine's adapter follows the :class:`EngineAdapter` protocol.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ __all__ = [
     "check_capabilities",
     "features_used",
     "first_unsupported",
+    "plain_edges",
 ]
 
 
@@ -212,6 +214,48 @@ def features_used(wf: ir.Workflow) -> dict[Feature, list[str]]:
     if wf.node_selector:
         add(Feature.NODE_SELECTOR, "")
     return used
+
+
+def plain_edges(wf: ir.Workflow) -> ir.Workflow:
+    """``wf`` with each ``succeeded_only`` edge from a step without a ``when`` made plain.
+
+    Such a step cannot be skipped by its own ``when``, so "ran and succeeded"
+    and the default edge ("succeeded, or skipped by its when") accept the same
+    outcomes. Engines without per-edge conditions compile the plain edge, so an
+    open-source program's ``A.Succeeded`` runs there unchanged.
+    """
+
+    def scope(steps: tuple[ir.Step, ...]) -> tuple[ir.Step, ...]:
+        by_name = {s.name: s for s in steps}
+        return tuple(one(s, by_name) for s in steps)
+
+    def plain(step: str, cond: ir.EdgeCondition, by_name: Mapping[str, ir.Step],
+              ) -> ir.EdgeCondition:
+        up = by_name.get(step)
+        if cond is ir.EdgeCondition.SUCCEEDED_ONLY and up is not None and up.when is None:
+            return ir.EdgeCondition.SUCCEEDED
+        return cond
+
+    def expr(e: ir.DependsExpr, by_name: Mapping[str, ir.Step]) -> ir.DependsExpr:
+        if isinstance(e, ir.DependsTerm):
+            return ir.DependsTerm(e.step, plain(e.step, e.condition, by_name))
+        if isinstance(e, ir.DependsNot):
+            return ir.DependsNot(expr(e.term, by_name))
+        return type(e)(tuple(expr(t, by_name) for t in e.terms))
+
+    def one(step: ir.Step, by_name: Mapping[str, ir.Step]) -> ir.Step:
+        deps = tuple(ir.Dependency(d.step, plain(d.step, d.condition, by_name))
+                     for d in step.dependencies)
+        depends = expr(step.depends, by_name) if step.depends is not None else None
+        body = step.body
+        if isinstance(body, ir.SubWorkflowSpec) and body.steps:
+            body = dataclasses.replace(body, steps=scope(body.steps))
+        if deps == step.dependencies and depends == step.depends and body is step.body:
+            return step
+        return dataclasses.replace(step, dependencies=deps, depends=depends, body=body)
+
+    hooks = tuple(dataclasses.replace(h, steps=scope(h.steps)) for h in wf.exit_hooks)
+    return dataclasses.replace(wf, steps=scope(wf.steps), exit_hooks=hooks)
 
 
 def first_unsupported(capabilities: Mapping[Feature, Capability],

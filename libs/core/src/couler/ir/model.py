@@ -353,12 +353,16 @@ class OutputArtifact:
 class EdgeCondition(enum.StrEnum):
     """Which outcome of the upstream step lets the downstream step run."""
 
-    SUCCEEDED = "succeeded"
+    SUCCEEDED = "succeeded"  # succeeded, or skipped by its own when (Argo's bare ``depends: A``)
     FAILED = "failed"
     ERRORED = "errored"
-    SKIPPED = "skipped"
+    SKIPPED = "skipped"  # skipped by its own when (Argo's Skipped)
     COMPLETED = "completed"  # succeeded or failed
-    ANY = "any"  # any terminal state, including skipped
+    ANY = "any"  # any terminal state, including skipped and omitted
+    SUCCEEDED_ONLY = "succeeded_only"  # ran and succeeded (Argo's ``A.Succeeded``)
+    OMITTED = "omitted"  # not run because its own dependencies did not hold (Argo's Omitted)
+    ANY_SUCCEEDED = "any_succeeded"  # a map step: at least one item succeeded
+    ALL_FAILED = "all_failed"  # a map step: every item failed
 
 
 @dataclass(frozen=True, slots=True)

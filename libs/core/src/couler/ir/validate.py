@@ -25,6 +25,7 @@ from couler.ir.model import (
     DependsExpr,
     DependsNot,
     DependsTerm,
+    EdgeCondition,
     EnvVar,
     ForEach,
     ItemRef,
@@ -282,6 +283,17 @@ class _Checker:
             self.check_step(s, by_name)
         self.check_cycles(steps, by_name)
 
+    def check_edge(self, s: Step, field: str, upstream: str, condition: EdgeCondition,
+                   scope: dict[str, Step]) -> None:
+        """An item-counting condition (any succeeded / all failed) needs a map upstream."""
+        if condition not in (EdgeCondition.ANY_SUCCEEDED, EdgeCondition.ALL_FAILED):
+            return
+        up = scope.get(upstream)
+        if up is not None and up.foreach is None:
+            self.add(s.name, field, f"condition {condition.value!r} on {upstream!r} needs a map "
+                     "step (it counts the items); use 'succeeded_only' or 'failed' for a "
+                     "single step")
+
     def check_cycles(self, steps: Sequence[Step], by_name: dict[str, Step]) -> None:
         indegree = {s.name: 0 for s in steps}
         children: dict[str, list[str]] = {s.name: [] for s in steps}
@@ -324,6 +336,7 @@ class _Checker:
             if d.step in deps:
                 self.add(name, "dependencies", f"dependency on {d.step!r} is listed twice")
             deps[d.step] = d.condition.value
+            self.check_edge(s, "dependencies", d.step, d.condition, scope)
         if s.depends is not None:
             for term in _terms(s.depends):
                 if term.step not in deps:
@@ -332,6 +345,7 @@ class _Checker:
                         "depends",
                         f"expression names {term.step!r}, which is not in dependencies",
                     )
+                self.check_edge(s, "depends", term.step, term.condition, scope)
 
         self.check_body(s, scope)
         self.check_io(s, scope, set(deps))

@@ -46,6 +46,10 @@ class EdgeCondition(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EDGE_CONDITION_SKIPPED: _ClassVar[EdgeCondition]
     EDGE_CONDITION_COMPLETED: _ClassVar[EdgeCondition]
     EDGE_CONDITION_ANY: _ClassVar[EdgeCondition]
+    EDGE_CONDITION_SUCCEEDED_ONLY: _ClassVar[EdgeCondition]
+    EDGE_CONDITION_OMITTED: _ClassVar[EdgeCondition]
+    EDGE_CONDITION_ANY_SUCCEEDED: _ClassVar[EdgeCondition]
+    EDGE_CONDITION_ALL_FAILED: _ClassVar[EdgeCondition]
 
 class CompareOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -132,6 +136,10 @@ EDGE_CONDITION_ERRORED: EdgeCondition
 EDGE_CONDITION_SKIPPED: EdgeCondition
 EDGE_CONDITION_COMPLETED: EdgeCondition
 EDGE_CONDITION_ANY: EdgeCondition
+EDGE_CONDITION_SUCCEEDED_ONLY: EdgeCondition
+EDGE_CONDITION_OMITTED: EdgeCondition
+EDGE_CONDITION_ANY_SUCCEEDED: EdgeCondition
+EDGE_CONDITION_ALL_FAILED: EdgeCondition
 COMPARE_OP_UNSPECIFIED: CompareOp
 COMPARE_OP_EQ: CompareOp
 COMPARE_OP_NE: CompareOp

@@ -641,7 +641,23 @@ class LocalRun:
             return state is StepState.SKIPPED and not (rec is not None and rec.omitted)
         if cond is ir.EdgeCondition.COMPLETED:
             return state in (*_DONE_OK, StepState.FAILED)
+        if cond is ir.EdgeCondition.SUCCEEDED_ONLY:  # ran and succeeded (Argo's A.Succeeded)
+            return state in _DONE_OK
+        if cond is ir.EdgeCondition.OMITTED:  # not run because its dependencies did not hold
+            return state is StepState.SKIPPED and rec is not None and rec.omitted
+        if cond is ir.EdgeCondition.ANY_SUCCEEDED:
+            return state in _DONE_OK or any(s in _DONE_OK for s in self._item_states(name))
+        if cond is ir.EdgeCondition.ALL_FAILED:
+            items = self._item_states(name)
+            return state is StepState.FAILED and bool(items) and \
+                all(s is StepState.FAILED for s in items)
         return state.terminal
+
+    def _item_states(self, step: str) -> list[StepState]:
+        """The states of a map step's items (empty before it ran or when it was cached whole)."""
+        name = self._name(step)
+        with self._lock:
+            return [r.state for (s, key), r in self._records.items() if s == name and key]
 
     def _expr(self, expr: ir.DependsExpr) -> bool:
         if isinstance(expr, ir.DependsTerm):
