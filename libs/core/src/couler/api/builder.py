@@ -38,6 +38,7 @@ from couler.api.handles import (
     StepOutput,
     WorkflowParam,
 )
+from couler.api.interpolate import Marks, find_mark, has_mark, texts
 from couler.errors import UserError
 
 if TYPE_CHECKING:
@@ -395,6 +396,7 @@ class WorkflowBuilder:
         self._secret_values: dict[int, dict[str, str]] = {}
         self._tokens: list[Token[WorkflowBuilder | None]] = []
         self._salted: dict[str, str] = {}
+        self.marks = Marks()  # handles formatted into text (couler.api.interpolate)
 
     # ------------------------------------------------------------------ scope management
 
@@ -817,8 +819,29 @@ class WorkflowBuilder:
             ttl_seconds=cfg.ttl_seconds,
             parallelism=cfg.parallelism,
         )
+        if self.marks:
+            self._refuse_marks(wf)
         ir.validate(wf)
         return wf
+
+    def _refuse_marks(self, wf: ir.Workflow) -> None:
+        """Refuse a formatted handle left where no engine can fill it in (an image, a name)."""
+        for step in ir.all_steps([*wf.steps, *(s for h in wf.exit_hooks for s in h.steps)]):
+            field_name = find_mark(step)
+            if field_name:
+                text = "".join(texts(getattr(step.body, field_name[5:])
+                                     if field_name.startswith("body.")
+                                     else getattr(step, field_name)))
+                raise UserError(
+                    f"workflow {wf.name!r}, step {step.name!r}, field {field_name!r}: "
+                    f"{self.marks.describe(text)} is formatted into this text, but its value is "
+                    "known only when the workflow runs; Couler fills such values in a step's "
+                    "args, command and env only -- pass it there, or as an argument")
+        rest = "".join(texts(dataclasses.replace(wf, steps=(), exit_hooks=())))
+        if has_mark(rest):
+            raise UserError(f"workflow {wf.name!r}: {self.marks.describe(rest)} is "
+                            "formatted into a workflow setting (a label, annotation or name); "
+                            "its value is known only when the workflow runs")
 
     def to_yaml(self) -> str:
         """The Argo document (``Workflow`` or ``CronWorkflow``) as YAML text."""

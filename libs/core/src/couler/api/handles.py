@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from couler.api.interpolate import Formattable, Marks
 from couler.ir import ArtifactLocation, SecretRef, StorageKind, ValueType
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ __all__ = [
     "ArtifactOutput",
     "ItemHandle",
     "LocationDraft",
+    "Outputs",
     "ParameterOutput",
     "Secret",
     "SecretMaterial",
@@ -29,8 +31,12 @@ __all__ = [
 ]
 
 
-class StepOutput:
-    """An output of a step created by ``run_*``; pass it to later steps to feed them."""
+class StepOutput(Formattable):
+    """An output of a step created by ``run_*``; pass it to later steps to feed them.
+
+    Formatted into a step's args, command or env (``f"--model={out}"``), it
+    becomes a placeholder the engine fills in (see :mod:`couler.api.interpolate`).
+    """
 
     __slots__ = ("_draft", "_name")
 
@@ -52,6 +58,9 @@ class StepOutput:
     def draft(self) -> StepDraft:
         """The producing step's draft (internal)."""
         return self._draft
+
+    def _marks(self) -> Marks:
+        return self._draft.builder.marks
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(step={self.step_name!r}, name={self._name!r})"
@@ -94,8 +103,12 @@ class ArtifactOutput(StepOutput):
         return self._path
 
 
-class ItemHandle:
-    """The current item of a ``map`` (``key`` selects one list when several are zipped)."""
+class ItemHandle(Formattable):
+    """The current item of a ``map`` (``key`` selects one list when several are zipped).
+
+    ``"print(%s)" % item`` or ``f"--n={item}"`` in a step's args becomes the
+    engine's item placeholder.
+    """
 
     __slots__ = ("_key", "_owner", "_type")
 
@@ -119,12 +132,22 @@ class ItemHandle:
         """The map call this item belongs to (internal)."""
         return self._owner
 
+    def _marks(self) -> Marks | None:
+        from couler.api.builder import peek_builder
+
+        builder = peek_builder()
+        return builder.marks if builder is not None else None
+
     def __repr__(self) -> str:
         return f"ItemHandle(key={self._key!r})"
 
 
-class WorkflowParam:
-    """A workflow-level parameter; usable as a step argument or a ``when`` operand."""
+class WorkflowParam(Formattable):
+    """A workflow-level parameter; usable as a step argument or a ``when`` operand.
+
+    Formatted into a step's args, command or env (``f"--lr={lr}"``), it
+    becomes the engine's parameter placeholder.
+    """
 
     __slots__ = ("_builder", "_name", "_type")
 
@@ -148,8 +171,25 @@ class WorkflowParam:
         """The workflow the parameter belongs to (internal)."""
         return self._builder
 
+    def _marks(self) -> Marks:
+        return self._builder.marks
+
     def __repr__(self) -> str:
         return f"WorkflowParam(name={self._name!r}, type={self._type.value!r})"
+
+
+class Outputs(list[StepOutput]):
+    """The outputs a ``run_*`` call returns.
+
+    Passing the list as an argument passes its first output; formatting it
+    (``f"{out}"``) does the same, so a Python list never reaches a workflow.
+    """
+
+    def __str__(self) -> str:
+        return str(self[0]) if self else "[]"
+
+    def __format__(self, spec: str) -> str:
+        return format(self[0], spec) if self else format("[]", spec)
 
 
 class Secret:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import inspect
+import itertools
 import json
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import PurePosixPath
 from types import FrameType
 
@@ -35,11 +37,13 @@ from couler.api.config import Toleration
 from couler.api.handles import (
     ArtifactOutput,
     ItemHandle,
+    Outputs,
     ParameterOutput,
     Secret,
     StepOutput,
     WorkflowParam,
 )
+from couler.api.interpolate import has_mark, refuse_in_name, split_marks
 from couler.api.options import (
     Cache,
     ImagePullPolicy,
@@ -141,6 +145,7 @@ def run_container(  # noqa: PLR0917 - the SDK's positional signature
     draft = StepDraft(builder=b, base_name=template, template=template, body=spec,
                       explicit_name=explicit)
     _add_args(b, draft, args)
+    _add_command(b, draft)
     _add_outputs(draft, output)
     _add_inputs(b, draft, input)
     _add_env(b, draft, env)
@@ -234,6 +239,7 @@ def run_script(  # noqa: PLR0917 - the SDK's positional signature
     draft = StepDraft(builder=b, base_name=template, template=template, body=spec,
                       explicit_name=explicit, has_stdout=True)
     _add_args(b, draft, args)
+    _add_command(b, draft)
     _add_outputs(draft, output)
     _add_inputs(b, draft, input)
     _add_env(b, draft, env)
@@ -387,6 +393,7 @@ def _language(command: str | Sequence[str] | None) -> tuple[ir.ScriptLanguage, t
 def _template(step_name: str | None, frame: FrameType | None, fallback: str) -> tuple[str, bool]:
     """The template name and whether the user chose it."""
     if step_name:
+        refuse_in_name(str(step_name), f"workflow {current_builder().workflow_name()!r}: step_name")
         name = naming.user_name(str(step_name))
         if name is None:
             b = current_builder()
@@ -435,9 +442,62 @@ def _add_args(b: WorkflowBuilder, draft: StepDraft, args: object) -> None:
             _consume_artifact(b, draft, value)
             continue
         name = f"para-{draft.template}-{i}"
+        if isinstance(value, str) and has_mark(value):
+            extra = itertools.count(1)
+            draft.args.append(_fill_marks(
+                b, draft, value, what=f"argument {i}",
+                names=itertools.chain([name], (f"{name}-{k}" for k in extra))))
+            continue
         _add_input(b, draft, name, value, what=f"argument {i}")
         draft.args.append(f"{{{{inputs.{name}}}}}")
     draft.next_index = len(items)
+
+
+def _add_command(b: WorkflowBuilder, draft: StepDraft) -> None:
+    """Fill formatted handles in the command (``command=["python", f"{script}"]``)."""
+    body = draft.body
+    if not isinstance(body, (ir.ContainerSpec, ir.ScriptSpec)):
+        return
+    if not any(has_mark(c) for c in body.command):
+        return
+    names = iter(draft.new_input_name, None)
+    command = tuple(_fill_marks(b, draft, c, what=f"command {i}", names=names)
+                    if has_mark(c) else c for i, c in enumerate(body.command))
+    draft.body = dataclasses.replace(body, command=command)
+
+
+def _fill_marks(b: WorkflowBuilder, draft: StepDraft, text: str, *, what: str,
+              names: Iterator[str]) -> str:
+    """``text`` with each formatted handle the placeholder of a new input the handle feeds.
+
+    A handle the step already takes is one input. Literal text that itself looks like a
+    placeholder (``{{...}}``) is passed as a literal input, so no engine
+    templates it.
+    """
+    where = f"workflow {b.workflow_name()!r}, step {draft.template!r}, {what}"
+    fed: dict[int, str] = {}
+    out: list[str] = []
+    for literal, mark in split_marks(text):
+        if "{{" in literal:
+            name = next(names)
+            _add_input(b, draft, name, literal, what=what)
+            out.append(f"{{{{inputs.{name}}}}}")
+        else:
+            out.append(literal)
+        if not mark:
+            continue
+        handle = b.marks.resolve(mark, where=where)
+        if isinstance(handle, ArtifactOutput):
+            raise UserError(f"{where}: artifact {handle.name!r} of step {handle.step_name!r} is "
+                            "a file, not a value; pass it in input= and read it at its path")
+        if id(handle) not in fed:
+            source, _, _ = b.operand(handle, what=f"step {draft.template!r}, {what}")
+            known = next((i.name for i in draft.inputs if i.value == source), None)
+            fed[id(handle)] = known or next(names)
+            if known is None:
+                _add_input(b, draft, fed[id(handle)], handle, what=what)
+        out.append(f"{{{{inputs.{fed[id(handle)]}}}}}")
+    return "".join(out)
 
 
 def _add_input(b: WorkflowBuilder, draft: StepDraft, name: str, value: object, *,
@@ -534,6 +594,9 @@ def _add_env(b: WorkflowBuilder, draft: StepDraft,
             name = draft.new_input_name()
             _add_input(b, draft, name, resolved, what=f"env {key}")
             draft.env.append(EnvDraft(key, f"{{{{inputs.{name}}}}}"))
+        elif isinstance(value, str) and has_mark(value):
+            draft.env.append(EnvDraft(key, _fill_marks(b, draft, value, what=f"env {key}",
+                                                     names=iter(draft.new_input_name, None))))
         else:
             draft.env.append(EnvDraft(key, str(value)))
 
@@ -593,7 +656,7 @@ def _finish(b: WorkflowBuilder, draft: StepDraft) -> list[StepOutput]:
     step = b.add_step(draft)
     if step is draft:
         step.handles = _handles(step)
-    return list(step.handles)
+    return Outputs(step.handles)
 
 
 def _handles(draft: StepDraft) -> list[StepOutput]:
