@@ -31,14 +31,12 @@ if mode == "run":
     print(json.dumps({"runs": K.run_locally(wf, paths[1])}))
     raise SystemExit(0)
 if mode == "run-failing":  # the run must fail; report the steps that ran
-    import glob, os
     wf = capture_program(paths[0])[0]
     try:
         K.run_locally(wf, paths[1])
-    except RuntimeError as exc:
-        logs = glob.glob(os.path.join(paths[1], "couler-kfp-log-*", "*.out"))
-        ran = sorted({os.path.basename(p).split(".")[0] for p in logs})
-        print(json.dumps({"error": str(exc), "ran": ran}))
+    except K.LocalRunError as exc:
+        print(json.dumps({"error": str(exc), "ran": sorted([*exc.runs, *exc.failed]),
+                          "failed": exc.failed}))
         raise SystemExit(0)
     raise SystemExit("the run succeeded")
 out = {}
@@ -335,7 +333,7 @@ def test_run_locally_failed_hook_runs_after_a_failure(tmp_path: Path) -> None:
     program.write_text(HOOKS)
     out = helper(tmp_path, "run-failing", str(program), str(tmp_path / "root"))
     assert out["ran"] == ["mourn", "work"]
-    assert "'work'" in out["error"]
+    assert "'work'" in out["error"] and out["failed"] == ["work"]
 
 
 def test_two_status_dependent_hooks_are_rejected(tmp_path: Path) -> None:

@@ -457,7 +457,7 @@ def test_succeeded_is_strict_and_a_bare_name_is_argos_default_edge() -> None:
 
 
 def test_daemoned_and_an_expression_in_a_list_are_refused() -> None:
-    with pytest.raises(UserError, match="Daemoned.*not supported"):
+    with pytest.raises(UserError, match=r"Daemoned.*not supported"):
         build(lambda: (couler.set_dependencies(lambda: job("a")),
                        couler.set_dependencies(lambda: job("b"), dependencies="a.Daemoned")))
 

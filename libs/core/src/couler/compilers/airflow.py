@@ -39,10 +39,17 @@ Shape of the generated file:
   ``trigger_rule`` (one per task, so all edges of a step must share one
   condition): succeeded → ``none_failed`` (upstream succeeded or was skipped),
   failed / errored → ``all_failed``, skipped → ``all_skipped``, completed /
-  any → ``all_done``. A DAG run's state comes from its leaf tasks, so a failed
-  step whose failure such an edge handles would leave the run succeeded; the
-  ``couler-exit-status`` watcher task (below) keeps it failed, as on the other
-  engines.
+  any → ``all_done``, succeeded_only (``A.Succeeded``) → ``all_success``, any
+  succeeded / all failed of a map → ``one_success`` / ``all_failed`` over its
+  mapped instances. A trigger rule cannot tell a step skipped by its own
+  ``when`` from one that was not run (Argo's Omitted), and ``all_failed``
+  counts ``upstream_failed``: the runner checks such edges against the
+  upstream's state and the when-skip XCom (``WHEN_SKIP_KEY``) before starting,
+  and a step whose edge does not hold ends skipped without the mark, so its own
+  dependents are not run either (semantics rule S2). A DAG run's state comes
+  from its leaf tasks, so a failed step whose failure such an edge handles
+  would leave the run succeeded; the ``couler-exit-status`` watcher task
+  (below) keeps it failed, as on the other engines.
 * **when / else** are evaluated by the runner before the command starts; a
   false condition raises ``AirflowSkipException`` so the task ends *skipped*
   and ``none_failed`` dependents still run. Comparisons are numeric when both
@@ -115,6 +122,7 @@ __all__ = [
     "LIMITS",
     "MAX_MAP_LENGTH",
     "TRIGGER_RULES",
+    "WHEN_SKIP_KEY",
     "compile_workflow",
 ]
 
@@ -156,7 +164,9 @@ CAPABILITIES: dict[Feature, Capability] = {
             "or a shared volume instead"),
     Feature.EDGE_CONDITIONS: Capability(
         _N, "the task's trigger_rule: failed/errored → all_failed, skipped → all_skipped, "
-            "completed/any → all_done (succeeded → none_failed); one rule per task, so all "
+            "completed/any → all_done (succeeded → none_failed, succeeded_only → "
+            "all_success), checked by the step runner against not-run upstreams (Omitted, "
+            "which Airflow reports as skipped or upstream_failed); one rule per task, so all "
             "edges of a step must share one condition; a couler-exit-status task (one_failed) "
             "keeps the run failed when a handled step failed"),
     Feature.DEPENDS_EXPRESSION: Capability(
@@ -262,6 +272,19 @@ _PARAM_TYPE: dict[ir.ValueType, str] = {
     ir.ValueType.LIST: "array",
 }
 _PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
+WHEN_SKIP_KEY = "couler_when_skipped"
+# Edges whose trigger rule admits an upstream that was not run: none_failed and
+# all_skipped take any skip, all_failed counts upstream_failed, all_done takes both.
+_CHECKED_EDGES = frozenset({ir.EdgeCondition.SUCCEEDED, ir.EdgeCondition.SKIPPED,
+                            ir.EdgeCondition.FAILED, ir.EdgeCondition.ERRORED,
+                            ir.EdgeCondition.COMPLETED})
+
+
+def _plain(step: ir.Step | None) -> bool:
+    """A single task (not a map or a group): its state is one task's state."""
+    return step is not None and step.foreach is None and \
+        not isinstance(step.body, ir.SubWorkflowSpec)
+
 
 # The runner, copied verbatim into every generated file. It runs on the worker.
 _RUNTIME = '''
@@ -360,8 +383,12 @@ def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str,
     if spec["items"] is not None:
         item = spec["items"][item]
     inputs = {name: _couler_value(src, xcoms, item, {}) for name, src in spec["inputs"].items()}
+    omitted = _couler_omitted(spec["edges"])
+    if omitted:  # not run: no when-skip mark, so its own dependents do not run either
+        raise AirflowSkipException(f"{step} not run: {omitted}")
     when = spec["when"]
     if when is not None and _couler_holds(when, xcoms, item, {}) != when["expect"]:
+        get_current_context()["ti"].xcom_push(key=WHEN_SKIP_KEY, value=True)
         raise AirflowSkipException(f"when condition of {step} is {not when['expect']}")
 
     def fill(text: str) -> str:
@@ -390,6 +417,37 @@ def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str,
         if loop is None or not _couler_holds(loop, xcoms, item, outputs):
             break
     return outputs
+
+
+_ACCEPTS = {"succeeded": ("succeeded", "skipped"), "skipped": ("skipped",),
+            "failed": ("failed",), "errored": ("failed",), "completed": ("succeeded", "failed")}
+
+
+def _couler_omitted(edges: list[list[str]]) -> str:
+    """Why an upstream's outcome fails its edge although the trigger rule let this task start.
+
+    A trigger rule sees "skipped" for a step skipped by its own when and for one that was
+    not run (Argo's Omitted), and counts upstream_failed as failed; the when-skip mark
+    (an XCom) tells them apart. "" when every edge holds.
+    """
+    if not edges:
+        return ""
+    ti = get_current_context()["ti"]
+    try:
+        found = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id])
+    except Exception:  # noqa: BLE001 - older task SDKs: the trigger rules alone decide
+        return ""
+    states = found.get(ti.run_id, {}) if isinstance(found, dict) else {}
+    for upstream, condition in edges:
+        state = str(getattr(states.get(upstream), "value", states.get(upstream))).lower()
+        if state == "skipped":
+            marked = ti.xcom_pull(task_ids=upstream, key=WHEN_SKIP_KEY)
+            outcome = "skipped" if marked else "omitted"
+        else:
+            outcome = {"success": "succeeded", "failed": "failed"}.get(state, "omitted")
+        if outcome not in _ACCEPTS[condition]:
+            return f"dependency {upstream!r} did not reach {condition} (it was {outcome})"
+    return ""
 
 
 def _couler_status() -> str:
@@ -609,6 +667,7 @@ class _Compiler:
             "from airflow.sdk.exceptions import AirflowSkipException",
             "",
             f"WORKFLOW_NAME = {wf.name!r}",
+            f"WHEN_SKIP_KEY = {WHEN_SKIP_KEY!r}  # XCom of a task skipped by its own when",
             "# Static description of every step, read by _couler_run on the worker.",
             "STEPS: dict[str, dict[str, Any]] = {}",
             *(f"STEPS[{key!r}] = {_py(dict(sorted(spec.items())))}"
@@ -786,6 +845,9 @@ class _Compiler:
             else:
                 env.append({"name": var.name, "value": var.value})
         spec["env"] = env
+        # edges whose trigger rule also admits an upstream that was not run (see _RUNTIME)
+        spec["edges"] = [[scope.key(d.step), d.condition.value] for d in step.dependencies
+                         if d.condition in _CHECKED_EDGES and _plain(scope.steps.get(d.step))]
         spec["when"] = None
         if step.when is not None:
             spec["when"] = {**self._condition(scope, step, step.when.condition, xcoms),

@@ -108,6 +108,7 @@ __all__ = [
     "CAPABILITIES",
     "ENGINE",
     "LIMITS",
+    "LocalRunError",
     "build_pipeline",
     "compile_workflow",
     "run_locally",
@@ -292,7 +293,11 @@ def run_locally(wf: ir.Workflow, pipeline_root: str) -> dict[str, list[str]]:
     """Run ``wf`` with ``kfp.local`` (SubprocessRunner, no venv) in local mode.
 
     Returns, per step that ran, the standard output of each of its executions
-    (one per map item), sorted. Raises ``RuntimeError`` (from kfp) when the run fails.
+    (one per map item), sorted.
+
+    Raises:
+        LocalRunError: when a step fails (kfp.local stops there), with the
+            steps that ran before and the steps that failed.
     """
     local = _import("kfp.local")
     os.makedirs(pipeline_root, exist_ok=True)
@@ -304,19 +309,40 @@ def run_locally(wf: ir.Workflow, pipeline_root: str) -> dict[str, list[str]]:
     os.environ[LOCAL_DIR_ENV] = logdir
     try:
         pipeline()
+    except Exception as exc:
+        runs, failed = _local_runs(logdir)
+        named = [step for step in failed if repr(step) in str(exc)]  # kfp names the task
+        failed = named or failed
+        raise LocalRunError(str(exc), {s: o for s, o in runs.items() if s not in failed},
+                            failed) from exc
     finally:
         if old is None:
             os.environ.pop(LOCAL_DIR_ENV, None)
         else:
             os.environ[LOCAL_DIR_ENV] = old
+    return _local_runs(logdir)[0]
+
+
+class LocalRunError(RuntimeError):
+    """A ``kfp.local`` run that stopped at a failed step."""
+
+    def __init__(self, message: str, runs: dict[str, list[str]], failed: list[str]) -> None:
+        super().__init__(message)
+        self.runs = runs  # per step that succeeded, its executions' stdout
+        self.failed = failed  # the steps with a failed execution
+
+
+def _local_runs(logdir: str) -> tuple[dict[str, list[str]], list[str]]:
     runs: dict[str, list[str]] = {}
+    failed: set[str] = set()
     for name in sorted(os.listdir(logdir)):
-        if not name.endswith(".out"):
-            continue
-        step = name.rsplit(".", 2)[0]
-        with open(os.path.join(logdir, name), encoding="utf-8") as fh:
-            runs.setdefault(step, []).append(fh.read())
-    return {step: sorted(outs) for step, outs in runs.items()}
+        step, _, end = name.rsplit(".", 2) if name.count(".") >= 2 else (name, "", "")
+        if end == "failed":
+            failed.add(step)
+        if end in ("failed", "out"):  # every execution, a retried attempt included
+            with open(os.path.join(logdir, name), encoding="utf-8") as fh:
+                runs.setdefault(step, []).append(fh.read())
+    return {step: sorted(outs) for step, outs in runs.items()}, sorted(failed)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -419,6 +445,12 @@ class _Builder:
             body = step.body
             if isinstance(body, (ir.ContainerSpec, ir.ScriptSpec)) and body.image_pull_policy:
                 raise self._fail(step.name, "image pull policy", _KK)
+            for e in step.env:
+                if e.secret is None and _PLACEHOLDER.search(e.value):
+                    raise self._fail(step.name, "env from a run-time value",
+                                     f"env {e.name!r}: KFP sets environment variables to "
+                                     "literal values only (PipelineTask.set_env_variable); "
+                                     "pass the value as an argument instead")
             upstream = {d.step for d in step.dependencies}
             upstream |= {i.value.step for i in step.inputs if isinstance(i.value, ir.StepOutputRef)}
             for name in sorted(upstream):
@@ -610,7 +642,8 @@ class _Builder:
             "    sys.stdout.write(proc.stdout)",
             f"    logdir = os.environ.get({LOCAL_DIR_ENV!r})",
             "    if logdir:",
-            f"        name = os.path.join(logdir, {step.name!r} + '.' + uuid.uuid4().hex + '.out')",
+            "        end = '.failed' if proc.returncode else '.out'",
+            f"        name = os.path.join(logdir, {step.name!r} + '.' + uuid.uuid4().hex + end)",
             "        with open(name, 'w') as fh:",
             "            fh.write(proc.stdout)",
             "    if proc.returncode:",
