@@ -239,12 +239,18 @@ def test_compile_for_airflow_writes_a_dag_file() -> None:
     assert "coin-flip" in out
 
 
-def test_compile_for_kfp_without_kfp_says_how_to_get_it() -> None:
-    # The main environment has no kfp (it pins protobuf < 7); .venv-kfp has it.
-    status, _, err = run_cli(
+def test_compile_for_kfp_without_kfp_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The main environment has no kfp (it pins protobuf < 7): the command compiles in the
+    # kfp environment (tests/integration/test_cli_kfp_env.py), here one that does not exist.
+    monkeypatch.setenv("COULER_KFP_PYTHON", str(tmp_path / "missing"))
+    status, out, err = run_cli(
         "compile", str(ROOT / "examples" / "dag_diamond.py"), "--engine", "kfp"
     )
-    assert status == 2 and "kfp" in err
+    assert status == 2 and out == ""
+    assert err.startswith(f"couler: error: COULER_KFP_PYTHON={tmp_path / 'missing'}: no such")
+    assert "kfp" in err
 
 
 def test_stack_commands_without_a_stack_or_with_an_empty_request(tmp_path: Path) -> None:

@@ -24,6 +24,12 @@ also needs Ray, which has its own environment (``scripts/setup-engine-venv.sh
 ray``); without it ``run`` stops with a user error naming that script. It starts a
 local Ray cluster (stopped when the command ends) unless ``--address`` names one.
 
+``compile --engine kfp`` needs the kfp SDK, which pins protobuf < 7 and so has its own
+environment, ``.venv-kfp`` (``scripts/setup.sh`` creates it). When kfp is not importable
+here, the compile step runs there (:mod:`couler.kfp_env`): ``$COULER_KFP_PYTHON``, or else
+``.venv-kfp/bin/python`` beside this environment; without either it stops with a user
+error naming that setting.
+
 Secrets: ``run`` hands the engine, in memory, the values the program gave
 ``create_secret`` and those of ``--secrets-file FILE`` (or ``$COULER_SECRETS_FILE``),
 a JSON file ``{"secret-name": {"KEY": "value"}}`` for secrets the program only
@@ -36,6 +42,7 @@ import argparse
 import contextlib
 import dataclasses
 import enum
+import importlib.util
 import json
 import logging
 import os
@@ -82,9 +89,18 @@ def _compile_airflow(workflows: Sequence[ir.Workflow]) -> str:
 
 
 def _compile_kfp(workflows: Sequence[ir.Workflow]) -> str:
-    from couler.compilers import emit, kfp
+    from couler.compilers import emit
 
-    return "---\n".join(emit.to_yaml(kfp.compile_workflow(wf)) for wf in workflows)
+    if importlib.util.find_spec("kfp") is not None:
+        from couler.compilers import kfp
+
+        specs = [kfp.compile_workflow(wf) for wf in workflows]
+    else:  # kfp cannot share this environment (protobuf < 7): compile in its own
+        from couler import kfp_env
+
+        specs = kfp_env.compile_workflows(
+            kfp_env.locate(os.environ, Path(sys.prefix)), workflows)
+    return "---\n".join(emit.to_yaml(spec) for spec in specs)
 
 
 def _compile_ir(workflows: Sequence[ir.Workflow]) -> str:
