@@ -488,6 +488,39 @@ class TestMonitor:
             assert http.get("/runs/no-such-run").status_code == 404
             assert http.get("/api/utilization").status_code == 400
 
+    def test_dashboard_shows_a_hook_that_did_not_fire_as_skipped_with_why(
+            self, monitor: Monitor) -> None:
+        """The submitter records an exit hook that did not fire SKIPPED, with why, and
+        publishes its step event; the run's page and its JSON show both, and count it done."""
+        wf, run = uid("hooks"), uid("run")
+        why = "exit hook on failed did not fire: the run succeeded"
+        t0 = time.time()
+        finished = common_pb2.Run(run_id=run, workflow=wf, state="RUN_STATE_SUCCEEDED",
+                                  engine="argo", started_at=ts(t0), finished_at=ts(t0 + 5))
+        pubs = steps(
+            step_event(run, wf, "work", "SUCCEEDED", at=t0 + 3, started=t0 + 1),
+            step_event(run, wf, "always", "SUCCEEDED", at=t0 + 4, started=t0 + 4),
+            step_event(run, wf, "mourn", "SKIPPED", at=t0 + 5, attempts=0, message=why))
+        pubs.append(("couler.workflow.finished", events_pb2.WorkflowFinished(run=finished),
+                     f"{run}.finished.0"))
+        got = exchange(monitor.nats, pubs)
+        assert not got.terminated & set(got.sequences)
+
+        with httpx.Client(base_url=monitor.service.dashboard, timeout=WAIT) as http:
+            text = http.get(f"/runs/{quote(run, safe='')}").text
+            assert ".state-skipped" in text  # styled apart from pending and running
+            assert "3/3 steps done" in text
+            mourn = next(r for r in text.split("<tr>") if "<td>mourn</td>" in r)
+            assert '<td class="state-skipped">skipped</td><td>0</td>' in mourn
+            assert f'<td class="msg">{why}</td>' in mourn
+            always = next(r for r in text.split("<tr>") if "<td>always</td>" in r)
+            assert '<td class="state-succeeded">succeeded</td>' in always
+            api = http.get(f"/api/runs/{quote(run, safe='')}").json()
+            assert api["state"] == "succeeded"
+            assert (api["steps_done"], api["steps_total"]) == (3, 3)
+            (hook,) = [s for s in api["steps"] if s["name"] == "mourn"]
+            assert (hook["state"], hook["message"], hook["attempts"]) == ("skipped", why, 0)
+
     def test_bad_input_is_terminated_and_the_service_stays_up(self, monitor: Monitor) -> None:
         wf, run = uid("bad"), uid("run")
         t0 = time.time()

@@ -15,6 +15,7 @@ Only one submitter runs at a time: instances share the durable consumers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -876,6 +877,46 @@ class RecordingAdapter:
         return None
 
 
+@contextlib.contextmanager
+def argo_submitter(nats_server: NatsServer, tmp_path: Path
+                   ) -> Iterator[tuple[FakeKube, CoulerClient]]:
+    """A submitter configured from settings with COULER_ENGINES=local,argo and
+    COULER_KUBE_HOST/TOKEN, so that it builds the real ArgoAdapter. No Kubernetes runs here:
+    tests/k8s_fake.py speaks the endpoints used, and the test plays the Argo controller by
+    writing the Workflow's status."""
+    with FakeKube(token="secret-t") as kube:
+        settings = settings_for(nats_server, tmp_path, f"sqlite:///{tmp_path / 's.db'}")
+        settings = SubmitterSettings.load("submitter", **{
+            **settings.model_dump(exclude={"service"}), "engines": "local,argo",
+            "kube_host": kube.url, "kube_token": "secret-t", "argo_namespace": "argo"})
+        svc = ServiceThread(settings).start()
+        try:
+            with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
+                yield kube, client
+        finally:
+            svc.stop()
+
+
+def hooked_workflow(name: str) -> ir.Workflow:
+    """work -> after; exit hooks ``always`` (on any status) and ``mourn`` (on failure)."""
+    return ir.Workflow(
+        name=name, steps=(script("work", "print('work')"),
+                          script("after", "print('after')",
+                                 dependencies=(ir.Dependency("work"),))),
+        exit_hooks=(ir.ExitHook(ir.RunStatus.ANY, (script("always", "print('bye')"),)),
+                    ir.ExitHook(ir.RunStatus.FAILED, (script("mourn", "print('sad')"),))))
+
+
+def step_events(nats_server: NatsServer, run_id: str) -> dict[str, StepRecord]:
+    """The step events published about ``run_id``, by Nats-Msg-Id, once its ``finished``
+    event is out (a step event of the run is queued before it)."""
+    wait_for("the finished event", lambda: stored(
+        nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
+        events_pb2.WorkflowFinished, run_id))
+    return {h["Nats-Msg-Id"]: step_record_from_proto(m.step) for _, m, h in stored(
+        nats_server, "COULER_STEP", "couler.step.>", events_pb2.StepEvent, run_id)}
+
+
 class TestAdapters:
     """Remote engines plug in as EngineAdapters; unknown engine settings are refused."""
 
@@ -904,40 +945,124 @@ class TestAdapters:
     def test_argo_configured_from_settings_runs_through_the_kubernetes_api(
             self, nats_server: NatsServer, tmp_path: Path) -> None:
         """COULER_ENGINES=local,argo with COULER_KUBE_HOST/TOKEN: the submitter builds the
-        real ArgoAdapter. No Kubernetes runs here: tests/k8s_fake.py speaks the endpoints
-        used, and this test plays the Argo controller by writing the Workflow's status."""
-        with FakeKube(token="secret-t") as kube:
-            settings = settings_for(nats_server, tmp_path, f"sqlite:///{tmp_path / 's.db'}")
-            settings = SubmitterSettings.load("submitter", **{
-                **settings.model_dump(exclude={"service"}), "engines": "local,argo",
-                "kube_host": kube.url, "kube_token": "secret-t", "argo_namespace": "argo"})
-            svc = ServiceThread(settings).start()
-            try:
-                with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
-                    wf = ir.Workflow(name=unique("argo"), steps=(script(
-                        "hello", "print('hi')",
-                        outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),)),))
-                    sub = client.submitter.submit(wf, engine="argo")
-                    optimize(nats_server, sub.run_id, wf, engine="argo")
-                    (name,) = wait_for("the Workflow object", lambda: kube.names(
-                        "workflows", "argo"))
-                    obj = kube.get("workflows", "argo", name)
-                    annotations = obj["metadata"]["annotations"]
-                    assert annotations["couler.io/idempotency-key"] == sub.run_id
-                    nodes = {n["id"]: n for n in (
-                        argo_node(name, name, name, "DAG", "Succeeded", children=(f"{name}-1",),
-                                  finished=ARGO_T0),
-                        argo_node(name, f"{name}-1", "hello", "Pod", "Succeeded",
-                                  finished=ARGO_T0,
-                                  outputs={"parameters": [{"name": "said", "value": "hi"}],
-                                           "exitCode": "0"}))}
-                    kube.update("workflows", "argo", name, argo_status("Succeeded", nodes))
-                    run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
-                    assert run.state is RunState.SUCCEEDED, run.message
-                    assert run.engine == "argo" and run.engine_run_id == name
-                    assert run.step("hello").outputs == {"said": "hi"}
-            finally:
-                svc.stop()
+        real ArgoAdapter (see :func:`argo_submitter`)."""
+        with argo_submitter(nats_server, tmp_path) as (kube, client):
+            wf = ir.Workflow(name=unique("argo"), steps=(script(
+                "hello", "print('hi')",
+                outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),)),))
+            sub = client.submitter.submit(wf, engine="argo")
+            optimize(nats_server, sub.run_id, wf, engine="argo")
+            (name,) = wait_for("the Workflow object", lambda: kube.names("workflows", "argo"))
+            obj = kube.get("workflows", "argo", name)
+            annotations = obj["metadata"]["annotations"]
+            assert annotations["couler.io/idempotency-key"] == sub.run_id
+            nodes = {n["id"]: n for n in (
+                argo_node(name, name, name, "DAG", "Succeeded", children=(f"{name}-1",),
+                          finished=ARGO_T0),
+                argo_node(name, f"{name}-1", "hello", "Pod", "Succeeded", finished=ARGO_T0,
+                          outputs={"parameters": [{"name": "said", "value": "hi"}],
+                                   "exitCode": "0"}))}
+            kube.update("workflows", "argo", name, argo_status("Succeeded", nodes))
+            run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+            assert run.state is RunState.SUCCEEDED, run.message
+            assert run.engine == "argo" and run.engine_run_id == name
+            assert run.step("hello").outputs == {"said": "hi"}
+
+    @pytest.mark.parametrize("argo_reports_it", [False, True],
+                             ids=["hook-not-reported", "hook-reported-skipped"])
+    def test_an_exit_hook_that_did_not_fire_on_argo_is_recorded_skipped_saying_why(
+            self, nats_server: NatsServer, tmp_path: Path, argo_reports_it: bool) -> None:
+        """The run succeeds, so the hook ``on failed`` does not fire. Argo reports such a
+        hook as a Skipped node of the exit handler ("when 'Succeeded == Failed' evaluated
+        false"): that record stands as Argo gave it. An engine that reports nothing for it
+        (KFP, or an Argo that never ran the handler) leaves it to the submitter, which
+        records it SKIPPED with the local engine's words when the run ends, and publishes
+        the step event. The hook that did fire keeps what Argo reported."""
+        with argo_submitter(nats_server, tmp_path) as (kube, client):
+            wf = hooked_workflow(unique("argo-hooks"))
+            sub = client.submitter.submit(wf, engine="argo")
+            optimize(nats_server, sub.run_id, wf, engine="argo")
+            (name,) = wait_for("the Workflow object", lambda: kube.names("workflows", "argo"))
+            exit_id = f"{name}-exit"
+            nodes = [
+                argo_node(name, name, name, "DAG", "Succeeded", children=(f"{name}-1",),
+                          finished=ARGO_T0),
+                argo_node(name, f"{name}-1", "work", "Pod", "Succeeded", finished=ARGO_T0,
+                          children=(f"{name}-2",), outputs={"exitCode": "0"}),
+                argo_node(name, f"{name}-2", "after", "Pod", "Succeeded", finished=ARGO_T0,
+                          outputs={"exitCode": "0"}),
+                argo_node(name, exit_id, "onExit", "DAG", "Succeeded", finished=ARGO_T0,
+                          children=(f"{name}-3",)),
+                argo_node(name, f"{name}-3", "always", "Pod", "Succeeded", boundary=exit_id,
+                          finished=ARGO_T0, outputs={"result": "bye", "exitCode": "0"})]
+            if argo_reports_it:
+                nodes.append(argo_node(
+                    name, f"{name}-4", "mourn", "Skipped", "Skipped", boundary=exit_id,
+                    started=None, finished=ARGO_T0,
+                    message="when 'Succeeded == Failed' evaluated false"))
+            kube.update("workflows", "argo", name,
+                        argo_status("Succeeded", {n["id"]: n for n in nodes},
+                                    finishedAt=ARGO_T0))
+            run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+            assert run.state is RunState.SUCCEEDED, run.message
+            why = ("when 'Succeeded == Failed' evaluated false" if argo_reports_it
+                   else "exit hook on failed did not fire: the run succeeded")
+            mourn = run.step("mourn")
+            assert (mourn.state, mourn.message, mourn.attempts) == (StepState.SKIPPED, why, 0)
+            assert mourn.finished_at is not None and mourn.started_at is None
+            always = run.step("always")
+            assert (always.state, always.attempts, always.outputs) == (
+                StepState.SUCCEEDED, 1, {"result": "bye"})
+            assert {s.name: s.state for s in run.steps} == {
+                "work": StepState.SUCCEEDED, "after": StepState.SUCCEEDED,
+                "always": StepState.SUCCEEDED, "mourn": StepState.SKIPPED}
+            events = step_events(nats_server, sub.run_id)
+            published = events[f"{sub.run_id}.mourn..0.skipped"]
+            assert (published.state, published.message) == (StepState.SKIPPED, why)
+            assert events[f"{sub.run_id}.always..1.succeeded"].outputs == {"result": "bye"}
+            assert not any(".always." in k and k.endswith(".skipped") for k in events)
+
+    def test_a_cancelled_argo_run_records_what_never_ran(self, nats_server: NatsServer,
+                                                         tmp_path: Path) -> None:
+        """Cancel terminates the Argo workflow (``spec.shutdown: Terminate``): the running
+        step fails, the step after it never gets a node and no exit handler runs. Those
+        steps end CANCELLED and the hooks SKIPPED ("did not fire: the run was cancelled"),
+        as on the local engine, and their step events are published."""
+        with argo_submitter(nats_server, tmp_path) as (kube, client):
+            wf = hooked_workflow(unique("argo-cancel"))
+            sub = client.submitter.submit(wf, engine="argo")
+            optimize(nats_server, sub.run_id, wf, engine="argo")
+            (name,) = wait_for("the Workflow object", lambda: kube.names("workflows", "argo"))
+            root = argo_node(name, name, name, "DAG", "Running", children=(f"{name}-1",))
+            work = argo_node(name, f"{name}-1", "work", "Pod", "Running")
+            kube.update("workflows", "argo", name,
+                        argo_status("Running", {n["id"]: n for n in (root, work)}))
+            wait_for("work running", lambda: client.submitter.get(sub.run_id).steps)
+            with ThreadPoolExecutor(1) as pool:  # Cancel waits for the engine to stop
+                cancelling = pool.submit(client.submitter.cancel, sub.run_id, reason="enough")
+                wait_for("the terminate patch", lambda: kube.get(
+                    "workflows", "argo", name)["spec"].get("shutdown") == "Terminate")
+                root = {**root, "phase": "Failed", "finishedAt": ARGO_T0}
+                work = {**work, "phase": "Failed", "finishedAt": ARGO_T0,
+                        "message": "Stopped with strategy 'Terminate'"}
+                kube.update("workflows", "argo", name, argo_status(
+                    "Failed", {n["id"]: n for n in (root, work)}, finishedAt=ARGO_T0,
+                    message="Stopped with strategy 'Terminate'"))
+                cancelling.result(WAIT)
+            run = wait_state(client, sub.run_id, RunState.CANCELLED)
+            assert run.message == "cancelled: enough"
+            got = {s.name: (s.state, s.message) for s in run.steps}
+            assert got == {
+                "work": (StepState.CANCELLED, "Stopped with strategy 'Terminate'"),
+                "after": (StepState.CANCELLED, "not run by argo: the run was cancelled"),
+                "always": (StepState.SKIPPED,
+                           "exit hook on any did not fire: the run was cancelled"),
+                "mourn": (StepState.SKIPPED,
+                          "exit hook on failed did not fire: the run was cancelled")}
+            events = step_events(nats_server, sub.run_id)
+            assert events[f"{sub.run_id}.after..0.cancelled"].message == got["after"][1]
+            assert events[f"{sub.run_id}.always..0.skipped"].message == got["always"][1]
+            assert events[f"{sub.run_id}.mourn..0.skipped"].message == got["mourn"][1]
 
     def test_unknown_engines_in_the_settings_are_refused(self) -> None:
         with pytest.raises(SettingsError, match="COULER_ENGINES: unknown engine"):

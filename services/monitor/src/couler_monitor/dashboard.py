@@ -5,7 +5,8 @@ Pages (HTML, every value escaped: run ids, step names and messages come from use
 * ``/`` -- the latest runs: id, workflow, engine, state, started, duration, steps done/total,
   cached steps;
 * ``/runs/{run_id}`` -- one run's steps: name, key, state, attempts, cached, duration, peak
-  memory, peak CPU, message.
+  memory, peak CPU, message (for a skipped or cancelled step, why: e.g. "exit hook on failed
+  did not fire: the run succeeded").
 
 JSON: ``/api/runs?limit=``, ``/api/runs/{run_id}``,
 ``/api/utilization?workflow=&run_id=&step=&limit=``; ``/healthz`` answers
@@ -130,6 +131,7 @@ th, td {{ border-bottom: 1px solid #ddd; padding: .3rem .7rem; text-align: left;
 th {{ background: #f4f4f4; }}
 .state-succeeded {{ color: #17692b; }} .state-failed {{ color: #b00020; }}
 .state-running, .state-pending {{ color: #1a4fa0; }} .state-cached {{ color: #6a3fa0; }}
+.state-skipped, .state-cancelled {{ color: #6b6b6b; }}
 .cached {{ background: #efe6fb; border-radius: 3px; padding: 0 .3rem; }}
 .msg {{ white-space: pre-wrap; max-width: 40rem; }}
 </style></head>

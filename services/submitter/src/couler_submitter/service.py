@@ -43,7 +43,10 @@ transaction of a fraction of a millisecond to a thread and back costs more than 
 Engine callbacks arrive on worker threads; they are handed to the event loop and handled
 in order per run, in batches: the steps' rows (the run's ``revision`` + 1 per change) and
 their events commit in one transaction; a step's output artifacts are uploaded to the
-artifact store first when it has a cache key.
+artifact store first when it has a cache key. The run's end commits with the last of them,
+together with a record (and a step event) for every step the engine never reported, so
+that none looks pending forever: an exit hook that did not fire is SKIPPED, saying why, on
+every engine (:mod:`couler_submitter.unreported`).
 
 Large workflows and records: a workflow too large for one message is uploaded in chunks to
 the shared blob store (:meth:`Submitter.upload_workflow`) and submitted by reference; a
@@ -109,6 +112,7 @@ from couler_submitter.chunks import ChunkedRun, chunk_run_id
 from couler_submitter.engines import KNOWN_ENGINES, RunHandle, Runner, not_configured
 from couler_submitter.model import DEFAULT_ENGINE, RunOptions, RunRequest
 from couler_submitter.store import EventKind, Finish, OutboxEntry, RunStore, parse_page_token
+from couler_submitter.unreported import unreported_steps
 
 __all__ = [
     "BLOB_CHUNK",
@@ -220,6 +224,7 @@ class _Active:
     cancel_reason: str = ""
     task: asyncio.Task[None] | None = None
     final: RunStatus | None = None  # set by the waiting thread before it posts the end
+    reported: set[str] = field(default_factory=set)  # steps the engine reported (any key)
     _steps: dict[str, ir.Step] | None = None
 
     def step(self, name: str) -> ir.Step | None:
@@ -1318,12 +1323,16 @@ class Submitter:
                         ended = True
                         break
                     batch.append(item)
-                # The end came with the last changes: recorded in their transaction.
-                finish = (self._finish_of(active, active.final)
-                          if ended and active.final is not None and not self._closing
-                          else None)
+                # The end came with the last changes: recorded in their transaction, with
+                # the steps the engine never reported.
+                finish: Finish | None = None
+                unreported: Sequence[StepRecord] = ()
+                if ended and active.final is not None and not self._closing:
+                    finish = self._finish_of(active, active.final)
+                    unreported = self._unreported(active, active.final, finish, batch)
                 try:
-                    run = await self._on_steps(run_id, active, batch, finish=finish)
+                    run = await self._on_steps(run_id, active, batch, finish=finish,
+                                               unreported=unreported)
                     if finish is not None:
                         finished = True
                         ended_here = (run.state is finish.state
@@ -1349,13 +1358,16 @@ class Submitter:
                 del self._active[run_id]
 
     async def _on_steps(self, run_id: str, active: _Active, statuses: Sequence[StepStatus], *,
-                        finish: Finish | None = None) -> Run:
+                        finish: Finish | None = None,
+                        unreported: Sequence[StepRecord] = ()) -> Run:
         """Record a batch of step changes of one run, and queue their events; ``finish``:
-        the run's end, recorded after them. The record committed."""
+        the run's end, recorded after them, with the ``unreported`` steps' records
+        (:meth:`_unreported`). The record committed."""
         records: list[StepRecord] = []
         samples: list[UtilizationSample] = []
         started_at: float | None = None
         moving = False
+        active.reported.update(s.step for s in statuses)
         for status in statuses:
             artifacts: dict[str, StoredArtifact] = {}
             cache_key = status.cache_key
@@ -1381,10 +1393,11 @@ class Submitter:
                     at=status.finished_at or time.time(), cpu=status.peak_cpu or 0.0,
                     memory_bytes=status.peak_memory_bytes or 0, key=status.key,
                     attempt=max(status.attempts, 1)))
-        run = await self._db(len(records) + len(samples) <= _QUICK_ROWS, self._store.put_steps,
-                             run_id, records, state=RunState.RUNNING if moving else None,
+        run = await self._db(len(records) + len(samples) + len(unreported) <= _QUICK_ROWS,
+                             self._store.put_steps, run_id, records,
+                             state=RunState.RUNNING if moving else None,
                              started_at=started_at if moving else None, samples=samples,
-                             finish=finish)
+                             finish=finish, unreported=unreported)
         self._changed_here(run, steps=True)
         self._wake.set()
         return run
@@ -1413,12 +1426,28 @@ class Submitter:
             message = active.cancel_reason
         return Finish(state, message, final.finished_at or time.time(), _ENGINE_SIDE)
 
+    @staticmethod
+    def _unreported(active: _Active, final: RunStatus, end: Finish,
+                    batch: Sequence[StepStatus] = ()) -> Sequence[StepRecord]:
+        """The records of the steps the engine never reported -- not in its final status,
+        nor in ``batch``, nor among the changes recorded before -- now that the run ends
+        with ``end`` (:mod:`couler_submitter.unreported`)."""
+        active.reported.update(s.step for s in final.steps)
+        active.reported.update(s.step for s in batch)
+        return unreported_steps(active.workflow, active.reported, engine=active.engine,
+                                state=end.state, at=end.finished_at)
+
     async def _finish(self, run_id: str, active: _Active, final: RunStatus) -> None:
         end = self._finish_of(active, final)
-        run = await self._update(run_id, expect=end.expect, state=end.state,
-                                 message=end.message, finished_at=end.finished_at,
-                                 emit=(EventKind.FINISHED,))
-        self._finished(run_id, end if run is not None else None)
+        unreported = self._unreported(active, final, end)
+        if unreported:  # recorded in the transaction that ends the run
+            run = await self._on_steps(run_id, active, (), finish=end, unreported=unreported)
+            ended = run.state is end.state and run.finished_at == end.finished_at
+        else:
+            ended = await self._update(run_id, expect=end.expect, state=end.state,
+                                       message=end.message, finished_at=end.finished_at,
+                                       emit=(EventKind.FINISHED,)) is not None
+        self._finished(run_id, end if ended else None)
 
     def _finished(self, run_id: str, end: Finish | None) -> None:
         """The run's engine is done (``end``: how the run ended, None when it had ended

@@ -763,7 +763,8 @@ class RunStore:
     def put_steps(self, run_id: str, records: Sequence[StepRecord], *,
                   state: RunState | None = None, started_at: float | None = None,
                   samples: Sequence[UtilizationSample] = (),
-                  finish: Finish | None = None) -> Run:
+                  finish: Finish | None = None,
+                  unreported: Sequence[StepRecord] = ()) -> Run:
         """Record the latest state of step executions, and their events, in one transaction.
 
         Every record takes a revision of its own (the run's revision + 1 each), in order;
@@ -772,16 +773,29 @@ class RunStore:
         ``state`` moves the run along too (PENDING -> RUNNING), only from a non-terminal
         state; ``started_at`` is set when the run has none. ``finish`` ends the run after
         them (one more revision, and its ``finished`` event), as :meth:`update_run` with
-        ``expect`` would. Returns the record without steps.
+        ``expect`` would. ``unreported``: records of steps the engine never reported
+        (:mod:`couler_submitter.unreported`), written after ``records`` only when
+        ``finish`` ends the run here, and only for a step with no record at all (under
+        any key, stored or in ``records``): they never replace what an engine said.
+        Returns the record without steps.
         """
         with self._write() as conn:
             row = self._row(conn, run_id, lock=True)
+            now_state = _run_state(row)
+            if state is not None and not now_state.terminal:
+                now_state = state
+            ending = finish is not None and now_state in finish.expect
+            if not ending:
+                unreported = ()
             cached: dict[tuple[str, str], bool] = {}  # the steps stored: whether cached
-            names = sorted({r.name for r in records})
+            names = sorted({r.name for r in records} | {r.name for r in unreported})
             for i in range(0, len(names), _IN_CHUNK):
                 for name, key, was in conn.execute(_STEPS_STORED, {
                         "k_run_id": run_id, "k_names": names[i:i + _IN_CHUNK]}):
                     cached[(name, key)] = bool(was)
+            if unreported:
+                known = {name for name, _ in cached} | {r.name for r in records}
+                records = [*records, *(r for r in unreported if r.name not in known)]
             inserted: dict[tuple[str, str], dict[str, Any]] = {}
             updated: dict[tuple[str, str], dict[str, Any]] = {}
             outbox: list[dict[str, Any]] = []
@@ -820,12 +834,10 @@ class RunStore:
             changes: dict[str, Any] = {"step_count": step_count,
                                        "cached_step_count": cached_count,
                                        "revision": max(revision, row.revision + 1)}
-            now_state = _run_state(row)
-            if state is not None and not now_state.terminal:
-                changes["state"], now_state = state.value, state
+            if state is not None and not _run_state(row).terminal:
+                changes["state"] = state.value
             if started_at is not None and row.started_at is None:
                 changes["started_at"] = started_at
-            ending = finish is not None and now_state in finish.expect
             if finish is not None and ending:
                 changes.update(state=finish.state.value, message=finish.message,
                                finished_at=finish.finished_at,
