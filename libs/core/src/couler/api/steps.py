@@ -266,6 +266,7 @@ def run_job(  # noqa: PLR0917 - the SDK's positional signature
     *,
     priority: int | None = None,
     labels: Mapping[str, object] | None = None,
+    caller_depth: int = 0,
 ) -> list[StepOutput]:
     """Create a Kubernetes resource (a Job, PyTorchJob, TFJob, ...) and wait for it.
 
@@ -284,6 +285,8 @@ def run_job(  # noqa: PLR0917 - the SDK's positional signature
         cache: ``Cache(name, key, max_age)``.
         priority: Scheduling priority of the step.
         labels: Step labels.
+        caller_depth: For wrappers (``couler.steps.tensorflow.train``, ...): how many
+            frames above ``run_job``'s caller the function naming the step is.
 
     Returns:
         ``[job-name, job-id, job-obj]`` output handles.
@@ -304,7 +307,8 @@ def run_job(  # noqa: PLR0917 - the SDK's positional signature
     except ValueError as e:
         raise UserError(f"run_job: action {action!r} is not one of "
                         f"{[a.value for a in ir.JobAction]}") from e
-    template, explicit = _template(step_name, naming.caller_frame(1), _manifest_name(body))
+    template, explicit = _template(step_name, naming.caller_frame(1 + caller_depth),
+                                   _manifest_name(body))
     try:
         spec_ir = ir.JobSpec.of(body, action=job_action, success_condition=success_condition or "",
                                 failure_condition=failure_condition or "",
