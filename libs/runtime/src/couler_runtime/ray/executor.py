@@ -156,6 +156,10 @@ def _local_run(ctx: _Context, upstream: Sequence[Result] = (), *,
     for result in upstream:
         rec = _Record.from_dict(result["record"])
         run._records[(rec.step, "")] = rec
+        for execution in result["executions"]:  # a map's items: "any succeeded" counts them
+            item = _Record.from_dict(execution)
+            if item.key:
+                run._records[(item.step, item.key)] = item
     return run
 
 
