@@ -1182,3 +1182,14 @@ def test_tricky_strings_survive_yaml() -> None:
               "trail ", "tab\tx", "héllo", "multi\nline", "two\n\n", "\nlead", "*a", "&b", "!c"]
     doc = {"values": values, "keyed": {v or "empty": v for v in values}}
     assert yaml.safe_load(argo.to_yaml(doc)) == doc
+
+
+def test_independent_branches_run_to_completion_so_fail_fast_is_off() -> None:
+    """Semantics rule S7: a failed step stops only its dependents. Argo's default fail-fast
+    would fail the DAG as soon as a failed branch reaches a leaf, so whether the other
+    branch's later steps run would depend on timing; a plain chain has nothing to stop."""
+    branches = wf_of(S("a", ctr()), S("b", ctr()),
+                     S("c", ctr(), dependencies=(ir.Dependency("b"),)))
+    assert compile_ok(branches)["spec"]["templates"][0]["dag"]["failFast"] is False
+    chain = wf_of(S("a", ctr()), S("b", ctr(), dependencies=(ir.Dependency("a"),)))
+    assert "failFast" not in compile_ok(chain)["spec"]["templates"][0]["dag"]

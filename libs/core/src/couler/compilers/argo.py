@@ -149,6 +149,26 @@ _EDGE_SUFFIX = {
     ir.EdgeCondition.ANY_SUCCEEDED: "AnySucceeded",
     ir.EdgeCondition.ALL_FAILED: "AllFailed",
 }
+def _dag(tasks: list[Doc], steps: Sequence[ir.Step]) -> Doc:
+    """A DAG template body; ``failFast: false`` unless its steps form one chain.
+
+    Couler's rule (docs/semantics.md, S7): a failed step stops only its own
+    dependents; independent branches run to completion, then the run fails.
+    Argo's default fail-fast instead fails the DAG as soon as a failed branch
+    reaches a leaf, so whether an independent step runs would depend on timing.
+    """
+    if _is_chain(steps):
+        return {"tasks": tasks}
+    return {"failFast": False, "tasks": tasks}
+
+
+def _is_chain(steps: Sequence[ir.Step]) -> bool:
+    """Whether every step but the first depends on exactly the one before it (and nothing
+    else does): no independent branches, so fail-fast changes nothing."""
+    return all(s.depends is None and [d.step for d in s.dependencies] ==
+               ([steps[i - 1].name] if i else []) for i, s in enumerate(steps))
+
+
 _OOM_EXPRESSION = 'asInt(lastRetry.exitCode) == 137 || lastRetry.message contains "OOMKilled"'
 
 
@@ -358,9 +378,9 @@ class _Compiler:
         if wf.exit_hooks:
             exit_tmpl = {"name": self.reserve(EXIT_HANDLER)}
             self.templates.append(exit_tmpl)
-        entry["dag"] = {"tasks": self.dag(wf.steps)}
+        entry["dag"] = _dag(self.dag(wf.steps), wf.steps)
         if exit_tmpl is not None:
-            exit_tmpl["dag"] = {"tasks": self.exit_tasks()}
+            exit_tmpl["dag"] = _dag(self.exit_tasks(), [s for h in wf.exit_hooks for s in h.steps])
 
         spec = self.workflow_spec(entry["name"], None if exit_tmpl is None else exit_tmpl["name"])
         metadata: Doc = {}
@@ -739,7 +759,7 @@ class _Compiler:
         elif isinstance(body, ir.JobSpec):
             key, main = "resource", self.job(body, tr)
         elif body.steps:
-            key, main = "dag", {"tasks": self.dag(body.steps)}
+            key, main = "dag", _dag(self.dag(body.steps), body.steps)
         else:
             key, main = "resource", self.external(step, body)
 
