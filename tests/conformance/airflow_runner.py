@@ -100,7 +100,8 @@ def summarize(wf: ir.Workflow, dag_run: Any) -> dict[str, Any]:
             state = states[0]
         else:
             state = "failed" if "failed" in states else "succeeded"
-        keys = sorted({k for (t, _, k) in xcoms if t == task_id and k != "return_value"})
+        keys = sorted({k for (t, _, k) in xcoms  # the when-skip mark is not an output
+                       if t == task_id and k not in ("return_value", compiler.WHEN_SKIP_KEY)})
         outputs: dict[str, str] = {}
         for key in keys:
             values = [xcoms.get((task_id, ti.map_index, key)) for ti in instances]

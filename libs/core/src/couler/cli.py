@@ -135,8 +135,13 @@ def _capture_secrets(path: str, argv: Sequence[str]) -> CapturedProgram:
 
 
 def cmd_compile(args: argparse.Namespace, out: TextIO) -> int:
+    from couler.semantics import differences
+
     workflows = _capture(args.path, args.program_args)
     text = COMPILERS[args.engine](workflows)
+    for wf in workflows:  # what the engine runs differently (docs/semantics.md)
+        for difference in differences(wf, args.engine):
+            log.warning("warning: %s", difference)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
         for wf in workflows:
