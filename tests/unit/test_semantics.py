@@ -59,6 +59,12 @@ def test_fail_fast_is_warned_where_independent_branches_exist() -> None:
     assert differences(PROGRAMS["skip_propagation"], "argo") == []
 
 
+def test_handled_failures_are_warned_on_argo() -> None:
+    (warning,) = differences(PROGRAMS["edge_conditions"], "argo")
+    assert warning.exception.id == "E5" and warning.steps == ("on-failure", "always")
+    assert set(met("argo")) == {"edge_conditions", "omitted_upstream", "unusual_edges"}
+
+
 def test_status_gated_exit_hooks_are_warned_on_kfp() -> None:
     wf = ir.Workflow(name="hooks", steps=(
         ir.Step(name="a", body=ir.ContainerSpec(image="alpine", command=("true",))),),

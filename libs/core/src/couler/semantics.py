@@ -67,7 +67,15 @@ E_ERRORED = Exception_(
     "an errored edge fires on any failure: Airflow does not tell a platform error from the "
     "command's own failure")
 
-EXCEPTIONS: tuple[Exception_, ...] = (E_FAIL_FAST, E_GROUP_EDGES, E_GATED_HOOKS, E_ERRORED)
+E_LEAF_PHASE = Exception_(
+    "E5", ("argo",), "S7",
+    "the run's phase comes from its leaf steps: a failure handled by a failed, errored, "
+    "completed or any edge whose handler succeeds can leave the run succeeded")
+
+EXCEPTIONS: tuple[Exception_, ...] = (E_FAIL_FAST, E_GROUP_EDGES, E_GATED_HOOKS, E_ERRORED,
+                                      E_LEAF_PHASE)
+_HANDLERS = frozenset({ir.EdgeCondition.FAILED, ir.EdgeCondition.ERRORED,
+                       ir.EdgeCondition.COMPLETED, ir.EdgeCondition.ANY})
 
 # Edges whose Airflow trigger rule admits an upstream that was not run (checked by the
 # step runner only for single-task upstreams; see couler.compilers.airflow).
@@ -97,6 +105,11 @@ def differences(wf: ir.Workflow, engine: str) -> list[Warning_]:
                  for s in h.steps]
         if gated:
             add(E_GATED_HOOKS, gated)
+    if engine in E_LEAF_PHASE.engines:
+        handlers = [s.name for s in ir.all_steps(wf.steps)
+                    if any(d.condition in _HANDLERS for d in s.dependencies)]
+        if handlers:
+            add(E_LEAF_PHASE, handlers)
     if engine in E_ERRORED.engines:
         errored = [s.name for s in ir.all_steps(wf.steps)
                    if any(d.condition is ir.EdgeCondition.ERRORED for d in s.dependencies)]
