@@ -171,8 +171,9 @@ def test_golden_programs_load_in_dagbag(tmp_path: Path) -> None:
     assert diamond["d"] == {"upstream": ["b", "c"], "trigger_rule": "none_failed"}
     assert diamond["a"]["upstream"] == []
     hooks = loaded["exit_handlers"]["dags"]["exit-handlers"]
-    assert hooks["celebrate"] == {"upstream": ["hello"], "trigger_rule": "none_failed"}
-    assert hooks["mourn"] == {"upstream": ["hello"], "trigger_rule": "one_failed"}
+    # hooks wait for every task; the runner checks the run's status (rule S7)
+    assert hooks["celebrate"] == {"upstream": ["hello"], "trigger_rule": "all_done"}
+    assert hooks["mourn"] == {"upstream": ["hello"], "trigger_rule": "all_done"}
     mapped = loaded["map_upstream"]["dags"]["map-upstream"]
     assert mapped["process"]["upstream"] == ["list-shards", "process--items"]
     group = loaded["concurrent_subtasks"]["dags"]["concurrent-subtasks"]
@@ -262,13 +263,39 @@ def test_failure_edge_and_exit_hooks(airflow_env: AirflowEnv, tmp_path: Path) ->
                     (S("always", _sh('echo "$1" > "$2"', "{{workflow.status}}",
                                      str(tmp_path / "always"))),)),
     )
-    wf = ir.Workflow("couler-e2e-hooks", (main, recover), exit_hooks=hooks)
+    # rule S7: `recover` handles main's failure, but `other` fails with no handler, so a
+    # failure reaches a leaf and the run fails
+    other = S("other", _sh("exit 4"))
+    wf = ir.Workflow("couler-e2e-hooks", (main, recover, other), exit_hooks=hooks)
     proc = run_dag(airflow_env, wf)
     assert proc.returncode != 0, _tail(proc)  # the run fails: a step failed
     assert (tmp_path / "recover").read_text() == "recovered\n"
     assert (tmp_path / "failed").read_text() == "Failed\n"
     assert (tmp_path / "always").read_text() == "Failed\n"
     assert not (tmp_path / "ok").exists()
+
+
+def test_a_handled_failure_leaves_the_run_succeeded(airflow_env: AirflowEnv,
+                                                    tmp_path: Path) -> None:
+    """Rule S7, as Argo decides a DAG's phase: main's failure is handled by `recover`,
+    which succeeds, so no failure reaches a leaf: the run succeeds and the hook on
+    failure does not fire (the runner checks the status, not a trigger rule)."""
+    main = S("main", _sh("exit 3"))
+    recover = S("recover", _sh('echo recovered > "$1"', str(tmp_path / "recover")),
+                dependencies=(ir.Dependency("main", ir.EdgeCondition.FAILED),))
+    hooks = (
+        ir.ExitHook(ir.RunStatus.SUCCEEDED,
+                    (S("on-success", _sh('echo "$1" > "$2"', "{{workflow.status}}",
+                                         str(tmp_path / "ok"))),)),
+        ir.ExitHook(ir.RunStatus.FAILED,
+                    (S("on-failure", _sh('echo x > "$1"', str(tmp_path / "failed"))),)),
+    )
+    proc = run_dag(airflow_env, ir.Workflow("couler-e2e-handled", (main, recover),
+                                            exit_hooks=hooks))
+    assert proc.returncode == 0, _tail(proc)
+    assert (tmp_path / "recover").read_text() == "recovered\n"
+    assert (tmp_path / "ok").read_text() == "Succeeded\n"
+    assert not (tmp_path / "failed").exists()
 
 
 def test_missing_venv_fails_with_setup_hint(monkeypatch: pytest.MonkeyPatch,

@@ -221,6 +221,27 @@ def test_any_succeeded_and_all_failed_count_a_maps_items(engine: LocalEngine) ->
         StepState.SUCCEEDED, StepState.SKIPPED, StepState.SKIPPED, StepState.SUCCEEDED]
 
 
+def test_a_failure_a_step_handles_leaves_the_run_succeeded(engine: LocalEngine) -> None:
+    """Rule S7 (Argo's DAG phase): `train` fails, `fallback` (its .Failed edge) succeeds,
+    so no failure reaches a leaf; the exit hook on failure does not fire. In a group the
+    same rule decides the group step's outcome."""
+    fail = ir.EdgeCondition.FAILED
+    inner = (container("try", "false"),
+             container("rescue", "true", dependencies=after("try", cond=fail)))
+    group = ir.Step(name="group", body=ir.SubWorkflowSpec(name="group", steps=inner))
+    status = engine.run(wf(
+        "handled", container("train", "false"),
+        container("fallback", "true", dependencies=after("train", cond=fail)),
+        group, container("after-group", "true", dependencies=after("group")),
+        exit_hooks=(ir.ExitHook(ir.RunStatus.FAILED, (container("mourn", "true"),)),)))
+    assert status.state is RunState.SUCCEEDED, status.message
+    assert by_key(status, "train").state is StepState.FAILED
+    assert "handled by a step that ran after it: train" in status.message
+    assert by_key(status, "group").state is StepState.SUCCEEDED
+    assert by_key(status, "after-group").state is StepState.SUCCEEDED
+    assert by_key(status, "mourn").state is StepState.SKIPPED
+
+
 @pytest.mark.parametrize("parallelism", [1, 3])
 def test_map_static_items(engine: LocalEngine, parallelism: int) -> None:
     step = script("sq", "import sys, time; time.sleep(0.3); print(int(sys.argv[1]) ** 2)",

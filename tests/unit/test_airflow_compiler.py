@@ -394,12 +394,15 @@ def test_exit_hooks() -> None:
         ir.ExitHook(ir.RunStatus.ANY, (S("always", ctr("echo", "done")),)),
     ))
     dag = compile_ok(wf)
-    assert dag.tasks["yay"].kwargs["trigger_rule"] == "none_failed"
-    assert dag.tasks["nay"].kwargs["trigger_rule"] == "one_failed"
-    assert dag.tasks["always"].kwargs["trigger_rule"] == "all_done"
+    # every hook waits for all tasks; the runner checks a gated hook against the run's
+    # status by rule S7 (a handled failure is not a failed run), so no trigger rule can
+    for name in ("yay", "nay", "always"):
+        assert dag.tasks[name].kwargs["trigger_rule"] == "all_done"
+    assert dag.steps["yay"]["status"] == "Succeeded" and dag.steps["nay"]["status"] == "Failed"
+    assert "status" not in dag.steps["always"]
     status = dag.tasks[airflow.EXIT_STATUS_TASK]
     assert status.fn == "_couler_exit_status"
-    assert status.kwargs["trigger_rule"] == "one_failed"
+    assert status.kwargs["trigger_rule"] == "all_done"
     assert {("main", "yay"), ("main", "nay"), ("main", "always"),
             ("main", airflow.EXIT_STATUS_TASK)} <= set(dag.edges)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from couler import ir
-from couler.semantics import EXCEPTIONS, differences
+from couler.semantics import EXCEPTIONS, differences, failed_leaves
 from tests.conformance.loader import load_program, program_paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,10 +59,8 @@ def test_fail_fast_is_warned_where_independent_branches_exist() -> None:
     assert differences(PROGRAMS["skip_propagation"], "argo") == []
 
 
-def test_handled_failures_are_warned_on_argo() -> None:
-    (warning,) = differences(PROGRAMS["edge_conditions"], "argo")
-    assert warning.exception.id == "E5" and warning.steps == ("on-failure", "always")
-    assert set(met("argo")) == {"edge_conditions", "omitted_upstream", "unusual_edges"}
+def test_argo_runs_every_program_as_specified() -> None:
+    assert met("argo") == {}
 
 
 def test_status_gated_exit_hooks_are_warned_on_kfp() -> None:
@@ -89,3 +87,30 @@ def test_couler_compile_prints_the_warning(tmp_path: Path, engine: str, warned: 
     line = "couler: warning: workflow 'branches', steps 'a', 'b': E1 (S7) on tekton"
     assert (line in proc.stderr) is warned, proc.stderr
     assert "warning" not in proc.stdout
+
+
+def _chain(*specs: tuple[str, tuple[str, ...]]) -> list[ir.Step]:
+    return [ir.Step(name=n, body=ir.ContainerSpec(image="a", command=("true",)),
+                    dependencies=tuple(ir.Dependency(d) for d in deps)) for n, deps in specs]
+
+
+@pytest.mark.parametrize(("outcomes", "leaves"), [
+    # a handled failure: the handler succeeded, nothing failed reaches a leaf
+    ({"train": "failed", "deploy": "skipped", "alert": "succeeded"}, ["deploy"]),
+    ({"train": "failed", "alert": "succeeded", "deploy": "succeeded"}, []),
+    ({"train": "succeeded", "alert": "skipped", "deploy": "succeeded"}, []),
+    # the failure stops deploy (not run): it carries train's failed branch to the leaf
+    ({"train": "failed", "alert": "failed", "deploy": "skipped"}, ["deploy", "alert"]),
+])
+def test_failed_leaves_follow_argos_dag_phase(outcomes: dict[str, str],
+                                              leaves: list[str]) -> None:
+    steps = _chain(("train", ()), ("deploy", ("train",)), ("alert", ("train",)))
+    assert sorted(failed_leaves(steps, outcomes.__getitem__)) == sorted(leaves)
+
+
+def test_a_skipped_leaf_with_several_parents_fails_if_any_branch_did() -> None:
+    steps = _chain(("a", ()), ("b", ()), ("join", ("a", "b")))
+    state = {"a": "succeeded", "b": "failed", "join": "skipped"}
+    assert failed_leaves(steps, state.__getitem__) == ["join"]
+    state["join"] = "succeeded"  # it ran (an any edge) and succeeded: b is handled
+    assert failed_leaves(steps, state.__getitem__) == []

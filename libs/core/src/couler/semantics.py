@@ -14,12 +14,12 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from couler import ir
 
-__all__ = ["EXCEPTIONS", "Exception_", "Warning_", "differences"]
+__all__ = ["EXCEPTIONS", "Exception_", "Warning_", "differences", "failed_leaves"]
 
 
 @dataclass(frozen=True)
@@ -67,21 +67,48 @@ E_ERRORED = Exception_(
     "an errored edge fires on any failure: Airflow does not tell a platform error from the "
     "command's own failure")
 
-E_LEAF_PHASE = Exception_(
-    "E5", ("argo",), "S7",
-    "the run's phase comes from its leaf steps: a failure handled by a failed, errored, "
-    "completed or any edge whose handler succeeds can leave the run succeeded")
-
-EXCEPTIONS: tuple[Exception_, ...] = (E_FAIL_FAST, E_GROUP_EDGES, E_GATED_HOOKS, E_ERRORED,
-                                      E_LEAF_PHASE)
-_HANDLERS = frozenset({ir.EdgeCondition.FAILED, ir.EdgeCondition.ERRORED,
-                       ir.EdgeCondition.COMPLETED, ir.EdgeCondition.ANY})
+EXCEPTIONS: tuple[Exception_, ...] = (E_FAIL_FAST, E_GROUP_EDGES, E_GATED_HOOKS, E_ERRORED)
 
 # Edges whose Airflow trigger rule admits an upstream that was not run (checked by the
 # step runner only for single-task upstreams; see couler.compilers.airflow).
 _AIRFLOW_CHECKED = frozenset({ir.EdgeCondition.SUCCEEDED, ir.EdgeCondition.SKIPPED,
                               ir.EdgeCondition.FAILED, ir.EdgeCondition.ERRORED,
                               ir.EdgeCondition.COMPLETED})
+
+
+def failed_leaves(steps: Sequence[ir.Step], outcome: Callable[[str], str]) -> list[str]:
+    """The leaf steps whose branch failed: the run (or sub-workflow) fails iff any (rule S7).
+
+    Argo's rule (``assessDAGPhase``): a step that completed -- ``outcome`` gives
+    ``"succeeded"`` or ``"failed"`` -- carries its own phase down its branch; a step that
+    did not run (``"skipped"`` by its when, or not run at all) carries its parents' --
+    failed if any parent's branch failed. A leaf is a step no other step of ``steps``
+    depends on. So a failure handled by a step that succeeds does not fail the run, and an
+    unhandled one reaches a leaf through the steps it kept from running.
+
+    Linear in the steps and edges. ``outcome`` is asked once per step.
+    """
+    names = {s.name for s in steps}
+    parents = {s.name: [d.step for d in s.dependencies if d.step in names] for s in steps}
+    children: dict[str, list[str]] = {s.name: [] for s in steps}
+    waiting = {name: len(ups) for name, ups in parents.items()}
+    for name, ups in parents.items():
+        for up in ups:
+            children[up].append(name)
+    failed: dict[str, bool] = {}
+    ready = [name for name, n in waiting.items() if n == 0]
+    while ready:
+        name = ready.pop()
+        state = outcome(name)
+        if state in ("succeeded", "failed"):
+            failed[name] = state == "failed"
+        else:  # skipped or not run: the branch goes on as it came
+            failed[name] = any(failed[up] for up in parents[name])
+        for child in children[name]:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                ready.append(child)
+    return [s.name for s in steps if not children[s.name] and failed.get(s.name, False)]
 
 
 def differences(wf: ir.Workflow, engine: str) -> list[Warning_]:
@@ -105,11 +132,6 @@ def differences(wf: ir.Workflow, engine: str) -> list[Warning_]:
                  for s in h.steps]
         if gated:
             add(E_GATED_HOOKS, gated)
-    if engine in E_LEAF_PHASE.engines:
-        handlers = [s.name for s in ir.all_steps(wf.steps)
-                    if any(d.condition in _HANDLERS for d in s.dependencies)]
-        if handlers:
-            add(E_LEAF_PHASE, handlers)
     if engine in E_ERRORED.engines:
         errored = [s.name for s in ir.all_steps(wf.steps)
                    if any(d.condition is ir.EdgeCondition.ERRORED for d in s.dependencies)]

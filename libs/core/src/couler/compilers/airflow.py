@@ -66,14 +66,19 @@ Shape of the generated file:
 * **Inline sub-workflows** become a ``TaskGroup`` (task ids ``GROUP.STEP``);
   group outputs are forwarded from the inner step declaring them.
 * **Exit hooks** are tasks downstream of every workflow task with trigger
-  rule ``none_failed`` (on succeeded), ``one_failed`` (on failed / error) or
-  ``all_done`` (any).
-* **Run state.** When the workflow has exit hooks or a non-succeeded edge,
-  a ``couler-exit-status`` task (Airflow's "watcher" idiom: ``one_failed``,
-  no retries, always fails when it runs) is downstream of every workflow task
-  (also the tasks inside groups) and fails the run when any step failed (it
-  is skipped when none did). Without hooks or such edges a failed step's
-  dependents end ``upstream_failed`` and Airflow fails the run by itself.
+  rule ``all_done``; a hook on succeeded / failed / error checks the run's
+  status (rule S7, below) in the runner and ends skipped when it does not
+  match ("exit hook X did not fire").
+* **Run state** follows rule S7 (docs/semantics.md, Argo's DAG phase): a
+  task that ran carries its outcome down its branch, one that did not run its
+  parents', and the run fails when a leaf's branch failed -- so a failure a
+  step handles does not fail the run. ``GRAPH`` lists each task's upstream
+  tasks (groups flattened). When the workflow has exit hooks or an edge other
+  than the default, a ``couler-exit-status`` task (Airflow's "watcher" idiom:
+  ``all_done``, no retries) downstream of every workflow task computes the
+  rule from the task states and fails the run when it says so. Without hooks
+  or such edges Airflow's own rule (a failed or ``upstream_failed`` leaf fails
+  the run) is the same.
 * **Policies**: retries → ``retries`` / ``retry_delay`` /
   ``retry_exponential_backoff`` (the factor) / ``max_retry_delay``; timeout →
   ``execution_timeout`` (workflow timeout → ``dagrun_timeout``); priority →
@@ -253,12 +258,6 @@ _RULE_OF_EDGE: dict[ir.EdgeCondition, str] = {
     ir.EdgeCondition.ALL_FAILED: "all_failed",
 }
 TRIGGER_RULES: Mapping[ir.EdgeCondition, str] = _RULE_OF_EDGE
-_RULE_OF_HOOK: dict[ir.RunStatus, str] = {
-    ir.RunStatus.SUCCEEDED: "none_failed",
-    ir.RunStatus.FAILED: "one_failed",
-    ir.RunStatus.ERROR: "one_failed",
-    ir.RunStatus.ANY: "all_done",
-}
 _HOOK_STATUS: dict[ir.RunStatus, str] = {  # {{workflow.status}} inside an exit hook
     ir.RunStatus.SUCCEEDED: "Succeeded",
     ir.RunStatus.FAILED: "Failed",
@@ -383,6 +382,9 @@ def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str,
     if spec["items"] is not None:
         item = spec["items"][item]
     inputs = {name: _couler_value(src, xcoms, item, {}) for name, src in spec["inputs"].items()}
+    gate = spec.get("status")
+    if gate and spec.get("hook") and _couler_status() not in (gate, "Running"):
+        raise AirflowSkipException(f"exit hook {step} did not fire: the run is not {gate}")
     omitted = _couler_omitted(spec["edges"])
     if omitted:  # not run: no when-skip mark, so its own dependents do not run either
         raise AirflowSkipException(f"{step} not run: {omitted}")
@@ -450,21 +452,64 @@ def _couler_omitted(edges: list[list[str]]) -> str:
     return ""
 
 
-def _couler_status() -> str:
-    """Succeeded / Failed: whether any task of this DAG run failed so far."""
+def _couler_outcomes() -> dict[str, str] | None:
+    """Each workflow task's outcome: succeeded / failed (it ran) or skipped (it did not:
+    skipped by its when, or not run); a mapped task's from its instances. None when the
+    task SDK cannot tell the states."""
     ti = get_current_context()["ti"]
     try:
-        states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id])
+        found = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id])
     except Exception:  # noqa: BLE001 - older task SDKs: the status is unknown
+        return None
+    states = found.get(ti.run_id, {}) if isinstance(found, dict) else {}
+    mine: dict[str, list[str]] = {key: [] for key in GRAPH}
+    for task_id, state in states.items():
+        base, _, index = task_id.rpartition("_")
+        key = base if index.isdigit() and base in mine else task_id  # a mapped instance
+        if key in mine:
+            mine[key].append(str(getattr(state, "value", state)).lower())
+    out = {}
+    for key, found_states in mine.items():
+        if "failed" in found_states:
+            out[key] = "failed"
+        elif "success" in found_states:
+            out[key] = "succeeded"
+        else:
+            out[key] = "skipped"
+    return out
+
+
+def _couler_failed_leaves() -> list[str] | None:
+    """The leaf tasks whose branch failed (Couler's rule S7, Argo's DAG phase): a task that
+    ran carries its own outcome down its branch, one that did not run its parents'."""
+    outcomes = _couler_outcomes()
+    if outcomes is None:
+        return None
+    children: dict[str, list[str]] = {key: [] for key in GRAPH}
+    waiting = {key: len(ups) for key, ups in GRAPH.items()}
+    for key, ups in GRAPH.items():
+        for up in ups:
+            children[up].append(key)
+    ready = [key for key, n in waiting.items() if n == 0]
+    failed: dict[str, bool] = {}
+    while ready:  # in topological order, so a task's parents are decided first
+        key = ready.pop()
+        outcome = outcomes.get(key, "skipped")
+        failed[key] = outcome == "failed" if outcome != "skipped" else \
+            any(failed[up] for up in GRAPH[key])
+        for child in children[key]:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                ready.append(child)
+    return [key for key, kids in children.items() if not kids and failed.get(key, False)]
+
+
+def _couler_status() -> str:
+    """Succeeded / Failed: the run's status by rule S7 (a handled failure does not count)."""
+    leaves = _couler_failed_leaves()
+    if leaves is None:
         return "Running"
-    todo: list[Any] = [states]
-    while todo:
-        value = todo.pop()
-        if isinstance(value, dict):
-            todo.extend(value.values())
-        elif str(value).lower() in ("failed", "upstream_failed"):
-            return "Failed"
-    return "Succeeded"
+    return "Failed" if leaves else "Succeeded"
 
 
 def _couler_items(value: Any = None, param: str = "") -> list[Any]:
@@ -481,8 +526,12 @@ def _couler_items(value: Any = None, param: str = "") -> list[Any]:
 
 
 def _couler_exit_status() -> None:
-    """Runs only when a workflow step failed: keeps the DAG run failed (leaves decide it)."""
-    raise RuntimeError("a step of the workflow failed")
+    """Runs after every workflow task: fails the DAG run when a failure reached a leaf."""
+    leaves = _couler_failed_leaves()
+    if leaves is None or leaves:
+        raise RuntimeError("steps failed; not handled on the branches of: "
+                           + ", ".join(leaves or ["(unknown)"]))
+    print("couler: every failed step was handled by a step that ran after it")
 '''
 
 
@@ -610,24 +659,52 @@ class _Compiler:
                         raise self._fail(step.name, Feature.EXIT_HOOKS,
                                          "an exit-hook step reuses a workflow step's name")
                     scope = _Scope("", [step])
-                    self._emit_task(scope, step, hook_lines, 1, rule=_RULE_OF_HOOK[hook.on],
+                    self._emit_task(scope, step, hook_lines, 1, rule="all_done",
                                     extra_scope=top)
                     status = _HOOK_STATUS.get(hook.on)
-                    if status is not None:
+                    self.specs[step.name]["hook"] = True
+                    if status is not None:  # the runner checks the run's status (rule S7)
                         self.specs[step.name]["status"] = status
                     hook_lines.append(f"    main >> t[{step.name!r}]")
         if watch:
-            hook_lines.append("    # the run fails when any step failed (a failed step with a "
-                              "handler is still a failed run)")
+            hook_lines.append("    # the run fails when a failure reached a leaf step (rule S7)")
             hook_lines.append(f"    t[{EXIT_STATUS_TASK!r}] = task(")
             hook_lines.append(f"        _couler_exit_status, task_id={EXIT_STATUS_TASK!r}, "
-                              "trigger_rule='one_failed', retries=0,")
+                              "trigger_rule='all_done', retries=0,")
             hook_lines.append("    )()")
             hook_lines.append(f"    main >> t[{EXIT_STATUS_TASK!r}]")
             if inner_keys:  # a group's edge to a task starts at the group's last tasks only
                 hook_lines.append(f"    [{', '.join(f't[{k!r}]' for k in inner_keys)}] "
                                   f">> t[{EXIT_STATUS_TASK!r}]")
         return self._render(hook_lines)
+
+    def _graph(self) -> dict[str, list[str]]:
+        """Each workflow task's upstream tasks; a group stands for its inner tasks (an edge
+        to it reaches its roots, an edge from it leaves its leaves)."""
+        graph: dict[str, list[str]] = {}
+
+        def exits(scope: _Scope, name: str) -> list[str]:
+            step = scope.steps[name]
+            body = step.body
+            if isinstance(body, ir.SubWorkflowSpec) and body.steps:
+                inner = _Scope(scope.key(name) + ".", body.steps)
+                used = {d.step for s in body.steps for d in s.dependencies}
+                return [k for s in body.steps if s.name not in used
+                        for k in exits(inner, s.name)]
+            return [scope.key(name)]
+
+        def walk(scope: _Scope, steps: Sequence[ir.Step], entry: list[str]) -> None:
+            for step in steps:
+                ups = [k for d in step.dependencies if d.step in scope.steps
+                       for k in exits(scope, d.step)] or list(entry)
+                body = step.body
+                if isinstance(body, ir.SubWorkflowSpec) and body.steps:
+                    walk(_Scope(scope.key(step.name) + ".", body.steps), body.steps, ups)
+                else:
+                    graph[scope.key(step.name)] = ups
+
+        walk(_Scope("", self.wf.steps), self.wf.steps, [])
+        return graph
 
     def _absorbs_failures(self) -> bool:
         """Whether a step can run after a failed upstream (a failed / skipped / any edge)."""
@@ -668,6 +745,8 @@ class _Compiler:
             "",
             f"WORKFLOW_NAME = {wf.name!r}",
             f"WHEN_SKIP_KEY = {WHEN_SKIP_KEY!r}  # XCom of a task skipped by its own when",
+            "# Each workflow task's upstream tasks (groups flattened), for the run's status.",
+            f"GRAPH: dict[str, list[str]] = {_py(self._graph())}",
             "# Static description of every step, read by _couler_run on the worker.",
             "STEPS: dict[str, dict[str, Any]] = {}",
             *(f"STEPS[{key!r}] = {_py(dict(sorted(spec.items())))}"

@@ -105,6 +105,7 @@ from couler.errors import (
     UnsupportedFeatureError,
 )
 from couler.optimize.cache_key import step_cache_key
+from couler.semantics import failed_leaves
 
 from .artifacts import ArtifactStore, PathMap, copy_path, digest_path
 from .capabilities import CAPABILITIES, ENGINE
@@ -451,14 +452,14 @@ class LocalRun:
             if timer is not None:
                 timer.cancel()
             failed = [r for r in main_steps if r.state is StepState.FAILED]
+            unhandled = failed_leaves(self.workflow.steps, self._outcome) if failed else []
             if self._user_cancel:
                 final = RunState.CANCELLED
                 message = "cancelled"
-            else:
-                final = RunState.FAILED if failed or self._halt else RunState.SUCCEEDED
+            else:  # rule S7: only a failure that reaches a leaf fails the run
+                final = RunState.FAILED if unhandled or self._halt else RunState.SUCCEEDED
                 message = "; ".join(filter(None, [
-                    self._halt, ("steps failed: " + ", ".join(r.step for r in failed))
-                    if failed else ""]))
+                    self._halt, failure_message(failed, unhandled)]))
                 with self._lock:
                     if not self._user_cancel:  # the deadline stopped the graph, not the hooks
                         self._cancel.clear()
@@ -652,6 +653,13 @@ class LocalRun:
             return state is StepState.FAILED and bool(items) and \
                 all(s is StepState.FAILED for s in items)
         return state.terminal
+
+    def _outcome(self, step: str) -> str:
+        """A step's outcome for rule S7: succeeded / failed (it ran) or skipped (it did not)."""
+        state = self._state_of(step)
+        if state in _DONE_OK:
+            return "succeeded"
+        return "skipped" if state is StepState.SKIPPED else "failed"
 
     def _item_states(self, step: str) -> list[StepState]:
         """The states of a map step's items (empty before it ran or when it was cached whole)."""
@@ -961,6 +969,8 @@ class LocalRun:
             child._graph(steps, reuse=True)
             inner = [r for r in (child._record(s.name) for s in steps) if r is not None]
             failed = [r for r in inner if r.state is StepState.FAILED]
+            if failed and not failed_leaves(steps, child._outcome):
+                failed = []  # every failure was handled inside (rule S7): the group succeeded
             bad: list[str] = []
             if hooks_of is not None and not child._cancel.is_set():
                 final = RunState.FAILED if failed else RunState.SUCCEEDED
@@ -1186,6 +1196,16 @@ class _MapState:
 
     def __post_init__(self) -> None:
         self.queue = list(range(len(self.items)))
+
+
+def failure_message(failed: Sequence[_Record], unhandled: Sequence[str]) -> str:
+    """What the run record says of its failed steps: failed, or failed and handled."""
+    if not failed:
+        return ""
+    names = ", ".join(r.step for r in failed)
+    if unhandled:
+        return "steps failed: " + names
+    return f"steps failed, each handled by a step that ran after it: {names}"
 
 
 def _expr_steps(expr: ir.DependsExpr) -> list[str]:

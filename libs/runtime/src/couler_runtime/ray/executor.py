@@ -87,6 +87,7 @@ from typing import Any
 from couler import ir
 from couler.engines.base import RunState, RunStatus, StepState, StepStatus, check_capabilities
 from couler.errors import InvalidWorkflowError, RetryableError, UserError
+from couler.semantics import failed_leaves
 from couler_runtime.local.engine import (
     LocalEngine,
     LocalRun,
@@ -95,6 +96,7 @@ from couler_runtime.local.engine import (
     _quantity,
     _Record,
     _StepError,
+    failure_message,
     hook_not_fired,
     skipped_without_running,
 )
@@ -225,6 +227,13 @@ def _find_step(wf: ir.Workflow, name: str) -> ir.Step:
         if step.name == name:
             return step
     raise InvalidWorkflowError(f"workflow {wf.name!r}: no step named {name!r}")
+
+
+def _outcome(state: StepState) -> str:
+    """A step's outcome for rule S7 (as the local engine decides it)."""
+    if state in (StepState.SUCCEEDED, StepState.CACHED):
+        return "succeeded"
+    return "skipped" if state is StepState.SKIPPED else "failed"
 
 
 def _result(rec: _Record, executions: Sequence[_Record] = ()) -> Result:
@@ -533,8 +542,11 @@ class RayRun:
         results = self._collect({s.name: refs[s.name] for s in wf.steps})
         main = [_Record.from_dict(results[s.name]["record"]) for s in wf.steps]
         failed = [r for r in main if r.state is StepState.FAILED]
-        final = RunState.FAILED if failed else RunState.SUCCEEDED
-        message = ("steps failed: " + ", ".join(r.step for r in failed)) if failed else ""
+        states = {r.step: r.state for r in main}
+        unhandled = failed_leaves(wf.steps, lambda name: _outcome(states[name])) \
+            if failed else []
+        final = RunState.FAILED if unhandled else RunState.SUCCEEDED  # rule S7
+        message = failure_message(failed, unhandled)
         hooks = _local_run(self._ctx)._hooks(final, failed)
         firing = {s.name for s in hooks}
         for hook in wf.exit_hooks:  # recorded as not fired, not left pending
