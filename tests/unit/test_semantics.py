@@ -43,11 +43,26 @@ def met(engine: str) -> dict[str, set[str]]:
 
 
 def test_the_programs_airflow_runs_differently_are_the_ones_warned_about() -> None:
-    # test_conformance_airflow.AIRFLOW_DIFFERENCES lists unusual_edges for E2 and E4 (cron
-    # and subworkflows differ from the local engine's refusals, not from the semantics)
+    # test_conformance_airflow.AIRFLOW_DIFFERENCES lists unusual_edges for E4 (cron and
+    # subworkflows differ from the local engine's refusals, not from the semantics)
     warned = met("airflow")
-    assert warned["unusual_edges"] == {"E2", "E4"}
-    assert set(warned) == {"unusual_edges"}
+    assert warned == {"unusual_edges": {"E4"}}
+
+
+def test_edges_from_a_sub_workflow_that_may_not_run_are_warned_on_airflow() -> None:
+    strict = ir.EdgeCondition.SUCCEEDED_ONLY
+    inner = (ir.Step(name="x", body=ir.ContainerSpec(image="a", command=("true",))),)
+    group = ir.Step(name="grp", body=ir.SubWorkflowSpec(name="grp", steps=inner),
+                    dependencies=(ir.Dependency("gate", strict),))
+    wf = ir.Workflow(name="g", steps=(*_chain(("gate", ())), group, *_chain(
+        ("after", ("grp",)))))
+    (warning,) = differences(wf, "airflow")
+    assert (warning.exception.id, warning.steps) == ("E2", ("after",))
+    plain = ir.Workflow(name="g", steps=(*_chain(("gate", ())),
+                                          ir.Step(name="grp", body=group.body,
+                                                  dependencies=(ir.Dependency("gate"),)),
+                                          *_chain(("after", ("grp",)))))
+    assert differences(plain, "airflow") == []  # nothing upstream can skip it unmarked
 
 
 def test_fail_fast_is_warned_where_independent_branches_exist() -> None:

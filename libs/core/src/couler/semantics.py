@@ -54,9 +54,9 @@ E_FAIL_FAST = Exception_(
     "(Couler runs them to completion, then fails the run)")
 E_GROUP_EDGES = Exception_(
     "E2", ("airflow",), "S2",
-    "edges from a map step or a sub-workflow follow Airflow's trigger rules, which do not "
-    "tell a step that was not run from one skipped by its when: a dependent of such a "
-    "step that was not run may still run")
+    "edges from a sub-workflow follow Airflow's trigger rules, which do not tell a step "
+    "that was not run from one skipped by its when: a dependent of a sub-workflow that was "
+    "not run may still run")
 E_GATED_HOOKS = Exception_(
     "E3", ("kfp",), "S8",
     "an exit hook on failed/error runs as a task that exits at once after a successful "
@@ -167,7 +167,7 @@ def _independent(steps: Sequence[ir.Step]) -> list[str]:
 
 
 def _edges_from_groups(steps: Sequence[ir.Step]) -> list[ir.Step]:
-    """Steps with a checked edge from a map or group that may end up not run while Airflow
+    """Steps with a checked edge from a sub-workflow that may end up not run while Airflow
     reads it as skipped: one with an edge other than the default among its ancestors (a
     strict, failed, skipped... edge is where a skip without a when begins)."""
     by_name = {s.name: s for s in steps}
@@ -175,8 +175,8 @@ def _edges_from_groups(steps: Sequence[ir.Step]) -> list[ir.Step]:
     for s in steps:
         for d in s.dependencies:
             up = by_name.get(d.step)
-            if up is not None and d.condition in _AIRFLOW_CHECKED and (
-                    up.foreach is not None or isinstance(up.body, ir.SubWorkflowSpec)) \
+            if up is not None and d.condition in _AIRFLOW_CHECKED \
+                    and isinstance(up.body, ir.SubWorkflowSpec) \
                     and _may_skip_unmarked(up, by_name):
                 out.append(s)
                 break

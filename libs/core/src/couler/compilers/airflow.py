@@ -280,9 +280,8 @@ _CHECKED_EDGES = frozenset({ir.EdgeCondition.SUCCEEDED, ir.EdgeCondition.SKIPPED
 
 
 def _plain(step: ir.Step | None) -> bool:
-    """A single task (not a map or a group): its state is one task's state."""
-    return step is not None and step.foreach is None and \
-        not isinstance(step.body, ir.SubWorkflowSpec)
+    """A task (a mapped one included), not a group: its state is its task's states."""
+    return step is not None and not isinstance(step.body, ir.SubWorkflowSpec)
 
 
 # The runner, copied verbatim into every generated file. It runs on the worker.
@@ -425,6 +424,16 @@ _ACCEPTS = {"succeeded": ("succeeded", "skipped"), "skipped": ("skipped",),
             "failed": ("failed",), "errored": ("failed",), "completed": ("succeeded", "failed")}
 
 
+def _couler_states(found: dict[str, Any]) -> dict[str, list[str]]:
+    """Task states by task id; a mapped task's instances ("TASK_3") under its own id."""
+    states: dict[str, list[str]] = {}
+    for task_id, state in found.items():
+        base, _, index = task_id.rpartition("_")
+        key = base if index.isdigit() and base in STEPS else task_id
+        states.setdefault(key, []).append(str(getattr(state, "value", state)).lower())
+    return states
+
+
 def _couler_omitted(edges: list[list[str]]) -> str:
     """Why an upstream's outcome fails its edge although the trigger rule let this task start.
 
@@ -439,14 +448,18 @@ def _couler_omitted(edges: list[list[str]]) -> str:
         found = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id])
     except Exception:  # noqa: BLE001 - older task SDKs: the trigger rules alone decide
         return ""
-    states = found.get(ti.run_id, {}) if isinstance(found, dict) else {}
+    states = _couler_states(found.get(ti.run_id, {}) if isinstance(found, dict) else {})
     for upstream, condition in edges:
-        state = str(getattr(states.get(upstream), "value", states.get(upstream))).lower()
-        if state == "skipped":
-            marked = ti.xcom_pull(task_ids=upstream, key=WHEN_SKIP_KEY)
+        mine = states.get(upstream, [])  # a mapped task: one state per instance
+        if "failed" in mine:
+            outcome = "failed"
+        elif "success" in mine:
+            outcome = "succeeded"
+        elif mine and all(state == "skipped" for state in mine):
+            marked = ti.xcom_pull(task_ids=upstream, key=WHEN_SKIP_KEY)  # any instance's
             outcome = "skipped" if marked else "omitted"
-        else:
-            outcome = {"success": "succeeded", "failed": "failed"}.get(state, "omitted")
+        else:  # upstream_failed, removed, or never scheduled: not run
+            outcome = "omitted"
         if outcome not in _ACCEPTS[condition]:
             return f"dependency {upstream!r} did not reach {condition} (it was {outcome})"
     return ""
@@ -461,15 +474,10 @@ def _couler_outcomes() -> dict[str, str] | None:
         found = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id])
     except Exception:  # noqa: BLE001 - older task SDKs: the status is unknown
         return None
-    states = found.get(ti.run_id, {}) if isinstance(found, dict) else {}
-    mine: dict[str, list[str]] = {key: [] for key in GRAPH}
-    for task_id, state in states.items():
-        base, _, index = task_id.rpartition("_")
-        key = base if index.isdigit() and base in mine else task_id  # a mapped instance
-        if key in mine:
-            mine[key].append(str(getattr(state, "value", state)).lower())
+    states = _couler_states(found.get(ti.run_id, {}) if isinstance(found, dict) else {})
     out = {}
-    for key, found_states in mine.items():
+    for key in GRAPH:
+        found_states = states.get(key, [])
         if "failed" in found_states:
             out[key] = "failed"
         elif "success" in found_states:
