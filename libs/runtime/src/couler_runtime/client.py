@@ -63,6 +63,7 @@ from couler_runtime.rpc.records import (
     GenerationReport,
     LookupResult,
     Objective,
+    PinResult,
     Plan,
     Recommendation,
     Run,
@@ -242,6 +243,7 @@ class CacheClient(_ServiceClient):
         self._commit = self._unary("Commit", cache_service_pb2.CommitResponse)
         self._stats = self._unary("Stats", cache_service_pb2.StatsResponse)
         self._evict = self._unary("Evict", cache_service_pb2.EvictResponse)
+        self._pin = self._unary("Pin", cache_service_pb2.PinResponse)
 
     def lookup(self, keys: Iterable[str], *, max_age_seconds: int = 0) -> LookupResult:
         """The entries for ``keys`` (by key) and the keys with none."""
@@ -263,6 +265,11 @@ class CacheClient(_ServiceClient):
         """Remove ``keys``, then more by policy until ``free_bytes`` are freed."""
         resp = self._evict(cache_service_pb2.EvictRequest(keys=list(keys), free_bytes=free_bytes))
         return EvictResult(tuple(resp.evicted), resp.freed_bytes)
+
+    def pin(self, keys: Iterable[str], *, pinned: bool = True) -> PinResult:
+        """Pin ``keys`` (never evicted to keep the budget), or unpin them."""
+        resp = self._pin(cache_service_pb2.PinRequest(keys=list(keys), pinned=pinned))
+        return PinResult(tuple(resp.keys), tuple(resp.missing))
 
 
 class SubmitterClient(_ServiceClient):

@@ -335,6 +335,8 @@ class StepStatus:
     outputs: Mapping[str, str] = field(default_factory=dict)
     message: str = ""
     cache_key: str = ""  # the step's content key when the engine computed one (or reused it)
+    # the cache keys of the steps whose outputs it read, as far as the engine knew them
+    cache_lineage: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

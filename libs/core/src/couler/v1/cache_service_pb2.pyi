@@ -72,3 +72,19 @@ class EvictResponse(_message.Message):
     evicted: _containers.RepeatedScalarFieldContainer[str]
     freed_bytes: int
     def __init__(self, evicted: _Optional[_Iterable[str]] = ..., freed_bytes: _Optional[int] = ...) -> None: ...
+
+class PinRequest(_message.Message):
+    __slots__ = ("keys", "pinned")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    pinned: bool
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., pinned: _Optional[bool] = ...) -> None: ...
+
+class PinResponse(_message.Message):
+    __slots__ = ("keys", "missing")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., missing: _Optional[_Iterable[str]] = ...) -> None: ...

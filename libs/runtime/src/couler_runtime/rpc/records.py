@@ -43,6 +43,7 @@ __all__ = [
     "LookupResult",
     "Objective",
     "PassReport",
+    "PinResult",
     "Plan",
     "Recommendation",
     "RecommendationKind",
@@ -194,6 +195,7 @@ class StepRecord:
     message: str = ""
     failure_class: ir.FailureClass | None = None
     artifacts: Mapping[str, StoredArtifact] = field(default_factory=dict)  # outputs, stored
+    cache_lineage: tuple[str, ...] = ()  # the cache keys of the steps it read from
 
     @classmethod
     def from_status(
@@ -209,6 +211,7 @@ class StepRecord:
             cache_key=cache_key or status.cache_key,
             cached=status.state is base.StepState.CACHED,
             message=status.message, failure_class=failure_class,
+            cache_lineage=tuple(status.cache_lineage),
         )
 
 
@@ -222,6 +225,7 @@ def step_record_to_proto(r: StepRecord) -> common_pb2.StepRecord:
         failure_class=_FAILURE.to_proto(r.failure_class),
         artifacts={n: common_pb2.StoredArtifact(digest=a.digest, size_bytes=a.size_bytes,
                                                 uri=a.uri) for n, a in r.artifacts.items()},
+        cache_lineage=list(r.cache_lineage),
     )
 
 
@@ -238,6 +242,7 @@ def step_record_from_proto(m: common_pb2.StepRecord) -> StepRecord:
         failure_class=_FAILURE.optional(m.failure_class, f"{where}, failure_class"),
         artifacts={n: StoredArtifact(a.digest, a.size_bytes, a.uri)
                    for n, a in m.artifacts.items()},
+        cache_lineage=tuple(m.cache_lineage),
     )
 
 
@@ -425,6 +430,9 @@ class CacheEntry:
     created_at: float | None = None
     last_used_at: float | None = None
     hits: int = 0
+    cost_seconds: float = 0.0  # compute it took to produce (0: unknown)
+    lineage: tuple[str, ...] = ()  # the keys of the entries whose outputs it read
+    pinned: bool = False  # never evicted to keep the budget
 
 
 def cache_entry_to_proto(e: CacheEntry) -> common_pb2.CacheEntry:
@@ -436,7 +444,8 @@ def cache_entry_to_proto(e: CacheEntry) -> common_pb2.CacheEntry:
             for name, a in e.artifacts.items()
         },
         size_bytes=e.size_bytes, created_at=_ts(e.created_at),
-        last_used_at=_ts(e.last_used_at), hits=e.hits,
+        last_used_at=_ts(e.last_used_at), hits=e.hits, cost_seconds=e.cost_seconds,
+        lineage=list(e.lineage), pinned=e.pinned,
     )
 
 
@@ -447,7 +456,8 @@ def cache_entry_from_proto(m: common_pb2.CacheEntry) -> CacheEntry:
         artifacts={n: StoredArtifact(a.digest, a.size_bytes, a.uri)
                    for n, a in m.artifacts.items()},
         size_bytes=m.size_bytes, created_at=_seconds(m, "created_at"),
-        last_used_at=_seconds(m, "last_used_at"), hits=m.hits,
+        last_used_at=_seconds(m, "last_used_at"), hits=m.hits, cost_seconds=m.cost_seconds,
+        lineage=tuple(m.lineage), pinned=m.pinned,
     )
 
 
@@ -473,6 +483,14 @@ class EvictResult:
 
     evicted: tuple[str, ...]
     freed_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class PinResult:
+    """The keys a pin (or unpin) changed, and those with no entry."""
+
+    keys: tuple[str, ...]
+    missing: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
