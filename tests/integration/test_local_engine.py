@@ -836,8 +836,12 @@ def test_cache_keys_are_reported_and_stable_across_runs(tmp_path: Path) -> None:
     keys = [{s.step: s.cache_key for s in run.steps} for run in (first, second)]
     assert keys[0] == keys[1] and all(len(k) == 64 for k in keys[0].values())
     assert keys[0]["make"] != keys[0]["use"]
+    # The lineage of a step's entry: the keys of the steps it read from.
+    lineage = {s.step: s.cache_lineage for s in first.steps}
+    assert lineage == {"make": (), "use": (keys[0]["make"],)}
     plain = LocalEngine(tmp_path / "plain").run(_cache_workflow())
     assert all(s.cache_key == "" for s in plain.steps)  # off unless asked for
+    assert all(s.cache_lineage == () for s in plain.steps)
 
 
 def test_a_cached_step_is_not_run_and_its_outputs_and_artifacts_flow_on(tmp_path: Path) -> None:
@@ -851,6 +855,7 @@ def test_a_cached_step_is_not_run_and_its_outputs_and_artifacts_flow_on(tmp_path
     assert status.state is RunState.SUCCEEDED
     assert by["make"].state is StepState.CACHED and by["make"].attempts == 0
     assert by["make"].cache_key == "k" * 64
+    assert by["use"].cache_lineage == ("k" * 64,)  # a reused producer is a parent too
     assert by["use"].outputs["seen"] == "from-cache old"
     assert not (tmp_path / "runs" / "r1" / "steps" / "make").exists()  # never executed
     with pytest.raises(ConflictError, match="'r1' exists already"):

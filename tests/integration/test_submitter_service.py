@@ -400,6 +400,10 @@ class TestService:
         trace_id = TRACEPARENT.split("-")[1]  # the plan's trace goes on through the run
         assert all(h["traceparent"].split("-")[1] == trace_id for _, _, h in steps)
         assert f"{sub.run_id}.shout..1.succeeded" in by_id
+        # The cache learns what each entry was computed from: shout read hello's output.
+        shouted = step_record_from_proto(by_id[f"{sub.run_id}.shout..1.succeeded"][1].step)
+        assert shouted.cache_lineage == (hello.cache_key,)
+        assert shouted.started_at and shouted.finished_at  # its cost, for the cache
         samples = stored(nats_server, "COULER_METRICS", "couler.metrics.utilization",
                          common_pb2.UtilizationSample, sub.run_id)
         assert "hello" in {m.step for _, m, _ in samples}  # ran a second: sampled

@@ -195,6 +195,7 @@ class _Record:
     message: str = ""
     failure: str = ""  # the failure class of the last failed attempt
     cache_key: str = ""
+    cache_lineage: tuple[str, ...] = ()  # the producers' cache keys (see _lineage)
     # SKIPPED because its dependencies did not allow it to run (Argo's "Omitted"), not by
     # its own when: its dependents' default edges do not run either
     omitted: bool = False
@@ -205,6 +206,7 @@ class _Record:
             exit_code=self.exit_code, started_at=self.started_at, finished_at=self.finished_at,
             peak_cpu=self.peak_cpu, peak_memory_bytes=self.peak_memory_bytes,
             outputs=dict(self.outputs), message=self.message, cache_key=self.cache_key,
+            cache_lineage=self.cache_lineage,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -215,7 +217,8 @@ class _Record:
             "started_at": data.started_at, "finished_at": data.finished_at,
             "peak_cpu": data.peak_cpu, "peak_memory_bytes": data.peak_memory_bytes,
             "outputs": dict(data.outputs), "message": data.message, "failure": self.failure,
-            "cache_key": self.cache_key, "omitted": self.omitted,
+            "cache_key": self.cache_key, "cache_lineage": list(self.cache_lineage),
+            "omitted": self.omitted,
         }
 
     @classmethod
@@ -229,6 +232,7 @@ class _Record:
             return int(v) if isinstance(v, int) else None
 
         outputs = data.get("outputs")
+        lineage = data.get("cache_lineage")
         return cls(
             step=str(data["step"]), key=str(data.get("key", "")),
             state=StepState(str(data["state"])), attempts=opt_int("attempts") or 0,
@@ -238,7 +242,9 @@ class _Record:
             outputs={str(k): str(v) for k, v in outputs.items()}
             if isinstance(outputs, dict) else {},
             message=str(data.get("message", "")), failure=str(data.get("failure", "")),
-            cache_key=str(data.get("cache_key", "")), omitted=data.get("omitted") is True,
+            cache_key=str(data.get("cache_key", "")),
+            cache_lineage=tuple(str(k) for k in lineage) if isinstance(lineage, list) else (),
+            omitted=data.get("omitted") is True,
         )
 
 
@@ -919,6 +925,8 @@ class LocalRun:
             return "fatal"
         if self.engine.cache_keys and not self._prefix and not rec.key:
             changes["cache_key"] = self._cache_key(step, paths) or ""
+            if changes["cache_key"]:
+                changes["cache_lineage"] = self._lineage(step)
         self._update(rec, message="", **changes)
         return None
 
@@ -936,6 +944,18 @@ class LocalRun:
                 return None
             digests[art.name] = digest_path(host)
         return step_cache_key(self.workflow, step, inputs, digests)
+
+    def _lineage(self, step: ir.Step) -> tuple[str, ...]:
+        """The cache keys of the top-level steps ``step`` reads outputs or artifacts from, as
+        far as they have one (a producer run or reused with a key), sorted."""
+        producers = {i.value.step for i in step.inputs if isinstance(i.value, ir.StepOutputRef)}
+        producers |= {a.source.step for a in step.input_artifacts
+                      if isinstance(a.source, ir.StepArtifactRef)}
+        producers.discard(step.name)
+        with self._lock:
+            keys = {rec.cache_key for p in producers
+                    if (rec := self._records.get((p, ""))) is not None and rec.cache_key}
+        return tuple(sorted(keys))
 
     # ------------------------------------------------------------------ sub-workflows
 
