@@ -53,6 +53,13 @@ class CacheService:
     async def Evict(  # noqa: N802
         self, request: pb.EvictRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.EvictResponse:
-        """Remove the named entries, then LRU ones until ``free_bytes`` were freed."""
+        """Remove the named entries, then more by policy until ``free_bytes`` were freed."""
         result = await self._cache.evict(list(request.keys), free_bytes=request.free_bytes)
         return pb.EvictResponse(evicted=list(result.evicted), freed_bytes=result.freed_bytes)
+
+    async def Pin(  # noqa: N802
+        self, request: pb.PinRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PinResponse:
+        """Pin (or unpin) the named entries."""
+        result = await self._cache.pin(list(request.keys), pinned=request.pinned)
+        return pb.PinResponse(keys=list(result.keys), missing=list(result.missing))
