@@ -24,9 +24,7 @@ from couler_cache.policy import (
     Node,
     Pricing,
     Standing,
-    cached_above,
     cached_below,
-    enabled_cost,
     lost_cost,
 )
 from couler_cache.service import Cache
@@ -282,19 +280,6 @@ def test_evicted_ancestors_raise_the_worth_of_their_cached_descendants(h: Harnes
     assert h.commit("last", 300, cost=150)[1] == ("train",)
 
 
-def test_a_cached_ancestor_is_worth_what_its_cached_descendants_need_it_for(
-        h: Harness) -> None:
-    """Today's planner reaches 'train' only through a cached 'prep': while 'train' is
-    cached, 'prep' counts its 5000 s too."""
-    cache = h.start()
-    h.commit("prep", 600, cost=100, lineage=[])
-    h.commit("train", 50, cost=5000, lineage=["prep"])
-    h.commit("other", 300, cost=300)
-    assert h.commit("push", 100, cost=100_000)[1] == ("other",)  # 'prep' alone: 100 s
-    run(cache.evict(["train"]))
-    assert h.commit("push-2", 400, cost=100_000)[1] == ("prep",)
-
-
 def test_a_refused_entry_still_counts_for_its_descendants(h: Harness) -> None:
     h.start(budget_bytes=1000)
     h.commit("dear", 700, cost=100_000)
@@ -324,20 +309,6 @@ def test_a_long_lineage_counts_each_evicted_ancestor_once() -> None:
     assert lost_cost(("cached-parent", "unknown"), graph) == 0.0
     assert cached_below("prep", graph) == ["join"]
     assert cached_below("join", graph) == []
-    # Cached ancestors through cached entries only, and what they enable.
-    chain = FakeGraph({
-        "ingest": Node(50.0, (), True),
-        "prep": Node(100.0, ("ingest",), True),
-        "gone": Node(7.0, ("ingest",), False),
-        "fit-1": Node(1000.0, ("prep",), True),
-        "fit-2": Node(2000.0, ("prep", "gone"), True),
-        "score": Node(5.0, ("fit-1", "fit-2"), True),
-    })
-    assert sorted(cached_above("score", chain)) == ["fit-1", "fit-2", "ingest", "prep"]
-    assert cached_above("fit-2", chain) == ["prep", "ingest"]  # not through 'gone'
-    assert enabled_cost("prep", chain) == 3005.0  # fit-1, fit-2, score: each once
-    assert enabled_cost("ingest", chain) == 3105.0  # not below 'gone' twice
-    assert enabled_cost("score", chain) == 0.0
 
 
 class FakeGraph:

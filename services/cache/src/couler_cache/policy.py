@@ -6,33 +6,26 @@ when something it depends on changes (a commit, a hit, an ancestor evicted or ca
 again), so choosing a victim is one index read, not a sort of the index.
 
 ``value`` (the default) is the paper's cache score (its Alg. 2) made sound. An entry is
-worth keeping in proportion to the compute its reuse saves, per byte it occupies, times how
+worth keeping in proportion to the compute a reuse saves, per byte it occupies, times how
 likely it is to be reused::
 
-    value = W / size * f(now),   W = own + lost + enabled
+    value = R / size * f(now)
 
-* ``own``: the compute-seconds its step ran (its cost; 0 -- not measured -- counts as a
-  millisecond).
-* ``lost``: the costs of its ancestors that are no longer cached -- its lineage (the keys of
-  the entries whose outputs it read) walked up through evicted entries, each counted once
+* ``R``, the regeneration cost: the entry's own cost (the compute-seconds its step ran)
+  plus the costs of the ancestors that are no longer cached -- walking its lineage (the
+  keys of the entries whose outputs it read) up through evicted entries, each counted once
   however many paths lead to it. Rebuilding the entry means rebuilding those too.
-* ``enabled``: the costs of its cached descendants reached through cached entries only (the
-  paper's successor term, in compute rather than graph degrees). A planner that looks a
-  step up only when every step it reads from is cached -- the optimizer as it is, before
-  keys by lineage -- reaches those only through this entry.
 * ``size``: the bytes it occupies (at least 1).
 * ``f``, the decayed frequency of use: every commit and hit at time ``t`` adds
   ``2 ** (-(now - t) / half_life)``, so a use counts 1 now, 1/2 one half-life later.
 
 The paper's printed formula is not monotone in size (``-e^(-V)`` rises towards 0 with the
-size), gives direct successors no weight and mixes units; this one is a ratio of like
-quantities (seconds per byte, per unit of expected reuse) with no weights to tune but the
+size), ignores direct successors and mixes units; this one is a ratio of like quantities
+(seconds saved per byte, per unit of expected reuse) with no weights to tune but the
 half-life. Because ``f(now) = 2 ** (-now / half_life) * F`` with ``F = sum 2 ** (t /
-half_life)`` fixed between uses, comparing entries at any moment compares ``log2 W -
+half_life)`` fixed between uses, comparing entries at any moment compares ``log2 R -
 log2 size + log2 F``: that is the stored priority, exact without rescoring everything
-whenever time passes. ``lost`` and ``enabled`` change when an entry is cached or evicted;
-the entries whose terms that changes -- cached descendants reached through evicted ones,
-cached ancestors reached through cached ones -- are priced again then.
+whenever time passes.
 
 The others, for comparison: ``lru`` (least recently committed or hit first), ``fifo``
 (oldest commit first) and ``gdsf`` (GreedyDual-Size-Frequency: ``L + (1 + hits) * cost /
@@ -60,9 +53,7 @@ __all__ = [
     "Pricing",
     "Standing",
     "add_log2",
-    "cached_above",
     "cached_below",
-    "enabled_cost",
     "lost_cost",
 ]
 
@@ -106,7 +97,6 @@ class Standing:
     hits: int
     used_seq: int  # logical clock of its last commit or hit
     created_seq: int  # logical clock of its commit
-    enabled_cost_seconds: float = 0.0  # its cached descendants' compute (see enabled_cost)
 
 
 def add_log2(a: float, b: float) -> float:
@@ -163,9 +153,8 @@ class Pricing:
         size = max(s.size_bytes, 1)
         if self.policy is EvictionPolicy.GDSF:
             return inflation + (1 + s.hits) * max(s.cost_seconds, MIN_COST_SECONDS) / size
-        worth = max(s.cost_seconds + s.lost_cost_seconds + s.enabled_cost_seconds,
-                    MIN_COST_SECONDS)
-        return math.log2(worth) - math.log2(size) + s.freq_log
+        regenerate = max(s.cost_seconds + s.lost_cost_seconds, MIN_COST_SECONDS)
+        return math.log2(regenerate) - math.log2(size) + s.freq_log
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,49 +225,6 @@ def lost_cost(parents: Iterable[str], graph: LineageGraph) -> float:
             total += node.cost_seconds
             following.extend(p for p in node.parents if p not in seen)
         frontier = following
-    return total
-
-
-def cached_above(key: str, graph: LineageGraph) -> list[str]:
-    """The cached ancestors of ``key`` reached through cached entries only (whose enabled
-    cost changes when ``key`` is cached or evicted)."""
-    node = graph.nodes([key]).get(key)
-    seen = {key}
-    found: list[str] = []
-    frontier = [p for p in node.parents] if node is not None else []
-    while frontier:
-        frontier = [k for k in dict.fromkeys(frontier) if k not in seen]
-        seen.update(frontier)
-        nodes = graph.nodes(frontier)
-        following: list[str] = []
-        for k in frontier:
-            n = nodes.get(k)
-            if n is not None and n.cached:
-                found.append(k)
-                following.extend(n.parents)
-        frontier = following
-    return found
-
-
-def enabled_cost(key: str, graph: LineageGraph) -> float:
-    """The compute of the cached descendants of ``key`` reached through cached entries only:
-    a planner that looks a step up only when all the steps it reads from are cached (the
-    optimizer's today) reaches them only through ``key``. Each counts once."""
-    seen = {key}
-    total = 0.0
-    frontier = [key]
-    while frontier:
-        below = graph.children(frontier)
-        following = [c for k in frontier for c in below.get(k, ()) if c not in seen]
-        following = list(dict.fromkeys(following))
-        seen.update(following)
-        nodes = graph.nodes(following)
-        frontier = []
-        for child in following:
-            node = nodes.get(child)
-            if node is not None and node.cached:
-                total += node.cost_seconds
-                frontier.append(child)
     return total
 
 

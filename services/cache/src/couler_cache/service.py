@@ -44,9 +44,7 @@ from couler_cache.policy import (
     MemoGraph,
     Pricing,
     Standing,
-    cached_above,
     cached_below,
-    enabled_cost,
     lost_cost,
 )
 from couler_cache.store import CacheStore, OutboxMessage, Removed, Tx
@@ -361,7 +359,6 @@ class Cache:
                 memo = MemoGraph(tx)
                 for r in dropped:
                     self._reprice_below(tx, memo, r.key, inflation)
-                    self._reprice_above(tx, memo, r.key, inflation)
             tx.orphan(d for r in dropped for d in r.digests)
             tx.bump("hits", len(found))
             tx.bump("misses", len(missing))
@@ -405,13 +402,11 @@ class Cache:
             known = tx.parents(entry.key)  # remembered: evicted or refused before
             entry = replace(entry, lineage=known if known is not None else _parents(entry))
             lost = lost_cost(entry.lineage, memo) if self._pricing.uses_lineage else 0.0
-            enabled = enabled_cost(entry.key, memo) if self._pricing.uses_lineage else 0.0
             total = entry.size_bytes + (tx.totals()[1] if self._budget else 0)
-            refusal = (self._admission(tx, entry, total - self._budget, now, lost=lost,
-                                       enabled=enabled) if self._budget else "")
+            refusal = (self._admission(tx, entry, total - self._budget, lost, now)
+                       if self._budget else "")
             evicted = [] if refusal else self._place(tx, memo, entry, now, lost=lost,
-                                                     enabled=enabled, total=total,
-                                                     again=known is not None)
+                                                     total=total, again=known is not None)
         if refusal:
             return self._refuse(entry, refusal)
         log.info("cache entry %s committed (workflow %r, step %r, %d bytes)%s", entry.key,
@@ -420,17 +415,15 @@ class Cache:
         return CommitResult(created=True, evicted=tuple(r.key for r in evicted))
 
     def _place(self, tx: Tx, memo: MemoGraph, entry: CacheEntry, now: float, *, lost: float,
-               enabled: float, total: int, again: bool) -> list[Removed]:
+               total: int, again: bool) -> list[Removed]:
         """Insert ``entry`` (admitted; ``total``: the bytes with it), evict to keep the
         budget, queue the events; what was evicted. ``again``: the key was cached before."""
         inflation = start_inflation = self._inflation(tx)
-        tx.insert(entry, now, self._pricing, lost=lost, enabled=enabled, inflation=inflation)
+        tx.insert(entry, now, self._pricing, lost=lost, inflation=inflation)
         tx.adopt(a.digest for a in entry.artifacts.values())
-        if self._pricing.uses_lineage:
-            memo.forget([entry.key])
-            if again:  # cached again: its descendants lost less
-                self._reprice_below(tx, memo, entry.key, inflation)
-            self._reprice_above(tx, memo, entry.key, inflation)
+        if again and self._pricing.uses_lineage:
+            memo.forget([entry.key])  # cached again: its descendants lost less
+            self._reprice_below(tx, memo, entry.key, inflation)
         evicted: list[Removed] = []
         while self._budget and total > self._budget:
             victim = tx.victim(exclude=(entry.key,))
@@ -466,8 +459,8 @@ class Cache:
         measured = replace(entry, artifacts=artifacts)
         return replace(measured, size_bytes=entry_size(measured))
 
-    def _admission(self, tx: Tx, entry: CacheEntry, need: int, now: float, *, lost: float,
-                   enabled: float) -> str:
+    def _admission(self, tx: Tx, entry: CacheEntry, need: int, lost: float,
+                   now: float) -> str:
         """Why ``entry`` cannot have ``need`` bytes freed for it ("": it can)."""
         if need <= 0:
             return ""
@@ -479,7 +472,7 @@ class Cache:
             mine = self._pricing.priority(Standing(
                 size_bytes=entry.size_bytes, cost_seconds=entry.cost_seconds,
                 lost_cost_seconds=lost, freq_log=self._pricing.first_use(now), hits=0,
-                used_seq=0, created_seq=0, enabled_cost_seconds=enabled))
+                used_seq=0, created_seq=0))
             better = [c for c in candidates if c.priority > mine]
             if better:
                 return (f"it is worth less per byte than entry {better[0].key} (and "
@@ -491,7 +484,6 @@ class Cache:
         if self._pricing.uses_lineage:
             memo.forget([removed.key])
             self._reprice_below(tx, memo, removed.key, inflation)
-            self._reprice_above(tx, memo, removed.key, inflation)
         if self._pricing.policy is EvictionPolicy.GDSF:
             return max(inflation, removed.priority)
         return inflation
@@ -504,13 +496,6 @@ class Cache:
             if node is not None:
                 tx.reprice(child, self._pricing, lost=lost_cost(node.parents, memo),
                            inflation=inflation)
-
-    def _reprice_above(self, tx: Tx, memo: MemoGraph, key: str, inflation: float) -> None:
-        """Price again the cached entries whose enabled cost changed because ``key`` was
-        cached or evicted."""
-        for ancestor in cached_above(key, memo):
-            tx.reprice(ancestor, self._pricing, enabled=enabled_cost(ancestor, memo),
-                       inflation=inflation)
 
     def _inflation(self, tx: Tx) -> float:
         if self._pricing.policy is not EvictionPolicy.GDSF:
@@ -534,12 +519,9 @@ class Cache:
         count = 0
         while done:
             with self._store.transaction() as tx:
-                memo = MemoGraph(tx)
-                lineage = pricing.uses_lineage
+                lost = partial(lost_cost, graph=MemoGraph(tx)) if pricing.uses_lineage else None
                 done = tx.rescore(done[-1], _RESCORE_BATCH, pricing, inflation=0.0,
-                                  refreq=refreq,
-                                  lost=partial(lost_cost, graph=memo) if lineage else None,
-                                  enabled=partial(enabled_cost, graph=memo) if lineage else None)
+                                  refreq=refreq, lost=lost)
             count += len(done)
         with self._store.transaction() as tx:
             tx.set_meta("policy", pricing.policy.value)

@@ -87,7 +87,6 @@ class EntryRow(Base):
     created_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     freq_log: Mapped[float] = mapped_column(Float, default=0.0)
     lost_cost_seconds: Mapped[float] = mapped_column(Float, default=0.0)
-    enabled_cost_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     priority: Mapped[float] = mapped_column(Float, default=0.0)
     artifacts: Mapped[list[ArtifactRow]] = relationship(
         back_populates="entry", cascade="all, delete-orphan", passive_deletes=True,
@@ -198,8 +197,7 @@ def _entry(row: EntryRow) -> CacheEntry:
 def _standing(row: EntryRow) -> Standing:
     return Standing(size_bytes=row.size_bytes, cost_seconds=row.cost_seconds,
                     lost_cost_seconds=row.lost_cost_seconds, freq_log=row.freq_log,
-                    hits=row.hits, used_seq=row.used_seq, created_seq=row.created_seq,
-                    enabled_cost_seconds=row.enabled_cost_seconds)
+                    hits=row.hits, used_seq=row.used_seq, created_seq=row.created_seq)
 
 
 def _victims() -> sa.Select[str, int, float]:
@@ -233,7 +231,7 @@ class Tx:
         return found
 
     def insert(self, entry: CacheEntry, now: float, pricing: Pricing, *, lost: float = 0.0,
-               enabled: float = 0.0, inflation: float = 0.0) -> bool:
+               inflation: float = 0.0) -> bool:
         """Add ``entry`` (sized by the caller; its lineage as :meth:`parents` gives it),
         priced by ``pricing``; False when ``key`` is already present. The key's lineage node
         is created, or marked cached again (its parents stay as first recorded)."""
@@ -256,8 +254,7 @@ class Tx:
             size_bytes=entry.size_bytes, created_at=now, last_used_at=now,
             used_seq=seq, hits=0, cost_seconds=node.cost_seconds if node else entry.cost_seconds,
             lineage=json.dumps(list(parents)), pinned=entry.pinned, created_seq=seq,
-            freq_log=pricing.first_use(now), lost_cost_seconds=lost,
-            enabled_cost_seconds=enabled, priority=0.0,
+            freq_log=pricing.first_use(now), lost_cost_seconds=lost, priority=0.0,
             artifacts=[ArtifactRow(name=name, digest=a.digest, size_bytes=a.size_bytes,
                                    uri=a.uri) for name, a in entry.artifacts.items()])
         row.priority = pricing.priority(_standing(row), inflation)
@@ -278,17 +275,13 @@ class Tx:
         return _entry(row)
 
     def reprice(self, key: str, pricing: Pricing, *, lost: float | None = None,
-                enabled: float | None = None, freq_log: float | None = None,
-                inflation: float = 0.0) -> None:
-        """Price ``key``'s entry again, with a new lost or enabled cost or ``freq_log`` if
-        given."""
+                freq_log: float | None = None, inflation: float = 0.0) -> None:
+        """Price ``key``'s entry again, with a new lost cost or ``freq_log`` if given."""
         row = self._s.get(EntryRow, key)
         if row is None:
             return
         if lost is not None:
             row.lost_cost_seconds = lost
-        if enabled is not None:
-            row.enabled_cost_seconds = enabled
         if freq_log is not None:
             row.freq_log = freq_log
         row.priority = pricing.priority(_standing(row), inflation)
@@ -356,8 +349,7 @@ class Tx:
         return found
 
     def rescore(self, after: str, limit: int, pricing: Pricing, *, inflation: float,
-                lost: Callable[[tuple[str, ...]], float] | None,
-                enabled: Callable[[str], float] | None, refreq: bool) -> list[str]:
+                lost: Callable[[tuple[str, ...]], float] | None, refreq: bool) -> list[str]:
         """Price up to ``limit`` entries with keys after ``after`` again (their lost cost from
         ``lost`` when given; ``freq_log`` estimated again when ``refreq``); their keys, in
         order."""
@@ -366,8 +358,6 @@ class Tx:
         for row in rows:
             if lost is not None:
                 row.lost_cost_seconds = lost(tuple(json.loads(row.lineage)))
-            if enabled is not None:
-                row.enabled_cost_seconds = enabled(row.key)
             if refreq:
                 row.freq_log = pricing.estimated_freq_log(row.created_at, row.last_used_at,
                                                           row.hits)

@@ -29,8 +29,6 @@ def upgrade() -> None:
                                    server_default="0"))
         batch.add_column(sa.Column("lost_cost_seconds", sa.Float(), nullable=False,
                                    server_default="0"))
-        batch.add_column(sa.Column("enabled_cost_seconds", sa.Float(), nullable=False,
-                                   server_default="0"))
         batch.add_column(sa.Column("priority", sa.Float(), nullable=False,
                                    server_default="0"))
     entries = sa.table("cache_entries", sa.column("key", sa.String()),
@@ -74,7 +72,6 @@ def downgrade() -> None:
     op.drop_table("cache_lineage")
     op.drop_index("ix_cache_entries_victim", "cache_entries")
     with op.batch_alter_table("cache_entries") as batch:
-        for column in ("priority", "enabled_cost_seconds", "lost_cost_seconds", "freq_log",
-                       "created_seq", "pinned",
+        for column in ("priority", "lost_cost_seconds", "freq_log", "created_seq", "pinned",
                        "lineage", "cost_seconds"):
             batch.drop_column(column)
