@@ -19,6 +19,7 @@ from couler.errors import (
     NotFoundError,
     UnsupportedFeatureError,
 )
+from couler.optimize.cache_key import workflow_keys
 from couler_runtime.local import CAPABILITIES, LocalEngine, Reuse
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "programs"
@@ -860,6 +861,28 @@ def test_a_cached_step_is_not_run_and_its_outputs_and_artifacts_flow_on(tmp_path
     assert not (tmp_path / "runs" / "r1" / "steps" / "make").exists()  # never executed
     with pytest.raises(ConflictError, match="'r1' exists already"):
         engine.start(_cache_workflow(), run_id="r1")
+
+
+def test_run_time_keys_are_the_keys_the_optimizer_computes_before_the_run(
+        tmp_path: Path) -> None:
+    """Keys by lineage: what a run reports is what the plan looks up."""
+    status = LocalEngine(tmp_path, cache_keys=True).run(_cache_workflow())
+    assert {s.step: s.cache_key for s in status.steps} == workflow_keys(_cache_workflow())
+
+
+def test_a_producer_every_reader_of_which_is_reused_is_not_run(tmp_path: Path) -> None:
+    """The reader's entry is found without the producer's (its key is by lineage), so the
+    producer -- its entry evicted -- need not run at all."""
+    keys = workflow_keys(_cache_workflow())
+    engine = LocalEngine(tmp_path / "runs", cache_keys=True)
+    status = engine.start(_cache_workflow(), run_id="r2", cached={
+        "use": Reuse(keys["use"], {"seen": "payload made"})}).wait()
+    by = {s.step: s for s in status.steps}
+    assert status.state is RunState.SUCCEEDED
+    assert by["use"].state is StepState.CACHED and by["use"].outputs == {"seen": "payload made"}
+    assert by["make"].state is StepState.SKIPPED and by["make"].attempts == 0
+    assert "not needed" in by["make"].message
+    assert not (tmp_path / "runs" / "r2" / "steps" / "make").exists()
 
 
 def test_an_incomplete_cache_hit_runs_the_step(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from google.protobuf.message import Message
 
 from couler import ir
 from couler.errors import UnsupportedFeatureError, ValidationError
-from couler.optimize import step_cache_key
+from couler.optimize.cache_key import workflow_keys
 from couler.v1 import cache_service_pb2, common_pb2, events_pb2, optimizer_service_pb2
 from couler_optimizer.events import (
     FEEDBACK_DURABLE,
@@ -397,10 +397,8 @@ class TestCache:
                                                 cache: tuple[StandInCache, str]) -> None:
         stand_in, _ = cache
         wf = chain(3)
-        s0, s1, s2 = wf.steps
-        k0 = step_cache_key(wf, s0, {})
-        k1 = step_cache_key(wf, s1, {"x": "hello"})
-        assert k0 is not None and k1 is not None
+        keys = workflow_keys(wf)
+        k0, k1, k2 = keys["s0"], keys["s1"], keys["s2"]
         stand_in.put(CacheEntry(key=k0, workflow=wf.name, step="s0", outputs={"out": "hello"},
                                 size_bytes=5))
         stand_in.put(CacheEntry(key=k1, workflow=wf.name, step="s1", outputs={"out": "world"},
@@ -414,9 +412,8 @@ class TestCache:
         assert changed
         assert any("step 's0': cached" in n for n in notes)
         assert any("step 's1': cached" in n for n in notes)
-        # s2's key was asked for with s1's cached output as its input.
-        k2 = step_cache_key(wf, s2, {"x": "world"})
-        assert k2 is not None and stand_in.times_asked(k2) == 1
+        # s2's key (by lineage) was asked for in the same lookup.
+        assert stand_in.times_asked(k2) == 1
         [summary] = optimizer.history(run_id=rid)
         assert summary.cached_steps == ("s0", "s1") and not summary.from_event
         assert [p.name for p in summary.passes] == PASSES
@@ -425,8 +422,7 @@ class TestCache:
                                    cache: tuple[StandInCache, str]) -> None:
         stand_in, _ = cache
         wf = chain(1)
-        key = step_cache_key(wf, wf.steps[0], {})
-        assert key is not None
+        key = workflow_keys(wf)[wf.steps[0].name]
         stand_in.put(CacheEntry(key=key, outputs={"out": "x"}))
         plan = optimizer.optimize(wf, no_cache=True)
         assert plan.cached == {}
@@ -541,8 +537,7 @@ class TestEvents:
                                                   cache: tuple[StandInCache, str]) -> None:
         stand_in, _ = cache
         wf = chain(1)
-        key = step_cache_key(wf, wf.steps[0], {})
-        assert key is not None
+        key = workflow_keys(wf)[wf.steps[0].name]
         stand_in.put(CacheEntry(key=key, outputs={"out": "x"}))
         reuse, fresh = run_id(), run_id()
         answers = asyncio.run(exchange(nats_server, [requested(reuse, wf),
@@ -565,9 +560,8 @@ class TestEvents:
             name="with-param", parameters=(ir.Parameter("lr", default=ir.Literal.of("0.1")),),
             steps=(container("train", "train", salt, "{{inputs.x}}", inputs=[
                 ir.InputParameter("x", ir.WorkflowParamRef("lr"))]),))
-        given = step_cache_key(wf, wf.steps[0], {"x": "0.5"})
-        default = step_cache_key(wf, wf.steps[0], {"x": "0.1"})
-        assert given is not None and default is not None
+        given = workflow_keys(wf, {"lr": "0.5"})["train"]
+        default = workflow_keys(wf)["train"]
         stand_in.put(CacheEntry(key=given, outputs={"out": "model"}))
         with_value, without = run_id(), run_id()
         answers = asyncio.run(exchange(
@@ -585,8 +579,7 @@ class TestEvents:
                                    cache: tuple[StandInCache, str]) -> None:
         stand_in, _ = cache
         rid, wf = run_id(), chain(1)
-        key = step_cache_key(wf, wf.steps[0], {})
-        assert key is not None
+        key = workflow_keys(wf)[wf.steps[0].name]
         stand_in.put(CacheEntry(key=key, outputs={"out": "x"}))
         subject, message, msg_id = requested(rid, wf)
         # The same request stored twice (as after a republish outside the duplicate window):

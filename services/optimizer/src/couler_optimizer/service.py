@@ -107,7 +107,8 @@ class _PlanLookup:
             return {}
         self.entries.update(found)
         return {key: passes.CachedStep(key=key, outputs=dict(e.outputs),
-                                       artifacts={n: a.digest for n, a in e.artifacts.items()})
+                                       artifacts={n: a.digest for n, a in e.artifacts.items()},
+                                       created_at=e.created_at or 0.0)
                 for key, e in found.items()}
 
 

@@ -19,7 +19,12 @@ from typing import Any, cast
 
 from couler import ir
 from couler.errors import UserError
-from couler.optimize.cache_key import not_cacheable_reason, step_cache_key
+from couler.optimize.cache_key import (
+    cache_policy,
+    not_cacheable_reason,
+    unneeded_steps,
+    workflow_keys,
+)
 from couler.optimize.split import Budget, Chunk, split_workflow
 
 __all__ = [
@@ -42,6 +47,7 @@ class CachedStep:
     key: str
     outputs: Mapping[str, str] = field(default_factory=dict)
     artifacts: Mapping[str, str] = field(default_factory=dict)  # name -> blob digest
+    created_at: float = 0.0  # when the entry was committed (for max_age); 0: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,100 +104,45 @@ _RECOMMENDED_RESOURCES = {"memory_request", "memory_limit", "cpu_request", "cpu_
 
 
 def prune_cached(wf: ir.Workflow, lookup: Lookup,
-                 parameters: Mapping[str, str] | None = None
+                 parameters: Mapping[str, str] | None = None, *, now: float | None = None
                  ) -> tuple[dict[str, CachedStep], list[str]]:
     """Find the top-level steps whose results the cache already holds.
 
-    Keys are computed in data-flow order: a step's inputs are known when they are
-    literals, workflow parameters, or outputs of steps found cached, so its key is
-    computed once every step it reads from is decided. Steps that read nothing from
-    other steps are all looked up in the first call, and a fully cached chain is found
-    in one call per link. Linear in the steps and their inputs (plus the lookups).
-    Returns the cached steps and notes (why steps were not looked up). The workflow
-    itself is unchanged: the engine skips a cached step's execution and reports it
-    ``cached``, with its outputs.
+    Every step's key is known before the run (keys by lineage:
+    :func:`~couler.optimize.cache_key.workflow_keys`), so all of them are looked up at
+    once, and a step is found although an ancestor's entry was evicted. A hit older than
+    the step's ``max_age`` counts as a miss. Linear in the steps and their inputs (plus
+    the lookup). Returns the cached steps and notes: why steps were not looked up, and
+    which steps are not needed (:func:`~couler.optimize.cache_key.unneeded_steps`: every
+    step that reads them is reused). The workflow itself is unchanged: the engine skips a
+    cached step's execution and reports it ``cached``, with its outputs.
     """
-    params = dict(parameters or {})
-    for p in wf.parameters:
-        if p.name not in params and p.default is not None:
-            params[p.name] = p.default.text
     by_name = {s.name: s for s in wf.steps}
-    cached: dict[str, CachedStep] = {}
+    keys = workflow_keys(wf, parameters)
     notes: list[str] = []
-    # Which steps each step reads from (outputs and artifacts), and who reads each step.
-    waiting: dict[str, int] = {}
-    readers: dict[str, list[str]] = {}
-    ready: list[str] = []
     for step in wf.steps:
-        producers = {inp.value.step for inp in step.inputs
-                     if isinstance(inp.value, ir.StepOutputRef) and inp.value.step in by_name}
-        producers |= {art.source.step for art in step.input_artifacts
-                      if isinstance(art.source, ir.StepArtifactRef)
-                      and art.source.step in by_name}
-        producers.discard(step.name)
-        waiting[step.name] = len(producers)
-        for up in producers:
-            readers.setdefault(up, []).append(step.name)
-        if not producers:
-            ready.append(step.name)
-    while ready:
-        wanted: dict[str, str] = {}
-        for name in ready:
-            step = by_name[name]
-            reason = not_cacheable_reason(wf, step)
-            if reason is not None:
-                notes.append(f"step {name!r}: not cached: {reason}")
-                continue
-            known = _known_inputs(step, params, cached)
-            key = None if known is None else step_cache_key(wf, step, *known)
-            if key is not None:
-                wanted[name] = key
-        if wanted:
-            found = lookup(sorted(set(wanted.values())))
-            for name, key in wanted.items():
-                hit = found.get(key)
-                if hit is not None and _complete(by_name[name], hit):
-                    cached[name] = dataclasses.replace(hit, key=key)
-        following: list[str] = []
-        for name in ready:
-            for reader in readers.get(name, ()):
-                waiting[reader] -= 1
-                if waiting[reader] == 0:
-                    following.append(reader)
-        ready = following
+        if step.name in keys:
+            continue
+        reason = not_cacheable_reason(wf, step)
+        notes.append(f"step {step.name!r}: not cached: "
+                     + (reason or "keyed when it runs (an external input artifact's digest, "
+                                  "or a step it reads from has no key)"))
+    found = lookup(sorted(set(keys.values()))) if keys else {}
+    clock = time.time() if now is None else now
+    cached: dict[str, CachedStep] = {}
+    for name, key in keys.items():
+        hit = found.get(key)
+        if hit is None or not _complete(by_name[name], hit):
+            continue
+        max_age = cache_policy(wf, by_name[name]).max_age_seconds
+        if max_age and hit.created_at and clock - hit.created_at > max_age:
+            notes.append(f"step {name!r}: cached result {key[:12]} is older than its "
+                         f"max_age ({max_age} s): it runs again")
+            continue
+        cached[name] = dataclasses.replace(hit, key=key)
+    notes += [f"step {n!r}: not needed: every step that reads it is reused"
+              for n in sorted(unneeded_steps(wf, cached))]
     return cached, notes
-
-
-def _known_inputs(step: ir.Step, params: Mapping[str, str], cached: Mapping[str, CachedStep]
-                  ) -> tuple[dict[str, str], dict[str, str]] | None:
-    """The step's input values and input artifact digests, or None when one is unknown.
-
-    An input artifact is known when it comes from a cached step that recorded the
-    artifact's content digest (the same ``sha256:`` digest the engine computes from the
-    file it hands the step).
-    """
-    values: dict[str, str] = {}
-    for inp in step.inputs:
-        src = inp.value
-        if isinstance(src, ir.Literal):
-            values[inp.name] = src.text
-        elif isinstance(src, ir.WorkflowParamRef) and src.name in params:
-            values[inp.name] = params[src.name]
-        elif (isinstance(src, ir.StepOutputRef) and src.step in cached
-              and src.output in cached[src.step].outputs):
-            values[inp.name] = cached[src.step].outputs[src.output]
-        else:
-            return None
-    digests: dict[str, str] = {}
-    for art in step.input_artifacts:
-        ref = art.source
-        if not isinstance(ref, ir.StepArtifactRef) or ref.step not in cached:
-            return None
-        digest = cached[ref.step].artifacts.get(ref.artifact, "")
-        if not digest:
-            return None
-        digests[art.name] = digest
-    return values, digests
 
 
 def _complete(step: ir.Step, hit: CachedStep) -> bool:

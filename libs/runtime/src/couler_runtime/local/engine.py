@@ -104,7 +104,7 @@ from couler.errors import (
     NotFoundError,
     UnsupportedFeatureError,
 )
-from couler.optimize.cache_key import step_cache_key
+from couler.optimize.cache_key import producers, step_cache_key, unneeded_steps
 from couler.semantics import failed_leaves
 
 from .artifacts import ArtifactStore, PathMap, copy_path, digest_path
@@ -261,6 +261,21 @@ class Reuse:
     artifacts: Mapping[str, Path] = field(default_factory=dict)
 
 
+def _usable_hits(wf: ir.Workflow, cached: Mapping[str, Reuse]) -> dict[str, Reuse]:
+    """The cache hits of top-level plain steps whose every output artifact is at hand (a
+    hit that is not is run instead, before the steps it would have spared are decided)."""
+    by_name = {s.name: s for s in wf.steps}
+    usable: dict[str, Reuse] = {}
+    for name, hit in cached.items():
+        step = by_name.get(name)
+        if step is None or step.foreach is not None or step.loop is not None:
+            continue
+        if all((src := hit.artifacts.get(a.name)) is not None and Path(src).exists()
+               for a in step.output_artifacts):
+            usable[name] = hit
+    return usable
+
+
 class LocalRun:
     """A run in progress: wait for it, cancel it, or read its status.
 
@@ -285,7 +300,10 @@ class LocalRun:
         # a reused step are carried over with it.
         self._previous = dict(previous or {})
         self._references = dict(references or {})  # referenced workflows, by name
-        self._cached = dict(cached or {})  # top-level steps whose results are reused
+        # Top-level steps whose results are reused (hits whose artifacts are at hand), and
+        # the steps not needed because every step that reads them is reused.
+        self._cached = _usable_hits(wf, cached or {})
+        self._unneeded = unneeded_steps(wf, self._cached) if self._cached else set()
         self._lock = threading.RLock()
         self._cancel = threading.Event()  # stop: set by cancel(), a deadline or a timeout
         self._user_cancel = False  # cancel() was called (the run ends CANCELLED)
@@ -744,6 +762,12 @@ class LocalRun:
         if hit is not None and step.loop is None and step.foreach is None:
             self._reuse_cached(step, rec, hit)
             return
+        if step.name in self._unneeded and not self._prefix:
+            now = time.time()
+            self._update(rec, state=StepState.SKIPPED, started_at=now, finished_at=now,
+                         message="not run: not needed, every step that reads its results "
+                                 "was reused from the cache")
+            return
         if step.loop is None:
             self._execute(step, rec, "main", None)
             return
@@ -931,31 +955,41 @@ class LocalRun:
         return None
 
     def _cache_key(self, step: ir.Step, paths: PathMap) -> str | None:
-        """The content key of a plain top-level step as it just ran (None: not cacheable)."""
+        """The lineage key of a plain top-level step as it just ran (None: not cacheable):
+        its producers' keys as recorded (run or reused), its external input artifacts'
+        digests from the files it was handed -- the key the optimizer computes before a
+        run (:func:`couler.optimize.cache_key.workflow_keys`) for all but the latter."""
+        params: dict[str, str] = {}
         try:
-            inputs = {i.name: self._value(i.value, step, None, {}, f"inputs.{i.name}")
-                      for i in step.inputs}
+            for inp in step.inputs:
+                if isinstance(inp.value, ir.WorkflowParamRef):
+                    params[inp.value.name] = self._value(inp.value, step, None, {},
+                                                         f"inputs.{inp.name}")
         except _StepError:
             return None
         digests = {}
         for art in step.input_artifacts:
+            if isinstance(art.source, ir.StepArtifactRef):
+                continue
             host = paths.host(art.path)
             if not host.exists():
                 return None
             digests[art.name] = digest_path(host)
-        return step_cache_key(self.workflow, step, inputs, digests)
+        return step_cache_key(self.workflow, step, params=params,
+                              producer_keys=self._producer_keys(step),
+                              external_digests=digests)
+
+    def _producer_keys(self, step: ir.Step) -> dict[str, str]:
+        """The cache keys of the top-level steps ``step`` reads from, as far as they have
+        one (a producer run or reused with a key)."""
+        with self._lock:
+            return {p: rec.cache_key for p in producers(step)
+                    if (rec := self._records.get((p, ""))) is not None and rec.cache_key}
 
     def _lineage(self, step: ir.Step) -> tuple[str, ...]:
-        """The cache keys of the top-level steps ``step`` reads outputs or artifacts from, as
-        far as they have one (a producer run or reused with a key), sorted."""
-        producers = {i.value.step for i in step.inputs if isinstance(i.value, ir.StepOutputRef)}
-        producers |= {a.source.step for a in step.input_artifacts
-                      if isinstance(a.source, ir.StepArtifactRef)}
-        producers.discard(step.name)
-        with self._lock:
-            keys = {rec.cache_key for p in producers
-                    if (rec := self._records.get((p, ""))) is not None and rec.cache_key}
-        return tuple(sorted(keys))
+        """The cache keys of the top-level steps ``step`` reads outputs or artifacts from
+        (its producers' keys), sorted."""
+        return tuple(sorted(set(self._producer_keys(step).values())))
 
     # ------------------------------------------------------------------ sub-workflows
 
@@ -1246,7 +1280,7 @@ class LocalEngine:
         image_commands: Optional command prefix per container image.
         workflows: Workflows that sub-workflow steps may refer to by name.
         cache_keys: Compute each plain top-level step's content key
-            (:func:`couler.optimize.step_cache_key`, with input artifact digests) when
+            (:func:`couler.optimize.step_cache_key`, by lineage) when
             it succeeds, reported as ``StepStatus.cache_key`` (for a cache to commit).
     """
 
