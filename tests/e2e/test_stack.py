@@ -267,7 +267,8 @@ def test_all_five_services_through_grpc(cli: CliStack) -> None:
         assert len(wf.steps) == 7 and generated.report.planner
         plan = client.optimizer.optimize(wf, "local")
         assert [p.name for p in plan.passes] == [
-            "validate", "prune_cached", "right_size", "default_retry", "split", "compile"]
+            "validate", "prune_cached", "substitute_cached", "right_size", "default_retry",
+    "split", "compile"]
         assert plan.cached == {}  # a new table: nothing of it is cached yet
         assert plan.engine == "local" and plan.workflow.name == wf.name
 

@@ -76,7 +76,8 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 WAIT = 60.0  # a bound on waiting, never an assertion about speed
 MAX_STEPS = 4  # the service's max_steps_per_chunk: workflows here have at most 3 steps
 JOB = '{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "apply"}}'
-PASSES = ["validate", "prune_cached", "right_size", "default_retry", "split", "compile"]
+PASSES = ["validate", "prune_cached", "substitute_cached", "right_size", "default_retry",
+    "split", "compile"]
 
 
 # ----------------------------------------------------------------------------- workflows
@@ -335,7 +336,7 @@ def only_answer(answers: dict[str, list[Answer]], rid: str) -> Answer:
 
 
 class TestOptimize:
-    def test_six_passes_and_an_argo_document(self, optimizer: Optimizer) -> None:
+    def test_seven_passes_and_an_argo_document(self, optimizer: Optimizer) -> None:
         wf = chain(3)
         plan = optimizer.optimize(wf, "argo")
         assert [p.name for p in plan.passes] == PASSES
@@ -428,11 +429,20 @@ class TestCache:
         assert plan.cached == {}
         assert stand_in.times_asked(key) == 0
         assert "no_cache" in report(plan, "prune_cached")[1][0]
-        # a remote engine's adapter submits the whole workflow: nothing is pruned for it
+
+    def test_a_remote_engine_gets_the_workflow_without_its_cached_steps(
+            self, optimizer: Optimizer, cache: tuple[StandInCache, str]) -> None:
+        stand_in, _ = cache
+        wf = chain(3)
+        keys = workflow_keys(wf)
+        stand_in.put(CacheEntry(key=keys["s0"], workflow=wf.name, step="s0",
+                                outputs={"out": "hello"}, size_bytes=5))
         plan = optimizer.optimize(wf, "argo")
-        assert plan.cached == {}
-        assert stand_in.times_asked(key) == 0
-        assert "engine 'argo' cannot restore cached results" in report(plan, "prune_cached")[1][0]
+        assert [s.name for s in plan.workflow.steps] == ["s1", "s2"]
+        assert set(plan.cached) == {"s0"} and plan.step_keys == keys
+        assert "s0" not in plan.compiled and "hello" in plan.compiled
+        changed, notes = report(plan, "substitute_cached")
+        assert changed and "step 's0': taken out" in notes[0]
 
     def test_cache_down_plans_without_it(self, nats_server: NatsServer, database_url: str,
                                          tmp_path: Path) -> None:

@@ -446,7 +446,8 @@ def test_optimize_runs_every_pass_and_compiles() -> None:
     plan = optimize(WF, "argo", lookup=index,
                     recommendations=[Recommendation("chain", "s1", "memory_request", "2Gi")])
     assert [r.name for r in plan.reports] == [
-        "validate", "prune_cached", "right_size", "default_retry", "split", "compile"]
+        "validate", "prune_cached", "substitute_cached", "right_size", "default_retry",
+    "split", "compile"]
     assert sorted(plan.cached) == ["s0", "s1", "s2"]
     assert "kind: Workflow" in plan.document
     res = plan.workflow.steps[1].resources

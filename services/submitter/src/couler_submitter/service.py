@@ -111,6 +111,7 @@ from couler_runtime.rpc.records import (
 from couler_submitter.chunks import ChunkedRun, chunk_run_id
 from couler_submitter.engines import KNOWN_ENGINES, RunHandle, Runner, not_configured
 from couler_submitter.model import DEFAULT_ENGINE, RunOptions, RunRequest
+from couler_submitter.reused import AllReused, keyed_by_plan, taken_out
 from couler_submitter.store import EventKind, Finish, OutboxEntry, RunStore, parse_page_token
 from couler_submitter.unreported import unreported_steps
 
@@ -225,6 +226,9 @@ class _Active:
     task: asyncio.Task[None] | None = None
     final: RunStatus | None = None  # set by the waiting thread before it posts the end
     reported: set[str] = field(default_factory=set)  # steps the engine reported (any key)
+    # The plan's cache keys (known before the run): a remote engine's results are
+    # committed under them.
+    keys: Mapping[str, str] = field(default_factory=dict)
     _steps: dict[str, ir.Step] | None = None
 
     def step(self, name: str) -> ir.Step | None:
@@ -488,7 +492,7 @@ class Submitter:
             await self._launch(run, plan, queue=queue)
             return
         log.info("run %s: resumed on %s", run.run_id, run.engine)
-        self._track(run.run_id, handle, plan.workflow, run.engine, queue)
+        self._track(run.run_id, handle, plan.workflow, run.engine, queue, keys=plan.step_keys)
         # The crash may have come between the engine start and this event: queue it again
         # under the same msg id (JetStream drops it when the first one was stored).
         await self._db(True, self._store.emit, run.run_id, EventKind.SUBMITTED)
@@ -1196,7 +1200,7 @@ class Submitter:
         if handle is None:
             await self._launch(updated, plan, queue=queue)
         else:
-            self._track(run_id, handle, plan.workflow, run.engine, queue)
+            self._track(run_id, handle, plan.workflow, run.engine, queue, keys=plan.step_keys)
             await self._db(True, self._store.emit, run_id, EventKind.SUBMITTED)
             self._wake.set()
         log.info("run %s: retry %d started", run_id, updated.retries)
@@ -1230,6 +1234,8 @@ class Submitter:
                                      on_event=self._callback(queue), retry=retry)
                 await self._call(chunked.launched.wait)
                 handle = chunked
+            elif plan.nothing_to_run:  # every step reused: the engine is not asked
+                handle = AllReused(run.run_id, plan.workflow.name, taken_out(plan))
             else:
                 handle = await self._call(runner.start, run.run_id, plan.workflow, parameters,
                                           cached, self._callback(queue))
@@ -1242,7 +1248,9 @@ class Submitter:
             await self._fail(run.run_id, f"engine {run.engine!r} refused the run: {exc}",
                              expect=_ENGINE_SIDE)
             return
-        self._track(run.run_id, handle, plan.workflow, run.engine, queue)
+        self._track(run.run_id, handle, plan.workflow, run.engine, queue, keys=plan.step_keys)
+        for status in taken_out(plan):  # reported here: the engine never sees them
+            queue.put_nowait(status)
         engine_run_id = getattr(handle, "engine_run_id", run.run_id)  # remote engines' own
         emit = (EventKind.SUBMITTED,)
         if engine_run_id != run.engine_run_id:
@@ -1294,8 +1302,9 @@ class Submitter:
         return on_event
 
     def _track(self, run_id: str, handle: RunHandle, wf: ir.Workflow, engine: str,
-               queue: asyncio.Queue[StepStatus | None]) -> None:
-        active = _Active(handle, wf, engine, queue)
+               queue: asyncio.Queue[StepStatus | None], *,
+               keys: Mapping[str, str] | None = None) -> None:
+        active = _Active(handle, wf, engine, queue, keys=dict(keys or {}))
         self._active[run_id] = active
         loop = self._loop
         assert loop is not None  # _callback checked it
@@ -1368,7 +1377,9 @@ class Submitter:
         started_at: float | None = None
         moving = False
         active.reported.update(s.step for s in statuses)
-        for status in statuses:
+        for reported in statuses:
+            # a remote engine's step: the plan's key
+            status = keyed_by_plan(reported, active.step(reported.step), active.keys)
             artifacts: dict[str, StoredArtifact] = {}
             cache_key = status.cache_key
             if status.state is StepState.SUCCEEDED and cache_key and not status.key:

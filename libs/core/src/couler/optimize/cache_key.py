@@ -40,10 +40,12 @@ from couler import ir
 __all__ = [
     "KEY_VERSION",
     "cache_policy",
+    "depends_names",
     "not_cacheable_reason",
     "producers",
     "step_cache_key",
     "unneeded_steps",
+    "upstream_names",
     "workflow_keys",
 ]
 
@@ -207,11 +209,15 @@ def upstream_names(step: ir.Step) -> set[str]:
     """The steps ``step`` waits for: its dependencies and the steps its depends expression
     and its ``when`` name."""
     names = {d.step for d in step.dependencies}
-    if step.depends is not None:
-        names |= {t.step for t in _terms(step.depends)}
+    names |= depends_names(step)
     if step.when is not None:
         names |= _condition_steps(step.when.condition)
     return names
+
+
+def depends_names(step: ir.Step) -> set[str]:
+    """The steps ``step``'s depends expression names (empty without one)."""
+    return set() if step.depends is None else {t.step for t in _terms(step.depends)}
 
 
 def _terms(expr: ir.DependsExpr) -> Iterator[ir.DependsTerm]:
@@ -264,7 +270,7 @@ def _only_reads(reader: ir.Step, name: str) -> bool:
     """Whether ``reader`` reads ``name``'s data and waits for it by the default edge only."""
     if name not in producers(reader):
         return False
-    if reader.depends is not None and any(t.step == name for t in _terms(reader.depends)):
+    if name in depends_names(reader):
         return False
     if reader.when is not None and name in _condition_steps(reader.when.condition):
         return False

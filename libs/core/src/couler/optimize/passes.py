@@ -1,6 +1,7 @@
 """The optimizer's passes: pure functions over the IR, each with a report.
 
-:func:`optimize` runs them in order — validate → prune cached steps → apply
+:func:`optimize` runs them in order — validate → prune cached steps → take them out of
+the workflow (engines that cannot restore them) → apply
 recommendations (right-size resources) → default retry policy → split to the
 engine's limits → compile — and returns a :class:`Plan`. Every pass is usable on
 its own; none does I/O: the cache is reached through a ``lookup`` callable and
@@ -25,6 +26,7 @@ from couler.optimize.cache_key import (
     unneeded_steps,
     workflow_keys,
 )
+from couler.optimize.reuse import ArtifactStore, substitute_cached
 from couler.optimize.split import Budget, Chunk, split_workflow
 
 __all__ = [
@@ -86,6 +88,11 @@ class Plan:
     cached: Mapping[str, CachedStep] = field(default_factory=dict)
     reports: tuple[PassReport, ...] = ()
     chunks: tuple[Chunk, ...] = ()
+    # substitute=True: the steps taken out because nothing left needs them, every step's
+    # key known before the run, and whether nothing is left to run
+    unneeded: tuple[str, ...] = ()
+    keys: Mapping[str, str] = field(default_factory=dict)
+    nothing_to_run: bool = False
 
 
 Lookup = Callable[[Sequence[str]], Mapping[str, CachedStep]]
@@ -299,12 +306,16 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
              recommendations: Sequence[Recommendation] = (),
              parameters: Mapping[str, str] | None = None,
              budget: Budget | None = None, retry: ir.RetryPolicy | None = DEFAULT_RETRY,
-             compile: bool = True) -> Plan:
+             compile: bool = True, substitute: bool = False,
+             store: ArtifactStore | None = None) -> Plan:
     """Run the pass pipeline over ``wf`` for ``engine`` and return the plan.
 
     ``lookup`` is None to skip the cache; ``retry`` None to skip the default retry
     pass; ``budget`` None for the engine's own (see :func:`couler.optimize.split.
-    budget_for`). Raises ValidationError / UnsupportedFeatureError naming the step.
+    budget_for`). ``substitute``: take cached steps out of the workflow, their results
+    written into their readers (:func:`couler.optimize.reuse.substitute_cached`; for
+    engines that cannot restore cached results themselves), artifacts referenced in
+    ``store``. Raises ValidationError / UnsupportedFeatureError naming the step.
     """
     from couler.optimize.split import budget_for
 
@@ -320,6 +331,28 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
             cached, notes = prune_cached(wf, lookup, parameters)
             hit = [f"step {n!r}: cached ({c.key[:12]})" for n, c in sorted(cached.items())]
             box.append(PassReport("", changed=bool(cached), notes=tuple(hit + notes)))
+    unneeded: tuple[str, ...] = ()
+    keys: dict[str, str] = {}
+    nothing = False
+    with _timed(reports, "substitute_cached") as box:
+        if not substitute or lookup is None:
+            box.append(PassReport("", changed=False, notes=(
+                "skipped: " + ("cache not consulted" if lookup is None
+                               else f"{engine} restores cached steps itself"),)))
+        else:
+            keys = workflow_keys(wf, parameters)
+            done = substitute_cached(wf, {n: c.outputs for n, c in cached.items()},
+                                     {n: c.artifacts for n, c in cached.items()}, store)
+            cached = {n: cached[n] for n in done.cached}
+            unneeded = done.unneeded
+            nothing = not done.workflow.steps
+            if not nothing:
+                wf = done.workflow
+            taken = [f"step {n!r}: taken out, its results written into its readers"
+                     for n in done.cached]
+            taken += [f"step {n!r}: taken out, nothing left needs it" for n in unneeded]
+            box.append(PassReport("", changed=bool(done.cached),
+                                  notes=tuple(taken) + done.notes))
     with _timed(reports, "right_size") as box:
         wf, notes = apply_recommendations(wf, recommendations)
         box.append(PassReport("", changed=bool(notes), notes=tuple(notes)))
@@ -331,14 +364,19 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
             box.append(PassReport("", changed=bool(notes), notes=tuple(notes)))
     chunks: tuple[Chunk, ...] = ()
     with _timed(reports, "split") as box:
-        limit = budget if budget is not None else budget_for(engine)
-        result = split_workflow(wf, limit, measure=lambda w: len(compile_document(w, engine))
-                                if compile else 0)
-        chunks = result.chunks if len(result.chunks) > 1 else ()
-        box.append(PassReport("", changed=bool(chunks), notes=tuple(result.notes)))
+        if nothing:
+            box.append(PassReport("", changed=False, notes=("skipped: nothing to run",)))
+        else:
+            limit = budget if budget is not None else budget_for(engine)
+            result = split_workflow(wf, limit, measure=lambda w: len(
+                compile_document(w, engine)) if compile else 0)
+            chunks = result.chunks if len(result.chunks) > 1 else ()
+            box.append(PassReport("", changed=bool(chunks), notes=tuple(result.notes)))
     document = ""
     with _timed(reports, "compile") as box:
-        if compile and not chunks:
+        if nothing:
+            note = "skipped: every step is reused, the engine runs nothing"
+        elif compile and not chunks:
             document = compile_document(wf, engine)
             note = f"{len(document)} bytes of {engine} document" if document else \
                 f"{engine} runs the IR itself"
@@ -349,4 +387,5 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
         box.append(PassReport("", changed=False, notes=(note,)))
     ir.validate(wf)
     return Plan(workflow=wf, engine=engine, document=document, cached=cached,
-                reports=tuple(reports), chunks=chunks)
+                reports=tuple(reports), chunks=chunks, unneeded=unneeded, keys=keys,
+                nothing_to_run=nothing)

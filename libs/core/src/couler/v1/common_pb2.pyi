@@ -301,7 +301,7 @@ class Chunk(_message.Message):
     def __init__(self, name: _Optional[str] = ..., steps: _Optional[_Iterable[str]] = ..., depends_on: _Optional[_Iterable[str]] = ..., workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("workflow", "engine", "compiled", "cached", "passes", "chunks", "workflow_digest", "stored")
+    __slots__ = ("workflow", "engine", "compiled", "cached", "passes", "chunks", "workflow_digest", "stored", "unneeded", "step_keys", "nothing_to_run")
     class CachedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +309,13 @@ class Plan(_message.Message):
         key: str
         value: CacheEntry
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[CacheEntry, _Mapping]] = ...) -> None: ...
+    class StepKeysEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     COMPILED_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +324,9 @@ class Plan(_message.Message):
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_DIGEST_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
+    UNNEEDED_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEYS_FIELD_NUMBER: _ClassVar[int]
+    NOTHING_TO_RUN_FIELD_NUMBER: _ClassVar[int]
     workflow: _workflow_pb2.Workflow
     engine: str
     compiled: str
@@ -325,7 +335,10 @@ class Plan(_message.Message):
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     workflow_digest: str
     stored: BlobRef
-    def __init__(self, workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., engine: _Optional[str] = ..., compiled: _Optional[str] = ..., cached: _Optional[_Mapping[str, CacheEntry]] = ..., passes: _Optional[_Iterable[_Union[PassReport, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., workflow_digest: _Optional[str] = ..., stored: _Optional[_Union[BlobRef, _Mapping]] = ...) -> None: ...
+    unneeded: _containers.RepeatedScalarFieldContainer[str]
+    step_keys: _containers.ScalarMap[str, str]
+    nothing_to_run: bool
+    def __init__(self, workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., engine: _Optional[str] = ..., compiled: _Optional[str] = ..., cached: _Optional[_Mapping[str, CacheEntry]] = ..., passes: _Optional[_Iterable[_Union[PassReport, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., workflow_digest: _Optional[str] = ..., stored: _Optional[_Union[BlobRef, _Mapping]] = ..., unneeded: _Optional[_Iterable[str]] = ..., step_keys: _Optional[_Mapping[str, str]] = ..., nothing_to_run: _Optional[bool] = ...) -> None: ...
 
 class UtilizationSample(_message.Message):
     __slots__ = ("run_id", "workflow", "step", "key", "attempt", "at", "cpu", "memory_bytes")

@@ -563,6 +563,9 @@ class Plan:
     passes: tuple[PassReport, ...] = ()
     chunks: tuple[Chunk, ...] = ()
     workflow_digest: str = ""
+    unneeded: tuple[str, ...] = ()  # taken out: every step that reads them is reused
+    step_keys: Mapping[str, str] = field(default_factory=dict)  # keys known before the run
+    nothing_to_run: bool = False  # every step is reused or unneeded
 
 
 def plan_to_proto(p: Plan) -> common_pb2.Plan:
@@ -576,7 +579,8 @@ def plan_to_proto(p: Plan) -> common_pb2.Plan:
                                            if c.workflow is not None else None),
                                  size_bytes=c.size_bytes)
                 for c in p.chunks],
-        workflow_digest=p.workflow_digest,
+        workflow_digest=p.workflow_digest, unneeded=list(p.unneeded),
+        step_keys=dict(p.step_keys), nothing_to_run=p.nothing_to_run,
     )
 
 
@@ -590,7 +594,8 @@ def plan_from_proto(m: common_pb2.Plan) -> Plan:
                            codec.workflow_from_proto(c.workflow)
                            if c.HasField("workflow") else None, c.size_bytes)
                      for c in m.chunks),
-        workflow_digest=m.workflow_digest,
+        workflow_digest=m.workflow_digest, unneeded=tuple(m.unneeded),
+        step_keys=dict(m.step_keys), nothing_to_run=m.nothing_to_run,
     )
 
 
