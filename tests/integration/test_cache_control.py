@@ -17,12 +17,12 @@ import pytest
 from couler.errors import NotFoundError, UserError
 from couler_runtime.client import CacheClient
 from couler_runtime.rpc.records import CacheEntry, CacheOrder, ListedEntry
-from tests.integration.test_cache_service import (  # noqa: F401 (fixtures)
-    Starter,
-    artifacts,
-    db_url,
-    start,
-)
+from tests.integration import test_cache_service as cache_service
+from tests.integration.test_cache_service import Starter
+
+# The cache service's fixtures (a service started on real NATS; SQLite and PostgreSQL).
+start = cache_service.start
+db_url = cache_service.db_url
 
 
 def hexkey(prefix: str = "") -> str:
@@ -42,7 +42,7 @@ def keys(listed: list[ListedEntry] | tuple[ListedEntry, ...]) -> list[str]:
 
 
 def test_list_orders_filters_and_pages_without_counting(start: Starter, db_url: str
-                                                        ) -> None:  # noqa: F811
+                                                        ) -> None:
     cache = start(database_url=db_url, cache_policy="lru")
     c = cache.client.cache
     k = {name: hexkey() for name in ("small", "big", "slow", "old", "pinned")}
@@ -112,7 +112,7 @@ def test_list_orders_filters_and_pages_without_counting(start: Starter, db_url: 
 
 
 def test_show_by_key_and_by_unique_prefix_counts_nothing(start: Starter, db_url: str
-                                                         ) -> None:  # noqa: F811
+                                                         ) -> None:
     cache = start(database_url=db_url)
     c = cache.client.cache
     twin_a, twin_b, lone = hexkey("abcdef01"), hexkey("abcdef01"), hexkey("0123456")
@@ -144,7 +144,7 @@ def test_show_by_key_and_by_unique_prefix_counts_nothing(start: Starter, db_url:
     assert c.show(lone).entry.last_used_at == used
 
 
-def test_list_and_show_need_the_token(start: Starter, tmp_path: Any) -> None:  # noqa: F811
+def test_list_and_show_need_the_token(start: Starter, tmp_path: Any) -> None:
     cache = start(artifacts=str(tmp_path / "blobs"), auth_token="s3cret")
     k = hexkey()
     from couler_runtime.client import CoulerClient
