@@ -26,7 +26,9 @@ process; the synchronous database and artifact-store calls run in worker threads
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import logging
 import math
 import re
@@ -47,12 +49,15 @@ from couler_cache.policy import (
     cached_below,
     lost_cost,
 )
-from couler_cache.store import CacheStore, OutboxMessage, Removed, Tx
+from couler_cache.store import ORDERS, CacheStore, OutboxMessage, Removed, Tx
 from couler_runtime.rpc.records import (
     CacheEntry,
+    CacheOrder,
+    CachePage,
     CacheStats,
     CommitResult,
     EvictResult,
+    ListedEntry,
     LookupResult,
     PinResult,
 )
@@ -61,6 +66,7 @@ __all__ = [
     "COMMITTED",
     "DEFAULT_LINEAGE_LIMIT",
     "EVICTED",
+    "MIN_KEY_PREFIX",
     "Blobs",
     "Cache",
     "Publish",
@@ -624,3 +630,93 @@ class Cache:
     def _published(self, ids: list[int]) -> None:
         with self._store.transaction() as tx:
             tx.published(ids)
+
+    # ------------------------------------------------------------------ control (read only)
+
+    async def list_entries(self, *, order: CacheOrder = CacheOrder.VICTIM, workflow: str = "",
+                           step: str = "", page_size: int = 0, page_token: str = ""
+                           ) -> CachePage:
+        """A page of entries in ``order`` (of ``workflow`` and ``step`` when given), each
+        with its eviction priority. Counts no hit or miss and changes no entry.
+
+        Raises:
+            UserError: A page size out of range, or a token that is not one of this
+                listing's (the message names the field).
+        """
+        if not 0 <= page_size <= MAX_LIST_PAGE:
+            raise UserError(f"list: field 'page_size' must be 0..{MAX_LIST_PAGE} "
+                            f"(got {page_size})")
+        limit = page_size or DEFAULT_LIST_PAGE
+        scope = [order.value, workflow, step]
+        after = _page_position(page_token, scope, len(ORDERS[order.value]))
+
+        def read() -> CachePage:
+            with self._store.transaction() as tx:
+                rows = tx.listing(order.value, workflow=workflow, step=step, after=after,
+                                  limit=limit + 1)
+            token = _page_token(scope, rows[limit - 1][2]) if len(rows) > limit else ""
+            return CachePage(tuple(ListedEntry(e, p) for e, p, _ in rows[:limit]), token,
+                             self._pricing.policy.value)
+
+        return await asyncio.to_thread(read)
+
+    async def show(self, key: str) -> ListedEntry:
+        """The entry of ``key`` -- a whole key, or a prefix of at least
+        :data:`MIN_KEY_PREFIX` hex digits that names one entry -- with its eviction
+        priority. Counts no hit or miss and changes no entry (unlike :meth:`lookup`).
+
+        Raises:
+            NotFoundError: No entry has that key or prefix.
+            UserError: The prefix is too short, not hex, or names several entries.
+        """
+        wanted = key.strip()
+        if not wanted or len(wanted) > _MAX_KEY:
+            raise UserError(f"show: field 'key': {key[:80]!r} is not a cache key")
+        prefix = _KEY_PREFIX.fullmatch(wanted.lower()) is not None
+
+        def read() -> list[tuple[CacheEntry, float]]:
+            with self._store.transaction() as tx:
+                return tx.with_prefix(wanted, prefix=wanted.lower() if prefix else "")
+
+        found = await asyncio.to_thread(read)
+        if not found:
+            why = ("" if prefix else
+                   f" (a key prefix needs at least {MIN_KEY_PREFIX} hex digits)")
+            raise NotFoundError(f"show: field 'key': no cache entry has the key or key prefix "
+                                f"{wanted!r}{why}")
+        if len(found) > 1:
+            raise UserError(f"show: field 'key': {wanted!r} is the prefix of several cache "
+                            f"entries ({found[0][0].key[:16]}..., {found[1][0].key[:16]}..."
+                            "); give more digits")
+        return ListedEntry(*found[0])
+
+
+MIN_KEY_PREFIX = 8  # hex digits a key prefix must have to name an entry
+DEFAULT_LIST_PAGE = 100
+MAX_LIST_PAGE = 1000
+# a key prefix: hex digits (after "sha256:" when the keys have it); no LIKE wildcard
+_KEY_PREFIX = re.compile(r"(?:sha256:)?[0-9a-f]{%d,}" % MIN_KEY_PREFIX)
+
+
+def _page_token(scope: list[str], values: list[object]) -> str:
+    """The token of the page after the row with sort ``values``, in a listing ``scope``
+    (order, workflow, step)."""
+    data = json.dumps({"scope": scope, "after": values}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(data.encode()).decode().rstrip("=")
+
+
+def _page_position(token: str, scope: list[str], width: int) -> list[object] | None:
+    """The sort values a page ``token`` continues after (None for the first page)."""
+    if not token:
+        return None
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        after = data["after"]
+        ok = data["scope"] == scope and isinstance(after, list) and len(after) == width
+    except (ValueError, TypeError, KeyError):
+        ok = False
+    if not ok:
+        raise UserError("list: field 'page_token' is not a token of this listing (the same "
+                        "order, workflow and step) -- start again without it")
+    values: list[object] = after
+    return values

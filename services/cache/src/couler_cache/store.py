@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import (
@@ -55,7 +56,7 @@ from couler_runtime.store import (
     session_scope,
 )
 
-__all__ = ["COUNTERS", "CacheStore", "OutboxMessage", "Removed", "Tx"]
+__all__ = ["COUNTERS", "ORDERS", "CacheStore", "OutboxMessage", "Removed", "Tx"]
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SERVICE = "cache"
@@ -506,6 +507,61 @@ class Tx:
         """Remove published events."""
         if ids:
             self._s.execute(sa.delete(OutboxRow).where(OutboxRow.id.in_(list(ids))))
+
+    # ------------------------------------------------------------------ listing (read only)
+
+    def listing(self, order: str, *, workflow: str = "", step: str = "",
+                after: Sequence[object] | None = None, limit: int = 100
+                ) -> list[tuple[CacheEntry, float, list[object]]]:
+        """Up to ``limit`` entries in ``order`` (a key of :data:`ORDERS`), of ``workflow`` and
+        ``step`` when given, after the row whose sort values are ``after``: each with its
+        priority and its own sort values (the next page's ``after``). Changes nothing."""
+        columns = [(getattr(EntryRow, name), descending) for name, descending in ORDERS[order]]
+        query = sa.select(EntryRow)
+        if workflow:
+            query = query.where(EntryRow.workflow == workflow)
+        if step:
+            query = query.where(EntryRow.step == step)
+        if after is not None:
+            query = query.where(_after(columns, after))
+        query = query.order_by(*(c.desc() if d else c.asc() for c, d in columns)).limit(limit)
+        return [(_entry(row), row.priority, [getattr(row, name) for name, _ in ORDERS[order]])
+                for row in self._s.scalars(query)]
+
+    def with_prefix(self, key: str, *, prefix: str = "", limit: int = 2
+                    ) -> list[tuple[CacheEntry, float]]:
+        """The entry of ``key``; else, when ``prefix`` is given (hex digits: no LIKE
+        wildcard), the entries whose key starts with it (``limit`` at most); each with its
+        priority."""
+        row = self._s.get(EntryRow, key)
+        if row is not None:
+            return [(_entry(row), row.priority)]
+        if not prefix:
+            return []
+        rows = self._s.scalars(sa.select(EntryRow).where(EntryRow.key.like(prefix + "%"))
+                               .order_by(EntryRow.key).limit(limit))
+        return [(_entry(r), r.priority) for r in rows]
+
+
+ORDERS: dict[str, tuple[tuple[str, bool], ...]] = {
+    # name -> the columns a listing sorts by, each (column, descending); the key last, so
+    # that every row has its own place (keyset paging)
+    "victim": (("pinned", False), ("priority", False), ("used_seq", False), ("key", False)),
+    "recent": (("used_seq", True), ("key", False)),
+    "size": (("size_bytes", True), ("key", False)),
+    "cost": (("cost_seconds", True), ("key", False)),
+}
+
+
+def _after(columns: Sequence[tuple[Any, bool]],
+           values: Sequence[object]) -> sa.ColumnElement[bool]:
+    """The rows after the one with sort ``values`` in the order of ``columns``."""
+    alternatives = []
+    for i, (column, descending) in enumerate(columns):
+        equal = [c == v for (c, _), v in zip(columns[:i], values[:i], strict=True)]
+        beyond = column < values[i] if descending else column > values[i]
+        alternatives.append(sa.and_(*equal, beyond))
+    return sa.or_(*alternatives)
 
 
 class CacheStore:

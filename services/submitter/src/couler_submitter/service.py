@@ -94,7 +94,9 @@ from couler.errors import ConflictError, CoulerError, NotFoundError, RetryableEr
 from couler.ir.limits import DEFAULT_LIMITS, SizeLimits, check_sizes
 from couler.v1 import common_pb2, workflow_pb2
 from couler_runtime import codec, offload, telemetry
+from couler_runtime.blobs import BlobIntegrityError
 from couler_runtime.local import Reuse
+from couler_runtime.local.artifacts import digest_path
 from couler_runtime.rpc.records import (
     BlobRef,
     Plan,
@@ -120,6 +122,7 @@ __all__ = [
     "DEFAULT_STEP_PAGE",
     "MAX_STEP_PAGE",
     "Blobs",
+    "CacheEntries",
     "Events",
     "NotRetryableError",
     "RunPage",
@@ -203,6 +206,13 @@ class Blobs(Protocol):
 
     def get_file(self, digest: str, dest: Path) -> None:
         """Write the bytes of blob ``digest`` to the file ``dest``, checked against it."""
+
+
+class CacheEntries(Protocol):
+    """The part of the cache service the submitter uses (a blocking call)."""
+
+    def evict(self, keys: Iterable[str]) -> object:
+        """Drop the entries of ``keys`` from the cache."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,11 +398,13 @@ class Submitter:
             and uploads are received (``<runs_dir>/.uploads``).
         outbox_interval: Seconds between looks at the outbox when nothing wakes the sender.
         limits: The size limits Submit and RegisterTemplate check.
+        cache: The cache service, told to drop an entry whose artifacts are corrupt or
+            gone (None: such an entry is only not reused).
     """
 
     def __init__(self, store: RunStore, events: Events, runners: Mapping[str, Runner], *,
                  blobs: Blobs | None, runs_dir: Path, outbox_interval: float = 5.0,
-                 limits: SizeLimits = DEFAULT_LIMITS) -> None:
+                 limits: SizeLimits = DEFAULT_LIMITS, cache: CacheEntries | None = None) -> None:
         self._store = store
         self._quick = store.quick
         self._events = events
@@ -401,6 +413,7 @@ class Submitter:
         self._runs_dir = runs_dir
         self._outbox_interval = outbox_interval
         self._limits = limits
+        self._cache = cache
         self._active: dict[str, _Active] = {}
         # per run: a change wakes only that run's watchers (each re-reads the store)
         self._changed: dict[str, asyncio.Event] = {}
@@ -1269,8 +1282,11 @@ class Submitter:
                      len(cached), f", {len(plan.chunks)} chunks" if _split(plan) else "")
 
     def _fetch_cached(self, run_id: str, plan: Plan) -> dict[str, Reuse]:
-        """The plan's cache hits as the local engine takes them (artifacts fetched)."""
+        """The plan's cache hits as the local engine takes them (artifacts fetched and
+        checked against their digests; an entry whose artifact is corrupt or gone is
+        dropped from the cache and its step runs again)."""
         reuse: dict[str, Reuse] = {}
+        corrupt: list[str] = []
         for step, entry in plan.cached.items():
             paths: dict[str, Path] = {}
             try:
@@ -1280,12 +1296,23 @@ class Submitter:
                     dest = self._runs_dir / ".cache" / run_id / step / name
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     self._blobs.download(art.digest, dest)
+                    _check_digest(dest, art.digest, f"field 'artifacts.{name}'")
                     paths[name] = dest
+            except (BlobIntegrityError, NotFoundError) as exc:  # bad input: never passed on
+                log.warning("run %s, step %r: cached result %s is corrupt or missing in the "
+                            "artifact store; dropping it from the cache, the step runs "
+                            "again: %s", run_id, step, entry.key, exc)
+                shutil.rmtree(self._runs_dir / ".cache" / run_id / step, ignore_errors=True)
+                corrupt.append(entry.key)
+                continue
             except Exception as exc:  # a hit that cannot be used: the step runs instead
                 log.warning("run %s, step %r: cached result %s not reused: %s", run_id, step,
                             entry.key[:12], exc)
                 continue
-            reuse[step] = Reuse(entry.key, dict(entry.outputs), paths)
+            reuse[step] = Reuse(entry.key, dict(entry.outputs), paths,
+                                saved_seconds=entry.cost_seconds)
+        if corrupt:
+            self._drop_cached(run_id, corrupt)
         return reuse
 
     def _callback(self, queue: asyncio.Queue[StepStatus | None]
@@ -1535,3 +1562,30 @@ class Submitter:
             with contextlib.suppress(BaseException):
                 await call
             raise
+
+    # ------------------------------------------------------------------ cache (bad input)
+
+    def _drop_cached(self, run_id: str, keys: Sequence[str]) -> None:
+        """Ask the cache to drop the entries of ``keys`` (their artifacts are corrupt or
+        gone); best effort: the steps run again either way, and a later lookup that finds a
+        blob gone drops the entry too."""
+        if self._cache is None:
+            log.warning("run %s: no cache address configured (COULER_CACHE_ADDRESS); the "
+                        "corrupt cache entries %s stay in the cache", run_id, ", ".join(keys))
+            return
+        try:
+            self._cache.evict(keys)
+        except Exception as exc:  # logged; the entries are not reused by this run anyway
+            log.warning("run %s: evicting the corrupt cache entries %s failed: %s", run_id,
+                        ", ".join(keys), exc)
+            return
+        log.info("run %s: evicted the corrupt cache entries %s", run_id, ", ".join(keys))
+
+
+def _check_digest(path: Path, digest: str, where: str) -> None:
+    """Raise BlobIntegrityError unless the file or directory at ``path`` has ``digest``
+    (as the local engine computes it: :func:`couler_runtime.local.artifacts.digest_path`)."""
+    found = digest_path(path)
+    if found != digest:
+        raise BlobIntegrityError(f"{where}: the fetched artifact has digest {found}, the "
+                                 f"cache entry says {digest}")

@@ -78,7 +78,7 @@ RECOMMENDATION_KIND_TIMEOUT: RecommendationKind
 RECOMMENDATION_KIND_MEMORY_LIMIT: RecommendationKind
 
 class StepRecord(_message.Message):
-    __slots__ = ("name", "key", "state", "attempts", "exit_code", "started_at", "finished_at", "peak_cpu", "peak_memory_bytes", "outputs", "cache_key", "cached", "message", "failure_class", "artifacts", "cache_lineage")
+    __slots__ = ("name", "key", "state", "attempts", "exit_code", "started_at", "finished_at", "peak_cpu", "peak_memory_bytes", "outputs", "cache_key", "cached", "message", "failure_class", "artifacts", "cache_lineage", "cache_saved_seconds")
     class OutputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,7 @@ class StepRecord(_message.Message):
     FAILURE_CLASS_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     CACHE_LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SAVED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     key: str
     state: StepState
@@ -125,7 +126,8 @@ class StepRecord(_message.Message):
     failure_class: _workflow_pb2.FailureClass
     artifacts: _containers.MessageMap[str, StoredArtifact]
     cache_lineage: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., attempts: _Optional[int] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., peak_cpu: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., outputs: _Optional[_Mapping[str, str]] = ..., cache_key: _Optional[str] = ..., cached: _Optional[bool] = ..., message: _Optional[str] = ..., failure_class: _Optional[_Union[_workflow_pb2.FailureClass, str]] = ..., artifacts: _Optional[_Mapping[str, StoredArtifact]] = ..., cache_lineage: _Optional[_Iterable[str]] = ...) -> None: ...
+    cache_saved_seconds: float
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., attempts: _Optional[int] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., peak_cpu: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., outputs: _Optional[_Mapping[str, str]] = ..., cache_key: _Optional[str] = ..., cached: _Optional[bool] = ..., message: _Optional[str] = ..., failure_class: _Optional[_Union[_workflow_pb2.FailureClass, str]] = ..., artifacts: _Optional[_Mapping[str, StoredArtifact]] = ..., cache_lineage: _Optional[_Iterable[str]] = ..., cache_saved_seconds: _Optional[float] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "workflow", "state", "engine", "engine_run_id", "steps", "created_at", "started_at", "finished_at", "message", "passes", "idempotency_key", "parameters", "workflow_digest", "template", "dry_run", "revision", "retries", "step_count", "cached_step_count", "next_step_page_token")

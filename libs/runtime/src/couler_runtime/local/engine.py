@@ -199,6 +199,7 @@ class _Record:
     # SKIPPED because its dependencies did not allow it to run (Argo's "Omitted"), not by
     # its own when: its dependents' default edges do not run either
     omitted: bool = False
+    cache_saved_seconds: float = 0.0  # CACHED: the reused entry's cost
 
     def status(self) -> StepStatus:
         return StepStatus(
@@ -206,7 +207,7 @@ class _Record:
             exit_code=self.exit_code, started_at=self.started_at, finished_at=self.finished_at,
             peak_cpu=self.peak_cpu, peak_memory_bytes=self.peak_memory_bytes,
             outputs=dict(self.outputs), message=self.message, cache_key=self.cache_key,
-            cache_lineage=self.cache_lineage,
+            cache_lineage=self.cache_lineage, cache_saved_seconds=self.cache_saved_seconds,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -218,7 +219,7 @@ class _Record:
             "peak_cpu": data.peak_cpu, "peak_memory_bytes": data.peak_memory_bytes,
             "outputs": dict(data.outputs), "message": data.message, "failure": self.failure,
             "cache_key": self.cache_key, "cache_lineage": list(self.cache_lineage),
-            "omitted": self.omitted,
+            "omitted": self.omitted, "cache_saved_seconds": self.cache_saved_seconds,
         }
 
     @classmethod
@@ -245,6 +246,7 @@ class _Record:
             cache_key=str(data.get("cache_key", "")),
             cache_lineage=tuple(str(k) for k in lineage) if isinstance(lineage, list) else (),
             omitted=data.get("omitted") is True,
+            cache_saved_seconds=opt_float("cache_saved_seconds") or 0.0,
         )
 
 
@@ -259,6 +261,7 @@ class Reuse:
     key: str
     outputs: Mapping[str, str] = field(default_factory=dict)
     artifacts: Mapping[str, Path] = field(default_factory=dict)
+    saved_seconds: float = 0.0  # the compute reusing it saves (the entry's cost)
 
 
 def _usable_hits(wf: ir.Workflow, cached: Mapping[str, Reuse]) -> dict[str, Reuse]:
@@ -816,7 +819,8 @@ class LocalRun:
             return
         self._update(rec, state=StepState.CACHED, started_at=now, finished_at=now, attempts=0,
                      outputs=dict(hit.outputs), cache_key=hit.key,
-                     message=f"reused cached result {hit.key[:12]}")
+                     message=f"reused cached result {hit.key[:12]}",
+                     cache_saved_seconds=hit.saved_seconds)
 
     def _run_item(self, step: ir.Step, index: int, item: object) -> None:
         self._execute(step, _Record(self._name(step.name), key=str(index)), f"item-{index}",

@@ -35,11 +35,14 @@ __all__ = [
     "MAX_NOTE_CHARS",
     "BlobRef",
     "CacheEntry",
+    "CacheOrder",
+    "CachePage",
     "CacheStats",
     "Chunk",
     "CommitResult",
     "EvictResult",
     "GenerationReport",
+    "ListedEntry",
     "LookupResult",
     "Objective",
     "PassReport",
@@ -196,6 +199,7 @@ class StepRecord:
     failure_class: ir.FailureClass | None = None
     artifacts: Mapping[str, StoredArtifact] = field(default_factory=dict)  # outputs, stored
     cache_lineage: tuple[str, ...] = ()  # the cache keys of the steps it read from
+    cache_saved_seconds: float = 0.0  # cached: the compute its reuse saved (entry's cost)
 
     @classmethod
     def from_status(
@@ -212,6 +216,7 @@ class StepRecord:
             cached=status.state is base.StepState.CACHED,
             message=status.message, failure_class=failure_class,
             cache_lineage=tuple(status.cache_lineage),
+            cache_saved_seconds=status.cache_saved_seconds,
         )
 
 
@@ -225,7 +230,7 @@ def step_record_to_proto(r: StepRecord) -> common_pb2.StepRecord:
         failure_class=_FAILURE.to_proto(r.failure_class),
         artifacts={n: common_pb2.StoredArtifact(digest=a.digest, size_bytes=a.size_bytes,
                                                 uri=a.uri) for n, a in r.artifacts.items()},
-        cache_lineage=list(r.cache_lineage),
+        cache_lineage=list(r.cache_lineage), cache_saved_seconds=r.cache_saved_seconds,
     )
 
 
@@ -242,7 +247,7 @@ def step_record_from_proto(m: common_pb2.StepRecord) -> StepRecord:
         failure_class=_FAILURE.optional(m.failure_class, f"{where}, failure_class"),
         artifacts={n: StoredArtifact(a.digest, a.size_bytes, a.uri)
                    for n, a in m.artifacts.items()},
-        cache_lineage=tuple(m.cache_lineage),
+        cache_lineage=tuple(m.cache_lineage), cache_saved_seconds=m.cache_saved_seconds,
     )
 
 
@@ -508,6 +513,56 @@ class CacheStats:
 def cache_stats_from_proto(m: cache_service_pb2.StatsResponse) -> CacheStats:
     """The :class:`CacheStats` of ``m``."""
     return CacheStats(m.entries, m.bytes, m.hits, m.misses, m.evictions, m.budget_bytes)
+
+
+class CacheOrder(enum.StrEnum):
+    """The order of a cache listing (``couler.v1.CacheOrder``)."""
+
+    VICTIM = "victim"  # the next entry eviction takes first; pinned ones last
+    RECENT = "recent"  # most recently committed or used first
+    SIZE = "size"  # largest first
+    COST = "cost"  # most compute first
+
+
+_CACHE_ORDER = _Enum(CacheOrder, cache_service_pb2.CacheOrder, "CACHE_ORDER")
+
+
+def cache_order_to_proto(order: CacheOrder) -> str:
+    """The proto value name of ``order``."""
+    return _CACHE_ORDER.to_proto(order)
+
+
+def cache_order_from_proto(number: int) -> CacheOrder:
+    """The order of a ``ListEntriesRequest`` (unspecified: :attr:`CacheOrder.VICTIM`)."""
+    return _CACHE_ORDER.optional(number, "list, field 'order'") or CacheOrder.VICTIM
+
+
+@dataclass(frozen=True, slots=True)
+class ListedEntry:
+    """A cache entry as a listing shows it, with its current eviction priority."""
+
+    entry: CacheEntry
+    priority: float = 0.0
+
+
+def listed_entry_to_proto(e: ListedEntry) -> cache_service_pb2.ListedEntry:
+    """The ``couler.v1.ListedEntry`` of ``e``."""
+    return cache_service_pb2.ListedEntry(entry=cache_entry_to_proto(e.entry),
+                                         priority=e.priority)
+
+
+def listed_entry_from_proto(m: cache_service_pb2.ListedEntry) -> ListedEntry:
+    """The :class:`ListedEntry` of ``m``."""
+    return ListedEntry(cache_entry_from_proto(m.entry), m.priority)
+
+
+@dataclass(frozen=True, slots=True)
+class CachePage:
+    """A page of cache entries; ``next_page_token`` is "" on the last page."""
+
+    entries: tuple[ListedEntry, ...]
+    next_page_token: str = ""
+    policy: str = ""
 
 
 # =========================================================================== planning
