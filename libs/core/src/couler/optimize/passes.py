@@ -26,6 +26,7 @@ from couler.optimize.cache_key import (
     unneeded_steps,
     workflow_keys,
 )
+from couler.optimize.freshness import fresh
 from couler.optimize.reuse import ArtifactStore, substitute_cached
 from couler.optimize.split import Budget, Chunk, split_workflow
 
@@ -141,10 +142,10 @@ def prune_cached(wf: ir.Workflow, lookup: Lookup,
         hit = found.get(key)
         if hit is None or not _complete(by_name[name], hit):
             continue
-        max_age = cache_policy(wf, by_name[name]).max_age_seconds
-        if max_age and hit.created_at and clock - hit.created_at > max_age:
+        policy = cache_policy(wf, by_name[name])
+        if not fresh(hit.created_at or None, policy, clock):
             notes.append(f"step {name!r}: cached result {key[:12]} is older than its "
-                         f"max_age ({max_age} s): it runs again")
+                         f"max_age ({policy.max_age_seconds} s): it runs again")
             continue
         cached[name] = dataclasses.replace(hit, key=key)
     notes += [f"step {n!r}: not needed: every step that reads it is reused"
