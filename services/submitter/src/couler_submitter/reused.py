@@ -43,11 +43,15 @@ def taken_out(plan: Plan) -> list[StepStatus]:
 
 def keyed_by_plan(status: StepStatus, step: ir.Step | None, keys: Mapping[str, str]
                   ) -> StepStatus:
-    """``status`` of a succeeded top-level ``step`` the engine gave no key, with the plan's
-    key and lineage (the keys of the steps it reads from that ran); others unchanged."""
+    """``status`` of a succeeded top-level ``step`` with the plan's key and lineage (the
+    keys of the steps it reads from); others unchanged.
+
+    The plan's key is the one the next plan looks up. An engine may compute none (a remote
+    engine) or another: a chunk of a split plan reads its upstream chunks' outputs as
+    parameters, which a key by lineage does not see as outputs.
+    """
     key = keys.get(status.step, "")
-    if (not key or status.cache_key or status.key
-            or status.state is not StepState.SUCCEEDED):
+    if not key or status.key or status.state is not StepState.SUCCEEDED:
         return status
     lineage = () if step is None else tuple(sorted(
         {keys[p] for p in producers(step) if p in keys}))

@@ -89,8 +89,8 @@ class Plan:
     cached: Mapping[str, CachedStep] = field(default_factory=dict)
     reports: tuple[PassReport, ...] = ()
     chunks: tuple[Chunk, ...] = ()
-    # substitute=True: the steps taken out because nothing left needs them, every step's
-    # key known before the run, and whether nothing is left to run
+    # substitute=True: the steps taken out because nothing left needs them and whether
+    # nothing is left to run; every step's key known before the run
     unneeded: tuple[str, ...] = ()
     keys: Mapping[str, str] = field(default_factory=dict)
     nothing_to_run: bool = False
@@ -333,7 +333,7 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
             hit = [f"step {n!r}: cached ({c.key[:12]})" for n, c in sorted(cached.items())]
             box.append(PassReport("", changed=bool(cached), notes=tuple(hit + notes)))
     unneeded: tuple[str, ...] = ()
-    keys: dict[str, str] = {}
+    keys = workflow_keys(wf, parameters)  # what the run's results are committed under
     nothing = False
     with _timed(reports, "substitute_cached") as box:
         if not substitute or lookup is None:
@@ -341,7 +341,6 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
                 "skipped: " + ("cache not consulted" if lookup is None
                                else f"{engine} restores cached steps itself"),)))
         else:
-            keys = workflow_keys(wf, parameters)
             done = substitute_cached(wf, {n: c.outputs for n, c in cached.items()},
                                      {n: c.artifacts for n, c in cached.items()}, store)
             cached = {n: cached[n] for n in done.cached}
