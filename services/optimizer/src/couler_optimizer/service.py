@@ -79,6 +79,9 @@ _PRUNE = "prune_cached"
 #: it (the submitter's local engine; the dry run runs nothing anyway). For the others the
 #: plan's workflow has its cached steps taken out (:mod:`couler.optimize.reuse`).
 REUSING_ENGINES = frozenset({"local", "dryrun"})
+#: The engines that read an input artifact from an S3 location, so a cached artifact is
+#: handed to them from the artifact store (the others run its producer again).
+S3_READING_ENGINES = frozenset({"argo"})
 
 
 class CacheUnavailableError(RetryableError):
@@ -219,7 +222,8 @@ class Optimizer:
         plan = passes.optimize(
             wf, name, lookup=lookup, recommendations=recs, parameters=parameters,
             budget=passes.budget_for(name, max_steps=self._max_steps), retry=self._retry,
-            substitute=substitute, store=self._artifact_store)
+            substitute=substitute,
+            store=self._artifact_store if name in S3_READING_ENGINES else None)
         reports = list(plan.reports)
         cached: dict[str, CacheEntry] = {}
         for i, report in enumerate(reports):

@@ -135,8 +135,8 @@ def _kept_because(name: str, steps: Sequence[ir.Step], hook_steps: Sequence[ir.S
             if isinstance(ref, ir.StepArtifactRef) and ref.step == name:
                 if store is None:
                     return (f"step {step.name!r} reads its artifact {ref.artifact!r} and the "
-                            "engine reads no artifact store (set COULER_ARTIFACTS to an S3 "
-                            "bucket)")
+                            "engine reads no artifact store (Argo reads one in S3: "
+                            "COULER_ARTIFACTS=s3://...)")
                 if not digests.get(ref.artifact):
                     return f"its cached artifact {ref.artifact!r} has no digest"
     return ""
