@@ -129,6 +129,34 @@ def test_submit_an_example_program_and_wait(cli: CliStack) -> None:
     cli.runs["example"] = record["run_id"]
 
 
+
+def test_resubmitting_the_map_example_reuses_every_item(cli: CliStack) -> None:
+    """The README's map example again: every item of both maps comes from the cache -- the
+    literal sweep's items by their values, the items of the map over ``shards``' output
+    because ``shards`` is reused and its recorded output gives them -- and nothing runs."""
+    with CoulerClient(cli.info.addresses, token=cli.info.token) as client:
+        first = client.submitter.get(cli.runs["example"])
+        keys = {(s.name, s.key): s.cache_key for s in first.steps if s.cache_key}
+        assert set(keys) == {("shards", "")} | {("train", str(i)) for i in range(4)} | {
+            ("score", str(i)) for i in range(3)}
+        wait_until(lambda: not client.cache.lookup(keys.values()).missing,
+                   "the cache committed every item")
+    done = cli.couler("submit", "examples/map_batches.py", "--wait", "--json")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["state"] == "succeeded" and record["run_id"] != cli.runs["example"]
+    steps = {(s["name"], s["key"]): s for s in record["steps"]}
+    assert len(steps) == 10
+    assert all((s["state"], s["cached"], s["attempts"]) == ("cached", True, 0)
+               for s in record["steps"]), record["steps"]
+    assert record["cached_steps"] == ["score", "shards", "train"]
+    with CoulerClient(cli.info.addresses, token=cli.info.token) as client:
+        second = client.submitter.get(record["run_id"])
+    assert {(s.name, s.key): s.cache_key for s in second.steps if s.cache_key} == keys
+    prune = next(p for p in record["passes"] if p["name"] == "prune_cached")
+    assert any("step 'score[2]': cached" in n for n in prune["notes"]), prune["notes"]
+    assert execution_dirs(cli.home / "state" / "runs" / record["run_id"]) == []
+
 def test_submit_a_text_request_and_wait(cli: CliStack) -> None:
     done = cli.couler("submit", "--text", TEXT, "--wait")
     assert done.returncode == 0, done.stderr

@@ -25,7 +25,13 @@ from couler.optimize import (
     split_workflow,
     step_cache_key,
 )
-from couler.optimize.cache_key import unneeded_steps, workflow_keys
+from couler.optimize.cache_key import (
+    item_cache_key,
+    iteration_cache_key,
+    map_items,
+    unneeded_steps,
+    workflow_keys,
+)
 
 L = ir.Literal.of
 
@@ -475,3 +481,138 @@ def test_artifact_handoffs_are_keyed_by_the_producers_key() -> None:
     del index.entries[keys["make"]]  # the big artifact was evicted: its reader is still found
     cached, notes = prune_cached(wf, index)
     assert sorted(cached) == ["use"] and any("'make': not needed" in n for n in notes)
+
+
+# ------------------------------------------------------------ map items, loop iterations
+
+
+def sweep(*items: object, **kw: object) -> ir.Step:
+    """A map step over literal ``items`` reading each item's field ``lr``."""
+    kw.setdefault("foreach", ir.ForEach(items=tuple(L(i) for i in items)))
+    return container("train", "train", "--lr", "{{inputs.lr}}",
+                     inputs=[ir.InputParameter("lr", ir.ItemRef("lr"))], **kw)  # type: ignore[arg-type]
+
+
+def item_key(step: ir.Step, item: object, wf: ir.Workflow = WF,
+             producer_keys: Mapping[str, str] | None = None) -> str | None:
+    return item_cache_key(wf, step, item, params={}, producer_keys=producer_keys or {})
+
+
+def test_an_items_key_is_its_value_not_its_position() -> None:
+    step = sweep({"lr": 0.1}, {"lr": 0.2})
+    appended = sweep({"lr": 0.3}, {"lr": 0.2}, {"lr": 0.1})  # reordered and grown
+    a, b = item_key(step, {"lr": 0.1}), item_key(step, {"lr": 0.2})
+    assert a is not None and b is not None and a != b
+    assert item_key(appended, {"lr": 0.1}) == a and item_key(appended, {"lr": 0.2}) == b
+    # a field read (item.lr) is keyed by the whole item: another field changes the key
+    assert item_key(step, {"lr": 0.1, "seed": 1}) != a
+    # canonical JSON: the order of an item's fields does not matter, its types do
+    assert item_key(step, {"lr": 0.1, "seed": 1}) == item_key(step, {"seed": 1, "lr": 0.1})
+    assert item_key(step, {"lr": "0.1"}) != a
+    # the step's own spec is part of it, and so are its producers' keys
+    other = dataclasses.replace(step, env=(ir.EnvVar("SEED", "1"),))
+    assert item_key(other, {"lr": 0.1}) != a
+    reads = dataclasses.replace(step, inputs=(
+        *step.inputs, ir.InputParameter("data", ir.StepOutputRef("s0", "out"))))
+    assert item_key(reads, {"lr": 0.1}) is None  # never a partial key
+    assert item_key(reads, {"lr": 0.1}, producer_keys={"s0": "k1"}) != \
+        item_key(reads, {"lr": 0.1}, producer_keys={"s0": "k2"})
+
+
+def test_a_map_is_not_cached_as_a_whole_but_its_items_are() -> None:
+    step = sweep({"lr": 0.1})
+    assert "not cached as a whole" in (not_cacheable_reason(WF, step) or "")
+    assert key(step) is None and item_key(step, {"lr": 0.1}) is not None
+    assert item_key(container("plain"), 1) is None  # only map steps have items
+    off = sweep({"lr": 0.1}, cache=ir.CachePolicy(enabled=False))
+    assert item_key(off, {"lr": 0.1}) is None
+
+
+def loop_step(**kw: object) -> ir.Step:
+    cond = ir.Condition(ir.StepOutputRef("tune", "out"), ir.CompareOp.LT, L(3))
+    return container("tune", "tune", loop=ir.Loop(cond, max_iterations=5), **kw)  # type: ignore[arg-type]
+
+
+def test_loop_iterations_form_a_chain() -> None:
+    step = loop_step()
+
+    def it(n: int, previous: str, s: ir.Step = step) -> str | None:
+        return iteration_cache_key(WF, s, n, previous, params={}, producer_keys={})
+
+    first = it(0, "")
+    assert first is not None and it(0, "ignored") == first
+    second = it(1, first)
+    assert second is not None and second != first
+    assert it(1, "x" * 64) != second  # each depends on the one before
+    assert it(2, second) not in (first, second)
+    assert it(1, "") is None  # a later iteration needs the previous key
+    assert it(0, "", dataclasses.replace(step, env=(ir.EnvVar("A", "1"),))) != first
+    assert "loop steps are not cached as a whole" in (not_cacheable_reason(WF, step) or "")
+
+
+def test_map_items_are_known_before_the_run_when_literal_a_parameter_or_reused() -> None:
+    assert map_items(WF, sweep(1, 2), {}) == [1, 2]
+    by_param = sweep(foreach=ir.ForEach(source=ir.WorkflowParamRef("grid")))
+    assert map_items(WF, by_param, {"grid": "[3, 4]"}) == [3, 4]
+    assert map_items(WF, by_param, {"grid": "not json"}) is None
+    upstream = sweep(foreach=ir.ForEach(source=ir.StepOutputRef("gen", "out")))
+    assert map_items(WF, upstream, {}) is None  # it runs: known when it has run
+    assert map_items(WF, upstream, {}, {"gen": {"out": '["a"]'}}) == ["a"]
+
+
+def map_wf(items: Sequence[object], *, source: ir.StepOutputRef | None = None,
+           gen: ir.Step | None = None) -> ir.Workflow:
+    foreach = ir.ForEach(source=source) if source else ir.ForEach(
+        items=tuple(L(i) for i in items))
+    step = sweep(foreach=foreach)
+    return ir.Workflow(name="sweep", steps=(*((gen,) if gen else ()), step))
+
+
+def test_prune_finds_cached_items_by_value_in_one_lookup() -> None:
+    index = FakeIndex()
+    first = map_wf([{"lr": 0.1}, {"lr": 0.2}])
+    step = first.steps[0]
+    for lr in (0.1, 0.2):
+        k = item_key(step, {"lr": lr}, first)
+        assert k is not None
+        index.entries[k] = CachedStep(k, {"out": f"trained {lr}"})
+    grown = map_wf([{"lr": 0.3}, {"lr": 0.2}, {"lr": 0.1}])
+    cached, notes = prune_cached(grown, index)
+    assert sorted(cached) == ["train[1]", "train[2]"]  # by position in this run's items
+    assert cached["train[2]"].outputs == {"out": "trained 0.1"}
+    assert "train" not in cached and len(index.calls) == 1
+    assert any("not cached as a whole" in n for n in notes)
+
+
+def test_items_from_a_reused_producer_are_looked_up_after_it() -> None:
+    gen = container("gen", "gen")
+    wf = map_wf([], source=ir.StepOutputRef("gen", "out"), gen=gen)
+    keys = workflow_keys(wf)
+    index = FakeIndex()
+    index.entries[keys["gen"]] = CachedStep(keys["gen"], {"out": '[{"lr": 0.5}]'})
+    k = item_key(wf.steps[1], {"lr": 0.5}, wf, producer_keys=keys)
+    assert k is not None
+    index.entries[k] = CachedStep(k, {"out": "trained 0.5"})
+    cached, _ = prune_cached(wf, index)
+    assert sorted(cached) == ["gen", "train[0]"] and len(index.calls) == 2
+    # a producer that runs: its items are keyed when they run, and the plan says so
+    del index.entries[keys["gen"]]
+    cached, notes = prune_cached(wf, index)
+    assert cached == {}
+    assert any("step 'train': its items are not known before the run" in n and "'gen'" in n
+               for n in notes), notes
+
+
+def test_prune_finds_a_loops_cached_iterations() -> None:
+    wf = ir.Workflow(name="tuning", steps=(loop_step(),))
+    step = wf.steps[0]
+    index = FakeIndex()
+    previous = ""
+    for n in range(2):
+        k = iteration_cache_key(wf, step, n, previous, params={}, producer_keys={})
+        assert k is not None
+        index.entries[k] = CachedStep(k, {"out": str(n + 1)})
+        previous = k
+    cached, _ = prune_cached(wf, index)
+    assert sorted(cached) == ["tune[0]", "tune[1]"] and len(index.calls) == 1
+    assert len(index.calls[0]) == 5  # every iteration up to max_iterations

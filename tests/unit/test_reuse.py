@@ -109,6 +109,10 @@ def test_the_submitter_reports_taken_out_steps_and_keys_remote_results() -> None
                 cached={"train": CacheEntry(key=keys["train"], outputs={"out": "7"})},
                 unneeded=("prep",), step_keys=keys)
     by = {s.step: s for s in taken_out(plan)}
+    assert set(by) == {"train", "prep"}
+    local = dataclasses.replace(plan, workflow=wf, engine="local", unneeded=(), cached={
+        "train": CacheEntry(key=keys["train"]), "sweep[0]": CacheEntry(key="k")})
+    assert taken_out(local) == []  # the local engine reports its reused steps and items
     assert by["train"].state is StepState.CACHED and by["train"].outputs == {"out": "7"}
     assert by["prep"].state is StepState.SKIPPED and "not needed" in by["prep"].message
     done = keyed_by_plan(StepStatus("report", StepState.SUCCEEDED), wf.steps[2], keys)

@@ -35,7 +35,8 @@ def taken_out(plan: Plan) -> list[StepStatus]:
     out = [StepStatus(step=name, state=StepState.CACHED, started_at=now, finished_at=now,
                       outputs=dict(entry.outputs), cache_key=entry.key,
                       message=f"reused cached result {entry.key[:12]}")
-           for name, entry in sorted(plan.cached.items()) if name not in kept]
+           for name, entry in sorted(plan.cached.items())
+           if name not in kept and "[" not in name]  # "step[N]": a map item, the engine's
     out += [StepStatus(step=name, state=StepState.SKIPPED, started_at=now, finished_at=now,
                        message=UNNEEDED) for name in plan.unneeded]
     return out

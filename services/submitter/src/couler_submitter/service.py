@@ -1409,9 +1409,11 @@ class Submitter:
             status = keyed_by_plan(reported, active.step(reported.step), active.keys)
             artifacts: dict[str, StoredArtifact] = {}
             cache_key = status.cache_key
-            if status.state is StepState.SUCCEEDED and cache_key and not status.key:
+            # a top-level step, or a map item or loop iteration (``status.key``) with a key
+            if status.state is StepState.SUCCEEDED and cache_key:
                 try:
-                    artifacts = await self._call(self._upload, active, status.step)
+                    artifacts = await self._call(self._upload, active, status.step,
+                                                 status.key)
                 except Exception as exc:  # never commit an entry without its artifacts
                     log.warning("run %s, step %r: artifacts not stored (%s); not cacheable",
                                 run_id, status.step, exc)
@@ -1440,7 +1442,10 @@ class Submitter:
         self._wake.set()
         return run
 
-    def _upload(self, active: _Active, step_name: str) -> dict[str, StoredArtifact]:
+    def _upload(self, active: _Active, step_name: str, key: str = ""
+                ) -> dict[str, StoredArtifact]:
+        """Store the output artifacts of a succeeded step (of its map item or loop iteration
+        ``key``: the engine keeps them as ``step[key]``'s)."""
         step = active.step(step_name)
         if step is None or not step.output_artifacts:
             return {}
@@ -1448,7 +1453,8 @@ class Submitter:
             raise UserError("no artifact store configured")
         stored = {}
         for art in step.output_artifacts:
-            path = active.handle.artifact_path(step_name, art.name)
+            path = active.handle.artifact_path(f"{step_name}[{key}]" if key else step_name,
+                                               art.name)
             if path is None:
                 raise UserError(f"step {step_name!r}, field 'output_artifacts.{art.name}': "
                                 "the engine kept no such artifact")

@@ -41,6 +41,10 @@ __all__ = [
     "KEY_VERSION",
     "cache_policy",
     "depends_names",
+    "item_cache_key",
+    "iteration_cache_key",
+    "map_items",
+    "not_cacheable_part_reason",
     "not_cacheable_reason",
     "producers",
     "step_cache_key",
@@ -63,6 +67,19 @@ def cache_policy(wf: ir.Workflow, step: ir.Step) -> ir.CachePolicy:
 
 def not_cacheable_reason(wf: ir.Workflow, step: ir.Step) -> str | None:
     """Why ``step`` can never have a key, or None when it can (given known inputs)."""
+    reason = not_cacheable_part_reason(wf, step)
+    if reason is not None:
+        return reason
+    if step.foreach is not None:
+        return "map steps are not cached as a whole (each item is, by its value)"
+    if step.loop is not None:
+        return "loop steps are not cached as a whole (each iteration is)"
+    return None
+
+
+def not_cacheable_part_reason(wf: ir.Workflow, step: ir.Step) -> str | None:
+    """Why ``step`` -- or, for a map or loop step, each of its items or iterations -- can
+    never have a key."""
     if not cache_policy(wf, step).enabled:
         return "caching is turned off for this step"
     if isinstance(step.body, ir.JobSpec):
@@ -71,10 +88,6 @@ def not_cacheable_reason(wf: ir.Workflow, step: ir.Step) -> str | None:
         return "sub-workflows are cached step by step, not as a whole"
     if step.daemon:
         return "a daemon step has no result to reuse"
-    if step.foreach is not None:
-        return "map steps are not cached as a whole yet"
-    if step.loop is not None:
-        return "loop steps are not cached as a whole yet"
     if step.volume_mounts:
         return "it mounts a volume, whose content is not part of the key"
     return None
@@ -114,6 +127,84 @@ def step_cache_key(wf: ir.Workflow, step: ir.Step, *, params: Mapping[str, str],
     """
     if not_cacheable_reason(wf, step) is not None:
         return None
+    material = _material(wf, step, params, producer_keys, external_digests, item=False)
+    return None if material is None else _hash(material)
+
+
+def item_cache_key(wf: ir.Workflow, step: ir.Step, item: object, *,
+                   params: Mapping[str, str], producer_keys: Mapping[str, str],
+                   external_digests: Mapping[str, str] | None = None) -> str | None:
+    """The cache key of one item of map step ``step`` (see the module docstring): the
+    step's key as a plain step's, its inputs that read the item (whole or one field)
+    standing for the item's value, which is part of the key as canonical JSON -- the
+    item's position is not. None when ``step`` is not a map step or the key cannot be
+    computed completely (arguments as for :func:`step_cache_key`)."""
+    if step.foreach is None or not_cacheable_part_reason(wf, step) is not None:
+        return None
+    material = _material(wf, step, params, producer_keys, external_digests, item=True)
+    if material is None:
+        return None
+    material["item"] = _canonical(item)
+    return _hash(material)
+
+
+def iteration_cache_key(wf: ir.Workflow, step: ir.Step, iteration: int, previous: str, *,
+                        params: Mapping[str, str], producer_keys: Mapping[str, str],
+                        external_digests: Mapping[str, str] | None = None) -> str | None:
+    """The cache key of iteration ``iteration`` (from 0) of loop step ``step``: the step's
+    key as a plain step's, the iteration's number and ``previous``, the key of the
+    iteration before it ("" for the first). None when ``step`` is not a loop step, a later
+    iteration has no previous key, or the key cannot be computed completely."""
+    if step.loop is None or not_cacheable_part_reason(wf, step) is not None:
+        return None
+    if iteration < 0 or (iteration > 0 and not previous):
+        return None
+    material = _material(wf, step, params, producer_keys, external_digests, item=False)
+    if material is None:
+        return None
+    material["iteration"] = iteration
+    material["previous"] = previous if iteration > 0 else ""
+    return _hash(material)
+
+
+def map_items(wf: ir.Workflow, step: ir.Step, params: Mapping[str, str],
+              outputs: Mapping[str, Mapping[str, str]] | None = None) -> list[object] | None:
+    """The items of map step ``step`` when they are known before the run, else None:
+    literal items, a workflow parameter's JSON list (``params``: the run's values), or a
+    producer's output that is known already (``outputs``: recorded outputs by step name,
+    e.g. of reused steps). Items of a step that runs are known only when it has run."""
+    spec = step.foreach
+    if spec is None:
+        return None
+    if spec.source is None:
+        return [lit.value for lit in spec.items]
+    text: str | None = None
+    if isinstance(spec.source, ir.WorkflowParamRef):
+        text = params.get(spec.source.name)
+    elif isinstance(spec.source, ir.StepOutputRef):
+        text = (outputs or {}).get(spec.source.step, {}).get(spec.source.output)
+    if text is None:
+        return None
+    try:
+        items = json.loads(text)
+    except ValueError:
+        return None
+    return items if isinstance(items, list) else None
+
+
+def _canonical(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _hash(material: Mapping[str, object]) -> str:
+    return hashlib.sha256(_canonical(material).encode()).hexdigest()
+
+
+def _material(wf: ir.Workflow, step: ir.Step, params: Mapping[str, str],
+              producer_keys: Mapping[str, str], external_digests: Mapping[str, str] | None,
+              *, item: bool) -> dict[str, object] | None:
+    """What a key hashes (see :func:`step_cache_key`); ``item``: an input may read the map
+    item (the caller adds the item's value). None when something is not known."""
     values: list[list[str]] = []
     for inp in step.inputs:
         src = inp.value
@@ -123,6 +214,8 @@ def step_cache_key(wf: ir.Workflow, step: ir.Step, *, params: Mapping[str, str],
             values.append([inp.name, "value", params[src.name]])
         elif isinstance(src, ir.StepOutputRef) and producer_keys.get(src.step):
             values.append([inp.name, "output", producer_keys[src.step], src.output])
+        elif isinstance(src, ir.ItemRef) and item:
+            values.append([inp.name, "item", src.key])
         else:
             return None
     artifacts: list[list[str]] = []
@@ -155,8 +248,7 @@ def step_cache_key(wf: ir.Workflow, step: ir.Step, *, params: Mapping[str, str],
         }
     material["version"] = KEY_VERSION
     material["salt"] = policy.salt
-    text = json.dumps(material, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return material
 
 
 def _ordered(steps: Sequence[ir.Step]) -> list[ir.Step]:

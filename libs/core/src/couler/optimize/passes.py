@@ -22,6 +22,10 @@ from couler import ir
 from couler.errors import UserError
 from couler.optimize.cache_key import (
     cache_policy,
+    item_cache_key,
+    iteration_cache_key,
+    map_items,
+    not_cacheable_part_reason,
     not_cacheable_reason,
     unneeded_steps,
     workflow_keys,
@@ -81,7 +85,11 @@ class Recommendation:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The optimizer's answer: the workflow to run, how, and why."""
+    """The optimizer's answer: the workflow to run, how, and why.
+
+    ``cached`` holds the reused top-level steps by name and the reused map items and loop
+    iterations of a step as ``"step[N]"`` (N: the item's index, the iteration's number).
+    """
 
     workflow: ir.Workflow
     engine: str
@@ -97,6 +105,9 @@ class Plan:
 
 
 Lookup = Callable[[Sequence[str]], Mapping[str, CachedStep]]
+
+# A loop's iterations are looked up (their keys are known before the run) up to this many.
+MAX_LOOKUP_ITERATIONS = 1000
 
 DEFAULT_RETRY = ir.RetryPolicy(
     limit=2,
@@ -135,22 +146,95 @@ def prune_cached(wf: ir.Workflow, lookup: Lookup,
         notes.append(f"step {step.name!r}: not cached: "
                      + (reason or "keyed when it runs (an external input artifact's digest, "
                                   "or a step it reads from has no key)"))
-    found = lookup(sorted(set(keys.values()))) if keys else {}
+    values = {p.name: p.default.text for p in wf.parameters if p.default is not None}
+    values.update(parameters or {})
+    # Map items and loop iterations whose keys are known now (by "step[N]"); maps whose
+    # items come from a step's output wait for that step's hit (a second lookup).
+    parts: dict[str, str] = {}
+    later: list[ir.Step] = []
+    for step in wf.steps:
+        if not_cacheable_part_reason(wf, step) is not None:
+            continue
+        if step.foreach is not None:
+            items = map_items(wf, step, values)
+            if items is None:
+                later.append(step)
+            else:
+                parts.update(_item_keys(wf, step, items, values, keys))
+        elif step.loop is not None:
+            parts.update(_iteration_keys(wf, step, values, keys))
+    found = lookup(sorted(set(keys.values()) | set(parts.values()))) \
+        if keys or parts else {}
     clock = time.time() if now is None else now
     cached: dict[str, CachedStep] = {}
     for name, key in keys.items():
-        hit = found.get(key)
-        if hit is None or not _complete(by_name[name], hit):
-            continue
-        policy = cache_policy(wf, by_name[name])
-        if not fresh(hit.created_at or None, policy, clock):
-            notes.append(f"step {name!r}: cached result {key[:12]} is older than its "
-                         f"max_age ({policy.max_age_seconds} s): it runs again")
-            continue
-        cached[name] = dataclasses.replace(hit, key=key)
+        hit = _fresh(wf, by_name[name], name, key, found.get(key), clock=clock,
+                     notes=notes)
+        if hit is not None:
+            cached[name] = hit
+    late: dict[str, str] = {}
+    for step in later:
+        items = map_items(wf, step, values, {n: c.outputs for n, c in cached.items()})
+        if items is None:
+            source = step.foreach.source if step.foreach is not None else None
+            origin = (f"step {source.step!r}'s output {source.output!r}, and that step "
+                      "runs" if isinstance(source, ir.StepOutputRef)
+                      else "a value that is not a JSON list yet")
+            notes.append(f"step {step.name!r}: its items are not known before the run (they "
+                         f"come from {origin}): each item is keyed and committed when it "
+                         "runs, and reused by a later run whose items are known")
+        else:
+            late.update(_item_keys(wf, step, items, values, keys))
+    if late:
+        found = {**found, **lookup(sorted(set(late.values()) - set(found)))}
+        parts.update(late)
+    for name, key in parts.items():
+        step = by_name[name.split("[", 1)[0]]
+        hit = _fresh(wf, step, name, key, found.get(key), clock=clock,
+                     notes=notes)
+        if hit is not None:
+            cached[name] = hit
     notes += [f"step {n!r}: not needed: every step that reads it is reused"
               for n in sorted(unneeded_steps(wf, cached))]
     return cached, notes
+
+
+def _fresh(wf: ir.Workflow, step: ir.Step, name: str, key: str, hit: CachedStep | None, *,
+           clock: float, notes: list[str]) -> CachedStep | None:
+    """``hit`` when it is complete and not older than the step's max_age (else None)."""
+    if hit is None or not _complete(step, hit):
+        return None
+    policy = cache_policy(wf, step)
+    if not fresh(hit.created_at or None, policy, clock):
+        notes.append(f"step {name!r}: cached result {key[:12]} is older than its "
+                     f"max_age ({policy.max_age_seconds} s): it runs again")
+        return None
+    return dataclasses.replace(hit, key=key)
+
+
+def _item_keys(wf: ir.Workflow, step: ir.Step, items: Sequence[object],
+               params: Mapping[str, str], keys: Mapping[str, str]) -> dict[str, str]:
+    """The keys of a map's items by ``"step[index]"`` (items without a key left out)."""
+    out = {}
+    for index, item in enumerate(items):
+        key = item_cache_key(wf, step, item, params=params, producer_keys=keys)
+        if key is not None:
+            out[f"{step.name}[{index}]"] = key
+    return out
+
+
+def _iteration_keys(wf: ir.Workflow, step: ir.Step, params: Mapping[str, str],
+                    keys: Mapping[str, str]) -> dict[str, str]:
+    """The keys of a loop's iterations by ``"step[n]"`` (each follows the one before)."""
+    assert step.loop is not None
+    out: dict[str, str] = {}
+    previous = ""
+    for n in range(min(max(step.loop.max_iterations, 1), MAX_LOOKUP_ITERATIONS)):
+        key = iteration_cache_key(wf, step, n, previous, params=params, producer_keys=keys)
+        if key is None:
+            break
+        out[f"{step.name}[{n}]"] = previous = key
+    return out
 
 
 def _complete(step: ir.Step, hit: CachedStep) -> bool:
