@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from couler import ir
+from couler.cli import _capture
 from couler.engines.base import StepState
 from couler_runtime import stack
 from couler_runtime.client import CoulerClient
@@ -156,6 +157,27 @@ def test_resubmitting_the_map_example_reuses_every_item(cli: CliStack) -> None:
     prune = next(p for p in record["passes"] if p["name"] == "prune_cached")
     assert any("step 'score[2]': cached" in n for n in prune["notes"]), prune["notes"]
     assert execution_dirs(cli.home / "state" / "runs" / record["run_id"]) == []
+
+
+def test_a_plan_for_argo_leaves_out_the_steps_the_cache_holds(cli: CliStack) -> None:
+    """The map example again, planned for Argo through the stack: ``shards`` is reused, so
+    it is not in the Argo document, and the map over its output gets the recorded list."""
+    dry = cli.couler("submit", "examples/map_batches.py", "--engine", "argo", "--dry-run",
+                     "--wait", "--json")
+    assert dry.returncode == 0, dry.stderr
+    passes = {p["name"]: p for p in json.loads(dry.stdout)["passes"]}
+    assert passes["substitute_cached"]["changed"], passes["substitute_cached"]
+    assert any("step 'shards': taken out" in n for n in passes["substitute_cached"]["notes"])
+    [wf] = _capture(str(REPO / "examples" / "map_batches.py"), [])
+    with CoulerClient(cli.info.addresses, token=cli.info.token) as client:
+        plan = client.optimizer.optimize(wf, "argo")
+    assert [s.name for s in plan.workflow.steps] == ["train", "score"]
+    assert "shards" in plan.cached and "list_shards" not in plan.compiled
+    assert "shard-0" in plan.compiled  # the map's items, written in from the cache
+    uncached = json.loads(cli.couler("submit", "examples/map_batches.py", "--engine", "argo",
+                                     "--dry-run", "--no-cache", "--wait", "--json").stdout)
+    assert not next(p for p in uncached["passes"] if p["name"] == "substitute_cached")["changed"]
+
 
 def test_submit_a_text_request_and_wait(cli: CliStack) -> None:
     done = cli.couler("submit", "--text", TEXT, "--wait")

@@ -75,6 +75,19 @@ def test_an_ancestor_nothing_left_needs_is_taken_out_too() -> None:
     assert done.workflow.steps[0].inputs[0].value == ir.Literal.of(7)
 
 
+def test_a_map_over_a_cached_output_fans_out_over_the_recorded_list() -> None:
+    shards = _step("shards")
+    score = dataclasses.replace(_step("score"), foreach=ir.ForEach(
+        source=ir.StepOutputRef("shards", "out")), dependencies=(ir.Dependency("shards"),))
+    wf = ir.Workflow(name="m", steps=(shards, score))
+    done = substitute_cached(wf, {"shards": {"out": '["a", "b"]'}}, {}, STORE)
+    ir.validate(done.workflow)
+    [mapped] = done.workflow.steps
+    assert mapped.foreach == ir.ForEach(items=(ir.Literal.of("a"), ir.Literal.of("b")))
+    kept = substitute_cached(wf, {"shards": {"out": "not a list"}}, {}, STORE)
+    assert kept.cached == () and "not a JSON list" in kept.notes[0]
+
+
 def test_a_step_looked_at_otherwise_than_by_its_results_stays() -> None:
     failed = ir.Workflow(name="h", steps=(_step("a"), _step(
         "on-fail", dependencies=(ir.Dependency("a", ir.EdgeCondition.FAILED),))))

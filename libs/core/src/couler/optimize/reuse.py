@@ -9,6 +9,7 @@ cached step is removed, and what its readers took from it is written in --
 * an output artifact becomes a reference to its blob in the artifact store
   (:class:`ArtifactStore`: an S3 location the engine's pods read, credentials by secret
   reference), so an engine with S3 input artifacts (Argo) fetches it;
+* a map over one of its outputs fans out over the recorded list;
 * an edge to it is dropped: it succeeded.
 
 A step that no remaining step needs (:func:`~couler.optimize.cache_key.unneeded_steps`)
@@ -94,7 +95,8 @@ def substitute_cached(wf: ir.Workflow, outputs: Mapping[str, Mapping[str, str]],
     for name in outputs:
         if name not in by_name:
             continue
-        why = _kept_because(name, wf.steps, hook_steps, artifacts.get(name, {}), store)
+        why = _kept_because(name, [*wf.steps, *hook_steps], outputs[name],
+                            artifacts.get(name, {}), store)
         if why:
             notes.append(f"step {name!r}: cached but run again: {why}")
         else:
@@ -118,12 +120,17 @@ def substitute_cached(wf: ir.Workflow, outputs: Mapping[str, Mapping[str, str]],
     return Substituted(new, tuple(sorted(removable)), tuple(sorted(unneeded)), tuple(notes))
 
 
-def _kept_because(name: str, steps: Sequence[ir.Step], hook_steps: Sequence[ir.Step],
+def _kept_because(name: str, steps: Sequence[ir.Step], values: Mapping[str, str],
                   digests: Mapping[str, str], store: ArtifactStore | None) -> str:
     """Why the cached step ``name`` must stay in the workflow ("": it need not)."""
-    for step in (*steps, *hook_steps):
+    for step in steps:
         if step.name == name:
             continue
+        src = step.foreach.source if step.foreach is not None else None
+        if isinstance(src, ir.StepOutputRef) and src.step == name and \
+                _items(values.get(src.output)) is None:
+            return (f"step {step.name!r} fans out over its output {src.output!r}, which is "
+                    "not a JSON list")
         for dep in step.dependencies:
             if dep.step == name and dep.condition not in _SATISFIED:
                 return (f"step {step.name!r} waits for it to be {dep.condition.value}, which "
@@ -140,6 +147,15 @@ def _kept_because(name: str, steps: Sequence[ir.Step], hook_steps: Sequence[ir.S
                 if not digests.get(ref.artifact):
                     return f"its cached artifact {ref.artifact!r} has no digest"
     return ""
+
+
+def _items(text: str | None) -> tuple[ir.Literal, ...] | None:
+    """A cached output a map fans out over, as the map's literal items (None: not a list)."""
+    try:
+        value = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return tuple(ir.Literal.of(v) for v in value) if isinstance(value, list) else None
 
 
 def _value(text: str, declared: ir.ValueType) -> ir.Literal:
@@ -166,7 +182,9 @@ def _source(src: ir.ValueSource, values: Mapping[str, Mapping[str, str]],
 def _rewrite(step: ir.Step, gone: set[str], values: Mapping[str, Mapping[str, str]], *,
              blobs: Mapping[str, Mapping[str, str]], store: ArtifactStore | None,
              by_name: Mapping[str, ir.Step]) -> ir.Step:
-    if not ((upstream_names(step) | producers(step)) & gone):
+    src = step.foreach.source if step.foreach is not None else None
+    fans = {src.step} if isinstance(src, ir.StepOutputRef) else set()
+    if not ((upstream_names(step) | producers(step) | fans) & gone):
         return step
     inputs = tuple(dataclasses.replace(i, value=_source(i.value, values, by_name))
                    for i in step.inputs)
@@ -178,10 +196,21 @@ def _rewrite(step: ir.Step, gone: set[str], values: Mapping[str, Mapping[str, st
         arts.append(dataclasses.replace(art, source=ref))
     when = step.when
     if when is not None:
-        cond = when.condition
-        when = dataclasses.replace(when, condition=dataclasses.replace(
-            cond, left=_source(cond.left, values, by_name),
-            right=_source(cond.right, values, by_name)))
+        when = dataclasses.replace(when, condition=_condition(when.condition, values, by_name))
+    loop = step.loop
+    if loop is not None:
+        loop = dataclasses.replace(loop, condition=_condition(loop.condition, values, by_name))
+    foreach = step.foreach
+    if foreach is not None and isinstance(src, ir.StepOutputRef) and src.step in values:
+        items = _items(values[src.step].get(src.output))
+        assert items is not None  # _kept_because kept the step otherwise
+        foreach = dataclasses.replace(foreach, items=items, source=None)
     deps = tuple(d for d in step.dependencies if d.step not in gone)
     return dataclasses.replace(step, inputs=inputs, input_artifacts=tuple(arts), when=when,
-                               dependencies=deps)
+                               loop=loop, foreach=foreach, dependencies=deps)
+
+
+def _condition(cond: ir.Condition, values: Mapping[str, Mapping[str, str]],
+               by_name: Mapping[str, ir.Step]) -> ir.Condition:
+    return dataclasses.replace(cond, left=_source(cond.left, values, by_name),
+                               right=_source(cond.right, values, by_name))
