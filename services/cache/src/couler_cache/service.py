@@ -695,7 +695,7 @@ MIN_KEY_PREFIX = 8  # hex digits a key prefix must have to name an entry
 DEFAULT_LIST_PAGE = 100
 MAX_LIST_PAGE = 1000
 # a key prefix: hex digits (after "sha256:" when the keys have it); no LIKE wildcard
-_KEY_PREFIX = re.compile(r"(?:sha256:)?[0-9a-f]{%d,}" % MIN_KEY_PREFIX)
+_KEY_PREFIX = re.compile(rf"(?:sha256:)?[0-9a-f]{{{MIN_KEY_PREFIX},}}")
 
 
 def _page_token(scope: list[str], values: list[object]) -> str:
