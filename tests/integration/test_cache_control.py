@@ -9,6 +9,7 @@ neither counts a hit or a miss nor changes an entry.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
@@ -37,7 +38,7 @@ def commit(c: CacheClient, k: str, *, workflow: str = "wf", step: str = "train",
     assert got.created
 
 
-def keys(listed: list[ListedEntry] | tuple[ListedEntry, ...]) -> list[str]:
+def keys(listed: Iterable[ListedEntry]) -> list[str]:
     return [e.entry.key for e in listed]
 
 

@@ -22,7 +22,7 @@ NEW_PROTOS = ["common", "events", "generator_service", "optimizer_service", "cac
 RPCS = {
     "GeneratorService": {"Generate"},
     "OptimizerService": {"Optimize"},
-    "CacheService": {"Lookup", "Commit", "Stats", "Evict", "Pin"},
+    "CacheService": {"Lookup", "Commit", "Stats", "Evict", "Pin", "List", "Show"},
     "SubmitterService": {"Submit", "UploadWorkflow", "Get", "Watch", "Cancel", "Retry",
                          "List", "Logs", "RegisterTemplate", "ListTemplates", "DownloadBlob"},
     "MonitorService": {"Utilization", "Recommendations"},
