@@ -1218,6 +1218,10 @@ class TestCrash:
             submitted = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.submitted",
                                events_pb2.WorkflowSubmitted, sub.run_id)
             assert len(submitted) == 1  # one engine submission
+            # the event is published from the outbox after the run's row is committed
+            wait_for("the finished event", lambda: stored(
+                nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
+                events_pb2.WorkflowFinished, sub.run_id) != [])
             finished = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
                               events_pb2.WorkflowFinished, sub.run_id)
             assert len(finished) == 1
