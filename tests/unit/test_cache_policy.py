@@ -242,23 +242,31 @@ def test_a_pinned_entry_is_never_evicted(h: Harness) -> None:
     assert run(cache.evict(["worthless"])).evicted == ("worthless",)
 
 
-def test_a_decayed_entry_gives_way_and_one_over_the_budget_is_refused(h: Harness) -> None:
+@pytest.mark.parametrize(("gap_days", "evicted"), [(20.0, "dear"), (0.0, "cheap")])
+def test_a_decayed_entry_gives_way(h: Harness, gap_days: float, evicted: str) -> None:
+    """Unused for 20 half-lives, 10,000 s of compute count less than 1 s used now."""
     h.start()
-    h.commit("dear", 600, cost=10_000)
-    h.clock.now += 20 * DAY  # unused for 20 half-lives: worth less than a cheap fresh entry
-    assert h.commit("cheap", 600, cost=1) == (True, ("dear",))
+    h.commit("dear", 400, cost=10_000)
+    h.clock.now += gap_days * DAY
+    h.commit("cheap", 400, cost=1)
+    assert h.commit("new", 400, cost=1) == (True, (evicted,))
+
+
+def test_one_over_the_budget_is_refused_and_nothing_moves(h: Harness) -> None:
+    h.start()
+    h.commit("small", 600, cost=1)
     assert h.commit("huge", 1001, cost=10_000) == (False, ("huge",))
-    assert h.cached() == {"cheap"}
+    assert h.cached() == {"small"}
 
 
-def test_an_entry_worth_less_than_what_it_would_displace_is_refused(h: Harness) -> None:
+def test_a_new_entry_is_admitted_and_is_the_first_to_go_when_worth_least(h: Harness) -> None:
+    """No admission test: a commit always gets its place, then competes like any entry."""
     h.start()
-    h.commit("dear", 900, cost=100_000)
-    assert h.commit("cheap", 500, cost=1) == (False, ("cheap",))
-    assert h.cached() == {"dear"}
-    # Under LRU it is admitted (LRU has no notion of worth).
-    h.start(policy="lru")
-    assert h.commit("cheap", 500, cost=1) == (True, ("dear",))
+    h.commit("dear", 500, cost=100_000)
+    h.commit("mid", 400, cost=1000)
+    assert h.commit("cheap", 400, cost=1) == (True, ("mid",))  # the lesser of the two
+    assert h.commit("next", 200, cost=50) == (True, ("cheap",))
+    assert h.cached() == {"dear", "next"}
 
 
 def test_evicted_ancestors_raise_the_worth_of_their_cached_descendants(h: Harness) -> None:
@@ -282,8 +290,7 @@ def test_evicted_ancestors_raise_the_worth_of_their_cached_descendants(h: Harnes
 
 def test_a_refused_entry_still_counts_for_its_descendants(h: Harness) -> None:
     h.start(budget_bytes=1000)
-    h.commit("dear", 700, cost=100_000)
-    assert h.commit("prep", 400, cost=50) == (False, ("prep",))  # worth less than 'dear'
+    assert h.commit("prep", 1200, cost=50) == (False, ("prep",))  # over the budget alone
     assert h.commit("train", 50, cost=10, lineage=["prep"]) == (True, ())
     with h.store.transaction() as tx:
         assert tx.parents("prep") == ()  # remembered without an entry
@@ -292,7 +299,7 @@ def test_a_refused_entry_still_counts_for_its_descendants(h: Harness) -> None:
     # 'train' alone is worth 10 s for its 50 bytes; with 'prep' to rebuild, 60 s: it
     # outlives an entry worth 40 s.
     h.commit("rival", 50, cost=40)
-    assert h.commit("push", 250, cost=100_000)[1] == ("rival",)
+    assert h.commit("push", 950, cost=100_000)[1] == ("rival",)
 
 
 def test_a_long_lineage_counts_each_evicted_ancestor_once() -> None:

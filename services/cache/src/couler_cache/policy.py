@@ -27,6 +27,13 @@ half_life)`` fixed between uses, comparing entries at any moment compares ``log2
 log2 size + log2 F``: that is the stored priority, exact without rescoring everything
 whenever time passes.
 
+Every commit is admitted (unless it alone, or with the pinned entries, exceeds the budget)
+and competes from then on; pinned entries are never evicted. Variants measured on
+``bench/cache_sim.py`` and dropped, each saving less compute at one budget or more (see
+``bench/README.md``): refusing a commit worth less than what it would displace (Alg. 2's
+admission test), GreedyDual aging (``L + f * R / size``, recency counted in evictions), and
+``(1 + hits)`` in place of the decayed frequency.
+
 The others, for comparison: ``lru`` (least recently committed or hit first), ``fifo``
 (oldest commit first) and ``gdsf`` (GreedyDual-Size-Frequency: ``L + (1 + hits) * cost /
 size``, where the inflation ``L`` rises to each victim's priority, so entries age without

@@ -10,9 +10,10 @@ Eviction keeps the entries within a byte budget (0: unlimited) by a policy
 own cost plus its evicted ancestors'), per byte, times a decayed frequency of use --, or
 ``lru``, ``fifo`` or ``gdsf``. After a commit, the entries with the lowest priority go until
 the total fits again -- never the one just committed, never a pinned one. A commit is refused
-instead (``created`` false, its own key in ``evicted``; nothing else is touched) when the
-entry alone exceeds the budget, when the pinned entries leave it too little room, or, under
-``value``, when an entry it would displace is worth more per byte than it is. A refused or
+instead (``created`` false, its own key in ``evicted``; nothing else is touched) only when
+the entry alone exceeds the budget or the pinned entries leave it too little room: a new
+entry always gets its place and competes from the next commit on (refusing one worth less
+per byte than what it would displace measured worse: ``bench/README.md``). A refused or
 evicted key's cost and lineage are remembered, so its cached descendants count it. A lookup
 that finds an entry whose blob is gone drops the entry and counts a miss.
 
@@ -45,7 +46,6 @@ from couler_cache.policy import (
     EvictionPolicy,
     MemoGraph,
     Pricing,
-    Standing,
     cached_below,
     lost_cost,
 )
@@ -409,8 +409,7 @@ class Cache:
             entry = replace(entry, lineage=known if known is not None else _parents(entry))
             lost = lost_cost(entry.lineage, memo) if self._pricing.uses_lineage else 0.0
             total = entry.size_bytes + (tx.totals()[1] if self._budget else 0)
-            refusal = (self._admission(tx, entry, total - self._budget, lost, now)
-                       if self._budget else "")
+            refusal = self._room(tx, entry) if self._budget and total > self._budget else ""
             evicted = [] if refusal else self._place(tx, memo, entry, now, lost=lost,
                                                      total=total, again=known is not None)
         if refusal:
@@ -465,24 +464,11 @@ class Cache:
         measured = replace(entry, artifacts=artifacts)
         return replace(measured, size_bytes=entry_size(measured))
 
-    def _admission(self, tx: Tx, entry: CacheEntry, need: int, lost: float,
-                   now: float) -> str:
-        """Why ``entry`` cannot have ``need`` bytes freed for it ("": it can)."""
-        if need <= 0:
-            return ""
-        candidates = tx.candidates(need)
-        if sum(c.size_bytes for c in candidates) < need:
+    def _room(self, tx: Tx, entry: CacheEntry) -> str:
+        """Why the budget cannot make room for ``entry`` ("": it can)."""
+        if entry.size_bytes + tx.pinned_bytes() > self._budget:
             return (f"the pinned entries leave too little room for its {entry.size_bytes} "
                     f"bytes within the budget of {self._budget} bytes")
-        if self._pricing.policy is EvictionPolicy.VALUE:
-            mine = self._pricing.priority(Standing(
-                size_bytes=entry.size_bytes, cost_seconds=entry.cost_seconds,
-                lost_cost_seconds=lost, freq_log=self._pricing.first_use(now), hits=0,
-                used_seq=0, created_seq=0))
-            better = [c for c in candidates if c.priority > mine]
-            if better:
-                return (f"it is worth less per byte than entry {better[0].key} (and "
-                        f"{len(better) - 1} more) it would displace")
         return ""
 
     def _evicted(self, tx: Tx, memo: MemoGraph, removed: Removed, inflation: float) -> float:

@@ -176,15 +176,6 @@ class Removed:
     priority: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """An entry eviction could take."""
-
-    key: str
-    size_bytes: int
-    priority: float
-
-
 def _entry(row: EntryRow) -> CacheEntry:
     return CacheEntry(
         key=row.key, workflow=row.workflow, step=row.step, outputs=json.loads(row.outputs),
@@ -314,23 +305,6 @@ class Tx:
             query = query.where(EntryRow.key.not_in(skip))
         first = self._s.execute(query.limit(1)).first()
         return first[0] if first is not None else None
-
-    def candidates(self, need_bytes: int) -> list[Candidate]:
-        """The first unpinned entries in eviction order whose sizes add up to at least
-        ``need_bytes`` (all of them when they do not)."""
-        limit = 16
-        while True:
-            rows = self._s.execute(_victims().limit(limit)).all()
-            out: list[Candidate] = []
-            freed = 0
-            for key, size, priority in rows:
-                out.append(Candidate(key, size, priority))
-                freed += size
-                if freed >= need_bytes:
-                    return out
-            if len(rows) < limit:
-                return out
-            limit *= 4
 
     def pinned_bytes(self) -> int:
         """Bytes the pinned entries occupy."""
