@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from couler import ir
+from couler.cli import _capture
 from couler.engines.base import StepState
 from couler_runtime import stack
 from couler_runtime.client import CoulerClient
@@ -127,6 +128,55 @@ def test_submit_an_example_program_and_wait(cli: CliStack) -> None:
                                                                    "shard-2"]
     assert record["passes"][0]["name"] == "validate"
     cli.runs["example"] = record["run_id"]
+
+
+
+def test_resubmitting_the_map_example_reuses_every_item(cli: CliStack) -> None:
+    """The README's map example again: every item of both maps comes from the cache -- the
+    literal sweep's items by their values, the items of the map over ``shards``' output
+    because ``shards`` is reused and its recorded output gives them -- and nothing runs."""
+    with CoulerClient(cli.info.addresses, token=cli.info.token) as client:
+        first = client.submitter.get(cli.runs["example"])
+        keys = {(s.name, s.key): s.cache_key for s in first.steps if s.cache_key}
+        assert set(keys) == {("shards", "")} | {("train", str(i)) for i in range(4)} | {
+            ("score", str(i)) for i in range(3)}
+        wait_until(lambda: not client.cache.lookup(keys.values()).missing,
+                   "the cache committed every item")
+    done = cli.couler("submit", "examples/map_batches.py", "--wait", "--json")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["state"] == "succeeded" and record["run_id"] != cli.runs["example"]
+    steps = {(s["name"], s["key"]): s for s in record["steps"]}
+    assert len(steps) == 10
+    assert all((s["state"], s["cached"], s["attempts"]) == ("cached", True, 0)
+               for s in record["steps"]), record["steps"]
+    assert record["cached_steps"] == ["score", "shards", "train"]
+    with CoulerClient(cli.info.addresses, token=cli.info.token) as client:
+        second = client.submitter.get(record["run_id"])
+    assert {(s.name, s.key): s.cache_key for s in second.steps if s.cache_key} == keys
+    prune = next(p for p in record["passes"] if p["name"] == "prune_cached")
+    assert any("step 'score[2]': cached" in n for n in prune["notes"]), prune["notes"]
+    assert execution_dirs(cli.home / "state" / "runs" / record["run_id"]) == []
+
+
+def test_a_plan_for_argo_leaves_out_the_steps_the_cache_holds(cli: CliStack) -> None:
+    """The map example again, planned for Argo through the stack: ``shards`` is reused, so
+    it is not in the Argo document, and the map over its output gets the recorded list."""
+    dry = cli.couler("submit", "examples/map_batches.py", "--engine", "argo", "--dry-run",
+                     "--wait", "--json")
+    assert dry.returncode == 0, dry.stderr
+    passes = {p["name"]: p for p in json.loads(dry.stdout)["passes"]}
+    assert passes["substitute_cached"]["changed"], passes["substitute_cached"]
+    assert any("step 'shards': taken out" in n for n in passes["substitute_cached"]["notes"])
+    [wf] = _capture(str(REPO / "examples" / "map_batches.py"), [])
+    with CoulerClient(cli.info.addresses, token=cli.info.token) as client:
+        plan = client.optimizer.optimize(wf, "argo")
+    assert [s.name for s in plan.workflow.steps] == ["train", "score"]
+    assert "shards" in plan.cached and "list_shards" not in plan.compiled
+    assert "shard-0" in plan.compiled  # the map's items, written in from the cache
+    uncached = json.loads(cli.couler("submit", "examples/map_batches.py", "--engine", "argo",
+                                     "--dry-run", "--no-cache", "--wait", "--json").stdout)
+    assert not next(p for p in uncached["passes"] if p["name"] == "substitute_cached")["changed"]
 
 
 def test_submit_a_text_request_and_wait(cli: CliStack) -> None:
@@ -267,7 +317,8 @@ def test_all_five_services_through_grpc(cli: CliStack) -> None:
         assert len(wf.steps) == 7 and generated.report.planner
         plan = client.optimizer.optimize(wf, "local")
         assert [p.name for p in plan.passes] == [
-            "validate", "prune_cached", "right_size", "default_retry", "split", "compile"]
+            "validate", "prune_cached", "substitute_cached", "right_size", "default_retry",
+    "split", "compile"]
         assert plan.cached == {}  # a new table: nothing of it is cached yet
         assert plan.engine == "local" and plan.workflow.name == wf.name
 

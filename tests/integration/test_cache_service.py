@@ -36,18 +36,21 @@ from couler.errors import RetryableError, UserError
 from couler.v1 import common_pb2, events_pb2
 from couler_cache.events import DURABLE, SUCCEEDED
 from couler_cache.main import CacheSettings, DigestBlobs, build
+from couler_cache.policy import EvictionPolicy
 from couler_cache.service import COMMITTED, EVICTED
 from couler_cache.service import Cache as CacheUseCases
-from couler_cache.store import CacheStore
+from couler_cache.store import MIGRATIONS, CacheStore
 from couler_runtime.blobs import LocalBlobStore, open_blob_store
 from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
-from couler_runtime.rpc.records import CacheEntry, StoredArtifact
+from couler_runtime.rpc.records import CacheEntry, CommitResult, StoredArtifact
 from couler_runtime.service import READY_PREFIX
 from couler_runtime.settings import SettingsError
+from couler_runtime.store import make_engine, migrate
 from tests.servers import NatsServer, SeaweedS3, scratch_database
 from tests.service_thread import Builder
 from tests.service_thread import ServiceThread as RunningService
+from tests.unit.test_cache_policy import Clock, SizeBlobs, populate_version_1
 
 WAIT = 60.0  # a bound on waiting, never an assertion about speed
 
@@ -250,14 +253,21 @@ def publisher(nats_server: NatsServer) -> Iterator[Publisher]:
 def step_event(k: str, *, run_id: str = "run-1", step: str = "train",
                state: common_pb2.StepState = common_pb2.STEP_STATE_SUCCEEDED,
                outputs: dict[str, str] | None = None,
-               artifacts: dict[str, StoredArtifact] | None = None) -> events_pb2.StepEvent:
-    return events_pb2.StepEvent(
+               artifacts: dict[str, StoredArtifact] | None = None,
+               ran: tuple[int, int] | None = None,
+               lineage: Sequence[str] = ()) -> events_pb2.StepEvent:
+    event = events_pb2.StepEvent(
         run_id=run_id, workflow="wf", engine="local",
         step=common_pb2.StepRecord(
             name=step, state=state, attempts=1, cache_key=k, outputs=outputs or {},
             artifacts={n: common_pb2.StoredArtifact(digest=a.digest, size_bytes=a.size_bytes,
                                                     uri=a.uri)
-                       for n, a in (artifacts or {}).items()}))
+                       for n, a in (artifacts or {}).items()},
+            cache_lineage=list(lineage)))
+    if ran is not None:  # start and end, in milliseconds
+        event.step.started_at.FromMilliseconds(ran[0])
+        event.step.finished_at.FromMilliseconds(ran[1])
+    return event
 
 
 # ----------------------------------------------------------------------------- gRPC
@@ -349,18 +359,25 @@ def test_concurrent_commits(start: Starter, db_url: str, tmp_path: Path) -> None
     c = cache.client.cache
     same = key()
     arts = [cache.put(f"result {i}".encode() * 10) for i in range(12)]
+
+    def commit_new(art: StoredArtifact) -> tuple[str, CommitResult]:
+        k = key()
+        return k, c.commit(entry(k, out=art))
+
     with ThreadPoolExecutor(max_workers=8) as pool:
         created = list(pool.map(lambda a: c.commit(entry(same, out=a)).created, arts[:8]))
         assert created.count(True) == 1
-        others = list(pool.map(lambda a: c.commit(entry(key(), out=a)), arts))
-    assert all(r.created for r in others)
+        others = list(pool.map(commit_new, arts))
+    # Each fits the budget alone and nothing is pinned: every one is admitted.
+    assert all(r.created and k not in r.evicted for k, r in others)
     stats = c.stats()
     assert stats.bytes <= 500
     assert stats.entries + stats.evictions == 13
 
 
 def test_lru_eviction_under_a_small_budget(start: Starter, tmp_path: Path) -> None:
-    cache = start(artifacts=str(tmp_path / "blobs"), cache_budget_bytes=350)
+    cache = start(artifacts=str(tmp_path / "blobs"), cache_budget_bytes=350,
+                  cache_policy="lru")
     c = cache.client.cache
     keys = [key() for _ in range(4)]
     arts = [cache.put(bytes([i]) * 100) for i in range(4)]
@@ -462,6 +479,76 @@ def test_step_succeeded_event_commits_once(start: Starter, publisher: Publisher,
     body, headers = committed[0]
     assert headers["Nats-Msg-Id"] == f"{k}.committed"
     assert (body.workflow, body.step, body.size_bytes) == ("wf", "train", got.size_bytes)
+
+
+def test_step_event_gives_the_entry_its_cost_and_lineage(
+        start: Starter, publisher: Publisher, db_url: str, tmp_path: Path) -> None:
+    cache = start(database_url=db_url, artifacts=str(tmp_path / "blobs"))
+    prep, train = key(), key()
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    publisher.publish([
+        (step_event(prep, run_id=run, step="prep",
+                    ran=(1_800_000_000_000, 1_800_000_600_250)), f"{run}.prep..1.succeeded"),
+        (step_event(train, run_id=run, ran=(1_800_000_601_000, 1_800_004_201_000),
+                    lineage=[prep]), f"{run}.train..1.succeeded"),
+    ])
+    found = cache.client.cache.lookup([prep, train]).entries
+    assert (found[prep].cost_seconds, found[prep].lineage) == (600.25, ())
+    assert (found[train].cost_seconds, found[train].lineage) == (3600.0, (prep,))
+    assert not found[train].pinned
+
+
+def test_pin_keeps_an_entry_through_budget_eviction(start: Starter, db_url: str,
+                                                   tmp_path: Path) -> None:
+    cache = start(database_url=db_url, artifacts=str(tmp_path / "blobs"),
+                  cache_budget_bytes=250, cache_policy="lru")
+    c = cache.client.cache
+    oldest, other, newest, unknown = key(), key(), key(), key()
+    assert c.commit(entry(oldest, out=cache.put(b"a" * 100))).created
+    assert c.commit(entry(other, out=cache.put(b"b" * 100))).created
+    pinned = c.pin([oldest, unknown])
+    assert pinned.keys == (oldest,) and pinned.missing == (unknown,)
+    assert c.commit(entry(newest, out=cache.put(b"c" * 100))).evicted == (other,)
+    assert c.lookup([oldest]).entries[oldest].pinned
+    assert c.pin([oldest], pinned=False).keys == (oldest,)
+    assert not c.lookup([oldest]).entries[oldest].pinned
+    with pytest.raises(UserError, match="field 'keys'"):
+        c.pin([""])
+
+
+def test_the_migration_keeps_an_existing_index(db_url: str) -> None:
+    """Rows written by revision cache_0001 are read, priced and evicted after the upgrade
+    (SQLite and PostgreSQL alter tables differently)."""
+    engine = make_engine(db_url)
+    try:
+        migrate(engine, "cache", MIGRATIONS, target="cache_0001")
+        populate_version_1(engine)
+    finally:
+        engine.dispose()
+    store = CacheStore.open(db_url)
+    blobs = SizeBlobs()
+    for name in ("old", "older"):
+        blobs.put(name, 100)
+
+    async def use() -> None:
+        cache = CacheUseCases(store, blobs, budget_bytes=250, retry_interval=3600,
+                              clock=Clock())  # after the rows were written
+        try:
+            await cache.start()
+            found = (await cache.lookup(["old", "older"])).entries
+            assert (found["old"].hits, found["old"].cost_seconds, found["old"].pinned) == \
+                (4, 0.0, False)
+            fresh = blobs.put("fresh", 100)
+            got = await cache.commit(CacheEntry("fresh", artifacts={"out": fresh},
+                                                cost_seconds=5))
+            assert got.created and got.evicted == ("older",)
+        finally:
+            await cache.close()
+
+    try:
+        asyncio.run(use())
+    finally:
+        store.close()
 
 
 def test_bad_step_event_is_terminated_and_the_service_stays_up(
@@ -633,13 +720,18 @@ def test_process_serves_until_sigterm(nats_server: NatsServer, tmp_path: Path) -
     assert (tmp_path / "cache.db").is_file()  # the default index: SQLite in the state dir
 
 
-def test_bad_settings_exit_2_naming_the_variable(nats_server: NatsServer,
-                                                 tmp_path: Path) -> None:
-    env = cache_env(nats_server, tmp_path, COULER_CACHE_BUDGET_BYTES="lots")
+@pytest.mark.parametrize(("variable", "value", "said"), [
+    ("COULER_CACHE_BUDGET_BYTES", "lots", "COULER_CACHE_BUDGET_BYTES"),
+    ("COULER_CACHE_POLICY", "lfu", "COULER_CACHE_POLICY: unknown cache eviction policy 'lfu': "
+                                   "choose one of value, lru, fifo, gdsf"),
+])
+def test_bad_settings_exit_2_naming_the_variable(nats_server: NatsServer, tmp_path: Path,
+                                                 variable: str, value: str, said: str) -> None:
+    env = cache_env(nats_server, tmp_path, **{variable: value})
     done = subprocess.run([sys.executable, "-m", "couler_cache.main"], env=env,
                           capture_output=True, text=True, timeout=WAIT, check=False)
     assert done.returncode == 2
-    assert "COULER_CACHE_BUDGET_BYTES" in done.stderr
+    assert said in done.stderr
 
 
 # ----------------------------------------------------------------------------- settings
@@ -653,3 +745,20 @@ def test_budget_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
         CacheSettings.load("cache", state_dir=tmp_path)
     monkeypatch.delenv("COULER_CACHE_BUDGET_BYTES")
     assert CacheSettings.load("cache", state_dir=tmp_path).cache_budget_bytes == 10 * 1024**3
+
+
+@pytest.mark.parametrize(("value", "policy"), [("", EvictionPolicy.VALUE),
+                                               ("value", EvictionPolicy.VALUE),
+                                               ("lru", EvictionPolicy.LRU),
+                                               ("FIFO", EvictionPolicy.FIFO),
+                                               ("gdsf", EvictionPolicy.GDSF)])
+def test_policy_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value: str,
+                        policy: EvictionPolicy) -> None:
+    if value:
+        monkeypatch.setenv("COULER_CACHE_POLICY", value)
+    settings = CacheSettings.load("cache", state_dir=tmp_path)
+    assert settings.cache_policy is policy
+    assert settings.cache_half_life_seconds == 86400.0
+    monkeypatch.setenv("COULER_CACHE_HALF_LIFE_SECONDS", "0")
+    with pytest.raises(SettingsError, match="COULER_CACHE_HALF_LIFE_SECONDS"):
+        CacheSettings.load("cache", state_dir=tmp_path)

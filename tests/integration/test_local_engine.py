@@ -19,7 +19,8 @@ from couler.errors import (
     NotFoundError,
     UnsupportedFeatureError,
 )
-from couler_runtime.local import CAPABILITIES, LocalEngine, Reuse
+from couler.optimize.cache_key import workflow_keys
+from couler_runtime.local import CAPABILITIES, LocalEngine, LocalRun, Reuse
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "programs"
 PY = sys.executable
@@ -836,8 +837,12 @@ def test_cache_keys_are_reported_and_stable_across_runs(tmp_path: Path) -> None:
     keys = [{s.step: s.cache_key for s in run.steps} for run in (first, second)]
     assert keys[0] == keys[1] and all(len(k) == 64 for k in keys[0].values())
     assert keys[0]["make"] != keys[0]["use"]
+    # The lineage of a step's entry: the keys of the steps it read from.
+    lineage = {s.step: s.cache_lineage for s in first.steps}
+    assert lineage == {"make": (), "use": (keys[0]["make"],)}
     plain = LocalEngine(tmp_path / "plain").run(_cache_workflow())
     assert all(s.cache_key == "" for s in plain.steps)  # off unless asked for
+    assert all(s.cache_lineage == () for s in plain.steps)
 
 
 def test_a_cached_step_is_not_run_and_its_outputs_and_artifacts_flow_on(tmp_path: Path) -> None:
@@ -851,10 +856,33 @@ def test_a_cached_step_is_not_run_and_its_outputs_and_artifacts_flow_on(tmp_path
     assert status.state is RunState.SUCCEEDED
     assert by["make"].state is StepState.CACHED and by["make"].attempts == 0
     assert by["make"].cache_key == "k" * 64
+    assert by["use"].cache_lineage == ("k" * 64,)  # a reused producer is a parent too
     assert by["use"].outputs["seen"] == "from-cache old"
     assert not (tmp_path / "runs" / "r1" / "steps" / "make").exists()  # never executed
     with pytest.raises(ConflictError, match="'r1' exists already"):
         engine.start(_cache_workflow(), run_id="r1")
+
+
+def test_run_time_keys_are_the_keys_the_optimizer_computes_before_the_run(
+        tmp_path: Path) -> None:
+    """Keys by lineage: what a run reports is what the plan looks up."""
+    status = LocalEngine(tmp_path, cache_keys=True).run(_cache_workflow())
+    assert {s.step: s.cache_key for s in status.steps} == workflow_keys(_cache_workflow())
+
+
+def test_a_producer_every_reader_of_which_is_reused_is_not_run(tmp_path: Path) -> None:
+    """The reader's entry is found without the producer's (its key is by lineage), so the
+    producer -- its entry evicted -- need not run at all."""
+    keys = workflow_keys(_cache_workflow())
+    engine = LocalEngine(tmp_path / "runs", cache_keys=True)
+    status = engine.start(_cache_workflow(), run_id="r2", cached={
+        "use": Reuse(keys["use"], {"seen": "payload made"})}).wait()
+    by = {s.step: s for s in status.steps}
+    assert status.state is RunState.SUCCEEDED
+    assert by["use"].state is StepState.CACHED and by["use"].outputs == {"seen": "payload made"}
+    assert by["make"].state is StepState.SKIPPED and by["make"].attempts == 0
+    assert "not needed" in by["make"].message
+    assert not (tmp_path / "runs" / "r2" / "steps" / "make").exists()
 
 
 def test_an_incomplete_cache_hit_runs_the_step(tmp_path: Path) -> None:
@@ -862,6 +890,127 @@ def test_an_incomplete_cache_hit_runs_the_step(tmp_path: Path) -> None:
     status = engine.start(_cache_workflow(), cached={"make": Reuse("k", {"said": "x"})}).wait()
     make = next(s for s in status.steps if s.step == "make")
     assert make.state is StepState.SUCCEEDED and make.attempts == 1
+
+
+
+def _sweep(items: tuple[int, ...]) -> ir.Workflow:
+    """A map over ``items`` (each squared, written as an artifact too) and a step that reads
+    the map's aggregated output."""
+    sq = ir.Step(
+        name="sq", body=ir.ContainerSpec(image="alpine", command=(
+            "sh", "-c", "mkdir -p /tmp/o; echo $(({{item}} * {{item}})) | tee /tmp/o/sq.txt")),
+        foreach=ir.ForEach(items=tuple(ir.Literal.of(i) for i in items), parallelism=2),
+        outputs=(ir.OutputParameter("out", source=ir.OutputSource.STDOUT),),
+        output_artifacts=(ir.OutputArtifact("sq", "/tmp/o/sq.txt"),))
+    total = container("total", "echo", "{{inputs.all}}",
+                      inputs=(ir.InputParameter("all", ir.StepOutputRef("sq", "out")),),
+                      outputs=(ir.OutputParameter("said", ir.OutputSource.STDOUT),),
+                      dependencies=after("sq"))
+    return wf("sweep", sq, total)
+
+
+def _item_hits(run: LocalRun, status: object, step: str,
+               keys: tuple[str, ...]) -> dict[str, Reuse]:
+    """The items ``keys`` of a finished run as the plan would hand them back (``step[N]``)."""
+    hits = {}
+    for k in keys:
+        rec = by_key(status, step, k)
+        art = run.artifact_path(f"{step}[{k}]", "sq")
+        assert rec.cache_key and art is not None and art.read_text().strip() == rec.outputs["out"]
+        hits[f"{step}[{k}]"] = Reuse(rec.cache_key, dict(rec.outputs), {"sq": art})
+    return hits
+
+
+def test_cached_map_items_are_not_run_and_the_map_aggregates_as_if_they_had(
+        tmp_path: Path) -> None:
+    engine = LocalEngine(tmp_path / "runs", cache_keys=True)
+    full_run = engine.start(_sweep((1, 2, 3, 4)), run_id="full")
+    full = full_run.wait()
+    assert full.state is RunState.SUCCEEDED
+    items = [by_key(full, "sq", str(i)) for i in range(4)]
+    assert all(i.state is StepState.SUCCEEDED and len(i.cache_key) == 64 for i in items)
+    assert len({i.cache_key for i in items}) == 4  # each item its own entry
+    assert by_key(full, "sq").cache_key == ""  # the aggregate has none
+
+    hits = _item_hits(full_run, full, "sq", ("0", "1", "3"))
+    again = engine.start(_sweep((1, 2, 3, 4)), run_id="again", cached=hits).wait()
+    assert again.state is RunState.SUCCEEDED
+    # only item 2 ran: one execution directory, one attempt
+    steps_dir = tmp_path / "runs" / "again" / "steps" / "sq"
+    assert sorted(p.name for p in steps_dir.iterdir()) == ["item-2"]
+    got = {k: by_key(again, "sq", k) for k in ("0", "1", "2", "3")}
+    assert [got[k].state for k in sorted(got)] == [
+        StepState.CACHED, StepState.CACHED, StepState.SUCCEEDED, StepState.CACHED]
+    assert [got[k].attempts for k in sorted(got)] == [0, 0, 1, 0]
+    assert got["2"].cache_key == items[2].cache_key  # the run item reports its key again
+    # the map's aggregate and what reads it are exactly a full run's
+    assert by_key(again, "sq").outputs == by_key(full, "sq").outputs
+    assert json.loads(by_key(again, "sq").outputs["out"]) == ["1", "4", "9", "16"]
+    assert by_key(again, "sq").state is StepState.SUCCEEDED
+    assert "3 of 4 items reused" in by_key(again, "sq").message
+    assert by_key(again, "total").outputs == by_key(full, "total").outputs
+
+    # reordered and grown: items are matched by value, not position; only 5 runs
+    every = _item_hits(full_run, full, "sq", ("0", "1", "2", "3"))
+    grown = engine.start(_sweep((4, 3, 5, 2, 1)), run_id="grown", cached=every).wait()
+    assert grown.state is RunState.SUCCEEDED
+    assert sorted(p.name for p in (tmp_path / "runs" / "grown" / "steps" / "sq").iterdir()) \
+        == ["item-2"]
+    assert json.loads(by_key(grown, "sq").outputs["out"]) == ["16", "9", "25", "4", "1"]
+
+    # every item cached: nothing of the map runs and the map step itself is CACHED
+    whole = engine.start(_sweep((1, 2, 3, 4)), run_id="whole", cached=every).wait()
+    assert by_key(whole, "sq").state is StepState.CACHED
+    assert by_key(whole, "sq").outputs == by_key(full, "sq").outputs
+    assert not (tmp_path / "runs" / "whole" / "steps" / "sq").exists()
+    assert by_key(whole, "total").outputs == by_key(full, "total").outputs
+
+
+def test_a_map_item_hit_without_its_artifact_runs_the_item(tmp_path: Path) -> None:
+    engine = LocalEngine(tmp_path / "runs", cache_keys=True)
+    full = engine.run(_sweep((1, 2)))
+    rec = by_key(full, "sq", "0")
+    status = engine.start(_sweep((1, 2)), run_id="r", cached={
+        "sq[0]": Reuse(rec.cache_key, dict(rec.outputs), {"sq": tmp_path / "gone"})}).wait()
+    assert by_key(status, "sq", "0").state is StepState.SUCCEEDED
+    assert by_key(status, "sq", "0").attempts == 1
+
+
+def test_cached_loop_iterations_are_replayed_and_the_loop_goes_on_after_them(
+        tmp_path: Path) -> None:
+    counter = tmp_path / "count"
+    source = (f"import pathlib; p = pathlib.Path({str(counter)!r}); "
+              "n = int(p.read_text()) + 1 if p.exists() else 1; p.write_text(str(n)); print(n)")
+
+    def looped(limit: int) -> ir.Workflow:
+        cond = ir.Condition(ir.StepOutputRef("inc", "result"), ir.CompareOp.LT,
+                            ir.Literal.of(limit))
+        return wf("loop", script("inc", source, loop=ir.Loop(cond, max_iterations=10)))
+
+    engine = LocalEngine(tmp_path / "runs", cache_keys=True)
+    first = engine.run(looped(3))
+    iterations = [by_key(first, "inc", str(n)) for n in range(3)]
+    assert [i.outputs["result"] for i in iterations] == ["1", "2", "3"]
+    keys = [i.cache_key for i in iterations]
+    assert all(len(k) == 64 for k in keys) and len(set(keys)) == 3
+    hits = {f"inc[{n}]": Reuse(keys[n], dict(iterations[n].outputs)) for n in range(3)}
+    # the same loop again: every iteration replayed from the cache, nothing runs
+    counter.write_text("100")
+    again = engine.start(looped(3), run_id="again", cached=hits).wait()
+    assert again.state is RunState.SUCCEEDED
+    assert by_key(again, "inc").outputs["result"] == "3"
+    assert by_key(again, "inc").state is StepState.CACHED
+    assert counter.read_text() == "100"
+    # a loop that goes further: the cached iterations replay, the next one runs (and is
+    # keyed after them)
+    counter.write_text("3")
+    longer = engine.start(looped(4), run_id="longer", cached=hits).wait()
+    assert [by_key(longer, "inc", str(n)).state for n in range(4)] == [
+        StepState.CACHED] * 3 + [StepState.SUCCEEDED]
+    assert by_key(longer, "inc").outputs["result"] == "4"
+    assert by_key(longer, "inc", "3").cache_key not in ("", *keys)
+    assert sorted(p.name for p in (tmp_path / "runs" / "longer" / "steps" / "inc").iterdir()) \
+        == ["iter-3"]
 
 
 # ------------------------------------------------------------------ crash of the engine process

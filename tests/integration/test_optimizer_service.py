@@ -36,7 +36,7 @@ from google.protobuf.message import Message
 
 from couler import ir
 from couler.errors import UnsupportedFeatureError, ValidationError
-from couler.optimize import step_cache_key
+from couler.optimize.cache_key import workflow_keys
 from couler.v1 import cache_service_pb2, common_pb2, events_pb2, optimizer_service_pb2
 from couler_optimizer.events import (
     FEEDBACK_DURABLE,
@@ -76,7 +76,8 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 WAIT = 60.0  # a bound on waiting, never an assertion about speed
 MAX_STEPS = 4  # the service's max_steps_per_chunk: workflows here have at most 3 steps
 JOB = '{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "apply"}}'
-PASSES = ["validate", "prune_cached", "right_size", "default_retry", "split", "compile"]
+PASSES = ["validate", "prune_cached", "substitute_cached", "right_size", "default_retry",
+    "split", "compile"]
 
 
 # ----------------------------------------------------------------------------- workflows
@@ -335,7 +336,7 @@ def only_answer(answers: dict[str, list[Answer]], rid: str) -> Answer:
 
 
 class TestOptimize:
-    def test_six_passes_and_an_argo_document(self, optimizer: Optimizer) -> None:
+    def test_seven_passes_and_an_argo_document(self, optimizer: Optimizer) -> None:
         wf = chain(3)
         plan = optimizer.optimize(wf, "argo")
         assert [p.name for p in plan.passes] == PASSES
@@ -397,10 +398,8 @@ class TestCache:
                                                 cache: tuple[StandInCache, str]) -> None:
         stand_in, _ = cache
         wf = chain(3)
-        s0, s1, s2 = wf.steps
-        k0 = step_cache_key(wf, s0, {})
-        k1 = step_cache_key(wf, s1, {"x": "hello"})
-        assert k0 is not None and k1 is not None
+        keys = workflow_keys(wf)
+        k0, k1, k2 = keys["s0"], keys["s1"], keys["s2"]
         stand_in.put(CacheEntry(key=k0, workflow=wf.name, step="s0", outputs={"out": "hello"},
                                 size_bytes=5))
         stand_in.put(CacheEntry(key=k1, workflow=wf.name, step="s1", outputs={"out": "world"},
@@ -414,9 +413,8 @@ class TestCache:
         assert changed
         assert any("step 's0': cached" in n for n in notes)
         assert any("step 's1': cached" in n for n in notes)
-        # s2's key was asked for with s1's cached output as its input.
-        k2 = step_cache_key(wf, s2, {"x": "world"})
-        assert k2 is not None and stand_in.times_asked(k2) == 1
+        # s2's key (by lineage) was asked for in the same lookup.
+        assert stand_in.times_asked(k2) == 1
         [summary] = optimizer.history(run_id=rid)
         assert summary.cached_steps == ("s0", "s1") and not summary.from_event
         assert [p.name for p in summary.passes] == PASSES
@@ -425,18 +423,26 @@ class TestCache:
                                    cache: tuple[StandInCache, str]) -> None:
         stand_in, _ = cache
         wf = chain(1)
-        key = step_cache_key(wf, wf.steps[0], {})
-        assert key is not None
+        key = workflow_keys(wf)[wf.steps[0].name]
         stand_in.put(CacheEntry(key=key, outputs={"out": "x"}))
         plan = optimizer.optimize(wf, no_cache=True)
         assert plan.cached == {}
         assert stand_in.times_asked(key) == 0
         assert "no_cache" in report(plan, "prune_cached")[1][0]
-        # a remote engine's adapter submits the whole workflow: nothing is pruned for it
+
+    def test_a_remote_engine_gets_the_workflow_without_its_cached_steps(
+            self, optimizer: Optimizer, cache: tuple[StandInCache, str]) -> None:
+        stand_in, _ = cache
+        wf = chain(3)
+        keys = workflow_keys(wf)
+        stand_in.put(CacheEntry(key=keys["s0"], workflow=wf.name, step="s0",
+                                outputs={"out": "hello"}, size_bytes=5))
         plan = optimizer.optimize(wf, "argo")
-        assert plan.cached == {}
-        assert stand_in.times_asked(key) == 0
-        assert "engine 'argo' cannot restore cached results" in report(plan, "prune_cached")[1][0]
+        assert [s.name for s in plan.workflow.steps] == ["s1", "s2"]
+        assert set(plan.cached) == {"s0"} and plan.step_keys == keys
+        assert "s0" not in plan.compiled and "hello" in plan.compiled
+        changed, notes = report(plan, "substitute_cached")
+        assert changed and "step 's0': taken out" in notes[0]
 
     def test_cache_down_plans_without_it(self, nats_server: NatsServer, database_url: str,
                                          tmp_path: Path) -> None:
@@ -541,8 +547,7 @@ class TestEvents:
                                                   cache: tuple[StandInCache, str]) -> None:
         stand_in, _ = cache
         wf = chain(1)
-        key = step_cache_key(wf, wf.steps[0], {})
-        assert key is not None
+        key = workflow_keys(wf)[wf.steps[0].name]
         stand_in.put(CacheEntry(key=key, outputs={"out": "x"}))
         reuse, fresh = run_id(), run_id()
         answers = asyncio.run(exchange(nats_server, [requested(reuse, wf),
@@ -565,9 +570,8 @@ class TestEvents:
             name="with-param", parameters=(ir.Parameter("lr", default=ir.Literal.of("0.1")),),
             steps=(container("train", "train", salt, "{{inputs.x}}", inputs=[
                 ir.InputParameter("x", ir.WorkflowParamRef("lr"))]),))
-        given = step_cache_key(wf, wf.steps[0], {"x": "0.5"})
-        default = step_cache_key(wf, wf.steps[0], {"x": "0.1"})
-        assert given is not None and default is not None
+        given = workflow_keys(wf, {"lr": "0.5"})["train"]
+        default = workflow_keys(wf)["train"]
         stand_in.put(CacheEntry(key=given, outputs={"out": "model"}))
         with_value, without = run_id(), run_id()
         answers = asyncio.run(exchange(
@@ -585,8 +589,7 @@ class TestEvents:
                                    cache: tuple[StandInCache, str]) -> None:
         stand_in, _ = cache
         rid, wf = run_id(), chain(1)
-        key = step_cache_key(wf, wf.steps[0], {})
-        assert key is not None
+        key = workflow_keys(wf)[wf.steps[0].name]
         stand_in.put(CacheEntry(key=key, outputs={"out": "x"}))
         subject, message, msg_id = requested(rid, wf)
         # The same request stored twice (as after a republish outside the duplicate window):

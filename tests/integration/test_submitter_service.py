@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -400,6 +401,10 @@ class TestService:
         trace_id = TRACEPARENT.split("-")[1]  # the plan's trace goes on through the run
         assert all(h["traceparent"].split("-")[1] == trace_id for _, _, h in steps)
         assert f"{sub.run_id}.shout..1.succeeded" in by_id
+        # The cache learns what each entry was computed from: shout read hello's output.
+        shouted = step_record_from_proto(by_id[f"{sub.run_id}.shout..1.succeeded"][1].step)
+        assert shouted.cache_lineage == (hello.cache_key,)
+        assert shouted.started_at and shouted.finished_at  # its cost, for the cache
         samples = stored(nats_server, "COULER_METRICS", "couler.metrics.utilization",
                          common_pb2.UtilizationSample, sub.run_id)
         assert "hello" in {m.step for _, m, _ in samples}  # ran a second: sampled
@@ -631,6 +636,56 @@ class TestService:
         # Downstream sees both files and the subdirectory, and gets the same cache key.
         assert again.step("use").outputs == {"seen": seen}
         assert again.step("use").cache_key == used.cache_key
+        assert not (state / "runs" / ".cache" / second.run_id).exists()  # fetched copy removed
+
+    def test_map_items_are_committed_and_reused_item_by_item(
+            self, client: CoulerClient, nats_server: NatsServer, state: Path,
+            tmp_path: Path) -> None:
+        """Each succeeded item is stored with its artifact and goes to the cache as an entry of
+        its own; a plan that reuses two of three items runs only the third."""
+        marker = tmp_path / "ran"
+        sq = script(
+            "sq", "import pathlib, sys\nn = int(sys.argv[1])\n"
+            f"open({str(marker)!r}, 'a').write(f'{{n}}\\n')\n"
+            "pathlib.Path('/tmp/out/sq.txt').write_text(str(n * n))\nprint(n * n)",
+            inputs=(ir.InputParameter("n", ir.ItemRef()),),
+            foreach=ir.ForEach(items=tuple(ir.Literal.of(i) for i in (2, 3, 4))),
+            outputs=(ir.OutputParameter("out", source=ir.OutputSource.STDOUT),),
+            output_artifacts=(ir.OutputArtifact("sq", "/tmp/out/sq.txt"),))
+        sq = dataclasses.replace(sq, body=dataclasses.replace(sq.body, args=("{{inputs.n}}",)))
+        wf = ir.Workflow(name=unique("sweep"), steps=(sq,))
+        first = client.submitter.submit(wf)
+        optimize(nats_server, first.run_id, wf)
+        run = wait_state(client, first.run_id, RunState.SUCCEEDED, RunState.FAILED)
+        assert run.state is RunState.SUCCEEDED, [(s.name, s.message) for s in run.steps]
+        items = [run.step("sq", str(i)) for i in range(3)]
+        assert all(len(i.cache_key) == 64 and not i.cached for i in items)
+        blobs = LocalBlobStore(state / "blobs")
+        for item, value in zip(items, ("4", "9", "16"), strict=True):
+            digest = item.artifacts["sq"].digest  # each item's own artifact, stored
+            assert blobs.get_bytes("sha256/" + digest.removeprefix("sha256:")) == value.encode()
+        events = stored(nats_server, "COULER_STEP", "couler.step.succeeded",
+                        events_pb2.StepEvent, first.run_id)
+        committed = {(e[1].step.key, e[1].step.cache_key) for e in events if e[1].step.key}
+        assert committed == {(i.key, i.cache_key) for i in items}  # what the cache consumes
+        assert sorted(lines(marker)) == ["2", "3", "4"]
+
+        # A plan reusing items 0 and 2 (as the optimizer names them): only item 1 runs.
+        cached = {f"sq[{i.key}]": CacheEntry(key=i.cache_key, workflow=wf.name, step="sq",
+                                             outputs=dict(i.outputs),
+                                             artifacts=dict(i.artifacts))
+                  for i in (items[0], items[2])}
+        second = client.submitter.submit(wf)
+        optimize(nats_server, second.run_id, wf, cached=cached)
+        again = wait_state(client, second.run_id, RunState.SUCCEEDED, RunState.FAILED)
+        assert again.state is RunState.SUCCEEDED, [(s.name, s.message) for s in again.steps]
+        assert sorted(lines(marker)) == ["2", "3", "3", "4"]  # item 1 (value 3) ran again
+        assert [(again.step("sq", k).cached, again.step("sq", k).attempts)
+                for k in ("0", "1", "2")] == [(True, 0), (False, 1), (True, 0)]
+        assert again.step("sq").outputs == run.step("sq").outputs  # as if every item ran
+        assert json.loads(again.step("sq").outputs["out"]) == ["4", "9", "16"]
+        restored = state / "runs" / second.run_id / "artifacts" / "sq[2]" / "sq"
+        assert restored.read_text() == "16"  # the hit's artifact, from the store
         assert not (state / "runs" / ".cache" / second.run_id).exists()  # fetched copy removed
 
     def test_a_redelivered_plan_starts_nothing_twice(
@@ -1163,6 +1218,10 @@ class TestCrash:
             submitted = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.submitted",
                                events_pb2.WorkflowSubmitted, sub.run_id)
             assert len(submitted) == 1  # one engine submission
+            # the event is published from the outbox after the run's row is committed
+            wait_for("the finished event", lambda: stored(
+                nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
+                events_pb2.WorkflowFinished, sub.run_id) != [])
             finished = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
                               events_pb2.WorkflowFinished, sub.run_id)
             assert len(finished) == 1

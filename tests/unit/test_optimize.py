@@ -25,6 +25,13 @@ from couler.optimize import (
     split_workflow,
     step_cache_key,
 )
+from couler.optimize.cache_key import (
+    item_cache_key,
+    iteration_cache_key,
+    map_items,
+    unneeded_steps,
+    workflow_keys,
+)
 
 L = ir.Literal.of
 
@@ -54,9 +61,9 @@ WF = chain(3)
 # ---------------------------------------------------------------------- cache keys
 
 
-def key(step: ir.Step, inputs: Mapping[str, str] | None = None,
-        wf: ir.Workflow = WF) -> str | None:
-    return step_cache_key(wf, step, inputs or {})
+def key(step: ir.Step, producer_keys: Mapping[str, str] | None = None,
+        wf: ir.Workflow = WF, params: Mapping[str, str] | None = None) -> str | None:
+    return step_cache_key(wf, step, params=params or {}, producer_keys=producer_keys or {})
 
 
 def test_same_content_same_key_and_names_or_policies_do_not_matter() -> None:
@@ -79,10 +86,34 @@ def test_everything_that_determines_outputs_changes_the_key(change: dict[str, ob
     assert key(a) != key(dataclasses.replace(a, **change))  # type: ignore[arg-type]
 
 
-def test_input_values_are_part_of_the_key_and_unknown_inputs_give_none() -> None:
-    step = WF.steps[1]
-    assert key(step, {"x": "1"}) != key(step, {"x": "2"})
+def test_a_step_is_keyed_by_its_producers_keys_and_unknown_ones_give_none() -> None:
+    step = WF.steps[1]  # reads s0's output
+    assert key(step, {"s0": "k1"}) is not None
+    assert key(step, {"s0": "k1"}) != key(step, {"s0": "k2"})
     assert key(step, {}) is None  # never a partial key
+    other = dataclasses.replace(step, inputs=(
+        ir.InputParameter("x", ir.StepOutputRef("s0", "other")),))
+    assert key(other, {"s0": "k1"}) != key(step, {"s0": "k1"})  # which output is read
+
+
+def test_literal_and_parameter_values_are_part_of_the_key() -> None:
+    a = container("a", inputs=[ir.InputParameter("p", ir.WorkflowParamRef("lr"))])
+    assert key(a, params={"lr": "0.1"}) != key(a, params={"lr": "0.2"})
+    assert key(a, params={}) is None
+    b = container("a", inputs=[ir.InputParameter("p", L("0.1"))])
+    assert key(b) is not None and key(b) != key(dataclasses.replace(
+        b, inputs=(ir.InputParameter("p", L("0.2")),)))
+
+
+def test_every_key_of_a_chain_is_known_before_it_runs() -> None:
+    keys = workflow_keys(chain(4))
+    assert sorted(keys) == ["s0", "s1", "s2", "s3"] and len(set(keys.values())) == 4
+    changed = dataclasses.replace(chain(4), steps=(
+        container("s0", "echo", "changed"), *chain(4).steps[1:]))
+    # A change at the root changes every key below it (lineage), and only those.
+    assert all(workflow_keys(changed)[n] != keys[n] for n in keys)
+    renamed = dataclasses.replace(chain(4), name="other")
+    assert workflow_keys(renamed) == keys  # the workflow's name is not part of a key
 
 
 def test_secrets_enter_the_key_by_reference_only() -> None:
@@ -91,12 +122,17 @@ def test_secrets_enter_the_key_by_reference_only() -> None:
     assert key(a) is not None and key(a) != key(b)
 
 
-def test_input_artifacts_need_a_digest() -> None:
+def test_input_artifacts_enter_by_producer_key_or_external_digest() -> None:
     art = ir.InputArtifact("data", "/data", ir.StepArtifactRef("s0", "d"))
     a = container("a", input_artifacts=(art,))
-    assert step_cache_key(WF, a, {}, {}) is None
-    assert step_cache_key(WF, a, {}, {"data": "sha256:1"}) != \
-        step_cache_key(WF, a, {}, {"data": "sha256:2"})
+    assert key(a) is None
+    assert key(a, {"s0": "k1"}) != key(a, {"s0": "k2"})
+    ext = container("a", input_artifacts=(ir.InputArtifact("data", "/data", ir.ArtifactLocation(
+        storage=ir.StorageKind.S3, bucket="b", key="k")),))
+    with_digest = [step_cache_key(WF, ext, params={}, producer_keys={},
+                                  external_digests={"data": d}) for d in ("sha256:1", "sha256:2")]
+    assert key(ext) is None  # keyed when it runs, from the file it is handed
+    assert None not in with_digest and with_digest[0] != with_digest[1]
 
 
 @pytest.mark.parametrize(("change", "reason"), [
@@ -139,28 +175,22 @@ class FakeIndex:
         return {k: self.entries[k] for k in keys if k in self.entries}
 
 
-def fill(index: FakeIndex, wf: ir.Workflow, outputs: Mapping[str, str]) -> None:
-    """Commit each step's output as a run would, computing keys with resolved inputs."""
-    known: dict[str, str] = {}
+def fill(index: FakeIndex, wf: ir.Workflow, outputs: Mapping[str, str],
+         params: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Commit each step's output as a run would (keys by lineage); returns the keys."""
+    keys = workflow_keys(wf, params)
     for step in wf.steps:
-        inputs = {}
-        for inp in step.inputs:
-            src = inp.value
-            inputs[inp.name] = (known[src.step] if isinstance(src, ir.StepOutputRef)
-                                else src.text if isinstance(src, ir.Literal) else "")
-        k = step_cache_key(wf, step, inputs)
-        assert k is not None
-        index.entries[k] = CachedStep(k, {"out": outputs[step.name]})
-        known[step.name] = outputs[step.name]
+        index.entries[keys[step.name]] = CachedStep(keys[step.name], {"out": outputs[step.name]})
+    return keys
 
 
-def test_a_fully_cached_chain_is_found_level_by_level() -> None:
+def test_a_fully_cached_chain_is_found_in_one_lookup() -> None:
     index = FakeIndex()
     fill(index, WF, {"s0": "0", "s1": "1", "s2": "2"})
     cached, _ = prune_cached(WF, index)
     assert sorted(cached) == ["s0", "s1", "s2"]
     assert cached["s2"].outputs == {"out": "2"}
-    assert len(index.calls) == 3  # one lookup per level
+    assert len(index.calls) == 1
 
 
 def test_steps_that_read_nothing_upstream_are_looked_up_in_one_call() -> None:
@@ -176,23 +206,46 @@ def test_steps_that_read_nothing_upstream_are_looked_up_in_one_call() -> None:
     assert len(index.calls) == 1 and len(index.calls[0]) == 20_000
 
 
-def test_a_miss_stops_the_chain_below_it() -> None:
+def test_an_evicted_ancestor_does_not_hide_its_cached_descendants() -> None:
+    """Keys by lineage: s2 is found although s1's entry is gone, and s1 need not run."""
     index = FakeIndex()
-    fill(index, WF, {"s0": "0", "s1": "1", "s2": "2"})
-    k1 = step_cache_key(WF, WF.steps[1], {"x": "0"})
-    assert k1 is not None
-    del index.entries[k1]
-    cached, _ = prune_cached(WF, index)
+    keys = fill(index, WF, {"s0": "0", "s1": "1", "s2": "2"})
+    del index.entries[keys["s1"]]
+    cached, notes = prune_cached(WF, index)
+    assert sorted(cached) == ["s0", "s2"]
+    assert "step 's1': not needed: every step that reads it is reused" in notes
+
+
+def test_an_evicted_leaf_runs_again_and_so_do_the_ancestors_it_reads() -> None:
+    index = FakeIndex()
+    keys = fill(index, WF, {"s0": "0", "s1": "1", "s2": "2"})
+    del index.entries[keys["s2"]]
+    del index.entries[keys["s1"]]
+    cached, notes = prune_cached(WF, index)
     assert sorted(cached) == ["s0"]
+    assert not any("not needed" in n for n in notes)
 
 
 def test_a_hit_without_every_output_is_not_used() -> None:
     index = FakeIndex()
-    fill(index, WF, {"s0": "0", "s1": "1", "s2": "2"})
-    k0 = step_cache_key(WF, WF.steps[0], {})
-    assert k0 is not None
-    index.entries[k0] = CachedStep(k0, {})
+    keys = fill(index, WF, {"s0": "0", "s1": "1", "s2": "2"})
+    for name in ("s0", "s1", "s2"):
+        index.entries[keys[name]] = CachedStep(keys[name], {})
     assert prune_cached(WF, index)[0] == {}
+
+
+def test_a_hit_older_than_the_steps_max_age_is_a_miss() -> None:
+    wf = dataclasses.replace(WF, steps=(
+        dataclasses.replace(WF.steps[0], cache=ir.CachePolicy(max_age_seconds=3600)),
+        *WF.steps[1:]))
+    index = FakeIndex()
+    keys = fill(index, wf, {"s0": "0", "s1": "1", "s2": "2"})
+    for name in ("s0", "s1", "s2"):
+        index.entries[keys[name]] = CachedStep(keys[name], {"out": name}, created_at=1000.0)
+    assert sorted(prune_cached(wf, index, now=1000.0 + 3600)[0]) == ["s0", "s1", "s2"]
+    cached, notes = prune_cached(wf, index, now=1000.0 + 3601)
+    assert sorted(cached) == ["s1", "s2"]  # s0 too old; its readers are keyed by lineage
+    assert any("older than its max_age (3600 s)" in n for n in notes)
 
 
 def test_workflow_parameters_resolve_into_keys() -> None:
@@ -201,11 +254,56 @@ def test_workflow_parameters_resolve_into_keys() -> None:
     wf = ir.Workflow(name="w", steps=(step,),
                      parameters=(ir.Parameter("lr", default=L("0.1")),))
     index = FakeIndex()
-    k = step_cache_key(wf, step, {"p": "0.1"})
-    assert k is not None
-    index.entries[k] = CachedStep(k, {"out": "x"})
+    fill(index, wf, {"a": "x"})
     assert "a" in prune_cached(wf, index)[0]
     assert prune_cached(wf, index, {"lr": "0.2"})[0] == {}
+    fill(index, wf, {"a": "y"}, {"lr": "0.2"})
+    assert prune_cached(wf, index, {"lr": "0.2"})[0]["a"].outputs == {"out": "y"}
+
+
+# ------------------------------------------------------------ unneeded steps
+
+
+def _diamond(**reader: object) -> ir.Workflow:
+    """a -> b (reads a), and c (reads a; changed by ``reader``)."""
+    a = container("a")
+    b = container("b", inputs=[ir.InputParameter("x", ir.StepOutputRef("a", "out"))],
+                  deps=["a"])
+    c = dataclasses.replace(container(
+        "c", inputs=[ir.InputParameter("x", ir.StepOutputRef("a", "out"))], deps=["a"]),
+        **reader)  # type: ignore[arg-type]
+    return ir.Workflow(name="diamond", steps=(a, b, c))
+
+
+def test_a_step_every_reader_of_which_is_reused_is_not_needed() -> None:
+    assert unneeded_steps(_diamond(), {"b", "c"}) == {"a"}
+    assert unneeded_steps(_diamond(), {"b"}) == set()  # c runs and reads a
+    assert unneeded_steps(chain(4), {"s3"}) == {"s0", "s1", "s2"}  # transitively
+    assert unneeded_steps(chain(4), {"s2"}) == {"s0", "s1"}  # s3 runs, reads only s2
+    assert unneeded_steps(chain(4), {"s1", "s3"}) == {"s0", "s2"}
+    assert unneeded_steps(chain(1), set()) == set()  # a leaf is always wanted
+
+
+@pytest.mark.parametrize("reader", [
+    # c waits for a without reading it: a's effect may be what it waits for
+    {"inputs": ()},
+    # c looks at a's state or outputs, not only its data
+    {"dependencies": (ir.Dependency("a", ir.EdgeCondition.FAILED),)},
+    {"when": ir.When(ir.Condition(ir.StepOutputRef("a", "out"), ir.CompareOp.EQ, L("1")))},
+])
+def test_a_step_a_reused_reader_looks_at_otherwise_is_needed(reader: dict[str, object]) -> None:
+    assert unneeded_steps(_diamond(**reader), {"b", "c"}) == set()
+
+
+def test_steps_that_cannot_be_cached_or_that_an_exit_hook_reads_are_needed() -> None:
+    off = _diamond()
+    off = dataclasses.replace(off, steps=(
+        dataclasses.replace(off.steps[0], cache=ir.CachePolicy(enabled=False)), *off.steps[1:]))
+    assert unneeded_steps(off, {"b", "c"}) == set()
+    hook = container("notify", inputs=[ir.InputParameter("x", ir.StepOutputRef("a", "out"))])
+    hooked = dataclasses.replace(_diamond(), exit_hooks=(
+        ir.ExitHook(ir.RunStatus.FAILED, (hook,)),))
+    assert unneeded_steps(hooked, {"b", "c"}) == set()
 
 
 # ------------------------------------------------------------ recommendations
@@ -354,7 +452,8 @@ def test_optimize_runs_every_pass_and_compiles() -> None:
     plan = optimize(WF, "argo", lookup=index,
                     recommendations=[Recommendation("chain", "s1", "memory_request", "2Gi")])
     assert [r.name for r in plan.reports] == [
-        "validate", "prune_cached", "right_size", "default_retry", "split", "compile"]
+        "validate", "prune_cached", "substitute_cached", "right_size", "default_retry",
+    "split", "compile"]
     assert sorted(plan.cached) == ["s0", "s1", "s2"]
     assert "kind: Workflow" in plan.document
     res = plan.workflow.steps[1].resources
@@ -369,17 +468,151 @@ def test_optimize_splits_a_too_large_workflow() -> None:
     assert next(r for r in plan.reports if r.name == "split").changed
 
 
-def test_artifact_handoffs_from_cached_steps_are_keyed_by_digest() -> None:
+def test_artifact_handoffs_are_keyed_by_the_producers_key() -> None:
     make = container("make", output_artifacts=(ir.OutputArtifact("data", "/tmp/d"),))
     use = container("use", input_artifacts=(
         ir.InputArtifact("data", "/in/d", ir.StepArtifactRef("make", "data")),), deps=["make"])
     wf = ir.Workflow(name="arts", steps=(make, use))
     index = FakeIndex()
-    k_make = step_cache_key(wf, make, {})
-    k_use = step_cache_key(wf, use, {}, {"data": "sha256:abc"})
-    assert k_make is not None and k_use is not None
-    index.entries[k_make] = CachedStep(k_make, {"out": "m"}, {"data": "sha256:abc"})
-    index.entries[k_use] = CachedStep(k_use, {"out": "u"})
+    keys = workflow_keys(wf)
+    index.entries[keys["make"]] = CachedStep(keys["make"], {"out": "m"}, {"data": "sha256:abc"})
+    index.entries[keys["use"]] = CachedStep(keys["use"], {"out": "u"})
     assert sorted(prune_cached(wf, index)[0]) == ["make", "use"]
-    index.entries[k_make] = CachedStep(k_make, {"out": "m"}, {"data": "sha256:other"})
-    assert sorted(prune_cached(wf, index)[0]) == ["make"]  # different bytes, different key
+    del index.entries[keys["make"]]  # the big artifact was evicted: its reader is still found
+    cached, notes = prune_cached(wf, index)
+    assert sorted(cached) == ["use"] and any("'make': not needed" in n for n in notes)
+
+
+# ------------------------------------------------------------ map items, loop iterations
+
+
+def sweep(*items: object, **kw: object) -> ir.Step:
+    """A map step over literal ``items`` reading each item's field ``lr``."""
+    kw.setdefault("foreach", ir.ForEach(items=tuple(L(i) for i in items)))
+    return container("train", "train", "--lr", "{{inputs.lr}}",
+                     inputs=[ir.InputParameter("lr", ir.ItemRef("lr"))], **kw)  # type: ignore[arg-type]
+
+
+def item_key(step: ir.Step, item: object, wf: ir.Workflow = WF,
+             producer_keys: Mapping[str, str] | None = None) -> str | None:
+    return item_cache_key(wf, step, item, params={}, producer_keys=producer_keys or {})
+
+
+def test_an_items_key_is_its_value_not_its_position() -> None:
+    step = sweep({"lr": 0.1}, {"lr": 0.2})
+    appended = sweep({"lr": 0.3}, {"lr": 0.2}, {"lr": 0.1})  # reordered and grown
+    a, b = item_key(step, {"lr": 0.1}), item_key(step, {"lr": 0.2})
+    assert a is not None and b is not None and a != b
+    assert item_key(appended, {"lr": 0.1}) == a and item_key(appended, {"lr": 0.2}) == b
+    # a field read (item.lr) is keyed by the whole item: another field changes the key
+    assert item_key(step, {"lr": 0.1, "seed": 1}) != a
+    # canonical JSON: the order of an item's fields does not matter, its types do
+    assert item_key(step, {"lr": 0.1, "seed": 1}) == item_key(step, {"seed": 1, "lr": 0.1})
+    assert item_key(step, {"lr": "0.1"}) != a
+    # the step's own spec is part of it, and so are its producers' keys
+    other = dataclasses.replace(step, env=(ir.EnvVar("SEED", "1"),))
+    assert item_key(other, {"lr": 0.1}) != a
+    reads = dataclasses.replace(step, inputs=(
+        *step.inputs, ir.InputParameter("data", ir.StepOutputRef("s0", "out"))))
+    assert item_key(reads, {"lr": 0.1}) is None  # never a partial key
+    assert item_key(reads, {"lr": 0.1}, producer_keys={"s0": "k1"}) != \
+        item_key(reads, {"lr": 0.1}, producer_keys={"s0": "k2"})
+
+
+def test_a_map_is_not_cached_as_a_whole_but_its_items_are() -> None:
+    step = sweep({"lr": 0.1})
+    assert "not cached as a whole" in (not_cacheable_reason(WF, step) or "")
+    assert key(step) is None and item_key(step, {"lr": 0.1}) is not None
+    assert item_key(container("plain"), 1) is None  # only map steps have items
+    off = sweep({"lr": 0.1}, cache=ir.CachePolicy(enabled=False))
+    assert item_key(off, {"lr": 0.1}) is None
+
+
+def loop_step(**kw: object) -> ir.Step:
+    cond = ir.Condition(ir.StepOutputRef("tune", "out"), ir.CompareOp.LT, L(3))
+    return container("tune", "tune", loop=ir.Loop(cond, max_iterations=5), **kw)  # type: ignore[arg-type]
+
+
+def test_loop_iterations_form_a_chain() -> None:
+    step = loop_step()
+
+    def it(n: int, previous: str, s: ir.Step = step) -> str | None:
+        return iteration_cache_key(WF, s, n, previous, params={}, producer_keys={})
+
+    first = it(0, "")
+    assert first is not None and it(0, "ignored") == first
+    second = it(1, first)
+    assert second is not None and second != first
+    assert it(1, "x" * 64) != second  # each depends on the one before
+    assert it(2, second) not in (first, second)
+    assert it(1, "") is None  # a later iteration needs the previous key
+    assert it(0, "", dataclasses.replace(step, env=(ir.EnvVar("A", "1"),))) != first
+    assert "loop steps are not cached as a whole" in (not_cacheable_reason(WF, step) or "")
+
+
+def test_map_items_are_known_before_the_run_when_literal_a_parameter_or_reused() -> None:
+    assert map_items(WF, sweep(1, 2), {}) == [1, 2]
+    by_param = sweep(foreach=ir.ForEach(source=ir.WorkflowParamRef("grid")))
+    assert map_items(WF, by_param, {"grid": "[3, 4]"}) == [3, 4]
+    assert map_items(WF, by_param, {"grid": "not json"}) is None
+    upstream = sweep(foreach=ir.ForEach(source=ir.StepOutputRef("gen", "out")))
+    assert map_items(WF, upstream, {}) is None  # it runs: known when it has run
+    assert map_items(WF, upstream, {}, {"gen": {"out": '["a"]'}}) == ["a"]
+
+
+def map_wf(items: Sequence[object], *, source: ir.StepOutputRef | None = None,
+           gen: ir.Step | None = None) -> ir.Workflow:
+    foreach = ir.ForEach(source=source) if source else ir.ForEach(
+        items=tuple(L(i) for i in items))
+    step = sweep(foreach=foreach)
+    return ir.Workflow(name="sweep", steps=(*((gen,) if gen else ()), step))
+
+
+def test_prune_finds_cached_items_by_value_in_one_lookup() -> None:
+    index = FakeIndex()
+    first = map_wf([{"lr": 0.1}, {"lr": 0.2}])
+    step = first.steps[0]
+    for lr in (0.1, 0.2):
+        k = item_key(step, {"lr": lr}, first)
+        assert k is not None
+        index.entries[k] = CachedStep(k, {"out": f"trained {lr}"})
+    grown = map_wf([{"lr": 0.3}, {"lr": 0.2}, {"lr": 0.1}])
+    cached, notes = prune_cached(grown, index)
+    assert sorted(cached) == ["train[1]", "train[2]"]  # by position in this run's items
+    assert cached["train[2]"].outputs == {"out": "trained 0.1"}
+    assert "train" not in cached and len(index.calls) == 1
+    assert any("not cached as a whole" in n for n in notes)
+
+
+def test_items_from_a_reused_producer_are_looked_up_after_it() -> None:
+    gen = container("gen", "gen")
+    wf = map_wf([], source=ir.StepOutputRef("gen", "out"), gen=gen)
+    keys = workflow_keys(wf)
+    index = FakeIndex()
+    index.entries[keys["gen"]] = CachedStep(keys["gen"], {"out": '[{"lr": 0.5}]'})
+    k = item_key(wf.steps[1], {"lr": 0.5}, wf, producer_keys=keys)
+    assert k is not None
+    index.entries[k] = CachedStep(k, {"out": "trained 0.5"})
+    cached, _ = prune_cached(wf, index)
+    assert sorted(cached) == ["gen", "train[0]"] and len(index.calls) == 2
+    # a producer that runs: its items are keyed when they run, and the plan says so
+    del index.entries[keys["gen"]]
+    cached, notes = prune_cached(wf, index)
+    assert cached == {}
+    assert any("step 'train': its items are not known before the run" in n and "'gen'" in n
+               for n in notes), notes
+
+
+def test_prune_finds_a_loops_cached_iterations() -> None:
+    wf = ir.Workflow(name="tuning", steps=(loop_step(),))
+    step = wf.steps[0]
+    index = FakeIndex()
+    previous = ""
+    for n in range(2):
+        k = iteration_cache_key(wf, step, n, previous, params={}, producer_keys={})
+        assert k is not None
+        index.entries[k] = CachedStep(k, {"out": str(n + 1)})
+        previous = k
+    cached, _ = prune_cached(wf, index)
+    assert sorted(cached) == ["tune[0]", "tune[1]"] and len(index.calls) == 1
+    assert len(index.calls[0]) == 5  # every iteration up to max_iterations

@@ -22,7 +22,7 @@ NEW_PROTOS = ["common", "events", "generator_service", "optimizer_service", "cac
 RPCS = {
     "GeneratorService": {"Generate"},
     "OptimizerService": {"Optimize"},
-    "CacheService": {"Lookup", "Commit", "Stats", "Evict"},
+    "CacheService": {"Lookup", "Commit", "Stats", "Evict", "Pin", "List", "Show"},
     "SubmitterService": {"Submit", "UploadWorkflow", "Get", "Watch", "Cancel", "Retry",
                          "List", "Logs", "RegisterTemplate", "ListTemplates", "DownloadBlob"},
     "MonitorService": {"Utilization", "Recommendations"},
@@ -138,6 +138,25 @@ def test_step_record_from_engine_status() -> None:
     rec = r.StepRecord.from_status(status, cache_key="k")
     assert (rec.name, rec.state, rec.cached, rec.cache_key, dict(rec.outputs)) == (
         "fit", base.StepState.CACHED, True, "k", {"a": "1"})
+    assert rec.cache_lineage == ()
+
+
+def test_cache_lineage_and_entry_cost_cross_the_wire() -> None:
+    """The engine's lineage reaches the step event, the cache entry's cost, lineage and pin
+    its clients."""
+    status = base.StepStatus("fit", base.StepState.SUCCEEDED, attempts=1, cache_key="k3",
+                             started_at=10.0, finished_at=70.5, cache_lineage=("k1", "k2"))
+    rec = r.StepRecord.from_status(status)
+    assert rec.cache_lineage == ("k1", "k2")
+    wire = r.step_record_to_proto(rec)
+    assert list(wire.cache_lineage) == ["k1", "k2"]
+    assert r.step_record_from_proto(wire) == rec
+    entry = r.CacheEntry("k3", "w", "fit", {"o": "1"}, {}, 10, 1.0, 2.0, 3,
+                         cost_seconds=60.5, lineage=("k1", "k2"), pinned=True)
+    back = r.cache_entry_from_proto(common_pb2.CacheEntry.FromString(
+        r.cache_entry_to_proto(entry).SerializeToString()))
+    assert back == entry
+    assert (back.cost_seconds, back.lineage, back.pinned) == (60.5, ("k1", "k2"), True)
 
 
 @settings(max_examples=25, deadline=None)

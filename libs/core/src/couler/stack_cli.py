@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from couler.cli_format import human_seconds
 from couler.errors import UserError
 
 __all__ = ["add_commands"]
@@ -80,6 +81,8 @@ def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     if args.run_id:
         return _run_status(args, out)
+    if args.json:
+        raise UserError("couler status --json needs a RUN (the run whose record to print)")
     from couler.stack_admin import print_processes
 
     report = stack.report(_home(args))
@@ -99,6 +102,9 @@ def cmd_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def _run_status(args: argparse.Namespace, out: TextIO) -> int:
     """One run: its state, then a line per step (with why a step failed), a page of steps
     at a time (a run may have 100,000)."""
+    if args.json:
+        return _run_status_json(args, out)
+    reused = _Reused()
     with _client(args) as client:
         page = run = client.submitter.get_page(args.run_id)
         print(f"run {run.run_id} ({run.workflow}, engine {run.engine}): {run.state.value}"
@@ -107,13 +113,16 @@ def _run_status(args: argparse.Namespace, out: TextIO) -> int:
               file=out)
         while True:
             for s in page.steps:
+                reused.add(s)
                 label = s.name + (f"[{s.key}]" if s.key else "")
-                extra = " (reused from cache)" if s.cached else (
+                extra = reused.said(s) if s.cached else (
                     f" after {s.attempts} attempts" if s.attempts > 1 else "")
                 why = (f": {s.message}" if s.message and s.state.value in ("failed", "skipped")
                        else "")
                 print(f"  {label:<32} {s.state.value}{extra}{why}", file=out)
             if not page.next_step_page_token:
+                if reused.steps:
+                    print(reused.summary(), file=out)
                 return 0
             page = client.submitter.get_page(args.run_id,
                                              page_token=page.next_step_page_token)
@@ -193,7 +202,9 @@ def _record(run: Any) -> dict[str, Any]:
                    "failure_class": s.failure_class.value if s.failure_class else None,
                    "duration_seconds": (s.finished_at - s.started_at
                                         if s.finished_at and s.started_at else None),
-                   "peak_memory_bytes": s.peak_memory_bytes} for s in run.steps],
+                   "peak_memory_bytes": s.peak_memory_bytes,
+                   "cache_saved_seconds": s.cache_saved_seconds} for s in run.steps],
+        "cache_saved_seconds": sum(s.cache_saved_seconds for s in run.steps),
         "passes": [{"name": p.name, "changed": p.changed, "notes": list(p.notes)}
                    for p in run.passes],
     }
@@ -250,6 +261,7 @@ def _connection(p: argparse.ArgumentParser) -> None:
 def add_commands(sub: Any) -> None:
     """Register up / down / status / submit / logs, and restart / credentials / bus
     (:mod:`couler.stack_admin`), on the CLI's sub-parsers."""
+    from couler.cache_cli import add_cache_commands
     from couler.stack_admin import add_admin_commands
 
     p = sub.add_parser("up", help="start NATS and the five services on this machine, "
@@ -270,6 +282,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("run_id", nargs="?", help="a run: its state and every step's")
     _connection(p)
     p.add_argument("--limit", type=int, default=10, help="how many recent runs")
+    p.add_argument("--json", action="store_true",
+                   help="with RUN: print the run's record (every step) as JSON")
     p.set_defaults(takes_err=True, func=cmd_status)
     p = sub.add_parser("logs", help="what one step of a run wrote (stdout, then stderr)")
     p.add_argument("run_id", help="the run")
@@ -295,4 +309,46 @@ def add_commands(sub: Any) -> None:
     _connection(p)
     p.set_defaults(takes_err=True, func=cmd_submit)
     add_admin_commands(sub)
+    add_cache_commands(sub)
 
+
+
+class _Reused:
+    """What the cache saved a run: counted over its step records as they are printed."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.cached = 0
+        self.saved = 0.0
+
+    def add(self, step: Any) -> None:
+        self.steps += 1
+        if step.cached:
+            self.cached += 1
+            self.saved += step.cache_saved_seconds
+
+    @staticmethod
+    def said(step: Any) -> str:
+        """How a reused step's line says it."""
+        if step.cache_saved_seconds > 0:
+            return (f" (reused from cache, saved {human_seconds(step.cache_saved_seconds)} "
+                    "of compute)")
+        return " (reused from cache)"
+
+    def summary(self) -> str:
+        """``reused 7 of 10 steps, saved 1h 12m of compute``."""
+        if not self.cached:
+            return f"reused 0 of {self.steps} steps from the cache"
+        return (f"reused {self.cached} of {self.steps} steps from the cache"
+                + (f", saved {human_seconds(self.saved)} of compute" if self.saved else ""))
+
+
+def _run_status_json(args: argparse.Namespace, out: TextIO) -> int:
+    """``couler status RUN --json``: the run's record with every step, and what the cache
+    saved it."""
+    with _client(args) as client:
+        run = client.submitter.get(args.run_id)
+    record = _record(run)
+    record["reused_steps"] = sum(1 for s in run.steps if s.cached)
+    print(json.dumps(record, indent=2), file=out)
+    return 0

@@ -57,12 +57,16 @@ from couler_runtime.rpc.client import connect, translated_errors
 from couler_runtime.rpc.records import (
     BlobRef,
     CacheEntry,
+    CacheOrder,
+    CachePage,
     CacheStats,
     CommitResult,
     EvictResult,
     GenerationReport,
+    ListedEntry,
     LookupResult,
     Objective,
+    PinResult,
     Plan,
     Recommendation,
     Run,
@@ -74,8 +78,10 @@ from couler_runtime.rpc.records import (
     blob_ref_to_proto,
     cache_entry_from_proto,
     cache_entry_to_proto,
+    cache_order_to_proto,
     cache_stats_from_proto,
     generation_report_from_proto,
+    listed_entry_from_proto,
     objectives_to_proto,
     plan_from_proto,
     recommendation_from_proto,
@@ -242,6 +248,9 @@ class CacheClient(_ServiceClient):
         self._commit = self._unary("Commit", cache_service_pb2.CommitResponse)
         self._stats = self._unary("Stats", cache_service_pb2.StatsResponse)
         self._evict = self._unary("Evict", cache_service_pb2.EvictResponse)
+        self._pin = self._unary("Pin", cache_service_pb2.PinResponse)
+        self._list = self._unary("List", cache_service_pb2.ListEntriesResponse)
+        self._show = self._unary("Show", cache_service_pb2.ShowEntryResponse)
 
     def lookup(self, keys: Iterable[str], *, max_age_seconds: int = 0) -> LookupResult:
         """The entries for ``keys`` (by key) and the keys with none."""
@@ -263,6 +272,44 @@ class CacheClient(_ServiceClient):
         """Remove ``keys``, then more by policy until ``free_bytes`` are freed."""
         resp = self._evict(cache_service_pb2.EvictRequest(keys=list(keys), free_bytes=free_bytes))
         return EvictResult(tuple(resp.evicted), resp.freed_bytes)
+
+    def pin(self, keys: Iterable[str], *, pinned: bool = True) -> PinResult:
+        """Pin ``keys`` (never evicted to keep the budget), or unpin them."""
+        resp = self._pin(cache_service_pb2.PinRequest(keys=list(keys), pinned=pinned))
+        return PinResult(tuple(resp.keys), tuple(resp.missing))
+
+    def list_page(self, *, order: CacheOrder = CacheOrder.VICTIM, workflow: str = "",
+                  step: str = "", page_size: int = 0, page_token: str = "") -> CachePage:
+        """One page of entries in ``order`` (of ``workflow`` / ``step`` when given), each
+        with its eviction priority; counts no hit or miss."""
+        resp = self._list(cache_service_pb2.ListEntriesRequest(
+            order=cache_order_to_proto(order), workflow=workflow, step=step,
+            page_size=page_size, page_token=page_token))
+        return CachePage(tuple(listed_entry_from_proto(e) for e in resp.entries),
+                         resp.next_page_token, resp.policy)
+
+    def list(self, *, order: CacheOrder = CacheOrder.VICTIM, workflow: str = "",
+             step: str = "", limit: int | None = None, page_size: int = 0
+             ) -> Iterator[ListedEntry]:
+        """Entries in ``order``, fetched a page at a time, ``limit`` at most (None: all)."""
+        token = ""
+        count = 0
+        while limit is None or count < limit:
+            size = page_size if limit is None else min(page_size or 1000, limit - count)
+            page = self.list_page(order=order, workflow=workflow, step=step, page_size=size,
+                                  page_token=token)
+            for listed in page.entries:
+                yield listed
+                count += 1
+            token = page.next_page_token
+            if not token:
+                return
+
+    def show(self, key: str) -> ListedEntry:
+        """The entry of ``key`` or of a unique key prefix (>= 8 hex digits), with its
+        eviction priority; counts no hit or miss. ``NotFoundError`` when there is none."""
+        return listed_entry_from_proto(self._show(
+            cache_service_pb2.ShowEntryRequest(key=key)).entry)
 
 
 class SubmitterClient(_ServiceClient):

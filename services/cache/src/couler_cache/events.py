@@ -2,8 +2,10 @@
 
 One durable consumer (``cache``) reads ``couler.step.succeeded`` (``StepEvent``): a step
 in state SUCCEEDED with a ``cache_key`` is committed as an entry (its outputs and the
-artifacts the submitter already put in the artifact store); any other step is acked and
-ignored. The commit is idempotent -- the first commit for a key wins -- so a redelivered or
+artifacts the submitter already put in the artifact store; its cost, the seconds from its
+start to its end -- retries included, what running it again may take --; its lineage, the
+cache keys of the steps it read from, as the engine reported them); any other step is acked
+and ignored. The commit is idempotent -- the first commit for a key wins -- so a redelivered or
 republished event adds nothing. A bad entry (an invalid digest, an artifact missing from
 the store) is a UserError: the bus terminates the message and records why. The message is
 acked only after the entry is in the index.
@@ -29,7 +31,7 @@ from couler_runtime.bus import Bus, Event, Subscription
 from couler_runtime.rpc.records import CacheEntry, StoredArtifact
 
 __all__ = ["DURABLE", "MAX_DELIVER", "SUCCEEDED", "OutboxPublisher", "StepSucceededHandler",
-           "start_consumer"]
+           "run_seconds", "start_consumer"]
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,8 @@ class StepSucceededHandler:
                 key=step.cache_key, workflow=msg.workflow, step=step.name,
                 outputs=dict(step.outputs),
                 artifacts={name: StoredArtifact(a.digest, a.size_bytes, a.uri)
-                           for name, a in step.artifacts.items()})
+                           for name, a in step.artifacts.items()},
+                cost_seconds=run_seconds(step), lineage=tuple(step.cache_lineage))
             try:
                 result = await self._cache.commit(entry)
             except UserError as exc:
@@ -96,6 +99,14 @@ class StepSucceededHandler:
                      "committed" if result.created else
                      ("refused (over the budget)" if step.cache_key in result.evicted
                       else "already cached"))
+
+
+def run_seconds(step: common_pb2.StepRecord) -> float:
+    """Seconds from the step's start to its end; 0 when either is unknown (or out of order)."""
+    if not (step.HasField("started_at") and step.HasField("finished_at")):
+        return 0.0
+    seconds = (step.finished_at.ToNanoseconds() - step.started_at.ToNanoseconds()) / 1e9
+    return max(seconds, 0.0)
 
 
 async def start_consumer(bus: Bus, cache: Cache, *, max_deliver: int = MAX_DELIVER

@@ -2,8 +2,12 @@
 
 Settings (environment, ``COULER_`` prefix): the common ones (:class:`CommonSettings` --
 ``COULER_DATABASE_URL`` for the index, ``COULER_ARTIFACTS`` and ``COULER_S3_*`` for the
-artifact store) plus ``COULER_CACHE_BUDGET_BYTES``, the byte budget LRU eviction keeps the
-entries within (default 10 GiB; 0 means unlimited).
+artifact store) plus ``COULER_CACHE_BUDGET_BYTES``, the byte budget eviction keeps the
+entries within (default 10 GiB; 0 means unlimited), ``COULER_CACHE_POLICY``, how it chooses
+what to evict (``value`` -- the default --, ``lru``, ``fifo`` or ``gdsf``; see
+:mod:`couler_cache.policy`), and ``COULER_CACHE_HALF_LIFE_SECONDS``, how fast a use stops
+counting under ``value`` (default one day). Every replica of the service must use the same
+policy.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ import asyncio
 import logging
 import sys
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from couler.errors import UserError
 from couler_cache.events import OutboxPublisher, start_consumer
+from couler_cache.policy import DEFAULT_HALF_LIFE_SECONDS, EvictionPolicy
 from couler_cache.rpc import CacheService
 from couler_cache.service import Blobs, Cache
 from couler_cache.store import CacheStore
@@ -37,10 +42,26 @@ class CacheSettings(CommonSettings):
 
     Attributes:
         cache_budget_bytes: Bytes the cached entries (outputs plus artifacts) may occupy;
-            least-recently-used entries are evicted beyond it; 0 means unlimited.
+            entries are evicted by ``cache_policy`` beyond it; 0 means unlimited.
+        cache_policy: How entries are chosen for eviction: ``value``, ``lru``, ``fifo`` or
+            ``gdsf``.
+        cache_half_life_seconds: After how long a use of an entry counts half (``value``).
     """
 
     cache_budget_bytes: int = Field(default=DEFAULT_BUDGET_BYTES, ge=0)
+    cache_policy: EvictionPolicy = EvictionPolicy.VALUE
+    cache_half_life_seconds: float = Field(default=DEFAULT_HALF_LIFE_SECONDS, gt=0,
+                                           allow_inf_nan=False)
+
+    @field_validator("cache_policy", mode="before")
+    @classmethod
+    def _policy(cls, value: object) -> EvictionPolicy:
+        if isinstance(value, EvictionPolicy):
+            return value
+        try:
+            return EvictionPolicy.parse(str(value))
+        except UserError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class DigestBlobs:
@@ -88,13 +109,16 @@ async def build(settings: CacheSettings, bus: Bus) -> Component:
     try:
         blobs = await asyncio.to_thread(open_blobs, settings)
         cache = Cache(store, blobs, budget_bytes=settings.cache_budget_bytes,
+                      policy=settings.cache_policy,
+                      half_life_seconds=settings.cache_half_life_seconds,
                       publish=OutboxPublisher(bus))
         await cache.start()
     except BaseException:
         store.close()
         raise
-    log.info("cache budget: %s", f"{settings.cache_budget_bytes} bytes"
-             if settings.cache_budget_bytes else "unlimited")
+    log.info("cache budget: %s, eviction policy %s",
+             f"{settings.cache_budget_bytes} bytes" if settings.cache_budget_bytes
+             else "unlimited", settings.cache_policy.value)
     try:
         await start_consumer(bus, cache)
     except BaseException:

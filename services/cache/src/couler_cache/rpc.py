@@ -13,7 +13,12 @@ import grpc
 
 from couler.v1 import cache_service_pb2 as pb
 from couler_cache.service import Cache
-from couler_runtime.rpc.records import cache_entry_from_proto, cache_entry_to_proto
+from couler_runtime.rpc.records import (
+    cache_entry_from_proto,
+    cache_entry_to_proto,
+    cache_order_from_proto,
+    listed_entry_to_proto,
+)
 
 __all__ = ["CacheService"]
 
@@ -53,6 +58,31 @@ class CacheService:
     async def Evict(  # noqa: N802
         self, request: pb.EvictRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.EvictResponse:
-        """Remove the named entries, then LRU ones until ``free_bytes`` were freed."""
+        """Remove the named entries, then more by policy until ``free_bytes`` were freed."""
         result = await self._cache.evict(list(request.keys), free_bytes=request.free_bytes)
         return pb.EvictResponse(evicted=list(result.evicted), freed_bytes=result.freed_bytes)
+
+    async def Pin(  # noqa: N802
+        self, request: pb.PinRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PinResponse:
+        """Pin (or unpin) the named entries."""
+        result = await self._cache.pin(list(request.keys), pinned=request.pinned)
+        return pb.PinResponse(keys=list(result.keys), missing=list(result.missing))
+
+    async def List(  # noqa: N802
+        self, request: pb.ListEntriesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListEntriesResponse:
+        """A page of entries in the requested order; counts no hit or miss."""
+        page = await self._cache.list_entries(
+            order=cache_order_from_proto(request.order), workflow=request.workflow,
+            step=request.step, page_size=request.page_size, page_token=request.page_token)
+        return pb.ListEntriesResponse(entries=[listed_entry_to_proto(e) for e in page.entries],
+                                      next_page_token=page.next_page_token, policy=page.policy)
+
+    async def Show(  # noqa: N802
+        self, request: pb.ShowEntryRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ShowEntryResponse:
+        """One entry by key or unique key prefix; counts no hit or miss."""
+        found = await self._cache.show(request.key)
+        return pb.ShowEntryResponse(entry=listed_entry_to_proto(found),
+                                    policy=self._cache.policy.value)

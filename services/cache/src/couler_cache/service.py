@@ -5,11 +5,17 @@ parameters and the digests of its output artifacts, whose bytes the submitter al
 in the shared artifact store. The index lives in SQL (:mod:`couler_cache.store`); the cache
 deletes a blob only when it evicts the last entry that references its digest.
 
-Eviction is LRU under a byte budget (0: unlimited). After a commit, least-recently-used
-entries go until the total fits again -- never the one just committed; an entry that alone
-exceeds the budget is refused instead (``created`` false, its own key in ``evicted``) and
-nothing else is touched. A lookup that finds an entry whose blob is gone drops the entry and
-counts a miss.
+Eviction keeps the entries within a byte budget (0: unlimited) by a policy
+(:mod:`couler_cache.policy`): ``value`` by default -- the compute a reuse saves (the entry's
+own cost plus its evicted ancestors'), per byte, times a decayed frequency of use --, or
+``lru``, ``fifo`` or ``gdsf``. After a commit, the entries with the lowest priority go until
+the total fits again -- never the one just committed, never a pinned one. A commit is refused
+instead (``created`` false, its own key in ``evicted``; nothing else is touched) only when
+the entry alone exceeds the budget or the pinned entries leave it too little room: a new
+entry always gets its place and competes from the next commit on (refusing one worth less
+per byte than what it would displace measured worse: ``bench/README.md``). A refused or
+evicted key's cost and lineage are remembered, so its cached descendants count it. A lookup
+that finds an entry whose blob is gone drops the entry and counts a miss.
 
 Every change and the events announcing it (``couler.cache.committed``,
 ``couler.cache.evicted``) commit in one transaction (an outbox), and blobs to delete are
@@ -21,28 +27,46 @@ process; the synchronous database and artifact-store calls run in worker threads
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import logging
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Protocol
 
 from couler.errors import ConflictError, NotFoundError, UserError
 from couler.v1 import events_pb2
-from couler_cache.store import CacheStore, OutboxMessage, Removed, Tx
+from couler_cache.policy import (
+    DEFAULT_HALF_LIFE_SECONDS,
+    EvictionPolicy,
+    MemoGraph,
+    Pricing,
+    cached_below,
+    lost_cost,
+)
+from couler_cache.store import ORDERS, CacheStore, OutboxMessage, Removed, Tx
 from couler_runtime.rpc.records import (
     CacheEntry,
+    CacheOrder,
+    CachePage,
     CacheStats,
     CommitResult,
     EvictResult,
+    ListedEntry,
     LookupResult,
+    PinResult,
 )
 
 __all__ = [
     "COMMITTED",
+    "DEFAULT_LINEAGE_LIMIT",
     "EVICTED",
+    "MIN_KEY_PREFIX",
     "Blobs",
     "Cache",
     "Publish",
@@ -55,7 +79,10 @@ COMMITTED = "couler.cache.committed"
 EVICTED = "couler.cache.evicted"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _MAX_KEY = 255
+_MAX_LINEAGE = 1000  # parents an entry may name
 _QUICK_KEYS = 100  # keys a lookup may look for on the event loop (a quick store)
+_RESCORE_BATCH = 500  # entries priced again per transaction at start
+DEFAULT_LINEAGE_LIMIT = 100_000  # evicted keys whose cost and lineage are remembered
 
 
 class Blobs(Protocol):
@@ -92,6 +119,16 @@ def _validate(entry: CacheEntry) -> None:
     if len(entry.key) > _MAX_KEY:
         raise UserError(f"cache entry of {_where(entry, 'key')}: the key is longer than "
                         f"{_MAX_KEY} characters")
+    if not (math.isfinite(entry.cost_seconds) and entry.cost_seconds >= 0):
+        raise UserError(f"cache entry {entry.key!r} of {_where(entry, 'cost_seconds')}: "
+                        f"must be a finite number >= 0 (got {entry.cost_seconds})")
+    if len(entry.lineage) > _MAX_LINEAGE:
+        raise UserError(f"cache entry {entry.key!r} of {_where(entry, 'lineage')}: "
+                        f"{len(entry.lineage)} parents (at most {_MAX_LINEAGE})")
+    for parent in entry.lineage:
+        if not parent.strip() or len(parent) > _MAX_KEY:
+            raise UserError(f"cache entry {entry.key!r} of {_where(entry, 'lineage')}: "
+                            f"{parent[:80]!r} is not a cache key")
     for name, art in entry.artifacts.items():
         field = f"artifacts[{name}]"
         if not name:
@@ -105,6 +142,10 @@ def _validate(entry: CacheEntry) -> None:
                             f"negative size {art.size_bytes}")
 
 
+def _parents(entry: CacheEntry) -> tuple[str, ...]:
+    return tuple(sorted(set(entry.lineage) - {entry.key}))
+
+
 class Cache:
     """The cache service's use cases.
 
@@ -112,20 +153,34 @@ class Cache:
         store: The index.
         blobs: The shared artifact store.
         budget_bytes: Bytes the entries may occupy; 0 means unlimited.
+        policy: How entries are chosen for eviction (a name or an :class:`EvictionPolicy`).
+        half_life_seconds: How fast a use stops counting in the ``value`` policy.
+        lineage_limit: Evicted keys whose cost and lineage are remembered (beyond it, the
+            oldest that no remembered key descends from are forgotten).
         publish: Publishes outbox events; None keeps them queued (tests, tools).
-        clock: Wall-clock seconds (``created_at`` / ``last_used_at``).
+        clock: Wall-clock seconds (``created_at`` / ``last_used_at``, decay of use).
         retry_interval: Seconds between attempts to publish queued events and delete
             queued blobs after a failure.
+
+    Raises:
+        UserError: A negative budget or limit, an unknown policy, a half-life <= 0.
     """
 
     def __init__(self, store: CacheStore, blobs: Blobs, *, budget_bytes: int,
+                 policy: EvictionPolicy | str = EvictionPolicy.VALUE,
+                 half_life_seconds: float = DEFAULT_HALF_LIFE_SECONDS,
+                 lineage_limit: int = DEFAULT_LINEAGE_LIMIT,
                  publish: Publish | None = None, clock: Callable[[], float] = time.time,
                  retry_interval: float = 5.0) -> None:
         if budget_bytes < 0:
             raise UserError(f"cache budget must be >= 0 bytes (got {budget_bytes})")
+        if lineage_limit < 0:
+            raise UserError(f"cache lineage limit must be >= 0 (got {lineage_limit})")
         self._store = store
         self._blobs = blobs
         self._budget = budget_bytes
+        self._pricing = Pricing(EvictionPolicy.parse(policy), half_life_seconds)
+        self._lineage_limit = lineage_limit
         self._publish = publish
         self._clock = clock
         self._retry_interval = retry_interval
@@ -139,11 +194,19 @@ class Cache:
         """The byte budget (0: unlimited)."""
         return self._budget
 
+    @property
+    def policy(self) -> EvictionPolicy:
+        """The eviction policy."""
+        return self._pricing.policy
+
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Finish what a previous process left (queued events and blobs), keep retrying."""
+        """Price the entries again if the policy or half-life changed since the last start,
+        finish what a previous process left (queued events and blobs), keep retrying."""
         self._closing.clear()
+        async with self._lock:
+            await asyncio.to_thread(self._prepare)
         await self._sweep()
         await self._flush()
         self._worker = asyncio.create_task(self._background(), name="cache-retries")
@@ -210,8 +273,9 @@ class Cache:
         return result
 
     async def evict(self, keys: Iterable[str] = (), *, free_bytes: int = 0) -> EvictResult:
-        """Remove ``keys`` (unknown ones are ignored), then LRU entries until ``free_bytes``
-        were freed in total."""
+        """Remove ``keys`` (unknown ones are ignored; pinned ones too: naming a key is
+        explicit), then unpinned entries by policy until ``free_bytes`` were freed in
+        total."""
         if free_bytes < 0:
             raise UserError(f"evict: field 'free_bytes' must be >= 0 (got {free_bytes})")
         named = list(dict.fromkeys(keys))
@@ -220,6 +284,33 @@ class Cache:
         if result.evicted:
             await self._sweep()
         await self._flush()
+        return result
+
+    async def pin(self, keys: Iterable[str], *, pinned: bool = True) -> PinResult:
+        """Pin the entries of ``keys`` -- the budget never evicts them -- or unpin them.
+
+        A pinned entry still counts against the budget; while pinned entries leave a new
+        entry too little room, its commit is refused. An unpinned entry is evicted by policy
+        again (at the next commit that needs room).
+
+        Returns:
+            The keys that have an entry, and those that do not.
+        """
+        named = list(dict.fromkeys(keys))
+        for k in named:
+            if not k.strip() or len(k) > _MAX_KEY:
+                raise UserError(f"pin: field 'keys': {k[:80]!r} is not a cache key")
+
+        def change() -> PinResult:
+            with self._store.transaction() as tx:
+                found = tx.pin(named, pinned)
+            done = set(found)
+            return PinResult(tuple(found), tuple(k for k in named if k not in done))
+
+        async with self._lock:
+            result = await asyncio.to_thread(change)
+        log.info("%s %d cache entries (%d not found)", "pinned" if pinned else "unpinned",
+                 len(result.keys), len(result.missing))
         return result
 
     async def stats(self) -> CacheStats:
@@ -255,12 +346,13 @@ class Cache:
         missing: list[str] = []
         dropped: list[Removed] = []
         with self._store.transaction() as tx:
+            inflation = self._inflation(tx)
             for key in keys:
                 entry = candidates.get(key)
                 if entry is None:
                     missing.append(key)
                 elif key in broken:
-                    removed = tx.delete(key)
+                    removed = tx.delete(key, now)
                     if removed is not None:
                         dropped.append(removed)
                     missing.append(key)
@@ -268,7 +360,11 @@ class Cache:
                         now - entry.created_at > max_age:
                     missing.append(key)
                 else:
-                    found[key] = tx.touch(key, now)
+                    found[key] = tx.touch(key, now, self._pricing, inflation=inflation)
+            if dropped and self._pricing.uses_lineage:
+                memo = MemoGraph(tx)
+                for r in dropped:
+                    self._reprice_below(tx, memo, r.key, inflation)
             tx.orphan(d for r in dropped for d in r.digests)
             tx.bump("hits", len(found))
             tx.bump("misses", len(missing))
@@ -282,10 +378,8 @@ class Cache:
                 return CommitResult(created=False)
         entry = self._measured(entry)
         if self._budget and entry.size_bytes > self._budget:
-            log.warning("cache entry %s (workflow %r, step %r) refused: its %d bytes alone "
-                        "exceed the budget of %d bytes", entry.key, entry.workflow, entry.step,
-                        entry.size_bytes, self._budget)
-            return CommitResult(created=False, evicted=(entry.key,))
+            return self._refuse(entry, f"its {entry.size_bytes} bytes alone exceed the "
+                                       f"budget of {self._budget} bytes")
         try:
             return self._insert(entry)
         except ConflictError:
@@ -295,32 +389,62 @@ class Cache:
                     raise
             return CommitResult(created=False)
 
+    def _refuse(self, entry: CacheEntry, why: str) -> CommitResult:
+        """Refuse ``entry``, remembering its cost and lineage for its descendants."""
+        with self._store.transaction() as tx:
+            known = tx.parents(entry.key)
+            tx.remember(entry.key, entry.cost_seconds,
+                        known if known is not None else _parents(entry), self._clock())
+        log.warning("cache entry %s (workflow %r, step %r) refused: %s", entry.key,
+                    entry.workflow, entry.step, why)
+        return CommitResult(created=False, evicted=(entry.key,))
+
     def _insert(self, entry: CacheEntry) -> CommitResult:
         now = self._clock()
         with self._store.transaction() as tx:
-            if not tx.insert(entry, now):
+            if tx.get(entry.key) is not None:
                 return CommitResult(created=False)
-            tx.adopt(a.digest for a in entry.artifacts.values())
-            evicted: list[Removed] = []
-            if self._budget:
-                _, total = tx.totals()
-                while total > self._budget:
-                    victim = tx.least_recently_used(exclude=(entry.key,))
-                    if victim is None:
-                        break
-                    removed = tx.delete(victim)
-                    if removed is None:
-                        break
-                    evicted.append(removed)
-                    total -= removed.size_bytes
-            tx.enqueue(COMMITTED, f"{entry.key}.committed", events_pb2.CacheCommitted(
-                key=entry.key, workflow=entry.workflow, step=entry.step,
-                size_bytes=entry.size_bytes).SerializeToString())
-            self._record_eviction(tx, evicted, "budget")
+            memo = MemoGraph(tx)
+            known = tx.parents(entry.key)  # remembered: evicted or refused before
+            entry = replace(entry, lineage=known if known is not None else _parents(entry))
+            lost = lost_cost(entry.lineage, memo) if self._pricing.uses_lineage else 0.0
+            total = entry.size_bytes + (tx.totals()[1] if self._budget else 0)
+            refusal = self._room(tx, entry) if self._budget and total > self._budget else ""
+            evicted = [] if refusal else self._place(tx, memo, entry, now, lost=lost,
+                                                     total=total, again=known is not None)
+        if refusal:
+            return self._refuse(entry, refusal)
         log.info("cache entry %s committed (workflow %r, step %r, %d bytes)%s", entry.key,
                  entry.workflow, entry.step, entry.size_bytes,
                  f"; evicted {len(evicted)} to keep the budget" if evicted else "")
         return CommitResult(created=True, evicted=tuple(r.key for r in evicted))
+
+    def _place(self, tx: Tx, memo: MemoGraph, entry: CacheEntry, now: float, *, lost: float,
+               total: int, again: bool) -> list[Removed]:
+        """Insert ``entry`` (admitted; ``total``: the bytes with it), evict to keep the
+        budget, queue the events; what was evicted. ``again``: the key was cached before."""
+        inflation = start_inflation = self._inflation(tx)
+        tx.insert(entry, now, self._pricing, lost=lost, inflation=inflation)
+        tx.adopt(a.digest for a in entry.artifacts.values())
+        if again and self._pricing.uses_lineage:
+            memo.forget([entry.key])  # cached again: its descendants lost less
+            self._reprice_below(tx, memo, entry.key, inflation)
+        evicted: list[Removed] = []
+        while self._budget and total > self._budget:
+            victim = tx.victim(exclude=(entry.key,))
+            removed = tx.delete(victim, now) if victim is not None else None
+            if removed is None:
+                break
+            evicted.append(removed)
+            total -= removed.size_bytes
+            inflation = self._evicted(tx, memo, removed, inflation)
+        if inflation != start_inflation:
+            tx.set_meta("inflation", repr(inflation))
+        tx.enqueue(COMMITTED, f"{entry.key}.committed", events_pb2.CacheCommitted(
+            key=entry.key, workflow=entry.workflow, step=entry.step,
+            size_bytes=entry.size_bytes).SerializeToString())
+        self._record_eviction(tx, evicted, "budget")
+        return evicted
 
     def _measured(self, entry: CacheEntry) -> CacheEntry:
         """``entry`` with its artifacts' sizes as the artifact store has them."""
@@ -340,23 +464,85 @@ class Cache:
         measured = replace(entry, artifacts=artifacts)
         return replace(measured, size_bytes=entry_size(measured))
 
+    def _room(self, tx: Tx, entry: CacheEntry) -> str:
+        """Why the budget cannot make room for ``entry`` ("": it can)."""
+        if entry.size_bytes + tx.pinned_bytes() > self._budget:
+            return (f"the pinned entries leave too little room for its {entry.size_bytes} "
+                    f"bytes within the budget of {self._budget} bytes")
+        return ""
+
+    def _evicted(self, tx: Tx, memo: MemoGraph, removed: Removed, inflation: float) -> float:
+        """After ``removed`` left: its descendants' priorities, GDSF's inflation."""
+        if self._pricing.uses_lineage:
+            memo.forget([removed.key])
+            self._reprice_below(tx, memo, removed.key, inflation)
+        if self._pricing.policy is EvictionPolicy.GDSF:
+            return max(inflation, removed.priority)
+        return inflation
+
+    def _reprice_below(self, tx: Tx, memo: MemoGraph, key: str, inflation: float) -> None:
+        """Price again the cached entries whose lost cost changed because ``key`` was
+        evicted or cached again."""
+        for child in cached_below(key, memo):
+            node = memo.nodes([child]).get(child)
+            if node is not None:
+                tx.reprice(child, self._pricing, lost=lost_cost(node.parents, memo),
+                           inflation=inflation)
+
+    def _inflation(self, tx: Tx) -> float:
+        if self._pricing.policy is not EvictionPolicy.GDSF:
+            return 0.0
+        return float(tx.meta("inflation") or 0.0)
+
+    def _prepare(self) -> None:
+        """Price every entry again when the stored priorities were computed under another
+        policy or half-life (or before priorities existed). Resumable: the policy is
+        recorded only when all are done."""
+        pricing = self._pricing
+        half_life = repr(pricing.half_life_seconds)
+        with self._store.transaction() as tx:
+            same_policy = tx.meta("policy") == pricing.policy.value
+            refreq = tx.meta("half_life") != half_life
+        if same_policy and not refreq:
+            return
+        log.info("pricing the cache entries for eviction policy %r (half-life %s s)",
+                 pricing.policy.value, half_life)
+        done = [""]
+        count = 0
+        while done:
+            with self._store.transaction() as tx:
+                lost = partial(lost_cost, graph=MemoGraph(tx)) if pricing.uses_lineage else None
+                done = tx.rescore(done[-1], _RESCORE_BATCH, pricing, inflation=0.0,
+                                  refreq=refreq, lost=lost)
+            count += len(done)
+        with self._store.transaction() as tx:
+            tx.set_meta("policy", pricing.policy.value)
+            tx.set_meta("half_life", half_life)
+            tx.set_meta("inflation", "0.0")
+        log.info("priced %d cache entries", count)
+
     def _evict(self, keys: list[str], free_bytes: int) -> EvictResult:
         evicted: list[Removed] = []
+        now = self._clock()
         with self._store.transaction() as tx:
+            memo = MemoGraph(tx)
+            inflation = start_inflation = self._inflation(tx)
             for key in keys:
-                removed = tx.delete(key)
+                removed = tx.delete(key, now)
                 if removed is not None:
                     evicted.append(removed)
+                    inflation = self._evicted(tx, memo, removed, inflation)
             freed = sum(r.size_bytes for r in evicted)
             while freed < free_bytes:
-                victim = tx.least_recently_used()
-                if victim is None:
-                    break
-                removed = tx.delete(victim)
+                victim = tx.victim()
+                removed = tx.delete(victim, now) if victim is not None else None
                 if removed is None:
                     break
                 evicted.append(removed)
                 freed += removed.size_bytes
+                inflation = self._evicted(tx, memo, removed, inflation)
+            if inflation != start_inflation:
+                tx.set_meta("inflation", repr(inflation))
             self._record_eviction(tx, evicted, "request")
         if evicted:
             log.info("evicted %d cache entries on request (%d bytes)", len(evicted), freed)
@@ -382,6 +568,11 @@ class Cache:
             await asyncio.to_thread(self._sweep_blocking)
 
     def _sweep_blocking(self) -> None:
+        with self._store.transaction() as tx:
+            forgotten = tx.prune_lineage(self._lineage_limit)
+        if forgotten:
+            log.info("forgot the lineage of %d evicted cache keys (over the limit of %d)",
+                     forgotten, self._lineage_limit)
         with self._store.transaction() as tx:
             digests = tx.orphans()
         for digest in digests:
@@ -425,3 +616,93 @@ class Cache:
     def _published(self, ids: list[int]) -> None:
         with self._store.transaction() as tx:
             tx.published(ids)
+
+    # ------------------------------------------------------------------ control (read only)
+
+    async def list_entries(self, *, order: CacheOrder = CacheOrder.VICTIM, workflow: str = "",
+                           step: str = "", page_size: int = 0, page_token: str = ""
+                           ) -> CachePage:
+        """A page of entries in ``order`` (of ``workflow`` and ``step`` when given), each
+        with its eviction priority. Counts no hit or miss and changes no entry.
+
+        Raises:
+            UserError: A page size out of range, or a token that is not one of this
+                listing's (the message names the field).
+        """
+        if not 0 <= page_size <= MAX_LIST_PAGE:
+            raise UserError(f"list: field 'page_size' must be 0..{MAX_LIST_PAGE} "
+                            f"(got {page_size})")
+        limit = page_size or DEFAULT_LIST_PAGE
+        scope = [order.value, workflow, step]
+        after = _page_position(page_token, scope, len(ORDERS[order.value]))
+
+        def read() -> CachePage:
+            with self._store.transaction() as tx:
+                rows = tx.listing(order.value, workflow=workflow, step=step, after=after,
+                                  limit=limit + 1)
+            token = _page_token(scope, rows[limit - 1][2]) if len(rows) > limit else ""
+            return CachePage(tuple(ListedEntry(e, p) for e, p, _ in rows[:limit]), token,
+                             self._pricing.policy.value)
+
+        return await asyncio.to_thread(read)
+
+    async def show(self, key: str) -> ListedEntry:
+        """The entry of ``key`` -- a whole key, or a prefix of at least
+        :data:`MIN_KEY_PREFIX` hex digits that names one entry -- with its eviction
+        priority. Counts no hit or miss and changes no entry (unlike :meth:`lookup`).
+
+        Raises:
+            NotFoundError: No entry has that key or prefix.
+            UserError: The prefix is too short, not hex, or names several entries.
+        """
+        wanted = key.strip()
+        if not wanted or len(wanted) > _MAX_KEY:
+            raise UserError(f"show: field 'key': {key[:80]!r} is not a cache key")
+        prefix = _KEY_PREFIX.fullmatch(wanted.lower()) is not None
+
+        def read() -> list[tuple[CacheEntry, float]]:
+            with self._store.transaction() as tx:
+                return tx.with_prefix(wanted, prefix=wanted.lower() if prefix else "")
+
+        found = await asyncio.to_thread(read)
+        if not found:
+            why = ("" if prefix else
+                   f" (a key prefix needs at least {MIN_KEY_PREFIX} hex digits)")
+            raise NotFoundError(f"show: field 'key': no cache entry has the key or key prefix "
+                                f"{wanted!r}{why}")
+        if len(found) > 1:
+            raise UserError(f"show: field 'key': {wanted!r} is the prefix of several cache "
+                            f"entries ({found[0][0].key[:16]}..., {found[1][0].key[:16]}..."
+                            "); give more digits")
+        return ListedEntry(*found[0])
+
+
+MIN_KEY_PREFIX = 8  # hex digits a key prefix must have to name an entry
+DEFAULT_LIST_PAGE = 100
+MAX_LIST_PAGE = 1000
+# a key prefix: hex digits (after "sha256:" when the keys have it); no LIKE wildcard
+_KEY_PREFIX = re.compile(rf"(?:sha256:)?[0-9a-f]{{{MIN_KEY_PREFIX},}}")
+
+
+def _page_token(scope: list[str], values: list[object]) -> str:
+    """The token of the page after the row with sort ``values``, in a listing ``scope``
+    (order, workflow, step)."""
+    data = json.dumps({"scope": scope, "after": values}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(data.encode()).decode().rstrip("=")
+
+
+def _page_position(token: str, scope: list[str], width: int) -> list[object] | None:
+    """The sort values a page ``token`` continues after (None for the first page)."""
+    if not token:
+        return None
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        after = data["after"]
+        ok = data["scope"] == scope and isinstance(after, list) and len(after) == width
+    except (ValueError, TypeError, KeyError):
+        ok = False
+    if not ok:
+        raise UserError("list: field 'page_token' is not a token of this listing (the same "
+                        "order, workflow and step) -- start again without it")
+    values: list[object] = after
+    return values

@@ -2,11 +2,19 @@
 
 Tables (created by ``couler_cache/migrations``, version table ``alembic_version_cache``):
 
-* ``cache_entries`` -- one row per key: workflow, step, outputs (JSON), size, times, hits
-  and ``used_seq``, a logical clock stamped on every commit and hit that orders LRU
-  eviction exactly (wall-clock times can tie);
+* ``cache_entries`` -- one row per key: workflow, step, outputs (JSON), size, times, hits,
+  ``used_seq`` / ``created_seq`` (a logical clock stamped on every commit and hit: wall-clock
+  times can tie), its cost and lineage, ``pinned``, and what eviction reads: ``freq_log``,
+  ``lost_cost_seconds`` and ``priority`` (:mod:`couler_cache.policy`; the unpinned entry
+  with the lowest priority goes first, found through an index);
 * ``cache_artifacts`` -- the entry's output artifacts (digest, size, uri), deleted with it;
+* ``cache_lineage`` / ``cache_edges`` -- every key committed, cached or not (its cost and
+  parents), and the parent → child edges, so that the cost of rebuilding an entry's evicted
+  ancestors is known; nodes of evicted keys that nothing cached descends from are pruned
+  beyond a limit;
 * ``cache_counters`` -- hits, misses, evictions, evicted bytes and the clock, persisted;
+* ``cache_meta`` -- the policy and half-life the priorities were computed with, and GDSF's
+  inflation;
 * ``cache_orphans`` -- digests no entry references any more, whose blobs are still to be
   deleted (written in the eviction's transaction, so a crash never loses one);
 * ``cache_outbox`` -- events committed with the change they announce, published after it.
@@ -18,15 +26,26 @@ operations; the use cases (:mod:`couler_cache.service`) compose them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import BigInteger, Float, ForeignKey, Integer, LargeBinary, String, Text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
+from couler_cache.policy import Node, Pricing, Standing
 from couler_runtime.rpc.records import CacheEntry, StoredArtifact
 from couler_runtime.store import (
     connection_scope,
@@ -37,7 +56,7 @@ from couler_runtime.store import (
     session_scope,
 )
 
-__all__ = ["COUNTERS", "CacheStore", "OutboxMessage", "Tx"]
+__all__ = ["COUNTERS", "ORDERS", "CacheStore", "OutboxMessage", "Removed", "Tx"]
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SERVICE = "cache"
@@ -63,9 +82,21 @@ class EntryRow(Base):
     last_used_at: Mapped[float] = mapped_column(Float)
     used_seq: Mapped[int] = mapped_column(BigInteger, index=True)
     hits: Mapped[int] = mapped_column(BigInteger)
+    cost_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    lineage: Mapped[str] = mapped_column(Text, default="[]")  # JSON list of keys
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    freq_log: Mapped[float] = mapped_column(Float, default=0.0)
+    lost_cost_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    priority: Mapped[float] = mapped_column(Float, default=0.0)
     artifacts: Mapped[list[ArtifactRow]] = relationship(
         back_populates="entry", cascade="all, delete-orphan", passive_deletes=True,
         lazy="selectin")
+
+    __table_args__ = (
+        # The eviction order: the first unpinned row is the victim.
+        sa.Index("ix_cache_entries_victim", "pinned", "priority", "used_seq", "key"),
+    )
 
 
 class ArtifactRow(Base):
@@ -78,6 +109,29 @@ class ArtifactRow(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     uri: Mapped[str] = mapped_column(Text)
     entry: Mapped[EntryRow] = relationship(back_populates="artifacts")
+
+
+class LineageRow(Base):
+    __tablename__ = "cache_lineage"
+
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    cost_seconds: Mapped[float] = mapped_column(Float)
+    parents: Mapped[str] = mapped_column(Text)  # JSON list of keys
+    evicted_at: Mapped[float | None] = mapped_column(Float, index=True)  # None: cached
+
+
+class EdgeRow(Base):
+    __tablename__ = "cache_edges"
+
+    parent: Mapped[str] = mapped_column(String(255), primary_key=True)
+    child: Mapped[str] = mapped_column(String(255), primary_key=True, index=True)
+
+
+class MetaRow(Base):
+    __tablename__ = "cache_meta"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
 
 
 class CounterRow(Base):
@@ -119,6 +173,7 @@ class Removed:
     key: str
     size_bytes: int
     digests: tuple[str, ...]
+    priority: float = 0.0
 
 
 def _entry(row: EntryRow) -> CacheEntry:
@@ -127,7 +182,21 @@ def _entry(row: EntryRow) -> CacheEntry:
         artifacts={a.name: StoredArtifact(a.digest, a.size_bytes, a.uri)
                    for a in sorted(row.artifacts, key=lambda a: a.name)},
         size_bytes=row.size_bytes, created_at=row.created_at, last_used_at=row.last_used_at,
-        hits=row.hits)
+        hits=row.hits, cost_seconds=row.cost_seconds, lineage=tuple(json.loads(row.lineage)),
+        pinned=row.pinned)
+
+
+def _standing(row: EntryRow) -> Standing:
+    return Standing(size_bytes=row.size_bytes, cost_seconds=row.cost_seconds,
+                    lost_cost_seconds=row.lost_cost_seconds, freq_log=row.freq_log,
+                    hits=row.hits, used_seq=row.used_seq, created_seq=row.created_seq)
+
+
+def _victims() -> sa.Select[str, int, float]:
+    """Unpinned entries in eviction order (``ix_cache_entries_victim``): key, size, priority."""
+    return sa.select(EntryRow.key, EntryRow.size_bytes, EntryRow.priority).where(
+        EntryRow.pinned == sa.false()).order_by(EntryRow.priority, EntryRow.used_seq,
+                                                EntryRow.key)
 
 
 class Tx:
@@ -153,48 +222,123 @@ class Tx:
             found.update((row.key, _entry(row)) for row in rows)
         return found
 
-    def insert(self, entry: CacheEntry, now: float) -> bool:
-        """Add ``entry`` (sized by the caller); False when ``key`` is already present."""
+    def insert(self, entry: CacheEntry, now: float, pricing: Pricing, *, lost: float = 0.0,
+               inflation: float = 0.0) -> bool:
+        """Add ``entry`` (sized by the caller; its lineage as :meth:`parents` gives it),
+        priced by ``pricing``; False when ``key`` is already present. The key's lineage node
+        is created, or marked cached again (its parents stay as first recorded)."""
         if self._s.get(EntryRow, entry.key) is not None:
             return False
+        node = self._s.get(LineageRow, entry.key)
+        parents = tuple(entry.lineage)
+        if node is None:
+            self._s.add(LineageRow(key=entry.key, cost_seconds=entry.cost_seconds,
+                                   parents=json.dumps(list(parents)), evicted_at=None))
+            self._s.add_all(EdgeRow(parent=p, child=entry.key) for p in parents)
+        else:
+            node.evicted_at = None
+            if entry.cost_seconds > 0:  # the latest measurement
+                node.cost_seconds = entry.cost_seconds
+        seq = self._tick()
         row = EntryRow(
             key=entry.key, workflow=entry.workflow, step=entry.step,
             outputs=json.dumps(dict(entry.outputs), sort_keys=True),
             size_bytes=entry.size_bytes, created_at=now, last_used_at=now,
-            used_seq=self._tick(), hits=0,
+            used_seq=seq, hits=0, cost_seconds=node.cost_seconds if node else entry.cost_seconds,
+            lineage=json.dumps(list(parents)), pinned=entry.pinned, created_seq=seq,
+            freq_log=pricing.first_use(now), lost_cost_seconds=lost, priority=0.0,
             artifacts=[ArtifactRow(name=name, digest=a.digest, size_bytes=a.size_bytes,
                                    uri=a.uri) for name, a in entry.artifacts.items()])
+        row.priority = pricing.priority(_standing(row), inflation)
         self._s.add(row)
         self._s.flush()  # a concurrent replica's insert fails here, inside the transaction
         return True
 
-    def touch(self, key: str, now: float) -> CacheEntry:
-        """Mark ``key`` used now (one more hit); its entry after the change."""
+    def touch(self, key: str, now: float, pricing: Pricing, *, inflation: float = 0.0
+              ) -> CacheEntry:
+        """Mark ``key`` used now (one more hit, priced again); its entry after the change."""
         row = self._s.get_one(EntryRow, key)
         row.last_used_at = now
         row.used_seq = self._tick()
         row.hits += 1
+        row.freq_log = pricing.used(row.freq_log, now)
+        row.priority = pricing.priority(_standing(row), inflation)
         self._s.flush()
         return _entry(row)
 
-    def delete(self, key: str) -> Removed | None:
-        """Remove ``key``'s entry and its artifact rows; None when it was not there."""
+    def reprice(self, key: str, pricing: Pricing, *, lost: float | None = None,
+                freq_log: float | None = None, inflation: float = 0.0) -> None:
+        """Price ``key``'s entry again, with a new lost cost or ``freq_log`` if given."""
+        row = self._s.get(EntryRow, key)
+        if row is None:
+            return
+        if lost is not None:
+            row.lost_cost_seconds = lost
+        if freq_log is not None:
+            row.freq_log = freq_log
+        row.priority = pricing.priority(_standing(row), inflation)
+
+    def delete(self, key: str, now: float) -> Removed | None:
+        """Remove ``key``'s entry and its artifact rows, and mark its lineage node evicted
+        at ``now``; None when it was not there."""
         row = self._s.get(EntryRow, key)
         if row is None:
             return None
         removed = Removed(row.key, row.size_bytes,
-                          tuple(sorted({a.digest for a in row.artifacts})))
+                          tuple(sorted({a.digest for a in row.artifacts})), row.priority)
+        node = self._s.get(LineageRow, key)
+        if node is None:  # not expected (every entry has one); kept consistent anyway
+            self._s.add(LineageRow(key=key, cost_seconds=row.cost_seconds,
+                                   parents=row.lineage, evicted_at=now))
+        else:
+            node.evicted_at = now
         self._s.delete(row)
         self._s.flush()
         return removed
 
-    def least_recently_used(self, exclude: Iterable[str] = ()) -> str | None:
-        """The key used longest ago, other than ``exclude``; None when there is none."""
-        query = sa.select(EntryRow.key).order_by(EntryRow.used_seq, EntryRow.key).limit(1)
+    def victim(self, exclude: Iterable[str] = ()) -> str | None:
+        """The unpinned key with the lowest priority (ties: used longest ago), other than
+        ``exclude``; None when there is none."""
+        query = _victims()
         skip = list(exclude)
         if skip:
             query = query.where(EntryRow.key.not_in(skip))
-        return self._s.scalars(query).first()
+        first = self._s.execute(query.limit(1)).first()
+        return first[0] if first is not None else None
+
+    def pinned_bytes(self) -> int:
+        """Bytes the pinned entries occupy."""
+        return int(self._s.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(EntryRow.size_bytes), 0))
+            .where(EntryRow.pinned == sa.true())).scalar_one())
+
+    def pin(self, keys: Sequence[str], pinned: bool) -> list[str]:
+        """Set ``pinned`` on the entries of ``keys``; the keys that have one."""
+        found: list[str] = []
+        for key in keys:
+            row = self._s.get(EntryRow, key)
+            if row is not None:
+                row.pinned = pinned
+                found.append(key)
+        self._s.flush()
+        return found
+
+    def rescore(self, after: str, limit: int, pricing: Pricing, *, inflation: float,
+                lost: Callable[[tuple[str, ...]], float] | None, refreq: bool) -> list[str]:
+        """Price up to ``limit`` entries with keys after ``after`` again (their lost cost from
+        ``lost`` when given; ``freq_log`` estimated again when ``refreq``); their keys, in
+        order."""
+        rows = list(self._s.scalars(sa.select(EntryRow).where(EntryRow.key > after)
+                                    .order_by(EntryRow.key).limit(limit)))
+        for row in rows:
+            if lost is not None:
+                row.lost_cost_seconds = lost(tuple(json.loads(row.lineage)))
+            if refreq:
+                row.freq_log = pricing.estimated_freq_log(row.created_at, row.last_used_at,
+                                                          row.hits)
+            row.priority = pricing.priority(_standing(row), inflation)
+        self._s.flush()
+        return [row.key for row in rows]
 
     def totals(self) -> tuple[int, int]:
         """Entries and their bytes."""
@@ -202,6 +346,79 @@ class Tx:
             sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(EntryRow.size_bytes), 0))
         ).one()
         return int(count), int(total)
+
+    # ------------------------------------------------------------------ lineage
+
+    def nodes(self, keys: Sequence[str]) -> Mapping[str, Node]:
+        """The lineage nodes of those of ``keys`` the cache knows (``LineageGraph``)."""
+        found: dict[str, Node] = {}
+        for at in range(0, len(keys), _IN_CHUNK):
+            for row in self._s.scalars(sa.select(LineageRow).where(
+                    LineageRow.key.in_(keys[at:at + _IN_CHUNK]))):
+                found[row.key] = Node(row.cost_seconds, tuple(json.loads(row.parents)),
+                                      row.evicted_at is None)
+        return found
+
+    def children(self, keys: Sequence[str]) -> Mapping[str, Sequence[str]]:
+        """The keys whose lineage names each of ``keys`` (``LineageGraph``)."""
+        found: dict[str, list[str]] = {}
+        for at in range(0, len(keys), _IN_CHUNK):
+            for parent, child in self._s.execute(
+                    sa.select(EdgeRow.parent, EdgeRow.child)
+                    .where(EdgeRow.parent.in_(keys[at:at + _IN_CHUNK]))
+                    .order_by(EdgeRow.parent, EdgeRow.child)):
+                found.setdefault(parent, []).append(child)
+        return found
+
+    def parents(self, key: str) -> tuple[str, ...] | None:
+        """The lineage recorded for ``key``, None when the cache never saw it."""
+        row = self._s.get(LineageRow, key)
+        return tuple(json.loads(row.parents)) if row is not None else None
+
+    def remember(self, key: str, cost_seconds: float, parents: Sequence[str],
+                 now: float) -> None:
+        """Record ``key`` as evicted at ``now`` without an entry (a refused commit), unless the
+        cache knows it already, so its descendants count its cost."""
+        if self._s.get(LineageRow, key) is None:
+            self._s.add(LineageRow(key=key, cost_seconds=cost_seconds,
+                                   parents=json.dumps(list(parents)), evicted_at=now))
+            self._s.add_all(EdgeRow(parent=p, child=key) for p in parents)
+            self._s.flush()
+
+    def prune_lineage(self, limit: int, batch: int = 500) -> int:
+        """Forget evicted keys beyond ``limit`` of them, oldest first, and only those no
+        remembered key descends from (a chain goes leaf first); how many went."""
+        ghosts = int(self._s.execute(sa.select(sa.func.count()).select_from(LineageRow)
+                                     .where(LineageRow.evicted_at.is_not(None))).scalar_one())
+        pruned = 0
+        while ghosts - pruned > limit:
+            has_child = sa.exists().where(EdgeRow.parent == LineageRow.key)
+            leaves = list(self._s.scalars(
+                sa.select(LineageRow.key)
+                .where(LineageRow.evicted_at.is_not(None), ~has_child)
+                .order_by(LineageRow.evicted_at, LineageRow.key)
+                .limit(min(batch, ghosts - pruned - limit))))
+            if not leaves:
+                break
+            self._s.execute(sa.delete(EdgeRow).where(EdgeRow.child.in_(leaves)))
+            self._s.execute(sa.delete(LineageRow).where(LineageRow.key.in_(leaves)))
+            pruned += len(leaves)
+        return pruned
+
+    # ------------------------------------------------------------------ meta
+
+    def meta(self, name: str) -> str | None:
+        """The stored value of ``name``, None when unset."""
+        row = self._s.get(MetaRow, name)
+        return row.value if row is not None else None
+
+    def set_meta(self, name: str, value: str) -> None:
+        """Store ``value`` under ``name``."""
+        row = self._s.get(MetaRow, name)
+        if row is None:
+            self._s.add(MetaRow(name=name, value=value))
+        else:
+            row.value = value
 
     # ------------------------------------------------------------------ counters
 
@@ -264,6 +481,61 @@ class Tx:
         """Remove published events."""
         if ids:
             self._s.execute(sa.delete(OutboxRow).where(OutboxRow.id.in_(list(ids))))
+
+    # ------------------------------------------------------------------ listing (read only)
+
+    def listing(self, order: str, *, workflow: str = "", step: str = "",
+                after: Sequence[object] | None = None, limit: int = 100
+                ) -> list[tuple[CacheEntry, float, list[object]]]:
+        """Up to ``limit`` entries in ``order`` (a key of :data:`ORDERS`), of ``workflow`` and
+        ``step`` when given, after the row whose sort values are ``after``: each with its
+        priority and its own sort values (the next page's ``after``). Changes nothing."""
+        columns = [(getattr(EntryRow, name), descending) for name, descending in ORDERS[order]]
+        query = sa.select(EntryRow)
+        if workflow:
+            query = query.where(EntryRow.workflow == workflow)
+        if step:
+            query = query.where(EntryRow.step == step)
+        if after is not None:
+            query = query.where(_after(columns, after))
+        query = query.order_by(*(c.desc() if d else c.asc() for c, d in columns)).limit(limit)
+        return [(_entry(row), row.priority, [getattr(row, name) for name, _ in ORDERS[order]])
+                for row in self._s.scalars(query)]
+
+    def with_prefix(self, key: str, *, prefix: str = "", limit: int = 2
+                    ) -> list[tuple[CacheEntry, float]]:
+        """The entry of ``key``; else, when ``prefix`` is given (hex digits: no LIKE
+        wildcard), the entries whose key starts with it (``limit`` at most); each with its
+        priority."""
+        row = self._s.get(EntryRow, key)
+        if row is not None:
+            return [(_entry(row), row.priority)]
+        if not prefix:
+            return []
+        rows = self._s.scalars(sa.select(EntryRow).where(EntryRow.key.like(prefix + "%"))
+                               .order_by(EntryRow.key).limit(limit))
+        return [(_entry(r), r.priority) for r in rows]
+
+
+ORDERS: dict[str, tuple[tuple[str, bool], ...]] = {
+    # name -> the columns a listing sorts by, each (column, descending); the key last, so
+    # that every row has its own place (keyset paging)
+    "victim": (("pinned", False), ("priority", False), ("used_seq", False), ("key", False)),
+    "recent": (("used_seq", True), ("key", False)),
+    "size": (("size_bytes", True), ("key", False)),
+    "cost": (("cost_seconds", True), ("key", False)),
+}
+
+
+def _after(columns: Sequence[tuple[Any, bool]],
+           values: Sequence[object]) -> sa.ColumnElement[bool]:
+    """The rows after the one with sort ``values`` in the order of ``columns``."""
+    alternatives = []
+    for i, (column, descending) in enumerate(columns):
+        equal = [c == v for (c, _), v in zip(columns[:i], values[:i], strict=True)]
+        beyond = column < values[i] if descending else column > values[i]
+        alternatives.append(sa.and_(*equal, beyond))
+    return sa.or_(*alternatives)
 
 
 class CacheStore:

@@ -22,6 +22,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from couler import ir
+from couler.optimize.reuse import ArtifactStore
 from couler_optimizer.events import start_consumers
 from couler_optimizer.lookup import CacheLookup
 from couler_optimizer.rpc import OptimizerService
@@ -47,9 +49,13 @@ class OptimizerSettings(CommonSettings):
         default_retry: Give steps without a retry policy the default one.
         max_steps_per_chunk: The most steps one chunk of a split workflow may hold;
             None for the engine's own limits only.
+        artifacts_secret: The Kubernetes secret (keys ``accessKey`` and ``secretKey``)
+            with which a remote engine's pods read cached artifacts from the S3 artifact
+            store (``COULER_ARTIFACTS=s3://...``); a reference, never the keys.
     """
 
     cache_address: str = ""
+    artifacts_secret: str = "couler-artifacts"
     cache_timeout: float = Field(default=5.0, gt=0)
     default_retry: bool = True
     max_steps_per_chunk: int | None = Field(default=None, ge=1)
@@ -73,6 +79,22 @@ class OptimizerSettings(CommonSettings):
         return None if isinstance(value, str) and not value.strip() else value
 
 
+def remote_artifact_store(settings: OptimizerSettings) -> ArtifactStore | None:
+    """The S3 artifact store as remote engines read cached artifacts from it; None when
+    artifacts are kept in a local directory (no remote engine can read that)."""
+    where = settings.s3_location
+    if where is None or not settings.s3_endpoint:
+        return None
+    endpoint = settings.s3_endpoint
+    scheme, sep, rest = endpoint.partition("://")
+    secret = settings.artifacts_secret
+    return ArtifactStore(
+        endpoint=rest if sep else endpoint, bucket=where.bucket, prefix=where.prefix,
+        insecure=sep != "" and scheme == "http",
+        access_key=ir.SecretRef(secret, "accessKey") if secret else None,
+        secret_key=ir.SecretRef(secret, "secretKey") if secret else None)
+
+
 async def build(settings: OptimizerSettings, bus: Bus) -> Component:
     """Wire the optimizer: the store (migrated), the cache client, the servicer, consumers."""
     store = await asyncio.to_thread(OptimizerStore.open, settings.database_url)
@@ -82,7 +104,8 @@ async def build(settings: OptimizerSettings, bus: Bus) -> Component:
         cache = CacheLookup(settings.cache_address, token=token, timeout=settings.cache_timeout)
     optimizer = Optimizer(store, cache, cache_address=settings.cache_address,
                           default_retry=settings.default_retry,
-                          max_steps_per_chunk=settings.max_steps_per_chunk)
+                          max_steps_per_chunk=settings.max_steps_per_chunk,
+                          artifact_store=remote_artifact_store(settings))
     log.info("planning with cache %s, default retry %s, max steps per chunk %s",
              settings.cache_address or "(none)", settings.default_retry,
              settings.max_steps_per_chunk)

@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from couler import ir
 from couler import optimize as passes
 from couler.errors import RetryableError, UserError
+from couler.optimize.reuse import ArtifactStore
 from couler.v1 import common_pb2
 from couler_optimizer.store import OptimizerStore, PlanSummary
 from couler_runtime.engines import check_engine
@@ -75,9 +76,12 @@ _KINDS: Mapping[RecommendationKind, str] = {
 }
 _PRUNE = "prune_cached"
 #: The engines whose runs restore a cached step's outputs and artifacts instead of running
-#: it (the submitter's local engine; the dry run runs nothing anyway). The adapters of
-#: remote engines submit the whole workflow, so pruning for them would only mislead.
+#: it (the submitter's local engine; the dry run runs nothing anyway). For the others the
+#: plan's workflow has its cached steps taken out (:mod:`couler.optimize.reuse`).
 REUSING_ENGINES = frozenset({"local", "dryrun"})
+#: The engines that read an input artifact from an S3 location, so a cached artifact is
+#: handed to them from the artifact store (the others run its producer again).
+S3_READING_ENGINES = frozenset({"argo"})
 
 
 class CacheUnavailableError(RetryableError):
@@ -107,7 +111,8 @@ class _PlanLookup:
             return {}
         self.entries.update(found)
         return {key: passes.CachedStep(key=key, outputs=dict(e.outputs),
-                                       artifacts={n: a.digest for n, a in e.artifacts.items()})
+                                       artifacts={n: a.digest for n, a in e.artifacts.items()},
+                                       created_at=e.created_at or 0.0)
                 for key, e in found.items()}
 
 
@@ -125,9 +130,11 @@ class Optimizer:
 
     def __init__(self, store: OptimizerStore, cache: CacheFetch | None = None, *,
                  cache_address: str = "", default_retry: bool = True,
-                 max_steps_per_chunk: int | None = None) -> None:
+                 max_steps_per_chunk: int | None = None,
+                 artifact_store: ArtifactStore | None = None) -> None:
         self._store = store
         self._cache = cache
+        self._artifact_store = artifact_store
         self._cache_address = cache_address
         self._retry = passes.DEFAULT_RETRY if default_retry else None
         self._max_steps = max_steps_per_chunk
@@ -208,12 +215,15 @@ class Optimizer:
         ir.validate(wf)
         name = check_engine(engine, wf)
         recs = _core_recommendations(wf, self._store.recommendations(wf.name))
-        reuses = name in REUSING_ENGINES
-        lookup = (None if no_cache or self._cache is None or not reuses
-                  else _PlanLookup(self._cache))
+        # The local engine restores cached results itself; for the others the cached
+        # steps are taken out of the workflow, their results written into their readers.
+        substitute = name not in REUSING_ENGINES
+        lookup = None if no_cache or self._cache is None else _PlanLookup(self._cache)
         plan = passes.optimize(
             wf, name, lookup=lookup, recommendations=recs, parameters=parameters,
-            budget=passes.budget_for(name, max_steps=self._max_steps), retry=self._retry)
+            budget=passes.budget_for(name, max_steps=self._max_steps), retry=self._retry,
+            substitute=substitute,
+            store=self._artifact_store if name in S3_READING_ENGINES else None)
         reports = list(plan.reports)
         cached: dict[str, CacheEntry] = {}
         for i, report in enumerate(reports):
@@ -221,7 +231,7 @@ class Optimizer:
                 reports[i] = dataclasses.replace(report, notes=(
                     *report.notes, "objectives: " + ", ".join(o.value for o in objectives)))
             elif report.name == _PRUNE:
-                reports[i] = self._prune_report(report, lookup, no_cache, name)
+                reports[i] = self._prune_report(report, lookup, no_cache)
         if lookup is not None and lookup.failure is None:
             cached = {step: _entry(wf.name, step, c, lookup.entries.get(c.key))
                       for step, c in plan.cached.items()}
@@ -234,16 +244,13 @@ class Optimizer:
                          for r in reports),
             chunks=tuple(Chunk(c.name, c.steps, c.depends_on, c.workflow, c.size_bytes)
                          for c in plan.chunks),
-            workflow_digest=ir.digest(plan.workflow))
+            workflow_digest=ir.digest(plan.workflow), unneeded=plan.unneeded,
+            step_keys=plan.keys, nothing_to_run=plan.nothing_to_run)
 
     def _prune_report(self, report: passes.PassReport, lookup: _PlanLookup | None,
-                      no_cache: bool, engine: str) -> passes.PassReport:
+                      no_cache: bool) -> passes.PassReport:
         if no_cache:
             return dataclasses.replace(report, notes=("no_cache: the cache was not consulted",))
-        if engine not in REUSING_ENGINES:
-            return dataclasses.replace(report, notes=(
-                f"engine {engine!r} cannot restore cached results yet (they are in this "
-                "system's artifact store): the cache was not consulted, every step runs",))
         if lookup is None:
             return dataclasses.replace(report, notes=("no cache configured "
                                                       "(COULER_CACHE_ADDRESS is empty)",))

@@ -117,8 +117,9 @@ class ChunkedRun:
             self._runner.interrupt(chunk_run_id(self._run_id, name), handle)
 
     def artifact_path(self, step: str, artifact: str) -> Path | None:
+        top = step.partition("[")[0]  # a map item's or loop iteration's: "step[N]"
         for name, chunk in self._chunks.items():
-            if step in chunk.steps:
+            if top in chunk.steps:
                 with self._lock:
                     handle = self._handles.get(name)
                 return None if handle is None else handle.artifact_path(step, artifact)

@@ -31,7 +31,11 @@ artifact store) plus:
 * ``COULER_SECRETS_FILE`` -- a JSON file ``{"secret-name": {"KEY": "value"}}`` (mode 0600)
   with the values of the secrets local runs reference (``couler up --secrets-file``); read
   at start (a bad file fails the start, naming it) and again for every run, so an edit
-  takes effect without a restart. Values never enter records, events or logs.
+  takes effect without a restart. Values never enter records, events or logs;
+* ``COULER_CACHE_ADDRESS`` -- the cache service's ``host:port``, told to drop an entry whose
+  artifact is corrupt or gone from the artifact store when a run fetches it (its step runs
+  again either way); empty: such entries are only not reused. ``COULER_CACHE_TIMEOUT``
+  (default 5) bounds that call, in seconds.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from couler.errors import UserError
 from couler.ir.limits import DEFAULT_LIMITS, SizeLimits
 from couler_runtime.blobs import open_blob_store
 from couler_runtime.bus import Bus
+from couler_runtime.client import CoulerClient
 from couler_runtime.rpc import SUBMITTER
 from couler_runtime.service import Component, service_main
 from couler_runtime.settings import CommonSettings, SettingsError
@@ -114,6 +119,8 @@ class SubmitterSettings(CommonSettings):
     airflow_password: SecretStr | None = None
     kfp_host: str | None = None
     kfp_token: SecretStr | None = None
+    cache_address: str = ""
+    cache_timeout: float = Field(default=5.0, gt=0)
 
     @field_validator("runs_dir", "secrets_file", mode="before")
     @classmethod
@@ -214,6 +221,10 @@ async def build(settings: SubmitterSettings, bus: Bus, *,
                 adapters: Mapping[str, EngineAdapter] | None = None) -> Component:
     """Wire the submitter: migrate the store, the engines, recovery, servicer, consumers."""
     store = await asyncio.to_thread(RunStore, settings.database_url)
+    token = settings.auth_token.get_secret_value() if settings.auth_token else None
+    cache = (CoulerClient({"cache": settings.cache_address.strip()}, token=token,
+                          timeout=settings.cache_timeout)
+             if settings.cache_address.strip() else None)
     try:
         blobs = ArtifactBlobs(await asyncio.to_thread(open_blob_store, settings))
         runs_dir = settings.runs_dir or settings.state_dir / "runs"
@@ -221,17 +232,22 @@ async def build(settings: SubmitterSettings, bus: Bus, *,
         submitter = Submitter(store, BusEvents(bus), make_runners(settings, adapters),
                               blobs=blobs, runs_dir=runs_dir,
                               outbox_interval=settings.outbox_interval,
-                              limits=settings.size_limits)
+                              limits=settings.size_limits,
+                              cache=cache.cache if cache is not None else None)
         await submitter.start()
         await start_consumers(bus, submitter, store)
     except BaseException:
         store.close()
+        if cache is not None:
+            cache.close()
         raise
 
     async def close() -> None:
         # After the bus stopped the consumers: no handler still uses the submitter.
         await submitter.close()
         store.close()
+        if cache is not None:
+            cache.close()
 
     return Component({SUBMITTER: SubmitterService(submitter)}, close)
 

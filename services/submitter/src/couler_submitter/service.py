@@ -94,7 +94,9 @@ from couler.errors import ConflictError, CoulerError, NotFoundError, RetryableEr
 from couler.ir.limits import DEFAULT_LIMITS, SizeLimits, check_sizes
 from couler.v1 import common_pb2, workflow_pb2
 from couler_runtime import codec, offload, telemetry
+from couler_runtime.blobs import BlobIntegrityError
 from couler_runtime.local import Reuse
+from couler_runtime.local.artifacts import digest_path
 from couler_runtime.rpc.records import (
     BlobRef,
     Plan,
@@ -111,6 +113,7 @@ from couler_runtime.rpc.records import (
 from couler_submitter.chunks import ChunkedRun, chunk_run_id
 from couler_submitter.engines import KNOWN_ENGINES, RunHandle, Runner, not_configured
 from couler_submitter.model import DEFAULT_ENGINE, RunOptions, RunRequest
+from couler_submitter.reused import AllReused, keyed_by_plan, taken_out
 from couler_submitter.store import EventKind, Finish, OutboxEntry, RunStore, parse_page_token
 from couler_submitter.unreported import unreported_steps
 
@@ -119,6 +122,7 @@ __all__ = [
     "DEFAULT_STEP_PAGE",
     "MAX_STEP_PAGE",
     "Blobs",
+    "CacheEntries",
     "Events",
     "NotRetryableError",
     "RunPage",
@@ -204,6 +208,13 @@ class Blobs(Protocol):
         """Write the bytes of blob ``digest`` to the file ``dest``, checked against it."""
 
 
+class CacheEntries(Protocol):
+    """The part of the cache service the submitter uses (a blocking call)."""
+
+    def evict(self, keys: Iterable[str]) -> object:
+        """Drop the entries of ``keys`` from the cache."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunPage:
     """Runs, newest first, and the token of the next page ("" on the last)."""
@@ -225,6 +236,9 @@ class _Active:
     task: asyncio.Task[None] | None = None
     final: RunStatus | None = None  # set by the waiting thread before it posts the end
     reported: set[str] = field(default_factory=set)  # steps the engine reported (any key)
+    # The plan's cache keys (known before the run): a remote engine's results are
+    # committed under them.
+    keys: Mapping[str, str] = field(default_factory=dict)
     _steps: dict[str, ir.Step] | None = None
 
     def step(self, name: str) -> ir.Step | None:
@@ -384,11 +398,13 @@ class Submitter:
             and uploads are received (``<runs_dir>/.uploads``).
         outbox_interval: Seconds between looks at the outbox when nothing wakes the sender.
         limits: The size limits Submit and RegisterTemplate check.
+        cache: The cache service, told to drop an entry whose artifacts are corrupt or
+            gone (None: such an entry is only not reused).
     """
 
     def __init__(self, store: RunStore, events: Events, runners: Mapping[str, Runner], *,
                  blobs: Blobs | None, runs_dir: Path, outbox_interval: float = 5.0,
-                 limits: SizeLimits = DEFAULT_LIMITS) -> None:
+                 limits: SizeLimits = DEFAULT_LIMITS, cache: CacheEntries | None = None) -> None:
         self._store = store
         self._quick = store.quick
         self._events = events
@@ -397,6 +413,7 @@ class Submitter:
         self._runs_dir = runs_dir
         self._outbox_interval = outbox_interval
         self._limits = limits
+        self._cache = cache
         self._active: dict[str, _Active] = {}
         # per run: a change wakes only that run's watchers (each re-reads the store)
         self._changed: dict[str, asyncio.Event] = {}
@@ -488,7 +505,7 @@ class Submitter:
             await self._launch(run, plan, queue=queue)
             return
         log.info("run %s: resumed on %s", run.run_id, run.engine)
-        self._track(run.run_id, handle, plan.workflow, run.engine, queue)
+        self._track(run.run_id, handle, plan.workflow, run.engine, queue, keys=plan.step_keys)
         # The crash may have come between the engine start and this event: queue it again
         # under the same msg id (JetStream drops it when the first one was stored).
         await self._db(True, self._store.emit, run.run_id, EventKind.SUBMITTED)
@@ -1196,7 +1213,7 @@ class Submitter:
         if handle is None:
             await self._launch(updated, plan, queue=queue)
         else:
-            self._track(run_id, handle, plan.workflow, run.engine, queue)
+            self._track(run_id, handle, plan.workflow, run.engine, queue, keys=plan.step_keys)
             await self._db(True, self._store.emit, run_id, EventKind.SUBMITTED)
             self._wake.set()
         log.info("run %s: retry %d started", run_id, updated.retries)
@@ -1230,6 +1247,8 @@ class Submitter:
                                      on_event=self._callback(queue), retry=retry)
                 await self._call(chunked.launched.wait)
                 handle = chunked
+            elif plan.nothing_to_run:  # every step reused: the engine is not asked
+                handle = AllReused(run.run_id, plan.workflow.name, taken_out(plan))
             else:
                 handle = await self._call(runner.start, run.run_id, plan.workflow, parameters,
                                           cached, self._callback(queue))
@@ -1242,7 +1261,9 @@ class Submitter:
             await self._fail(run.run_id, f"engine {run.engine!r} refused the run: {exc}",
                              expect=_ENGINE_SIDE)
             return
-        self._track(run.run_id, handle, plan.workflow, run.engine, queue)
+        self._track(run.run_id, handle, plan.workflow, run.engine, queue, keys=plan.step_keys)
+        for status in taken_out(plan):  # reported here: the engine never sees them
+            queue.put_nowait(status)
         engine_run_id = getattr(handle, "engine_run_id", run.run_id)  # remote engines' own
         emit = (EventKind.SUBMITTED,)
         if engine_run_id != run.engine_run_id:
@@ -1261,8 +1282,11 @@ class Submitter:
                      len(cached), f", {len(plan.chunks)} chunks" if _split(plan) else "")
 
     def _fetch_cached(self, run_id: str, plan: Plan) -> dict[str, Reuse]:
-        """The plan's cache hits as the local engine takes them (artifacts fetched)."""
+        """The plan's cache hits as the local engine takes them (artifacts fetched and
+        checked against their digests; an entry whose artifact is corrupt or gone is
+        dropped from the cache and its step runs again)."""
         reuse: dict[str, Reuse] = {}
+        corrupt: list[str] = []
         for step, entry in plan.cached.items():
             paths: dict[str, Path] = {}
             try:
@@ -1272,12 +1296,23 @@ class Submitter:
                     dest = self._runs_dir / ".cache" / run_id / step / name
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     self._blobs.download(art.digest, dest)
+                    _check_digest(dest, art.digest, f"field 'artifacts.{name}'")
                     paths[name] = dest
+            except (BlobIntegrityError, NotFoundError) as exc:  # bad input: never passed on
+                log.warning("run %s, step %r: cached result %s is corrupt or missing in the "
+                            "artifact store; dropping it from the cache, the step runs "
+                            "again: %s", run_id, step, entry.key, exc)
+                shutil.rmtree(self._runs_dir / ".cache" / run_id / step, ignore_errors=True)
+                corrupt.append(entry.key)
+                continue
             except Exception as exc:  # a hit that cannot be used: the step runs instead
                 log.warning("run %s, step %r: cached result %s not reused: %s", run_id, step,
                             entry.key[:12], exc)
                 continue
-            reuse[step] = Reuse(entry.key, dict(entry.outputs), paths)
+            reuse[step] = Reuse(entry.key, dict(entry.outputs), paths,
+                                saved_seconds=entry.cost_seconds)
+        if corrupt:
+            self._drop_cached(run_id, corrupt)
         return reuse
 
     def _callback(self, queue: asyncio.Queue[StepStatus | None]
@@ -1294,8 +1329,9 @@ class Submitter:
         return on_event
 
     def _track(self, run_id: str, handle: RunHandle, wf: ir.Workflow, engine: str,
-               queue: asyncio.Queue[StepStatus | None]) -> None:
-        active = _Active(handle, wf, engine, queue)
+               queue: asyncio.Queue[StepStatus | None], *,
+               keys: Mapping[str, str] | None = None) -> None:
+        active = _Active(handle, wf, engine, queue, keys=dict(keys or {}))
         self._active[run_id] = active
         loop = self._loop
         assert loop is not None  # _callback checked it
@@ -1368,12 +1404,16 @@ class Submitter:
         started_at: float | None = None
         moving = False
         active.reported.update(s.step for s in statuses)
-        for status in statuses:
+        for reported in statuses:
+            # a remote engine's step: the plan's key
+            status = keyed_by_plan(reported, active.step(reported.step), active.keys)
             artifacts: dict[str, StoredArtifact] = {}
             cache_key = status.cache_key
-            if status.state is StepState.SUCCEEDED and cache_key and not status.key:
+            # a top-level step, or a map item or loop iteration (``status.key``) with a key
+            if status.state is StepState.SUCCEEDED and cache_key:
                 try:
-                    artifacts = await self._call(self._upload, active, status.step)
+                    artifacts = await self._call(self._upload, active, status.step,
+                                                 status.key)
                 except Exception as exc:  # never commit an entry without its artifacts
                     log.warning("run %s, step %r: artifacts not stored (%s); not cacheable",
                                 run_id, status.step, exc)
@@ -1402,7 +1442,10 @@ class Submitter:
         self._wake.set()
         return run
 
-    def _upload(self, active: _Active, step_name: str) -> dict[str, StoredArtifact]:
+    def _upload(self, active: _Active, step_name: str, key: str = ""
+                ) -> dict[str, StoredArtifact]:
+        """Store the output artifacts of a succeeded step (of its map item or loop iteration
+        ``key``: the engine keeps them as ``step[key]``'s)."""
         step = active.step(step_name)
         if step is None or not step.output_artifacts:
             return {}
@@ -1410,7 +1453,8 @@ class Submitter:
             raise UserError("no artifact store configured")
         stored = {}
         for art in step.output_artifacts:
-            path = active.handle.artifact_path(step_name, art.name)
+            path = active.handle.artifact_path(f"{step_name}[{key}]" if key else step_name,
+                                               art.name)
             if path is None:
                 raise UserError(f"step {step_name!r}, field 'output_artifacts.{art.name}': "
                                 "the engine kept no such artifact")
@@ -1524,3 +1568,30 @@ class Submitter:
             with contextlib.suppress(BaseException):
                 await call
             raise
+
+    # ------------------------------------------------------------------ cache (bad input)
+
+    def _drop_cached(self, run_id: str, keys: Sequence[str]) -> None:
+        """Ask the cache to drop the entries of ``keys`` (their artifacts are corrupt or
+        gone); best effort: the steps run again either way, and a later lookup that finds a
+        blob gone drops the entry too."""
+        if self._cache is None:
+            log.warning("run %s: no cache address configured (COULER_CACHE_ADDRESS); the "
+                        "corrupt cache entries %s stay in the cache", run_id, ", ".join(keys))
+            return
+        try:
+            self._cache.evict(keys)
+        except Exception as exc:  # logged; the entries are not reused by this run anyway
+            log.warning("run %s: evicting the corrupt cache entries %s failed: %s", run_id,
+                        ", ".join(keys), exc)
+            return
+        log.info("run %s: evicted the corrupt cache entries %s", run_id, ", ".join(keys))
+
+
+def _check_digest(path: Path, digest: str, where: str) -> None:
+    """Raise BlobIntegrityError unless the file or directory at ``path`` has ``digest``
+    (as the local engine computes it: :func:`couler_runtime.local.artifacts.digest_path`)."""
+    found = digest_path(path)
+    if found != digest:
+        raise BlobIntegrityError(f"{where}: the fetched artifact has digest {found}, the "
+                                 f"cache entry says {digest}")

@@ -149,6 +149,7 @@ class StepRow(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     failure_class: Mapped[str] = mapped_column(String(16), default="")
     artifacts: Mapped[str] = mapped_column(Text, default="{}")
+    cache_saved_seconds: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class OutboxRow(Base):
@@ -217,7 +218,7 @@ _INSERT_RUN = sa.insert(_RUNS)
 _INSERT_STEP = sa.insert(_STEPS)
 _STEP_FIELDS = ("revision", "state", "attempts", "exit_code", "started_at", "finished_at",
                 "peak_cpu", "peak_memory_bytes", "outputs", "cache_key", "cached", "message",
-                "failure_class", "artifacts")
+                "failure_class", "artifacts", "cache_saved_seconds")
 _UPDATE_STEP = sa.update(_STEPS).where(
     _STEPS.c.run_id == sa.bindparam("k_run_id"), _STEPS.c.name == sa.bindparam("k_name"),
     _STEPS.c.key == sa.bindparam("k_key"),
@@ -382,6 +383,8 @@ def _step_record(row: _Fields) -> StepRecord:
         peak_memory_bytes=read.number("peak_memory_bytes", row.peak_memory_bytes, 0, _INT64),
         outputs=outputs, cache_key=row.cache_key or "", cached=bool(row.cached),
         message=read.note(row.message or ""), failure_class=failure, artifacts=artifacts,
+        cache_saved_seconds=read.number("cache_saved_seconds", row.cache_saved_seconds,
+                                        0.0, 1e15) or 0.0,
     )
 
 
@@ -406,6 +409,7 @@ def _step_values(rec: StepRecord) -> dict[str, Any]:
         "artifacts": json.dumps({n: {"digest": a.digest, "size_bytes": a.size_bytes,
                                      "uri": a.uri} for n, a in rec.artifacts.items()},
                                 sort_keys=True) if rec.artifacts else "{}",
+        "cache_saved_seconds": rec.cache_saved_seconds,
     }
 
 

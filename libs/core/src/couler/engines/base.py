@@ -335,6 +335,10 @@ class StepStatus:
     outputs: Mapping[str, str] = field(default_factory=dict)
     message: str = ""
     cache_key: str = ""  # the step's content key when the engine computed one (or reused it)
+    # the cache keys of the steps whose outputs it read, as far as the engine knew them
+    cache_lineage: tuple[str, ...] = ()
+    # a CACHED step: the compute its reuse saved, in seconds (the cache entry's cost)
+    cache_saved_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

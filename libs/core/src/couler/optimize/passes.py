@@ -1,6 +1,7 @@
 """The optimizer's passes: pure functions over the IR, each with a report.
 
-:func:`optimize` runs them in order — validate → prune cached steps → apply
+:func:`optimize` runs them in order — validate → prune cached steps → take them out of
+the workflow (engines that cannot restore them) → apply
 recommendations (right-size resources) → default retry policy → split to the
 engine's limits → compile — and returns a :class:`Plan`. Every pass is usable on
 its own; none does I/O: the cache is reached through a ``lookup`` callable and
@@ -19,7 +20,18 @@ from typing import Any, cast
 
 from couler import ir
 from couler.errors import UserError
-from couler.optimize.cache_key import not_cacheable_reason, step_cache_key
+from couler.optimize.cache_key import (
+    cache_policy,
+    item_cache_key,
+    iteration_cache_key,
+    map_items,
+    not_cacheable_part_reason,
+    not_cacheable_reason,
+    unneeded_steps,
+    workflow_keys,
+)
+from couler.optimize.freshness import fresh
+from couler.optimize.reuse import ArtifactStore, substitute_cached
 from couler.optimize.split import Budget, Chunk, split_workflow
 
 __all__ = [
@@ -42,6 +54,7 @@ class CachedStep:
     key: str
     outputs: Mapping[str, str] = field(default_factory=dict)
     artifacts: Mapping[str, str] = field(default_factory=dict)  # name -> blob digest
+    created_at: float = 0.0  # when the entry was committed (for max_age); 0: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +85,11 @@ class Recommendation:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The optimizer's answer: the workflow to run, how, and why."""
+    """The optimizer's answer: the workflow to run, how, and why.
+
+    ``cached`` holds the reused top-level steps by name and the reused map items and loop
+    iterations of a step as ``"step[N]"`` (N: the item's index, the iteration's number).
+    """
 
     workflow: ir.Workflow
     engine: str
@@ -80,9 +97,17 @@ class Plan:
     cached: Mapping[str, CachedStep] = field(default_factory=dict)
     reports: tuple[PassReport, ...] = ()
     chunks: tuple[Chunk, ...] = ()
+    # substitute=True: the steps taken out because nothing left needs them and whether
+    # nothing is left to run; every step's key known before the run
+    unneeded: tuple[str, ...] = ()
+    keys: Mapping[str, str] = field(default_factory=dict)
+    nothing_to_run: bool = False
 
 
 Lookup = Callable[[Sequence[str]], Mapping[str, CachedStep]]
+
+# A loop's iterations are looked up (their keys are known before the run) up to this many.
+MAX_LOOKUP_ITERATIONS = 1000
 
 DEFAULT_RETRY = ir.RetryPolicy(
     limit=2,
@@ -98,100 +123,118 @@ _RECOMMENDED_RESOURCES = {"memory_request", "memory_limit", "cpu_request", "cpu_
 
 
 def prune_cached(wf: ir.Workflow, lookup: Lookup,
-                 parameters: Mapping[str, str] | None = None
+                 parameters: Mapping[str, str] | None = None, *, now: float | None = None
                  ) -> tuple[dict[str, CachedStep], list[str]]:
     """Find the top-level steps whose results the cache already holds.
 
-    Keys are computed in data-flow order: a step's inputs are known when they are
-    literals, workflow parameters, or outputs of steps found cached, so its key is
-    computed once every step it reads from is decided. Steps that read nothing from
-    other steps are all looked up in the first call, and a fully cached chain is found
-    in one call per link. Linear in the steps and their inputs (plus the lookups).
-    Returns the cached steps and notes (why steps were not looked up). The workflow
-    itself is unchanged: the engine skips a cached step's execution and reports it
-    ``cached``, with its outputs.
+    Every step's key is known before the run (keys by lineage:
+    :func:`~couler.optimize.cache_key.workflow_keys`), so all of them are looked up at
+    once, and a step is found although an ancestor's entry was evicted. A hit older than
+    the step's ``max_age`` counts as a miss. Linear in the steps and their inputs (plus
+    the lookup). Returns the cached steps and notes: why steps were not looked up, and
+    which steps are not needed (:func:`~couler.optimize.cache_key.unneeded_steps`: every
+    step that reads them is reused). The workflow itself is unchanged: the engine skips a
+    cached step's execution and reports it ``cached``, with its outputs.
     """
-    params = dict(parameters or {})
-    for p in wf.parameters:
-        if p.name not in params and p.default is not None:
-            params[p.name] = p.default.text
     by_name = {s.name: s for s in wf.steps}
-    cached: dict[str, CachedStep] = {}
+    keys = workflow_keys(wf, parameters)
     notes: list[str] = []
-    # Which steps each step reads from (outputs and artifacts), and who reads each step.
-    waiting: dict[str, int] = {}
-    readers: dict[str, list[str]] = {}
-    ready: list[str] = []
     for step in wf.steps:
-        producers = {inp.value.step for inp in step.inputs
-                     if isinstance(inp.value, ir.StepOutputRef) and inp.value.step in by_name}
-        producers |= {art.source.step for art in step.input_artifacts
-                      if isinstance(art.source, ir.StepArtifactRef)
-                      and art.source.step in by_name}
-        producers.discard(step.name)
-        waiting[step.name] = len(producers)
-        for up in producers:
-            readers.setdefault(up, []).append(step.name)
-        if not producers:
-            ready.append(step.name)
-    while ready:
-        wanted: dict[str, str] = {}
-        for name in ready:
-            step = by_name[name]
-            reason = not_cacheable_reason(wf, step)
-            if reason is not None:
-                notes.append(f"step {name!r}: not cached: {reason}")
-                continue
-            known = _known_inputs(step, params, cached)
-            key = None if known is None else step_cache_key(wf, step, *known)
-            if key is not None:
-                wanted[name] = key
-        if wanted:
-            found = lookup(sorted(set(wanted.values())))
-            for name, key in wanted.items():
-                hit = found.get(key)
-                if hit is not None and _complete(by_name[name], hit):
-                    cached[name] = dataclasses.replace(hit, key=key)
-        following: list[str] = []
-        for name in ready:
-            for reader in readers.get(name, ()):
-                waiting[reader] -= 1
-                if waiting[reader] == 0:
-                    following.append(reader)
-        ready = following
+        if step.name in keys:
+            continue
+        reason = not_cacheable_reason(wf, step)
+        notes.append(f"step {step.name!r}: not cached: "
+                     + (reason or "keyed when it runs (an external input artifact's digest, "
+                                  "or a step it reads from has no key)"))
+    values = {p.name: p.default.text for p in wf.parameters if p.default is not None}
+    values.update(parameters or {})
+    # Map items and loop iterations whose keys are known now (by "step[N]"); maps whose
+    # items come from a step's output wait for that step's hit (a second lookup).
+    parts: dict[str, str] = {}
+    later: list[ir.Step] = []
+    for step in wf.steps:
+        if not_cacheable_part_reason(wf, step) is not None:
+            continue
+        if step.foreach is not None:
+            items = map_items(wf, step, values)
+            if items is None:
+                later.append(step)
+            else:
+                parts.update(_item_keys(wf, step, items, values, keys))
+        elif step.loop is not None:
+            parts.update(_iteration_keys(wf, step, values, keys))
+    found = lookup(sorted(set(keys.values()) | set(parts.values()))) \
+        if keys or parts else {}
+    clock = time.time() if now is None else now
+    cached: dict[str, CachedStep] = {}
+    for name, key in keys.items():
+        hit = _fresh(wf, by_name[name], name, key, found.get(key), clock=clock,
+                     notes=notes)
+        if hit is not None:
+            cached[name] = hit
+    late: dict[str, str] = {}
+    for step in later:
+        items = map_items(wf, step, values, {n: c.outputs for n, c in cached.items()})
+        if items is None:
+            source = step.foreach.source if step.foreach is not None else None
+            origin = (f"step {source.step!r}'s output {source.output!r}, and that step "
+                      "runs" if isinstance(source, ir.StepOutputRef)
+                      else "a value that is not a JSON list yet")
+            notes.append(f"step {step.name!r}: its items are not known before the run (they "
+                         f"come from {origin}): each item is keyed and committed when it "
+                         "runs, and reused by a later run whose items are known")
+        else:
+            late.update(_item_keys(wf, step, items, values, keys))
+    if late:
+        found = {**found, **lookup(sorted(set(late.values()) - set(found)))}
+        parts.update(late)
+    for name, key in parts.items():
+        step = by_name[name.split("[", 1)[0]]
+        hit = _fresh(wf, step, name, key, found.get(key), clock=clock,
+                     notes=notes)
+        if hit is not None:
+            cached[name] = hit
+    notes += [f"step {n!r}: not needed: every step that reads it is reused"
+              for n in sorted(unneeded_steps(wf, cached))]
     return cached, notes
 
 
-def _known_inputs(step: ir.Step, params: Mapping[str, str], cached: Mapping[str, CachedStep]
-                  ) -> tuple[dict[str, str], dict[str, str]] | None:
-    """The step's input values and input artifact digests, or None when one is unknown.
+def _fresh(wf: ir.Workflow, step: ir.Step, name: str, key: str, hit: CachedStep | None, *,
+           clock: float, notes: list[str]) -> CachedStep | None:
+    """``hit`` when it is complete and not older than the step's max_age (else None)."""
+    if hit is None or not _complete(step, hit):
+        return None
+    policy = cache_policy(wf, step)
+    if not fresh(hit.created_at or None, policy, clock):
+        notes.append(f"step {name!r}: cached result {key[:12]} is older than its "
+                     f"max_age ({policy.max_age_seconds} s): it runs again")
+        return None
+    return dataclasses.replace(hit, key=key)
 
-    An input artifact is known when it comes from a cached step that recorded the
-    artifact's content digest (the same ``sha256:`` digest the engine computes from the
-    file it hands the step).
-    """
-    values: dict[str, str] = {}
-    for inp in step.inputs:
-        src = inp.value
-        if isinstance(src, ir.Literal):
-            values[inp.name] = src.text
-        elif isinstance(src, ir.WorkflowParamRef) and src.name in params:
-            values[inp.name] = params[src.name]
-        elif (isinstance(src, ir.StepOutputRef) and src.step in cached
-              and src.output in cached[src.step].outputs):
-            values[inp.name] = cached[src.step].outputs[src.output]
-        else:
-            return None
-    digests: dict[str, str] = {}
-    for art in step.input_artifacts:
-        ref = art.source
-        if not isinstance(ref, ir.StepArtifactRef) or ref.step not in cached:
-            return None
-        digest = cached[ref.step].artifacts.get(ref.artifact, "")
-        if not digest:
-            return None
-        digests[art.name] = digest
-    return values, digests
+
+def _item_keys(wf: ir.Workflow, step: ir.Step, items: Sequence[object],
+               params: Mapping[str, str], keys: Mapping[str, str]) -> dict[str, str]:
+    """The keys of a map's items by ``"step[index]"`` (items without a key left out)."""
+    out = {}
+    for index, item in enumerate(items):
+        key = item_cache_key(wf, step, item, params=params, producer_keys=keys)
+        if key is not None:
+            out[f"{step.name}[{index}]"] = key
+    return out
+
+
+def _iteration_keys(wf: ir.Workflow, step: ir.Step, params: Mapping[str, str],
+                    keys: Mapping[str, str]) -> dict[str, str]:
+    """The keys of a loop's iterations by ``"step[n]"`` (each follows the one before)."""
+    assert step.loop is not None
+    out: dict[str, str] = {}
+    previous = ""
+    for n in range(min(max(step.loop.max_iterations, 1), MAX_LOOKUP_ITERATIONS)):
+        key = iteration_cache_key(wf, step, n, previous, params=params, producer_keys=keys)
+        if key is None:
+            break
+        out[f"{step.name}[{n}]"] = previous = key
+    return out
 
 
 def _complete(step: ir.Step, hit: CachedStep) -> bool:
@@ -348,12 +391,16 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
              recommendations: Sequence[Recommendation] = (),
              parameters: Mapping[str, str] | None = None,
              budget: Budget | None = None, retry: ir.RetryPolicy | None = DEFAULT_RETRY,
-             compile: bool = True) -> Plan:
+             compile: bool = True, substitute: bool = False,
+             store: ArtifactStore | None = None) -> Plan:
     """Run the pass pipeline over ``wf`` for ``engine`` and return the plan.
 
     ``lookup`` is None to skip the cache; ``retry`` None to skip the default retry
     pass; ``budget`` None for the engine's own (see :func:`couler.optimize.split.
-    budget_for`). Raises ValidationError / UnsupportedFeatureError naming the step.
+    budget_for`). ``substitute``: take cached steps out of the workflow, their results
+    written into their readers (:func:`couler.optimize.reuse.substitute_cached`; for
+    engines that cannot restore cached results themselves), artifacts referenced in
+    ``store``. Raises ValidationError / UnsupportedFeatureError naming the step.
     """
     from couler.optimize.split import budget_for
 
@@ -369,6 +416,27 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
             cached, notes = prune_cached(wf, lookup, parameters)
             hit = [f"step {n!r}: cached ({c.key[:12]})" for n, c in sorted(cached.items())]
             box.append(PassReport("", changed=bool(cached), notes=tuple(hit + notes)))
+    unneeded: tuple[str, ...] = ()
+    keys = workflow_keys(wf, parameters)  # what the run's results are committed under
+    nothing = False
+    with _timed(reports, "substitute_cached") as box:
+        if not substitute or lookup is None:
+            box.append(PassReport("", changed=False, notes=(
+                "skipped: " + ("cache not consulted" if lookup is None
+                               else f"{engine} restores cached steps itself"),)))
+        else:
+            done = substitute_cached(wf, {n: c.outputs for n, c in cached.items()},
+                                     {n: c.artifacts for n, c in cached.items()}, store)
+            cached = {n: cached[n] for n in done.cached}
+            unneeded = done.unneeded
+            nothing = not done.workflow.steps
+            if not nothing:
+                wf = done.workflow
+            taken = [f"step {n!r}: taken out, its results written into its readers"
+                     for n in done.cached]
+            taken += [f"step {n!r}: taken out, nothing left needs it" for n in unneeded]
+            box.append(PassReport("", changed=bool(done.cached),
+                                  notes=tuple(taken) + done.notes))
     with _timed(reports, "right_size") as box:
         wf, notes = apply_recommendations(wf, recommendations)
         box.append(PassReport("", changed=bool(notes), notes=tuple(notes)))
@@ -380,14 +448,19 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
             box.append(PassReport("", changed=bool(notes), notes=tuple(notes)))
     chunks: tuple[Chunk, ...] = ()
     with _timed(reports, "split") as box:
-        limit = budget if budget is not None else budget_for(engine)
-        result = split_workflow(wf, limit, measure=lambda w: len(compile_document(w, engine))
-                                if compile else 0)
-        chunks = result.chunks if len(result.chunks) > 1 else ()
-        box.append(PassReport("", changed=bool(chunks), notes=tuple(result.notes)))
+        if nothing:
+            box.append(PassReport("", changed=False, notes=("skipped: nothing to run",)))
+        else:
+            limit = budget if budget is not None else budget_for(engine)
+            result = split_workflow(wf, limit, measure=lambda w: len(
+                compile_document(w, engine)) if compile else 0)
+            chunks = result.chunks if len(result.chunks) > 1 else ()
+            box.append(PassReport("", changed=bool(chunks), notes=tuple(result.notes)))
     document = ""
     with _timed(reports, "compile") as box:
-        if compile and not chunks:
+        if nothing:
+            note = "skipped: every step is reused, the engine runs nothing"
+        elif compile and not chunks:
             document = compile_document(wf, engine)
             note = f"{len(document)} bytes of {engine} document" if document else \
                 f"{engine} runs the IR itself"
@@ -398,4 +471,5 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
         box.append(PassReport("", changed=False, notes=(note,)))
     ir.validate(wf)
     return Plan(workflow=wf, engine=engine, document=document, cached=cached,
-                reports=tuple(reports), chunks=chunks)
+                reports=tuple(reports), chunks=chunks, unneeded=unneeded, keys=keys,
+                nothing_to_run=nothing)

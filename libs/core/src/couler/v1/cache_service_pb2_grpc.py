@@ -55,6 +55,21 @@ class CacheServiceStub:
                 request_serializer=couler_dot_v1_dot_cache__service__pb2.EvictRequest.SerializeToString,
                 response_deserializer=couler_dot_v1_dot_cache__service__pb2.EvictResponse.FromString,
                 _registered_method=True)
+        self.Pin = channel.unary_unary(
+                '/couler.v1.CacheService/Pin',
+                request_serializer=couler_dot_v1_dot_cache__service__pb2.PinRequest.SerializeToString,
+                response_deserializer=couler_dot_v1_dot_cache__service__pb2.PinResponse.FromString,
+                _registered_method=True)
+        self.List = channel.unary_unary(
+                '/couler.v1.CacheService/List',
+                request_serializer=couler_dot_v1_dot_cache__service__pb2.ListEntriesRequest.SerializeToString,
+                response_deserializer=couler_dot_v1_dot_cache__service__pb2.ListEntriesResponse.FromString,
+                _registered_method=True)
+        self.Show = channel.unary_unary(
+                '/couler.v1.CacheService/Show',
+                request_serializer=couler_dot_v1_dot_cache__service__pb2.ShowEntryRequest.SerializeToString,
+                response_deserializer=couler_dot_v1_dot_cache__service__pb2.ShowEntryResponse.FromString,
+                _registered_method=True)
 
 
 class CacheServiceServicer:
@@ -91,6 +106,29 @@ class CacheServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pin(self, request, context):
+        """Pins entries (never evicted to keep the budget) or unpins them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def List(self, request, context):
+        """Lists entries a page at a time, in an order (the next victim first by
+        default). Counts no hit or miss and changes no entry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Show(self, request, context):
+        """One entry by key or by a unique key prefix. Counts no hit or miss and
+        changes no entry (unlike Lookup).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +151,21 @@ def add_CacheServiceServicer_to_server(servicer, server):
                     servicer.Evict,
                     request_deserializer=couler_dot_v1_dot_cache__service__pb2.EvictRequest.FromString,
                     response_serializer=couler_dot_v1_dot_cache__service__pb2.EvictResponse.SerializeToString,
+            ),
+            'Pin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pin,
+                    request_deserializer=couler_dot_v1_dot_cache__service__pb2.PinRequest.FromString,
+                    response_serializer=couler_dot_v1_dot_cache__service__pb2.PinResponse.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=couler_dot_v1_dot_cache__service__pb2.ListEntriesRequest.FromString,
+                    response_serializer=couler_dot_v1_dot_cache__service__pb2.ListEntriesResponse.SerializeToString,
+            ),
+            'Show': grpc.unary_unary_rpc_method_handler(
+                    servicer.Show,
+                    request_deserializer=couler_dot_v1_dot_cache__service__pb2.ShowEntryRequest.FromString,
+                    response_serializer=couler_dot_v1_dot_cache__service__pb2.ShowEntryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -224,6 +277,87 @@ class CacheService:
             '/couler.v1.CacheService/Evict',
             couler_dot_v1_dot_cache__service__pb2.EvictRequest.SerializeToString,
             couler_dot_v1_dot_cache__service__pb2.EvictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/couler.v1.CacheService/Pin',
+            couler_dot_v1_dot_cache__service__pb2.PinRequest.SerializeToString,
+            couler_dot_v1_dot_cache__service__pb2.PinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/couler.v1.CacheService/List',
+            couler_dot_v1_dot_cache__service__pb2.ListEntriesRequest.SerializeToString,
+            couler_dot_v1_dot_cache__service__pb2.ListEntriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Show(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/couler.v1.CacheService/Show',
+            couler_dot_v1_dot_cache__service__pb2.ShowEntryRequest.SerializeToString,
+            couler_dot_v1_dot_cache__service__pb2.ShowEntryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -78,7 +78,7 @@ RECOMMENDATION_KIND_TIMEOUT: RecommendationKind
 RECOMMENDATION_KIND_MEMORY_LIMIT: RecommendationKind
 
 class StepRecord(_message.Message):
-    __slots__ = ("name", "key", "state", "attempts", "exit_code", "started_at", "finished_at", "peak_cpu", "peak_memory_bytes", "outputs", "cache_key", "cached", "message", "failure_class", "artifacts")
+    __slots__ = ("name", "key", "state", "attempts", "exit_code", "started_at", "finished_at", "peak_cpu", "peak_memory_bytes", "outputs", "cache_key", "cached", "message", "failure_class", "artifacts", "cache_lineage", "cache_saved_seconds")
     class OutputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,8 @@ class StepRecord(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FAILURE_CLASS_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SAVED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     key: str
     state: StepState
@@ -123,7 +125,9 @@ class StepRecord(_message.Message):
     message: str
     failure_class: _workflow_pb2.FailureClass
     artifacts: _containers.MessageMap[str, StoredArtifact]
-    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., attempts: _Optional[int] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., peak_cpu: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., outputs: _Optional[_Mapping[str, str]] = ..., cache_key: _Optional[str] = ..., cached: _Optional[bool] = ..., message: _Optional[str] = ..., failure_class: _Optional[_Union[_workflow_pb2.FailureClass, str]] = ..., artifacts: _Optional[_Mapping[str, StoredArtifact]] = ...) -> None: ...
+    cache_lineage: _containers.RepeatedScalarFieldContainer[str]
+    cache_saved_seconds: float
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., attempts: _Optional[int] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., peak_cpu: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., outputs: _Optional[_Mapping[str, str]] = ..., cache_key: _Optional[str] = ..., cached: _Optional[bool] = ..., message: _Optional[str] = ..., failure_class: _Optional[_Union[_workflow_pb2.FailureClass, str]] = ..., artifacts: _Optional[_Mapping[str, StoredArtifact]] = ..., cache_lineage: _Optional[_Iterable[str]] = ..., cache_saved_seconds: _Optional[float] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "workflow", "state", "engine", "engine_run_id", "steps", "created_at", "started_at", "finished_at", "message", "passes", "idempotency_key", "parameters", "workflow_digest", "template", "dry_run", "revision", "retries", "step_count", "cached_step_count", "next_step_page_token")
@@ -213,7 +217,7 @@ class StoredArtifact(_message.Message):
     def __init__(self, digest: _Optional[str] = ..., size_bytes: _Optional[int] = ..., uri: _Optional[str] = ...) -> None: ...
 
 class CacheEntry(_message.Message):
-    __slots__ = ("key", "workflow", "step", "outputs", "artifacts", "size_bytes", "created_at", "last_used_at", "hits")
+    __slots__ = ("key", "workflow", "step", "outputs", "artifacts", "size_bytes", "created_at", "last_used_at", "hits", "cost_seconds", "lineage", "pinned")
     class OutputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +241,9 @@ class CacheEntry(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_USED_AT_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
+    COST_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
     key: str
     workflow: str
     step: str
@@ -246,7 +253,10 @@ class CacheEntry(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     last_used_at: _timestamp_pb2.Timestamp
     hits: int
-    def __init__(self, key: _Optional[str] = ..., workflow: _Optional[str] = ..., step: _Optional[str] = ..., outputs: _Optional[_Mapping[str, str]] = ..., artifacts: _Optional[_Mapping[str, StoredArtifact]] = ..., size_bytes: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., hits: _Optional[int] = ...) -> None: ...
+    cost_seconds: float
+    lineage: _containers.RepeatedScalarFieldContainer[str]
+    pinned: bool
+    def __init__(self, key: _Optional[str] = ..., workflow: _Optional[str] = ..., step: _Optional[str] = ..., outputs: _Optional[_Mapping[str, str]] = ..., artifacts: _Optional[_Mapping[str, StoredArtifact]] = ..., size_bytes: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_used_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., hits: _Optional[int] = ..., cost_seconds: _Optional[float] = ..., lineage: _Optional[_Iterable[str]] = ..., pinned: _Optional[bool] = ...) -> None: ...
 
 class GenerationReport(_message.Message):
     __slots__ = ("planner", "model", "subtasks", "catalog_steps", "rounds", "repairs", "notes")
@@ -293,7 +303,7 @@ class Chunk(_message.Message):
     def __init__(self, name: _Optional[str] = ..., steps: _Optional[_Iterable[str]] = ..., depends_on: _Optional[_Iterable[str]] = ..., workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("workflow", "engine", "compiled", "cached", "passes", "chunks", "workflow_digest", "stored")
+    __slots__ = ("workflow", "engine", "compiled", "cached", "passes", "chunks", "workflow_digest", "stored", "unneeded", "step_keys", "nothing_to_run")
     class CachedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -301,6 +311,13 @@ class Plan(_message.Message):
         key: str
         value: CacheEntry
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[CacheEntry, _Mapping]] = ...) -> None: ...
+    class StepKeysEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     COMPILED_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +326,9 @@ class Plan(_message.Message):
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_DIGEST_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
+    UNNEEDED_FIELD_NUMBER: _ClassVar[int]
+    STEP_KEYS_FIELD_NUMBER: _ClassVar[int]
+    NOTHING_TO_RUN_FIELD_NUMBER: _ClassVar[int]
     workflow: _workflow_pb2.Workflow
     engine: str
     compiled: str
@@ -317,7 +337,10 @@ class Plan(_message.Message):
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     workflow_digest: str
     stored: BlobRef
-    def __init__(self, workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., engine: _Optional[str] = ..., compiled: _Optional[str] = ..., cached: _Optional[_Mapping[str, CacheEntry]] = ..., passes: _Optional[_Iterable[_Union[PassReport, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., workflow_digest: _Optional[str] = ..., stored: _Optional[_Union[BlobRef, _Mapping]] = ...) -> None: ...
+    unneeded: _containers.RepeatedScalarFieldContainer[str]
+    step_keys: _containers.ScalarMap[str, str]
+    nothing_to_run: bool
+    def __init__(self, workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., engine: _Optional[str] = ..., compiled: _Optional[str] = ..., cached: _Optional[_Mapping[str, CacheEntry]] = ..., passes: _Optional[_Iterable[_Union[PassReport, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., workflow_digest: _Optional[str] = ..., stored: _Optional[_Union[BlobRef, _Mapping]] = ..., unneeded: _Optional[_Iterable[str]] = ..., step_keys: _Optional[_Mapping[str, str]] = ..., nothing_to_run: _Optional[bool] = ...) -> None: ...
 
 class UtilizationSample(_message.Message):
     __slots__ = ("run_id", "workflow", "step", "key", "attempt", "at", "cpu", "memory_bytes")

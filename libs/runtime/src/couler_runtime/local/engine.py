@@ -34,6 +34,14 @@ Execution rules:
   at once; the step's outputs are JSON lists of the items' outputs, in order.
 * ``loop``: run (``key`` = iteration), evaluate the condition over the latest
   outputs, repeat while it holds, at most ``max_iterations`` runs.
+* Cache hits (``start(cached=...)``): a top-level step named in ``cached`` is recorded
+  CACHED and does not run; entries named ``step[N]`` are hits for items of map step
+  ``step`` or iterations of loop step ``step``, matched by key (an item's key is computed
+  from its value when the map runs, :func:`couler.optimize.cache_key.item_cache_key`): such
+  an item or iteration is recorded CACHED with the hit's outputs and artifacts, the others
+  run, and the map's outputs are aggregated as if every item had run (the map step is
+  CACHED when every item was). With ``cache_keys``, items and iterations report their
+  keys when they succeed, and their output artifacts are kept per item (``step[N]``).
 * Retries: failures are classified (non-zero exit = transient; exit 137/-9 or
   exceeding ``memory_limit`` = oom; failure to start = infra); a policy
   retries the classes it names after ``base * factor**n`` seconds (capped).
@@ -86,6 +94,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -104,7 +113,13 @@ from couler.errors import (
     NotFoundError,
     UnsupportedFeatureError,
 )
-from couler.optimize.cache_key import step_cache_key
+from couler.optimize.cache_key import (
+    item_cache_key,
+    iteration_cache_key,
+    producers,
+    step_cache_key,
+    unneeded_steps,
+)
 from couler.semantics import failed_leaves
 
 from .artifacts import ArtifactStore, PathMap, copy_path, digest_path
@@ -195,9 +210,11 @@ class _Record:
     message: str = ""
     failure: str = ""  # the failure class of the last failed attempt
     cache_key: str = ""
+    cache_lineage: tuple[str, ...] = ()  # the producers' cache keys (see _lineage)
     # SKIPPED because its dependencies did not allow it to run (Argo's "Omitted"), not by
     # its own when: its dependents' default edges do not run either
     omitted: bool = False
+    cache_saved_seconds: float = 0.0  # CACHED: the reused entry's cost
 
     def status(self) -> StepStatus:
         return StepStatus(
@@ -205,6 +222,7 @@ class _Record:
             exit_code=self.exit_code, started_at=self.started_at, finished_at=self.finished_at,
             peak_cpu=self.peak_cpu, peak_memory_bytes=self.peak_memory_bytes,
             outputs=dict(self.outputs), message=self.message, cache_key=self.cache_key,
+            cache_lineage=self.cache_lineage, cache_saved_seconds=self.cache_saved_seconds,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -215,7 +233,8 @@ class _Record:
             "started_at": data.started_at, "finished_at": data.finished_at,
             "peak_cpu": data.peak_cpu, "peak_memory_bytes": data.peak_memory_bytes,
             "outputs": dict(data.outputs), "message": data.message, "failure": self.failure,
-            "cache_key": self.cache_key, "omitted": self.omitted,
+            "cache_key": self.cache_key, "cache_lineage": list(self.cache_lineage),
+            "omitted": self.omitted, "cache_saved_seconds": self.cache_saved_seconds,
         }
 
     @classmethod
@@ -229,6 +248,7 @@ class _Record:
             return int(v) if isinstance(v, int) else None
 
         outputs = data.get("outputs")
+        lineage = data.get("cache_lineage")
         return cls(
             step=str(data["step"]), key=str(data.get("key", "")),
             state=StepState(str(data["state"])), attempts=opt_int("attempts") or 0,
@@ -238,7 +258,10 @@ class _Record:
             outputs={str(k): str(v) for k, v in outputs.items()}
             if isinstance(outputs, dict) else {},
             message=str(data.get("message", "")), failure=str(data.get("failure", "")),
-            cache_key=str(data.get("cache_key", "")), omitted=data.get("omitted") is True,
+            cache_key=str(data.get("cache_key", "")),
+            cache_lineage=tuple(str(k) for k in lineage) if isinstance(lineage, list) else (),
+            omitted=data.get("omitted") is True,
+            cache_saved_seconds=opt_float("cache_saved_seconds") or 0.0,
         )
 
 
@@ -253,6 +276,39 @@ class Reuse:
     key: str
     outputs: Mapping[str, str] = field(default_factory=dict)
     artifacts: Mapping[str, Path] = field(default_factory=dict)
+    saved_seconds: float = 0.0  # the compute reusing it saves (the entry's cost)
+
+
+def _usable_hits(wf: ir.Workflow, cached: Mapping[str, Reuse]) -> dict[str, Reuse]:
+    """The cache hits of top-level plain steps whose every output artifact is at hand (a
+    hit that is not is run instead, before the steps it would have spared are decided)."""
+    by_name = {s.name: s for s in wf.steps}
+    usable: dict[str, Reuse] = {}
+    for name, hit in cached.items():
+        step = by_name.get(name)
+        if step is None or step.foreach is not None or step.loop is not None:
+            continue
+        if all((src := hit.artifacts.get(a.name)) is not None and Path(src).exists()
+               for a in step.output_artifacts):
+            usable[name] = hit
+    return usable
+
+
+def _part_hits(wf: ir.Workflow, cached: Mapping[str, Reuse]) -> dict[str, dict[str, Reuse]]:
+    """The cache hits of map items and loop iterations (entries named ``step[N]``), by
+    step name and then by key (an item is matched by its key, not its position), those
+    whose every output artifact is at hand."""
+    by_name = {s.name: s for s in wf.steps}
+    hits: dict[str, dict[str, Reuse]] = {}
+    for name, hit in cached.items():
+        base, bracket, _ = name.partition("[")
+        step = by_name.get(base)
+        if not bracket or step is None or (step.foreach is None and step.loop is None):
+            continue
+        if all((src := hit.artifacts.get(a.name)) is not None and Path(src).exists()
+               for a in step.output_artifacts):
+            hits.setdefault(base, {})[hit.key] = hit
+    return hits
 
 
 class LocalRun:
@@ -279,7 +335,11 @@ class LocalRun:
         # a reused step are carried over with it.
         self._previous = dict(previous or {})
         self._references = dict(references or {})  # referenced workflows, by name
-        self._cached = dict(cached or {})  # top-level steps whose results are reused
+        # Top-level steps whose results are reused (hits whose artifacts are at hand), and
+        # the steps not needed because every step that reads them is reused.
+        self._cached = _usable_hits(wf, cached or {})
+        self._unneeded = unneeded_steps(wf, self._cached) if self._cached else set()
+        self._part_hits = _part_hits(wf, cached or {})  # map items, loop iterations
         self._lock = threading.RLock()
         self._cancel = threading.Event()  # stop: set by cancel(), a deadline or a timeout
         self._user_cancel = False  # cancel() was called (the run ends CANCELLED)
@@ -738,6 +798,12 @@ class LocalRun:
         if hit is not None and step.loop is None and step.foreach is None:
             self._reuse_cached(step, rec, hit)
             return
+        if step.name in self._unneeded and not self._prefix:
+            now = time.time()
+            self._update(rec, state=StepState.SKIPPED, started_at=now, finished_at=now,
+                         message="not run: not needed, every step that reads its results "
+                                 "was reused from the cache")
+            return
         if step.loop is None:
             self._execute(step, rec, "main", None)
             return
@@ -746,8 +812,10 @@ class LocalRun:
         last: _Record | None = None
         for n in range(max(loop.max_iterations, 1)):
             last = _Record(self._name(step.name), key=str(n))
-            self._execute(step, last, f"iter-{n}", None)
-            if last.state is not StepState.SUCCEEDED:
+            hit = self._part_hit(step, partial(self._iteration_key, step, n))
+            if hit is None or not self._reuse_part(step, last, hit):
+                self._execute(step, last, f"iter-{n}", None)
+            if last.state not in _DONE_OK:
                 break
             try:
                 again = self._condition(loop.condition, step, last.outputs)
@@ -786,23 +854,58 @@ class LocalRun:
             return
         self._update(rec, state=StepState.CACHED, started_at=now, finished_at=now, attempts=0,
                      outputs=dict(hit.outputs), cache_key=hit.key,
-                     message=f"reused cached result {hit.key[:12]}")
+                     message=f"reused cached result {hit.key[:12]}",
+                     cache_saved_seconds=hit.saved_seconds)
 
     def _run_item(self, step: ir.Step, index: int, item: object) -> None:
-        self._execute(step, _Record(self._name(step.name), key=str(index)), f"item-{index}",
-                      item)
+        rec = _Record(self._name(step.name), key=str(index))
+        hit = self._part_hit(step, lambda: self._item_key(step, item))
+        if hit is not None and self._reuse_part(step, rec, hit):
+            return
+        self._execute(step, rec, f"item-{index}", item)
+
+    def _part_hit(self, step: ir.Step, key_of: Callable[[], str | None]) -> Reuse | None:
+        """The cache hit for an item or iteration of ``step`` whose key ``key_of`` gives
+        (called only when the step has hits)."""
+        hits = self._part_hits.get(step.name) if not self._prefix else None
+        if not hits:
+            return None
+        key = key_of()
+        return hits.get(key) if key else None
+
+    def _reuse_part(self, step: ir.Step, rec: _Record, hit: Reuse) -> bool:
+        """Record a map item or loop iteration CACHED with ``hit``'s outputs and artifacts
+        (kept as the step's and as the item's, as when it runs); False when the hit lacks an
+        artifact (it runs instead)."""
+        name = self._name(step.name)
+        sources = {a.name: hit.artifacts.get(a.name) for a in step.output_artifacts}
+        if any(src is None or not Path(src).exists() for src in sources.values()):
+            return False
+        for art, src in sources.items():
+            assert src is not None
+            self._store.put(name, art, Path(src))
+            self._store.put(f"{name}[{rec.key}]", art, Path(src))
+        now = time.time()
+        self._update(rec, state=StepState.CACHED, started_at=now, finished_at=now, attempts=0,
+                     outputs=dict(hit.outputs), cache_key=hit.key,
+                     cache_lineage=self._lineage(step),
+                     message=f"reused cached result {hit.key[:12]}")
+        return True
 
     def _finish_map(self, ms: _MapState) -> None:
         name = self._name(ms.step.name)
         with self._lock:
             items = [self._records.get((name, str(i))) for i in range(len(ms.items))]
         recs = [r for r in items if r is not None]
-        failed = [r for r in recs if r.state is not StepState.SUCCEEDED]
+        failed = [r for r in recs if r.state not in _DONE_OK]
         if self._cancel.is_set() and (failed or len(recs) < len(ms.items)):
             state = self._stopped_state()
         else:
             state = StepState.FAILED if failed or len(recs) < len(ms.items) else \
                 StepState.SUCCEEDED
+        reused = sum(r.state is StepState.CACHED for r in recs)
+        if state is StepState.SUCCEEDED and recs and reused == len(recs):
+            state = StepState.CACHED  # every item came from the cache
         outputs = {o.name: json.dumps([r.outputs.get(o.name, "") for r in recs])
                    for o in ms.step.outputs}
         rec = self._record(ms.step.name) or _Record(name)
@@ -812,7 +915,8 @@ class LocalRun:
                      attempts=max((r.attempts for r in recs), default=0),
                      failure=failed[0].failure if failed else "",
                      message=(f"items failed: {', '.join(r.key for r in failed)}"
-                              if failed else ""),
+                              if failed else f"{reused} of {len(recs)} items reused from "
+                              "the cache" if reused else ""),
                      peak_cpu=max((r.peak_cpu or 0.0 for r in recs), default=None),
                      peak_memory_bytes=max((r.peak_memory_bytes or 0 for r in recs),
                                            default=None))
@@ -917,25 +1021,102 @@ class LocalRun:
         except _StepError as exc:
             self._update(rec, message=str(exc), **changes)
             return "fatal"
-        if self.engine.cache_keys and not self._prefix and not rec.key:
-            changes["cache_key"] = self._cache_key(step, paths) or ""
+        if self.engine.cache_keys and not self._prefix:
+            changes["cache_key"] = (self._part_key(step, rec, item, paths) if rec.key
+                                    else self._cache_key(step, paths)) or ""
+            if changes["cache_key"]:
+                changes["cache_lineage"] = self._lineage(step)
+            if changes["cache_key"] and rec.key:  # kept per item, for the cache to store
+                for art in step.output_artifacts:
+                    self._store.put(f"{rec.step}[{rec.key}]", art.name, paths.host(art.path))
         self._update(rec, message="", **changes)
         return None
 
     def _cache_key(self, step: ir.Step, paths: PathMap) -> str | None:
-        """The content key of a plain top-level step as it just ran (None: not cacheable)."""
+        """The lineage key of a plain top-level step as it just ran (None: not cacheable):
+        its producers' keys as recorded (run or reused), its external input artifacts'
+        digests from the files it was handed -- the key the optimizer computes before a
+        run (:func:`couler.optimize.cache_key.workflow_keys`) for all but the latter."""
+        known = self._key_inputs(step, paths)
+        if known is None:
+            return None
+        params, digests = known
+        return step_cache_key(self.workflow, step, params=params,
+                              producer_keys=self._producer_keys(step),
+                              external_digests=digests)
+
+    def _key_inputs(self, step: ir.Step, paths: PathMap | None
+                    ) -> tuple[dict[str, str], dict[str, str]] | None:
+        """The workflow parameter values ``step`` reads and the digests of its external
+        input artifacts as handed to it (none before it ran: ``paths`` None); None when a
+        value is missing."""
+        params: dict[str, str] = {}
         try:
-            inputs = {i.name: self._value(i.value, step, None, {}, f"inputs.{i.name}")
-                      for i in step.inputs}
+            for inp in step.inputs:
+                if isinstance(inp.value, ir.WorkflowParamRef):
+                    params[inp.value.name] = self._value(inp.value, step, None, {},
+                                                         f"inputs.{inp.name}")
         except _StepError:
             return None
         digests = {}
         for art in step.input_artifacts:
+            if isinstance(art.source, ir.StepArtifactRef) or paths is None:
+                continue
             host = paths.host(art.path)
             if not host.exists():
                 return None
             digests[art.name] = digest_path(host)
-        return step_cache_key(self.workflow, step, inputs, digests)
+        return params, digests
+
+    def _item_key(self, step: ir.Step, item: object, paths: PathMap | None = None
+                  ) -> str | None:
+        """The key of one item of map step ``step`` (:func:`item_cache_key`); before it
+        runs (``paths`` None) a step with external input artifacts has none."""
+        known = self._key_inputs(step, paths)
+        if known is None:
+            return None
+        return item_cache_key(self.workflow, step, item, params=known[0],
+                              producer_keys=self._producer_keys(step),
+                              external_digests=known[1])
+
+    def _iteration_key(self, step: ir.Step, n: int, paths: PathMap | None = None
+                       ) -> str | None:
+        """The key of iteration ``n`` of loop step ``step`` (:func:`iteration_cache_key`:
+        it follows the key iteration ``n - 1`` has in this run's record)."""
+        previous = ""
+        if n > 0:
+            with self._lock:
+                rec = self._records.get((self._name(step.name), str(n - 1)))
+            previous = rec.cache_key if rec is not None else ""
+            if not previous:
+                return None
+        known = self._key_inputs(step, paths)
+        if known is None:
+            return None
+        return iteration_cache_key(self.workflow, step, n, previous, params=known[0],
+                                   producer_keys=self._producer_keys(step),
+                                   external_digests=known[1])
+
+    def _part_key(self, step: ir.Step, rec: _Record, item: object, paths: PathMap
+                  ) -> str | None:
+        """The key of the map item or loop iteration ``rec`` as it just ran."""
+        if step.foreach is not None:
+            return self._item_key(step, item, paths)
+        if step.loop is not None and rec.key.isdigit():
+            return self._iteration_key(step, int(rec.key), paths)
+        return None
+
+    def _producer_keys(self, step: ir.Step) -> dict[str, str]:
+        """The cache keys of the top-level steps ``step`` reads from, as far as they have
+        one (a producer run or reused with a key)."""
+        with self._lock:
+            return {p: rec.cache_key for p in producers(step)
+                    if (rec := self._records.get((p, ""))) is not None and rec.cache_key}
+
+    def _lineage(self, step: ir.Step) -> tuple[str, ...]:
+        """The cache keys of the top-level steps ``step`` reads outputs or artifacts from
+        (its producers' keys), sorted."""
+        return tuple(sorted(set(self._producer_keys(step).values())))
 
     # ------------------------------------------------------------------ sub-workflows
 
@@ -1226,7 +1407,7 @@ class LocalEngine:
         image_commands: Optional command prefix per container image.
         workflows: Workflows that sub-workflow steps may refer to by name.
         cache_keys: Compute each plain top-level step's content key
-            (:func:`couler.optimize.step_cache_key`, with input artifact digests) when
+            (:func:`couler.optimize.step_cache_key`, by lineage) when
             it succeeds, reported as ``StepStatus.cache_key`` (for a cache to commit).
     """
 

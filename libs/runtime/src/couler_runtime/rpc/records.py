@@ -35,14 +35,18 @@ __all__ = [
     "MAX_NOTE_CHARS",
     "BlobRef",
     "CacheEntry",
+    "CacheOrder",
+    "CachePage",
     "CacheStats",
     "Chunk",
     "CommitResult",
     "EvictResult",
     "GenerationReport",
+    "ListedEntry",
     "LookupResult",
     "Objective",
     "PassReport",
+    "PinResult",
     "Plan",
     "Recommendation",
     "RecommendationKind",
@@ -194,6 +198,8 @@ class StepRecord:
     message: str = ""
     failure_class: ir.FailureClass | None = None
     artifacts: Mapping[str, StoredArtifact] = field(default_factory=dict)  # outputs, stored
+    cache_lineage: tuple[str, ...] = ()  # the cache keys of the steps it read from
+    cache_saved_seconds: float = 0.0  # cached: the compute its reuse saved (entry's cost)
 
     @classmethod
     def from_status(
@@ -209,6 +215,8 @@ class StepRecord:
             cache_key=cache_key or status.cache_key,
             cached=status.state is base.StepState.CACHED,
             message=status.message, failure_class=failure_class,
+            cache_lineage=tuple(status.cache_lineage),
+            cache_saved_seconds=status.cache_saved_seconds,
         )
 
 
@@ -222,6 +230,7 @@ def step_record_to_proto(r: StepRecord) -> common_pb2.StepRecord:
         failure_class=_FAILURE.to_proto(r.failure_class),
         artifacts={n: common_pb2.StoredArtifact(digest=a.digest, size_bytes=a.size_bytes,
                                                 uri=a.uri) for n, a in r.artifacts.items()},
+        cache_lineage=list(r.cache_lineage), cache_saved_seconds=r.cache_saved_seconds,
     )
 
 
@@ -238,6 +247,7 @@ def step_record_from_proto(m: common_pb2.StepRecord) -> StepRecord:
         failure_class=_FAILURE.optional(m.failure_class, f"{where}, failure_class"),
         artifacts={n: StoredArtifact(a.digest, a.size_bytes, a.uri)
                    for n, a in m.artifacts.items()},
+        cache_lineage=tuple(m.cache_lineage), cache_saved_seconds=m.cache_saved_seconds,
     )
 
 
@@ -425,6 +435,9 @@ class CacheEntry:
     created_at: float | None = None
     last_used_at: float | None = None
     hits: int = 0
+    cost_seconds: float = 0.0  # compute it took to produce (0: unknown)
+    lineage: tuple[str, ...] = ()  # the keys of the entries whose outputs it read
+    pinned: bool = False  # never evicted to keep the budget
 
 
 def cache_entry_to_proto(e: CacheEntry) -> common_pb2.CacheEntry:
@@ -436,7 +449,8 @@ def cache_entry_to_proto(e: CacheEntry) -> common_pb2.CacheEntry:
             for name, a in e.artifacts.items()
         },
         size_bytes=e.size_bytes, created_at=_ts(e.created_at),
-        last_used_at=_ts(e.last_used_at), hits=e.hits,
+        last_used_at=_ts(e.last_used_at), hits=e.hits, cost_seconds=e.cost_seconds,
+        lineage=list(e.lineage), pinned=e.pinned,
     )
 
 
@@ -447,7 +461,8 @@ def cache_entry_from_proto(m: common_pb2.CacheEntry) -> CacheEntry:
         artifacts={n: StoredArtifact(a.digest, a.size_bytes, a.uri)
                    for n, a in m.artifacts.items()},
         size_bytes=m.size_bytes, created_at=_seconds(m, "created_at"),
-        last_used_at=_seconds(m, "last_used_at"), hits=m.hits,
+        last_used_at=_seconds(m, "last_used_at"), hits=m.hits, cost_seconds=m.cost_seconds,
+        lineage=tuple(m.lineage), pinned=m.pinned,
     )
 
 
@@ -476,6 +491,14 @@ class EvictResult:
 
 
 @dataclass(frozen=True, slots=True)
+class PinResult:
+    """The keys a pin (or unpin) changed, and those with no entry."""
+
+    keys: tuple[str, ...]
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class CacheStats:
     """The cache's size and counters."""
 
@@ -490,6 +513,56 @@ class CacheStats:
 def cache_stats_from_proto(m: cache_service_pb2.StatsResponse) -> CacheStats:
     """The :class:`CacheStats` of ``m``."""
     return CacheStats(m.entries, m.bytes, m.hits, m.misses, m.evictions, m.budget_bytes)
+
+
+class CacheOrder(enum.StrEnum):
+    """The order of a cache listing (``couler.v1.CacheOrder``)."""
+
+    VICTIM = "victim"  # the next entry eviction takes first; pinned ones last
+    RECENT = "recent"  # most recently committed or used first
+    SIZE = "size"  # largest first
+    COST = "cost"  # most compute first
+
+
+_CACHE_ORDER = _Enum(CacheOrder, cache_service_pb2.CacheOrder, "CACHE_ORDER")
+
+
+def cache_order_to_proto(order: CacheOrder) -> str:
+    """The proto value name of ``order``."""
+    return _CACHE_ORDER.to_proto(order)
+
+
+def cache_order_from_proto(number: int) -> CacheOrder:
+    """The order of a ``ListEntriesRequest`` (unspecified: :attr:`CacheOrder.VICTIM`)."""
+    return _CACHE_ORDER.optional(number, "list, field 'order'") or CacheOrder.VICTIM
+
+
+@dataclass(frozen=True, slots=True)
+class ListedEntry:
+    """A cache entry as a listing shows it, with its current eviction priority."""
+
+    entry: CacheEntry
+    priority: float = 0.0
+
+
+def listed_entry_to_proto(e: ListedEntry) -> cache_service_pb2.ListedEntry:
+    """The ``couler.v1.ListedEntry`` of ``e``."""
+    return cache_service_pb2.ListedEntry(entry=cache_entry_to_proto(e.entry),
+                                         priority=e.priority)
+
+
+def listed_entry_from_proto(m: cache_service_pb2.ListedEntry) -> ListedEntry:
+    """The :class:`ListedEntry` of ``m``."""
+    return ListedEntry(cache_entry_from_proto(m.entry), m.priority)
+
+
+@dataclass(frozen=True, slots=True)
+class CachePage:
+    """A page of cache entries; ``next_page_token`` is "" on the last page."""
+
+    entries: tuple[ListedEntry, ...]
+    next_page_token: str = ""
+    policy: str = ""
 
 
 # =========================================================================== planning
@@ -545,6 +618,9 @@ class Plan:
     passes: tuple[PassReport, ...] = ()
     chunks: tuple[Chunk, ...] = ()
     workflow_digest: str = ""
+    unneeded: tuple[str, ...] = ()  # taken out: every step that reads them is reused
+    step_keys: Mapping[str, str] = field(default_factory=dict)  # keys known before the run
+    nothing_to_run: bool = False  # every step is reused or unneeded
 
 
 def plan_to_proto(p: Plan) -> common_pb2.Plan:
@@ -558,7 +634,8 @@ def plan_to_proto(p: Plan) -> common_pb2.Plan:
                                            if c.workflow is not None else None),
                                  size_bytes=c.size_bytes)
                 for c in p.chunks],
-        workflow_digest=p.workflow_digest,
+        workflow_digest=p.workflow_digest, unneeded=list(p.unneeded),
+        step_keys=dict(p.step_keys), nothing_to_run=p.nothing_to_run,
     )
 
 
@@ -572,7 +649,8 @@ def plan_from_proto(m: common_pb2.Plan) -> Plan:
                            codec.workflow_from_proto(c.workflow)
                            if c.HasField("workflow") else None, c.size_bytes)
                      for c in m.chunks),
-        workflow_digest=m.workflow_digest,
+        workflow_digest=m.workflow_digest, unneeded=tuple(m.unneeded),
+        step_keys=dict(m.step_keys), nothing_to_run=m.nothing_to_run,
     )
 
 
