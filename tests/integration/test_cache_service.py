@@ -435,6 +435,25 @@ def test_entry_whose_blob_is_gone_is_dropped(start: Starter, tmp_path: Path) -> 
     assert c.commit(entry(k, out=cache.put(b"will vanish"), log=cache.put(b"again"))).created
 
 
+def test_a_peek_counts_nothing_and_changes_no_entry(start: Starter, db_url: str,
+                                                   tmp_path: Path) -> None:
+    """The planner peeks to find entries, then looks up only those it uses."""
+    cache = start(database_url=db_url, artifacts=str(tmp_path / "blobs"))
+    c = cache.client.cache
+    k, unknown = key(), key()
+    assert c.commit(entry(k, outputs={"v": "1"})).created
+    before = c.show(k)
+    peeked = c.lookup([k, unknown], peek=True)
+    assert list(peeked.entries) == [k] and peeked.missing == (unknown,)
+    assert peeked.entries[k].hits == 0
+    after = c.show(k)
+    assert (after.entry.hits, after.entry.last_used_at) == (
+        before.entry.hits, before.entry.last_used_at)
+    assert (c.stats().hits, c.stats().misses) == (0, 0)
+    assert c.lookup([k, unknown]).entries[k].hits == 1  # the use is counted
+    assert (c.stats().hits, c.stats().misses) == (1, 1)
+
+
 def test_max_age_reports_old_entries_missing(start: Starter, tmp_path: Path) -> None:
     cache = start(artifacts=str(tmp_path / "blobs"))
     c = cache.client.cache

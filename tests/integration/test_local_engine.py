@@ -885,6 +885,22 @@ def test_a_producer_every_reader_of_which_is_reused_is_not_run(tmp_path: Path) -
     assert not (tmp_path / "runs" / "r2" / "steps" / "make").exists()
 
 
+def test_a_reused_step_only_reused_steps_read_needs_no_artifacts(tmp_path: Path) -> None:
+    """Both steps reused: ``make``'s artifact is read by nobody that runs, so its hit is
+    used without it (the submitter does not fetch it); with ``use`` run, it is needed."""
+    keys = workflow_keys(_cache_workflow())
+    engine = LocalEngine(tmp_path / "runs")
+    hits = {"make": Reuse(keys["make"], {"said": "made"}),  # no artifact at hand
+            "use": Reuse(keys["use"], {"seen": "payload made"})}
+    by = {s.step: s for s in engine.start(_cache_workflow(), cached=hits).wait().steps}
+    assert by["make"].state is StepState.CACHED and by["make"].outputs == {"said": "made"}
+    assert "not restored" in by["make"].message
+    assert by["use"].state is StepState.CACHED
+    alone = {s.step: s for s in engine.start(_cache_workflow(), cached={
+        "make": hits["make"]}).wait().steps}
+    assert alone["make"].state is StepState.SUCCEEDED and alone["make"].attempts == 1
+
+
 def test_an_incomplete_cache_hit_runs_the_step(tmp_path: Path) -> None:
     engine = LocalEngine(tmp_path)
     status = engine.start(_cache_workflow(), cached={"make": Reuse("k", {"said": "x"})}).wait()

@@ -139,7 +139,8 @@ class StandInCache:
 
     def __init__(self) -> None:
         self.entries: dict[str, CacheEntry] = {}
-        self.asked: list[tuple[str, ...]] = []
+        self.asked: list[tuple[str, ...]] = []  # peeks: the planner finding entries
+        self.counted: list[tuple[str, ...]] = []  # the keys a plan uses, counted
         self._lock = threading.Lock()
 
     def put(self, entry: CacheEntry) -> None:
@@ -150,10 +151,14 @@ class StandInCache:
         with self._lock:
             return sum(key in keys for keys in self.asked)
 
+    def times_counted(self, key: str) -> int:
+        with self._lock:
+            return sum(key in keys for keys in self.counted)
+
     async def Lookup(self, request: cache_service_pb2.LookupRequest,
                      context: object) -> cache_service_pb2.LookupResponse:
         with self._lock:
-            self.asked.append(tuple(request.keys))
+            (self.asked if request.peek else self.counted).append(tuple(request.keys))
             found = [self.entries[k] for k in request.keys if k in self.entries]
         return cache_service_pb2.LookupResponse(
             entries=[cache_entry_to_proto(e) for e in found],
@@ -415,6 +420,10 @@ class TestCache:
         assert any("step 's1': cached" in n for n in notes)
         # s2's key (by lineage) was asked for in the same lookup.
         assert stand_in.times_asked(k2) == 1
+        # then the keys it uses are counted: the hit it reuses (s1), the miss it runs (s2);
+        # not s0, which only s1 reads (reused without its artifacts)
+        assert [stand_in.times_counted(k) for k in (k0, k1, k2)] == [0, 1, 1]
+        assert any("step 's0': reused without restoring its artifacts" in n for n in notes)
         [summary] = optimizer.history(run_id=rid)
         assert summary.cached_steps == ("s0", "s1") and not summary.from_event
         assert [p.name for p in summary.passes] == PASSES

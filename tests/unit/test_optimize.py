@@ -280,7 +280,8 @@ def test_a_step_every_reader_of_which_is_reused_is_not_needed() -> None:
     assert unneeded_steps(_diamond(), {"b"}) == set()  # c runs and reads a
     assert unneeded_steps(chain(4), {"s3"}) == {"s0", "s1", "s2"}  # transitively
     assert unneeded_steps(chain(4), {"s2"}) == {"s0", "s1"}  # s3 runs, reads only s2
-    assert unneeded_steps(chain(4), {"s1", "s3"}) == {"s0", "s2"}
+    # a reused step only reused steps read is unneeded too: reused without its artifacts
+    assert unneeded_steps(chain(4), {"s1", "s3"}) == {"s0", "s1", "s2"}
     assert unneeded_steps(chain(1), set()) == set()  # a leaf is always wanted
 
 
@@ -293,6 +294,18 @@ def test_a_step_every_reader_of_which_is_reused_is_not_needed() -> None:
 ])
 def test_a_step_a_reused_reader_looks_at_otherwise_is_needed(reader: dict[str, object]) -> None:
     assert unneeded_steps(_diamond(**reader), {"b", "c"}) == set()
+
+
+def test_the_plan_counts_the_keys_it_uses_once_it_is_made() -> None:
+    """Found entries are peeked at; what the plan reuses and what it runs is counted, not
+    the entries nothing reads (so eviction ranks by the use entries really get)."""
+    index = FakeIndex()
+    keys = fill(index, WF, {"s0": "0", "s1": "1", "s2": "2"})
+    del index.entries[keys["s2"]]
+    used: list[list[str]] = []
+    plan = optimize(WF, "local", lookup=index, record_use=lambda ks: used.append(list(ks)))
+    assert sorted(plan.cached) == ["s0", "s1"]
+    assert used == [sorted([keys["s1"], keys["s2"]])]  # s0 is read only by reused s1
 
 
 def test_steps_that_cannot_be_cached_or_that_an_exit_hook_reads_are_needed() -> None:

@@ -252,10 +252,12 @@ class CacheClient(_ServiceClient):
         self._list = self._unary("List", cache_service_pb2.ListEntriesResponse)
         self._show = self._unary("Show", cache_service_pb2.ShowEntryResponse)
 
-    def lookup(self, keys: Iterable[str], *, max_age_seconds: int = 0) -> LookupResult:
-        """The entries for ``keys`` (by key) and the keys with none."""
+    def lookup(self, keys: Iterable[str], *, max_age_seconds: int = 0,
+               peek: bool = False) -> LookupResult:
+        """The entries for ``keys`` (by key) and the keys with none; ``peek``: count no
+        hit or miss and change no entry."""
         resp = self._lookup(cache_service_pb2.LookupRequest(
-            keys=list(keys), max_age_seconds=max_age_seconds))
+            keys=list(keys), max_age_seconds=max_age_seconds, peek=peek))
         return LookupResult({e.key: cache_entry_from_proto(e) for e in resp.entries},
                             tuple(resp.missing))
 

@@ -33,7 +33,7 @@ class CacheService:
         self, request: pb.LookupRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.LookupResponse:
         """The entries for ``request.keys``, in request order, and the missing keys."""
-        result = await self._cache.lookup(list(request.keys),
+        result = await self._cache.lookup(list(request.keys), peek=request.peek,
                                           max_age_seconds=request.max_age_seconds)
         return pb.LookupResponse(
             entries=[cache_entry_to_proto(result.entries[k]) for k in dict.fromkeys(request.keys)

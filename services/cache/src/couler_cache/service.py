@@ -232,10 +232,13 @@ class Cache:
 
     # ------------------------------------------------------------------ use cases
 
-    async def lookup(self, keys: Sequence[str], *, max_age_seconds: int = 0) -> LookupResult:
+    async def lookup(self, keys: Sequence[str], *, max_age_seconds: int = 0,
+                     peek: bool = False) -> LookupResult:
         """The entries for ``keys``; each found key counts a hit, each other one a miss.
 
-        A hit updates the entry's ``last_used_at`` and ``hits``. An entry older than
+        A hit updates the entry's ``last_used_at`` and ``hits`` -- unless ``peek``: a
+        planner finding which entries exist before it knows which it will use counts
+        nothing and changes no entry (it looks the used ones up again). An entry older than
         ``max_age_seconds`` (when > 0) is reported missing (and kept); one whose artifact
         blob is gone from the store is dropped and reported missing.
         """
@@ -246,10 +249,11 @@ class Cache:
         async with self._lock:
             # A new workflow's keys are all missing: counted on the loop when the store is
             # quick (one short transaction); found entries need the artifact store.
-            if wanted and self._store.quick and len(wanted) <= _QUICK_KEYS and \
+            if wanted and not peek and self._store.quick and len(wanted) <= _QUICK_KEYS and \
                     self._store.count_misses(wanted):
                 return LookupResult({}, tuple(wanted))
-            result, dropped = await asyncio.to_thread(self._lookup, wanted, max_age_seconds)
+            result, dropped = await asyncio.to_thread(self._lookup, wanted, max_age_seconds,
+                                                      peek)
         if dropped:
             await self._sweep()
         return result
@@ -332,11 +336,13 @@ class Cache:
 
     # ------------------------------------------------------------------ blocking parts
 
-    def _lookup(self, keys: list[str], max_age: int) -> tuple[LookupResult, bool]:
+    def _lookup(self, keys: list[str], max_age: int, peek: bool = False
+                ) -> tuple[LookupResult, bool]:
         with self._store.transaction() as tx:
             candidates = tx.get_many(keys)
             if not candidates:  # all missing (a new workflow's steps): counted at once
-                tx.bump("misses", len(keys))
+                if not peek:
+                    tx.bump("misses", len(keys))
                 return LookupResult({}, tuple(keys)), False
         # Outside the transaction: one existence check per artifact blob.
         broken = {key for key, e in candidates.items()
@@ -359,6 +365,8 @@ class Cache:
                 elif max_age and entry.created_at is not None and \
                         now - entry.created_at > max_age:
                     missing.append(key)
+                elif peek:
+                    found[key] = entry
                 else:
                     found[key] = tx.touch(key, now, self._pricing, inflation=inflation)
             if dropped and self._pricing.uses_lineage:
@@ -366,8 +374,9 @@ class Cache:
                 for r in dropped:
                     self._reprice_below(tx, memo, r.key, inflation)
             tx.orphan(d for r in dropped for d in r.digests)
-            tx.bump("hits", len(found))
-            tx.bump("misses", len(missing))
+            if not peek:
+                tx.bump("hits", len(found))
+                tx.bump("misses", len(missing))
         for r in dropped:
             log.warning("cache entry %s dropped: an artifact blob is gone from the store", r.key)
         return LookupResult(found, tuple(missing)), bool(dropped)

@@ -44,8 +44,9 @@ class CacheLookup:
     def __repr__(self) -> str:
         return f"CacheLookup(address={self.address!r})"
 
-    def __call__(self, keys: Sequence[str]) -> Mapping[str, CacheEntry]:
-        """The entries found for ``keys``, by key.
+    def __call__(self, keys: Sequence[str], *, peek: bool = False
+                 ) -> Mapping[str, CacheEntry]:
+        """The entries found for ``keys``, by key (``peek``: count no hit or miss).
 
         Raises:
             CacheUnavailableError: The cache could not answer.
@@ -58,7 +59,7 @@ class CacheLookup:
                 cache = self._client.cache
             # A page of keys per call: no message grows with the workflow.
             for at in range(0, len(keys), LOOKUP_PAGE):
-                found.update(cache.lookup(keys[at:at + LOOKUP_PAGE]).entries)
+                found.update(cache.lookup(keys[at:at + LOOKUP_PAGE], peek=peek).entries)
         except CoulerError as exc:
             raise CacheUnavailableError(
                 f"Lookup at {self.address}: {type(exc).__name__}: {exc}") from exc

@@ -35,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from couler import ir
 from couler import optimize as passes
@@ -88,8 +89,14 @@ class CacheUnavailableError(RetryableError):
     """The cache could not be asked (unreachable, timed out, refused the call)."""
 
 
-CacheFetch = Callable[[Sequence[str]], Mapping[str, CacheEntry]]
-"""Blocking: the cache entries found for ``keys``, by key; raises :class:`CacheUnavailableError`."""
+class CacheFetch(Protocol):
+    """Blocking: the cache entries found for ``keys``, by key (``peek``: counting no hit or
+    miss); raises :class:`CacheUnavailableError`."""
+
+    def __call__(self, keys: Sequence[str], *, peek: bool = False
+                 ) -> Mapping[str, CacheEntry]:
+        """The entries found."""
+        ...
 
 
 class _PlanLookup:
@@ -105,7 +112,7 @@ class _PlanLookup:
         if self.failure is not None:
             return {}
         try:
-            found = self._fetch(keys)
+            found = self._fetch(keys, peek=True)  # which it will use is decided later
         except CacheUnavailableError as exc:
             self.failure = exc
             return {}
@@ -114,6 +121,16 @@ class _PlanLookup:
                                        artifacts={n: a.digest for n, a in e.artifacts.items()},
                                        created_at=e.created_at or 0.0)
                 for key, e in found.items()}
+
+    def record(self, keys: Sequence[str]) -> None:
+        """Look up the keys the plan uses (the hits it reuses, the misses it runs), so the
+        cache counts them and ranks its entries by the use they get."""
+        if self.failure is not None or not keys:
+            return
+        try:
+            self._fetch(keys)
+        except CacheUnavailableError as exc:  # the plan stands; the counts are late
+            log.warning("cache: the plan's %d lookups not counted: %s", len(keys), exc)
 
 
 class Optimizer:
@@ -223,7 +240,8 @@ class Optimizer:
             wf, name, lookup=lookup, recommendations=recs, parameters=parameters,
             budget=passes.budget_for(name, max_steps=self._max_steps), retry=self._retry,
             substitute=substitute,
-            store=self._artifact_store if name in S3_READING_ENGINES else None)
+            store=self._artifact_store if name in S3_READING_ENGINES else None,
+            record_use=None if lookup is None else lookup.record)
         reports = list(plan.reports)
         cached: dict[str, CacheEntry] = {}
         for i, report in enumerate(reports):

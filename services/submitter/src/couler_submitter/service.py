@@ -92,6 +92,7 @@ from couler import ir
 from couler.engines.base import RunStatus, StepState, StepStatus
 from couler.errors import ConflictError, CoulerError, NotFoundError, RetryableError, UserError
 from couler.ir.limits import DEFAULT_LIMITS, SizeLimits, check_sizes
+from couler.optimize.cache_key import unneeded_steps
 from couler.v1 import common_pb2, workflow_pb2
 from couler_runtime import codec, offload, telemetry
 from couler_runtime.blobs import BlobIntegrityError
@@ -1283,12 +1284,20 @@ class Submitter:
 
     def _fetch_cached(self, run_id: str, plan: Plan) -> dict[str, Reuse]:
         """The plan's cache hits as the local engine takes them (artifacts fetched and
-        checked against their digests; an entry whose artifact is corrupt or gone is
-        dropped from the cache and its step runs again)."""
+        checked against their digests -- but for hits nothing reads the artifacts of; an
+        entry whose artifact is corrupt or gone is dropped from the cache and its step
+        runs again)."""
         reuse: dict[str, Reuse] = {}
         corrupt: list[str] = []
+        # Hits nothing reads the artifacts of are reused without them (a chunk of a split
+        # plan decides on its own steps: there every hit is fetched).
+        idle = set() if _split(plan) else unneeded_steps(plan.workflow, plan.cached)
         for step, entry in plan.cached.items():
             paths: dict[str, Path] = {}
+            if step in idle:
+                reuse[step] = Reuse(entry.key, dict(entry.outputs), paths,
+                                    saved_seconds=entry.cost_seconds)
+                continue
             try:
                 for name, art in entry.artifacts.items():
                     if self._blobs is None:

@@ -327,15 +327,16 @@ def _condition_steps(cond: ir.Condition) -> set[str]:
 
 
 def unneeded_steps(wf: ir.Workflow, cached: Collection[str]) -> set[str]:
-    """The top-level steps that need not run because the cache holds what they lead to.
+    """The top-level steps nothing needs because the cache holds what they lead to.
 
-    A step is unneeded when it could be cached (its result is a function of its key), it
-    is not itself reused, some step depends on it, and every step that depends on it is
-    reused or unneeded itself, reads its outputs or artifacts (data it would only
-    produce to be read), and waits for it by the default edge only -- not through a
-    ``when``, a depends expression or an edge condition that looks at its state -- and
-    no exit hook reads it. Rebuilding it would only feed steps that are not run.
-    Linear in the steps and edges.
+    A step is unneeded when it could be cached (its result is a function of its key), some
+    step depends on it, and every step that depends on it is reused or unneeded itself,
+    reads its outputs or artifacts (data it would only produce to be read), and waits for
+    it by the default edge only -- not through a ``when``, a depends expression or an edge
+    condition that looks at its state -- and no exit hook reads it. An unneeded step that
+    is not cached is not run; one that is cached is reported reused without restoring its
+    artifacts (nothing reads them) and without counting a hit. Linear in the steps and
+    edges.
     """
     steps = _ordered(wf.steps)
     readers: dict[str, list[ir.Step]] = {}
@@ -349,7 +350,7 @@ def unneeded_steps(wf: ir.Workflow, cached: Collection[str]) -> set[str]:
     unneeded: set[str] = set()
     for step in reversed(steps):
         name = step.name
-        if (name in skipped or name in hooked or not readers.get(name)
+        if (name in hooked or not readers.get(name)
                 or not_cacheable_reason(wf, step) is not None):
             continue
         if all(r.name in skipped and _only_reads(r, name) for r in readers[name]):

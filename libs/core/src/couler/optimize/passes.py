@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -194,8 +194,10 @@ def prune_cached(wf: ir.Workflow, lookup: Lookup,
                      notes=notes)
         if hit is not None:
             cached[name] = hit
-    notes += [f"step {n!r}: not needed: every step that reads it is reused"
-              for n in sorted(unneeded_steps(wf, cached))]
+    for name in sorted(unneeded_steps(wf, cached)):
+        notes.append(f"step {name!r}: " + ("reused without restoring its artifacts" if name in
+                                            cached else "not needed") +
+                     ": every step that reads it is reused")
     return cached, notes
 
 
@@ -235,6 +237,16 @@ def _iteration_keys(wf: ir.Workflow, step: ir.Step, params: Mapping[str, str],
             break
         out[f"{step.name}[{n}]"] = previous = key
     return out
+
+
+def _used_keys(wf: ir.Workflow, keys: Mapping[str, str], cached: Mapping[str, CachedStep],
+               idle: Collection[str]) -> list[str]:
+    """The keys a plan uses: its hits but those nothing reads (``idle``), and the keys of
+    the steps it runs."""
+    used = [hit.key for name, hit in cached.items() if name not in idle]
+    used += [keys[s.name] for s in wf.steps
+             if s.name in keys and s.name not in cached and s.name not in idle]
+    return sorted(set(used))
 
 
 def _complete(step: ir.Step, hit: CachedStep) -> bool:
@@ -392,7 +404,8 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
              parameters: Mapping[str, str] | None = None,
              budget: Budget | None = None, retry: ir.RetryPolicy | None = DEFAULT_RETRY,
              compile: bool = True, substitute: bool = False,
-             store: ArtifactStore | None = None) -> Plan:
+             store: ArtifactStore | None = None,
+             record_use: Callable[[Sequence[str]], object] | None = None) -> Plan:
     """Run the pass pipeline over ``wf`` for ``engine`` and return the plan.
 
     ``lookup`` is None to skip the cache; ``retry`` None to skip the default retry
@@ -400,7 +413,10 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
     budget_for`). ``substitute``: take cached steps out of the workflow, their results
     written into their readers (:func:`couler.optimize.reuse.substitute_cached`; for
     engines that cannot restore cached results themselves), artifacts referenced in
-    ``store``. Raises ValidationError / UnsupportedFeatureError naming the step.
+    ``store``. ``record_use`` is given the keys the plan uses -- the hits it reuses (not
+    those nothing reads) and the keys of the steps it runs -- once it is made, for a cache
+    that counts use (``lookup`` only finds entries). Raises ValidationError /
+    UnsupportedFeatureError naming the step.
     """
     from couler.optimize.split import budget_for
 
@@ -417,6 +433,7 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
             hit = [f"step {n!r}: cached ({c.key[:12]})" for n, c in sorted(cached.items())]
             box.append(PassReport("", changed=bool(cached), notes=tuple(hit + notes)))
     unneeded: tuple[str, ...] = ()
+    original = wf
     keys = workflow_keys(wf, parameters)  # what the run's results are committed under
     nothing = False
     with _timed(reports, "substitute_cached") as box:
@@ -437,6 +454,8 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
             taken += [f"step {n!r}: taken out, nothing left needs it" for n in unneeded]
             box.append(PassReport("", changed=bool(done.cached),
                                   notes=tuple(taken) + done.notes))
+    if record_use is not None:
+        record_use(_used_keys(original, keys, cached, unneeded_steps(original, cached)))
     with _timed(reports, "right_size") as box:
         wf, notes = apply_recommendations(wf, recommendations)
         box.append(PassReport("", changed=bool(notes), notes=tuple(notes)))

@@ -103,7 +103,7 @@ def substitute_cached(wf: ir.Workflow, outputs: Mapping[str, Mapping[str, str]],
             removable.add(name)
     if not removable:
         return Substituted(wf, (), (), tuple(notes))
-    unneeded = unneeded_steps(wf, removable)
+    unneeded = unneeded_steps(wf, removable) - removable
     gone = removable | unneeded
     if gone >= by_name.keys():
         notes.append("every step is cached: nothing is left for the engine to run")

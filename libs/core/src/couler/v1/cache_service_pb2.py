@@ -25,45 +25,45 @@ _sym_db = _symbol_database.Default()
 from couler.v1 import common_pb2 as couler_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63ouler/v1/cache_service.proto\x12\tcouler.v1\x1a\x16\x63ouler/v1/common.proto\"6\n\rLookupRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x17\n\x0fmax_age_seconds\x18\x02 \x01(\x03\"I\n\x0eLookupResponse\x12&\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x15.couler.v1.CacheEntry\x12\x0f\n\x07missing\x18\x02 \x03(\t\"5\n\rCommitRequest\x12$\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x15.couler.v1.CacheEntry\"2\n\x0e\x43ommitResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12\x0f\n\x07\x65victed\x18\x02 \x03(\t\"\x0e\n\x0cStatsRequest\"v\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0c\n\x04hits\x18\x03 \x01(\x03\x12\x0e\n\x06misses\x18\x04 \x01(\x03\x12\x11\n\tevictions\x18\x05 \x01(\x03\x12\x14\n\x0c\x62udget_bytes\x18\x06 \x01(\x03\"0\n\x0c\x45victRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x12\n\nfree_bytes\x18\x02 \x01(\x03\"5\n\rEvictResponse\x12\x0f\n\x07\x65victed\x18\x01 \x03(\t\x12\x13\n\x0b\x66reed_bytes\x18\x02 \x01(\x03\"*\n\nPinRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\",\n\x0bPinResponse\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x0f\n\x07missing\x18\x02 \x03(\t\"\x81\x01\n\x12ListEntriesRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\t\x12$\n\x05order\x18\x03 \x01(\x0e\x32\x15.couler.v1.CacheOrder\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"E\n\x0bListedEntry\x12$\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x15.couler.v1.CacheEntry\x12\x10\n\x08priority\x18\x02 \x01(\x01\"g\n\x13ListEntriesResponse\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.couler.v1.ListedEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\"\x1f\n\x10ShowEntryRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"J\n\x11ShowEntryResponse\x12%\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x16.couler.v1.ListedEntry\x12\x0e\n\x06policy\x18\x02 \x01(\t*\x85\x01\n\nCacheOrder\x12\x1b\n\x17\x43\x41\x43HE_ORDER_UNSPECIFIED\x10\x00\x12\x16\n\x12\x43\x41\x43HE_ORDER_VICTIM\x10\x01\x12\x16\n\x12\x43\x41\x43HE_ORDER_RECENT\x10\x02\x12\x14\n\x10\x43\x41\x43HE_ORDER_SIZE\x10\x03\x12\x14\n\x10\x43\x41\x43HE_ORDER_COST\x10\x04\x32\xc4\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.couler.v1.LookupRequest\x1a\x19.couler.v1.LookupResponse\x12=\n\x06\x43ommit\x12\x18.couler.v1.CommitRequest\x1a\x19.couler.v1.CommitResponse\x12:\n\x05Stats\x12\x17.couler.v1.StatsRequest\x1a\x18.couler.v1.StatsResponse\x12:\n\x05\x45vict\x12\x17.couler.v1.EvictRequest\x1a\x18.couler.v1.EvictResponse\x12\x34\n\x03Pin\x12\x15.couler.v1.PinRequest\x1a\x16.couler.v1.PinResponse\x12\x45\n\x04List\x12\x1d.couler.v1.ListEntriesRequest\x1a\x1e.couler.v1.ListEntriesResponse\x12\x41\n\x04Show\x12\x1b.couler.v1.ShowEntryRequest\x1a\x1c.couler.v1.ShowEntryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63ouler/v1/cache_service.proto\x12\tcouler.v1\x1a\x16\x63ouler/v1/common.proto\"D\n\rLookupRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x17\n\x0fmax_age_seconds\x18\x02 \x01(\x03\x12\x0c\n\x04peek\x18\x03 \x01(\x08\"I\n\x0eLookupResponse\x12&\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x15.couler.v1.CacheEntry\x12\x0f\n\x07missing\x18\x02 \x03(\t\"5\n\rCommitRequest\x12$\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x15.couler.v1.CacheEntry\"2\n\x0e\x43ommitResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12\x0f\n\x07\x65victed\x18\x02 \x03(\t\"\x0e\n\x0cStatsRequest\"v\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0c\n\x04hits\x18\x03 \x01(\x03\x12\x0e\n\x06misses\x18\x04 \x01(\x03\x12\x11\n\tevictions\x18\x05 \x01(\x03\x12\x14\n\x0c\x62udget_bytes\x18\x06 \x01(\x03\"0\n\x0c\x45victRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x12\n\nfree_bytes\x18\x02 \x01(\x03\"5\n\rEvictResponse\x12\x0f\n\x07\x65victed\x18\x01 \x03(\t\x12\x13\n\x0b\x66reed_bytes\x18\x02 \x01(\x03\"*\n\nPinRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\",\n\x0bPinResponse\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x0f\n\x07missing\x18\x02 \x03(\t\"\x81\x01\n\x12ListEntriesRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\t\x12$\n\x05order\x18\x03 \x01(\x0e\x32\x15.couler.v1.CacheOrder\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"E\n\x0bListedEntry\x12$\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x15.couler.v1.CacheEntry\x12\x10\n\x08priority\x18\x02 \x01(\x01\"g\n\x13ListEntriesResponse\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.couler.v1.ListedEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\"\x1f\n\x10ShowEntryRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"J\n\x11ShowEntryResponse\x12%\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x16.couler.v1.ListedEntry\x12\x0e\n\x06policy\x18\x02 \x01(\t*\x85\x01\n\nCacheOrder\x12\x1b\n\x17\x43\x41\x43HE_ORDER_UNSPECIFIED\x10\x00\x12\x16\n\x12\x43\x41\x43HE_ORDER_VICTIM\x10\x01\x12\x16\n\x12\x43\x41\x43HE_ORDER_RECENT\x10\x02\x12\x14\n\x10\x43\x41\x43HE_ORDER_SIZE\x10\x03\x12\x14\n\x10\x43\x41\x43HE_ORDER_COST\x10\x04\x32\xc4\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.couler.v1.LookupRequest\x1a\x19.couler.v1.LookupResponse\x12=\n\x06\x43ommit\x12\x18.couler.v1.CommitRequest\x1a\x19.couler.v1.CommitResponse\x12:\n\x05Stats\x12\x17.couler.v1.StatsRequest\x1a\x18.couler.v1.StatsResponse\x12:\n\x05\x45vict\x12\x17.couler.v1.EvictRequest\x1a\x18.couler.v1.EvictResponse\x12\x34\n\x03Pin\x12\x15.couler.v1.PinRequest\x1a\x16.couler.v1.PinResponse\x12\x45\n\x04List\x12\x1d.couler.v1.ListEntriesRequest\x1a\x1e.couler.v1.ListEntriesResponse\x12\x41\n\x04Show\x12\x1b.couler.v1.ShowEntryRequest\x1a\x1c.couler.v1.ShowEntryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'couler.v1.cache_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CACHEORDER']._serialized_start=1055
-  _globals['_CACHEORDER']._serialized_end=1188
+  _globals['_CACHEORDER']._serialized_start=1069
+  _globals['_CACHEORDER']._serialized_end=1202
   _globals['_LOOKUPREQUEST']._serialized_start=68
-  _globals['_LOOKUPREQUEST']._serialized_end=122
-  _globals['_LOOKUPRESPONSE']._serialized_start=124
-  _globals['_LOOKUPRESPONSE']._serialized_end=197
-  _globals['_COMMITREQUEST']._serialized_start=199
-  _globals['_COMMITREQUEST']._serialized_end=252
-  _globals['_COMMITRESPONSE']._serialized_start=254
-  _globals['_COMMITRESPONSE']._serialized_end=304
-  _globals['_STATSREQUEST']._serialized_start=306
-  _globals['_STATSREQUEST']._serialized_end=320
-  _globals['_STATSRESPONSE']._serialized_start=322
-  _globals['_STATSRESPONSE']._serialized_end=440
-  _globals['_EVICTREQUEST']._serialized_start=442
-  _globals['_EVICTREQUEST']._serialized_end=490
-  _globals['_EVICTRESPONSE']._serialized_start=492
-  _globals['_EVICTRESPONSE']._serialized_end=545
-  _globals['_PINREQUEST']._serialized_start=547
-  _globals['_PINREQUEST']._serialized_end=589
-  _globals['_PINRESPONSE']._serialized_start=591
-  _globals['_PINRESPONSE']._serialized_end=635
-  _globals['_LISTENTRIESREQUEST']._serialized_start=638
-  _globals['_LISTENTRIESREQUEST']._serialized_end=767
-  _globals['_LISTEDENTRY']._serialized_start=769
-  _globals['_LISTEDENTRY']._serialized_end=838
-  _globals['_LISTENTRIESRESPONSE']._serialized_start=840
-  _globals['_LISTENTRIESRESPONSE']._serialized_end=943
-  _globals['_SHOWENTRYREQUEST']._serialized_start=945
-  _globals['_SHOWENTRYREQUEST']._serialized_end=976
-  _globals['_SHOWENTRYRESPONSE']._serialized_start=978
-  _globals['_SHOWENTRYRESPONSE']._serialized_end=1052
-  _globals['_CACHESERVICE']._serialized_start=1191
-  _globals['_CACHESERVICE']._serialized_end=1643
+  _globals['_LOOKUPREQUEST']._serialized_end=136
+  _globals['_LOOKUPRESPONSE']._serialized_start=138
+  _globals['_LOOKUPRESPONSE']._serialized_end=211
+  _globals['_COMMITREQUEST']._serialized_start=213
+  _globals['_COMMITREQUEST']._serialized_end=266
+  _globals['_COMMITRESPONSE']._serialized_start=268
+  _globals['_COMMITRESPONSE']._serialized_end=318
+  _globals['_STATSREQUEST']._serialized_start=320
+  _globals['_STATSREQUEST']._serialized_end=334
+  _globals['_STATSRESPONSE']._serialized_start=336
+  _globals['_STATSRESPONSE']._serialized_end=454
+  _globals['_EVICTREQUEST']._serialized_start=456
+  _globals['_EVICTREQUEST']._serialized_end=504
+  _globals['_EVICTRESPONSE']._serialized_start=506
+  _globals['_EVICTRESPONSE']._serialized_end=559
+  _globals['_PINREQUEST']._serialized_start=561
+  _globals['_PINREQUEST']._serialized_end=603
+  _globals['_PINRESPONSE']._serialized_start=605
+  _globals['_PINRESPONSE']._serialized_end=649
+  _globals['_LISTENTRIESREQUEST']._serialized_start=652
+  _globals['_LISTENTRIESREQUEST']._serialized_end=781
+  _globals['_LISTEDENTRY']._serialized_start=783
+  _globals['_LISTEDENTRY']._serialized_end=852
+  _globals['_LISTENTRIESRESPONSE']._serialized_start=854
+  _globals['_LISTENTRIESRESPONSE']._serialized_end=957
+  _globals['_SHOWENTRYREQUEST']._serialized_start=959
+  _globals['_SHOWENTRYREQUEST']._serialized_end=990
+  _globals['_SHOWENTRYRESPONSE']._serialized_start=992
+  _globals['_SHOWENTRYRESPONSE']._serialized_end=1066
+  _globals['_CACHESERVICE']._serialized_start=1205
+  _globals['_CACHESERVICE']._serialized_end=1657
 # @@protoc_insertion_point(module_scope)

@@ -22,12 +22,14 @@ CACHE_ORDER_SIZE: CacheOrder
 CACHE_ORDER_COST: CacheOrder
 
 class LookupRequest(_message.Message):
-    __slots__ = ("keys", "max_age_seconds")
+    __slots__ = ("keys", "max_age_seconds", "peek")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     MAX_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PEEK_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     max_age_seconds: int
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., max_age_seconds: _Optional[int] = ...) -> None: ...
+    peek: bool
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., max_age_seconds: _Optional[int] = ..., peek: _Optional[bool] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("entries", "missing")

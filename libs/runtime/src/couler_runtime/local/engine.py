@@ -279,19 +279,29 @@ class Reuse:
     saved_seconds: float = 0.0  # the compute reusing it saves (the entry's cost)
 
 
-def _usable_hits(wf: ir.Workflow, cached: Mapping[str, Reuse]) -> dict[str, Reuse]:
-    """The cache hits of top-level plain steps whose every output artifact is at hand (a
-    hit that is not is run instead, before the steps it would have spared are decided)."""
+def _usable_hits(wf: ir.Workflow, cached: Mapping[str, Reuse]
+                 ) -> tuple[dict[str, Reuse], set[str]]:
+    """The cache hits of top-level plain steps that can be used, and the unneeded steps
+    (:func:`~couler.optimize.cache_key.unneeded_steps`) they make.
+
+    A hit is used when its every output artifact is at hand, or when it is unneeded itself
+    (nothing reads its artifacts: it is reported reused without them). A hit that can be
+    neither is run instead, so the steps it would have spared are decided again: a fixed
+    point, reached after at most one round per dropped hit.
+    """
     by_name = {s.name: s for s in wf.steps}
-    usable: dict[str, Reuse] = {}
-    for name, hit in cached.items():
-        step = by_name.get(name)
-        if step is None or step.foreach is not None or step.loop is not None:
-            continue
-        if all((src := hit.artifacts.get(a.name)) is not None and Path(src).exists()
-               for a in step.output_artifacts):
-            usable[name] = hit
-    return usable
+    usable = {name: hit for name, hit in cached.items()
+              if (step := by_name.get(name)) is not None
+              and step.foreach is None and step.loop is None}
+    while True:
+        unneeded = unneeded_steps(wf, usable) if usable else set()
+        missing = [name for name, hit in usable.items() if name not in unneeded and not all(
+            (src := hit.artifacts.get(a.name)) is not None and Path(src).exists()
+            for a in by_name[name].output_artifacts)]
+        if not missing:
+            return usable, unneeded
+        for name in missing:
+            del usable[name]
 
 
 def _part_hits(wf: ir.Workflow, cached: Mapping[str, Reuse]) -> dict[str, dict[str, Reuse]]:
@@ -337,8 +347,7 @@ class LocalRun:
         self._references = dict(references or {})  # referenced workflows, by name
         # Top-level steps whose results are reused (hits whose artifacts are at hand), and
         # the steps not needed because every step that reads them is reused.
-        self._cached = _usable_hits(wf, cached or {})
-        self._unneeded = unneeded_steps(wf, self._cached) if self._cached else set()
+        self._cached, self._unneeded = _usable_hits(wf, cached or {})
         self._part_hits = _part_hits(wf, cached or {})  # map items, loop iterations
         self._lock = threading.RLock()
         self._cancel = threading.Event()  # stop: set by cancel(), a deadline or a timeout
@@ -796,7 +805,14 @@ class LocalRun:
         rec = self._record(step.name) or _Record(self._name(step.name))
         hit = self._cached.get(step.name) if not self._prefix else None
         if hit is not None and step.loop is None and step.foreach is None:
-            self._reuse_cached(step, rec, hit)
+            if step.name in self._unneeded:  # nothing reads its artifacts: not restored
+                self._update(rec, state=StepState.CACHED, started_at=time.time(),
+                             finished_at=time.time(), attempts=0, outputs=dict(hit.outputs),
+                             cache_key=hit.key, cache_saved_seconds=hit.saved_seconds,
+                             message=f"reused cached result {hit.key[:12]} (its artifacts "
+                                     "not restored: every step that reads them is reused)")
+            else:
+                self._reuse_cached(step, rec, hit)
             return
         if step.name in self._unneeded and not self._prefix:
             now = time.time()
