@@ -1,10 +1,11 @@
 """Benchmark: cache eviction policies replayed on iterative ML workflow traces.
 
 The traces go through the cache service's real code -- :class:`couler_cache.service.Cache` on
-a real :class:`couler_cache.store.CacheStore` (an SQLite file) -- with lookups and commits as
-the optimizer and the step events make them; only the artifact store is a stand-in that
-keeps sizes (the policies never read bytes), and only the planner is simulated: which keys a
-run looks up and which steps it then runs.
+a real :class:`couler_cache.store.CacheStore` (an SQLite file) -- and the optimizer's: each
+submission is planned by ``couler.optimize.optimize`` (validation on) on its IR, with the
+lookups it makes, and every step it runs is committed as the step events do. Only the
+artifact store is a stand-in that keeps sizes (the policies never read bytes), and the steps
+do not run: their compute times and sizes come from the trace.
 
 A trace: ``--workflows`` submissions of 20 templates chosen by Zipf popularity. A template is
 an ML pipeline -- ingest a dataset (shared by the templates on it), validate, preprocess (a
@@ -17,16 +18,14 @@ about every two hours.
 
 Two planners:
 
-* ``lineage`` -- the planner of issue 10's item 1 (keys by lineage): every step's key is
+* ``lineage`` -- the optimizer (issue 10's item 1, keys by lineage): every step's key is
   known before running; a step is skipped when its entry is cached, and a step that is not
-  cached is skipped too when every step that depends on it is skipped (nobody needs it); a
-  last step (nothing depends on it) is skipped only when cached. It looks keys up from the
-  last steps backwards, only those of steps still needed, so a hit counts only an entry
-  that is reused (asking for every key at once would skip the same steps but count hits
-  on entries nobody needs);
-* ``prefix`` -- the optimizer as it is (``prune_cached``): a step is looked up only when every
-  step it reads from was a hit, so reuse stops at the first evicted ancestor. Run with LRU
-  only: the "LRU of today" that issue 10's target compares with.
+  cached is skipped too when every step that reads it is skipped (nobody needs it). It
+  peeks at every key, then looks up the keys the plan uses -- the hits it reuses, the steps
+  it runs -- so the cache counts a hit only for an entry that is used;
+* ``prefix`` -- the optimizer before keys by lineage (simulated): a step is looked up only
+  when every step it reads from was a hit, so reuse stops at the first evicted ancestor. Run
+  with LRU only: the "LRU of today" that issue 10's target compares with.
 
 Reported per planner, budget and policy (means over ``--seeds`` seeds): the cache's hit
 ratio (hits / lookups), the compute saved (seconds of the steps not run, and their share of
@@ -60,7 +59,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from couler import ir
 from couler.errors import NotFoundError
+from couler.optimize import CachedStep, optimize
+from couler.optimize.cache_key import unneeded_steps
 from couler_cache.service import Cache
 from couler_cache.store import CacheStore
 from couler_runtime.rpc.records import CacheEntry, StoredArtifact
@@ -102,6 +104,7 @@ class Step:
     parents: tuple[str, ...]  # step names it reads from
     cost: float
     size: int
+    spec: str = ""  # what the step runs (its kind and version), canonical JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +204,8 @@ class Trace:
             rng = random.Random(_digest(self.seed, key))
             cost, size = self.templates[template if template is not None else t].medians[kind]
             return Step(name, key, tuple(parents), _lognormal(rng, cost, SIGMA_KEY),
-                        max(1, int(_lognormal(rng, size, SIGMA_KEY))))
+                        max(1, int(_lognormal(rng, size, SIGMA_KEY))),
+                        json.dumps([kind, spec], sort_keys=True))
 
         d = tpl.dataset
         # Shared across templates: ingestion by dataset, preprocessing by recipe.
@@ -286,35 +290,54 @@ def _levels(steps: Sequence[Step]) -> list[list[Step]]:
     return levels
 
 
-async def _plan(cache: Cache, sub: Submission, planner: str) -> set[str]:
-    """The names of the steps found in the cache (not run) -- lookups as the planner makes
-    them."""
-    levels = _levels(sub.steps)
-    hit: set[str] = set()
-    if planner == "prefix":
-        for level in levels:
-            ask = [s for s in level if all(p in hit for p in s.parents)]
-            if ask:
-                found = (await cache.lookup([s.key for s in ask])).entries
-                hit.update(s.name for s in ask if s.key in found)
-        return hit
-    children: dict[str, int] = {s.name: 0 for s in sub.steps}
+def workflow_of(sub: Submission) -> ir.Workflow:
+    """The submission as the IR a user would submit: each step runs its spec and reads its
+    parents' outputs (so the optimizer keys it by lineage)."""
+    steps = []
     for s in sub.steps:
-        for p in s.parents:
-            children[p] += 1
-    needed = {s.name for s in sub.steps if children[s.name] == 0}
-    skipped: set[str] = set()
-    for level in reversed(levels):
-        ask = [s for s in level if s.name in needed]
+        inputs = tuple(ir.InputParameter(f"in{i}", ir.StepOutputRef(p, "out"))
+                       for i, p in enumerate(s.parents))
+        steps.append(ir.Step(
+            name=s.name, body=ir.ContainerSpec(image="bench/step:1", command=("run", s.spec)),
+            inputs=inputs, dependencies=tuple(ir.Dependency(p) for p in s.parents),
+            outputs=(ir.OutputParameter("out", source=ir.OutputSource.STDOUT),)))
+    return ir.Workflow(name=f"template-{sub.template}", steps=tuple(steps))
+
+
+async def _plan(cache: Cache, sub: Submission, planner: str
+                ) -> tuple[set[str], dict[str, str]]:
+    """The names of the steps not run (reused, or not needed) and each step's key -- with
+    the lookups the planner makes."""
+    if planner == "prefix":
+        return await _prefix_plan(cache, sub), {s.name: s.key for s in sub.steps}
+    # The optimizer itself (couler.optimize.optimize, validation on): it peeks at every
+    # key, then looks up the keys the plan uses (the cache counts those).
+    loop = asyncio.get_running_loop()
+
+    def peek(keys: Sequence[str]) -> dict[str, CachedStep]:
+        found = asyncio.run_coroutine_threadsafe(cache.lookup(keys, peek=True), loop).result()
+        return {k: CachedStep(k, dict(e.outputs), {n: a.digest for n, a in e.artifacts.items()},
+                              created_at=e.created_at or 0.0)
+                for k, e in found.entries.items()}
+
+    def use(keys: Sequence[str]) -> None:
+        asyncio.run_coroutine_threadsafe(cache.lookup(keys), loop).result()
+
+    wf = workflow_of(sub)
+    plan = await asyncio.to_thread(optimize, wf, "local", lookup=peek, record_use=use)
+    return set(plan.cached) | unneeded_steps(wf, plan.cached), dict(plan.keys)
+
+
+async def _prefix_plan(cache: Cache, sub: Submission) -> set[str]:
+    """Today's optimizer before keys by lineage: a step is looked up only when every step
+    it reads from was a hit."""
+    hit: set[str] = set()
+    for level in _levels(sub.steps):
+        ask = [s for s in level if all(p in hit for p in s.parents)]
         if ask:
             found = (await cache.lookup([s.key for s in ask])).entries
-            for s in ask:
-                if s.key in found:
-                    hit.add(s.name)
-                else:
-                    needed.update(s.parents)
-        skipped.update(s.name for s in level if s.name not in needed)
-    return hit | skipped
+            hit.update(s.name for s in ask if s.key in found)
+    return hit
 
 
 async def replay(trace: Trace, planner: str, policy: str, budget: int,
@@ -331,8 +354,7 @@ async def replay(trace: Trace, planner: str, policy: str, budget: int,
         await cache.start()
         for sub in trace.submissions:
             clock.at(sub.at)
-            reused = await _plan(cache, sub, planner)
-            keys = {s.name: s.key for s in sub.steps}
+            reused, keys = await _plan(cache, sub, planner)
             done: dict[str, float] = {}
             for s in sub.steps:  # run in topological order; commit as each succeeds
                 ready = max((done[p] for p in s.parents), default=sub.at)
@@ -346,14 +368,14 @@ async def replay(trace: Trace, planner: str, policy: str, budget: int,
                 done[s.name] = ready + s.cost
                 clock.at(done[s.name])
                 entry = CacheEntry(
-                    key=s.key, workflow=f"template-{sub.template}", step=s.name,
-                    artifacts={"out": blobs.put(s.key, s.size)}, cost_seconds=s.cost,
-                    lineage=tuple(sorted(keys[p] for p in s.parents)))
+                    key=keys[s.name], workflow=f"template-{sub.template}", step=s.name,
+                    outputs={"out": s.name}, artifacts={"out": blobs.put(keys[s.name], s.size)},
+                    cost_seconds=s.cost, lineage=tuple(sorted(keys[p] for p in s.parents)))
                 result = await cache.commit(entry)
                 out.commits += 1
                 if result.created:
                     out.bytes_written += s.size
-                elif s.key in result.evicted:
+                elif keys[s.name] in result.evicted:
                     out.refused += 1
         stats = await cache.stats()
         out.hits, out.misses = stats.hits, stats.misses
