@@ -22,7 +22,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -533,6 +533,27 @@ def test_pin_keeps_an_entry_through_budget_eviction(start: Starter, db_url: str,
     assert not c.lookup([oldest]).entries[oldest].pinned
     with pytest.raises(UserError, match="field 'keys'"):
         c.pin([""])
+
+
+def test_an_evicted_entrys_metadata_is_kept(start: Starter, db_url: str,
+                                            tmp_path: Path) -> None:
+    """Its bytes go; what it was -- outputs, digests, size, cost, lineage -- stays, so
+    ``Show`` still answers and its descendants' value counts its cost."""
+    cache = start(database_url=db_url, artifacts=str(tmp_path / "blobs"))
+    c = cache.client.cache
+    parent, child = key(), key()
+    model = cache.put(b"weights" * 50)
+    assert c.commit(replace(entry(parent, outputs={"auc": "0.9"}, model=model),
+                            cost_seconds=120.0)).created
+    assert c.commit(replace(entry(child, outputs={"n": "1"}), lineage=(parent,))).created
+    assert c.evict([parent]).evicted == (parent,)
+    assert not cache.blobs.exists(model.digest)  # the bytes are gone
+    assert c.lookup([parent]).missing == (parent,)
+    shown = c.show(parent[:20])  # a prefix names it too
+    assert shown.evicted_at is not None and shown.entry.key == parent
+    assert dict(shown.entry.outputs) == {"auc": "0.9"} and shown.entry.cost_seconds == 120.0
+    assert shown.entry.artifacts["model"].digest == model.digest
+    assert c.show(child).evicted_at is None  # still cached
 
 
 def test_the_migration_keeps_an_existing_index(db_url: str) -> None:

@@ -77,7 +77,8 @@ def _entry_json(listed: Any) -> dict[str, Any]:
         "key": e.key, "workflow": e.workflow, "step": e.step, "size_bytes": e.size_bytes,
         "cost_seconds": e.cost_seconds, "hits": e.hits, "created_at": e.created_at,
         "last_used_at": e.last_used_at, "pinned": e.pinned, "lineage": list(e.lineage),
-        "priority": listed.priority, "outputs": dict(e.outputs),
+        "priority": listed.priority, "evicted_at": listed.evicted_at,
+        "outputs": dict(e.outputs),
         "artifacts": {n: {"digest": a.digest, "size_bytes": a.size_bytes, "uri": a.uri}
                       for n, a in e.artifacts.items()},
     }
@@ -141,6 +142,9 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         ("pinned", "yes (never evicted to keep the budget)" if e.pinned else "no"),
         ("priority", f"{listed.priority:.6g} (the lowest unpinned goes first)"),
     ]
+    if listed.evicted_at:  # only its metadata is left
+        fields[-2:] = [("evicted", f"{_when(listed.evicted_at)}: its bytes are gone, its "
+                                   "metadata kept (a descendant is still found by lineage)")]
     for name, value in fields:
         print(f"{name + ':':<11}{value}", file=out)
     if e.outputs:

@@ -403,7 +403,7 @@ class Cache:
         with self._store.transaction() as tx:
             known = tx.parents(entry.key)
             tx.remember(entry.key, entry.cost_seconds,
-                        known if known is not None else _parents(entry), self._clock())
+                        known if known is not None else _parents(entry), self._clock(), entry)
         log.warning("cache entry %s (workflow %r, step %r) refused: %s", entry.key,
                     entry.workflow, entry.step, why)
         return CommitResult(created=False, evicted=(entry.key,))
@@ -658,7 +658,8 @@ class Cache:
     async def show(self, key: str) -> ListedEntry:
         """The entry of ``key`` -- a whole key, or a prefix of at least
         :data:`MIN_KEY_PREFIX` hex digits that names one entry -- with its eviction
-        priority. Counts no hit or miss and changes no entry (unlike :meth:`lookup`).
+        priority; or, when its bytes were evicted, its kept metadata and when it was evicted.
+        Counts no hit or miss and changes no entry (unlike :meth:`lookup`).
 
         Raises:
             NotFoundError: No entry has that key or prefix.
@@ -669,9 +670,13 @@ class Cache:
             raise UserError(f"show: field 'key': {key[:80]!r} is not a cache key")
         prefix = _KEY_PREFIX.fullmatch(wanted.lower()) is not None
 
-        def read() -> list[tuple[CacheEntry, float]]:
+        def read() -> list[ListedEntry]:
             with self._store.transaction() as tx:
-                return tx.with_prefix(wanted, prefix=wanted.lower() if prefix else "")
+                found = tx.with_prefix(wanted, prefix=wanted.lower() if prefix else "")
+                if found:
+                    return [ListedEntry(e, p) for e, p in found]
+                return [ListedEntry(e, evicted_at=at) for e, at in tx.evicted(
+                    wanted, prefix=wanted.lower() if prefix else "")]
 
         found = await asyncio.to_thread(read)
         if not found:
@@ -681,9 +686,9 @@ class Cache:
                                 f"{wanted!r}{why}")
         if len(found) > 1:
             raise UserError(f"show: field 'key': {wanted!r} is the prefix of several cache "
-                            f"entries ({found[0][0].key[:16]}..., {found[1][0].key[:16]}..."
-                            "); give more digits")
-        return ListedEntry(*found[0])
+                            f"entries ({found[0].entry.key[:16]}..., "
+                            f"{found[1].entry.key[:16]}...); give more digits")
+        return found[0]
 
 
 MIN_KEY_PREFIX = 8  # hex digits a key prefix must have to name an entry

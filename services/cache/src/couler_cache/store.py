@@ -118,6 +118,8 @@ class LineageRow(Base):
     cost_seconds: Mapped[float] = mapped_column(Float)
     parents: Mapped[str] = mapped_column(Text)  # JSON list of keys
     evicted_at: Mapped[float | None] = mapped_column(Float, index=True)  # None: cached
+    # the entry's metadata when it was evicted or refused (JSON; see _record)
+    record: Mapped[str | None] = mapped_column(Text, nullable=True, default=None)
 
 
 class EdgeRow(Base):
@@ -184,6 +186,27 @@ def _entry(row: EntryRow) -> CacheEntry:
         size_bytes=row.size_bytes, created_at=row.created_at, last_used_at=row.last_used_at,
         hits=row.hits, cost_seconds=row.cost_seconds, lineage=tuple(json.loads(row.lineage)),
         pinned=row.pinned)
+
+
+def _record(entry: CacheEntry) -> str:
+    """An entry's metadata, kept after its bytes are evicted (JSON)."""
+    return json.dumps({
+        "workflow": entry.workflow, "step": entry.step, "outputs": dict(entry.outputs),
+        "artifacts": {n: [a.digest, a.size_bytes, a.uri] for n, a in entry.artifacts.items()},
+        "size_bytes": entry.size_bytes, "cost_seconds": entry.cost_seconds,
+        "lineage": list(entry.lineage), "hits": entry.hits, "created_at": entry.created_at,
+        "last_used_at": entry.last_used_at}, sort_keys=True)
+
+
+def _from_record(key: str, text: str) -> CacheEntry:
+    data = json.loads(text)
+    return CacheEntry(
+        key=key, workflow=data["workflow"], step=data["step"], outputs=data["outputs"],
+        artifacts={n: StoredArtifact(d, size, uri)
+                   for n, (d, size, uri) in data["artifacts"].items()},
+        size_bytes=data["size_bytes"], cost_seconds=data["cost_seconds"],
+        lineage=tuple(data["lineage"]), hits=data["hits"], created_at=data["created_at"],
+        last_used_at=data["last_used_at"])
 
 
 def _standing(row: EntryRow) -> Standing:
@@ -287,11 +310,13 @@ class Tx:
         removed = Removed(row.key, row.size_bytes,
                           tuple(sorted({a.digest for a in row.artifacts})), row.priority)
         node = self._s.get(LineageRow, key)
+        record = _record(_entry(row))
         if node is None:  # not expected (every entry has one); kept consistent anyway
             self._s.add(LineageRow(key=key, cost_seconds=row.cost_seconds,
-                                   parents=row.lineage, evicted_at=now))
+                                   parents=row.lineage, evicted_at=now, record=record))
         else:
             node.evicted_at = now
+            node.record = record
         self._s.delete(row)
         self._s.flush()
         return removed
@@ -376,12 +401,14 @@ class Tx:
         return tuple(json.loads(row.parents)) if row is not None else None
 
     def remember(self, key: str, cost_seconds: float, parents: Sequence[str],
-                 now: float) -> None:
+                 now: float, entry: CacheEntry | None = None) -> None:
         """Record ``key`` as evicted at ``now`` without an entry (a refused commit), unless the
-        cache knows it already, so its descendants count its cost."""
+        cache knows it already, so its descendants count its cost (``entry``: its
+        metadata, kept)."""
         if self._s.get(LineageRow, key) is None:
             self._s.add(LineageRow(key=key, cost_seconds=cost_seconds,
-                                   parents=json.dumps(list(parents)), evicted_at=now))
+                                   parents=json.dumps(list(parents)), evicted_at=now,
+                                   record=None if entry is None else _record(entry)))
             self._s.add_all(EdgeRow(parent=p, child=key) for p in parents)
             self._s.flush()
 
@@ -501,6 +528,19 @@ class Tx:
         query = query.order_by(*(c.desc() if d else c.asc() for c, d in columns)).limit(limit)
         return [(_entry(row), row.priority, [getattr(row, name) for name, _ in ORDERS[order]])
                 for row in self._s.scalars(query)]
+
+    def evicted(self, key: str, *, prefix: str = "", limit: int = 2
+                ) -> list[tuple[CacheEntry, float]]:
+        """The kept metadata of the evicted entry ``key`` (or of those whose key starts
+        with ``prefix``, ``limit`` at most), each with when it was evicted."""
+        query = sa.select(LineageRow).where(LineageRow.evicted_at.is_not(None),
+                                            LineageRow.record.is_not(None))
+        rows = ([r] if (r := self._s.get(LineageRow, key)) is not None else []) \
+            if not prefix else self._s.scalars(
+                query.where(LineageRow.key.like(prefix + "%")).order_by(LineageRow.key)
+                .limit(limit))
+        return [(_from_record(r.key, r.record), r.evicted_at) for r in rows
+                if r.record is not None and r.evicted_at is not None]
 
     def with_prefix(self, key: str, *, prefix: str = "", limit: int = 2
                     ) -> list[tuple[CacheEntry, float]]:

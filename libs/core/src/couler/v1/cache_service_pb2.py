@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from couler.v1 import common_pb2 as couler_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63ouler/v1/cache_service.proto\x12\tcouler.v1\x1a\x16\x63ouler/v1/common.proto\"D\n\rLookupRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x17\n\x0fmax_age_seconds\x18\x02 \x01(\x03\x12\x0c\n\x04peek\x18\x03 \x01(\x08\"I\n\x0eLookupResponse\x12&\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x15.couler.v1.CacheEntry\x12\x0f\n\x07missing\x18\x02 \x03(\t\"5\n\rCommitRequest\x12$\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x15.couler.v1.CacheEntry\"2\n\x0e\x43ommitResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12\x0f\n\x07\x65victed\x18\x02 \x03(\t\"\x0e\n\x0cStatsRequest\"v\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0c\n\x04hits\x18\x03 \x01(\x03\x12\x0e\n\x06misses\x18\x04 \x01(\x03\x12\x11\n\tevictions\x18\x05 \x01(\x03\x12\x14\n\x0c\x62udget_bytes\x18\x06 \x01(\x03\"0\n\x0c\x45victRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x12\n\nfree_bytes\x18\x02 \x01(\x03\"5\n\rEvictResponse\x12\x0f\n\x07\x65victed\x18\x01 \x03(\t\x12\x13\n\x0b\x66reed_bytes\x18\x02 \x01(\x03\"*\n\nPinRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\",\n\x0bPinResponse\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x0f\n\x07missing\x18\x02 \x03(\t\"\x81\x01\n\x12ListEntriesRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\t\x12$\n\x05order\x18\x03 \x01(\x0e\x32\x15.couler.v1.CacheOrder\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"E\n\x0bListedEntry\x12$\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x15.couler.v1.CacheEntry\x12\x10\n\x08priority\x18\x02 \x01(\x01\"g\n\x13ListEntriesResponse\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.couler.v1.ListedEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\"\x1f\n\x10ShowEntryRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"J\n\x11ShowEntryResponse\x12%\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x16.couler.v1.ListedEntry\x12\x0e\n\x06policy\x18\x02 \x01(\t*\x85\x01\n\nCacheOrder\x12\x1b\n\x17\x43\x41\x43HE_ORDER_UNSPECIFIED\x10\x00\x12\x16\n\x12\x43\x41\x43HE_ORDER_VICTIM\x10\x01\x12\x16\n\x12\x43\x41\x43HE_ORDER_RECENT\x10\x02\x12\x14\n\x10\x43\x41\x43HE_ORDER_SIZE\x10\x03\x12\x14\n\x10\x43\x41\x43HE_ORDER_COST\x10\x04\x32\xc4\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.couler.v1.LookupRequest\x1a\x19.couler.v1.LookupResponse\x12=\n\x06\x43ommit\x12\x18.couler.v1.CommitRequest\x1a\x19.couler.v1.CommitResponse\x12:\n\x05Stats\x12\x17.couler.v1.StatsRequest\x1a\x18.couler.v1.StatsResponse\x12:\n\x05\x45vict\x12\x17.couler.v1.EvictRequest\x1a\x18.couler.v1.EvictResponse\x12\x34\n\x03Pin\x12\x15.couler.v1.PinRequest\x1a\x16.couler.v1.PinResponse\x12\x45\n\x04List\x12\x1d.couler.v1.ListEntriesRequest\x1a\x1e.couler.v1.ListEntriesResponse\x12\x41\n\x04Show\x12\x1b.couler.v1.ShowEntryRequest\x1a\x1c.couler.v1.ShowEntryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63ouler/v1/cache_service.proto\x12\tcouler.v1\x1a\x16\x63ouler/v1/common.proto\"D\n\rLookupRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x17\n\x0fmax_age_seconds\x18\x02 \x01(\x03\x12\x0c\n\x04peek\x18\x03 \x01(\x08\"I\n\x0eLookupResponse\x12&\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x15.couler.v1.CacheEntry\x12\x0f\n\x07missing\x18\x02 \x03(\t\"5\n\rCommitRequest\x12$\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x15.couler.v1.CacheEntry\"2\n\x0e\x43ommitResponse\x12\x0f\n\x07\x63reated\x18\x01 \x01(\x08\x12\x0f\n\x07\x65victed\x18\x02 \x03(\t\"\x0e\n\x0cStatsRequest\"v\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0c\n\x04hits\x18\x03 \x01(\x03\x12\x0e\n\x06misses\x18\x04 \x01(\x03\x12\x11\n\tevictions\x18\x05 \x01(\x03\x12\x14\n\x0c\x62udget_bytes\x18\x06 \x01(\x03\"0\n\x0c\x45victRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x12\n\nfree_bytes\x18\x02 \x01(\x03\"5\n\rEvictResponse\x12\x0f\n\x07\x65victed\x18\x01 \x03(\t\x12\x13\n\x0b\x66reed_bytes\x18\x02 \x01(\x03\"*\n\nPinRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\",\n\x0bPinResponse\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x0f\n\x07missing\x18\x02 \x03(\t\"\x81\x01\n\x12ListEntriesRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\t\x12$\n\x05order\x18\x03 \x01(\x0e\x32\x15.couler.v1.CacheOrder\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"Y\n\x0bListedEntry\x12$\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x15.couler.v1.CacheEntry\x12\x10\n\x08priority\x18\x02 \x01(\x01\x12\x12\n\nevicted_at\x18\x03 \x01(\x01\"g\n\x13ListEntriesResponse\x12\'\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x16.couler.v1.ListedEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\"\x1f\n\x10ShowEntryRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"J\n\x11ShowEntryResponse\x12%\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x16.couler.v1.ListedEntry\x12\x0e\n\x06policy\x18\x02 \x01(\t*\x85\x01\n\nCacheOrder\x12\x1b\n\x17\x43\x41\x43HE_ORDER_UNSPECIFIED\x10\x00\x12\x16\n\x12\x43\x41\x43HE_ORDER_VICTIM\x10\x01\x12\x16\n\x12\x43\x41\x43HE_ORDER_RECENT\x10\x02\x12\x14\n\x10\x43\x41\x43HE_ORDER_SIZE\x10\x03\x12\x14\n\x10\x43\x41\x43HE_ORDER_COST\x10\x04\x32\xc4\x03\n\x0c\x43\x61\x63heService\x12=\n\x06Lookup\x12\x18.couler.v1.LookupRequest\x1a\x19.couler.v1.LookupResponse\x12=\n\x06\x43ommit\x12\x18.couler.v1.CommitRequest\x1a\x19.couler.v1.CommitResponse\x12:\n\x05Stats\x12\x17.couler.v1.StatsRequest\x1a\x18.couler.v1.StatsResponse\x12:\n\x05\x45vict\x12\x17.couler.v1.EvictRequest\x1a\x18.couler.v1.EvictResponse\x12\x34\n\x03Pin\x12\x15.couler.v1.PinRequest\x1a\x16.couler.v1.PinResponse\x12\x45\n\x04List\x12\x1d.couler.v1.ListEntriesRequest\x1a\x1e.couler.v1.ListEntriesResponse\x12\x41\n\x04Show\x12\x1b.couler.v1.ShowEntryRequest\x1a\x1c.couler.v1.ShowEntryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'couler.v1.cache_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CACHEORDER']._serialized_start=1069
-  _globals['_CACHEORDER']._serialized_end=1202
+  _globals['_CACHEORDER']._serialized_start=1089
+  _globals['_CACHEORDER']._serialized_end=1222
   _globals['_LOOKUPREQUEST']._serialized_start=68
   _globals['_LOOKUPREQUEST']._serialized_end=136
   _globals['_LOOKUPRESPONSE']._serialized_start=138
@@ -57,13 +57,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTENTRIESREQUEST']._serialized_start=652
   _globals['_LISTENTRIESREQUEST']._serialized_end=781
   _globals['_LISTEDENTRY']._serialized_start=783
-  _globals['_LISTEDENTRY']._serialized_end=852
-  _globals['_LISTENTRIESRESPONSE']._serialized_start=854
-  _globals['_LISTENTRIESRESPONSE']._serialized_end=957
-  _globals['_SHOWENTRYREQUEST']._serialized_start=959
-  _globals['_SHOWENTRYREQUEST']._serialized_end=990
-  _globals['_SHOWENTRYRESPONSE']._serialized_start=992
-  _globals['_SHOWENTRYRESPONSE']._serialized_end=1066
-  _globals['_CACHESERVICE']._serialized_start=1205
-  _globals['_CACHESERVICE']._serialized_end=1657
+  _globals['_LISTEDENTRY']._serialized_end=872
+  _globals['_LISTENTRIESRESPONSE']._serialized_start=874
+  _globals['_LISTENTRIESRESPONSE']._serialized_end=977
+  _globals['_SHOWENTRYREQUEST']._serialized_start=979
+  _globals['_SHOWENTRYREQUEST']._serialized_end=1010
+  _globals['_SHOWENTRYRESPONSE']._serialized_start=1012
+  _globals['_SHOWENTRYRESPONSE']._serialized_end=1086
+  _globals['_CACHESERVICE']._serialized_start=1225
+  _globals['_CACHESERVICE']._serialized_end=1677
 # @@protoc_insertion_point(module_scope)

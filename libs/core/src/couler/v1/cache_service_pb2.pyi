@@ -120,12 +120,14 @@ class ListEntriesRequest(_message.Message):
     def __init__(self, workflow: _Optional[str] = ..., step: _Optional[str] = ..., order: _Optional[_Union[CacheOrder, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListedEntry(_message.Message):
-    __slots__ = ("entry", "priority")
+    __slots__ = ("entry", "priority", "evicted_at")
     ENTRY_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_AT_FIELD_NUMBER: _ClassVar[int]
     entry: _common_pb2.CacheEntry
     priority: float
-    def __init__(self, entry: _Optional[_Union[_common_pb2.CacheEntry, _Mapping]] = ..., priority: _Optional[float] = ...) -> None: ...
+    evicted_at: float
+    def __init__(self, entry: _Optional[_Union[_common_pb2.CacheEntry, _Mapping]] = ..., priority: _Optional[float] = ..., evicted_at: _Optional[float] = ...) -> None: ...
 
 class ListEntriesResponse(_message.Message):
     __slots__ = ("entries", "next_page_token", "policy")

@@ -543,17 +543,18 @@ class ListedEntry:
 
     entry: CacheEntry
     priority: float = 0.0
+    evicted_at: float | None = None  # its bytes evicted then (its metadata kept)
 
 
 def listed_entry_to_proto(e: ListedEntry) -> cache_service_pb2.ListedEntry:
     """The ``couler.v1.ListedEntry`` of ``e``."""
     return cache_service_pb2.ListedEntry(entry=cache_entry_to_proto(e.entry),
-                                         priority=e.priority)
+                                         priority=e.priority, evicted_at=e.evicted_at or 0.0)
 
 
 def listed_entry_from_proto(m: cache_service_pb2.ListedEntry) -> ListedEntry:
     """The :class:`ListedEntry` of ``m``."""
-    return ListedEntry(cache_entry_from_proto(m.entry), m.priority)
+    return ListedEntry(cache_entry_from_proto(m.entry), m.priority, m.evicted_at or None)
 
 
 @dataclass(frozen=True, slots=True)
