@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import yaml
 
 from couler import ir
@@ -66,6 +67,25 @@ def test_the_argo_document_no_longer_holds_the_cached_step() -> None:
     assert "prep" not in {t["name"] for t in doc["spec"]["templates"]}
     assert f"runs/sha256/{HEX}" in text and "couler-artifacts" in text
     assert "'42'" in text or '"42"' in text or "value: 42" in text
+
+
+@pytest.mark.parametrize("engine", ["argo", "tekton", "airflow"])
+def test_every_engine_compiles_the_workflow_without_its_cached_steps(engine: str) -> None:
+    """Parameters only (Tekton and Airflow take no artifacts): the reused steps are absent
+    from each engine's document, their outputs present as values."""
+    wf = ir.Workflow(name="params", steps=(
+        _step("prep"),
+        _step("train", inputs=(ir.InputParameter("rows", ir.StepOutputRef("prep", "out")),),
+              dependencies=(ir.Dependency("prep"),)),
+        _step("report", inputs=(ir.InputParameter("x", ir.StepOutputRef("train", "out")),),
+              dependencies=(ir.Dependency("train"),))))
+    keys = workflow_keys(wf)
+    entry = CachedStep(keys["train"], {"out": "31337"})
+    plan = optimize(wf, engine, lookup=lambda ks: {k: entry for k in ks if k == entry.key},
+                    substitute=True, store=STORE, retry=None)  # by failure class: not all
+    assert [s.name for s in plan.workflow.steps] == ["report"] and plan.unneeded == ("prep",)
+    assert "31337" in plan.document
+    assert "echo prep" not in plan.document and "echo train" not in plan.document
 
 
 def test_an_ancestor_nothing_left_needs_is_taken_out_too() -> None:
