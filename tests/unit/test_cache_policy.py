@@ -442,3 +442,27 @@ def populate_version_1(engine: sa.Engine) -> None:
                 "INSERT INTO cache_artifacts (key, name, digest, size_bytes, uri) VALUES "
                 "(:key, 'out', :digest, 100, '')"), {"key": key, "digest": digest})
         conn.execute(sa.text("UPDATE cache_counters SET value = 2 WHERE name = 'clock'"))
+
+
+def test_damaged_rows_never_stop_the_cache_nor_pass_a_wrong_output(h: Harness) -> None:
+    """Garbage where JSON was stored: the cache starts (pricing reads lineage at start), a
+    damaged entry is a miss, and the step's next commit replaces it."""
+    h.start(policy="value")
+    h.commit("parent", 100, cost=10)
+    h.commit("child", 100, cost=10, lineage=["parent"])
+    engine = make_engine(h.url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE cache_entries SET outputs = '{not json', "
+                                 "lineage = '[1, 2' WHERE key = 'child'"))
+            conn.execute(sa.text("UPDATE cache_entries SET lineage = 'null'"))
+            conn.execute(sa.text("UPDATE cache_lineage SET parents = :v"),
+                         {"v": "\x00 garbage"})
+            conn.execute(sa.text("UPDATE cache_meta SET value = 'ALIEN'"))
+    finally:
+        engine.dispose()
+    cache = h.start(policy="gdsf")  # a new policy: every entry priced again at start
+    found = run(cache.lookup(["parent", "child"]))
+    assert list(found.entries) == ["parent"] and found.missing == ("child",)
+    assert h.commit("child", 100, cost=10)[0]  # the damaged entry made way
+    assert set(run(cache.lookup(["child"])).entries) == {"child"}

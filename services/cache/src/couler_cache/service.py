@@ -501,7 +501,11 @@ class Cache:
     def _inflation(self, tx: Tx) -> float:
         if self._pricing.policy is not EvictionPolicy.GDSF:
             return 0.0
-        return float(tx.meta("inflation") or 0.0)
+        try:
+            inflation = float(tx.meta("inflation") or 0.0)
+        except ValueError:  # damaged: start the aging again
+            return 0.0
+        return inflation if math.isfinite(inflation) else 0.0
 
     def _prepare(self) -> None:
         """Price every entry again when the stored priorities were computed under another

@@ -178,14 +178,46 @@ class Removed:
     priority: float = 0.0
 
 
+class DamagedEntryError(Exception):
+    """A stored entry that cannot be read (its outputs are not a JSON object of strings)."""
+
+
+def _keys(text: str | None) -> tuple[str, ...]:
+    """A stored JSON list of keys; () when it is damaged (it only prices entries)."""
+    try:
+        value = json.loads(text or "[]")
+    except ValueError:
+        return ()
+    return tuple(value) if isinstance(value, list) and all(
+        isinstance(k, str) for k in value) else ()
+
+
 def _entry(row: EntryRow) -> CacheEntry:
+    """The entry of ``row``; raises DamagedEntryError when its outputs cannot be read (stored
+    data never passes a wrong output on, nor stops the service)."""
+    try:
+        outputs = json.loads(row.outputs)
+    except (ValueError, TypeError):
+        outputs = None
+    if not isinstance(outputs, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in outputs.items()):
+        raise DamagedEntryError(row.key)
     return CacheEntry(
-        key=row.key, workflow=row.workflow, step=row.step, outputs=json.loads(row.outputs),
+        key=row.key, workflow=row.workflow, step=row.step, outputs=outputs,
         artifacts={a.name: StoredArtifact(a.digest, a.size_bytes, a.uri)
                    for a in sorted(row.artifacts, key=lambda a: a.name)},
         size_bytes=row.size_bytes, created_at=row.created_at, last_used_at=row.last_used_at,
-        hits=row.hits, cost_seconds=row.cost_seconds, lineage=tuple(json.loads(row.lineage)),
+        hits=row.hits, cost_seconds=row.cost_seconds, lineage=_keys(row.lineage),
         pinned=row.pinned)
+
+
+def _readable(rows: Iterable[EntryRow]) -> Iterator[tuple[EntryRow, CacheEntry]]:
+    """The rows whose entries can be read, each with its entry (damaged ones left out)."""
+    for row in rows:
+        try:
+            yield row, _entry(row)
+        except DamagedEntryError:
+            continue
 
 
 def _record(entry: CacheEntry) -> str:
@@ -198,7 +230,15 @@ def _record(entry: CacheEntry) -> str:
         "last_used_at": entry.last_used_at}, sort_keys=True)
 
 
-def _from_record(key: str, text: str) -> CacheEntry:
+def _from_record(key: str, text: str) -> CacheEntry | None:
+    """The kept metadata of an evicted entry; None when it is damaged."""
+    try:
+        return _read_record(key, text)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _read_record(key: str, text: str) -> CacheEntry:
     data = json.loads(text)
     return CacheEntry(
         key=key, workflow=data["workflow"], step=data["step"], outputs=data["outputs"],
@@ -231,9 +271,18 @@ class Tx:
     # ------------------------------------------------------------------ entries
 
     def get(self, key: str) -> CacheEntry | None:
-        """The entry for ``key``, or None."""
+        """The entry for ``key``, or None; a damaged one is removed (its blobs orphaned)
+        and counts as none."""
         row = self._s.get(EntryRow, key)
-        return _entry(row) if row is not None else None
+        if row is None:
+            return None
+        try:
+            return _entry(row)
+        except DamagedEntryError:
+            removed = self.delete(key, float(row.created_at or 0.0))
+            if removed is not None:
+                self.orphan(removed.digests)
+            return None
 
     def get_many(self, keys: Sequence[str]) -> dict[str, CacheEntry]:
         """The entries for those of ``keys`` that have one, by key (a few queries for
@@ -242,7 +291,7 @@ class Tx:
         for at in range(0, len(keys), _IN_CHUNK):
             rows = self._s.scalars(sa.select(EntryRow).where(
                 EntryRow.key.in_(keys[at:at + _IN_CHUNK])))
-            found.update((row.key, _entry(row)) for row in rows)
+            found.update((row.key, entry) for row, entry in _readable(rows))
         return found
 
     def insert(self, entry: CacheEntry, now: float, pricing: Pricing, *, lost: float = 0.0,
@@ -310,7 +359,10 @@ class Tx:
         removed = Removed(row.key, row.size_bytes,
                           tuple(sorted({a.digest for a in row.artifacts})), row.priority)
         node = self._s.get(LineageRow, key)
-        record = _record(_entry(row))
+        try:
+            record: str | None = _record(_entry(row))
+        except DamagedEntryError:
+            record = None
         if node is None:  # not expected (every entry has one); kept consistent anyway
             self._s.add(LineageRow(key=key, cost_seconds=row.cost_seconds,
                                    parents=row.lineage, evicted_at=now, record=record))
@@ -357,7 +409,7 @@ class Tx:
                                     .order_by(EntryRow.key).limit(limit)))
         for row in rows:
             if lost is not None:
-                row.lost_cost_seconds = lost(tuple(json.loads(row.lineage)))
+                row.lost_cost_seconds = lost(_keys(row.lineage))
             if refreq:
                 row.freq_log = pricing.estimated_freq_log(row.created_at, row.last_used_at,
                                                           row.hits)
@@ -380,7 +432,7 @@ class Tx:
         for at in range(0, len(keys), _IN_CHUNK):
             for row in self._s.scalars(sa.select(LineageRow).where(
                     LineageRow.key.in_(keys[at:at + _IN_CHUNK]))):
-                found[row.key] = Node(row.cost_seconds, tuple(json.loads(row.parents)),
+                found[row.key] = Node(row.cost_seconds, _keys(row.parents),
                                       row.evicted_at is None)
         return found
 
@@ -398,7 +450,7 @@ class Tx:
     def parents(self, key: str) -> tuple[str, ...] | None:
         """The lineage recorded for ``key``, None when the cache never saw it."""
         row = self._s.get(LineageRow, key)
-        return tuple(json.loads(row.parents)) if row is not None else None
+        return _keys(row.parents) if row is not None else None
 
     def remember(self, key: str, cost_seconds: float, parents: Sequence[str],
                  now: float, entry: CacheEntry | None = None) -> None:
@@ -526,8 +578,8 @@ class Tx:
         if after is not None:
             query = query.where(_after(columns, after))
         query = query.order_by(*(c.desc() if d else c.asc() for c, d in columns)).limit(limit)
-        return [(_entry(row), row.priority, [getattr(row, name) for name, _ in ORDERS[order]])
-                for row in self._s.scalars(query)]
+        return [(entry, row.priority, [getattr(row, name) for name, _ in ORDERS[order]])
+                for row, entry in _readable(self._s.scalars(query))]
 
     def evicted(self, key: str, *, prefix: str = "", limit: int = 2
                 ) -> list[tuple[CacheEntry, float]]:
@@ -539,8 +591,9 @@ class Tx:
             if not prefix else self._s.scalars(
                 query.where(LineageRow.key.like(prefix + "%")).order_by(LineageRow.key)
                 .limit(limit))
-        return [(_from_record(r.key, r.record), r.evicted_at) for r in rows
+        kept = [(_from_record(r.key, r.record), r.evicted_at) for r in rows
                 if r.record is not None and r.evicted_at is not None]
+        return [(e, at) for e, at in kept if e is not None]
 
     def with_prefix(self, key: str, *, prefix: str = "", limit: int = 2
                     ) -> list[tuple[CacheEntry, float]]:
@@ -549,12 +602,12 @@ class Tx:
         priority."""
         row = self._s.get(EntryRow, key)
         if row is not None:
-            return [(_entry(row), row.priority)]
+            return [(e, r.priority) for r, e in _readable([row])]
         if not prefix:
             return []
         rows = self._s.scalars(sa.select(EntryRow).where(EntryRow.key.like(prefix + "%"))
                                .order_by(EntryRow.key).limit(limit))
-        return [(_entry(r), r.priority) for r in rows]
+        return [(e, r.priority) for r, e in _readable(rows)]
 
 
 ORDERS: dict[str, tuple[tuple[str, bool], ...]] = {
