@@ -32,8 +32,8 @@ from tests.integration.test_cache_service import Cache, Starter
 from tests.integration.test_submitter_service import (
     ServiceThread,
     lines,
+    make_and_use,
     optimize,
-    script,
     unique,
     wait_state,
 )
@@ -99,20 +99,7 @@ def replace_blob(cache: Cache, digest: str, data: bytes | None) -> None:
 
 
 def workflow(marker: Path) -> ir.Workflow:
-    make = script(
-        "make", f"import pathlib\nopen({str(marker)!r}, 'a').write('make\\n')\n"
-        "pathlib.Path('/tmp/out/data.txt').write_text('fresh')\nprint('new')",
-        outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),),
-        output_artifacts=(ir.OutputArtifact("data", "/tmp/out/data.txt"),))
-    use = ir.Step(
-        name="use", body=ir.ContainerSpec(image="alpine", command=(
-            "sh", "-c", "cat /tmp/in/data.txt; echo \" {{inputs.x}}\"")),
-        inputs=(ir.InputParameter("x", ir.StepOutputRef("make", "said")),),
-        input_artifacts=(ir.InputArtifact("data", "/tmp/in/data.txt",
-                                          ir.StepArtifactRef("make", "data")),),
-        outputs=(ir.OutputParameter("seen", source=ir.OutputSource.STDOUT),),
-        dependencies=(ir.Dependency("make"),))
-    return ir.Workflow(name=unique("reuse"), steps=(make, use))
+    return make_and_use(unique("reuse"), f"open({str(marker)!r}, 'a').write('make\\n')")
 
 
 def cached_entry(cache: Cache, wf: ir.Workflow, cost: float) -> CacheEntry:

@@ -202,6 +202,26 @@ def script(name: str, source: str, **kw: Any) -> ir.Step:
     return ir.Step(name=name, body=ir.ScriptSpec(image=PY, source=source), **kw)
 
 
+def make_and_use(name: str, prelude: str, image: str = PY) -> ir.Workflow:
+    """``make`` runs ``prelude``, writes the artifact ``data`` ("fresh") and prints ``new``
+    (output ``said``); ``use`` prints the artifact and ``said`` (output ``seen``)."""
+    make = ir.Step(
+        name="make", body=ir.ScriptSpec(image=image, source=(
+            f"{prelude}\nimport pathlib\npathlib.Path('/tmp/out/data.txt').write_text('fresh')"
+            "\nprint('new')")),
+        outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),),
+        output_artifacts=(ir.OutputArtifact("data", "/tmp/out/data.txt"),))
+    use = ir.Step(
+        name="use", body=ir.ContainerSpec(image="alpine", command=(
+            "sh", "-c", "cat /tmp/in/data.txt; echo \" {{inputs.x}}\"")),
+        inputs=(ir.InputParameter("x", ir.StepOutputRef("make", "said")),),
+        input_artifacts=(ir.InputArtifact("data", "/tmp/in/data.txt",
+                                          ir.StepArtifactRef("make", "data")),),
+        outputs=(ir.OutputParameter("seen", source=ir.OutputSource.STDOUT),),
+        dependencies=(ir.Dependency("make"),))
+    return ir.Workflow(name=name, steps=(make, use))
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
@@ -545,20 +565,8 @@ class TestService:
             self, client: CoulerClient, nats_server: NatsServer, state: Path,
             tmp_path: Path) -> None:
         marker = tmp_path / "ran"
-        make = script(
-            "make", f"import pathlib\npathlib.Path({str(marker)!r}).write_text('x')\n"
-            "pathlib.Path('/tmp/out/data.txt').write_text('fresh')\nprint('new')",
-            outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),),
-            output_artifacts=(ir.OutputArtifact("data", "/tmp/out/data.txt"),))
-        use = ir.Step(
-            name="use", body=ir.ContainerSpec(image="alpine", command=(
-                "sh", "-c", "cat /tmp/in/data.txt; echo \" {{inputs.x}}\"")),
-            inputs=(ir.InputParameter("x", ir.StepOutputRef("make", "said")),),
-            input_artifacts=(ir.InputArtifact("data", "/tmp/in/data.txt",
-                                              ir.StepArtifactRef("make", "data")),),
-            outputs=(ir.OutputParameter("seen", source=ir.OutputSource.STDOUT),),
-            dependencies=(ir.Dependency("make"),))
-        wf = ir.Workflow(name=unique("cached"), steps=(make, use))
+        wf = make_and_use(unique("cached"), f"import pathlib\n"
+                          f"pathlib.Path({str(marker)!r}).write_text('x')")
         blob = LocalBlobStore(state / "blobs").put_bytes(b"from-cache")
         entry = CacheEntry(key="c" * 64, workflow=wf.name, step="make", outputs={"said": "old"},
                            artifacts={"data": StoredArtifact(
