@@ -343,3 +343,40 @@ def test_two_status_dependent_hooks_are_rejected(tmp_path: Path) -> None:
     result = helper(tmp_path, "compile", str(program))[str(program)]
     assert (result["step"], result["feature"]) == ("page", "exit hooks")
     assert "exit handlers do not nest" in result["message"]
+
+
+REUSED = r'''
+from couler import ir
+from couler.optimize import CachedStep, optimize
+from couler.optimize.cache_key import workflow_keys
+
+def step(name, reads=None):
+    return ir.Step(
+        name=name, body=ir.ContainerSpec(image="alpine", command=("echo", name)),
+        inputs=(ir.InputParameter("x", ir.StepOutputRef(reads, "out")),) if reads else (),
+        dependencies=(ir.Dependency(reads),) if reads else (),
+        outputs=(ir.OutputParameter("out", source=ir.OutputSource.STDOUT),))
+
+wf = ir.Workflow(name="reused", steps=(step("prep"), step("train", "prep"),
+                                       step("report", "train")))
+hit = CachedStep(workflow_keys(wf)["train"], {"out": "31337"})
+plan = optimize(wf, "kfp", lookup=lambda keys: {k: hit for k in keys if k == hit.key},
+                substitute=True, retry=None)
+print(plan.document)
+print("=====")
+print(optimize(wf, "kfp", retry=None).document)  # the same pipeline, nothing reused
+'''
+
+
+def test_a_resubmitted_pipeline_leaves_its_reused_steps_out(tmp_path: Path) -> None:
+    """Issue 10, item 4, with the kfp compiler itself: the reused ``train`` and the ``prep``
+    only it read are not in the PipelineSpec; ``report`` gets train's output as a value."""
+    script = tmp_path / "reused.py"
+    script.write_text(REUSED)
+    proc = subprocess.run([kfp_python(), str(script)], capture_output=True, text=True,
+                          check=False, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    reused, whole = proc.stdout.split("=====")
+    assert all(f"exec-{n}:" in whole for n in ("prep", "train", "report"))
+    assert "exec-report:" in reused and "31337" in reused
+    assert "exec-prep:" not in reused and "exec-train:" not in reused
