@@ -176,12 +176,10 @@ def features_used(wf: ir.Workflow) -> dict[Feature, list[str]]:
     Step defaults count for every step they apply to; exit-hook and inline
     sub-workflow steps are included.
     """
-    used: dict[Feature, list[str]] = {}
+    used: dict[Feature, dict[str, None]] = {}  # an ordered set per feature: linear
 
     def add(feature: Feature, where: str) -> None:
-        names = used.setdefault(feature, [])
-        if where not in names:
-            names.append(where)
+        used.setdefault(feature, {})[where] = None
 
     d = wf.defaults
     steps = [*wf.steps, *(s for hook in wf.exit_hooks for s in hook.steps)]
@@ -213,7 +211,7 @@ def features_used(wf: ir.Workflow) -> dict[Feature, list[str]]:
         add(Feature.TOLERATIONS, "")
     if wf.node_selector:
         add(Feature.NODE_SELECTOR, "")
-    return used
+    return {feature: list(names) for feature, names in used.items()}
 
 
 def plain_edges(wf: ir.Workflow) -> ir.Workflow:
