@@ -36,6 +36,7 @@ import shutil
 import stat
 import tarfile
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -128,15 +129,20 @@ class ArtifactStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        # Items of a map run side by side and each keeps its artifact as the step's too:
+        # one replacement at a time (two at once unlinked the same file twice).
+        self._lock = threading.Lock()
 
     def location(self, step: str, artifact: str) -> Path:
         """Where the artifact ``artifact`` of ``step`` is kept."""
         return self.root / step / artifact
 
     def put(self, step: str, artifact: str, src: Path) -> Path:
-        """Copy ``src`` (file or directory) into the store and return its location."""
+        """Copy ``src`` (file or directory) into the store and return its location
+        (thread-safe: the last copy wins)."""
         dst = self.location(step, artifact)
-        copy_path(src, dst)
+        with self._lock:
+            copy_path(src, dst)
         return dst
 
     def get(self, step: str, artifact: str, dst: Path) -> None:
