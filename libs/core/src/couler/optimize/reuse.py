@@ -90,12 +90,16 @@ def substitute_cached(wf: ir.Workflow, outputs: Mapping[str, Mapping[str, str]],
     """
     by_name = {s.name: s for s in wf.steps}
     hook_steps = [s for hook in wf.exit_hooks for s in ir.all_steps(hook.steps)]
+    readers: dict[str, list[ir.Step]] = {}  # one pass: linear in the steps and edges
+    for step in (*wf.steps, *hook_steps):
+        for ref in _references(step) - {step.name}:
+            readers.setdefault(ref, []).append(step)
     notes: list[str] = []
     removable: set[str] = set()
     for name in outputs:
         if name not in by_name:
             continue
-        why = _kept_because(name, [*wf.steps, *hook_steps], outputs[name],
+        why = _kept_because(name, readers.get(name, ()), outputs[name],
                             artifacts.get(name, {}), store)
         if why:
             notes.append(f"step {name!r}: cached but run again: {why}")
@@ -120,12 +124,18 @@ def substitute_cached(wf: ir.Workflow, outputs: Mapping[str, Mapping[str, str]],
     return Substituted(new, tuple(sorted(removable)), tuple(sorted(unneeded)), tuple(notes))
 
 
-def _kept_because(name: str, steps: Sequence[ir.Step], values: Mapping[str, str],
+def _references(step: ir.Step) -> set[str]:
+    """The steps ``step`` waits for, reads from or fans out over."""
+    src = step.foreach.source if step.foreach is not None else None
+    fans = {src.step} if isinstance(src, ir.StepOutputRef) else set()
+    return upstream_names(step) | producers(step) | fans
+
+
+def _kept_because(name: str, readers: Sequence[ir.Step], values: Mapping[str, str],
                   digests: Mapping[str, str], store: ArtifactStore | None) -> str:
-    """Why the cached step ``name`` must stay in the workflow ("": it need not)."""
-    for step in steps:
-        if step.name == name:
-            continue
+    """Why the cached step ``name`` must stay in the workflow ("": it need not), from the
+    steps that refer to it."""
+    for step in readers:
         src = step.foreach.source if step.foreach is not None else None
         if isinstance(src, ir.StepOutputRef) and src.step == name and \
                 _items(values.get(src.output)) is None:
@@ -182,9 +192,7 @@ def _source(src: ir.ValueSource, values: Mapping[str, Mapping[str, str]],
 def _rewrite(step: ir.Step, gone: set[str], values: Mapping[str, Mapping[str, str]], *,
              blobs: Mapping[str, Mapping[str, str]], store: ArtifactStore | None,
              by_name: Mapping[str, ir.Step]) -> ir.Step:
-    src = step.foreach.source if step.foreach is not None else None
-    fans = {src.step} if isinstance(src, ir.StepOutputRef) else set()
-    if not ((upstream_names(step) | producers(step) | fans) & gone):
+    if not _references(step) & gone:
         return step
     inputs = tuple(dataclasses.replace(i, value=_source(i.value, values, by_name))
                    for i in step.inputs)
@@ -201,6 +209,7 @@ def _rewrite(step: ir.Step, gone: set[str], values: Mapping[str, Mapping[str, st
     if loop is not None:
         loop = dataclasses.replace(loop, condition=_condition(loop.condition, values, by_name))
     foreach = step.foreach
+    src = foreach.source if foreach is not None else None
     if foreach is not None and isinstance(src, ir.StepOutputRef) and src.step in values:
         items = _items(values[src.step].get(src.output))
         assert items is not None  # _kept_because kept the step otherwise
