@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import threading
@@ -19,6 +20,7 @@ from couler.errors import (
     NotFoundError,
     UnsupportedFeatureError,
 )
+from couler.optimize import DEFAULT_RETRY
 from couler.optimize.cache_key import workflow_keys
 from couler_runtime.local import CAPABILITIES, LocalEngine, LocalRun, Reuse
 
@@ -308,17 +310,61 @@ def test_exit_hooks(engine: LocalEngine, command: str, expected: str) -> None:
 
 
 def test_retry_until_success(engine: LocalEngine, tmp_path: Path) -> None:
+    # A DNS error twice (INFRA: the network, not the step), then success. Before failure
+    # classes every exit was transient; the same error twice is now a user error (below),
+    # so the flaky step names a platform error.
     counter = tmp_path / "tries"
     source = (f"import pathlib, sys; p = pathlib.Path({str(counter)!r}); "
               "n = len(p.read_text()) if p.exists() else 0; p.write_text('x' * (n + 1)); "
-              "sys.exit(0 if n >= 2 else 3)")
+              "n < 2 and print('fetch https://data.example: Temporary failure in name "
+              "resolution', file=sys.stderr); sys.exit(0 if n >= 2 else 3)")
     policy = ir.RetryPolicy(limit=4, backoff=ir.Backoff(0.05, 2.0, 0.1),
-                            on=(ir.FailureClass.TRANSIENT,))
+                            on=(ir.FailureClass.TRANSIENT, ir.FailureClass.INFRA))
     events: list[StepStatus] = []
     status = engine.run(wf("retry", script("flaky", source, retry=policy)), on_event=events.append)
     assert status.state is RunState.SUCCEEDED
     assert by_key(status, "flaky").attempts == 3
-    assert StepState.RETRYING in {e.state for e in events}
+    retrying = [e for e in events if e.state is StepState.RETRYING]
+    assert retrying and {e.failure for e in retrying} == {"infra"}
+    assert "name resolution" in retrying[0].failure_reason
+
+
+def test_default_policy_does_not_retry_a_python_exception(engine: LocalEngine) -> None:
+    step = script("bug", "raise ValueError('bad input')", retry=DEFAULT_RETRY)
+    status = engine.run(wf("bug", step))
+    got = by_key(status, "bug")
+    assert got.state is StepState.FAILED and got.attempts == 1
+    assert got.failure == "user"
+    assert got.failure_reason.startswith("user error: Python ValueError in the traceback")
+    assert "not retried" in got.failure_reason
+
+
+def test_default_policy_retries_a_dns_error_then_succeeds(engine: LocalEngine,
+                                                          tmp_path: Path) -> None:
+    marker = tmp_path / "failed-once"
+    source = (f"import pathlib, socket; p = pathlib.Path({str(marker)!r})\n"
+              "if not p.exists():\n"
+              "    p.touch()\n"
+              "    raise socket.gaierror(-3, 'Temporary failure in name resolution')\n"
+              "print('ok')")
+    policy = dataclasses.replace(DEFAULT_RETRY, backoff=ir.Backoff(0.05, 2.0, 0.1))
+    status = engine.run(wf("dns", script("fetch", source, retry=policy)))
+    assert status.state is RunState.SUCCEEDED, status
+    assert by_key(status, "fetch").attempts == 2
+
+
+def test_the_same_exit_and_error_twice_is_not_retried_again(engine: LocalEngine) -> None:
+    # An unknown exit is retried once to see whether it repeats; a repeat is deterministic.
+    policy = ir.RetryPolicy(limit=5, on=(ir.FailureClass.TRANSIENT,))
+    status = engine.run(wf("repeat", container("x", "sh", "-c", "echo broken >&2; exit 3",
+                                               retry=policy)))
+    got = by_key(status, "x")
+    assert got.state is StepState.FAILED and got.attempts == 2
+    assert got.failure == "user" and "same exit code 3 and error twice" in got.failure_reason
+    # ...while a policy on ANY keeps retrying every class, user errors too.
+    status = engine.run(wf("any", container("x", "sh", "-c", "echo broken >&2; exit 3",
+                                            retry=ir.RetryPolicy(limit=2))))
+    assert by_key(status, "x").attempts == 3
 
 
 def test_failure_class_not_in_policy_is_not_retried(engine: LocalEngine) -> None:
@@ -326,9 +372,12 @@ def test_failure_class_not_in_policy_is_not_retried(engine: LocalEngine) -> None
     status = engine.run(wf("no-retry", container("fail", "sh", "-c", "exit 1", retry=policy)))
     step = by_key(status, "fail")
     assert step.state is StepState.FAILED and step.attempts == 1 and step.exit_code == 1
-    # ...but an OOM (exit 137) is.
+    # A SIGKILL without memory evidence is no OOM (it was an OOM before failure classes):
+    # something else killed it. Killed at its memory limit, it is (test_memory_limit_...).
     status = engine.run(wf("oom", container("oom", "sh", "-c", "kill -9 $$", retry=policy)))
-    assert by_key(status, "oom").attempts == 4
+    killed = by_key(status, "oom")
+    assert killed.attempts == 1 and killed.failure == "infra"
+    assert "without memory evidence" in killed.failure_reason
 
 
 def test_process_that_cannot_start_is_infra(engine: LocalEngine) -> None:

@@ -15,6 +15,7 @@ import pytest
 from couler import ir
 from couler.engines.base import Feature, RunState, RunStatus, StepState, StepStatus
 from couler.errors import UnsupportedFeatureError
+from couler.optimize import DEFAULT_RETRY
 from couler_runtime.local import LocalEngine
 from couler_runtime.ray import CAPABILITIES, RayExecutor
 from couler_runtime.ray.executor import RetryAttempt, task_options
@@ -247,6 +248,23 @@ def test_retry_limit_exhausted_and_unretried_class(ray_exec: RayExecutor) -> Non
     assert by_key(status, "always").attempts == 2
     assert by_key(status, "always").state is StepState.FAILED
     assert by_key(status, "oom-only").attempts == 1  # transient is not retried by this policy
+
+
+def test_failure_classes_decide_retries(ray_exec: RayExecutor) -> None:
+    # A Python ValueError is a user error: the default policy does not retry it.
+    bug = script("bug", "raise ValueError('bad input')", retry=DEFAULT_RETRY)
+    # The same exit and error on two Ray task attempts (the earlier attempts are kept
+    # across Ray's retries): the second is a user error, no third attempt.
+    repeat = container("repeat", "sh", "-c", "echo broken >&2; exit 3",
+                       retry=ir.RetryPolicy(limit=4, on=(ir.FailureClass.TRANSIENT,)))
+    status = ray_exec.run(wf("classes", bug, repeat))
+    assert status.state is RunState.FAILED
+    got = by_key(status, "bug")
+    assert got.attempts == 1 and got.failure == "user"
+    assert got.failure_reason.startswith("user error: Python ValueError in the traceback")
+    again = by_key(status, "repeat")
+    assert again.attempts == 2 and again.failure == "user"
+    assert "same exit code 3 and error twice" in again.failure_reason
 
 
 def test_loop_runs_until_condition(ray_exec: RayExecutor, tmp_path: Path) -> None:

@@ -842,6 +842,11 @@ def test_loop_with_one_iteration_is_a_plain_step() -> None:
     ((ir.FailureClass.INFRA,), "OnError", None),
     ((ir.FailureClass.TRANSIENT, ir.FailureClass.INFRA), "Always", None),
     ((ir.FailureClass.TRANSIENT, ir.FailureClass.OOM), "OnFailure", None),
+    # a user error is a failed exit to Argo (it sees no traceback)
+    ((ir.FailureClass.USER,), "OnFailure", None),
+    ((ir.FailureClass.USER, ir.FailureClass.INFRA), "Always", None),
+    # the default policy: transient, infra and OOM
+    ((ir.FailureClass.TRANSIENT, ir.FailureClass.INFRA, ir.FailureClass.OOM), "Always", None),
     ((ir.FailureClass.OOM,), "Always",
      'asInt(lastRetry.exitCode) == 137 || lastRetry.message contains "OOMKilled"'),
     ((ir.FailureClass.INFRA, ir.FailureClass.OOM), "Always",

@@ -88,7 +88,7 @@ from typing import Protocol, TypeVar
 from google.protobuf.message import DecodeError
 from opentelemetry import context as otel_context
 
-from couler import ir
+from couler import failures, ir
 from couler.engines.base import RunStatus, StepState, StepStatus
 from couler.errors import ConflictError, CoulerError, NotFoundError, RetryableError, UserError
 from couler.ir.limits import DEFAULT_LIMITS, SizeLimits, check_sizes
@@ -254,17 +254,22 @@ def _split(plan: Plan) -> bool:
     return len(plan.chunks) > 1
 
 
-def _failure_class(status: StepStatus) -> ir.FailureClass | None:
-    """How a failed step failed, from what the engine reports."""
-    if status.state is not StepState.FAILED:
-        return None
-    if status.exit_code in (137, -9) or "exceeding its memory" in status.message:
-        return ir.FailureClass.OOM
-    if "cannot start the process" in status.message:
-        return ir.FailureClass.INFRA
-    if status.exit_code not in (None, 0) or "timed out" in status.message:
-        return ir.FailureClass.TRANSIENT
-    return None
+def _failure(status: StepStatus) -> tuple[ir.FailureClass | None, str]:
+    """How a failed (or retrying) step failed and why: the engine's own class when it
+    classified the attempt (the local and Ray engines), else :func:`couler.failures.classify`
+    over what a remote engine reports (its message holds the reason: ``OOMKilled``,
+    ``Evicted``, ``pod deleted``, ``Error (exit code 1)``)."""
+    if status.state not in (StepState.FAILED, StepState.RETRYING):
+        return None, ""
+    if status.failure:
+        return ir.FailureClass(status.failure), status.failure_reason
+    if status.exit_code == 0:
+        return None, ""  # it ran and then failed the engine's checks (outputs): no class
+    found = failures.classify(status.exit_code, engine_reason=status.message,
+                              log=status.message, timed_out="timed out" in status.message)
+    if found.pattern == "unknown":  # no exit code and nothing recognised: no class
+        return None, ""
+    return found.failure_class, str(found)
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> bool:
@@ -1427,8 +1432,10 @@ class Submitter:
                     log.warning("run %s, step %r: artifacts not stored (%s); not cacheable",
                                 run_id, status.step, exc)
                     cache_key = ""
+            failure_class, failure_reason = _failure(status)
             records.append(dataclasses.replace(
-                StepRecord.from_status(status, failure_class=_failure_class(status)),
+                StepRecord.from_status(status, failure_class=failure_class,
+                                       failure_reason=failure_reason),
                 cache_key=cache_key, artifacts=artifacts))
             if status.state is not StepState.PENDING:
                 moving = True

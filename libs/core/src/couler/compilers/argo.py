@@ -966,6 +966,13 @@ class _Compiler:
     def retry_strategy(self, step: ir.Step, r: ir.RetryPolicy) -> Doc:
         rs: Doc = {"limit": str(r.limit)}
         classes = set(r.on)
+        # Argo tells a failed exit ("Failed") from the platform's errors ("Error") but sees
+        # no log: a user error (a Python ValueError, couler.failures) is a failed exit to it.
+        # A policy retrying either retries both; one retrying neither (the default policy
+        # retries TRANSIENT) cannot leave user errors out on Argo.
+        if ir.FailureClass.USER in classes:
+            classes.discard(ir.FailureClass.USER)
+            classes.add(ir.FailureClass.TRANSIENT)
         if ir.FailureClass.TRANSIENT in classes:
             classes.discard(ir.FailureClass.OOM)  # an OOM kill is a failure of the step
         expression = ""

@@ -337,6 +337,11 @@ class StepStatus:
     cache_lineage: tuple[str, ...] = ()
     # a CACHED step: the compute its reuse saved, in seconds (the cache entry's cost)
     cache_saved_seconds: float = 0.0
+    # a FAILED or RETRYING step, when the engine classified it: the ir.FailureClass value
+    # and why (couler.failures.classify), e.g. "user error: Python ValueError in the
+    # traceback; not retried"
+    failure: str = ""
+    failure_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -489,9 +489,12 @@ class RunStatus(enum.StrEnum):
 class FailureClass(enum.StrEnum):
     """Which failures a retry policy retries."""
 
-    TRANSIENT = "transient"  # the step's own non-zero exit
-    INFRA = "infra"  # platform errors: pod evicted, node lost, API throttled
+    TRANSIENT = "transient"  # a timeout, or an unknown non-zero exit seen once
+    INFRA = "infra"  # platform errors: pod evicted, node lost, network, DNS
     OOM = "oom"  # killed for exceeding its memory limit
+    # Deterministic: the step's own bug (a Python ValueError, the same exit and error
+    # twice). Running it again fails the same way, so the default policy never retries it.
+    USER = "user"
     ANY = "any"
 
 

@@ -109,10 +109,14 @@ Lookup = Callable[[Sequence[str]], Mapping[str, CachedStep]]
 # A loop's iterations are looked up (their keys are known before the run) up to this many.
 MAX_LOOKUP_ITERATIONS = 1000
 
+#: Retries what another attempt can fix -- a timeout or an exit seen once (TRANSIENT),
+#: the platform (INFRA), out of memory with more memory (OOM) -- and never a deterministic
+#: error of the step itself (USER: a Python ValueError, the same error twice; see
+#: :mod:`couler.failures`).
 DEFAULT_RETRY = ir.RetryPolicy(
     limit=2,
     backoff=ir.Backoff(base_seconds=5.0, factor=2.0, cap_seconds=60.0),
-    on=(ir.FailureClass.TRANSIENT, ir.FailureClass.OOM),
+    on=(ir.FailureClass.TRANSIENT, ir.FailureClass.INFRA, ir.FailureClass.OOM),
     memory_factor=1.5,
 )
 
@@ -339,8 +343,9 @@ def default_retry(wf: ir.Workflow, policy: ir.RetryPolicy = DEFAULT_RETRY
                   ) -> tuple[ir.Workflow, list[str]]:
     """Give every step that has no retry policy (own or workflow default) ``policy``.
 
-    The default retries transient failures and OOM kills (with more memory) twice,
-    with back-off; a program's own policy always wins. Exit hooks keep theirs.
+    The default retries transient and platform failures and OOM kills (with more memory)
+    twice, with back-off, and never a user error; a program's own policy always wins.
+    Exit hooks keep theirs.
     """
     if wf.defaults.retry is not None:
         return wf, []

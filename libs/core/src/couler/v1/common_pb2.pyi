@@ -49,6 +49,7 @@ class RecommendationKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RECOMMENDATION_KIND_RETRY: _ClassVar[RecommendationKind]
     RECOMMENDATION_KIND_TIMEOUT: _ClassVar[RecommendationKind]
     RECOMMENDATION_KIND_MEMORY_LIMIT: _ClassVar[RecommendationKind]
+    RECOMMENDATION_KIND_RETRY_BACKOFF: _ClassVar[RecommendationKind]
 RUN_STATE_UNSPECIFIED: RunState
 RUN_STATE_ACCEPTED: RunState
 RUN_STATE_PLANNING: RunState
@@ -76,9 +77,10 @@ RECOMMENDATION_KIND_CPU_REQUEST: RecommendationKind
 RECOMMENDATION_KIND_RETRY: RecommendationKind
 RECOMMENDATION_KIND_TIMEOUT: RecommendationKind
 RECOMMENDATION_KIND_MEMORY_LIMIT: RecommendationKind
+RECOMMENDATION_KIND_RETRY_BACKOFF: RecommendationKind
 
 class StepRecord(_message.Message):
-    __slots__ = ("name", "key", "state", "attempts", "exit_code", "started_at", "finished_at", "peak_cpu", "peak_memory_bytes", "outputs", "cache_key", "cached", "message", "failure_class", "artifacts", "cache_lineage", "cache_saved_seconds")
+    __slots__ = ("name", "key", "state", "attempts", "exit_code", "started_at", "finished_at", "peak_cpu", "peak_memory_bytes", "outputs", "cache_key", "cached", "message", "failure_class", "artifacts", "cache_lineage", "cache_saved_seconds", "failure_reason")
     class OutputsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +112,7 @@ class StepRecord(_message.Message):
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     CACHE_LINEAGE_FIELD_NUMBER: _ClassVar[int]
     CACHE_SAVED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     name: str
     key: str
     state: StepState
@@ -127,7 +130,8 @@ class StepRecord(_message.Message):
     artifacts: _containers.MessageMap[str, StoredArtifact]
     cache_lineage: _containers.RepeatedScalarFieldContainer[str]
     cache_saved_seconds: float
-    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., attempts: _Optional[int] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., peak_cpu: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., outputs: _Optional[_Mapping[str, str]] = ..., cache_key: _Optional[str] = ..., cached: _Optional[bool] = ..., message: _Optional[str] = ..., failure_class: _Optional[_Union[_workflow_pb2.FailureClass, str]] = ..., artifacts: _Optional[_Mapping[str, StoredArtifact]] = ..., cache_lineage: _Optional[_Iterable[str]] = ..., cache_saved_seconds: _Optional[float] = ...) -> None: ...
+    failure_reason: str
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., state: _Optional[_Union[StepState, str]] = ..., attempts: _Optional[int] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., peak_cpu: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., outputs: _Optional[_Mapping[str, str]] = ..., cache_key: _Optional[str] = ..., cached: _Optional[bool] = ..., message: _Optional[str] = ..., failure_class: _Optional[_Union[_workflow_pb2.FailureClass, str]] = ..., artifacts: _Optional[_Mapping[str, StoredArtifact]] = ..., cache_lineage: _Optional[_Iterable[str]] = ..., cache_saved_seconds: _Optional[float] = ..., failure_reason: _Optional[str] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "workflow", "state", "engine", "engine_run_id", "steps", "created_at", "started_at", "finished_at", "message", "passes", "idempotency_key", "parameters", "workflow_digest", "template", "dry_run", "revision", "retries", "step_count", "cached_step_count", "next_step_page_token")

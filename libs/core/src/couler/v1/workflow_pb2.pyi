@@ -76,6 +76,7 @@ class FailureClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_CLASS_INFRA: _ClassVar[FailureClass]
     FAILURE_CLASS_OOM: _ClassVar[FailureClass]
     FAILURE_CLASS_ANY: _ClassVar[FailureClass]
+    FAILURE_CLASS_USER: _ClassVar[FailureClass]
 
 class VolumeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -157,6 +158,7 @@ FAILURE_CLASS_TRANSIENT: FailureClass
 FAILURE_CLASS_INFRA: FailureClass
 FAILURE_CLASS_OOM: FailureClass
 FAILURE_CLASS_ANY: FailureClass
+FAILURE_CLASS_USER: FailureClass
 VOLUME_KIND_UNSPECIFIED: VolumeKind
 VOLUME_KIND_PVC: VolumeKind
 VOLUME_KIND_CLAIM_TEMPLATE: VolumeKind

@@ -42,10 +42,13 @@ Execution rules:
   run, and the map's outputs are aggregated as if every item had run (the map step is
   CACHED when every item was). With ``cache_keys``, items and iterations report their
   keys when they succeed, and their output artifacts are kept per item (``step[N]``).
-* Retries: failures are classified (non-zero exit = transient; exit 137/-9 or
-  exceeding ``memory_limit`` = oom; failure to start = infra); a policy
-  retries the classes it names after ``base * factor**n`` seconds (capped).
-  A timeout kills the process tree (a transient failure).
+* Retries: each failed attempt is classified by :func:`couler.failures.classify` from
+  its exit code, the tail of its stderr and the attempts before it (exceeding
+  ``memory_limit`` = oom; failure to start or a network error = infra; a Python
+  exception such as ValueError, or the same exit code and error twice = user; a
+  timeout or an exit seen once = transient); a policy retries the classes it names
+  (``any``: every one) after ``base * factor**n`` seconds (capped). The record's
+  ``failure_reason`` says which class and why. A timeout kills the process tree.
 * **Sub-workflows**: a sub-workflow step runs its inner steps as a nested
   graph in the same run, by the rules above, under the same ``max_workers``
   bound (counted over all processes of the run). Inner steps are recorded as
@@ -98,7 +101,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
-from couler import ir
+from couler import failures, ir
 from couler.engines.base import (
     Feature,
     RunState,
@@ -146,6 +149,34 @@ def hook_not_fired(hook: ir.ExitHook, why: str) -> str:
     """The message of an exit-hook step that did not run."""
     return f"exit hook on {hook.on.value} did not fire: {why}"
 _SNAPSHOT_INTERVAL = 1.0  # seconds between full run.json snapshots while a run goes on
+_LOG_TAIL = 8192  # bytes of a failed attempt's stderr the classifier reads
+
+
+def _tail(path: Path, size: int) -> str:
+    """The last ``size`` bytes of ``path`` as text ("" when it is missing)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _final_reason(rec: _Record, failure: str, policy: ir.RetryPolicy | None,
+                  retries: int) -> str:
+    """The failed step's ``failure_reason``: the class's reason and whether retries ran out
+    or the class is not retried (``"user error: Python ValueError in the traceback; not
+    retried"``)."""
+    if failure == "fatal" or not rec.failure_reason:
+        return rec.failure_reason
+    if policy is None:
+        why = "no retry policy"
+    elif retries >= policy.limit and (ir.FailureClass.ANY in policy.on
+                                      or failure in {c.value for c in policy.on}):
+        why = f"gave up after {retries} retries" if retries else "retry limit 0"
+    else:
+        why = f"not retried: the policy retries {', '.join(c.value for c in policy.on)}"
+    return f"{rec.failure_reason}; {why}"
 
 
 class _StepError(Exception):
@@ -209,6 +240,10 @@ class _Record:
     outputs: dict[str, str] = field(default_factory=dict)
     message: str = ""
     failure: str = ""  # the failure class of the last failed attempt
+    failure_reason: str = ""  # why it is of that class (couler.failures.classify)
+    # the process could not be started (Argo's "Error" status, not "Failed"): ``.Errored``
+    # edges and ``on error`` exit hooks follow it
+    errored: bool = False
     cache_key: str = ""
     cache_lineage: tuple[str, ...] = ()  # the producers' cache keys (see _lineage)
     # SKIPPED because its dependencies did not allow it to run (Argo's "Omitted"), not by
@@ -223,6 +258,7 @@ class _Record:
             peak_cpu=self.peak_cpu, peak_memory_bytes=self.peak_memory_bytes,
             outputs=dict(self.outputs), message=self.message, cache_key=self.cache_key,
             cache_lineage=self.cache_lineage, cache_saved_seconds=self.cache_saved_seconds,
+            failure=self.failure, failure_reason=self.failure_reason,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -233,6 +269,7 @@ class _Record:
             "started_at": data.started_at, "finished_at": data.finished_at,
             "peak_cpu": data.peak_cpu, "peak_memory_bytes": data.peak_memory_bytes,
             "outputs": dict(data.outputs), "message": data.message, "failure": self.failure,
+            "failure_reason": self.failure_reason, "errored": self.errored,
             "cache_key": self.cache_key, "cache_lineage": list(self.cache_lineage),
             "omitted": self.omitted, "cache_saved_seconds": self.cache_saved_seconds,
         }
@@ -258,6 +295,10 @@ class _Record:
             outputs={str(k): str(v) for k, v in outputs.items()}
             if isinstance(outputs, dict) else {},
             message=str(data.get("message", "")), failure=str(data.get("failure", "")),
+            failure_reason=str(data.get("failure_reason", "")),
+            # journals written before "errored" was kept: a start failure was all of INFRA
+            errored=(data.get("errored") is True if "errored" in data
+                     else data.get("failure") == ir.FailureClass.INFRA.value),
             cache_key=str(data.get("cache_key", "")),
             cache_lineage=tuple(str(k) for k in lineage) if isinstance(lineage, list) else (),
             omitted=data.get("omitted") is True,
@@ -583,7 +624,7 @@ class LocalRun:
                              message=hook_not_fired(hook, why))
 
     def _hooks(self, final: RunState, failed: Sequence[_Record]) -> list[ir.Step]:
-        errored = any(r.failure == ir.FailureClass.INFRA.value for r in failed)
+        errored = any(r.errored for r in failed)
         wanted = {ir.RunStatus.ANY,
                   ir.RunStatus.SUCCEEDED if final is RunState.SUCCEEDED else ir.RunStatus.FAILED}
         if errored:
@@ -697,7 +738,6 @@ class LocalRun:
     def _edge(self, name: str, cond: ir.EdgeCondition) -> bool:
         state = self._state_of(name)
         rec = self._record(name)
-        failure = rec.failure if rec is not None else ""
         if cond is ir.EdgeCondition.SUCCEEDED:
             # Argo's default edge: succeeded, or skipped by its own when -- not a step
             # that never ran because its own upstream failed (Argo's "Omitted")
@@ -706,7 +746,7 @@ class LocalRun:
         if cond is ir.EdgeCondition.FAILED:
             return state is StepState.FAILED
         if cond is ir.EdgeCondition.ERRORED:
-            return state is StepState.FAILED and failure == ir.FailureClass.INFRA.value
+            return state is StepState.FAILED and rec is not None and rec.errored
         if cond is ir.EdgeCondition.SKIPPED:  # by its own when (Argo's Skipped, not Omitted)
             return state is StepState.SKIPPED and not (rec is not None and rec.omitted)
         if cond is ir.EdgeCondition.COMPLETED:
@@ -847,7 +887,8 @@ class LocalRun:
                           if s == self._name(step.name) and k]
         self._update(rec, state=last.state, outputs=dict(last.outputs), message=last.message,
                      attempts=sum(r.attempts for r in iterations), exit_code=last.exit_code,
-                     failure=last.failure, finished_at=time.time(),
+                     failure=last.failure, failure_reason=last.failure_reason,
+                     errored=last.errored, finished_at=time.time(),
                      peak_cpu=max((r.peak_cpu or 0.0 for r in iterations), default=None),
                      peak_memory_bytes=max((r.peak_memory_bytes or 0 for r in iterations),
                                            default=None))
@@ -930,6 +971,8 @@ class LocalRun:
                      # records of their own); not their sum, which reads as retries
                      attempts=max((r.attempts for r in recs), default=0),
                      failure=failed[0].failure if failed else "",
+                     failure_reason=failed[0].failure_reason if failed else "",
+                     errored=bool(failed) and failed[0].errored,
                      message=(f"items failed: {', '.join(r.key for r in failed)}"
                               if failed else f"{reused} of {len(recs)} items reused from "
                               "the cache" if reused else ""),
@@ -947,13 +990,14 @@ class LocalRun:
         done = self._root._resumed_attempts.pop((rec.step, rec.key), 0)
         self._update(rec, state=StepState.RUNNING, started_at=time.time(), attempts=done)
         retries = 0
+        previous: list[failures.Attempt] = []  # this run's failed attempts: the repeat rule
         while True:
             self._update(rec, attempts=rec.attempts + 1, state=StepState.RUNNING)
             failure = self._attempt(step, rec, label, item, timeout=timeout,
-                                    memory_limit=memory_limit)
+                                    memory_limit=memory_limit, previous=previous)
             if failure is None:
                 self._update(rec, state=StepState.SUCCEEDED, finished_at=time.time(),
-                             failure="")
+                             failure="", failure_reason="")
                 return
             if failure == "cancelled":
                 self._update(rec, state=self._stopped_state(), finished_at=time.time())
@@ -963,7 +1007,8 @@ class LocalRun:
                               or ir.FailureClass(failure) in policy.on))
             if not retryable or policy is None:
                 self._update(rec, state=StepState.FAILED, finished_at=time.time(),
-                             failure="" if failure == "fatal" else failure)
+                             failure="" if failure == "fatal" else failure,
+                             failure_reason=_final_reason(rec, failure, policy, retries))
                 return
             delay = 0.0
             if policy.backoff is not None:
@@ -984,8 +1029,14 @@ class LocalRun:
                 return
 
     def _attempt(self, step: ir.Step, rec: _Record, label: str, item: object, *,
-                 timeout: int | None, memory_limit: int | None) -> str | None:
-        """Run one attempt; None on success, else the failure class, "fatal" or "cancelled"."""
+                 timeout: int | None, memory_limit: int | None,
+                 previous: list[failures.Attempt] | None = None) -> str | None:
+        """Run one attempt; None on success, else the failure class, "fatal" or "cancelled".
+
+        A failed attempt is classified by :func:`couler.failures.classify` (its stderr's tail
+        as the log, ``previous`` for the repeat rule, to which it is appended); the class's
+        reason goes on the record as ``failure_reason``.
+        """
         wf = self.workflow
         exec_dir = self._steps_dir / step.name / label
         exec_dir.mkdir(parents=True, exist_ok=True)
@@ -1017,21 +1068,28 @@ class LocalRun:
             self._update(rec, message=self._stop_message(), **changes)
             return "cancelled"
         if not result.started:
+            found = failures.classify(None, engine_reason="cannot start the process")
             self._update(rec, message=f"{where}: cannot start the process: {result.error}",
+                         failure_reason=str(found), errored=True, **changes)
+            return found.failure_class.value
+        if result.timed_out or result.oom_killed or result.exit_code != 0:
+            log = _tail(exec_dir / "stderr", _LOG_TAIL)
+            found = failures.classify(result.exit_code, log=log, previous=previous or (),
+                                      memory_evidence=result.oom_killed,
+                                      timed_out=result.timed_out)
+            if previous is not None:
+                previous.append(failures.Attempt(result.exit_code, failures.error_line(log)))
+            if result.timed_out:
+                message = f"{where}: timed out after {timeout} s"
+            elif found.failure_class is ir.FailureClass.OOM and result.oom_killed:
+                message = (f"{where}: killed for exceeding its memory (exit "
+                           f"{result.exit_code})")
+            else:
+                err = log.strip()[-500:]
+                message = f"{where}: exit code {result.exit_code}" + (f": {err}" if err else "")
+            self._update(rec, message=message, failure_reason=str(found), errored=False,
                          **changes)
-            return ir.FailureClass.INFRA.value
-        if result.timed_out:
-            self._update(rec, message=f"{where}: timed out after {timeout} s", **changes)
-            return ir.FailureClass.TRANSIENT.value
-        if result.oom_killed or result.exit_code in (137, -9):
-            self._update(rec, message=f"{where}: killed for exceeding its memory (exit "
-                                      f"{result.exit_code})", **changes)
-            return ir.FailureClass.OOM.value
-        if result.exit_code != 0:
-            err = (exec_dir / "stderr").read_text(errors="replace").strip()[-500:]
-            self._update(rec, message=f"{where}: exit code {result.exit_code}"
-                                      + (f": {err}" if err else ""), **changes)
-            return ir.FailureClass.TRANSIENT.value
+            return found.failure_class.value
         try:
             changes["outputs"] = self._outputs(step, exec_dir, paths)
         except _StepError as exc:
@@ -1186,12 +1244,14 @@ class LocalRun:
             if self._cancel.is_set():
                 self._update(rec, message=self._stop_message(), **changes)
                 return "cancelled"
-            self._update(rec, message=child._halt, **changes)
+            self._update(rec, message=child._halt, failure_reason=str(
+                failures.classify(None, timed_out=True)), **changes)
             return ir.FailureClass.TRANSIENT.value
         if failed or bad:
             names = [r.step for r in failed] + [f"{n} (exit hook)" for n in bad]
             self._update(rec, message=f"{where}: inner steps failed: {', '.join(names)}",
-                         **changes)
+                         failure_reason=failed[0].failure_reason if failed else "",
+                         errored=bool(failed) and failed[0].errored, **changes)
             return (failed[0].failure if failed else "") or "fatal"
         outputs: dict[str, str] = {}
         for out in step.outputs:

@@ -84,7 +84,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from couler import ir
+from couler import failures, ir
 from couler.engines.base import RunState, RunStatus, StepState, StepStatus, check_capabilities
 from couler.errors import InvalidWorkflowError, RetryableError, UserError
 from couler.semantics import failed_leaves
@@ -92,6 +92,7 @@ from couler_runtime.local.engine import (
     LocalEngine,
     LocalRun,
     _expr_steps,
+    _final_reason,
     _MapState,
     _quantity,
     _Record,
@@ -285,10 +286,15 @@ def _attempt_once(run: _TaskRun, step: ir.Step, key: str, label: str, item: obje
     rec = _Record(step.name, key=key)
     run._update(rec, state=StepState.RUNNING, attempts=attempts,
                 started_at=float(state["started_at"]))
+    # the earlier attempts' (exit code, error line), kept across Ray's task retries
+    previous = [failures.Attempt(a[0], a[1]) for a in state.get("previous", [])]
     failure = run._attempt(step, rec, label, item, timeout=timeout,
-                           memory_limit=state["memory_limit"])
+                           memory_limit=state["memory_limit"], previous=previous)
+    state["previous"] = [[a.exit_code, a.error] for a in previous]
+    _save(state_path, state)
     if failure is None:
-        run._update(rec, state=StepState.SUCCEEDED, finished_at=time.time(), failure="")
+        run._update(rec, state=StepState.SUCCEEDED, finished_at=time.time(), failure="",
+                    failure_reason="")
         return rec
     if failure == "cancelled":
         run._update(rec, state=StepState.CANCELLED, finished_at=time.time())
@@ -298,7 +304,8 @@ def _attempt_once(run: _TaskRun, step: ir.Step, key: str, label: str, item: obje
                  and (ir.FailureClass.ANY in policy.on or ir.FailureClass(failure) in policy.on))
     if not retryable or policy is None:
         run._update(rec, state=StepState.FAILED, finished_at=time.time(),
-                    failure="" if failure == "fatal" else failure)
+                    failure="" if failure == "fatal" else failure,
+                    failure_reason=_final_reason(rec, failure, policy, retries))
         return rec
     delay = 0.0
     if policy.backoff is not None:

@@ -93,6 +93,7 @@ class RecommendationKind(enum.StrEnum):
     RETRY = "retry"
     TIMEOUT = "timeout"
     MEMORY_LIMIT = "memory_limit"
+    RETRY_BACKOFF = "retry_backoff"  # the first retry's back-off, whole seconds
 
 
 class Objective(enum.StrEnum):
@@ -200,13 +201,20 @@ class StepRecord:
     artifacts: Mapping[str, StoredArtifact] = field(default_factory=dict)  # outputs, stored
     cache_lineage: tuple[str, ...] = ()  # the cache keys of the steps it read from
     cache_saved_seconds: float = 0.0  # cached: the compute its reuse saved (entry's cost)
+    failure_reason: str = ""  # why of failure_class, and whether it was retried
 
     @classmethod
     def from_status(
         cls, status: base.StepStatus, *, cache_key: str = "",
         failure_class: ir.FailureClass | None = None,
+        failure_reason: str = "",
     ) -> StepRecord:
-        """The record of an engine's :class:`~couler.engines.base.StepStatus`."""
+        """The record of an engine's :class:`~couler.engines.base.StepStatus`.
+
+        ``failure_class`` / ``failure_reason`` default to the engine's own (``status.failure``).
+        """
+        if failure_class is None and status.failure:
+            failure_class = ir.FailureClass(status.failure)
         return cls(
             name=status.step, state=status.state, key=status.key, attempts=status.attempts,
             exit_code=status.exit_code, started_at=status.started_at,
@@ -217,6 +225,7 @@ class StepRecord:
             message=status.message, failure_class=failure_class,
             cache_lineage=tuple(status.cache_lineage),
             cache_saved_seconds=status.cache_saved_seconds,
+            failure_reason=failure_reason or status.failure_reason,
         )
 
 
@@ -231,6 +240,7 @@ def step_record_to_proto(r: StepRecord) -> common_pb2.StepRecord:
         artifacts={n: common_pb2.StoredArtifact(digest=a.digest, size_bytes=a.size_bytes,
                                                 uri=a.uri) for n, a in r.artifacts.items()},
         cache_lineage=list(r.cache_lineage), cache_saved_seconds=r.cache_saved_seconds,
+        failure_reason=r.failure_reason,
     )
 
 
@@ -248,6 +258,7 @@ def step_record_from_proto(m: common_pb2.StepRecord) -> StepRecord:
         artifacts={n: StoredArtifact(a.digest, a.size_bytes, a.uri)
                    for n, a in m.artifacts.items()},
         cache_lineage=tuple(m.cache_lineage), cache_saved_seconds=m.cache_saved_seconds,
+        failure_reason=m.failure_reason,
     )
 
 
