@@ -286,21 +286,25 @@ def test_a_failed_step_says_why(cli: CliStack, tmp_path: Path) -> None:
         "                     step_name='boom', retry=0)\n")
     done = cli.couler("submit", str(program), "--wait")
     assert done.returncode == 1, done.stderr
-    assert re.search(r"^  step boom failed: .*exit code 3: broken$", done.stdout, re.M), \
-        done.stdout
-    assert re.search(r"boom\s+failed: .*exit code 3", done.stderr), done.stderr  # live line
+    # the failure's class and why (couler.failures): an unknown exit seen once is transient
+    assert re.search(r"^  step boom failed \(transient: exit code 3, not a known error, seen "
+                     r"once.*\): .*exit code 3: broken$", done.stdout, re.M), done.stdout
+    assert re.search(r"boom\s+failed \(transient: .*\): .*exit code 3", done.stderr), \
+        done.stderr  # live line
     done = cli.couler("submit", str(program), "--wait", "--json")
     assert done.returncode == 1, done.stderr
     (step,) = json.loads(done.stdout)["steps"]
     assert (step["name"], step["state"], step["exit_code"]) == ("boom", "failed", 3)
     assert "exit code 3: broken" in step["message"]
     assert step["failure_class"] == "transient"
+    assert step["failure_reason"].startswith("transient: exit code 3, not a known error")
 
     run_id = json.loads(done.stdout)["run_id"]
     shown = cli.couler("status", run_id)
     assert shown.returncode == 0, shown.stderr
     assert re.search(rf"^run {run_id} \(boom, engine local\): failed", shown.stdout, re.M)
-    assert re.search(r"^  boom\s+failed: .*exit code 3: broken$", shown.stdout, re.M)
+    assert re.search(r"^  boom\s+failed \(transient: .*\): .*exit code 3: broken$",
+                     shown.stdout, re.M), shown.stdout
     logs = cli.couler("logs", run_id, "boom")
     assert (logs.returncode, logs.stdout) == (0, "broken\n"), logs.stderr
     missing = cli.couler("logs", run_id, "nope")

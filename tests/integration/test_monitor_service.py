@@ -154,10 +154,10 @@ def uid(prefix: str) -> str:
 def step_event(run_id: str, workflow: str, name: str, state: str, *, at: float,
                key: str = "", attempts: int = 1, peak_memory: int | None = None,
                peak_cpu: float | None = None, failure: str = "", message: str = "",
-               started: float | None = None) -> events_pb2.StepEvent:
+               started: float | None = None, failure_reason: str = "") -> events_pb2.StepEvent:
     record = common_pb2.StepRecord(
         name=name, key=key, state=f"STEP_STATE_{state}", attempts=attempts,
-        cached=state == "CACHED", message=message,
+        cached=state == "CACHED", message=message, failure_reason=failure_reason,
         peak_memory_bytes=peak_memory, peak_cpu=peak_cpu,
         failure_class=f"FAILURE_CLASS_{failure}" if failure else "FAILURE_CLASS_UNSPECIFIED")
     if started is not None:
@@ -521,6 +521,31 @@ class TestMonitor:
             (hook,) = [s for s in api["steps"] if s["name"] == "mourn"]
             assert (hook["state"], hook["message"], hook["attempts"]) == ("skipped", why, 0)
 
+    def test_a_failed_step_says_which_class_and_why(self, monitor: Monitor) -> None:
+        wf, run = uid("why"), uid("run")
+        dns = "infrastructure: a DNS error (name resolution) in the log"
+        bug = ("user error: Python ValueError in the traceback; not retried: the policy "
+               "retries transient, infra, oom")
+        t0 = time.time()
+        got = exchange(monitor.nats, steps(
+            step_event(run, wf, "fetch", "RETRYING", at=t0 + 1, failure="INFRA",
+                       failure_reason=dns, message="exit code 1"),
+            step_event(run, wf, "fetch", "SUCCEEDED", at=t0 + 3, attempts=2),
+            step_event(run, wf, "train", "FAILED", at=t0 + 5, failure="USER",
+                       failure_reason=bug, message="exit code 1: ValueError: bad")))
+        assert not got.terminated & set(got.sequences)
+        with httpx.Client(base_url=monitor.service.dashboard, timeout=WAIT) as http:
+            text = http.get(f"/runs/{quote(run, safe='')}").text
+            train = next(r for r in text.split("<tr>") if "<td>train</td>" in r)
+            assert ('<td class="state-failed">failed <span class="why">(user error: Python '
+                    "ValueError in the traceback; not retried") in train
+            fetch = next(r for r in text.split("<tr>") if "<td>fetch</td>" in r)
+            assert 'class="why"' not in fetch  # it succeeded in the end
+            api = http.get(f"/api/runs/{quote(run, safe='')}").json()
+            by = {s["name"]: s for s in api["steps"]}
+            assert (by["train"]["failure_class"], by["train"]["failure_reason"]) == ("user", bug)
+            assert by["fetch"]["failure_reason"] == ""
+
     def test_bad_input_is_terminated_and_the_service_stays_up(self, monitor: Monitor) -> None:
         wf, run = uid("bad"), uid("run")
         t0 = time.time()
@@ -726,6 +751,67 @@ def _record(name: str, state: str, *, peak: int | None = None,
 
     return StepRecord(name=name, state=StepState(state), attempts=1, peak_memory_bytes=peak,
                       finished_at=finished)
+
+
+def test_retry_limits_and_back_off_are_learned_from_failures(tmp_path: Path) -> None:
+    """Every failed attempt is kept (monitor_step_failures); a step that recovered from
+    transient failures gets a limit covering them and a back-off from its recovery time,
+    a step that never failed transiently in 5 runs gets limit 0, and OOM keeps its own."""
+    from couler import ir
+    from couler.engines.base import StepState
+    from couler_runtime.rpc.records import StepRecord
+
+    sent: list[Recommendation] = []
+    monitor, store = _monitor_on(tmp_path, sent)
+    infra = ir.FailureClass.INFRA
+
+    def rec(name: str, state: StepState, attempts: int, *, at: float,
+            failure: ir.FailureClass | None = None, peak: int | None = None) -> StepRecord:
+        return StepRecord(name=name, state=state, attempts=attempts, failure_class=failure,
+                          failure_reason=f"{failure.value}: why" if failure else "",
+                          finished_at=at if state.terminal else None, peak_memory_bytes=peak)
+
+    async def scenario() -> None:
+        for i in range(5):
+            t = 1000.0 * (i + 1)
+            await monitor.record_step(f"ok{i}", "wf", "local",
+                                      rec("steady", StepState.SUCCEEDED, 1, at=t), t)
+        # flaky: the network twice (retrying events), then success 40 s after the first
+        for a in (1, 2):
+            await monitor.record_step("f1", "wf", "local", rec(
+                "flaky", StepState.RETRYING, a, at=0, failure=infra), 100.0 + 10 * a)
+        await monitor.record_step("f1", "wf", "local",
+                                  rec("flaky", StepState.SUCCEEDED, 3, at=150.0), 150.0)
+        # redelivered: kept once
+        await monitor.record_step("f1", "wf", "local", rec(
+            "flaky", StepState.RETRYING, 1, at=0, failure=infra), 110.0)
+        # oom: a step killed at its memory limit 5 times and never transient
+        for i in range(5):
+            t = 5000.0 + i
+            await monitor.record_step(f"o{i}", "wf", "local", rec(
+                "hog", StepState.FAILED, 1, at=t, failure=ir.FailureClass.OOM,
+                peak=100 * MI), t)
+
+    try:
+        asyncio.run(scenario())
+        recs = asyncio.run(monitor.recommendations("wf"))
+        by = {(r.step, r.kind.value): r for r in recs}
+        steady = by[("steady", "retry")]
+        assert (steady.value, steady.based_on_samples) == ("0", 5)
+        assert "no transient or infrastructure failure in 5 runs" in steady.reason
+        flaky = by[("flaky", "retry")]
+        # two retries needed: limit 3; 40 s over 2 retries: back-off 20 s
+        assert (flaky.value, flaky.failure_class) == ("3", infra)
+        assert by[("flaky", "retry_backoff")].value == "20"
+        hog = by[("hog", "retry")]
+        assert (hog.value, hog.failure_class) == ("2", ir.FailureClass.OOM)  # not lowered
+        assert ("hog", "memory_limit") in by
+        with store.transaction() as tx:
+            failed = [(f.attempt, f.failure_class) for row, fs in
+                      tx.step_history("wf", "flaky", 10) for f in fs]
+        assert failed == [(1, "infra"), (2, "infra")]
+    finally:
+        store.close()
 
 
 def test_a_failed_publish_is_sent_on_redelivery_with_the_same_id(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from google.protobuf.message import Message
 
 from couler import ir
 from couler.errors import UnsupportedFeatureError, ValidationError
+from couler.optimize import DEFAULT_RETRY
 from couler.optimize.cache_key import workflow_keys
 from couler.v1 import cache_service_pb2, common_pb2, events_pb2, optimizer_service_pb2
 from couler_optimizer.events import (
@@ -508,6 +509,33 @@ class TestFeedback:
 
         # Another workflow's plans are untouched.
         assert not report(optimizer.optimize(chain(3)), "right_size")[0]
+
+    def test_learned_retry_limits_and_back_off_change_the_next_plan(
+            self, optimizer: Optimizer, nats_server: NatsServer) -> None:
+        wf = chain(3)
+
+        def rec(step: str, kind: RecommendationKind, value: str, reason: str) -> Recommendation:
+            return Recommendation(workflow=wf.name, step=step, kind=kind, value=value,
+                                  reason=reason, based_on_samples=5, created_at=2000.0,
+                                  id=f"{wf.name}/{step}/{kind.value}/{value}")
+
+        never = rec("s0", RecommendationKind.RETRY, "0",
+                    "no transient or infrastructure failure in 5 runs")
+        flaky = rec("s1", RecommendationKind.RETRY, "4", "transient failures in 3 of 5 runs")
+        backoff = rec("s1", RecommendationKind.RETRY_BACKOFF, "12", "recovered in 12 s")
+        asyncio.run(exchange(nats_server, [feedback(never), feedback(flaky), feedback(backoff)],
+                             set()))
+        plan = optimizer.optimize(wf)
+        steps = steps_of(plan.workflow)
+        s0, s1 = steps["s0"].retry, steps["s1"].retry
+        assert s0 is not None and s0.limit == 0  # no blanket default retries for s0
+        assert s1 is not None and s1.limit == 4 and s1.backoff is not None
+        assert s1.backoff.base_seconds == 12.0
+        assert steps["s2"].retry == DEFAULT_RETRY
+        _, notes = report(plan, "right_size")
+        assert ("step 's0': retry limit = 0 (no transient or infrastructure failure in 5 runs)"
+                in notes)
+        assert "step 's1': retry back-off = 12s (recovered in 12 s)" in notes
 
 
 # --------------------------------------------------------------------------------- events

@@ -316,7 +316,9 @@ class TestStore:
             assert after.state is RunState.RUNNING and after.started_at == 5.0
             assert after.revision == pending.revision + 1
             failed = StepRecord("b", StepState.FAILED, attempts=2, exit_code=1,
-                                failure_class=ir.FailureClass.TRANSIENT)
+                                failure_class=ir.FailureClass.USER,
+                                failure_reason="user error: the same exit code 1 and error "
+                                               "twice; not retried")
             store.put_step("run-s", failed)
             store.put_step("run-s", rec)  # an update keeps the step's place
             steps = store.get_run("run-s").steps
@@ -539,6 +541,9 @@ class TestService:
         failed = wait_state(client, sub.run_id, RunState.FAILED, RunState.SUCCEEDED)
         assert failed.state is RunState.FAILED and "second" in failed.message
         assert failed.step("second").failure_class is ir.FailureClass.TRANSIENT
+        # which class and why travel with the failure (classified by the local engine)
+        assert failed.step("second").failure_reason.startswith(
+            "transient: exit code 1, not a known error, seen once")
         assert failed.step("first").attempts == 1
         with pytest.raises(CoulerError) as caught:
             client.submitter.retry(wf.name)  # no such run

@@ -350,6 +350,48 @@ def test_retry_and_timeout_recommendations() -> None:
     assert out.steps[2].timeout_seconds == 60
 
 
+def test_a_learned_retry_limit_changes_the_next_plan() -> None:
+    # 0 under the default policy: the step loses the default's retries (the plan's
+    # default_retry pass does not put them back), and the notes say why
+    recs = [Recommendation("chain", "s0", "retry_limit", "0",
+                           reason="no transient or infrastructure failure in 5 runs"),
+            Recommendation("chain", "s1", "retry_limit", "4"),
+            Recommendation("chain", "s1", "retry_backoff_seconds", "12")]
+    plan = optimize(WF, "local", recommendations=recs, compile=False)
+    s0, s1, s2 = plan.workflow.steps
+    assert s0.retry == dataclasses.replace(DEFAULT_RETRY, limit=0)
+    assert s1.retry is not None and s1.retry.limit == 4 and s1.retry.on == DEFAULT_RETRY.on
+    assert s1.retry.backoff == ir.Backoff(12.0, 2.0, 60.0)
+    assert s2.retry == DEFAULT_RETRY  # no recommendation: the default
+    notes = next(r.notes for r in plan.reports if r.name == "right_size")
+    assert "step 's0': retry limit = 0 (no transient or infrastructure failure in 5 runs)" \
+        in notes
+    assert "step 's1': retry back-off = 12s" in notes
+    # the default's own back-off cap is raised to a longer learned base
+    out, _ = apply_recommendations(WF, [Recommendation("chain", "s1",
+                                                       "retry_backoff_seconds", "90")])
+    retry = out.steps[1].retry
+    assert retry is not None and retry.backoff == ir.Backoff(90.0, 2.0, 90.0)
+    ir.validate(out)
+
+
+def test_a_learned_retry_limit_only_raises_a_written_policy() -> None:
+    own = ir.RetryPolicy(limit=3, backoff=ir.Backoff(7.0), on=(ir.FailureClass.TRANSIENT,))
+    wf = dataclasses.replace(WF, steps=(dataclasses.replace(WF.steps[0], retry=own),
+                                        *WF.steps[1:]))
+    lower = [Recommendation("chain", "s0", "retry_limit", "0"),
+             Recommendation("chain", "s0", "retry_backoff_seconds", "30")]
+    assert apply_recommendations(wf, lower) == (wf, [])  # the program's policy wins
+    out, _ = apply_recommendations(wf, [Recommendation("chain", "s0", "retry_limit", "5")])
+    assert out.steps[0].retry == dataclasses.replace(own, limit=5)
+
+
+def test_bad_retry_backoff_recommendation_is_reported() -> None:
+    out, notes = apply_recommendations(WF, [Recommendation("chain", "s0",
+                                                           "retry_backoff_seconds", "0")])
+    assert out == WF and "at least 1" in notes[0]
+
+
 # ---------------------------------------------------------------------- retries
 
 
@@ -363,6 +405,12 @@ def test_default_retry_fills_only_missing_policies() -> None:
     assert "s1, s2" in notes[0]
     with_default = dataclasses.replace(wf, defaults=ir.StepDefaults(retry=own))
     assert default_retry(with_default) == (with_default, [])
+
+
+def test_the_default_policy_retries_every_class_but_user_errors() -> None:
+    assert set(DEFAULT_RETRY.on) == {ir.FailureClass.TRANSIENT, ir.FailureClass.INFRA,
+                                     ir.FailureClass.OOM}
+    assert ir.FailureClass.USER not in DEFAULT_RETRY.on
 
 
 # --------------------------------------------------------------------- splitting

@@ -374,5 +374,5 @@ def classify(exit_code: int | None, signal: int | None = None, engine_reason: st
         said = f": {text}" if text else ""
         return Classification(TRANSIENT, "unknown", f"an unknown failure{said}")
     return Classification(TRANSIENT, "unknown-exit",
-                          f"exit code {exit_code}, not a known error: retried once to see "
-                          "whether it repeats")
+                          f"exit code {exit_code}, not a known error, seen once (a repeat "
+                          "would be a user error)")

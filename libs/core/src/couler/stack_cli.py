@@ -119,6 +119,8 @@ def _run_status(args: argparse.Namespace, out: TextIO) -> int:
                     f" after {s.attempts} attempts" if s.attempts > 1 else "")
                 why = (f": {s.message}" if s.message and s.state.value in ("failed", "skipped")
                        else "")
+                if s.state.value == "failed":
+                    extra += _failure_said(s)
                 print(f"  {label:<32} {s.state.value}{extra}{why}", file=out)
             if not page.next_step_page_token:
                 if reused.steps:
@@ -157,6 +159,8 @@ class _Follow:
             label = s.name + (f"[{s.key}]" if s.key else "")
             extra = " (reused from cache)" if s.cached else (
                 f" attempt {s.attempts}" if s.attempts > 1 else "")
+            if s.state.value in ("failed", "retrying"):
+                extra += _failure_said(s)
             if s.state.value in ("failed", "retrying", "skipped") and s.message:
                 extra += f": {s.message}"
             print(f"[{time.strftime('%H:%M:%S')}]   {label:<32} {s.state.value}{extra}",
@@ -176,6 +180,14 @@ def _changes(run: Any) -> list[str]:
 _SHOWN = 20  # steps named at most in a summary line (a run may have 100,000)
 
 
+def _failure_said(s: Any) -> str:
+    """`` (user error: Python ValueError in the traceback; not retried: ...)``: the failure's
+    class and why (couler.failures), as the engine or the submitter classified it."""
+    if s.failure_reason:
+        return f" ({s.failure_reason})"
+    return f" ({s.failure_class.value})" if s.failure_class else ""
+
+
 def _failures(run: Any) -> list[str]:
     """One line per failed step (the first ones): why, and where its logs are."""
     failed = [s for s in run.steps if s.state.value == "failed"]
@@ -183,8 +195,9 @@ def _failures(run: Any) -> list[str]:
     for s in failed[:_SHOWN]:
         label = s.name + (f"[{s.key}]" if s.key else "")
         why = s.message or (f"exit code {s.exit_code}" if s.exit_code is not None else "")
-        tries = f" (after {s.attempts} attempts)" if s.attempts > 1 else ""
-        lines.append(f"  step {label} failed{tries}" + (f": {why}" if why else ""))
+        tries = f" after {s.attempts} attempts" if s.attempts > 1 else ""
+        lines.append(f"  step {label} failed{tries}{_failure_said(s)}"
+                     + (f": {why}" if why else ""))
     if len(failed) > _SHOWN:
         lines.append(f"  ... and {len(failed) - _SHOWN} more failed steps "
                      "(`couler status RUN_ID` lists them all)")
@@ -200,6 +213,7 @@ def _record(run: Any) -> dict[str, Any]:
                    "attempts": s.attempts, "cached": s.cached, "outputs": dict(s.outputs),
                    "exit_code": s.exit_code, "message": s.message,
                    "failure_class": s.failure_class.value if s.failure_class else None,
+                   "failure_reason": s.failure_reason,
                    "duration_seconds": (s.finished_at - s.started_at
                                         if s.finished_at and s.started_at else None),
                    "peak_memory_bytes": s.peak_memory_bytes,

@@ -6,7 +6,9 @@ Pages (HTML, every value escaped: run ids, step names and messages come from use
   cached steps;
 * ``/runs/{run_id}`` -- one run's steps: name, key, state, attempts, cached, duration, peak
   memory, peak CPU, message (for a skipped or cancelled step, why: e.g. "exit hook on failed
-  did not fire: the run succeeded").
+  did not fire: the run succeeded"); a failed or retrying step's state says which failure
+  class and why, e.g. "failed (user error: Python ValueError in the traceback; not
+  retried: ...)".
 
 JSON: ``/api/runs?limit=``, ``/api/runs/{run_id}``,
 ``/api/utilization?workflow=&run_id=&step=&limit=``; ``/healthz`` answers
@@ -174,7 +176,7 @@ def run_page(run: Run, *, now: float) -> str:
         head += f'<p class="msg">{_e(run.message)}</p>'
     rows = "\n".join(
         f"<tr><td>{_e(s.name)}</td><td>{_e(s.key)}</td>"
-        f'<td class="state-{_e(s.state.value)}">{_e(s.state.value)}</td>'
+        f'<td class="state-{_e(s.state.value)}">{_e(s.state.value)}{_failure(s)}</td>'
         f"<td>{s.attempts}</td>"
         f"<td>{_CACHED_MARK if s.cached else ''}</td>"
         f"<td>{_duration(s.started_at, s.finished_at, now=now) if not s.cached else '—'}</td>"
@@ -189,6 +191,14 @@ def run_page(run: Run, *, now: float) -> str:
     return _page(f"Run {run.run_id}", f'<p><a href="/">all runs</a></p>{head}{table}')
 
 
+def _failure(s: StepRecord) -> str:
+    """`` (user error: ...)`` after a failed or retrying step's state: its class and why."""
+    if s.state.value not in ("failed", "retrying"):
+        return ""
+    said = s.failure_reason or (s.failure_class.value if s.failure_class else "")
+    return f' <span class="why">({_e(said)})</span>' if said else ""
+
+
 def error_page(status: int, message: str) -> str:
     """The HTML of an error answer: the status and ``message`` (escaped)."""
     title = f"{status} {HTTPStatus(status).phrase}"
@@ -201,7 +211,8 @@ def _step_json(s: StepRecord) -> dict[str, Any]:
             "cached": s.cached, "exit_code": s.exit_code, "started_at": s.started_at,
             "finished_at": s.finished_at, "peak_memory_bytes": s.peak_memory_bytes,
             "peak_cpu": s.peak_cpu, "message": s.message,
-            "failure_class": s.failure_class.value if s.failure_class else None}
+            "failure_class": s.failure_class.value if s.failure_class else None,
+            "failure_reason": s.failure_reason}
 
 
 def _run_json(r: Run, *, steps: bool) -> dict[str, Any]:

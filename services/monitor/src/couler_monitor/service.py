@@ -43,7 +43,9 @@ from typing import TypeVar
 from couler import ir
 from couler.engines.base import StepState
 from couler.errors import NotFoundError, UserError
+from couler_monitor import retries
 from couler_monitor.store import (
+    FailureRow,
     MonitorStore,
     RecommendationRow,
     RunFields,
@@ -517,7 +519,7 @@ class Monitor:
             row = {"run_id": run_id, "name": r.name, "key": r.key, "oom_seen": False,
                    "oom_peak_memory_bytes": None, "max_peak_cpu": None,
                    "max_peak_memory_bytes": None, "event_at": -1.0, "rank": -1,
-                   "attempts": -1, "workflow": ""}
+                   "attempts": -1, "workflow": "", "failure_reason": ""}
             newer = True
         else:
             newer = (at, r.attempts, rank) > (row["event_at"], row["attempts"], row["rank"])
@@ -540,13 +542,22 @@ class Monitor:
                 cached=r.cached or r.state is StepState.CACHED, cache_key=r.cache_key,
                 message=r.message,
                 failure_class=r.failure_class.value if r.failure_class else None,
-                event_at=at, rank=rank)
+                failure_reason=r.failure_reason, event_at=at, rank=rank)
         tx.put_step_fields(row, new=new)
+        if r.failure_class is not None and r.attempts > 0 and r.state in (
+                StepState.FAILED, StepState.RETRYING):
+            tx.add_failure({"run_id": run_id, "step": r.name, "key": r.key,
+                            "attempt": r.attempts, "workflow": workflow or row["workflow"],
+                            "failure_class": r.failure_class.value,
+                            "failure_reason": r.failure_reason, "exit_code": r.exit_code,
+                            "at": at})
 
     def _recommend_after(self, tx: Tx, workflow: str, r: StepRecord) -> bool:
         oom = r.failure_class is ir.FailureClass.OOM
         measured = r.state.terminal and r.peak_memory_bytes is not None
-        if not workflow or not (measured or oom):
+        # a top-level step that finished: its history of failures may change its retries
+        finished = not r.key and r.state in (StepState.SUCCEEDED, StepState.FAILED)
+        if not workflow or not (measured or oom or finished):
             return False
         return self._recommend(tx, workflow, r.name)
 
@@ -592,7 +603,30 @@ class Monitor:
                 RecommendationKind.RETRY, str(OOM_RETRY_LIMIT),
                 f"out of memory in {len(ooms)} of {_runs(len(peaks))}: retry OOM "
                 "failures (memory escalates per attempt)", len(ooms), ir.FailureClass.OOM))
+        proposals = self._learned_retries(tx, workflow, step, proposals)
         return self._store_proposals(tx, workflow, step, proposals)
+
+    def _learned_retries(self, tx: Tx, workflow: str, step: str,
+                         proposals: Sequence[_Proposal]) -> list[_Proposal]:
+        """``proposals`` with the retry limit and back-off learned from the step's history of
+        failures (:func:`couler_monitor.retries.learn`). An OOM retry proposal is kept when
+        it allows as many retries: a learned limit never takes memory escalation away."""
+        history = [_step_run(row, failed)
+                   for row, failed in tx.step_history(workflow, step, self._history_runs)]
+        advice = retries.learn(history)
+        if advice is None:
+            return list(proposals)
+        out = [p for p in proposals if p.kind is not RecommendationKind.RETRY]
+        oom = next((p for p in proposals if p.kind is RecommendationKind.RETRY), None)
+        if oom is not None and int(oom.value) >= advice.limit:
+            out.append(oom)
+        else:
+            out.append(_Proposal(RecommendationKind.RETRY, str(advice.limit), advice.reason,
+                                 advice.based_on, advice.failure_class))
+        if advice.backoff_seconds is not None:
+            out.append(_Proposal(RecommendationKind.RETRY_BACKOFF, str(advice.backoff_seconds),
+                                 advice.backoff_reason, advice.based_on, advice.failure_class))
+        return out
 
     def _store_proposals(self, tx: Tx, workflow: str, step: str,
                          proposals: Iterable[_Proposal]) -> bool:
@@ -617,6 +651,22 @@ class Monitor:
 
 def _runs(n: int) -> str:
     return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def _failure_class(value: str | None) -> ir.FailureClass | None:
+    try:
+        return ir.FailureClass(value) if value else None
+    except ValueError:  # a damaged row: an unknown class
+        return None
+
+
+def _step_run(row: StepRow, failed: Sequence[FailureRow]) -> retries.StepRun:
+    """One run of a step for :func:`couler_monitor.retries.learn`."""
+    return retries.StepRun(
+        run_id=row.run_id, succeeded=row.state == StepState.SUCCEEDED.value,
+        attempts=max(0, row.attempts), finished_at=row.finished_at or row.event_at,
+        failures=tuple(retries.AttemptFailure(f.attempt, _failure_class(f.failure_class), f.at)
+                       for f in failed))
 
 
 def _recommendation(r: RecommendationRow) -> Recommendation | None:
@@ -664,7 +714,7 @@ def _step(s: StepRow) -> StepRecord:
         exit_code=s.exit_code, started_at=_time(s.started_at), finished_at=_time(s.finished_at),
         peak_cpu=s.peak_cpu, peak_memory_bytes=s.peak_memory_bytes, cache_key=s.cache_key,
         cached=bool(s.cached), message=_damaged(s.message or "", damaged),
-        failure_class=failure)
+        failure_class=failure, failure_reason=s.failure_reason or "")
 
 
 def _run(r: RunRow, steps: Sequence[StepRow]) -> Run:

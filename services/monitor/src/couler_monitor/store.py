@@ -43,6 +43,7 @@ from couler_runtime.store import (
 __all__ = [
     "MIGRATIONS",
     "SERVICE",
+    "FailureRow",
     "MonitorStore",
     "RecommendationRow",
     "RunFields",
@@ -96,6 +97,7 @@ class StepRow(Base):
     cache_key: Mapped[str] = mapped_column(String(255))
     message: Mapped[str] = mapped_column(Text)
     failure_class: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    failure_reason: Mapped[str] = mapped_column(Text, default="")
     # The highest peaks over all of its records (attempts), for the recommendations.
     max_peak_cpu: Mapped[float | None] = mapped_column(Float, nullable=True)
     max_peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
@@ -122,6 +124,24 @@ class SampleRow(Base):
     at_ns: Mapped[int] = mapped_column(BigInteger)
     cpu: Mapped[float] = mapped_column(Float)
     memory_bytes: Mapped[int] = mapped_column(BigInteger)
+
+
+class FailureRow(Base):
+    """One failed attempt of a step (a FAILED or RETRYING record with a failure class):
+    :class:`StepRow` keeps only the latest record, the learned retries need every attempt."""
+
+    __tablename__ = "monitor_step_failures"
+    __table_args__ = (sa.Index("ix_monitor_step_failures_workflow_step", "workflow", "step"),)
+
+    run_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    step: Mapped[str] = mapped_column(String(255), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    workflow: Mapped[str] = mapped_column(String(255))
+    failure_class: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    failure_reason: Mapped[str] = mapped_column(Text, default="")
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    at: Mapped[float] = mapped_column(Float)
 
 
 class RecommendationRow(Base):
@@ -396,6 +416,36 @@ class Tx:
             RecommendationRow.workflow == workflow, RecommendationRow.step == step,
             RecommendationRow.kind == kind, RecommendationRow.id == rec_id,
         ).values(published=True))
+
+
+    # ----------------------------------------------------------------- failures
+
+    def add_failure(self, values: dict[str, Any]) -> None:
+        """Keep one failed attempt (``FailureRow``'s columns); a redelivered one is kept once."""
+        key = (values["run_id"], values["step"], values["key"], values["attempt"])
+        if self.session.get(FailureRow, key) is None:
+            self.session.add(FailureRow(**values))
+            self.session.flush()
+
+    def step_history(self, workflow: str, step: str, runs: int
+                     ) -> list[tuple[StepRow, list[FailureRow]]]:
+        """The step's finished records (its top-level row, key "") in its latest ``runs``
+        runs, newest first, each with the run's failed attempts of it (every key)."""
+        rows = self.session.scalars(
+            sa.select(StepRow).where(StepRow.workflow == workflow, StepRow.name == step,
+                                     StepRow.key == "",
+                                     StepRow.state.in_(("succeeded", "failed")))
+            .order_by(sa.func.coalesce(StepRow.finished_at, StepRow.event_at).desc(),
+                      StepRow.run_id.desc())
+            .limit(runs)).all()
+        if not rows:
+            return []
+        failures: dict[str, list[FailureRow]] = {r.run_id: [] for r in rows}
+        for f in self.session.scalars(sa.select(FailureRow).where(
+                FailureRow.step == step, FailureRow.run_id.in_(failures))
+                .order_by(FailureRow.run_id, FailureRow.at, FailureRow.attempt)).all():
+            failures[f.run_id].append(f)
+        return [(r, failures[r.run_id]) for r in rows]
 
 
 def _max(a: Any, b: Any) -> Any:

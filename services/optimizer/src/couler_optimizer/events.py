@@ -139,6 +139,7 @@ _MIN_CPU = 0.001
 _MAX_CPU = 1024.0
 _MAX_RETRIES = 20
 _MAX_TIMEOUT = 30 * 24 * 3600
+_MAX_RETRY_BACKOFF = 3600
 
 
 def check_recommendation(rec: Recommendation) -> None:
@@ -162,6 +163,10 @@ def check_recommendation(rec: Recommendation) -> None:
             if not 0 <= int(rec.value) <= _MAX_RETRIES:
                 raise UserError(f"{where} = {rec.value!r} is outside 0..{_MAX_RETRIES}; "
                                 "refused")
+        elif (kind is RecommendationKind.RETRY_BACKOFF
+              and not 0 <= int(rec.value) <= _MAX_RETRY_BACKOFF):
+            raise UserError(f"{where} = {rec.value!r} seconds is outside "
+                            f"0..{_MAX_RETRY_BACKOFF}; refused")
         elif kind is RecommendationKind.TIMEOUT and not 1 <= int(rec.value) <= _MAX_TIMEOUT:
             raise UserError(f"{where} = {rec.value!r} seconds is outside 1..{_MAX_TIMEOUT}; "
                             "refused")

@@ -74,6 +74,7 @@ _KINDS: Mapping[RecommendationKind, str] = {
     RecommendationKind.CPU_REQUEST: "cpu_request",
     RecommendationKind.RETRY: "retry_limit",
     RecommendationKind.TIMEOUT: "timeout_seconds",
+    RecommendationKind.RETRY_BACKOFF: "retry_backoff_seconds",
 }
 _PRUNE = "prune_cached"
 #: The engines whose runs restore a cached step's outputs and artifacts instead of running

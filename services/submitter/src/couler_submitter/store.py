@@ -150,6 +150,7 @@ class StepRow(Base):
     failure_class: Mapped[str] = mapped_column(String(16), default="")
     artifacts: Mapped[str] = mapped_column(Text, default="{}")
     cache_saved_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    failure_reason: Mapped[str] = mapped_column(Text, default="")
 
 
 class OutboxRow(Base):
@@ -218,7 +219,7 @@ _INSERT_RUN = sa.insert(_RUNS)
 _INSERT_STEP = sa.insert(_STEPS)
 _STEP_FIELDS = ("revision", "state", "attempts", "exit_code", "started_at", "finished_at",
                 "peak_cpu", "peak_memory_bytes", "outputs", "cache_key", "cached", "message",
-                "failure_class", "artifacts", "cache_saved_seconds")
+                "failure_class", "artifacts", "cache_saved_seconds", "failure_reason")
 _UPDATE_STEP = sa.update(_STEPS).where(
     _STEPS.c.run_id == sa.bindparam("k_run_id"), _STEPS.c.name == sa.bindparam("k_name"),
     _STEPS.c.key == sa.bindparam("k_key"),
@@ -385,6 +386,7 @@ def _step_record(row: _Fields) -> StepRecord:
         message=read.note(row.message or ""), failure_class=failure, artifacts=artifacts,
         cache_saved_seconds=read.number("cache_saved_seconds", row.cache_saved_seconds,
                                         0.0, 1e15) or 0.0,
+        failure_reason=row.failure_reason or "",
     )
 
 
@@ -410,6 +412,7 @@ def _step_values(rec: StepRecord) -> dict[str, Any]:
                                      "uri": a.uri} for n, a in rec.artifacts.items()},
                                 sort_keys=True) if rec.artifacts else "{}",
         "cache_saved_seconds": rec.cache_saved_seconds,
+        "failure_reason": rec.failure_reason,
     }
 
 

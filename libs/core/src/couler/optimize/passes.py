@@ -266,9 +266,12 @@ def apply_recommendations(wf: ir.Workflow, recs: Sequence[Recommendation]
     """Apply the monitor's recommendations for this workflow's top-level steps.
 
     A resource recommendation sets the step's request/limit (never lowering a limit
-    below the request it sets); ``retry_limit`` raises the retry limit;
-    ``timeout_seconds`` sets a timeout only where none was written. Recommendations
-    for other workflows or unknown steps are ignored; later ones win.
+    below the request it sets); ``retry_limit`` -- learned from the step's failures --
+    sets the limit of a step under the default policy (no policy of its own or of the
+    workflow: 0 drops the default's retries for it) and only raises a policy the program
+    wrote; ``retry_backoff_seconds`` sets the default policy's back-off base (a written
+    back-off is kept); ``timeout_seconds`` sets a timeout only where none was written.
+    Recommendations for other workflows or unknown steps are ignored; later ones win.
     """
     notes: list[str] = []
     latest: dict[tuple[str, str], Recommendation] = {}
@@ -283,7 +286,7 @@ def apply_recommendations(wf: ir.Workflow, recs: Sequence[Recommendation]
         for (name, kind), rec in sorted(latest.items()):
             if name != step.name:
                 continue
-            new, note = _apply_one(wf, new, kind, rec)
+            new, note = _apply_one(wf, new, kind, rec, written=step.retry or wf.defaults.retry)
             if note:
                 notes.append(f"step {step.name!r}: {note}")
         steps.append(new)
@@ -292,8 +295,10 @@ def apply_recommendations(wf: ir.Workflow, recs: Sequence[Recommendation]
     return dataclasses.replace(wf, steps=tuple(steps)), notes
 
 
-def _apply_one(wf: ir.Workflow, step: ir.Step, kind: str,
-               rec: Recommendation) -> tuple[ir.Step, str]:
+def _apply_one(wf: ir.Workflow, step: ir.Step, kind: str, rec: Recommendation, *,
+               written: ir.RetryPolicy | None) -> tuple[ir.Step, str]:
+    """One recommendation on ``step``; ``written`` is the retry policy the program gave it
+    (its own or the workflow's), None when it runs under the default."""
     if kind in _RECOMMENDED_RESOURCES:
         try:
             ir.parse_quantity(rec.value)
@@ -312,10 +317,29 @@ def _apply_one(wf: ir.Workflow, step: ir.Step, kind: str,
         if limit is None:
             return step, f"recommendation retry_limit={rec.value!r} ignored: not an integer"
         retry = step.retry or wf.defaults.retry or DEFAULT_RETRY
-        if retry.limit >= limit:
+        # the program's own policy is only raised; the default one is what was learned
+        if retry.limit == limit or (written is not None and retry.limit > limit):
             return step, ""
+        why = f" ({rec.reason})" if rec.reason else ""
         return (dataclasses.replace(step, retry=dataclasses.replace(retry, limit=limit)),
-                f"retry limit = {limit}")
+                f"retry limit = {limit}{why}")
+    if kind == "retry_backoff_seconds":
+        seconds = _int(rec.value)
+        if seconds is None or seconds < 1:
+            return step, (f"recommendation retry_backoff_seconds={rec.value!r} ignored: "
+                          "not a whole number of seconds, at least 1")
+        retry = step.retry or wf.defaults.retry or DEFAULT_RETRY
+        if (written is not None and written.backoff is not None) or retry.limit == 0:
+            return step, ""  # a written back-off is kept; no retries, no back-off
+        backoff = retry.backoff or ir.Backoff()
+        if backoff.base_seconds == seconds:
+            return step, ""
+        cap = backoff.cap_seconds
+        backoff = dataclasses.replace(backoff, base_seconds=float(seconds),
+                                      cap_seconds=max(cap, seconds) if cap is not None else None)
+        why = f" ({rec.reason})" if rec.reason else ""
+        return (dataclasses.replace(step, retry=dataclasses.replace(retry, backoff=backoff)),
+                f"retry back-off = {seconds}s{why}")
     if kind == "timeout_seconds":
         seconds = _int(rec.value)
         if seconds is None or step.timeout_seconds is not None:
