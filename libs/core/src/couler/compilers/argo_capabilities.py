@@ -50,7 +50,8 @@ CAPABILITIES: dict[Feature, Capability] = {
         _N, "retryStrategy.backoff; Argo's factor is an integer, so a non-integral factor is "
             "rejected"),
     Feature.RETRY_FAILURE_CLASSES: Capability(
-        _N, "retryStrategy.retryPolicy / expression (OOM via exit code 137 / OOMKilled)"),
+        _N, "retryStrategy.retryPolicy / expression (OOM via exit code 137 / OOMKilled); a user "
+            "error is a failed exit to Argo, which sees no log"),
     Feature.MEMORY_ESCALATION: Capability(
         _R, "podSpecPatch indexed by the retries counter: memory grows on every retry, not only "
             "after an out-of-memory kill"),

@@ -38,9 +38,12 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.EXIT_HOOKS: Capability(_N, "run after the main graph with its final status"),
     Feature.RETRY: Capability(_N),
     Feature.RETRY_BACKOFF: Capability(_N),
-    Feature.RETRY_FAILURE_CLASSES: Capability(_R, "non-zero exit = transient; exit 137/-9 or the "
-                                                  "sampled memory limit = oom; failure to start "
-                                                  "= infra"),
+    Feature.RETRY_FAILURE_CLASSES: Capability(_R, "couler.failures classifies exit code and "
+                                                  "stderr: the sampled memory limit = oom; "
+                                                  "failure to start, network errors = infra; a "
+                                                  "Python exception or the same error twice = "
+                                                  "user; a timeout or an exit seen once = "
+                                                  "transient"),
     Feature.MEMORY_ESCALATION: Capability(_R, "the sampled RSS limit is multiplied on OOM"),
     Feature.TIMEOUT: Capability(_N, "the process tree is killed; a sub-workflow step's nested "
                                     "run is stopped"),

@@ -54,9 +54,9 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.RETRY_BACKOFF: Capability(_R, "the failed attempt sleeps base*factor**n (capped) "
                                           "before Ray re-executes the task"),
     Feature.RETRY_FAILURE_CLASSES: Capability(_R, "classified inside the task as on the local "
-                                                  "engine (non-zero exit = transient; exit "
-                                                  "137/-9 or the sampled memory limit = oom; "
-                                                  "failure to start = infra); a class the "
+                                                  "engine (couler.failures: exit code and "
+                                                  "stderr; the attempts before it are kept in "
+                                                  "the attempt file); a class the "
                                                   "policy does not name fails the step "
                                                   "without a Ray retry"),
     Feature.MEMORY_ESCALATION: Capability(_R, "the sampled RSS limit is multiplied on OOM; "

@@ -31,8 +31,9 @@ Mapping of the IR onto Ray:
   naming both numbers (Ray would keep an infeasible task pending forever).
 * **Retries**: ``max_retries`` = the policy's limit and ``retry_exceptions`` =
   [:class:`RetryAttempt`]. The task classifies a failed attempt like the local
-  engine (non-zero exit = transient, exit 137/-9 or the sampled memory limit =
-  oom, failure to start = infra). When the policy retries that class and
+  engine (:func:`couler.failures.classify` over its exit code and stderr; the
+  earlier attempts, for the repeat rule, are kept in the attempt file). When the
+  policy retries that class and
   retries remain, the task sleeps the back-off, escalates the sampled memory
   limit on OOM, and raises :class:`RetryAttempt` so Ray re-executes it;
   otherwise it returns a FAILED record (so downstream edge conditions such as
