@@ -38,7 +38,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from couler import ir
 from couler.engines.base import StepState
@@ -555,11 +555,15 @@ class Monitor:
     def _recommend_after(self, tx: Tx, workflow: str, r: StepRecord) -> bool:
         oom = r.failure_class is ir.FailureClass.OOM
         measured = r.state.terminal and r.peak_memory_bytes is not None
-        # a top-level step that finished: its history of failures may change its retries
-        finished = not r.key and r.state in (StepState.SUCCEEDED, StepState.FAILED)
-        if not workflow or not (measured or oom or finished):
+        if not workflow:
             return False
-        return self._recommend(tx, workflow, r.name)
+        if measured or oom:
+            return self._recommend(tx, workflow, r.name)
+        if not r.key and r.state in (StepState.SUCCEEDED, StepState.FAILED):
+            # finished, nothing measured: only its history of failures may say something
+            return self._store_proposals(tx, workflow, r.name,
+                                         self._learned_retries(tx, workflow, r.name, ()))
+        return False
 
     def _request(self, kind: RecommendationKind, peaks: Sequence[float], minimum: float, *,
                  quantity: Callable[[float, Fraction], str], show: Callable[[float], str],
@@ -618,8 +622,13 @@ class Monitor:
             return list(proposals)
         out = [p for p in proposals if p.kind is not RecommendationKind.RETRY]
         oom = next((p for p in proposals if p.kind is RecommendationKind.RETRY), None)
+        kept = tx.recommendation(workflow, step, RecommendationKind.RETRY.value) \
+            if oom is None else None
         if oom is not None and int(oom.value) >= advice.limit:
             out.append(oom)
+        elif (kept is not None and kept.failure_class == ir.FailureClass.OOM.value
+              and kept.value.isdigit() and int(kept.value) >= advice.limit):
+            pass  # the stored OOM retries stay (this event measured nothing to renew them)
         else:
             out.append(_Proposal(RecommendationKind.RETRY, str(advice.limit), advice.reason,
                                  advice.based_on, advice.failure_class))
@@ -660,7 +669,7 @@ def _failure_class(value: str | None) -> ir.FailureClass | None:
         return None
 
 
-def _step_run(row: StepRow, failed: Sequence[FailureRow]) -> retries.StepRun:
+def _step_run(row: Any, failed: Sequence[FailureRow]) -> retries.StepRun:
     """One run of a step for :func:`couler_monitor.retries.learn`."""
     return retries.StepRun(
         run_id=row.run_id, succeeded=row.state == StepState.SUCCEEDED.value,

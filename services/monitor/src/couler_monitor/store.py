@@ -428,21 +428,25 @@ class Tx:
             self.session.flush()
 
     def step_history(self, workflow: str, step: str, runs: int
-                     ) -> list[tuple[StepRow, list[FailureRow]]]:
-        """The step's finished records (its top-level row, key "") in its latest ``runs``
-        runs, newest first, each with the run's failed attempts of it (every key)."""
-        rows = self.session.scalars(
-            sa.select(StepRow).where(StepRow.workflow == workflow, StepRow.name == step,
-                                     StepRow.key == "",
-                                     StepRow.state.in_(("succeeded", "failed")))
-            .order_by(sa.func.coalesce(StepRow.finished_at, StepRow.event_at).desc(),
-                      StepRow.run_id.desc())
+                     ) -> list[tuple[Any, list[FailureRow]]]:
+        """The step's finished records (its top-level row, key "": ``run_id``, ``state``,
+        ``attempts``, ``finished_at``, ``event_at``) in its latest ``runs`` runs, newest
+        first, each with the run's failed attempts of it (every key). Runs once per finished
+        step event: Core rows, and the failures only when a row says there were some."""
+        s = _STEPS.c
+        rows = self.conn.execute(
+            sa.select(s.run_id, s.state, s.attempts, s.finished_at, s.event_at)
+            .where(s.workflow == workflow, s.name == step, s.key == "",
+                   s.state.in_(("succeeded", "failed")))
+            .order_by(sa.func.coalesce(s.finished_at, s.event_at).desc(), s.run_id.desc())
             .limit(runs)).all()
-        if not rows:
-            return []
         failures: dict[str, list[FailureRow]] = {r.run_id: [] for r in rows}
+        if not any(r.attempts > 1 or r.state == "failed" for r in rows):
+            # one attempt each, all succeeded: no failed attempt was recorded
+            return [(r, []) for r in rows]
         for f in self.session.scalars(sa.select(FailureRow).where(
-                FailureRow.step == step, FailureRow.run_id.in_(failures))
+                FailureRow.workflow == workflow, FailureRow.step == step,
+                FailureRow.run_id.in_(failures))
                 .order_by(FailureRow.run_id, FailureRow.at, FailureRow.attempt)).all():
             failures[f.run_id].append(f)
         return [(r, failures[r.run_id]) for r in rows]

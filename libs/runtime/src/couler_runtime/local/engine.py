@@ -167,15 +167,19 @@ def _final_reason(rec: _Record, failure: str, policy: ir.RetryPolicy | None,
     """The failed step's ``failure_reason``: the class's reason and whether retries ran out
     or the class is not retried (``"user error: Python ValueError in the traceback; not
     retried"``)."""
-    if failure == "fatal" or not rec.failure_reason:
-        return rec.failure_reason
+    if failure == "fatal":
+        return ""  # the step's own definition failed (an output missing): no class
+    if not rec.failure_reason:
+        return ""
     if policy is None:
         why = "no retry policy"
     elif retries >= policy.limit and (ir.FailureClass.ANY in policy.on
                                       or failure in {c.value for c in policy.on}):
         why = f"gave up after {retries} retries" if retries else "retry limit 0"
     else:
-        why = f"not retried: the policy retries {', '.join(c.value for c in policy.on)}"
+        again = " again" if retries else ""
+        why = (f"not retried{again}: the policy retries "
+               + ", ".join(c.value for c in policy.on))
     return f"{rec.failure_reason}; {why}"
 
 
