@@ -46,6 +46,8 @@ CASES: list[tuple[str, ir.FailureClass, dict[str, object]]] = [
     ("python-timeout-exception", T, {"exit_code": 1, "log": tb("TimeoutError")}),
     ("python-wrapped-network", INF, {"exit_code": 1, "log": tb(
         "RuntimeError: download failed: Connection reset by peer")}),
+    ("python-wrapped-network", INF, {"exit_code": 1, "log": tb(
+        "OSError: [Errno 28] No space left on device")}),
     ("python-exception", U, {"exit_code": 1, "log": tb("ValueError: bad learning rate")}),
     ("python-exception", U, {"exit_code": 1, "log": tb("KeyError: 'label'")}),
     ("python-exception", U, {"exit_code": 1, "log": tb("AssertionError")}),

@@ -171,9 +171,9 @@ def _network_exception_message(f: _Facts) -> str | None:
     if f.exception is None:
         return None
     name, message = f.exception
-    for pattern in _NETWORK_LOG:
+    for pattern in (*_NETWORK_LOG, _NO_SPACE):
         if pattern.match(_Facts(None, None, "", message, False, False, None)):
-            return f"Python {name} caused by a network error ({pattern.name})"
+            return f"Python {name} caused by a platform error ({pattern.name})"
     return None
 
 
@@ -228,6 +228,13 @@ _NETWORK_LOG: tuple[Pattern, ...] = (
             _log(r"socket\.timeout|timed out while (?:connecting|reading)",
                  "'socket.timeout' in the log")),
 )
+
+_NO_SPACE = Pattern(
+    "no-space", "log", INFRA,
+    "the node's disk is full; the retry's new pod gets a fresh ephemeral disk (on the local "
+    "engine it is the same disk: a repeat is then caught as the same error twice only when no "
+    "pattern matched, so a full local disk is retried up to the policy's limit)",
+    _log(r"no space left on device", "'No space left on device' in the log"))
 
 #: Every pattern, in the order they are tried.
 PATTERNS: tuple[Pattern, ...] = (
@@ -285,17 +292,15 @@ PATTERNS: tuple[Pattern, ...] = (
             "a timeout exception (socket.timeout, TimeoutError, ReadTimeout)",
             _exception(_TIMEOUT_EXCEPTIONS, "(a timeout)")),
     Pattern("python-wrapped-network", "traceback", INFRA,
-            "an exception whose message is a network error", _network_exception_message),
+            "an exception whose message is a network error or a full disk "
+            "(OSError: [Errno 28] No space left on device)", _network_exception_message),
     Pattern("python-exception", "traceback", USER,
             "any other exception (ValueError, KeyError, AssertionError, ZeroDivisionError, "
             "ImportError, SyntaxError, TypeError, ...) is the program's own: it fails again",
             _user_exception),
     # 5. log lines without a traceback
     *_NETWORK_LOG,
-    Pattern("no-space", "log", INFRA,
-            "the node's disk is full; the retry's new pod gets a fresh ephemeral disk (on "
-            "the local engine it is the same disk, and the repeat rule ends it)",
-            _log(r"no space left on device", "'No space left on device' in the log")),
+    _NO_SPACE,
     Pattern("command-not-found", "exit code", USER,
             "exit 127 / 126: the command is missing or not executable in the image",
             lambda f: (f"exit {f.exit_code}: command not found or not executable"
