@@ -375,15 +375,17 @@ def test_a_learned_retry_limit_changes_the_next_plan() -> None:
     ir.validate(out)
 
 
-def test_a_learned_retry_limit_only_raises_a_written_policy() -> None:
-    own = ir.RetryPolicy(limit=3, backoff=ir.Backoff(7.0), on=(ir.FailureClass.TRANSIENT,))
+def test_a_written_policy_is_kept_but_oom_retries_raise_it() -> None:
+    own = ir.RetryPolicy(limit=0, backoff=ir.Backoff(7.0), on=(ir.FailureClass.TRANSIENT,))
     wf = dataclasses.replace(WF, steps=(dataclasses.replace(WF.steps[0], retry=own),
                                         *WF.steps[1:]))
-    lower = [Recommendation("chain", "s0", "retry_limit", "0"),
-             Recommendation("chain", "s0", "retry_backoff_seconds", "30")]
-    assert apply_recommendations(wf, lower) == (wf, [])  # the program's policy wins
-    out, _ = apply_recommendations(wf, [Recommendation("chain", "s0", "retry_limit", "5")])
-    assert out.steps[0].retry == dataclasses.replace(own, limit=5)
+    learned = [Recommendation("chain", "s0", "retry_limit", "3",
+                              failure_class=ir.FailureClass.TRANSIENT),
+               Recommendation("chain", "s0", "retry_backoff_seconds", "30")]
+    assert apply_recommendations(wf, learned) == (wf, [])  # the program's policy wins
+    oom = Recommendation("chain", "s0", "retry_limit", "2", failure_class=ir.FailureClass.OOM)
+    out, _ = apply_recommendations(wf, [oom])
+    assert out.steps[0].retry == dataclasses.replace(own, limit=2)
 
 
 def test_bad_retry_backoff_recommendation_is_reported() -> None:

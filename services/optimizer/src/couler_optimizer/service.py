@@ -292,7 +292,8 @@ def _core_recommendations(wf: ir.Workflow, recs: Sequence[Recommendation]
         for step in steps:
             out.append(passes.Recommendation(
                 workflow=rec.workflow, step=step, kind=_KINDS[rec.kind], value=rec.value,
-                reason=rec.reason, samples=rec.based_on_samples))
+                reason=rec.reason, samples=rec.based_on_samples,
+                failure_class=rec.failure_class))
     return out
 
 

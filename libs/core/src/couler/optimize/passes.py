@@ -72,7 +72,8 @@ class Recommendation:
     """A measured suggestion for one step, from the monitor.
 
     ``kind`` is ``memory_request`` / ``memory_limit`` / ``cpu_request`` (``value`` a
-    Kubernetes quantity), ``retry_limit`` or ``timeout_seconds`` (an integer).
+    Kubernetes quantity), ``retry_limit``, ``retry_backoff_seconds`` or ``timeout_seconds``
+    (an integer). ``failure_class``: for a retry, the class it is for.
     """
 
     workflow: str
@@ -81,6 +82,7 @@ class Recommendation:
     value: str
     reason: str = ""
     samples: int = 0
+    failure_class: ir.FailureClass | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,8 +270,9 @@ def apply_recommendations(wf: ir.Workflow, recs: Sequence[Recommendation]
     A resource recommendation sets the step's request/limit (never lowering a limit
     below the request it sets); ``retry_limit`` -- learned from the step's failures --
     sets the limit of a step under the default policy (no policy of its own or of the
-    workflow: 0 drops the default's retries for it) and only raises a policy the program
-    wrote; ``retry_backoff_seconds`` sets the default policy's back-off base (a written
+    workflow: 0 drops the default's retries for it); a policy the program wrote is kept,
+    except that out-of-memory retries (``failure_class`` OOM) raise its limit;
+    ``retry_backoff_seconds`` sets the default policy's back-off base (a written
     back-off is kept); ``timeout_seconds`` sets a timeout only where none was written.
     Recommendations for other workflows or unknown steps are ignored; later ones win.
     """
@@ -317,8 +320,10 @@ def _apply_one(wf: ir.Workflow, step: ir.Step, kind: str, rec: Recommendation, *
         if limit is None:
             return step, f"recommendation retry_limit={rec.value!r} ignored: not an integer"
         retry = step.retry or wf.defaults.retry or DEFAULT_RETRY
-        # the program's own policy is only raised; the default one is what was learned
-        if retry.limit == limit or (written is not None and retry.limit > limit):
+        # the default policy's limit is what was learned; the program's own policy is kept,
+        # only raised for out-of-memory retries (memory escalation)
+        if retry.limit == limit or (written is not None and (
+                retry.limit > limit or rec.failure_class is not ir.FailureClass.OOM)):
             return step, ""
         why = f" ({rec.reason})" if rec.reason else ""
         return (dataclasses.replace(step, retry=dataclasses.replace(retry, limit=limit)),
