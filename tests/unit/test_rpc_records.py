@@ -99,6 +99,10 @@ def make_run() -> r.Run:
                      outputs={"model": "s3://b/m"}),
         r.StepRecord("eval", base.StepState.FAILED, key="3", attempts=2, exit_code=137,
                      message="killed: out of memory", failure_class=ir.FailureClass.OOM),
+        r.StepRecord("lint", base.StepState.FAILED, attempts=1, exit_code=1,
+                     failure_class=ir.FailureClass.USER,
+                     failure_reason="user error: Python ValueError in the traceback; not "
+                                    "retried"),
         r.StepRecord("report", base.StepState.PENDING),
     )
     return r.Run(
@@ -117,6 +121,9 @@ def test_run_round_trips_through_the_wire() -> None:
     back = r.run_from_proto(common_pb2.Run.FromString(wire))
     assert back == run
     assert back.step("eval", "3").failure_class is ir.FailureClass.OOM
+    lint = back.step("lint")
+    assert lint.failure_class is ir.FailureClass.USER
+    assert lint.failure_reason.startswith("user error: Python ValueError")
     assert back.step("report").exit_code is None
     assert back.step("prep").exit_code == 0  # zero is not "absent"
     with pytest.raises(KeyError):
