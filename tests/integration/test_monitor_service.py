@@ -798,6 +798,7 @@ def test_retry_limits_and_back_off_are_learned_from_failures(tmp_path: Path) -> 
         by = {(r.step, r.kind.value): r for r in recs}
         steady = by[("steady", "retry")]
         assert (steady.value, steady.based_on_samples) == ("0", 5)
+        assert steady.failure_class is ir.FailureClass.TRANSIENT  # the platform's still are
         assert "no transient or infrastructure failure in 5 runs" in steady.reason
         flaky = by[("flaky", "retry")]
         # two retries needed: limit 3; 40 s over 2 retries: back-off 20 s

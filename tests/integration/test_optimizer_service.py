@@ -519,8 +519,10 @@ class TestFeedback:
                                   reason=reason, based_on_samples=5, created_at=2000.0,
                                   id=f"{wf.name}/{step}/{kind.value}/{value}")
 
-        never = rec("s0", RecommendationKind.RETRY, "0",
-                    "no transient or infrastructure failure in 5 runs")
+        never = dataclasses.replace(
+            rec("s0", RecommendationKind.RETRY, "0",
+                "no transient or infrastructure failure in 5 runs"),
+            failure_class=ir.FailureClass.TRANSIENT)
         flaky = rec("s1", RecommendationKind.RETRY, "4", "transient failures in 3 of 5 runs")
         backoff = rec("s1", RecommendationKind.RETRY_BACKOFF, "12", "recovered in 12 s")
         asyncio.run(exchange(nats_server, [feedback(never), feedback(flaky), feedback(backoff)],
@@ -528,13 +530,15 @@ class TestFeedback:
         plan = optimizer.optimize(wf)
         steps = steps_of(plan.workflow)
         s0, s1 = steps["s0"].retry, steps["s1"].retry
-        assert s0 is not None and s0.limit == 0  # no blanket default retries for s0
+        # no blanket retries of s0's own failures; the platform's are still retried
+        assert s0 is not None and s0.limit == DEFAULT_RETRY.limit
+        assert s0.on == (ir.FailureClass.INFRA, ir.FailureClass.OOM)
         assert s1 is not None and s1.limit == 4 and s1.backoff is not None
         assert s1.backoff.base_seconds == 12.0
         assert steps["s2"].retry == DEFAULT_RETRY
         _, notes = report(plan, "right_size")
-        assert ("step 's0': retry limit = 0 (no transient or infrastructure failure in 5 runs)"
-                in notes)
+        assert ("step 's0': transient failures not retried (no transient or infrastructure "
+                "failure in 5 runs)") in notes
         assert "step 's1': retry back-off = 12s (recovered in 12 s)" in notes
 
 

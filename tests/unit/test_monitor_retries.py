@@ -45,6 +45,8 @@ def test_five_runs_without_a_transient_failure_drop_the_default() -> None:
     advice = learn([ok(i) for i in range(5)])
     assert advice is not None
     assert (advice.limit, advice.based_on, advice.backoff_seconds) == (0, 5, None)
+    # for the step's own (transient) failures: the platform's are still retried
+    assert advice.failure_class is ir.FailureClass.TRANSIENT
     assert "no transient or infrastructure failure in 5 runs" in advice.reason
 
 

@@ -351,21 +351,24 @@ def test_retry_and_timeout_recommendations() -> None:
 
 
 def test_a_learned_retry_limit_changes_the_next_plan() -> None:
-    # 0 under the default policy: the step loses the default's retries (the plan's
-    # default_retry pass does not put them back), and the notes say why
+    # 0 for transient failures under the default policy: the step's own failures are not
+    # retried (the plan's default_retry pass does not put them back), the platform's and
+    # OOM kills still are; the notes say why
     recs = [Recommendation("chain", "s0", "retry_limit", "0",
-                           reason="no transient or infrastructure failure in 5 runs"),
+                           reason="no transient or infrastructure failure in 5 runs",
+                           failure_class=ir.FailureClass.TRANSIENT),
             Recommendation("chain", "s1", "retry_limit", "4"),
             Recommendation("chain", "s1", "retry_backoff_seconds", "12")]
     plan = optimize(WF, "local", recommendations=recs, compile=False)
     s0, s1, s2 = plan.workflow.steps
-    assert s0.retry == dataclasses.replace(DEFAULT_RETRY, limit=0)
+    assert s0.retry == dataclasses.replace(
+        DEFAULT_RETRY, on=(ir.FailureClass.INFRA, ir.FailureClass.OOM))
     assert s1.retry is not None and s1.retry.limit == 4 and s1.retry.on == DEFAULT_RETRY.on
     assert s1.retry.backoff == ir.Backoff(12.0, 2.0, 60.0)
     assert s2.retry == DEFAULT_RETRY  # no recommendation: the default
     notes = next(r.notes for r in plan.reports if r.name == "right_size")
-    assert "step 's0': retry limit = 0 (no transient or infrastructure failure in 5 runs)" \
-        in notes
+    assert ("step 's0': transient failures not retried (no transient or infrastructure "
+            "failure in 5 runs)") in notes
     assert "step 's1': retry back-off = 12s" in notes
     # the default's own back-off cap is raised to a longer learned base
     out, _ = apply_recommendations(WF, [Recommendation("chain", "s1",
@@ -373,6 +376,9 @@ def test_a_learned_retry_limit_changes_the_next_plan() -> None:
     retry = out.steps[1].retry
     assert retry is not None and retry.backoff == ir.Backoff(90.0, 2.0, 90.0)
     ir.validate(out)
+    # 0 for no class in particular: no retries at all
+    out, _ = apply_recommendations(WF, [Recommendation("chain", "s0", "retry_limit", "0")])
+    assert out.steps[0].retry == dataclasses.replace(DEFAULT_RETRY, limit=0)
 
 
 def test_a_written_policy_is_kept_but_oom_retries_raise_it() -> None:

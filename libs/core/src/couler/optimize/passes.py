@@ -270,7 +270,8 @@ def apply_recommendations(wf: ir.Workflow, recs: Sequence[Recommendation]
     A resource recommendation sets the step's request/limit (never lowering a limit
     below the request it sets); ``retry_limit`` -- learned from the step's failures --
     sets the limit of a step under the default policy (no policy of its own or of the
-    workflow: 0 drops the default's retries for it); a policy the program wrote is kept,
+    workflow: 0 drops the default's retries for it; 0 *for transient failures* drops only
+    those, the platform's and out-of-memory retries are kept); a policy the program wrote is kept,
     except that out-of-memory retries (``failure_class`` OOM) raise its limit;
     ``retry_backoff_seconds`` sets the default policy's back-off base (a written
     back-off is kept); ``timeout_seconds`` sets a timeout only where none was written.
@@ -320,12 +321,20 @@ def _apply_one(wf: ir.Workflow, step: ir.Step, kind: str, rec: Recommendation, *
         if limit is None:
             return step, f"recommendation retry_limit={rec.value!r} ignored: not an integer"
         retry = step.retry or wf.defaults.retry or DEFAULT_RETRY
+        why = f" ({rec.reason})" if rec.reason else ""
+        if (limit == 0 and written is None and rec.failure_class is ir.FailureClass.TRANSIENT
+                and ir.FailureClass.TRANSIENT in retry.on):
+            # never failed transiently: its own failures are not retried, the platform's
+            # (an eviction, a lost node) and out-of-memory kills still are -- they are not
+            # the step's and strike any step
+            on = tuple(c for c in retry.on if c is not ir.FailureClass.TRANSIENT)
+            return (dataclasses.replace(step, retry=dataclasses.replace(retry, on=on)),
+                    f"transient failures not retried{why}")
         # the default policy's limit is what was learned; the program's own policy is kept,
         # only raised for out-of-memory retries (memory escalation)
         if retry.limit == limit or (written is not None and (
                 retry.limit > limit or rec.failure_class is not ir.FailureClass.OOM)):
             return step, ""
-        why = f" ({rec.reason})" if rec.reason else ""
         return (dataclasses.replace(step, retry=dataclasses.replace(retry, limit=limit)),
                 f"retry limit = {limit}{why}")
     if kind == "retry_backoff_seconds":
