@@ -8,7 +8,9 @@ commit in one transaction):
 * ``monitor-metrics`` on ``couler.metrics.>`` (``UtilizationSample``);
 * ``monitor-workflows-<event>`` on ``couler.workflow.<event>``, one per message type, because
   a consumer decodes one type (the bus terminates a body whose ``couler-event-type`` header
-  names another): requested, generated, optimized, submitted, finished, rejected.
+  names another): requested, generated, optimized, submitted, finished, rejected. An
+  optimized plan also tells the resources its steps are planned with
+  (:func:`planned_requests`): the current requests ``couler recommend`` shows.
 
 A message missing what identifies it (no run id, no step name) is a UserError: the bus
 terminates it and logs why; the service carries on. Recommendations are published on

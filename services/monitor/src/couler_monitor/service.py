@@ -837,8 +837,11 @@ class Monitor:
         work = tx.scratch.get("recommender")
         if not isinstance(work, _Learned):
             return False
+        changed = False
+        for workflow, step in work.due:
+            changed = self._recommend(tx, workflow, step) or changed
         now = self._clock()
-        for workflow, step in sorted(work.dirty):
+        for workflow, step in sorted(work.dirty):  # after: recommending may rebuild one
             text = work.histories[(workflow, step)].to_json()
             row = tx.recommender_state(workflow, step)
             if row is None:
@@ -846,9 +849,6 @@ class Monitor:
                                            updated_at=now))
             else:
                 row.state, row.updated_at = text, now
-        changed = False
-        for workflow, step in work.due:
-            changed = self._recommend(tx, workflow, step) or changed
         tx.scratch.pop("recommender", None)
         return changed
 
