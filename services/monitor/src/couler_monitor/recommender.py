@@ -186,6 +186,8 @@ class DecayingHistogram:
         if weight <= 0 or not math.isfinite(value) or not math.isfinite(at):
             return
         w = weight * self._factor(at)
+        if w <= 0.0:  # so old (before the reference by over 1000 half-lives) it weighs nothing
+            return
         b = self.scheme.bucket(max(0.0, value))
         self.weights[b] = self.weights.get(b, 0.0) + w
 
