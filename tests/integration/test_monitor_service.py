@@ -12,8 +12,10 @@ at a time (instances share the durable consumers); every test uses its own workf
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -37,6 +39,7 @@ from couler.errors import UserError
 from couler.v1 import common_pb2, events_pb2, workflow_pb2
 from couler_monitor.events import METRICS_DURABLE, STEPS_DURABLE, feedback_subject
 from couler_monitor.main import MonitorSettings, build
+from couler_monitor.recommender import RecommenderConfig, StepHistory, estimate
 from couler_monitor.service import cpu_quantity, memory_quantity
 from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
@@ -109,8 +112,8 @@ def start_monitor(nats: NatsServer, state: Path, database_url: str, *,
     settings = MonitorSettings.load(
         "monitor", nats_url=nats.url, grpc_address="127.0.0.1:0", state_dir=state,
         database_url=database_url, auth_token=token, otel_endpoint=None,
-        dashboard_address=f"127.0.0.1:{free_port()}", headroom=1.2, min_samples=1,
-        history_runs=10, bus_insecure=True)  # the logic on an open bus: test_bus_security
+        dashboard_address=f"127.0.0.1:{free_port()}", min_runs=2, history_runs=10,
+        bus_insecure=True)  # the logic on an open bus: test_bus_security
     logs = Records()
     logging.getLogger("couler_monitor").addHandler(logs)
     logging.getLogger("couler_monitor").setLevel(logging.INFO)
@@ -200,7 +203,8 @@ def subject_of(message: Message) -> str:
     if isinstance(message, common_pb2.UtilizationSample):
         return "couler.metrics.utilization"
     names = {events_pb2.WorkflowRequested: "requested", events_pb2.WorkflowSubmitted: "submitted",
-             events_pb2.WorkflowFinished: "finished", events_pb2.WorkflowRejected: "rejected"}
+             events_pb2.WorkflowFinished: "finished", events_pb2.WorkflowRejected: "rejected",
+             events_pb2.WorkflowOptimized: "optimized"}
     return f"couler.workflow.{names[type(message)]}"
 
 
@@ -280,6 +284,16 @@ def by_kind(recs: Sequence[Recommendation]) -> dict[str, Recommendation]:
     return {f"{r.step}:{r.kind.value}": r for r in recs}
 
 
+def _mi(quantity: str) -> int:
+    assert quantity.endswith("Mi"), quantity
+    return int(quantity.removesuffix("Mi"))
+
+
+def _cores(quantity: str) -> float:
+    assert quantity.endswith("m"), quantity
+    return int(quantity.removesuffix("m")) / 1000
+
+
 # ----------------------------------------------------------------------------- pure
 
 
@@ -296,13 +310,54 @@ def test_quantities_round_up_exactly() -> None:
 def test_settings_are_validated(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="COULER_DASHBOARD_ADDRESS"):
         MonitorSettings.load("monitor", state_dir=tmp_path, dashboard_address="nowhere")
-    with pytest.raises(SettingsError, match="COULER_HEADROOM"):
-        MonitorSettings.load("monitor", state_dir=tmp_path, headroom=0.5)
-    with pytest.raises(SettingsError, match="COULER_MIN_SAMPLES"):
-        MonitorSettings.load("monitor", state_dir=tmp_path, min_samples=0)
+    with pytest.raises(SettingsError, match="COULER_SAFETY_MARGIN"):
+        MonitorSettings.load("monitor", state_dir=tmp_path, safety_margin=-0.5)
+    with pytest.raises(SettingsError, match="COULER_MIN_RUNS"):
+        MonitorSettings.load("monitor", state_dir=tmp_path, min_runs=0)
+    with pytest.raises(SettingsError, match="COULER_HALF_LIFE_HOURS"):
+        MonitorSettings.load("monitor", state_dir=tmp_path, half_life_hours=0)
     defaults = MonitorSettings.load("monitor", state_dir=tmp_path)
-    assert (defaults.dashboard_address, defaults.headroom, defaults.min_samples) == (
-        "127.0.0.1:8080", 1.2, 1)
+    assert (defaults.dashboard_address, defaults.safety_margin, defaults.min_runs,
+            defaults.half_life_hours) == ("127.0.0.1:8080", 0.15, 2, 24.0)
+
+
+# What the service should recommend, from the recommender library itself (the service's
+# arithmetic is the library's; these tests check that it is fed what it should be).
+
+def expected_memory(peaks: Sequence[tuple[float, int]], *,
+                    config: RecommenderConfig | None = None) -> str:
+    """The memory request after runs with these (time, peak) pairs."""
+    history = StepHistory.new()
+    for at, peak in peaks:
+        history.set_memory_peak(at, peak)
+        history.count_run()
+    got = estimate(history, config or RecommenderConfig()).memory
+    assert got is not None
+    return memory_quantity(math.ceil(got.target), Fraction(1))
+
+
+def expected_cpu(samples: Sequence[tuple[float, float]], runs: int) -> str:
+    history = StepHistory.new()
+    for at, cpu in samples:
+        history.add_cpu(at, cpu)
+    for _ in range(runs):
+        history.count_run()
+    got = estimate(history).cpu
+    assert got is not None
+    return cpu_quantity(got.target, Fraction(1))
+
+
+def run_of(wf: str, step: str, at: float, *, memory: int, cpu: float = 0.5,
+           samples: Sequence[tuple[float, float, int]] = ()) -> tuple[str, list[Publish]]:
+    """One run of ``step``: its samples (default: one at its end, as the submitter sends
+    today) and its SUCCEEDED event at ``at``."""
+    run = uid("run")
+    series = list(samples) or [(at, cpu, memory)]
+    pubs: list[Publish] = [("couler.metrics.utilization", sample(run, wf, step, t, c, m),
+                            f"{run}.{step}..1.{i}") for i, (t, c, m) in enumerate(series)]
+    pubs += steps(step_event(run, wf, step, "SUCCEEDED", at=at, peak_memory=memory,
+                             peak_cpu=max(c for _, c, _ in series), started=series[0][0]))
+    return run, pubs
 
 
 # ----------------------------------------------------------------------------- service
@@ -350,43 +405,194 @@ class TestMonitor:
         assert isinstance(cause, grpc.RpcError)
         assert cause.code() is grpc.StatusCode.INVALID_ARGUMENT
 
-    def test_memory_request_published_once_and_raised_by_a_higher_peak(
+    def test_requests_come_after_two_runs_once_with_their_evidence(
             self, monitor: Monitor) -> None:
         wf = uid("wf")
         t0 = time.time()
-        first = step_event(uid("run"), wf, "train", "SUCCEEDED", at=t0, peak_memory=300 * MI,
-                           peak_cpu=0.5)
-        pubs = steps(first)
-        pubs.append((subject_of(first), first, step_msg_id(first) + ".redelivered"))
-        pubs.append((subject_of(first), first, step_msg_id(first)))  # a JetStream duplicate
-        got = exchange(monitor.nats, pubs, workflows=[wf])
-        sent = [(r.kind, r.value) for r, _ in got.feedback]
-        assert sorted(sent) == sorted([(RecommendationKind.MEMORY_REQUEST, "360Mi"),
-                                       (RecommendationKind.CPU_REQUEST, "600m")])  # once each
+        run1, first = run_of(wf, "train", t0, memory=300 * MI)
+        # redelivered (a new id) and duplicated (the same id): still one run, one sample
+        again = [(subj, body, f"{mid}.redelivered") for subj, body, mid in first]
+        got = exchange(monitor.nats, first + again + first, workflows=[wf])
+        assert got.feedback == []  # one run recommends nothing
+        assert monitor.client.monitor.recommendations(wf) == ()
+
+        _, second = run_of(wf, "train", t0 + 10, memory=300 * MI)
+        got = exchange(monitor.nats, second + second, workflows=[wf])
+        want_mem = expected_memory([(t0, 300 * MI), (t0 + 10, 300 * MI)])
+        want_cpu = expected_cpu([(t0, 0.5), (t0 + 10, 0.5)], runs=2)
+        assert sorted((r.kind.value, r.value) for r, _ in got.feedback) == [
+            ("cpu_request", want_cpu), ("memory_request", want_mem)]  # once each
+        # p95 of two 300Mi peaks, +15% margin, x1.25 for two runs only
+        assert 300 * 1.4375 <= int(want_mem.removesuffix("Mi")) <= 300 * 1.4375 * 1.07
         mem, headers = next((r, h) for r, h in got.feedback
                             if r.kind is RecommendationKind.MEMORY_REQUEST)
         assert (mem.workflow, mem.step) == (wf, "train")
-        assert mem.id == f"{wf}/train/memory_request/360Mi" == headers["Nats-Msg-Id"]
-        assert "300Mi" in mem.reason and "1 run" in mem.reason and mem.based_on_samples == 1
+        assert mem.id == f"{wf}/train/memory_request/{want_mem}" == headers["Nats-Msg-Id"]
+        assert (mem.target, mem.percentile, mem.runs, mem.samples) == (want_mem, 0.95, 2, 2)
+        assert mem.span_seconds == pytest.approx(10, abs=1e-3)
+        assert _mi(mem.lower_bound) <= _mi(mem.target) <= _mi(mem.upper_bound)
+        assert "p95 of 2 runs' peaks" in mem.reason and "+15% margin" in mem.reason
+        assert mem.based_on_samples == 2
 
         current = by_kind(monitor.client.monitor.recommendations(wf))
-        assert current["train:memory_request"].value == "360Mi"
-        assert current["train:cpu_request"].value == "600m"
+        cpu = current["train:cpu_request"]
+        assert current["train:memory_request"].value == want_mem
+        assert (cpu.value, cpu.percentile, cpu.runs, cpu.samples) == (want_cpu, 0.9, 2, 2)
 
-        # A lower peak in a later run changes nothing: the max over the last runs holds.
-        lower = step_event(uid("run"), wf, "train", "SUCCEEDED", at=t0 + 10,
-                           peak_memory=250 * MI, peak_cpu=0.5)
-        assert exchange(monitor.nats, steps(lower), workflows=[wf]).feedback == []
+        # A lower peak in a later run: the target moves less than 10% and the request
+        # stays in the new range: nothing published, the evidence updated in place.
+        _, lower = run_of(wf, "train", t0 + 20, memory=280 * MI)
+        assert exchange(monitor.nats, lower, workflows=[wf]).feedback == []
+        kept = by_kind(monitor.client.monitor.recommendations(wf))["train:memory_request"]
+        assert kept.value == want_mem and kept.runs == 3 and kept.target != want_mem
 
-        higher = step_event(uid("run"), wf, "train", "SUCCEEDED", at=t0 + 20,
-                            peak_memory=400 * MI, peak_cpu=0.5)
-        got = exchange(monitor.nats, steps(higher), workflows=[wf])
-        assert [(r.kind, r.value) for r, _ in got.feedback] == [
-            (RecommendationKind.MEMORY_REQUEST, "480Mi")]
+        _, higher = run_of(wf, "train", t0 + 30, memory=600 * MI)
+        got = exchange(monitor.nats, higher, workflows=[wf])
+        raised = expected_memory([(t0, 300 * MI), (t0 + 10, 300 * MI), (t0 + 20, 280 * MI),
+                                  (t0 + 30, 600 * MI)])
+        assert [(r.kind, r.value) for r, _ in got.feedback
+                if r.kind is RecommendationKind.MEMORY_REQUEST] == [
+            (RecommendationKind.MEMORY_REQUEST, raised)]
         current = by_kind(monitor.client.monitor.recommendations(wf, step="train"))
-        assert current["train:memory_request"].value == "480Mi"
-        assert current["train:memory_request"].based_on_samples == 3
+        assert current["train:memory_request"].value == raised
+        assert current["train:memory_request"].based_on_samples == 4
         assert monitor.client.monitor.recommendations(wf, step="other") == ()
+        assert run1
+
+    def test_cpu_follows_use_over_time_not_the_start_up_peak(self, monitor: Monitor) -> None:
+        """A step that starts an interpreter at 1.4 cores for a second and then idles: the
+        series of samples (mean cores per interval) makes the CPU request, not the peak."""
+        wf = uid("cpu")
+        t0 = time.time()
+        pubs: list[Publish] = []
+        samples: list[tuple[float, float]] = []
+        for r in range(2):
+            start = t0 + r * 100
+            series = [(start + i, 1.4 if i == 0 else 0.05, 40 * MI) for i in range(20)]
+            samples += [(t, c) for t, c, _ in series]
+            pubs += run_of(wf, "hello", start + 20, memory=40 * MI, samples=series)[1]
+        got = exchange(monitor.nats, pubs + pubs, workflows=[wf])  # and all redelivered
+        assert not got.terminated & set(got.sequences)
+        cpu = by_kind(monitor.client.monitor.recommendations(wf))["hello:cpu_request"]
+        assert cpu.value == expected_cpu(samples, runs=2)
+        assert _cores(cpu.value) < 0.1  # not 1.4 cores x 1.2
+        assert (cpu.samples, cpu.runs, cpu.percentile) == (40, 2, 0.9)  # each sample once
+        assert cpu.span_seconds == pytest.approx(119, abs=1e-3)  # first to last sample
+        assert "p90 of 40 samples over 2 runs" in cpu.reason
+
+    def test_recommendations_with_current_requests_over_grpc_dashboard_and_cli(
+            self, monitor: Monitor, tmp_path: Path) -> None:
+        """The latest plan's requests (couler.workflow.optimized) are the current ones; the
+        gRPC answer, the dashboard's page and JSON and ``couler recommend`` show them beside
+        the recommendations and their evidence."""
+        wf = uid("rec")
+        hostile = '<img src=x onerror="alert(1)">'
+        t0 = time.time()
+        plan = workflow_pb2.Workflow(
+            name=wf, defaults=workflow_pb2.StepDefaults(
+                resources=workflow_pb2.Resources(cpu_request="250m")),
+            steps=[workflow_pb2.Step(name="train", resources=workflow_pb2.Resources(
+                cpu_request="2", memory_request="4Gi")), workflow_pb2.Step(name="prep")])
+        optimized = events_pb2.WorkflowOptimized(
+            run_id=uid("run"), plan=common_pb2.Plan(workflow=plan, engine="local"))
+        pubs: list[Publish] = [(subject_of(optimized), optimized,
+                                f"{optimized.run_id}.optimized")]
+        for i in range(2):
+            pubs += run_of(wf, "train", t0 + i, memory=300 * MI)[1]
+            pubs += run_of(wf, hostile, t0 + i, memory=20 * MI)[1]
+        got = exchange(monitor.nats, pubs)
+        assert not got.terminated & set(got.sequences)
+
+        report = monitor.client.monitor.recommendation_report(wf)
+        planned = {q.step: q.resources for q in report.requested}
+        assert planned[""].cpu_request == "250m"
+        assert (planned["train"].cpu_request, planned["train"].memory_request) == ("2", "4Gi")
+        assert "prep" not in planned  # it takes the defaults
+        assert {q.run_id for q in report.requested} == {optimized.run_id}
+        recs = by_kind(report.recommendations)
+        mem = recs["train:memory_request"]
+        assert mem.value == expected_memory([(t0, 300 * MI), (t0 + 1, 300 * MI)])
+        assert (mem.percentile, mem.runs, mem.target) == (0.95, 2, mem.value)
+        assert mem.lower_bound and mem.upper_bound
+        only = monitor.client.monitor.recommendation_report(wf, step="train")
+        assert {r.step for r in only.recommendations} == {"train"}
+
+        with httpx.Client(base_url=monitor.service.dashboard, timeout=WAIT) as http:
+            page = http.get(f"/recommendations/{quote(wf, safe='')}")
+            assert page.status_code == 200
+            assert page.headers["content-type"].startswith("text/html")
+            assert "default-src 'none'" in page.headers["content-security-policy"]
+            text = page.text
+            assert "<img" not in text and "&lt;img src=x" in text
+            train = [r for r in text.split("<tr>") if "<td>train</td>" in r]
+            row = next(r for r in train if "memory_request" in r)
+            assert "<td>4Gi</td>" in row and f"<b>{mem.value}</b>" in row
+            assert "<td>p95</td><td>2</td>" in row
+            assert f"{mem.lower_bound}..{mem.upper_bound}" in row
+            cpu_row = next(r for r in train if "cpu_request" in r)
+            assert "<td>2</td>" in cpu_row  # the current request: 2 cores
+            api = http.get(f"/api/recommendations/{quote(wf, safe='')}").json()
+            assert api["workflow"] == wf and api["planned"] is True
+            by_step = {s["step"]: s for s in api["steps"]}
+            assert set(by_step) == {"train", hostile}
+            assert by_step[hostile]["current"]["cpu_request"] == "250m"  # the defaults
+            got_mem = next(r for r in by_step["train"]["recommendations"]
+                           if r["kind"] == "memory_request")
+            assert (got_mem["value"], got_mem["runs"], got_mem["percentile"]) == (
+                mem.value, 2, 0.95)
+            index = http.get("/").text
+            assert f'href="/recommendations/{wf}"' in index
+            none = http.get("/recommendations/no-such-workflow")
+            assert none.status_code == 200 and "Nothing recommended yet" in none.text
+            assert http.get("/api/recommendations/").status_code in (400, 404)
+
+        def cli(*argv: str, address: str = monitor.service.address) -> tuple[int, str, str]:
+            from couler.cli import main
+
+            out, err = io.StringIO(), io.StringIO()
+            code = main(["recommend", *argv, "--address", address], out=out, err=err)
+            return code, out.getvalue(), err.getvalue()
+
+        code, text, err = cli(wf)
+        assert code == 0, err
+        assert "current requests from its latest plan the monitor saw" in text
+        line = next(x for x in text.splitlines() if x.startswith("train ")
+                    and "memory_request" in x)
+        assert "4Gi" in line and mem.value in line
+        assert "p95 of 2 runs" in line
+        assert "why:" in text and "p95 of 2 runs' peaks" in text
+        code, text, err = cli(wf, "--json")
+        assert code == 0, err
+        doc = json.loads(text)
+        assert doc["current_from"] == "plan"
+        steps_ = {x["step"]: x for x in doc["steps"]}
+        assert steps_["train"]["current"]["memory_request"] == "4Gi"
+        assert {r["kind"]: r["value"] for r in steps_["train"]["recommendations"]}[
+            "memory_request"] == mem.value
+
+        program = tmp_path / "pipeline.py"
+        program.write_text(
+            "import couler.argo as couler\n"
+            f"couler.config_workflow(name={wf!r})\n"
+            "couler.run_container(image='python:3.12-slim', command=['python', '-m', 't'],\n"
+            "                     step_name='train', resources={'cpu': '1', 'memory': '1Gi'})\n"
+            "couler.run_container(image='python:3.12-slim', command=['true'],\n"
+            "                     step_name='prep')\n")
+        code, text, err = cli(str(program))
+        assert code == 0, err
+        assert "current requests from the program's IR" in text
+        line = next(x for x in text.splitlines() if x.startswith("train ")
+                    and "memory_request" in x)
+        assert "1Gi" in line and mem.value in line
+        prep = next(x for x in text.splitlines() if x.startswith("prep "))
+        assert "no recommendation yet" in prep
+        code, text, err = cli(str(program), "--json", "--step", "train")
+        assert [x["step"] for x in json.loads(text)["steps"]] == ["train"]
+
+        code, text, err = cli(uid("never-seen"))
+        assert code == 0 and "unknown (the monitor saw no plan of it)" in text
+        code, text, err = cli(wf, "--timeout", "2", address=f"127.0.0.1:{free_port()}")
+        assert code == 2 and "is not reachable" in err and len(err.splitlines()) == 1
 
     def test_out_of_memory_recommends_a_limit_and_retries(self, monitor: Monitor) -> None:
         wf, run = uid("oom"), uid("run")
@@ -405,12 +611,20 @@ class TestMonitor:
         assert current["fit:retry"].value == "2"
         assert current["fit:retry"].failure_class is not None
         assert current["fit:retry"].failure_class.value == "oom"
-        assert current["fit:memory_request"].value == "615Mi"  # 512Mi * 1.2, rounded up
+        assert "fit:memory_request" not in current  # one run sets no request
         published = {(r.kind.value, r.value) for r, _ in got.feedback}
-        assert {("memory_limit", "1024Mi"), ("retry", "2"),
-                ("memory_request", "615Mi")} <= published
+        assert published == {("memory_limit", "1024Mi"), ("retry", "2")}
         # Each value went out once, although the OOM record was seen twice.
         assert len(got.feedback) == len(published)
+        # A second run that was killed too: its memory request counts the kills bumped up
+        # (VPA's OOM bump: max(peak * 1.2, peak + 100Mi)), not the peak it was stopped at.
+        exchange(monitor.nats, steps(step_event(
+            uid("run"), wf, "fit", "FAILED", at=t0 + 5, peak_memory=512 * MI, failure="OOM",
+            message="OOMKilled")), workflows=[wf])
+        current = by_kind(monitor.client.monitor.recommendations(wf))
+        bumped = 512 * MI * 1.2
+        assert current["fit:memory_request"].value == expected_memory(
+            [(t0 + 1, round(bumped)), (t0 + 5, round(bumped))])
 
     def test_dashboard_lists_runs_steps_and_cache_hits_escaped(self, monitor: Monitor) -> None:
         wf = uid("dash")
@@ -553,14 +767,16 @@ class TestMonitor:
         no_name = step_event(run, wf, "", "SUCCEEDED", at=t0)
         bad_sample = sample(run, wf, "train", t0, -1.0, MI)
         good = step_event(run, wf, "train", "SUCCEEDED", at=t0, peak_memory=10 * MI)
+        good2 = step_event(uid("run"), wf, "train", "SUCCEEDED", at=t0, peak_memory=10 * MI)
         pubs = [(subject_of(no_run), no_run, f"{run}.no-run-id"), *steps(no_name),
                 ("couler.metrics.utilization", bad_sample, f"{run}.bad-sample"),
-                *steps(good)]
+                *steps(good, good2)]
         got = exchange(monitor.nats, pubs)
         assert set(got.sequences[:3]) <= got.terminated
-        assert got.sequences[3] not in got.terminated
-        assert by_kind(monitor.client.monitor.recommendations(wf))[
-            "train:memory_request"].value == "16Mi"  # 12Mi raised to the floor
+        assert not set(got.sequences[3:]) & got.terminated
+        floored = by_kind(monitor.client.monitor.recommendations(wf))["train:memory_request"]
+        assert floored.value == "16Mi"  # raised to the floor
+        assert "raised to the minimum 16Mi" in floored.reason
         with pytest.raises(UserError, match="workflow"):
             monitor.client.monitor.recommendations("")
 
@@ -572,9 +788,11 @@ class TestMonitor:
              f"{run}.s1"),
             *steps(step_event(run, wf, "train", "SUCCEEDED", at=t0 + 1,
                               peak_memory=100 * MI, peak_cpu=0.25)),
+            *run_of(wf, "train", t0 + 1, memory=100 * MI)[1],
         ], workflows=[wf])
         before = monitor.client.monitor.recommendations(wf)
-        assert by_kind(before)["train:memory_request"].value == "120Mi"
+        assert by_kind(before)["train:memory_request"].value == expected_memory(
+            [(t0, 100 * MI), (t0 + 1, 100 * MI)])
         monitor.restart()
         assert monitor.client.monitor.recommendations(wf) == before
         usage = monitor.client.monitor.utilization(run_id=run)
@@ -589,6 +807,12 @@ class TestMonitor:
         assert again.feedback == []
         assert any(line.startswith("dashboard at http://127.0.0.1:") for line in
                    monitor.logs.lines)
+        # The histograms were kept too: a third run is weighed with the first two.
+        exchange(monitor.nats, run_of(wf, "train", t0 + 2, memory=200 * MI)[1],
+                 workflows=[wf])
+        assert by_kind(monitor.client.monitor.recommendations(wf))[
+            "train:memory_request"].value == expected_memory(
+            [(t0, 100 * MI), (t0 + 1, 100 * MI), (t0 + 2, 200 * MI)])
 
     def test_run_states_only_move_forward(self, monitor: Monitor) -> None:
         wf, run = uid("states"), uid("run")
@@ -656,7 +880,8 @@ class TestDashboardToken:
         with httpx.Client(base_url=guarded.service.dashboard, timeout=WAIT,
                           follow_redirects=False) as http:
             assert http.get("/healthz").status_code == 200
-            for path in ("/", "/runs/x", "/api/runs", "/api/utilization?workflow=x"):
+            for path in ("/", "/runs/x", "/api/runs", "/api/utilization?workflow=x",
+                         "/recommendations/x", "/api/recommendations/x"):
                 denied = http.get(path)
                 assert denied.status_code == 401, path
                 assert denied.headers["www-authenticate"] == "Bearer"
@@ -821,18 +1046,22 @@ def test_a_failed_publish_is_sent_on_redelivery_with_the_same_id(tmp_path: Path)
 
     sent: list[Recommendation] = []
     monitor, store = _monitor_on(tmp_path, sent, fail=[True])
+    first = _record("train", "succeeded", peak=300 * MI, finished=99.0)
     record = _record("train", "succeeded", peak=300 * MI, finished=100.0)
+    want = expected_memory([(99.0, 300 * MI), (100.0, 300 * MI)])
 
     async def scenario() -> None:
+        await monitor.record_step("r0", "wf", "local", first, 99.0)  # one run: nothing
         with pytest.raises(RetryableError):
             await monitor.record_step("r1", "wf", "local", record, 100.0)
         assert sent == []
         stored = await monitor.recommendations("wf")
-        assert [r.value for r in stored] == ["360Mi"]  # committed before publishing
+        assert [r.value for r in stored] == [want]  # committed before publishing
         await monitor.record_step("r1", "wf", "local", record, 100.0)  # the redelivery
-        assert [(r.id, r.value) for r in sent] == [("wf/train/memory_request/360Mi", "360Mi")]
+        assert [(r.id, r.value) for r in sent] == [(f"wf/train/memory_request/{want}", want)]
         await monitor.record_step("r1", "wf", "local", record, 100.0)  # and once more
         assert len(sent) == 1
+        assert [r.runs for r in await monitor.recommendations("wf")] == [2]  # not 3
 
     try:
         asyncio.run(scenario())
@@ -847,22 +1076,26 @@ def test_a_failed_publish_is_sent_on_redelivery_with_the_same_id(tmp_path: Path)
         store.close()
 
 
-def test_peaks_are_taken_over_the_latest_runs_only(tmp_path: Path) -> None:
+def test_old_runs_decay_away(tmp_path: Path) -> None:
+    """Runs ten days apart (a 24 h half-life): the newest run all but decides the p95, and
+    the request follows it down."""
     sent: list[Recommendation] = []
-    monitor, store = _monitor_on(tmp_path, sent, history_runs=2)
+    monitor, store = _monitor_on(tmp_path, sent)
+    day = 86400.0
+    peaks = [(100.0 + i * 10 * day, peak * MI) for i, peak in enumerate([500, 200, 100])]
 
     async def scenario() -> list[str]:
-        for i, peak in enumerate([500, 200, 100]):
+        for i, (at, peak) in enumerate(peaks):
             await monitor.record_step(f"r{i}", "wf", "local",
-                                      _record("s", "succeeded", peak=peak * MI,
-                                              finished=100.0 + i), 100.0 + i)
+                                      _record("s", "succeeded", peak=peak, finished=at), at)
         return [r.value for r in sent]
 
     try:
-        # 500Mi ages out of the window of two runs: the request comes down to 200Mi * 1.2.
-        assert asyncio.run(scenario()) == ["600Mi", "240Mi"]
+        got = asyncio.run(scenario())
     finally:
         store.close()
+    assert got == [expected_memory(peaks[:2]), expected_memory(peaks)]
+    assert _mi(got[0]) < 500 and _mi(got[1]) < 200
 
 
 def test_requests_below_the_minimum_are_raised_to_it(tmp_path: Path) -> None:
@@ -871,7 +1104,7 @@ def test_requests_below_the_minimum_are_raised_to_it(tmp_path: Path) -> None:
     from couler.engines.base import StepState
     from couler_monitor.service import Monitor as UseCases
     from couler_monitor.store import MonitorStore
-    from couler_runtime.rpc.records import StepRecord
+    from couler_runtime.rpc.records import StepRecord, UtilizationSample
 
     sent: list[Recommendation] = []
 
@@ -880,17 +1113,89 @@ def test_requests_below_the_minimum_are_raised_to_it(tmp_path: Path) -> None:
 
     store = MonitorStore.open(f"sqlite:///{tmp_path / 'monitor.db'}")
     monitor = UseCases(store, publish, min_memory_bytes=32 * MI, min_cpu=0.05)
-    tiny = StepRecord(name="echo", state=StepState.SUCCEEDED, attempts=1,
-                      peak_memory_bytes=3 * MI, peak_cpu=0.001, finished_at=100.0)
+
+    async def scenario() -> None:
+        for i in range(2):
+            at = 100.0 + i
+            await monitor.record_sample(UtilizationSample(f"r{i}", "wf", "echo", at, 0.001,
+                                                          3 * MI))
+            await monitor.record_step(f"r{i}", "wf", "local", StepRecord(
+                name="echo", state=StepState.SUCCEEDED, attempts=1, peak_memory_bytes=3 * MI,
+                peak_cpu=0.001, finished_at=at), at)
+
     try:
-        asyncio.run(monitor.record_step("r1", "wf", "local", tiny, 100.0))
+        asyncio.run(scenario())
     finally:
         store.close()
     got = {r.kind.value: r for r in sent}
     assert got["memory_request"].value == "32Mi"
     assert "raised to the minimum 32Mi" in got["memory_request"].reason
     assert got["cpu_request"].value == "50m"
-    assert "raised to the minimum 0.05 cores" in got["cpu_request"].reason
+    assert "raised to the minimum 50m" in got["cpu_request"].reason
+    assert got["cpu_request"].lower_bound == "50m"
+
+
+def test_damaged_histograms_are_rebuilt_from_the_stored_samples(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Stored histograms that cannot be parsed never stop the service: they are rebuilt
+    from the samples and steps it stored (logged), and the recommendation is the same."""
+    import sqlite3
+
+    from couler_runtime.rpc.records import UtilizationSample
+
+    sent: list[Recommendation] = []
+    monitor, store = _monitor_on(tmp_path, sent)
+
+    async def run(i: int) -> None:
+        at = 1000.0 + 60 * i
+        for k in range(5):
+            await monitor.record_sample(UtilizationSample(
+                f"r{i}", "wf", "fit", at + k, 0.2 + 0.1 * k, (100 + 10 * i) * MI))
+        await monitor.record_step(f"r{i}", "wf", "local",
+                                  _record("fit", "succeeded", peak=(100 + 10 * i) * MI,
+                                          finished=at + 5), at + 5)
+
+    async def before() -> tuple[Recommendation, ...]:
+        for i in range(3):
+            await run(i)
+        return await monitor.recommendations("wf")
+
+    try:
+        healthy = asyncio.run(before())
+    finally:
+        store.close()
+    assert {r.kind.value for r in healthy} == {"memory_request", "cpu_request"}
+
+    con = sqlite3.connect(tmp_path / "monitor.db")
+    with con:
+        con.execute("UPDATE monitor_recommender_state SET state = '{not json'")
+    con.close()
+    caplog.set_level(logging.WARNING, logger="couler_monitor")
+    monitor, store = _monitor_on(tmp_path, sent)
+    try:
+        asyncio.run(run(3))
+        after = by_kind(asyncio.run(monitor.recommendations("wf")))
+    finally:
+        store.close()
+    assert any("cannot be read" in r.getMessage() and "rebuilding" in r.getMessage()
+               for r in caplog.records)
+    # the same as if nothing had been damaged: four runs, 20 samples
+    assert (after["fit:cpu_request"].runs, after["fit:cpu_request"].samples) == (4, 20)
+    assert after["fit:memory_request"].runs == 4
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    monitor, store = _monitor_on(fresh, [])
+    try:
+        async def undamaged() -> dict[str, Recommendation]:
+            for i in range(4):
+                await run(i)
+            return by_kind(await monitor.recommendations("wf"))
+
+        clean = asyncio.run(undamaged())
+    finally:
+        store.close()
+    assert {k: (r.value, r.target, r.lower_bound, r.upper_bound) for k, r in after.items()} \
+        == {k: (r.value, r.target, r.lower_bound, r.upper_bound) for k, r in clean.items()}
 
 
 def test_the_minimum_requests_are_settings(tmp_path: Path) -> None:
@@ -913,6 +1218,9 @@ def test_the_changes_of_a_batch_commit_together(tmp_path: Path) -> None:
         raise RetryableError("database locked")
 
     async def scenario() -> None:
+        await monitor.record_step("r0", "wf", "local",
+                                  _record("train", "succeeded", peak=300 * MI, finished=0.5),
+                                  0.5)
         await monitor.apply([
             monitor.requested_change("r1", workflow="wf", engine="local", at=1.0),
             monitor.step_change("r1", "wf", "local",
@@ -923,7 +1231,7 @@ def test_the_changes_of_a_batch_commit_together(tmp_path: Path) -> None:
         run = await monitor.run("r1")
         assert (run.state, run.created_at, run.finished_at) == (RunState.SUCCEEDED, 1.0, 3.0)
         assert [s.name for s in run.steps] == ["train"]
-        assert [r.value for r in sent] == ["360Mi"]  # published after the commit
+        assert [r.value for r in sent] == [expected_memory([(0.5, 300 * MI), (2.0, 300 * MI)])]
         with pytest.raises(RetryableError):
             await monitor.apply([
                 monitor.requested_change("r2", workflow="wf", engine="local", at=4.0),
@@ -937,3 +1245,34 @@ def test_the_changes_of_a_batch_commit_together(tmp_path: Path) -> None:
         asyncio.run(scenario())
     finally:
         store.close()
+
+
+def test_samples_after_the_step_end_count_the_run(tmp_path: Path) -> None:
+    """Samples and step events come through different consumers: a run whose step ended
+    (unmeasured) before its samples arrived counts once they do, and a step nobody
+    measured recommends nothing."""
+    from couler_runtime.rpc.records import UtilizationSample
+
+    sent: list[Recommendation] = []
+    monitor, store = _monitor_on(tmp_path, sent)
+
+    async def scenario() -> None:
+        for i in range(2):
+            at = 100.0 + i
+            await monitor.record_step(f"r{i}", "wf", "local",
+                                      _record("late", "succeeded", finished=at), at)
+            await monitor.record_sample(UtilizationSample(f"r{i}", "wf", "late", at - 0.5,
+                                                          0.5, 200 * MI))
+            await monitor.record_step(f"r{i}", "wf", "local",
+                                      _record("never", "succeeded", finished=at), at)
+
+    try:
+        asyncio.run(scenario())
+        recs = by_kind(asyncio.run(monitor.recommendations("wf")))
+    finally:
+        store.close()
+    assert recs["late:memory_request"].runs == 2
+    assert recs["late:memory_request"].value == expected_memory(
+        [(99.5, 200 * MI), (100.5, 200 * MI)])
+    assert recs["late:cpu_request"].samples == 2
+    assert not any(k.startswith("never:") for k in recs)

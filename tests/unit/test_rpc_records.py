@@ -186,6 +186,18 @@ def test_other_records_round_trip() -> None:
     rec = r.Recommendation("train", "fit", r.RecommendationKind.RETRY, "3", "2 OOM kills",
                            5, 1_700_000_000.0, ir.FailureClass.OOM, "train.fit.retry.3")
     assert r.recommendation_from_proto(r.recommendation_to_proto(rec)) == rec
+    sized = r.Recommendation(
+        "train", "fit", r.RecommendationKind.MEMORY_REQUEST, "734Mi", "p95 of 12 runs' peaks",
+        12, 1_700_000_000.0, None, "train/fit/memory_request/734Mi", target="700Mi",
+        lower_bound="520Mi", upper_bound="900Mi", percentile=0.95, runs=12, samples=2**40,
+        span_seconds=3.5 * 86400)
+    assert r.recommendation_from_proto(r.recommendation_to_proto(sized)) == sized
+    report = r.RecommendationReport((sized, rec), (
+        r.StepRequests("", ir.Resources(cpu_request="250m"), "run-1", 1_700_000_000.25),
+        r.StepRequests("fit", ir.Resources(cpu_request="2", memory_request="4Gi",
+                                           memory_limit="8Gi"), "run-1", None)))
+    assert r.recommendation_report_from_proto(r.recommendation_report_to_proto(report)) \
+        == report
     sample = r.UtilizationSample("r", "w", "s", 1_700_000_000.5, 1.25, 2**31 + 5, "2", 3)
     assert r.utilization_sample_from_proto(r.utilization_sample_to_proto(sample)) == sample
     util = r.Utilization((sample,), (r.StepPeak("r", "w", "s", 1.5, 2**33, 4, "2"),))

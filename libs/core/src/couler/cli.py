@@ -11,6 +11,9 @@
     couler up | down | status [RUN_ID] the embedded stack (NATS + the five services)
     couler logs RUN_ID STEP [--key K]  what a step of a stack run wrote
     couler submit PATH.py | --text "..." [--wait] [--json] [--engine E] [-p NAME=VALUE]
+    couler cache ls | show | evict | pin | unpin | stats
+    couler recommend WORKFLOW | PATH.py [--step S] [--json]
+                                       each step's current and recommended resources, why
 
 The program runs with submission turned off: a ``couler.run(...)`` inside it
 records the workflow instead of submitting it. Problems go to stderr with a

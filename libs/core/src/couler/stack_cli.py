@@ -276,6 +276,7 @@ def add_commands(sub: Any) -> None:
     """Register up / down / status / submit / logs, and restart / credentials / bus
     (:mod:`couler.stack_admin`), on the CLI's sub-parsers."""
     from couler.cache_cli import add_cache_commands
+    from couler.recommend_cli import add_recommend_command
     from couler.stack_admin import add_admin_commands
 
     p = sub.add_parser("up", help="start NATS and the five services on this machine, "
@@ -324,6 +325,7 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(takes_err=True, func=cmd_submit)
     add_admin_commands(sub)
     add_cache_commands(sub)
+    add_recommend_command(sub)
 
 
 

@@ -69,6 +69,7 @@ from couler_runtime.rpc.records import (
     PinResult,
     Plan,
     Recommendation,
+    RecommendationReport,
     Run,
     RunState,
     StepRecord,
@@ -85,6 +86,7 @@ from couler_runtime.rpc.records import (
     objectives_to_proto,
     plan_from_proto,
     recommendation_from_proto,
+    recommendation_report_from_proto,
     run_from_proto,
     run_states_to_proto,
     template_from_proto,
@@ -572,6 +574,12 @@ class MonitorClient(_ServiceClient):
         resp = self._recommendations(
             monitor_service_pb2.RecommendationsRequest(workflow=workflow, step=step))
         return tuple(recommendation_from_proto(r) for r in resp.recommendations)
+
+    def recommendation_report(self, workflow: str, step: str = "") -> RecommendationReport:
+        """The recommendations for ``workflow`` with their evidence, and the requests its
+        steps were last planned with (what ``couler recommend`` shows)."""
+        return recommendation_report_from_proto(self._recommendations(
+            monitor_service_pb2.RecommendationsRequest(workflow=workflow, step=step)))
 
 
 class CoulerClient:

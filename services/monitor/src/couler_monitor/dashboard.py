@@ -8,11 +8,15 @@ Pages (HTML, every value escaped: run ids, step names and messages come from use
   memory, peak CPU, message (for a skipped or cancelled step, why: e.g. "exit hook on failed
   did not fire: the run succeeded"); a failed or retrying step's state says which failure
   class and why, e.g. "failed (user error: Python ValueError in the traceback; not
-  retried: ...)".
+  retried: ...)";
+* ``/recommendations/{workflow}`` -- per step, the requests of the workflow's latest plan
+  and what the monitor recommends: value, the recommender's target and range, its
+  percentile, runs, samples, the time its histograms span, and why.
 
 JSON: ``/api/runs?limit=``, ``/api/runs/{run_id}``,
-``/api/utilization?workflow=&run_id=&step=&limit=``; ``/healthz`` answers
-``{"status": "ok"}`` without authentication.
+``/api/utilization?workflow=&run_id=&step=&limit=``,
+``/api/recommendations/{workflow}?step=``; ``/healthz`` answers ``{"status": "ok"}``
+without authentication.
 
 ``limit`` is a whole number: ``/api/runs`` lists 1 to :data:`MAX_RUNS` (500) runs, 100 by
 default; ``/api/utilization`` returns 1 to ``MAX_SAMPLE_LIMIT`` (10000) samples, 1000 by
@@ -53,13 +57,19 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from couler import ir
 from couler.engines.base import StepState
 from couler.errors import NotFoundError, RetryableError, UserError
 from couler_monitor.service import DEFAULT_SAMPLE_LIMIT, MAX_SAMPLE_LIMIT, MI, Monitor
-from couler_runtime.rpc.records import Run, StepRecord
+from couler_runtime.rpc.records import (
+    RecommendationKind,
+    RecommendationReport,
+    Run,
+    StepRecord,
+)
 
 __all__ = ["COOKIE", "DEFAULT_RUNS", "MAX_RUNS", "DashboardServer", "create_app",
-           "local_target"]
+           "local_target", "recommendations_json", "recommendations_page"]
 
 log = logging.getLogger(__name__)
 
@@ -146,12 +156,19 @@ def _run_link(run_id: str) -> str:
     return f'<a href="/runs/{_e(quote(run_id, safe=""))}">{_e(run_id)}</a>'
 
 
+def _workflow_link(workflow: str) -> str:
+    if not workflow:
+        return "—"
+    return (f'<a href="/recommendations/{_e(quote(workflow, safe=""))}" '
+            f'title="recommendations">{_e(workflow)}</a>')
+
+
 def runs_page(runs: tuple[Run, ...], *, now: float) -> str:
     """The HTML of ``/``."""
     if not runs:
         return _page("Couler runs", "<p>No runs yet.</p>")
     rows = "\n".join(
-        f"<tr><td>{_run_link(r.run_id)}</td><td>{_e(r.workflow or '—')}</td>"
+        f"<tr><td>{_run_link(r.run_id)}</td><td>{_workflow_link(r.workflow)}</td>"
         f"<td>{_e(r.engine or '—')}</td>"
         f'<td class="state-{_e(r.state.value)}">{_e(r.state.value)}</td>'
         f"<td>{_time(r.started_at)}</td>"
@@ -167,7 +184,7 @@ def runs_page(runs: tuple[Run, ...], *, now: float) -> str:
 def run_page(run: Run, *, now: float) -> str:
     """The HTML of ``/runs/{run_id}``."""
     head = (
-        f"<p>workflow <b>{_e(run.workflow or '—')}</b> on <b>{_e(run.engine or '—')}</b>, "
+        f"<p>workflow <b>{_workflow_link(run.workflow)}</b> on <b>{_e(run.engine or '—')}</b>, "
         f'<span class="state-{_e(run.state.value)}">{_e(run.state.value)}</span>, '
         f"started {_time(run.started_at)}, "
         f"{_duration(run.started_at, run.finished_at if run.state.terminal else None, now=now)}"
@@ -197,6 +214,88 @@ def _failure(s: StepRecord) -> str:
         return ""
     said = s.failure_reason or (s.failure_class.value if s.failure_class else "")
     return f' <span class="why">({_e(said)})</span>' if said else ""
+_CURRENT_FIELD = {RecommendationKind.MEMORY_REQUEST: "memory_request",
+                  RecommendationKind.CPU_REQUEST: "cpu_request",
+                  RecommendationKind.MEMORY_LIMIT: "memory_limit"}
+
+
+def _current(report: RecommendationReport, step: str) -> ir.Resources | None:
+    """What the latest plan gave ``step`` (its own requests, else the workflow's
+    defaults); None when no plan was seen."""
+    planned = {q.step: q.resources for q in report.requested}
+    if step in planned:
+        return planned[step]
+    return planned.get("")
+
+
+def _steps(report: RecommendationReport) -> list[str]:
+    return sorted({r.step for r in report.recommendations}
+                  | {q.step for q in report.requested if q.step})
+
+
+def _span(seconds: float) -> str:
+    return _duration(0.0, seconds, now=0.0) if seconds else "—"
+
+
+def recommendations_json(workflow: str, report: RecommendationReport) -> dict[str, Any]:
+    """The JSON of ``/api/recommendations/{workflow}`` (as ``couler recommend --json``)."""
+    steps = []
+    for name in _steps(report):
+        current = _current(report, name)
+        steps.append({
+            "step": name,
+            "current": None if current is None else {
+                "cpu_request": current.cpu_request, "memory_request": current.memory_request,
+                "cpu_limit": current.cpu_limit, "memory_limit": current.memory_limit},
+            "recommendations": [
+                {"kind": r.kind.value, "value": r.value, "target": r.target,
+                 "lower_bound": r.lower_bound, "upper_bound": r.upper_bound,
+                 "percentile": r.percentile, "runs": r.runs, "samples": r.samples,
+                 "span_seconds": r.span_seconds, "reason": r.reason,
+                 "based_on": r.based_on_samples, "created_at": r.created_at, "id": r.id,
+                 "failure_class": r.failure_class.value if r.failure_class else None}
+                for r in report.recommendations if r.step == name]})
+    return {"workflow": workflow, "planned": bool(report.requested), "steps": steps}
+
+
+def recommendations_page(workflow: str, report: RecommendationReport) -> str:
+    """The HTML of ``/recommendations/{workflow}``."""
+    title = f"Recommendations for {workflow}"
+    back = '<p><a href="/">all runs</a></p>'
+    names = _steps(report)
+    if not names:
+        return _page(title, back + "<p>Nothing recommended yet: a step needs a few measured "
+                                   "runs.</p>")
+    rows = []
+    for name in names:
+        current = _current(report, name)
+        recs = [r for r in report.recommendations if r.step == name]
+        if not recs:
+            rows.append(f"<tr><td>{_e(name)}</td><td>—</td><td>—</td><td>—</td>"
+                        + "<td>—</td>" * 6 + '<td class="msg">no recommendation yet</td></tr>')
+            continue
+        for r in recs:
+            field = _CURRENT_FIELD.get(r.kind)
+            now = ("unknown" if current is None or field is None
+                   else getattr(current, field) or "not set")
+            resource = r.percentile > 0
+            rows.append(
+                f"<tr><td>{_e(name)}</td><td>{_e(r.kind.value)}</td><td>{_e(now)}</td>"
+                f"<td><b>{_e(r.value)}</b></td>"
+                f"<td>{_e(r.target) if resource else '—'}</td>"
+                f"<td>{_e(f'{r.lower_bound}..{r.upper_bound}') if resource else '—'}</td>"
+                f"<td>{_e(f'p{r.percentile * 100:g}') if resource else '—'}</td>"
+                f"<td>{r.runs if resource else '—'}</td>"
+                f"<td>{r.samples if resource else '—'}</td>"
+                f"<td>{_span(r.span_seconds) if resource else '—'}</td>"
+                f'<td class="msg">{_e(r.reason)}</td></tr>')
+    planned = ("" if report.requested else
+               "<p>No plan of this workflow was seen: the current requests are unknown.</p>")
+    return _page(title, back + planned + (
+        "<table><thead><tr><th>step</th><th>kind</th><th>current</th><th>recommended</th>"
+        "<th>target</th><th>range</th><th>percentile</th><th>runs</th><th>samples</th>"
+        "<th>history</th><th>why</th></tr></thead><tbody>\n"
+        + "\n".join(rows) + "\n</tbody></table>"))
 
 
 def error_page(status: int, message: str) -> str:
@@ -348,6 +447,18 @@ def create_app(monitor: Monitor, *, token: str | None = None,
         with _errors():
             got = await monitor.run(run_id)
         return _run_json(got, steps=True)
+
+    @app.get("/recommendations/{workflow:path}", response_class=HTMLResponse)
+    async def recommendations(workflow: str) -> HTMLResponse:
+        with _errors():
+            got = await monitor.recommendation_report(workflow)
+        return HTMLResponse(recommendations_page(workflow, got))
+
+    @app.get("/api/recommendations/{workflow:path}")
+    async def api_recommendations(workflow: str, step: str = "") -> dict[str, Any]:
+        with _errors():
+            got = await monitor.recommendation_report(workflow, step)
+        return recommendations_json(workflow, got)
 
     @app.get("/api/utilization")
     async def api_utilization(workflow: str = "", run_id: str = "", step: str = "",

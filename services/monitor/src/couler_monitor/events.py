@@ -8,7 +8,9 @@ commit in one transaction):
 * ``monitor-metrics`` on ``couler.metrics.>`` (``UtilizationSample``);
 * ``monitor-workflows-<event>`` on ``couler.workflow.<event>``, one per message type, because
   a consumer decodes one type (the bus terminates a body whose ``couler-event-type`` header
-  names another): requested, generated, optimized, submitted, finished, rejected.
+  names another): requested, generated, optimized, submitted, finished, rejected. An
+  optimized plan also tells the resources its steps are planned with
+  (:func:`planned_requests`): the current requests ``couler recommend`` shows.
 
 A message missing what identifies it (no run id, no step name) is a UserError: the bus
 terminates it and logs why; the service carries on. Recommendations are published on
@@ -27,7 +29,8 @@ from google.protobuf.message import Message
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from couler.v1 import common_pb2, events_pb2
+from couler import ir
+from couler.v1 import common_pb2, events_pb2, workflow_pb2
 from couler_monitor.service import Monitor
 from couler_runtime import telemetry
 from couler_runtime.bus import HEADER_TIME, HEADER_TRACEPARENT, Bus, Event, Subscription
@@ -48,6 +51,7 @@ __all__ = [
     "WORKFLOW_DURABLE_PREFIX",
     "feedback_subject",
     "make_publisher",
+    "planned_requests",
     "start_consumers",
 ]
 
@@ -157,7 +161,8 @@ async def start_consumers(bus: Bus, monitor: Monitor) -> list[Subscription[Any]]
     async def on_optimized(events: Sequence[Event[events_pb2.WorkflowOptimized]]) -> None:
         await monitor.apply([monitor.planned_change(
             e.message.run_id, workflow=e.message.plan.workflow.name,
-            engine=e.message.plan.engine or e.message.options.engine) for e in events])
+            engine=e.message.plan.engine or e.message.options.engine,
+            requests=planned_requests(e.message.plan.workflow), at=_at(e)) for e in events])
 
     async def on_submitted(events: Sequence[Event[events_pb2.WorkflowSubmitted]]) -> None:
         changes = [monitor.submitted_change(e.message.run_id, workflow=e.message.workflow,
@@ -196,6 +201,21 @@ async def start_consumers(bus: Bus, monitor: Monitor) -> list[Subscription[Any]]
                                         f"{WORKFLOW_DURABLE_PREFIX}-{name}", message_type,
                                         batch_handler=handler, **BATCHING))
     return subs
+
+
+def _resources(m: workflow_pb2.Resources) -> ir.Resources:
+    return ir.Resources(cpu_request=m.cpu_request, cpu_limit=m.cpu_limit,
+                        memory_request=m.memory_request, memory_limit=m.memory_limit)
+
+
+def planned_requests(workflow: workflow_pb2.Workflow) -> dict[str, ir.Resources]:
+    """The resources a plan gives its top-level steps: ``""`` for the workflow's defaults,
+    and each step that sets its own (the others get the defaults)."""
+    out = {"": _resources(workflow.defaults.resources)}
+    for step in workflow.steps:
+        if step.HasField("resources"):
+            out[step.name] = _resources(step.resources)
+    return out
 
 
 def _run_attribute(events: Sequence[Event[M]], run_id: Callable[[M], str]) -> dict[str, str]:

@@ -4,10 +4,14 @@ Settings (environment, ``COULER_`` prefix): the common ones (:class:`CommonSetti
 
 * ``COULER_DASHBOARD_ADDRESS`` -- ``host:port`` of the ops dashboard (default
   ``127.0.0.1:8080``; port 0 picks a free one; the URL is logged at start);
-* ``COULER_HEADROOM`` -- factor over the observed peak for resource requests (default 1.2);
-* ``COULER_MIN_SAMPLES`` -- runs with a measured peak needed before recommending (default 1);
-* ``COULER_HISTORY_RUNS`` -- how many of a step's latest runs the peaks are taken over
-  (default 10);
+* ``COULER_MIN_RUNS`` -- runs of a step needed before its requests are recommended
+  (default 2: one run, noisy or not, never sets a request);
+* ``COULER_SAFETY_MARGIN`` -- added to the percentiles the requests come from (default
+  0.15, +15%; widened further while few runs were seen);
+* ``COULER_HALF_LIFE_HOURS`` -- after how long a sample weighs half as much in the
+  recommender's histograms (default 24);
+* ``COULER_HISTORY_RUNS`` -- how many of a step's latest runs out-of-memory failures are
+  looked for in (memory limit and retry proposals; default 10);
 * ``COULER_MIN_MEMORY_REQUEST`` / ``COULER_MIN_CPU_REQUEST`` -- the smallest requests
   recommended, as Kubernetes quantities (default ``16Mi`` and ``10m``).
 
@@ -25,6 +29,7 @@ from pydantic import Field, field_validator
 from couler import ir
 from couler_monitor.dashboard import DashboardServer, create_app
 from couler_monitor.events import make_publisher, start_consumers
+from couler_monitor.recommender import RecommenderConfig
 from couler_monitor.rpc import MonitorService
 from couler_monitor.service import Monitor
 from couler_monitor.store import MonitorStore
@@ -43,16 +48,18 @@ class MonitorSettings(CommonSettings):
 
     Attributes:
         dashboard_address: ``host:port`` the dashboard listens on.
-        headroom: Factor over the observed peak for memory and CPU requests (>= 1).
-        min_samples: Runs with a measured peak needed before a request is recommended.
-        history_runs: How many of a step's latest runs its peaks are taken over.
+        min_runs: Runs of a step needed before its requests are recommended.
+        safety_margin: Added to the percentiles (0.15: +15%).
+        half_life_hours: Hours after which a sample weighs half in the histograms.
+        history_runs: How many of a step's latest runs OOM failures are looked for in.
         min_memory_request: The smallest memory request recommended (a quantity).
         min_cpu_request: The smallest CPU request recommended (a quantity).
     """
 
     dashboard_address: str = "127.0.0.1:8080"
-    headroom: float = Field(default=1.2, ge=1.0, le=10.0)
-    min_samples: int = Field(default=1, ge=1)
+    min_runs: int = Field(default=2, ge=1, le=1000)
+    safety_margin: float = Field(default=0.15, ge=0.0, le=10.0)
+    half_life_hours: float = Field(default=24.0, gt=0.0, le=24.0 * 365)
     history_runs: int = Field(default=10, ge=1, le=1000)
     min_memory_request: str = "16Mi"
     min_cpu_request: str = "10m"
@@ -76,10 +83,13 @@ class MonitorSettings(CommonSettings):
 async def build(settings: MonitorSettings, bus: Bus) -> Component:
     """Wire the monitor: store (migrated), use cases, consumers, servicer and dashboard."""
     store = await asyncio.to_thread(MonitorStore.open, settings.database_url)
-    monitor = Monitor(store, make_publisher(bus), headroom=settings.headroom,
-                      min_samples=settings.min_samples, history_runs=settings.history_runs,
-                      min_memory_bytes=int(ir.parse_quantity(settings.min_memory_request)),
-                      min_cpu=float(ir.parse_quantity(settings.min_cpu_request)))
+    config = RecommenderConfig(
+        min_runs=settings.min_runs, safety_margin=settings.safety_margin,
+        half_life=settings.half_life_hours * 3600.0,
+        min_memory=float(ir.parse_quantity(settings.min_memory_request)),
+        min_cpu=float(ir.parse_quantity(settings.min_cpu_request)))
+    monitor = Monitor(store, make_publisher(bus), config=config,
+                      history_runs=settings.history_runs)
     token = settings.auth_token.get_secret_value() if settings.auth_token else None
     dashboard = DashboardServer(create_app(monitor, token=token), settings.dashboard_address)
     try:

@@ -12,7 +12,7 @@ import grpc
 
 from couler.v1 import monitor_service_pb2 as pb
 from couler_monitor.service import Monitor
-from couler_runtime.rpc.records import recommendation_to_proto, utilization_to_proto
+from couler_runtime.rpc.records import recommendation_report_to_proto, utilization_to_proto
 
 __all__ = ["MonitorService"]
 
@@ -34,7 +34,7 @@ class MonitorService:
     async def Recommendations(  # noqa: N802 (the RPC's name)
         self, request: pb.RecommendationsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.RecommendationsResponse:
-        """The current recommendations for a workflow (one step's, when given)."""
-        got = await self._monitor.recommendations(request.workflow, request.step)
-        return pb.RecommendationsResponse(
-            recommendations=[recommendation_to_proto(r) for r in got])
+        """The current recommendations for a workflow (one step's, when given), with their
+        evidence and the requests of the workflow's latest plan."""
+        got = await self._monitor.recommendation_report(request.workflow, request.step)
+        return recommendation_report_to_proto(got)

@@ -13,17 +13,27 @@ Recording is idempotent, because delivery is at-least-once:
   redelivered old record never overwrites a newer one;
 * a sample is stored once per (run, step, key, attempt, time).
 
-Recommendations, recomputed when a step ends with a measured peak (or failed out of memory),
-for one (workflow, step) over its last ``history_runs`` runs:
+Recommendations, recomputed for one (workflow, step) when one of its steps ends with a
+measurement (or fails out of memory), and when a sample of a run that ended arrives (the
+samples of a running step wait for its end):
 
-* ``memory_request`` = the highest peak memory * ``headroom``, rounded up to whole Mi, at
-  least ``min_memory_bytes`` (a request below what any container needs to start is noise);
-* ``cpu_request`` = the highest peak CPU * ``headroom``, rounded up to whole millicores, at
-  least ``min_cpu`` cores;
-* after an out-of-memory failure, ``memory_limit`` = 2 * the peak at which it was killed
-  (which is the limit it hit), and a ``retry`` limit for OOM failures.
+* ``memory_request`` and ``cpu_request`` come from the step's decaying histograms
+  (:mod:`couler_monitor.recommender`, modelled on the Kubernetes VPA recommender): the CPU
+  histogram takes every newly stored sample, the memory histogram one peak per run of the
+  step (replaced when the run's peak grows; a run killed for memory counts bumped up). The
+  target is CPU p90 / memory p95 plus a 15% safety margin, widened when few runs were seen,
+  with lower and upper bounds, at least ``min_memory_bytes`` / ``min_cpu``; nothing before
+  ``min_runs`` runs, and a new value only past the hysteresis (the target moved more than
+  10%, or the current request left the bounds). Memory in whole Mi and CPU in whole
+  millicores, rounded up. The histograms are stored as JSON (``monitor_recommender_state``)
+  in the same transaction as the sample or step end they learned from; one that cannot be
+  read is rebuilt from the stored samples and steps (logged);
+* after an out-of-memory failure, over the step's last ``history_runs`` runs:
+  ``memory_limit`` = 2 * the peak at which it was killed (which is the limit it hit), and a
+  ``retry`` limit for OOM failures.
 
-A recommendation is stored and published only when its value changed. The store row doubles
+A recommendation is stored and published only when its value changed; its evidence
+(target, bounds, percentile, runs, samples, time span) is updated in place. The store row doubles
 as the outbox: it is committed unpublished, published (message id = the recommendation's
 deterministic id), then flagged; a crash in between republishes it with the same id.
 """
@@ -31,11 +41,12 @@ deterministic id), then flagged; a crash in between republishes it with the same
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, TypeVar
@@ -44,23 +55,37 @@ from couler import ir
 from couler.engines.base import StepState
 from couler.errors import NotFoundError, UserError
 from couler_monitor import retries
+from couler_monitor.recommender import (
+    RecommenderConfig,
+    ResourceEstimate,
+    StateError,
+    StepHistory,
+    estimate,
+    oom_bump,
+    should_update,
+)
 from couler_monitor.store import (
     FailureRow,
     MonitorStore,
     RecommendationRow,
+    RecommenderRunRow,
+    RecommenderStateRow,
     RunFields,
     RunRow,
     SampleRow,
+    StepRequestRow,
     StepRow,
     Tx,
 )
 from couler_runtime.rpc.records import (
     Recommendation,
     RecommendationKind,
+    RecommendationReport,
     Run,
     RunState,
     StepPeak,
     StepRecord,
+    StepRequests,
     Utilization,
     UtilizationSample,
 )
@@ -101,6 +126,10 @@ _STEP_RANK = {StepState.PENDING: 0, StepState.RUNNING: 1, StepState.RETRYING: 2}
 
 MIN_MEMORY_BYTES = 16 * 1024 * 1024  # 16Mi
 MIN_CPU = 0.01  # 10m
+_REBUILD_SAMPLES = 200_000  # the newest samples a damaged histogram is rebuilt from
+_INT64 = 2**63 - 1
+_MEASURED = (StepState.SUCCEEDED, StepState.FAILED)  # step ends that make a run count
+_MEASURED_STATES = tuple(s.value for s in _MEASURED)
 
 
 def memory_quantity(peak_bytes: int, headroom: Fraction) -> str:
@@ -130,6 +159,30 @@ class _Proposal:
     reason: str
     based_on: int
     failure_class: ir.FailureClass | None = None
+    evidence: _Evidence | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Evidence:
+    """What a resource recommendation stores beside its value."""
+
+    target: str
+    lower: str
+    upper: str
+    percentile: float
+    runs: int
+    samples: int
+    span: float
+
+
+@dataclass(slots=True)
+class _Learned:
+    """The recommender's work in one transaction: histograms read (or rebuilt), those
+    changed (written back once, at the end) and the steps to recommend for."""
+
+    histories: dict[tuple[str, str], StepHistory]
+    dirty: set[tuple[str, str]]
+    due: dict[tuple[str, str], None]  # ordered
 
 
 class Monitor:
@@ -138,29 +191,31 @@ class Monitor:
     Args:
         store: The history.
         publish: Sends one recommendation on ``couler.feedback.<workflow>``.
-        headroom: Factor over the observed peak (e.g. 1.2 for +20%).
-        min_samples: Runs with a measured peak needed before recommending a request.
-        history_runs: How many of a step's latest runs the peaks are taken over.
-        min_memory_bytes: The smallest memory request recommended.
-        min_cpu: The smallest CPU request recommended, in cores.
+        config: The resource recommender's knobs (percentiles, margin, minimum runs,
+            half-life, hysteresis; :class:`~couler_monitor.recommender.RecommenderConfig`).
+        history_runs: How many of a step's latest runs out-of-memory failures are looked
+            for in (the memory limit and retry proposals).
+        min_memory_bytes: The smallest memory request recommended (overrides ``config``).
+        min_cpu: The smallest CPU request recommended, in cores (overrides ``config``).
         clock: Seconds since the epoch (tests may pin it).
     """
 
-    def __init__(self, store: MonitorStore, publish: Publisher, *, headroom: float = 1.2,
-                 min_samples: int = 1, history_runs: int = 10,
-                 min_memory_bytes: int = MIN_MEMORY_BYTES, min_cpu: float = MIN_CPU,
+    def __init__(self, store: MonitorStore, publish: Publisher, *,
+                 config: RecommenderConfig | None = None, history_runs: int = 10,
+                 min_memory_bytes: int | None = None, min_cpu: float | None = None,
                  clock: Callable[[], float] = time.time) -> None:
-        if headroom < 1:
-            raise UserError(f"headroom must be at least 1 (got {headroom})")
-        if min_samples < 1 or history_runs < 1:
-            raise UserError("min_samples and history_runs must be at least 1")
+        if history_runs < 1:
+            raise UserError("history_runs must be at least 1")
+        config = config or RecommenderConfig(min_memory=float(MIN_MEMORY_BYTES),
+                                             min_cpu=MIN_CPU)
+        if min_memory_bytes is not None:
+            config = dataclasses.replace(config, min_memory=float(min_memory_bytes))
+        if min_cpu is not None:
+            config = dataclasses.replace(config, min_cpu=min_cpu)
         self._store = store
         self._publish = publish
-        self._headroom = Fraction(str(headroom))
-        self._min_samples = min_samples
+        self._config = config
         self._history_runs = history_runs
-        self._min_memory = min_memory_bytes
-        self._min_cpu = min_cpu
         self._clock = clock
         # One writer at a time in this process: concurrent handlers would otherwise race on
         # the same rows (and SQLite allows one writer anyway).
@@ -182,6 +237,7 @@ class Monitor:
             with self._store.transaction() as tx:
                 for change in changes:
                     changed = change(tx) or changed
+                changed = self._settle(tx) or changed
             return changed
 
         async with self._lock:
@@ -228,6 +284,9 @@ class Monitor:
                 run.started_at = record.started_at
             tx.save_run(run)
             name = str(run.workflow or "")
+            # Learned before the record is stored: histograms rebuilt from the stored
+            # steps (none yet, or damaged) must not count it twice.
+            self._learn_step(tx, run_id, name, record, when)
             self._merge_step(tx, run_id, name, record, when)
             return self._recommend_after(tx, name, record)
 
@@ -258,7 +317,11 @@ class Monitor:
                         memory_bytes=sample.memory_bytes)
 
         def write(tx: Tx) -> bool:
-            tx.insert_sample(row)
+            # The histograms are read before the sample is stored: one rebuilt from the
+            # stored samples must not count it twice.
+            history = self._history(tx, row.workflow, row.step) if row.workflow else None
+            if tx.insert_sample(row) and history is not None:  # fed once, when new
+                self._learn_sample(tx, history, row)
             return False
 
         return write
@@ -283,18 +346,31 @@ class Monitor:
 
         return write
 
-    async def record_planned(self, run_id: str, *, workflow: str, engine: str) -> None:
+    async def record_planned(self, run_id: str, *, workflow: str, engine: str,
+                             requests: Mapping[str, ir.Resources] | None = None,
+                             at: float | None = None) -> None:
         """The run was generated or optimized (its workflow's name is known)."""
-        await self.apply((self.planned_change(run_id, workflow=workflow, engine=engine),))
+        await self.apply((self.planned_change(run_id, workflow=workflow, engine=engine,
+                                              requests=requests, at=at),))
 
-    def planned_change(self, run_id: str, *, workflow: str, engine: str) -> Change:
-        """:meth:`record_planned` as a change to apply."""
+    def planned_change(self, run_id: str, *, workflow: str, engine: str,
+                       requests: Mapping[str, ir.Resources] | None = None,
+                       at: float | None = None) -> Change:
+        """:meth:`record_planned` as a change to apply.
+
+        ``requests`` (from an optimized plan) are the resources its steps are planned
+        with: by step name, ``""`` for the workflow's defaults; they replace what an older
+        plan of the workflow said (a plan older than the stored one, by ``at``, does not).
+        """
         run_id = self._need_run_id(run_id, "planned")
 
         def write(tx: Tx) -> bool:
             run = self._run_row(tx, run_id, workflow=workflow, engine=engine)
             self._advance(run, RunState.PLANNING)
             tx.save_run(run)
+            if requests is not None and workflow:
+                self._plan_requests(tx, run_id, workflow, requests,
+                                    at if at is not None else self._clock())
             return False
 
         return write
@@ -371,6 +447,7 @@ class Monitor:
             changed = False
             when = record.finished_at or self._clock()
             for step in record.steps:
+                self._learn_step(tx, run_id, run.workflow, step, when)
                 self._merge_step(tx, run_id, run.workflow, step, when)
                 changed = self._recommend_after(tx, run.workflow, step) or changed
             return changed
@@ -427,6 +504,23 @@ class Monitor:
             with self._store.transaction() as tx:
                 found = (_recommendation(r) for r in tx.recommendations(workflow, step))
                 return tuple(r for r in found if r is not None)
+
+        return await asyncio.to_thread(read)
+
+    async def recommendation_report(self, workflow: str,
+                                    step: str = "") -> RecommendationReport:
+        """The current recommendations for ``workflow`` (one ``step``'s when given), with
+        the resources its steps were planned with in its latest plan."""
+        if not workflow:
+            raise UserError("recommendations: field 'workflow' is empty")
+
+        def read() -> RecommendationReport:
+            with self._store.transaction() as tx:
+                found = (_recommendation(r) for r in tx.recommendations(workflow, step))
+                recs = tuple(r for r in found if r is not None)
+                requested = tuple(_requests(q) for q in tx.step_requests(workflow)
+                                  if not step or q.step in ("", step))
+                return RecommendationReport(recs, requested)
 
         return await asyncio.to_thread(read)
 
@@ -553,45 +647,24 @@ class Monitor:
                             "at": at})
 
     def _recommend_after(self, tx: Tx, workflow: str, r: StepRecord) -> bool:
+        """Note the step for a recommendation at the end of the transaction
+        (:meth:`_settle`), when it ended with a measurement or ran out of memory."""
         oom = r.failure_class is ir.FailureClass.OOM
         measured = r.state.terminal and r.peak_memory_bytes is not None
         if not workflow:
             return False
         if measured or oom:
-            return self._recommend(tx, workflow, r.name)
+            self._learned(tx).due[(workflow, r.name)] = None
+            return False
         if not r.key and r.state in (StepState.SUCCEEDED, StepState.FAILED):
             # finished, nothing measured: only its history of failures may say something
             return self._store_proposals(tx, workflow, r.name,
                                          self._learned_retries(tx, workflow, r.name, ()))
         return False
 
-    def _request(self, kind: RecommendationKind, peaks: Sequence[float], minimum: float, *,
-                 quantity: Callable[[float, Fraction], str], show: Callable[[float], str],
-                 pct: str) -> _Proposal:
-        """A request: the highest peak with headroom, or the minimum when that is less."""
-        top = max(peaks)
-        floor = Fraction(repr(top)) * self._headroom < Fraction(repr(minimum))
-        value = quantity(minimum, Fraction(1)) if floor else quantity(top, self._headroom)
-        reason = f"peak {show(top)} over {_runs(len(peaks))}, {pct}"
-        if floor:
-            reason += f", raised to the minimum {show(minimum)}"
-        return _Proposal(kind, value, reason, len(peaks))
-
     def _recommend(self, tx: Tx, workflow: str, step: str) -> bool:
         peaks = tx.run_peaks(workflow, step, self._history_runs)
-        pct = f"+{float((self._headroom - 1) * 100):g}% headroom"
-        proposals: list[_Proposal] = []
-        mems = [float(p.peak_memory_bytes) for p in peaks if p.peak_memory_bytes]
-        if len(mems) >= self._min_samples:
-            proposals.append(self._request(
-                RecommendationKind.MEMORY_REQUEST, mems, float(self._min_memory),
-                quantity=lambda v, h: memory_quantity(int(v), h), show=lambda v: _mi(int(v)),
-                pct=pct))
-        cpus = [p.peak_cpu for p in peaks if p.peak_cpu]
-        if len(cpus) >= self._min_samples:
-            proposals.append(self._request(
-                RecommendationKind.CPU_REQUEST, cpus, self._min_cpu, quantity=cpu_quantity,
-                show=lambda v: f"{v:g} cores", pct=pct))
+        proposals: list[_Proposal] = self._resource_proposals(tx, workflow, step)
         ooms = [p for p in peaks if p.oom]
         if ooms:
             killed_at = [m for p in ooms
@@ -645,17 +718,225 @@ class Monitor:
             fc = p.failure_class.value if p.failure_class else None
             if row is not None and row.value == p.value:
                 row.reason, row.based_on, row.failure_class = p.reason, p.based_on, fc
+                _keep_evidence(row, p.evidence)
                 continue
             if row is None:
                 row = RecommendationRow(workflow=workflow, step=step, kind=p.kind.value)
             row.value = p.value
             row.id = recommendation_id(workflow, step, p.kind, p.value)
             row.reason, row.based_on, row.failure_class = p.reason, p.based_on, fc
+            _keep_evidence(row, p.evidence)
             row.created_at = self._clock()
             row.published = False
             tx.add(row)
             changed = True
         return changed
+
+    # ------------------------------------------------------------------ the recommender
+
+    def _learned(self, tx: Tx) -> _Learned:
+        work = tx.scratch.get("recommender")
+        if work is None:
+            work = tx.scratch["recommender"] = _Learned({}, set(), {})
+        assert isinstance(work, _Learned)
+        return work
+
+    def _history(self, tx: Tx, workflow: str, step: str) -> StepHistory:
+        """The step's histograms, read once per transaction. Stored ones that cannot be
+        read, and none at all for a step with stored history (recorded before the
+        recommender existed), are rebuilt from the stored samples and steps."""
+        work = self._learned(tx)
+        key = (workflow, step)
+        history = work.histories.get(key)
+        if history is not None:
+            return history
+        row = tx.recommender_state(workflow, step)
+        if row is not None:
+            try:
+                history = StepHistory.from_json(row.state)
+            except StateError as exc:
+                log.warning("workflow %r, step %r: the stored resource histograms cannot be "
+                            "read (%s); rebuilding them from the stored samples",
+                            workflow, step, exc)
+                history = self._rebuild(tx, workflow, step)
+                work.dirty.add(key)
+        else:
+            history = self._rebuild(tx, workflow, step)
+            if history.runs or history.samples:
+                log.info("workflow %r, step %r: resource histograms built from %d stored "
+                         "sample(s) of %d run(s)", workflow, step, history.samples,
+                         history.runs)
+                work.dirty.add(key)
+        work.histories[key] = history
+        return history
+
+    def _rebuild(self, tx: Tx, workflow: str, step: str) -> StepHistory:
+        """The step's histograms from what is stored (its samples and step records); the
+        per-run rows are written anew to match."""
+        history = StepHistory.new(self._config.half_life)
+        tx.forget_recommender_runs(workflow, step)
+        runs: dict[str, list[Any]] = {}  # run -> [peak, at, ended]
+        for run_id, at_ns, cpu, memory in tx.sample_series(workflow, step, _REBUILD_SAMPLES):
+            at = _finite(at_ns / 1e9 if isinstance(at_ns, int) else None)
+            if at is None:
+                continue
+            if isinstance(cpu, float | int):
+                history.add_cpu(at, float(cpu))
+            got = runs.setdefault(run_id, [None, at, False])
+            if isinstance(memory, int) and 0 <= memory <= _INT64:
+                got[0] = max(got[0] or 0, memory)
+        for s in tx.steps_matching(run_id="", workflow=workflow, step=step):
+            at = _finite(s.finished_at) or _finite(s.event_at) or 0.0
+            got = runs.setdefault(s.run_id, [None, at, False])
+            peak: float | None = _bytes(s.max_peak_memory_bytes)
+            if s.oom_seen and _bytes(s.oom_peak_memory_bytes):
+                peak = max(peak or 0, oom_bump(float(_bytes(s.oom_peak_memory_bytes) or 0)))
+            if peak:
+                got[0] = max(got[0] or 0, peak)
+            got[2] = got[2] or s.state in _MEASURED_STATES
+        for run_id, (peak, at, ended) in runs.items():
+            if peak:
+                history.set_memory_peak(at, float(peak))
+            counted = bool(ended and peak)
+            if counted:
+                history.count_run()
+            tx.add(RecommenderRunRow(workflow=workflow, step=step, run_id=run_id,
+                                     memory_bytes=float(peak) if peak else None,
+                                     at=at if peak else None, ended=bool(ended),
+                                     counted=counted))
+        return history
+
+    def _learn_sample(self, tx: Tx, history: StepHistory, row: SampleRow) -> None:
+        """A newly stored sample: its CPU into the CPU histogram, its memory into its
+        run's peak. The step is recommended for again when its run has ended (a sample
+        that came late); the samples of a running step wait for its end."""
+        at = row.at_ns / 1e9
+        history.add_cpu(at, row.cpu)
+        ended = self._run_peak(tx, history, (row.workflow, row.step, row.run_id), at=at,
+                               value=float(row.memory_bytes) if row.memory_bytes > 0
+                               else None)[1]
+        work = self._learned(tx)
+        work.dirty.add((row.workflow, row.step))
+        if ended:
+            work.due[(row.workflow, row.step)] = None
+
+    def _learn_step(self, tx: Tx, run_id: str, workflow: str, r: StepRecord,
+                    when: float) -> None:
+        """A step record: its memory peak (bumped up when it ran out of memory) into its
+        run's peak; a run counts once its step ended with a measurement."""
+        oom = r.failure_class is ir.FailureClass.OOM
+        ended = r.state in _MEASURED
+        peak = r.peak_memory_bytes
+        if not workflow:
+            return
+        if peak is None or peak <= 0:
+            # Nothing measured here: only the end of a run whose samples came first counts
+            # (one look-up; a step nobody measured costs no more).
+            if not ended or tx.recommender_run(workflow, r.name, run_id) is None:
+                return
+            value = None
+        else:
+            value = oom_bump(float(peak)) if oom else float(peak)
+        history = self._history(tx, workflow, r.name)
+        at = _finite(r.finished_at) or when
+        if self._run_peak(tx, history, (workflow, r.name, run_id), at=at, value=value,
+                          ended=ended)[0]:
+            self._learned(tx).dirty.add((workflow, r.name))
+
+    def _run_peak(self, tx: Tx, history: StepHistory, run: tuple[str, str, str], *,
+                  at: float, value: float | None, ended: bool = False) -> tuple[bool, bool]:
+        """Raise the memory peak of one run of a step to ``value`` (the old one taken out of
+        the histogram, the new one put at the same time); count the run once it ended with a
+        peak. ``run`` is (workflow, step, run id). Whether the histograms changed, and
+        whether the run has ended."""
+        workflow, step, run_id = run
+        row = tx.recommender_run(workflow, step, run_id)
+        if row is None:
+            # A sample after its step's end (another consumer) finds the end stored.
+            ended = ended or any(s.state in _MEASURED_STATES for s in tx.steps_matching(
+                run_id=run_id, workflow="", step=step))
+            row = RecommenderRunRow(workflow=workflow, step=step, run_id=run_id,
+                                    memory_bytes=None, at=None, ended=False, counted=False)
+            tx.add(row)
+        previous, put_at = _finite(row.memory_bytes), _finite(row.at)
+        if previous is not None and (previous < 0 or put_at is None):
+            previous = None  # a damaged row: start the run's peak anew
+        changed = False
+        if value is not None and value > (previous or 0.0):
+            put_at = put_at if previous is not None and put_at is not None else at
+            history.set_memory_peak(put_at, value, previous)
+            row.memory_bytes, row.at = value, put_at
+            changed = True
+        if ended and not row.ended:
+            row.ended = True
+        if row.ended and row.memory_bytes is not None and not row.counted:
+            row.counted = True
+            history.count_run()
+            changed = True
+        return changed, bool(row.ended)
+
+    def _settle(self, tx: Tx) -> bool:
+        """The end of a transaction: write back the histograms it changed, and recommend
+        for each step it learned about. Whether a recommendation changed."""
+        work = tx.scratch.get("recommender")
+        if not isinstance(work, _Learned):
+            return False
+        changed = False
+        for workflow, step in work.due:
+            changed = self._recommend(tx, workflow, step) or changed
+        now = self._clock()
+        for workflow, step in sorted(work.dirty):  # after: recommending may rebuild one
+            text = work.histories[(workflow, step)].to_json()
+            row = tx.recommender_state(workflow, step)
+            if row is None:
+                tx.add(RecommenderStateRow(workflow=workflow, step=step, state=text,
+                                           updated_at=now))
+            else:
+                row.state, row.updated_at = text, now
+        tx.scratch.pop("recommender", None)
+        return changed
+
+    def _resource_proposals(self, tx: Tx, workflow: str, step: str) -> list[_Proposal]:
+        """``memory_request`` and ``cpu_request`` from the step's histograms; the current
+        value is kept unless the target moved enough (hysteresis)."""
+        est = estimate(self._history(tx, workflow, step), self._config)
+        out = []
+        for kind, e in ((RecommendationKind.MEMORY_REQUEST, est.memory),
+                        (RecommendationKind.CPU_REQUEST, est.cpu)):
+            if e is None:
+                continue
+            row = tx.recommendation(workflow, step, kind.value)
+            current = _quantity(row.value) if row is not None else None
+            show = _memory if kind is RecommendationKind.MEMORY_REQUEST else _cores
+            quantity = (_memory_value if kind is RecommendationKind.MEMORY_REQUEST
+                        else _cpu_value)
+            target = quantity(e.target)
+            reason = _reason(e, show, self._config)
+            if row is not None and current is not None and not should_update(
+                    current, e, self._config.change_threshold):
+                value = row.value
+                if value != target:
+                    reason += (f"; {value} kept: within "
+                               f"{self._config.change_threshold:.0%} of the target and "
+                               "inside the bounds")
+            else:
+                value = target
+            out.append(_Proposal(kind, value, reason, e.runs, evidence=_Evidence(
+                target, quantity(e.lower), quantity(e.upper), e.percentile, e.runs,
+                e.samples, e.span)))
+        return out
+
+    def _plan_requests(self, tx: Tx, run_id: str, workflow: str,
+                       requests: Mapping[str, ir.Resources], at: float) -> None:
+        stored = {r.step: r for r in tx.step_requests(workflow, "")}
+        marker = stored.get("")
+        if marker is not None and (_finite(marker.updated_at) or 0.0) > at:
+            return  # an older plan, delivered late
+        tx.replace_step_requests(workflow, [
+            StepRequestRow(workflow=workflow, step=name, cpu_request=r.cpu_request,
+                           memory_request=r.memory_request, cpu_limit=r.cpu_limit,
+                           memory_limit=r.memory_limit, run_id=run_id, updated_at=at)
+            for name, r in sorted({"": ir.Resources(), **requests}.items())])
 
 
 def _runs(n: int) -> str:
@@ -676,6 +957,93 @@ def _step_run(row: Any, failed: Sequence[FailureRow]) -> retries.StepRun:
         attempts=max(0, row.attempts), finished_at=row.finished_at or row.event_at,
         failures=tuple(retries.AttemptFailure(f.attempt, _failure_class(f.failure_class), f.at)
                        for f in failed))
+def _finite(value: object) -> float | None:
+    """A stored number that is one (None for garbage, NaN or infinity)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    f = float(value)
+    return f if math.isfinite(f) else None
+
+
+def _bytes(value: object) -> int | None:
+    return value if isinstance(value, int) and 0 <= value <= _INT64 else None
+
+
+def _quantity(text: str) -> float | None:
+    try:
+        value = float(ir.parse_quantity(text))
+    except (ValueError, TypeError, ArithmeticError):
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def _memory_value(n: float) -> str:
+    """Bytes as whole Mi, rounded up."""
+    return memory_quantity(max(0, math.ceil(n)), Fraction(1))
+
+
+def _cpu_value(cores: float) -> str:
+    """Cores as whole millicores, rounded up."""
+    return cpu_quantity(cores, Fraction(1))
+
+
+def _memory(n: float) -> str:
+    """Bytes as the request they would be (whole Mi, rounded up)."""
+    return _memory_value(n)
+
+
+def _cores(c: float) -> str:
+    """Cores as the request they would be (whole millicores, rounded up)."""
+    return _cpu_value(c)
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    minutes = round(seconds / 60)
+    if minutes < 120:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def _reason(e: ResourceEstimate, show: Callable[[float], str],
+            config: RecommenderConfig) -> str:
+    """Why, in words: e.g. "p95 of 12 runs' peaks 612Mi, +15% margin x1.04 for thin
+    evidence = 734Mi; range 520Mi..900Mi; 3d 4h of history"."""
+    pct = f"p{e.percentile * 100:g}"
+    what = (f"{pct} of {_runs(e.runs)}' peaks" if e.resource == "memory"
+            else f"{pct} of {e.samples} sample{'s' if e.samples != 1 else ''} over "
+                 f"{_runs(e.runs)}")
+    confidence = e.factor / (1 + config.safety_margin)
+    text = (f"{what} {show(e.observed)}, +{config.safety_margin:.0%} margin"
+            + (f" x{confidence:.2f} for thin evidence" if confidence >= 1.005 else "")
+            + f" = {show(e.observed * e.factor)}")
+    if e.floored:
+        text += f", raised to the minimum {show(e.target)}"
+    return (text + f"; range {show(e.lower)}..{show(e.upper)}; "
+            f"{_span(e.span)} of history")
+
+
+def _keep_evidence(row: RecommendationRow, e: _Evidence | None) -> None:
+    if e is None:
+        return
+    row.target, row.lower_bound, row.upper_bound = e.target, e.lower, e.upper
+    row.percentile, row.runs, row.samples = e.percentile, e.runs, min(e.samples, _INT64)
+    row.span_seconds = e.span
+
+
+def _requests(q: StepRequestRow) -> StepRequests:
+    def text(value: object) -> str:
+        return value if isinstance(value, str) else ""
+
+    return StepRequests(q.step, ir.Resources(
+        cpu_request=text(q.cpu_request), memory_request=text(q.memory_request),
+        cpu_limit=text(q.cpu_limit), memory_limit=text(q.memory_limit)),
+        run_id=text(q.run_id), at=_time(_finite(q.updated_at)))
 
 
 def _recommendation(r: RecommendationRow) -> Recommendation | None:
@@ -685,11 +1053,18 @@ def _recommendation(r: RecommendationRow) -> Recommendation | None:
             workflow=r.workflow, step=r.step, kind=RecommendationKind(r.kind), value=r.value,
             reason=r.reason, based_on_samples=r.based_on, created_at=r.created_at,
             failure_class=ir.FailureClass(r.failure_class) if r.failure_class else None,
-            id=r.id)
+            id=r.id, target=_text(r.target), lower_bound=_text(r.lower_bound),
+            upper_bound=_text(r.upper_bound), percentile=_finite(r.percentile) or 0.0,
+            runs=max(0, min(_bytes(r.runs) or 0, _INT32)),
+            samples=_bytes(r.samples) or 0, span_seconds=_finite(r.span_seconds) or 0.0)
     except (ValueError, TypeError) as exc:
         log.error("workflow %r, step %r: a stored recommendation cannot be read (%s)",
                   r.workflow, r.step, exc)
         return None
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _state(kind: type[E], value: str, default: E, damaged: list[str], field: str) -> E:

@@ -11,7 +11,18 @@ Tables (created by ``couler_monitor/migrations``, version table ``alembic_versio
   stored once);
 * ``monitor_recommendations`` -- the current recommendation per (workflow, step, kind); its
   ``published`` flag is the outbox: a changed value is committed unpublished, published on
-  ``couler.feedback.<workflow>`` after the commit, then flagged.
+  ``couler.feedback.<workflow>`` after the commit, then flagged. Resource recommendations
+  also keep their evidence (the recommender's latest target, bounds, percentile, runs,
+  samples, time span);
+* ``monitor_recommender_state`` -- per (workflow, step), the recommender's histograms
+  (:class:`couler_monitor.recommender.StepHistory` as JSON), updated in the transaction
+  that records the sample or step end they learned from;
+* ``monitor_recommender_runs`` -- per (workflow, step, run), the memory peak that run put
+  in the histogram (so that a higher one replaces it, and a redelivery adds nothing) and
+  whether the run was counted;
+* ``monitor_step_requests`` -- per (workflow, step), the resources its latest plan asked
+  for (from ``couler.workflow.optimized``): the "current" requests ``couler recommend``
+  shows.
 
 :class:`MonitorStore` hands out :class:`Tx` objects, one per transaction, with primitive
 operations; the use cases (:mod:`couler_monitor.service`) compose them. Everything here is
@@ -46,9 +57,12 @@ __all__ = [
     "FailureRow",
     "MonitorStore",
     "RecommendationRow",
+    "RecommenderRunRow",
+    "RecommenderStateRow",
     "RunFields",
     "RunRow",
     "SampleRow",
+    "StepRequestRow",
     "StepRow",
     "Tx",
 ]
@@ -157,10 +171,58 @@ class RecommendationRow(Base):
     failure_class: Mapped[str | None] = mapped_column(String(16), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     published: Mapped[bool] = mapped_column(Boolean, index=True)
+    # The evidence of a resource recommendation (None for the other kinds): the
+    # recommender's latest target and bounds (quantities; ``value`` follows ``target`` only
+    # past the hysteresis), the target's percentile, runs and samples, and the seconds the
+    # histogram covers.
+    target: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lower_bound: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    upper_bound: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    percentile: Mapped[float | None] = mapped_column(Float, nullable=True)
+    runs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    samples: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    span_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class RecommenderStateRow(Base):
+    __tablename__ = "monitor_recommender_state"
+
+    workflow: Mapped[str] = mapped_column(String(255), primary_key=True)
+    step: Mapped[str] = mapped_column(String(255), primary_key=True)
+    state: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class RecommenderRunRow(Base):
+    __tablename__ = "monitor_recommender_runs"
+
+    workflow: Mapped[str] = mapped_column(String(255), primary_key=True)
+    step: Mapped[str] = mapped_column(String(255), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # The value this run put in the memory histogram (bytes, OOM bump included) and the
+    # time it was put at; None until the run has a measured peak.
+    memory_bytes: Mapped[float | None] = mapped_column(Float, nullable=True)
+    at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ended: Mapped[bool] = mapped_column(Boolean, default=False)
+    counted: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class StepRequestRow(Base):
+    __tablename__ = "monitor_step_requests"
+
+    workflow: Mapped[str] = mapped_column(String(255), primary_key=True)
+    step: Mapped[str] = mapped_column(String(255), primary_key=True)
+    cpu_request: Mapped[str] = mapped_column(String(64), default="")
+    memory_request: Mapped[str] = mapped_column(String(64), default="")
+    cpu_limit: Mapped[str] = mapped_column(String(64), default="")
+    memory_limit: Mapped[str] = mapped_column(String(64), default="")
+    run_id: Mapped[str] = mapped_column(String(255), default="")
+    updated_at: Mapped[float] = mapped_column(Float)
 
 
 _RUNS: sa.Table = RunRow.__table__  # type: ignore[assignment]
 _STEPS: sa.Table = StepRow.__table__  # type: ignore[assignment]
+_SAMPLES: sa.Table = SampleRow.__table__  # type: ignore[assignment]
 _SELECT_RUN = sa.select(_RUNS).where(_RUNS.c.run_id == sa.bindparam("k_run_id")) \
     .with_for_update()
 _STEP_KEY = (_STEPS.c.run_id == sa.bindparam("k_run_id"),
@@ -232,6 +294,9 @@ class Tx:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._conn: sa.Connection | None = None
+        # What the use cases keep for the rest of the transaction (the recommender's
+        # histograms, written back once at its end).
+        self.scratch: dict[str, Any] = {}
 
     @property
     def conn(self) -> sa.Connection:
@@ -324,10 +389,12 @@ class Tx:
                   if c.name != "id"}
         dialect = self.session.get_bind().dialect.name
         insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-        stmt = insert(SampleRow).values(**values).on_conflict_do_nothing(
-            index_elements=["run_id", "step", "key", "attempt", "at_ns"])
-        result = self.session.execute(stmt)
-        return bool(getattr(result, "rowcount", 0))
+        # Core on the connection, RETURNING the new row: the ORM's execute reports a
+        # rowcount of -1 on PostgreSQL whether or not a row went in.
+        stmt = insert(_SAMPLES).values(**values).on_conflict_do_nothing(
+            index_elements=["run_id", "step", "key", "attempt", "at_ns"]).returning(
+            _SAMPLES.c.id)
+        return self.conn.execute(stmt).first() is not None
 
     def samples(self, *, run_id: str, workflow: str, step: str,
                 limit: int) -> Sequence[SampleRow]:
@@ -404,6 +471,45 @@ class Tx:
             stmt = stmt.where(RecommendationRow.step == step)
         return self.session.scalars(
             stmt.order_by(RecommendationRow.step, RecommendationRow.kind)).all()
+
+    def recommender_state(self, workflow: str, step: str) -> RecommenderStateRow | None:
+        """The stored histograms of a step, or None."""
+        return self.session.get(RecommenderStateRow, (workflow, step))
+
+    def recommender_run(self, workflow: str, step: str, run_id: str) -> RecommenderRunRow | None:
+        """What one run of a step put in its histograms, or None."""
+        return self.session.get(RecommenderRunRow, (workflow, step, run_id))
+
+    def forget_recommender_runs(self, workflow: str, step: str) -> None:
+        """Drop every run row of a step (its histograms are being rebuilt)."""
+        self.session.execute(sa.delete(RecommenderRunRow).where(
+            RecommenderRunRow.workflow == workflow, RecommenderRunRow.step == step))
+
+    def sample_series(self, workflow: str, step: str,
+                      limit: int) -> list[tuple[str, int, float, int]]:
+        """(run, at_ns, cpu, memory) of the newest ``limit`` samples of a step, oldest
+        first."""
+        stmt = (sa.select(SampleRow.run_id, SampleRow.at_ns, SampleRow.cpu,
+                          SampleRow.memory_bytes)
+                .where(SampleRow.workflow == workflow, SampleRow.step == step)
+                .order_by(SampleRow.at_ns.desc(), SampleRow.id.desc()).limit(limit))
+        return [(r[0], r[1], r[2], r[3]) for r in self.session.execute(stmt)][::-1]
+
+    def step_requests(self, workflow: str, step: str = "") -> Sequence[StepRequestRow]:
+        """The requests of a workflow's steps in its latest plan."""
+        stmt = sa.select(StepRequestRow).where(StepRequestRow.workflow == workflow)
+        if step:
+            stmt = stmt.where(StepRequestRow.step == step)
+        return self.session.scalars(stmt.order_by(StepRequestRow.step)).all()
+
+    def replace_step_requests(self, workflow: str, rows: Sequence[StepRequestRow]) -> None:
+        """Replace every stored request of ``workflow`` by ``rows``."""
+        self.session.execute(sa.delete(StepRequestRow).where(
+            StepRequestRow.workflow == workflow))
+        if rows:
+            self.session.execute(sa.insert(StepRequestRow), [
+                {c.name: getattr(r, c.name) for c in StepRequestRow.__table__.columns}
+                for r in rows])
 
     def unpublished(self) -> Sequence[RecommendationRow]:
         stmt = (sa.select(RecommendationRow).where(RecommendationRow.published.is_(False))

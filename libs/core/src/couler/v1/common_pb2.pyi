@@ -385,7 +385,7 @@ class StepPeak(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., step: _Optional[str] = ..., key: _Optional[str] = ..., peak_cpu: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class Recommendation(_message.Message):
-    __slots__ = ("workflow", "step", "kind", "value", "reason", "based_on_samples", "created_at", "failure_class", "id")
+    __slots__ = ("workflow", "step", "kind", "value", "reason", "based_on_samples", "created_at", "failure_class", "id", "target", "lower_bound", "upper_bound", "percentile", "runs", "samples", "span_seconds")
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -395,6 +395,13 @@ class Recommendation(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_CLASS_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    LOWER_BOUND_FIELD_NUMBER: _ClassVar[int]
+    UPPER_BOUND_FIELD_NUMBER: _ClassVar[int]
+    PERCENTILE_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SPAN_SECONDS_FIELD_NUMBER: _ClassVar[int]
     workflow: str
     step: str
     kind: RecommendationKind
@@ -404,7 +411,14 @@ class Recommendation(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     failure_class: _workflow_pb2.FailureClass
     id: str
-    def __init__(self, workflow: _Optional[str] = ..., step: _Optional[str] = ..., kind: _Optional[_Union[RecommendationKind, str]] = ..., value: _Optional[str] = ..., reason: _Optional[str] = ..., based_on_samples: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failure_class: _Optional[_Union[_workflow_pb2.FailureClass, str]] = ..., id: _Optional[str] = ...) -> None: ...
+    target: str
+    lower_bound: str
+    upper_bound: str
+    percentile: float
+    runs: int
+    samples: int
+    span_seconds: float
+    def __init__(self, workflow: _Optional[str] = ..., step: _Optional[str] = ..., kind: _Optional[_Union[RecommendationKind, str]] = ..., value: _Optional[str] = ..., reason: _Optional[str] = ..., based_on_samples: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failure_class: _Optional[_Union[_workflow_pb2.FailureClass, str]] = ..., id: _Optional[str] = ..., target: _Optional[str] = ..., lower_bound: _Optional[str] = ..., upper_bound: _Optional[str] = ..., percentile: _Optional[float] = ..., runs: _Optional[int] = ..., samples: _Optional[int] = ..., span_seconds: _Optional[float] = ...) -> None: ...
 
 class Issue(_message.Message):
     __slots__ = ("workflow", "step", "field", "message")

@@ -1,4 +1,8 @@
+import datetime
+
 from couler.v1 import common_pb2 as _common_pb2
+from couler.v1 import workflow_pb2 as _workflow_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -36,7 +40,21 @@ class RecommendationsRequest(_message.Message):
     def __init__(self, workflow: _Optional[str] = ..., step: _Optional[str] = ...) -> None: ...
 
 class RecommendationsResponse(_message.Message):
-    __slots__ = ("recommendations",)
+    __slots__ = ("recommendations", "requested")
     RECOMMENDATIONS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_FIELD_NUMBER: _ClassVar[int]
     recommendations: _containers.RepeatedCompositeFieldContainer[_common_pb2.Recommendation]
-    def __init__(self, recommendations: _Optional[_Iterable[_Union[_common_pb2.Recommendation, _Mapping]]] = ...) -> None: ...
+    requested: _containers.RepeatedCompositeFieldContainer[StepRequests]
+    def __init__(self, recommendations: _Optional[_Iterable[_Union[_common_pb2.Recommendation, _Mapping]]] = ..., requested: _Optional[_Iterable[_Union[StepRequests, _Mapping]]] = ...) -> None: ...
+
+class StepRequests(_message.Message):
+    __slots__ = ("step", "resources", "run_id", "at")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    step: str
+    resources: _workflow_pb2.Resources
+    run_id: str
+    at: _timestamp_pb2.Timestamp
+    def __init__(self, step: _Optional[str] = ..., resources: _Optional[_Union[_workflow_pb2.Resources, _Mapping]] = ..., run_id: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -50,10 +50,12 @@ __all__ = [
     "Plan",
     "Recommendation",
     "RecommendationKind",
+    "RecommendationReport",
     "Run",
     "RunState",
     "StepPeak",
     "StepRecord",
+    "StepRequests",
     "StoredArtifact",
     "Template",
     "Utilization",
@@ -750,6 +752,14 @@ class Recommendation:
     created_at: float | None = None
     failure_class: ir.FailureClass | None = None
     id: str = ""
+    # The evidence of a resource recommendation (see ``couler.v1.Recommendation``).
+    target: str = ""
+    lower_bound: str = ""
+    upper_bound: str = ""
+    percentile: float = 0.0
+    runs: int = 0
+    samples: int = 0
+    span_seconds: float = 0.0
 
 
 def recommendation_to_proto(r: Recommendation) -> common_pb2.Recommendation:
@@ -757,7 +767,9 @@ def recommendation_to_proto(r: Recommendation) -> common_pb2.Recommendation:
     return common_pb2.Recommendation(
         workflow=r.workflow, step=r.step, kind=_KIND.to_proto(r.kind), value=r.value,
         reason=r.reason, based_on_samples=r.based_on_samples, created_at=_ts(r.created_at),
-        failure_class=_FAILURE.to_proto(r.failure_class), id=r.id,
+        failure_class=_FAILURE.to_proto(r.failure_class), id=r.id, target=r.target,
+        lower_bound=r.lower_bound, upper_bound=r.upper_bound, percentile=r.percentile,
+        runs=r.runs, samples=r.samples, span_seconds=r.span_seconds,
     )
 
 
@@ -769,4 +781,51 @@ def recommendation_from_proto(m: common_pb2.Recommendation) -> Recommendation:
         value=m.value, reason=m.reason, based_on_samples=m.based_on_samples,
         created_at=_seconds(m, "created_at"),
         failure_class=_FAILURE.optional(m.failure_class, f"{where}, failure_class"), id=m.id,
+        target=m.target, lower_bound=m.lower_bound, upper_bound=m.upper_bound,
+        percentile=m.percentile, runs=m.runs, samples=m.samples, span_seconds=m.span_seconds,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StepRequests:
+    """The resources one step was planned with (its workflow's latest plan)."""
+
+    step: str
+    resources: ir.Resources
+    run_id: str = ""
+    at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecommendationReport:
+    """A workflow's recommendations and what its steps were last planned with."""
+
+    recommendations: tuple[Recommendation, ...]
+    requested: tuple[StepRequests, ...] = ()
+
+
+def _resources_to_proto(r: ir.Resources) -> wpb.Resources:
+    return wpb.Resources(cpu_request=r.cpu_request, cpu_limit=r.cpu_limit,
+                         memory_request=r.memory_request, memory_limit=r.memory_limit)
+
+
+def recommendation_report_to_proto(
+        report: RecommendationReport) -> monitor_service_pb2.RecommendationsResponse:
+    """The ``couler.v1.RecommendationsResponse`` of ``report``."""
+    return monitor_service_pb2.RecommendationsResponse(
+        recommendations=[recommendation_to_proto(r) for r in report.recommendations],
+        requested=[monitor_service_pb2.StepRequests(
+            step=q.step, resources=_resources_to_proto(q.resources), run_id=q.run_id,
+            at=_ts(q.at)) for q in report.requested])
+
+
+def recommendation_report_from_proto(
+        m: monitor_service_pb2.RecommendationsResponse) -> RecommendationReport:
+    """The :class:`RecommendationReport` of ``m``."""
+    return RecommendationReport(
+        tuple(recommendation_from_proto(r) for r in m.recommendations),
+        tuple(StepRequests(q.step, ir.Resources(
+            cpu_request=q.resources.cpu_request, cpu_limit=q.resources.cpu_limit,
+            memory_request=q.resources.memory_request,
+            memory_limit=q.resources.memory_limit), q.run_id, _seconds(q, "at"))
+            for q in m.requested))
