@@ -361,27 +361,28 @@ def default_retry(wf: ir.Workflow, policy: ir.RetryPolicy = DEFAULT_RETRY
 # --------------------------------------------------------------------- compile
 
 
-def compile_document(wf: ir.Workflow, engine: str) -> str:
+def compile_document(wf: ir.Workflow, engine: str, *, validate: bool = True) -> str:
     """The engine document for ``wf``: YAML for argo/tekton/kfp, a DAG file for airflow,
-    empty for engines that take the IR itself (local, ray, and the submitter's dryrun)."""
+    empty for engines that take the IR itself (local, ray, and the submitter's dryrun).
+    ``validate=False`` for a workflow known to be valid (validated, or a chunk of one)."""
     if engine in ("local", "ray", "dryrun"):
         return ""
     if engine == "argo":
         from couler.compilers import argo
 
-        return argo.to_yaml(argo.compile_workflow(wf))
+        return argo.to_yaml(argo.compile_workflow(wf, validate=validate))
     if engine == "tekton":
         from couler.compilers import tekton
 
-        return tekton.to_yaml(tekton.compile_workflow(wf))
+        return tekton.to_yaml(tekton.compile_workflow(wf, validate=validate))
     if engine == "airflow":
         from couler.compilers import airflow
 
-        return airflow.compile_workflow(wf)
+        return airflow.compile_workflow(wf, validate=validate)
     if engine == "kfp":
         from couler.compilers import emit, kfp
 
-        return emit.to_yaml(kfp.compile_workflow(wf))
+        return emit.to_yaml(kfp.compile_workflow(wf, validate=validate))
     raise UserError(f"workflow {wf.name!r}: unknown engine {engine!r} "
                     "(argo, tekton, airflow, kfp, ray, local)")
 
@@ -466,13 +467,24 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
             wf, notes = default_retry(wf, retry)
             box.append(PassReport("", changed=bool(notes), notes=tuple(notes)))
     chunks: tuple[Chunk, ...] = ()
+    whole: list[str] = []  # the document of ``wf`` when the split pass compiled it
+
+    def measure(w: ir.Workflow) -> int:
+        # Every workflow measured is valid: ``wf`` (validated above, its passes keep it
+        # so; checked again below) or a chunk of it.
+        if not compile:
+            return 0
+        text = compile_document(w, engine, validate=False)
+        if w is wf:
+            whole.append(text)
+        return len(text)
+
     with _timed(reports, "split") as box:
         if nothing:
             box.append(PassReport("", changed=False, notes=("skipped: nothing to run",)))
         else:
             limit = budget if budget is not None else budget_for(engine)
-            result = split_workflow(wf, limit, measure=lambda w: len(
-                compile_document(w, engine)) if compile else 0)
+            result = split_workflow(wf, limit, measure=measure)
             chunks = result.chunks if len(result.chunks) > 1 else ()
             box.append(PassReport("", changed=bool(chunks), notes=tuple(result.notes)))
     document = ""
@@ -480,7 +492,7 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
         if nothing:
             note = "skipped: every step is reused, the engine runs nothing"
         elif compile and not chunks:
-            document = compile_document(wf, engine)
+            document = whole[0] if whole else compile_document(wf, engine, validate=False)
             note = f"{len(document)} bytes of {engine} document" if document else \
                 f"{engine} runs the IR itself"
         elif chunks:
