@@ -515,7 +515,19 @@ def main(
     except CoulerError as e:
         err.write(f"couler: error: {e}\n")
         return EXIT_INTERNAL_ERROR
+    finally:
+        if argv is None:  # the process's own command line: it exits next
+            _skip_last_collection()
     return status
+
+
+def _skip_last_collection() -> None:
+    """Freeze the heap before the interpreter exits: its last garbage collection scans
+    every object left (a 100k-step compile leaves millions: 1.5 s of a 12 s ``couler
+    compile``); frozen ones are not scanned, and the OS takes the memory back at once."""
+    import gc
+
+    gc.freeze()
 
 
 if __name__ == "__main__":  # pragma: no cover
