@@ -73,6 +73,21 @@ class UnsupportedFeatureError(UserError):
         super().__init__(msg + (f" ({detail})" if detail else ""))
 
 
+class DocumentTooLargeError(UserError):
+    """An engine refused a workflow's document for its size (Kubernetes: 413, or etcd's
+    "request is too large"; an Airflow DAG import timeout; a KFP spec limit).
+
+    ``size_bytes`` is the size of the document it refused, as sent; the optimizer plans the
+    engine's next documents below it.
+    """
+
+    def __init__(self, engine: str, workflow: str, size_bytes: int, detail: str) -> None:
+        self.engine, self.workflow, self.size_bytes = engine, workflow, size_bytes
+        self.detail = detail
+        super().__init__(f"workflow {workflow!r}: engine {engine!r} refused its "
+                         f"{size_bytes}-byte document as too large: {detail}")
+
+
 class NotFoundError(UserError):
     """A named thing does not exist."""
 

@@ -47,8 +47,8 @@ from couler import ir
 from couler.engines.base import Limit
 from couler.errors import UserError
 
-__all__ = ["Budget", "Chunk", "SplitResult", "budget_for", "handoff_parameter",
-           "split_workflow"]
+__all__ = ["DEFAULT_MARGIN", "LEARNED_FACTOR", "Budget", "Chunk", "SplitResult", "budget_for",
+           "handoff_parameter", "learned_limit", "split_workflow"]
 
 _SIZE_LIMIT_HINTS = ("object size", "message size")
 #: The share of the engine's size limit a chunk may fill (sizes are exact; the rest covers
@@ -83,13 +83,6 @@ class Budget:
             return static
         return self.learned_bytes if static is None else min(static, self.learned_bytes)
 
-    def learned(self, refused_bytes: int, reason: str, factor: float = 0.8) -> Budget:
-        """This budget lowered after the engine refused a ``refused_bytes`` document."""
-        learned = max(1, int(refused_bytes * factor))
-        if self.learned_bytes is not None and self.learned_bytes <= learned:
-            return self
-        return dataclasses.replace(self, learned_bytes=learned, learned_reason=reason)
-
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
@@ -106,6 +99,15 @@ class Chunk:
 class SplitResult:
     chunks: tuple[Chunk, ...]
     notes: tuple[str, ...]
+
+
+#: A document the engine refused for its size: later chunks stay below this share of it.
+LEARNED_FACTOR = 0.8
+
+
+def learned_limit(refused_bytes: int) -> int:
+    """The byte budget learned from an engine that refused a ``refused_bytes`` document."""
+    return max(1, int(refused_bytes * LEARNED_FACTOR))
 
 
 def budget_for(engine: str, max_steps: int | None = None) -> Budget:
