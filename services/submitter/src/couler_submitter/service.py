@@ -1278,6 +1278,8 @@ class Submitter:
                                      chunks=plan.chunks, parameters=parameters, cached=cached,
                                      on_event=self._callback(queue), retry=retry)
                 await self._call(chunked.launched.wait)
+                if chunked.refused is not None:  # before any chunk ran: plan it again
+                    raise chunked.refused
                 handle = chunked
             elif plan.nothing_to_run:  # every step reused: the engine is not asked
                 handle = AllReused(run.run_id, plan.workflow.name, taken_out(plan))
@@ -1327,8 +1329,8 @@ class Submitter:
         at.FromNanoseconds(time.time_ns())
         refusal = events_pb2.DocumentRefused(
             run_id=run.run_id, workflow=exc.workflow or plan.workflow.name, engine=run.engine,
-            size_bytes=exc.size_bytes, reason=exc.detail, at=at, attempt=attempt,
-            revision=run.revision)
+            size_bytes=exc.size_bytes, sent_bytes=exc.sent_bytes or 0, reason=exc.detail,
+            at=at, attempt=attempt, revision=run.revision)
         payload = refusal.SerializeToString()
         what = f"engine {run.engine!r} refused the run's {exc.size_bytes}-byte document as too " \
                f"large ({exc.detail})"

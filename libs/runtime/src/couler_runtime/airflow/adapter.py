@@ -264,7 +264,7 @@ class AirflowAdapter:
                 trace = fresh[-1].strip()
                 if _IMPORT_TIMEOUT in trace:  # the file is too large to import in time
                     raise DocumentTooLargeError(
-                        "airflow", dag_id, len(source.encode()),
+                        "airflow", dag_id, len(source),
                         f"Airflow could not import the DAG file {path.name!r} in time: "
                         f"{trace.splitlines()[-1][-300:]}")
                 raise UserError(f"workflow {dag_id!r}: Airflow could not import the DAG file "

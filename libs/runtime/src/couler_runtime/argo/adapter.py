@@ -60,7 +60,7 @@ from kubernetes import watch as _k8s_watch
 
 from couler import ir
 from couler.api.handles import SecretMaterial
-from couler.compilers.argo import compile_workflow
+from couler.compilers.argo import compile_workflow, to_yaml
 from couler.engines.base import RunState, RunStatus, StepState, StepStatus
 from couler.errors import (
     CoulerError,
@@ -202,8 +202,9 @@ class ArgoAdapter:
             refusal = size_refusal(exc.__cause__)
             if refusal is None:
                 raise
-            size = len(json.dumps(doc).encode())  # as sent: the client posts json.dumps(doc)
-            raise DocumentTooLargeError("argo", wf.name, size, refusal) from exc
+            raise DocumentTooLargeError(
+                "argo", wf.name, len(to_yaml(doc)), refusal,
+                sent_bytes=len(json.dumps(doc).encode())) from exc  # the client's body
         return str(as_mapping(created)["metadata"]["name"])
 
     def _put_secret(self, secret: SecretMaterial, workflow: str) -> None:

@@ -83,6 +83,7 @@ import urllib3
 
 from couler import ir
 from couler.api.handles import SecretMaterial
+from couler.compilers import emit
 from couler.compilers.kfp import compile_workflow
 from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, StepStatus
 from couler.errors import (
@@ -232,8 +233,9 @@ class KfpAdapter:
             refusal = _size_refusal(exc.__cause__)
             if refusal is None:
                 raise
-            size = len(json.dumps(spec).encode())  # the pipeline spec, as sent
-            raise DocumentTooLargeError("kfp", wf.name, size, refusal) from exc
+            raise DocumentTooLargeError(
+                "kfp", wf.name, len(emit.to_yaml(spec)), refusal,
+                sent_bytes=len(json.dumps(spec).encode())) from exc
         return str(run.run_id)
 
     def _find_run(self, description: str, workflow: str) -> str | None:
