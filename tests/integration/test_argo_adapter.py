@@ -16,9 +16,8 @@ from kubernetes import client as k8s_client
 
 from couler import ir
 from couler.api.handles import SecretMaterial
-from couler.compilers.argo import compile_workflow
+from couler.compilers.argo import compile_workflow, to_yaml
 from couler.engines.base import RunState, StepState, StepStatus
-from couler.compilers.argo import to_yaml
 from couler.errors import (
     ConflictError,
     DocumentTooLargeError,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -478,7 +479,7 @@ def test_a_long_chain_fills_chunks_to_the_budget_and_compiles_each_step_about_on
     # Linear: the sample, the whole (when near the budget) and each chunk about once.
     assert measure.steps <= 3 * len(wf.steps), measure.steps
     # Hand-offs: each chunk's first step reads the previous chunk's last output.
-    for before, after in zip(chunks, chunks[1:], strict=False):
+    for before, after in itertools.pairwise(chunks):
         first = after.workflow.steps[0]
         param = handoff_parameter(before.steps[-1], "out")
         assert first.inputs[0].value == ir.WorkflowParamRef(param)
