@@ -45,6 +45,7 @@ from typing import Protocol
 
 from couler import ir
 from couler import optimize as passes
+from couler.alloc import gc_paused
 from couler.errors import RetryableError, UserError
 from couler.optimize.reuse import ArtifactStore
 from couler.v1 import common_pb2
@@ -268,6 +269,11 @@ class Optimizer:
 
     def _plan(self, wf: ir.Workflow, engine: str, objectives: tuple[Objective, ...],
               no_cache: bool, parameters: dict[str, str]) -> Plan:
+        with gc_paused():  # a plan allocates per step, nothing cyclic (couler.alloc)
+            return self._plan_paused(wf, engine, objectives, no_cache, parameters)
+
+    def _plan_paused(self, wf: ir.Workflow, engine: str, objectives: tuple[Objective, ...],
+                     no_cache: bool, parameters: dict[str, str]) -> Plan:
         ir.validate(wf)
         name = check_engine(engine, wf)
         recs = _core_recommendations(wf, self._store.recommendations(wf.name))
@@ -280,7 +286,7 @@ class Optimizer:
             budget=self.budget(name), retry=self._retry,
             substitute=substitute,
             store=self._artifact_store if name in S3_READING_ENGINES else None,
-            record_use=None if lookup is None else lookup.record)
+            record_use=None if lookup is None else lookup.record, validated=True)
         reports = list(plan.reports)
         cached: dict[str, CacheEntry] = {}
         for i, report in enumerate(reports):

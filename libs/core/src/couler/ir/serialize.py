@@ -66,11 +66,11 @@ def _encode(value: Any, hint: Any) -> Any:
     cls = type(value)
     if cls is str or cls is bool:
         return value
-    fields = _dataclass_fields(cls)
+    fields = _dataclass_fields(cls)  # type: ignore[arg-type]
     if fields is not None:
         out: dict[str, Any] = {}
-        if _tagged(cls, hint):
-            out["kind"] = cls.KIND  # type: ignore[attr-defined]
+        if _tagged(cls, hint):  # type: ignore[arg-type]
+            out["kind"] = cls.KIND
         for info in fields:
             item = getattr(value, info.name)
             if info.default is not _MISSING and item == info.default:
