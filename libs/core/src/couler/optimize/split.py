@@ -285,22 +285,39 @@ def _chunk_workflow(wf: ir.Workflow, name: str, steps: Sequence[ir.Step],
     needed: dict[str, ir.ValueType] = {}
     new_steps = []
     for s in steps:
-        inputs = tuple(dataclasses.replace(i, value=_rewrite(i.value, inside, needed, types))
-                       for i in s.inputs)
+        # Most steps read only steps of their own chunk: kept as they are (a replace per
+        # step was a tenth of a 100k-step plan).
+        inputs = s.inputs
+        if any(isinstance(i.value, ir.StepOutputRef) and i.value.step not in inside
+               for i in inputs):
+            inputs = tuple(i if not isinstance(i.value, ir.StepOutputRef)
+                           or i.value.step in inside
+                           else dataclasses.replace(i, value=_rewrite(i.value, inside, needed,
+                                                                      types))
+                           for i in inputs)
         when = s.when
         if when is not None:
             cond = when.condition
-            cond = dataclasses.replace(cond, left=_rewrite(cond.left, inside, needed, types),
-                                       right=_rewrite(cond.right, inside, needed, types))
-            when = dataclasses.replace(when, condition=cond)
+            left = _rewrite(cond.left, inside, needed, types)
+            right = _rewrite(cond.right, inside, needed, types)
+            if left is not cond.left or right is not cond.right:
+                when = dataclasses.replace(when, condition=dataclasses.replace(
+                    cond, left=left, right=right))
         foreach = s.foreach
-        if foreach is not None and isinstance(foreach.source, ir.StepOutputRef):
+        if foreach is not None and isinstance(foreach.source, ir.StepOutputRef) \
+                and foreach.source.step not in inside:
             src = _rewrite(foreach.source, inside, needed, types)
             assert isinstance(src, (ir.StepOutputRef, ir.WorkflowParamRef))
             foreach = dataclasses.replace(foreach, source=src)
-        deps = tuple(d for d in s.dependencies if d.step in inside)
-        new_steps.append(dataclasses.replace(s, inputs=inputs, when=when, foreach=foreach,
-                                             dependencies=deps))
+        deps = s.dependencies
+        if any(d.step not in inside for d in deps):
+            deps = tuple(d for d in deps if d.step in inside)
+        if (inputs is s.inputs and when is s.when and foreach is s.foreach
+                and deps is s.dependencies):
+            new_steps.append(s)
+        else:
+            new_steps.append(dataclasses.replace(s, inputs=inputs, when=when, foreach=foreach,
+                                                 dependencies=deps))
     params = tuple(wf.parameters) + tuple(
         ir.Parameter(name=n, type=t) for n, t in sorted(needed.items()))
     return dataclasses.replace(wf, name=name, steps=tuple(new_steps), parameters=params,
