@@ -1299,6 +1299,7 @@ class Submitter:
                              expect=_ENGINE_SIDE)
             return
         self._track(run.run_id, handle, plan.workflow, run.engine, queue, keys=plan.step_keys)
+        self._refusals.pop(run.run_id, None)  # the engine took this plan
         for status in taken_out(plan):  # reported here: the engine never sees them
             queue.put_nowait(status)
         engine_run_id = getattr(handle, "engine_run_id", run.run_id)  # remote engines' own
