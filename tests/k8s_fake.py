@@ -18,7 +18,9 @@ with the status codes and ``Status`` bodies the real API server returns for them
 * ``/api/v1/namespaces/{ns}/secrets[/{name}]``: POST (409 on a duplicate) and PUT.
 * ``/api/v1/namespaces/{ns}/pods/{pod}/log``: GET, the text set by :meth:`FakeKube.set_log`.
 
-Every request needs ``Authorization: Bearer <token>`` (401 otherwise). The tests play
+Every request needs ``Authorization: Bearer <token>`` (401 otherwise). With
+``max_request_bytes`` a larger body is answered 413 (the API server's request limit), with
+``max_object_bytes`` a larger POST/PUT 500 "etcdserver: request is too large". The tests play
 the Argo or Tekton controller by mutating stored objects with :meth:`FakeKube.update`
 (and creating TaskRuns with :meth:`FakeKube.put`), which bumps ``resourceVersion`` and
 notifies watchers, as the API server would. Plurals are unique across the two groups, so
@@ -106,8 +108,13 @@ class FakeKube:
 
     max_watch_seconds = 5.0
 
-    def __init__(self, token: str = "T") -> None:
+    def __init__(self, token: str = "T", *, max_request_bytes: int | None = None,
+                 max_object_bytes: int | None = None) -> None:
         self.token = token
+        # Like the API server's request-size limit (413 above it) and etcd's object-size
+        # limit (a create above it: 500 "etcdserver: request is too large"); None: none.
+        self.max_request_bytes = max_request_bytes
+        self.max_object_bytes = max_object_bytes
         self.cond = threading.Condition()
         self.objects: dict[tuple[str, str, str], Obj] = {}  # (plural, namespace, name)
         self.secrets: dict[tuple[str, str], Obj] = {}
@@ -320,6 +327,12 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if self.headers.get("Authorization") != f"Bearer {fake.token}":
                 raise HttpError(401, "Unauthorized", "Unauthorized")
+            if fake.max_request_bytes is not None and len(raw) > fake.max_request_bytes:
+                raise HttpError(413, "RequestEntityTooLarge",
+                                f"Request entity too large: limit is {fake.max_request_bytes}")
+            if (fake.max_object_bytes is not None and method in ("POST", "PUT")
+                    and len(raw) > fake.max_object_bytes):
+                raise HttpError(500, "InternalError", "etcdserver: request is too large")
             self._route(method, url.path, query, content_type, body)
         except HttpError as e:
             self._status(e)

@@ -44,6 +44,8 @@ from couler_optimizer.events import (
     GENERATED,
     GENERATED_DURABLE,
     OPTIMIZED,
+    REFUSED,
+    REFUSED_DURABLE,
     REJECTED,
     REQUESTED,
     REQUESTED_DURABLE,
@@ -292,7 +294,8 @@ async def exchange(nats: NatsServer, messages: Sequence[tuple[str, Message, str]
     subs = [await bus.client.subscribe(subject, cb=collect) for subject in types]
     last: dict[tuple[str, str], int] = {}
     durables = {REQUESTED: ("COULER_WORKFLOW", REQUESTED_DURABLE),
-                GENERATED: ("COULER_WORKFLOW", GENERATED_DURABLE)}
+                GENERATED: ("COULER_WORKFLOW", GENERATED_DURABLE),
+                REFUSED: ("COULER_WORKFLOW", REFUSED_DURABLE)}
     try:
         await bus.ensure_streams()
         for subject, message, msg_id in messages:
@@ -706,6 +709,90 @@ class TestEvents:
             assert set(chunk.depends_on) <= seen
             seen.add(chunk.name)
         assert optimizer.history(run_id=rid)[0].chunk_count == len(chunks)
+
+
+# ------------------------------------------------------------------------- size refusals
+
+
+def wide_chain(n: int, width: int = 3000) -> ir.Workflow:
+    """``n`` steps in a chain, each with an argument of ``width`` characters: a document of
+    about n x width bytes in few steps (the service's step budget is MAX_STEPS)."""
+    wf = chain(n)
+    return dataclasses.replace(wf, steps=tuple(
+        dataclasses.replace(s, body=ir.ContainerSpec(
+            image="python:3.11", command=(*s.body.command, "x" * width)))  # type: ignore[union-attr]
+        for s in wf.steps))
+
+
+def refused(rid: str, wf: ir.Workflow, size: int, *, revision: int, engine: str = "argo",
+            replan: bool = True) -> tuple[str, Message, str]:
+    message = events_pb2.DocumentRefused(
+        run_id=rid, workflow=wf.name, engine=engine, size_bytes=size,
+        reason="500 InternalError: etcdserver: request is too large", attempt=1,
+        revision=revision)
+    message.at.FromSeconds(1_790_000_000)
+    if replan:
+        message.request.CopyFrom(requested(rid, wf, engine=engine)[1])
+    return (REFUSED, message, f"{rid}.refused.{revision}")
+
+
+class TestSizeRefusals:
+    """``couler.workflow.refused``: the engine's learned budget, and the run planned again."""
+
+    def test_a_refusal_lowers_the_engines_budget_and_the_run_is_planned_again(
+            self, optimizer: Optimizer, nats_server: NatsServer) -> None:
+        rid, wf = run_id(), wide_chain(MAX_STEPS)
+        first = only_answer(asyncio.run(exchange(
+            nats_server, [requested(rid, wf, engine="argo")], {rid})), rid)[1]
+        assert isinstance(first, events_pb2.WorkflowOptimized)
+        assert not first.plan.chunks  # within Argo's static budget: one document
+        size = len(first.plan.compiled)
+
+        answers = asyncio.run(exchange(nats_server, [refused(rid, wf, size, revision=7)],
+                                       {rid}))
+        subject, again, headers = only_answer(answers, rid)
+        assert subject == OPTIMIZED and headers["Nats-Msg-Id"] == f"{rid}.optimized.r7"
+        assert isinstance(again, events_pb2.WorkflowOptimized)
+        budget = int(size * 0.8)
+        assert len(again.plan.chunks) >= 2
+        assert all(c.size_bytes <= budget for c in again.plan.chunks)
+        assert sorted(s for c in again.plan.chunks for s in c.steps) == sorted(
+            s.name for s in wf.steps)
+        split = next(p for p in again.plan.passes if p.name == "split")
+        assert split.notes[0] == (
+            f"budget {budget / 1024:.0f} KiB: argo refused a {size / 1024:.0f} KiB document "
+            f"at 2026-09-21T14:13:20Z (workflow {wf.name!r}, run {rid}: 500 InternalError: "
+            "etcdserver: request is too large)")
+        # the run's recorded plan is the new one
+        [summary] = optimizer.history(run_id=rid)
+        assert summary.chunk_count == len(again.plan.chunks)
+
+        # The next plans for Argo use the learned budget, after a restart too; a small
+        # workflow still fits in one document.
+        for attempt in ("before restart", "after restart"):
+            plan = optimizer.optimize(wide_chain(MAX_STEPS), "argo")
+            assert len(plan.chunks) >= 2, attempt
+            assert all(c.size_bytes <= budget for c in plan.chunks), attempt
+            assert optimizer.optimize(chain(2), "argo").compiled, attempt
+            if attempt == "before restart":
+                optimizer.restart()
+
+    def test_a_larger_refusal_keeps_the_smaller_budget_and_a_bad_one_is_terminated(
+            self, optimizer: Optimizer, nats_server: NatsServer) -> None:
+        wf = wide_chain(2)
+        store = OptimizerStore.open(optimizer.settings.database_url)
+        try:
+            before = store.learned_budget("kfp")
+            asyncio.run(exchange(nats_server, [
+                refused(run_id(), wf, 900_000, revision=1, engine="kfp", replan=False),
+                refused(run_id(), wf, 2_000_000, revision=2, engine="kfp", replan=False),
+                refused(run_id(), wf, 0, revision=3, engine="kfp", replan=False)], set()))
+            learned = store.learned_budget("kfp")
+        finally:
+            store.close()
+        assert before is None and learned is not None
+        assert learned.max_bytes == 720_000 and learned.refused_bytes == 900_000
+        assert learned.refusals == 2  # the one without a size was terminated, not counted
 
 
 # ------------------------------------------------------------------------------- settings

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping, Sequence
 
 import pytest
@@ -19,6 +20,7 @@ from couler.optimize import (
     budget_for,
     default_retry,
     handoff_parameter,
+    learned_limit,
     not_cacheable_reason,
     optimize,
     prune_cached,
@@ -504,6 +506,95 @@ def test_over_budget_with_exit_hooks_is_a_clear_error() -> None:
         ir.ExitHook(on=ir.RunStatus.ANY, steps=(container("bye"),)),))
     with pytest.raises(UserError, match=r"'chain'.*exit hooks"):
         split_workflow(wf, Budget(max_steps=2), argo_size)
+
+
+class Counting:
+    """A ``measure`` that compiles with Argo and counts the steps it compiled."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.calls = 0
+
+    def __call__(self, wf: ir.Workflow) -> int:
+        self.steps += len(wf.steps)
+        self.calls += 1
+        return argo_size(wf)
+
+
+def test_a_long_chain_fills_chunks_to_the_budget_and_compiles_each_step_about_once() -> None:
+    wf = chain(600)
+    budget = Budget(max_bytes=argo_size(wf) // 6)
+    allowed = budget.bytes_allowed
+    assert allowed is not None
+    measure = Counting()
+    result = split_workflow(wf, budget, measure)
+    chunks = result.chunks
+    assert len(chunks) >= 6
+    for chunk in chunks[:-1]:  # every chunk but the last is more than 90 % full
+        assert allowed * 0.9 < chunk.size_bytes <= allowed, chunk.name
+    # Linear: the sample, the whole (when near the budget) and each chunk about once.
+    assert measure.steps <= 3 * len(wf.steps), measure.steps
+    # Hand-offs: each chunk's first step reads the previous chunk's last output.
+    for before, after in itertools.pairwise(chunks):
+        first = after.workflow.steps[0]
+        param = handoff_parameter(before.steps[-1], "out")
+        assert first.inputs[0].value == ir.WorkflowParamRef(param)
+        assert after.workflow.parameter(param) is not None
+        assert after.depends_on == (before.name,)
+    largest = max(c.size_bytes for c in chunks)
+    assert f"largest {largest} bytes ({largest / allowed:.0%} of the budget)" in result.notes[0]
+    check_chunks(wf, budget)
+
+
+def test_chunks_of_uneven_steps_are_cut_where_the_real_size_says() -> None:
+    """Small steps first, then steps ten times larger: the size model (fitted on the small
+    ones) overshoots, and the chunk is cut smaller until its document fits."""
+    steps = list(chain(120).steps)
+    for i in range(60, 120):
+        steps[i] = dataclasses.replace(steps[i], body=ir.ContainerSpec(
+            image="python:3.11", command=("echo", "{{inputs.x}}", "y" * 2000)))
+    wf = ir.Workflow(name="uneven", steps=tuple(steps))
+    budget = Budget(max_bytes=argo_size(wf) // 5)
+    notes = check_chunks(wf, budget)
+    assert "chunks of at most" in notes[0]
+
+
+def test_a_workflow_that_fits_is_compiled_once_and_not_split() -> None:
+    wf = chain(50)
+    measure = Counting()
+    result = split_workflow(wf, Budget(max_bytes=argo_size(wf) * 2), measure)
+    assert [c.workflow for c in result.chunks] == [wf]
+    assert result.chunks[0].size_bytes == argo_size(wf)
+    assert measure.steps <= len(wf.steps) + 64  # the sample and the whole
+
+
+def test_the_learned_budget_lowers_the_static_one_and_says_why() -> None:
+    wf = chain(200)
+    size = argo_size(wf)
+    budget = Budget(max_bytes=1 << 20, learned_bytes=size // 3,
+                    learned_reason="argo refused a 30 KiB document at 2026-12-02T04:00:00Z")
+    assert budget.bytes_allowed == size // 3 == min(int((1 << 20) * 0.97), size // 3)
+    result = split_workflow(wf, budget, argo_size)
+    assert len(result.chunks) >= 3
+    assert result.notes[0] == (f"budget {size // 3 / 1024:.0f} KiB: argo refused a 30 KiB "
+                               "document at 2026-12-02T04:00:00Z")
+    check_chunks(wf, budget)
+    # a learned budget above the static one changes nothing, and is not reported
+    high = Budget(max_bytes=size * 2, learned_bytes=size * 4, learned_reason="old")
+    assert high.bytes_allowed == int(size * 2 * 0.97)
+    assert split_workflow(wf, high, argo_size).notes == (
+        f"within budget (200 steps, {size} of {high.bytes_allowed} bytes): not split",)
+    assert learned_limit(1000) == 800
+
+
+def test_a_unit_over_the_budget_is_named() -> None:
+    wf = chain(10)
+    big = dataclasses.replace(wf.steps[4], body=ir.ContainerSpec(
+        image="python:3.11", command=("echo", "{{inputs.x}}", "z" * 5000)))
+    wf = dataclasses.replace(wf, steps=(*wf.steps[:4], big, *wf.steps[5:]))
+    with pytest.raises(UserError, match=r"workflow 'chain': steps that must stay together "
+                                        r"\(s4\) compile to \d+ bytes, over the budget of 4000"):
+        split_workflow(wf, Budget(max_bytes=4000, margin=1.0), argo_size)
 
 
 def test_engine_budgets_come_from_the_limits_tables() -> None:

@@ -73,6 +73,24 @@ class UnsupportedFeatureError(UserError):
         super().__init__(msg + (f" ({detail})" if detail else ""))
 
 
+class DocumentTooLargeError(UserError):
+    """An engine refused a workflow's document for its size (Kubernetes: 413, or etcd's
+    "request is too large"; an Airflow DAG import timeout; a KFP spec limit).
+
+    ``size_bytes`` is the size of the refused document as Couler compiles it (the text
+    ``couler compile`` writes: the unit of the optimizer's split budget); ``sent_bytes``
+    the size of the request the engine refused (e.g. the object as JSON), when known.
+    """
+
+    def __init__(self, engine: str, workflow: str, size_bytes: int, detail: str, *,
+                 sent_bytes: int | None = None) -> None:
+        self.engine, self.workflow, self.size_bytes = engine, workflow, size_bytes
+        self.detail, self.sent_bytes = detail, sent_bytes
+        sent = f", {sent_bytes} bytes as sent" if sent_bytes is not None else ""
+        super().__init__(f"workflow {workflow!r}: engine {engine!r} refused its "
+                         f"{size_bytes}-byte document{sent} as too large: {detail}")
+
+
 class NotFoundError(UserError):
     """A named thing does not exist."""
 

@@ -134,6 +134,7 @@ GRANTS: dict[str, Grant] = {
                    deadletter_subject("optimizer")),
         consumers=(_wf("optimizer-requested", "requested"),
                    _wf("optimizer-generated", "generated"),
+                   _wf("optimizer-refused", "refused"),
                    Consumer("COULER_FEEDBACK", "optimizer-feedback", "couler.feedback.>")),
     ),
     "cache": Grant(
@@ -145,7 +146,8 @@ GRANTS: dict[str, Grant] = {
     "submitter": Grant(
         "submitter",
         publishes=("couler.workflow.requested", "couler.workflow.submitted",
-                   "couler.workflow.finished", "couler.step.*", "couler.metrics.utilization",
+                   "couler.workflow.finished", "couler.workflow.refused", "couler.step.*",
+                   "couler.metrics.utilization",
                    deadletter_subject("submitter")),
         consumers=(_wf("submitter-optimized", "optimized"),
                    _wf("submitter-rejected", "rejected"),

@@ -20,12 +20,32 @@ from couler_runtime.polling import parse_time
 k8s_config: Any = _k8s_config
 
 __all__ = ["CONNECTION_ERRORS", "LABEL_VALUE", "api_client_for", "as_mapping", "items_of",
-           "label_value", "load_config", "parse_time", "raise_api_error"]
+           "label_value", "load_config", "parse_time", "raise_api_error", "size_refusal"]
 
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
 
 CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, OSError)
+
+
+# How the API server says a request was too large: 413 from its own request-size limit, and
+# etcd's "request is too large" (a 500 on create) from the object-size limit.
+_TOO_LARGE = ("request is too large", "request entity too large", "too large")
+
+
+def size_refusal(e: BaseException | None) -> str | None:
+    """The API server's answer when ``e`` refused a request for its size, else None."""
+    if not isinstance(e, k8s_client.ApiException):
+        return None
+    status = e.status if isinstance(e.status, int) else 0
+    detail = ""
+    if e.body:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            detail = str(json.loads(e.body).get("message", ""))[:300]
+    text = f"{detail} {e.reason or ''}".lower()
+    if status == 413 or (status in (400, 422, 500) and any(t in text for t in _TOO_LARGE)):
+        return f"{status} {e.reason or ''}".rstrip() + (f": {detail}" if detail else "")
+    return None
 
 
 def raise_api_error(e: Exception, action: str, *, echo: bool = True,

@@ -48,8 +48,10 @@ class PlanningStage:
         self._max_deliver = max_deliver
         self._tracer = trace.get_tracer(__name__)
 
-    async def answer(self, event: Event[M], run_id: str, work: Work) -> None:
-        """Run ``work`` for ``run_id`` and publish its answer, or a rejection."""
+    async def answer(self, event: Event[M], run_id: str, work: Work, *,
+                     suffix: str = "") -> None:
+        """Run ``work`` for ``run_id`` and publish its answer, or a rejection; ``suffix``
+        ends both msg ids (a second answer for the same run, e.g. ``.r<revision>``)."""
         with self._tracer.start_as_current_span(
             f"{event.subject} process", context=telemetry.extract(event.headers),
             kind=SpanKind.CONSUMER,
@@ -61,10 +63,10 @@ class PlanningStage:
             try:
                 subject, message, done = await work()
                 what = subject.rsplit(".", 1)[-1]
-                await self._bus.publish(subject, message, msg_id=f"{run_id}.{what}",
+                await self._bus.publish(subject, message, msg_id=f"{run_id}.{what}{suffix}",
                                         headers=headers, tenant=tenant, run_id=run_id)
             except UserError as exc:
-                await self._reject(run_id, exc, str(exc), headers, tenant)
+                await self._reject(run_id, exc, str(exc), headers, tenant, suffix=suffix)
                 return
             except Exception as exc:
                 if event.delivery_count < self._max_deliver:
@@ -72,17 +74,17 @@ class PlanningStage:
                 log.error("run %s: %s gives up after %d deliveries: %s", run_id, self.name,
                           event.delivery_count, exc, exc_info=True)
                 await self._reject(run_id, exc, f"gave up after {event.delivery_count} "
-                                   f"attempts: {exc}", headers, tenant)
+                                   f"attempts: {exc}", headers, tenant, suffix=suffix)
                 return
             log.info("run %s: %s", run_id, done)
 
     async def _reject(self, run_id: str, exc: Exception, reason: str, headers: dict[str, str],
-                      tenant: str | None) -> None:
+                      tenant: str | None, *, suffix: str = "") -> None:
         issues = exc.issues if isinstance(exc, ValidationError) else ()
         rejected = events_pb2.WorkflowRejected(
             run_id=run_id, stage=self.name, reason=reason,
             issues=[common_pb2.Issue(workflow=i.workflow, step=i.step, field=i.field,
                                      message=i.message) for i in issues])
-        await self._bus.publish(REJECTED, rejected, msg_id=f"{run_id}.rejected",
+        await self._bus.publish(REJECTED, rejected, msg_id=f"{run_id}.rejected{suffix}",
                                 headers=headers, tenant=tenant, run_id=run_id)
         log.info("run %s: rejected by the %s: %s", run_id, self.name, reason)

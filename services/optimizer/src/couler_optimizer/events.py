@@ -1,6 +1,6 @@
 """The optimizer's NATS side: workflows in, plans (or refusals) out; feedback kept.
 
-Three durable consumers:
+Four durable consumers:
 
 * ``optimizer-requested`` on ``couler.workflow.requested`` and ``optimizer-generated`` on
   ``couler.workflow.generated``: the run's workflow is planned for ``options.engine``
@@ -22,6 +22,14 @@ Three durable consumers:
   Redelivery is harmless: the plan for a run is recorded once and a redelivery answers
   with the recorded plan (the cache is not asked again, nothing is recorded twice), and
   the answer's deterministic Nats-Msg-Id makes a second publish a no-op.
+
+* ``optimizer-refused`` on ``couler.workflow.refused``: an engine refused a run's document
+  for its size. The refusal lowers that engine's learned budget (every later plan for it
+  splits below 0.8 x the smallest refused size); when the message carries the run's
+  request (the submitter put the run back to PLANNING), the run is planned again with the
+  new budget and answered like a first plan, with msg ids suffixed ``.r<revision>``
+  (``couler.workflow.optimized``, or ``couler.workflow.rejected`` when it cannot be split
+  small enough). A refusal without an engine or a positive size is terminated.
 
 * ``optimizer-feedback`` on ``couler.feedback.>``: one ``Recommendation`` per message,
   kept as the latest for its (workflow, step, kind); every later plan of that workflow
@@ -59,12 +67,15 @@ __all__ = [
     "GENERATED_DURABLE",
     "MAX_DELIVER",
     "OPTIMIZED",
+    "REFUSED",
+    "REFUSED_DURABLE",
     "REJECTED",
     "REQUESTED",
     "REQUESTED_DURABLE",
     "STAGE",
     "FeedbackHandler",
     "PlanHandler",
+    "RefusedHandler",
     "check_recommendation",
     "start_consumers",
 ]
@@ -75,7 +86,9 @@ REQUESTED = "couler.workflow.requested"
 GENERATED = "couler.workflow.generated"
 OPTIMIZED = "couler.workflow.optimized"
 FEEDBACK = "couler.feedback.>"
+REFUSED = "couler.workflow.refused"
 REQUESTED_DURABLE = "optimizer-requested"
+REFUSED_DURABLE = "optimizer-refused"
 GENERATED_DURABLE = "optimizer-generated"
 FEEDBACK_DURABLE = "optimizer-feedback"
 STAGE = "optimizer"
@@ -129,6 +142,48 @@ class PlanHandler:
                     f"({len(plan.cached)} cached, {len(plan.chunks)} chunks)")
 
         await self._stage.answer(event, run_id, work)
+
+
+class RefusedHandler:
+    """Handles one ``DocumentRefused`` (see the module docstring)."""
+
+    def __init__(self, bus: Bus, optimizer: Optimizer, *, max_deliver: int = MAX_DELIVER) -> None:
+        self._optimizer = optimizer
+        self._stage = PlanningStage(bus, STAGE, max_deliver=max_deliver)
+
+    async def __call__(self, event: Event[events_pb2.DocumentRefused]) -> None:
+        message = event.message
+        if message.size_bytes <= 0 or not message.engine:
+            raise UserError(f"{event.subject} seq {event.stream_sequence}: run "
+                            f"{message.run_id!r}: a refusal needs an engine and a positive "
+                            "size_bytes")
+        at = message.at.ToNanoseconds() / 1e9 if message.HasField("at") else None
+        kept = await self._optimizer.record_refusal(
+            message.engine, message.size_bytes, reason=message.reason, run_id=message.run_id,
+            workflow=message.workflow, at=at)
+        log.info("engine %r refused a %d-byte document of run %s: its budget is now %d bytes",
+                 message.engine, message.size_bytes, message.run_id, kept.max_bytes)
+        request = message.request
+        if not message.HasField("request") or not message.run_id:
+            return
+        if not request.HasField("workflow"):
+            raise UserError(f"{event.subject} seq {event.stream_sequence}: run "
+                            f"{message.run_id!r}: the request to plan again has no workflow")
+        run_id = message.run_id
+        options = request.options
+
+        async def work() -> tuple[str, events_pb2.WorkflowOptimized, str]:
+            wf = await offload.convert(len(request.workflow.steps), codec.workflow_from_proto,
+                                       request.workflow)
+            plan = await self._optimizer.replan_event(
+                run_id, wf, options.engine or DEFAULT_ENGINE,
+                objectives=objectives_from_proto(options.objectives),
+                no_cache=options.no_cache, parameters=dict(options.parameters))
+            optimized = events_pb2.WorkflowOptimized(run_id=run_id, plan=plan, options=options)
+            return (OPTIMIZED, optimized, f"planned {plan.workflow.name!r} again for "
+                    f"{plan.engine} after a size refusal ({len(plan.chunks)} chunks)")
+
+        await self._stage.answer(event, run_id, work, suffix=f".r{message.revision}")
 
 
 # What a recommendation may say at all: far outside any real step's needs means a bug or
@@ -194,8 +249,11 @@ class FeedbackHandler:
 
 async def start_consumers(bus: Bus, optimizer: Optimizer, *,
                           max_deliver: int = MAX_DELIVER) -> None:
-    """Start the three durable consumers; ``bus.close()`` stops them."""
+    """Start the four durable consumers; ``bus.close()`` stops them."""
     plans = PlanHandler(bus, optimizer, max_deliver=max_deliver)
+    await bus.subscribe(REFUSED, REFUSED_DURABLE, events_pb2.DocumentRefused,
+                        RefusedHandler(bus, optimizer, max_deliver=max_deliver),
+                        max_deliver=max_deliver)
     await bus.subscribe(FEEDBACK, FEEDBACK_DURABLE, common_pb2.Recommendation,
                         FeedbackHandler(optimizer), max_deliver=max_deliver)
     await bus.subscribe(REQUESTED, REQUESTED_DURABLE, events_pb2.WorkflowRequested, plans,

@@ -16,6 +16,10 @@ with what only the service knows:
   that has none of its own);
 * **engine capabilities** — the target engine's table (as ``couler validate`` uses), so a
   feature the engine cannot express is refused before planning;
+* **learned budgets** — an engine that refused a document for its size
+  (``couler.workflow.refused``) gets a smaller document budget for every later plan
+  (min of its static budget and 0.8 x the smallest refused size; the split pass's notes
+  say why), and the refused run is planned again (:meth:`Optimizer.replan_event`);
 * **the record** — every plan's summary in the store; a plan made for a run (an event) is
   kept whole, and asking again for the same run returns it instead of planning again, so a
   redelivered event neither asks the cache again (no double-counted hits) nor records a
@@ -35,15 +39,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from couler import ir
 from couler import optimize as passes
+from couler.alloc import gc_paused
 from couler.errors import RetryableError, UserError
 from couler.optimize.reuse import ArtifactStore
 from couler.v1 import common_pb2
-from couler_optimizer.store import OptimizerStore, PlanSummary
+from couler_optimizer.store import LearnedBudget, OptimizerStore, PlanSummary
 from couler_runtime.engines import check_engine
 from couler_runtime.rpc.records import (
     CacheEntry,
@@ -215,6 +221,40 @@ class Optimizer:
         assert kept is not None  # an event plan is recorded whole
         return kept
 
+    async def replan_event(self, run_id: str, wf: ir.Workflow, engine: str = "", *,
+                           objectives: Sequence[Objective] = (), no_cache: bool = False,
+                           parameters: Mapping[str, str] | None = None) -> common_pb2.Plan:
+        """Plan run ``run_id`` again (its engine refused the first plan's document): the
+        new plan replaces the recorded one. Same arguments and errors as :meth:`optimize`."""
+
+        def work() -> common_pb2.Plan:
+            plan = self._plan(wf, engine, tuple(objectives), no_cache, dict(parameters or {}))
+            encoded = plan_to_proto(plan)
+            self._store.replace_event_plan(plan, encoded, run_id=run_id)
+            return encoded
+
+        return await asyncio.to_thread(work)
+
+    async def record_refusal(self, engine: str, size_bytes: int, *, reason: str,
+                             run_id: str = "", workflow: str = "",
+                             at: float | None = None) -> LearnedBudget:
+        """Learn from ``engine`` refusing a ``size_bytes`` document: the budget kept."""
+        if not engine:
+            raise UserError(f"refusal of run {run_id!r}: field 'engine' is empty")
+        return await asyncio.to_thread(
+            self._store.put_refusal, engine, size_bytes, reason=reason, run_id=run_id,
+            workflow=workflow, at=at if at is not None else time.time())
+
+    def budget(self, engine: str) -> passes.Budget:
+        """The split budget of ``engine``'s next plan: its static one, lowered by what it
+        refused (blocking: reads the store)."""
+        budget = passes.budget_for(engine, max_steps=self._max_steps)
+        learned = self._store.learned_budget(engine)
+        if learned is None:
+            return budget
+        return dataclasses.replace(budget, learned_bytes=learned.max_bytes,
+                                   learned_reason=learned.note())
+
     async def record_recommendation(self, rec: Recommendation) -> bool:
         """Keep ``rec`` for the next plans of its workflow; False if a newer one is kept."""
         if not rec.workflow:
@@ -230,6 +270,11 @@ class Optimizer:
 
     def _plan(self, wf: ir.Workflow, engine: str, objectives: tuple[Objective, ...],
               no_cache: bool, parameters: dict[str, str]) -> Plan:
+        with gc_paused():  # a plan allocates per step, nothing cyclic (couler.alloc)
+            return self._plan_paused(wf, engine, objectives, no_cache, parameters)
+
+    def _plan_paused(self, wf: ir.Workflow, engine: str, objectives: tuple[Objective, ...],
+                     no_cache: bool, parameters: dict[str, str]) -> Plan:
         ir.validate(wf)
         name = check_engine(engine, wf)
         recs = _core_recommendations(wf, self._store.recommendations(wf.name))
@@ -239,10 +284,10 @@ class Optimizer:
         lookup = None if no_cache or self._cache is None else _PlanLookup(self._cache)
         plan = passes.optimize(
             wf, name, lookup=lookup, recommendations=recs, parameters=parameters,
-            budget=passes.budget_for(name, max_steps=self._max_steps), retry=self._retry,
+            budget=self.budget(name), retry=self._retry,
             substitute=substitute,
             store=self._artifact_store if name in S3_READING_ENGINES else None,
-            record_use=None if lookup is None else lookup.record)
+            record_use=None if lookup is None else lookup.record, validated=True)
         reports = list(plan.reports)
         cached: dict[str, CacheEntry] = {}
         for i, report in enumerate(reports):

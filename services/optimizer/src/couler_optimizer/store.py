@@ -7,6 +7,9 @@
   reports, cached steps, chunk count) and, for plans made from events, the whole plan,
   so a redelivered event is answered with the same plan instead of planning (and asking
   the cache) again.
+* ``optimizer_learned_budgets`` — per engine, the document-size budget learned from the
+  documents it refused as too large (``couler.workflow.refused``): 0.8 x the smallest
+  refused, with that refusal's details for the split pass's notes.
 
 Migrations live in ``couler_optimizer/migrations`` and run at start (:meth:`OptimizerStore.open`).
 The API is synchronous; the service calls it through ``asyncio.to_thread``.
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 from sqlalchemy import (
+    BigInteger,
     Engine,
     Float,
     Integer,
@@ -37,6 +41,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from couler import ir
 from couler.errors import ConflictError, UserError
+from couler.optimize.split import learned_limit
 from couler.v1 import common_pb2
 from couler_runtime.rpc.records import (
     PassReport,
@@ -54,7 +59,7 @@ from couler_runtime.store import (
     session_scope,
 )
 
-__all__ = ["MIGRATIONS", "SERVICE", "OptimizerStore", "PlanSummary"]
+__all__ = ["MIGRATIONS", "SERVICE", "LearnedBudget", "OptimizerStore", "PlanSummary"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,49 @@ class _PlanRow(_Base):
     chunk_count: Mapped[int] = mapped_column(Integer)
     plan: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class _LearnedBudgetRow(_Base):
+    __tablename__ = "optimizer_learned_budgets"
+
+    engine: Mapped[str] = mapped_column(String(32), primary_key=True)
+    max_bytes: Mapped[int] = mapped_column(BigInteger)
+    refused_bytes: Mapped[int] = mapped_column(BigInteger)
+    reason: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[str] = mapped_column(String(255))
+    workflow: Mapped[str] = mapped_column(String(255))
+    refused_at: Mapped[float] = mapped_column(Float)
+    refusals: Mapped[int] = mapped_column(Integer)
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedBudget:
+    """The budget learned for one engine from the documents it refused for their size.
+
+    Attributes:
+        engine: The engine.
+        max_bytes: What a document (a chunk) for it is kept within.
+        refused_bytes: The smallest document it refused.
+        reason: The engine's answer to that one.
+        run_id, workflow: The run and workflow it was refused for.
+        refused_at: When (seconds since the epoch).
+        refusals: How many refusals were received.
+    """
+
+    engine: str
+    max_bytes: int
+    refused_bytes: int
+    reason: str
+    run_id: str
+    workflow: str
+    refused_at: float
+    refusals: int
+
+    def note(self) -> str:
+        """Why the budget is what it is, for the split pass's notes."""
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.refused_at))
+        return (f"{self.engine} refused a {self.refused_bytes / 1024:.0f} KiB document at "
+                f"{at} (workflow {self.workflow!r}, run {self.run_id}: {self.reason})")
 
 
 _PLANS: Table = _PlanRow.__table__  # type: ignore[assignment]
@@ -206,6 +254,51 @@ class OptimizerStore:
                               "(%s); not applied", workflow, r.step, exc)
             return tuple(found)
 
+    # ------------------------------------------------------------ learned budgets
+
+    def put_refusal(self, engine: str, size_bytes: int, *, reason: str, run_id: str,
+                    workflow: str, at: float) -> LearnedBudget:
+        """Learn from ``engine`` refusing a ``size_bytes`` document: its budget becomes
+        ``learned_limit(size_bytes)`` unless a smaller one was learned. Returns the budget
+        kept. A redelivered refusal changes nothing but the count."""
+        if size_bytes <= 0:
+            raise UserError(f"refusal of run {run_id!r} by engine {engine!r}: field "
+                            f"'size_bytes' must be positive (got {size_bytes})")
+        with session_scope(self._sessions) as session:
+            row = session.get(_LearnedBudgetRow, engine, with_for_update=True)
+            if row is None:
+                row = _LearnedBudgetRow(
+                    engine=engine, max_bytes=learned_limit(size_bytes),
+                    refused_bytes=size_bytes, reason=reason, run_id=run_id,
+                    workflow=workflow, refused_at=at, refusals=1)
+                session.add(row)
+            else:
+                row.refusals += 1
+                if size_bytes < row.refused_bytes:
+                    row.max_bytes, row.refused_bytes = learned_limit(size_bytes), size_bytes
+                    row.reason, row.run_id, row.workflow = reason, run_id, workflow
+                    row.refused_at = at
+            session.flush()
+            return _learned(row)
+
+    def learned_budget(self, engine: str) -> LearnedBudget | None:
+        """The budget learned for ``engine``, if it refused a document (and the row reads)."""
+        with session_scope(self._sessions) as session:
+            row = session.get(_LearnedBudgetRow, engine)
+            if row is None:
+                return None
+            try:
+                found = _learned(row)
+            except (ValueError, TypeError) as exc:  # damaged: plan with the static budget
+                log.error("engine %r: the learned budget cannot be read (%s); not applied",
+                          engine, exc)
+                return None
+            if found.max_bytes <= 0:
+                log.error("engine %r: the learned budget %d is not positive; not applied",
+                          engine, found.max_bytes)
+                return None
+            return found
+
     # ---------------------------------------------------------------------- plans
 
     def save_plan(self, plan: Plan, *, run_id: str = "", from_event: bool = False) -> Plan:
@@ -250,6 +343,14 @@ class OptimizerStore:
                 conn.execute(_INSERT_PLAN, values)
         return encoded
 
+    def replace_event_plan(self, plan: Plan, encoded: common_pb2.Plan, *,
+                           run_id: str) -> None:
+        """Record ``plan`` as the event plan of ``run_id`` instead of the one recorded (the
+        run was planned again: its engine refused the first plan's document)."""
+        with connection_scope(self._engine) as conn:
+            conn.execute(delete(_PLANS).where(_PLANS.c.event_run_id == run_id))
+        self.save_encoded(plan, encoded, run_id=run_id)
+
     def event_plan(self, run_id: str) -> Plan | None:
         """The plan recorded for the event of run ``run_id``, if one was."""
         message = self.event_plan_message(run_id)
@@ -288,6 +389,13 @@ class OptimizerStore:
                     passes=_passes(r.passes), cached_steps=_names(r.cached_steps),
                     chunk_count=r.chunk_count, created_at=r.created_at)
                 for r in rows)
+
+
+def _learned(row: _LearnedBudgetRow) -> LearnedBudget:
+    return LearnedBudget(engine=row.engine, max_bytes=int(row.max_bytes),
+                         refused_bytes=int(row.refused_bytes), reason=str(row.reason),
+                         run_id=str(row.run_id), workflow=str(row.workflow),
+                         refused_at=float(row.refused_at), refusals=int(row.refusals))
 
 
 def _passes(text: str) -> tuple[PassReport, ...]:

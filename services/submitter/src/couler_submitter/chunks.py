@@ -33,6 +33,7 @@ from pathlib import Path
 
 from couler import ir
 from couler.engines.base import RunState, RunStatus, StepState, StepStatus
+from couler.errors import DocumentTooLargeError
 from couler.optimize.split import handoff_parameter
 from couler_runtime.local import Reuse
 from couler_runtime.rpc.records import Chunk
@@ -87,6 +88,8 @@ class ChunkedRun:
         #: set once the first chunks are started or picked up; ``picked_up`` then says whether
         #: the engine already had any (a resumed run, rather than one starting now)
         self.launched = threading.Event()
+        # The engine refused a chunk's document for its size before any chunk started.
+        self.refused: DocumentTooLargeError | None = None
         self.picked_up = False
         self._thread = threading.Thread(target=self._main, name=f"couler-chunks-{run_id}",
                                         daemon=True)
@@ -131,6 +134,14 @@ class ChunkedRun:
         started = time.time()
         try:
             self._status = self._run(started)
+        except DocumentTooLargeError as exc:
+            with self._lock:
+                if not self._handles:  # nothing runs yet: the run can be planned again
+                    self.refused = exc
+            log.warning("run %s: chunks: %s", self._run_id, exc)
+            self._status = RunStatus(self._run_id, self._workflow.name, RunState.FAILED,
+                                     started_at=started, finished_at=time.time(),
+                                     message=f"running the chunks failed: {exc}")
         except Exception as exc:  # never leave wait() without a status
             log.error("run %s: chunks: %s", self._run_id, exc, exc_info=True)
             self._status = RunStatus(self._run_id, self._workflow.name, RunState.FAILED,

@@ -7,6 +7,11 @@ Published (bodies in ``events.proto``; ``Nats-Msg-Id`` as given there)::
     couler.step.<state>         StepEvent          <run_id>.<step>.<key>.<attempts>.<state>[.rN]
     couler.metrics.utilization  UtilizationSample  <run_id>.<step>.<key>.<attempt>.<time in ns>
     couler.workflow.finished    WorkflowFinished   <run_id>.finished.<retries>
+    couler.workflow.refused     DocumentRefused    <run_id>.refused.<revision>
+
+A run whose document the engine refused for its size is put back to PLANNING (at most
+``service.MAX_SIZE_REPLANS`` times) and its ``DocumentRefused`` carries the run's request:
+the optimizer lowers the engine's budget and plans it again.
 
 A retried run (``retries`` = N > 0) suffixes its step and submitted keys with the retry count:
 the local engine counts attempts afresh in a retry, so without it a step failing again
@@ -65,6 +70,7 @@ __all__ = [
     "LAUNCH",
     "OPTIMIZED",
     "PLANNING_CONSUMERS",
+    "REFUSED",
     "REJECTED",
     "REQUESTED",
     "SUBMITTED",
@@ -80,6 +86,7 @@ OPTIMIZED = "couler.workflow.optimized"
 REJECTED = "couler.workflow.rejected"
 SUBMITTED = "couler.workflow.submitted"
 FINISHED = "couler.workflow.finished"
+REFUSED = "couler.workflow.refused"
 STEP = "couler.step"
 UTILIZATION = "couler.metrics.utilization"
 LAUNCH = "couler.launch.>"
@@ -90,7 +97,7 @@ DURABLE_LAUNCH = "submitter-launch"
 DURABLE_DEADLETTER = "submitter-deadletter"
 # The consumers a run's planning goes through: a message they gave up on strands the run.
 PLANNING_CONSUMERS = frozenset({"generator", "optimizer-requested", "optimizer-generated",
-                                DURABLE_OPTIMIZED, DURABLE_REJECTED})
+                                "optimizer-refused", DURABLE_OPTIMIZED, DURABLE_REJECTED})
 
 
 def _now() -> Timestamp:
@@ -114,6 +121,25 @@ def _suffix(run: Run, sep: str = ".r") -> str:
     return f"{sep}{run.retries}" if run.retries else ""
 
 
+async def _request_message(run: Run, request: RunRequest) -> events_pb2.WorkflowRequested:
+    """The ``WorkflowRequested`` of ``run`` (its workflow as submitted, else its text)."""
+    o = request.options
+    msg = events_pb2.WorkflowRequested(
+        run_id=run.run_id, template=request.template,
+        options=events_pb2.RunOptions(
+            engine=o.engine, parameters=dict(o.parameters), dry_run=o.dry_run,
+            no_cache=o.no_cache, constraints=list(o.constraints),
+            objectives=objectives_to_proto(o.objectives), tenant=o.tenant))
+    if request.encoded is not None:
+        msg.workflow.MergeFromString(request.encoded)  # as submitted: no encoding again
+    elif request.workflow is not None:
+        msg.workflow.CopyFrom(await offload.convert(len(request.workflow.steps),
+                                                    codec.workflow_to_proto, request.workflow))
+    else:
+        msg.text = request.text or ""
+    return msg
+
+
 class BusEvents:
     """Publishes the submitter's events on the bus (implements ``service.Events``)."""
 
@@ -121,22 +147,20 @@ class BusEvents:
         self._bus = bus
 
     async def requested(self, run: Run, request: RunRequest) -> None:
+        msg = await _request_message(run, request)
         o = request.options
-        msg = events_pb2.WorkflowRequested(
-            run_id=run.run_id, template=request.template,
-            options=events_pb2.RunOptions(
-                engine=o.engine, parameters=dict(o.parameters), dry_run=o.dry_run,
-                no_cache=o.no_cache, constraints=list(o.constraints),
-                objectives=objectives_to_proto(o.objectives), tenant=o.tenant))
-        if request.encoded is not None:
-            msg.workflow.MergeFromString(request.encoded)  # as submitted: no encoding again
-        elif request.workflow is not None:
-            msg.workflow.CopyFrom(await offload.convert(len(request.workflow.steps),
-                                                  codec.workflow_to_proto, request.workflow))
-        else:
-            msg.text = request.text or ""
         await self._bus.publish(REQUESTED, msg, msg_id=f"{run.run_id}.requested",
                                 headers=telemetry.inject({}), tenant=o.tenant or None,
+                                run_id=run.run_id)
+
+    async def refused(self, run: Run, refusal: events_pb2.DocumentRefused,
+                      request: RunRequest | None) -> None:
+        if request is not None:  # planned again: the optimizer needs the workflow
+            refusal.request.CopyFrom(await _request_message(run, request))
+        tenant = request.options.tenant if request is not None else ""
+        await self._bus.publish(REFUSED, refusal,
+                                msg_id=f"{run.run_id}.refused.{refusal.revision}",
+                                headers=telemetry.inject({}), tenant=tenant or None,
                                 run_id=run.run_id)
 
     async def submitted(self, run: Run) -> None:

@@ -86,14 +86,22 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from google.protobuf.message import DecodeError
+from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry import context as otel_context
 
 from couler import failures, ir
 from couler.engines.base import RunStatus, StepState, StepStatus
-from couler.errors import ConflictError, CoulerError, NotFoundError, RetryableError, UserError
+from couler.errors import (
+    ConflictError,
+    CoulerError,
+    DocumentTooLargeError,
+    NotFoundError,
+    RetryableError,
+    UserError,
+)
 from couler.ir.limits import DEFAULT_LIMITS, SizeLimits, check_sizes
 from couler.optimize.cache_key import unneeded_steps
-from couler.v1 import common_pb2, workflow_pb2
+from couler.v1 import common_pb2, events_pb2, workflow_pb2
 from couler_runtime import codec, offload, telemetry
 from couler_runtime.blobs import BlobIntegrityError
 from couler_runtime.local import Reuse
@@ -140,6 +148,9 @@ _MAX_KEY = 255  # characters of an idempotency key (the column's width)
 _NOT_STARTED = (RunState.ACCEPTED, RunState.PLANNING)
 _ENGINE_SIDE = (RunState.PENDING, RunState.RUNNING)
 _RETRYABLE = (RunState.FAILED, RunState.CANCELLED)
+#: How many times a run refused by its engine for its size is planned again (each time
+#: the optimizer's learned budget for the engine is lower) before it fails.
+MAX_SIZE_REPLANS = 3
 DEFAULT_PAGE = 50
 DEFAULT_LOG_BYTES = 1 << 20  # what Logs returns at most by default (the end of the text)
 MAX_PAGE = 1000
@@ -188,6 +199,10 @@ class Events(Protocol):
 
     async def finished(self, run: Run) -> None:
         """``couler.workflow.finished``."""
+
+    async def refused(self, run: Run, refusal: events_pb2.DocumentRefused,
+                      request: RunRequest | None) -> None:
+        """``couler.workflow.refused``; with the run's ``request`` when it is planned again."""
 
 
 class Blobs(Protocol):
@@ -438,6 +453,7 @@ class Submitter:
         self._unread = True
         self._threads_writing = 0
         self._closing = False
+        self._refusals: dict[str, int] = {}  # run -> size refusals seen (re-plans asked)
 
     @property
     def limits(self) -> SizeLimits:
@@ -653,6 +669,21 @@ class Submitter:
                 await self._events.submitted(run_from_proto(common_pb2.Run.FromString(row.payload)))
             elif kind == EventKind.FINISHED.value:
                 await self._events.finished(run_from_proto(common_pb2.Run.FromString(row.payload)))
+            elif kind == EventKind.REFUSED.value:
+                refusal = events_pb2.DocumentRefused.FromString(row.payload)
+                again = await self._call(self._store.header, row.run_id)
+                request = None
+                if again.state is RunState.PLANNING and refusal.attempt <= MAX_SIZE_REPLANS:
+                    request = self._requests.get(row.run_id)
+                    if request is None:
+                        request = await self._call(self._store.request, row.run_id)
+                    if request.workflow is None and request.encoded is None:
+                        request = None  # generated from a text: not planned again
+                await self._events.refused(header, refusal, request)
+                if again.state is RunState.PLANNING and request is None:
+                    await self._fail(row.run_id, f"engine {row.engine!r} refused the run's "
+                                     f"{refusal.size_bytes}-byte document as too large "
+                                     f"({refusal.reason})", expect=(RunState.PLANNING,))
             elif kind == EventKind.REQUESTED.value:
                 request = self._requests.get(row.run_id)
                 if request is None:
@@ -1252,6 +1283,8 @@ class Submitter:
                                      chunks=plan.chunks, parameters=parameters, cached=cached,
                                      on_event=self._callback(queue), retry=retry)
                 await self._call(chunked.launched.wait)
+                if chunked.refused is not None:  # before any chunk ran: plan it again
+                    raise chunked.refused
                 handle = chunked
             elif plan.nothing_to_run:  # every step reused: the engine is not asked
                 handle = AllReused(run.run_id, plan.workflow.name, taken_out(plan))
@@ -1264,10 +1297,14 @@ class Submitter:
                 return
             log.warning("run %s: engine %r did not start it: %s", run.run_id, run.engine, exc,
                         exc_info=not isinstance(exc, UserError))
+            if isinstance(exc, DocumentTooLargeError):
+                await self._refused(run, plan, exc)
+                return
             await self._fail(run.run_id, f"engine {run.engine!r} refused the run: {exc}",
                              expect=_ENGINE_SIDE)
             return
         self._track(run.run_id, handle, plan.workflow, run.engine, queue, keys=plan.step_keys)
+        self._refusals.pop(run.run_id, None)  # the engine took this plan
         for status in taken_out(plan):  # reported here: the engine never sees them
             queue.put_nowait(status)
         engine_run_id = getattr(handle, "engine_run_id", run.run_id)  # remote engines' own
@@ -1286,6 +1323,38 @@ class Submitter:
         else:
             log.info("run %s: started on %s (%d cached step(s)%s)", run.run_id, run.engine,
                      len(cached), f", {len(plan.chunks)} chunks" if _split(plan) else "")
+
+    async def _refused(self, run: Run, plan: Plan, exc: DocumentTooLargeError) -> None:
+        """The engine refused the run's document for its size: publish that (the optimizer
+        learns the engine's budget from it) and put the run back to PLANNING for a plan
+        within the smaller budget -- at most :data:`MAX_SIZE_REPLANS` times, then it
+        fails (and the refusal is still published, for the next runs)."""
+        attempt = self._refusals.get(run.run_id, 0) + 1
+        self._refusals[run.run_id] = attempt
+        at = Timestamp()
+        at.FromNanoseconds(time.time_ns())
+        refusal = events_pb2.DocumentRefused(
+            run_id=run.run_id, workflow=exc.workflow or plan.workflow.name, engine=run.engine,
+            size_bytes=exc.size_bytes, sent_bytes=exc.sent_bytes or 0, reason=exc.detail,
+            at=at, attempt=attempt, revision=run.revision)
+        payload = refusal.SerializeToString()
+        what = f"engine {run.engine!r} refused the run's {exc.size_bytes}-byte document as too " \
+               f"large ({exc.detail})"
+        if attempt <= MAX_SIZE_REPLANS:
+            again = await self._update(
+                run.run_id, expect=_ENGINE_SIDE, state=RunState.PLANNING,
+                message=f"{what}; planning it again within a smaller budget "
+                        f"(attempt {attempt} of {MAX_SIZE_REPLANS})",
+                emit=(EventKind.REFUSED,), refusal=payload)
+            if again is not None:
+                log.info("run %s: %s; asked for a new plan", run.run_id, what)
+                return
+        else:
+            self._refusals.pop(run.run_id, None)
+        await self._update(run.run_id, expect=_ENGINE_SIDE, state=RunState.FAILED,
+                           message=f"{what}, {attempt} times; not planned again",
+                           finished_at=time.time(),
+                           emit=(EventKind.REFUSED, EventKind.FINISHED), refusal=payload)
 
     def _fetch_cached(self, run_id: str, plan: Plan) -> dict[str, Reuse]:
         """The plan's cache hits as the local engine takes them (artifacts fetched and

@@ -92,6 +92,7 @@ class EventKind(enum.StrEnum):
     STEP = "step"
     UTILIZATION = "utilization"
     FINISHED = "finished"
+    REFUSED = "refused"  # payload: a couler.v1.DocumentRefused (without its request)
 
 
 class Base(DeclarativeBase):
@@ -702,15 +703,16 @@ class RunStore:
                    passes: Sequence[PassReport] | None = None, message: str | None = None,
                    started_at: float | None = _UNSET, finished_at: float | None = _UNSET,
                    retries: int | None = None, clear_steps: bool = False,
-                   emit: Sequence[EventKind] = (), encoded_plan: bytes | None = None
-                   ) -> Run | None:
+                   emit: Sequence[EventKind] = (), encoded_plan: bytes | None = None,
+                   refusal: bytes | None = None) -> Run | None:
         """Change a run (revision + 1) and return the new record (without steps).
 
         With ``expect``, the change is made only while the run is in one of those states
         (checked under a row lock); otherwise nothing changes and None is returned.
         ``emit``: events reporting the change, committed with it (``submitted``,
-        ``finished``: they carry the new record). ``encoded_plan``: ``plan``'s protobuf
-        encoding when the caller has it (stored as given).
+        ``finished``: they carry the new record; ``refused``: ``refusal``, an encoded
+        ``DocumentRefused``). ``encoded_plan``: ``plan``'s protobuf encoding when the
+        caller has it (stored as given).
         """
         with self._write() as conn:
             row = self._row(conn, run_id, lock=True)
@@ -756,7 +758,7 @@ class RunStore:
             else:
                 self._save(conn, row)
             for kind in emit:
-                self._emit(conn, row, kind)
+                self._emit(conn, row, kind, refusal if kind is EventKind.REFUSED else None)
             return _run_record(row)
 
     def emit(self, run_id: str, kind: EventKind) -> Run:
@@ -983,8 +985,8 @@ class RunStore:
                 "engine": row.engine, "retries": row.retries, "payload": payload,
                 "trace": trace, "created_at": now, "attempts": 0, "last_error": ""}
 
-    def _emit(self, conn: sa.Connection, row: _Fields, kind: EventKind) -> None:
-        payload = None
+    def _emit(self, conn: sa.Connection, row: _Fields, kind: EventKind,
+              payload: bytes | None = None) -> None:
         if kind in (EventKind.SUBMITTED, EventKind.FINISHED):
             payload = run_to_proto(_run_record(row)).SerializeToString()
         self._queue(conn, [self._entry(row, kind, time.time(), payload, _current_trace())])

@@ -17,6 +17,7 @@ Names never depend on source line numbers:
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Collection
@@ -172,6 +173,7 @@ class NameRegistry:
         del self._journal[mark:]
 
 
+@functools.lru_cache(maxsize=64)  # asked once per step added (a Path per step: 1 s at 100k)
 def workflow_name_from_path(path: str) -> str | None:
     """A workflow name derived from a program's file name, or None if it gives none."""
     stem = Path(path).stem

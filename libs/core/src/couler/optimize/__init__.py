@@ -18,7 +18,14 @@ from couler.optimize.passes import (
     optimize,
     prune_cached,
 )
-from couler.optimize.split import Budget, Chunk, budget_for, handoff_parameter, split_workflow
+from couler.optimize.split import (
+    Budget,
+    Chunk,
+    budget_for,
+    handoff_parameter,
+    learned_limit,
+    split_workflow,
+)
 
 __all__ = [
     "DEFAULT_RETRY",
@@ -34,6 +41,7 @@ __all__ = [
     "compile_document",
     "default_retry",
     "handoff_parameter",
+    "learned_limit",
     "not_cacheable_reason",
     "optimize",
     "prune_cached",

@@ -12,13 +12,15 @@ come from (gRPC to the cache, the feedback stream from the monitor).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from couler import ir
+from couler.alloc import gc_paused
 from couler.errors import UserError
 from couler.optimize.cache_key import (
     cache_policy,
@@ -404,27 +406,28 @@ def default_retry(wf: ir.Workflow, policy: ir.RetryPolicy = DEFAULT_RETRY
 # --------------------------------------------------------------------- compile
 
 
-def compile_document(wf: ir.Workflow, engine: str) -> str:
+def compile_document(wf: ir.Workflow, engine: str, *, validate: bool = True) -> str:
     """The engine document for ``wf``: YAML for argo/tekton/kfp, a DAG file for airflow,
-    empty for engines that take the IR itself (local, ray, and the submitter's dryrun)."""
+    empty for engines that take the IR itself (local, ray, and the submitter's dryrun).
+    ``validate=False`` for a workflow known to be valid (validated, or a chunk of one)."""
     if engine in ("local", "ray", "dryrun"):
         return ""
     if engine == "argo":
         from couler.compilers import argo
 
-        return argo.to_yaml(argo.compile_workflow(wf))
+        return argo.to_yaml(argo.compile_workflow(wf, validate=validate))
     if engine == "tekton":
         from couler.compilers import tekton
 
-        return tekton.to_yaml(tekton.compile_workflow(wf))
+        return tekton.to_yaml(tekton.compile_workflow(wf, validate=validate))
     if engine == "airflow":
         from couler.compilers import airflow
 
-        return airflow.compile_workflow(wf)
+        return airflow.compile_workflow(wf, validate=validate)
     if engine == "kfp":
         from couler.compilers import emit, kfp
 
-        return emit.to_yaml(kfp.compile_workflow(wf))
+        return emit.to_yaml(kfp.compile_workflow(wf, validate=validate))
     raise UserError(f"workflow {wf.name!r}: unknown engine {engine!r} "
                     "(argo, tekton, airflow, kfp, ray, local)")
 
@@ -442,13 +445,32 @@ def _timed(reports: list[PassReport], name: str) -> Iterator[list[PassReport]]:
                                        duration_ms=(time.perf_counter() - start) * 1000))
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _collector_paused(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run ``fn`` with the cyclic garbage collector paused (:func:`couler.alloc.gc_paused`):
+    a plan allocates a few objects per step in every pass, all acyclic, and full
+    collections re-scanning the growing heap made a 100k-step plan superlinear."""
+
+    @functools.wraps(fn)
+    def paused(*args: P.args, **kwargs: P.kwargs) -> R:
+        with gc_paused():
+            return fn(*args, **kwargs)
+
+    return paused
+
+
+@_collector_paused
 def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = None,
              recommendations: Sequence[Recommendation] = (),
              parameters: Mapping[str, str] | None = None,
              budget: Budget | None = None, retry: ir.RetryPolicy | None = DEFAULT_RETRY,
              compile: bool = True, substitute: bool = False,
              store: ArtifactStore | None = None,
-             record_use: Callable[[Sequence[str]], object] | None = None) -> Plan:
+             record_use: Callable[[Sequence[str]], object] | None = None,
+             validated: bool = False) -> Plan:
     """Run the pass pipeline over ``wf`` for ``engine`` and return the plan.
 
     ``lookup`` is None to skip the cache; ``retry`` None to skip the default retry
@@ -458,14 +480,16 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
     engines that cannot restore cached results themselves), artifacts referenced in
     ``store``. ``record_use`` is given the keys the plan uses -- the hits it reuses (not
     those nothing reads) and the keys of the steps it runs -- once it is made, for a cache
-    that counts use (``lookup`` only finds entries). Raises ValidationError /
+    that counts use (``lookup`` only finds entries). ``validated``: the caller has just
+    validated ``wf`` (the validate pass does not again). Raises ValidationError /
     UnsupportedFeatureError naming the step.
     """
     from couler.optimize.split import budget_for
 
     reports: list[PassReport] = []
     with _timed(reports, "validate") as box:
-        ir.validate(wf)
+        if not validated:
+            ir.validate(wf)
         box.append(PassReport("", changed=False, notes=(f"{len(wf.steps)} top-level steps",)))
     cached: dict[str, CachedStep] = {}
     with _timed(reports, "prune_cached") as box:
@@ -509,13 +533,24 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
             wf, notes = default_retry(wf, retry)
             box.append(PassReport("", changed=bool(notes), notes=tuple(notes)))
     chunks: tuple[Chunk, ...] = ()
+    whole: list[str] = []  # the document of ``wf`` when the split pass compiled it
+
+    def measure(w: ir.Workflow) -> int:
+        # Every workflow measured is valid: ``wf`` (validated above, its passes keep it
+        # so; checked again below) or a chunk of it.
+        if not compile:
+            return 0
+        text = compile_document(w, engine, validate=False)
+        if w is wf:
+            whole.append(text)
+        return len(text)
+
     with _timed(reports, "split") as box:
         if nothing:
             box.append(PassReport("", changed=False, notes=("skipped: nothing to run",)))
         else:
             limit = budget if budget is not None else budget_for(engine)
-            result = split_workflow(wf, limit, measure=lambda w: len(
-                compile_document(w, engine)) if compile else 0)
+            result = split_workflow(wf, limit, measure=measure)
             chunks = result.chunks if len(result.chunks) > 1 else ()
             box.append(PassReport("", changed=bool(chunks), notes=tuple(result.notes)))
     document = ""
@@ -523,7 +558,7 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
         if nothing:
             note = "skipped: every step is reused, the engine runs nothing"
         elif compile and not chunks:
-            document = compile_document(wf, engine)
+            document = whole[0] if whole else compile_document(wf, engine, validate=False)
             note = f"{len(document)} bytes of {engine} document" if document else \
                 f"{engine} runs the IR itself"
         elif chunks:

@@ -7,7 +7,9 @@ it says nothing about the edges it cuts (couler-paper.md §4.4). This version:
 1. **Budget** — a vector, not a sum: at most ``max_steps`` steps and at most
    ``margin * max_bytes`` bytes of compiled document per chunk. :func:`budget_for`
    takes the smallest document-size limit from the engine's limits table (Argo and
-   Tekton: 1 MiB in practice, KFP: 1.5 MiB) with a 25 % safety margin.
+   Tekton: 1 MiB in practice, KFP: 1.5 MiB) with a 3 % safety margin (chunk sizes are
+   measured exactly, the margin covers what the engine's server adds to a stored
+   object). A size the engine refused lowers it (:attr:`Budget.learned_bytes`).
 2. **Units** — steps that must stay together are contracted first: an edge with a
    condition other than "succeeded", a ``depends`` expression, and an artifact
    hand-off keep both ends in one unit (a cut edge can only say "ran and
@@ -20,9 +22,14 @@ it says nothing about the edges it cuts (couler-paper.md §4.4). This version:
    run side by side.
 4. **Hand-off** — a step reading an output of a step in another chunk reads a
    chunk parameter ``x--STEP--OUTPUT`` instead; the submitter fills it from the
-   upstream chunk's results. Each chunk is checked against the budget by
-   compiling it; the capacity shrinks until every chunk fits (or a single unit is
-   too large, which is reported).
+   upstream chunk's results.
+5. **Filling, in linear time** — chunks are cut greedily from a size model
+   ``base + steps * bytes_per_step`` fitted to the documents compiled so far (a sample
+   of the first steps, then every chunk), and every chunk's document is compiled once
+   and checked against the budget: a chunk over it is cut smaller, one far under it
+   (below 90 %) grows, each with the model corrected by the real size (a few more
+   compiles per chunk at most). So every step is compiled about once, chunks fill the
+   budget, and no chunk is over it (a single unit too large is reported).
 
 Workflows with exit hooks are not split (where the hooks run would change); they
 raise a UserError when over budget.
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,11 +47,21 @@ from couler import ir
 from couler.engines.base import Limit
 from couler.errors import UserError
 
-__all__ = ["Budget", "Chunk", "SplitResult", "budget_for", "handoff_parameter",
-           "split_workflow"]
+__all__ = ["DEFAULT_MARGIN", "LEARNED_FACTOR", "Budget", "Chunk", "SplitResult", "budget_for",
+           "handoff_parameter", "learned_limit", "split_workflow"]
 
 _SIZE_LIMIT_HINTS = ("object size", "message size")
-_MAX_SHRINKS = 12
+#: The share of the engine's size limit a chunk may fill (sizes are exact; the rest covers
+#: what the engine's server adds to the stored object: status, managed fields).
+DEFAULT_MARGIN = 0.97
+#: A chunk under this share of the budget grows (when more units follow).
+_FILL = 0.9
+#: Cut to this share of the budget by the model, so a small misprediction still fits.
+_AIM = 0.985
+#: Compiles per chunk at most (the first cut, then corrections).
+_MAX_TRIES = 6
+#: Steps compiled to learn the size per step before deciding whether to compile everything.
+_SAMPLE_STEPS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +70,18 @@ class Budget:
 
     max_steps: int | None = None
     max_bytes: int | None = None
-    margin: float = 0.75
+    margin: float = DEFAULT_MARGIN
+    #: A smaller limit learned from an engine that refused a document for its size
+    #: (used as is, no margin), and why -- for the split pass's notes.
+    learned_bytes: int | None = None
+    learned_reason: str = ""
 
     @property
     def bytes_allowed(self) -> int | None:
-        return None if self.max_bytes is None else int(self.max_bytes * self.margin)
+        static = None if self.max_bytes is None else int(self.max_bytes * self.margin)
+        if self.learned_bytes is None:
+            return static
+        return self.learned_bytes if static is None else min(static, self.learned_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +101,17 @@ class SplitResult:
     notes: tuple[str, ...]
 
 
+#: A document the engine refused for its size: later chunks stay below this share of it.
+LEARNED_FACTOR = 0.8
+
+
+def learned_limit(refused_bytes: int) -> int:
+    """The byte budget learned from an engine that refused a ``refused_bytes`` document."""
+    return max(1, int(refused_bytes * LEARNED_FACTOR))
+
+
 def budget_for(engine: str, max_steps: int | None = None) -> Budget:
-    """The budget for ``engine``: its smallest document-size limit, 25 % margin."""
+    """The budget for ``engine``: its smallest document-size limit, a 3 % margin."""
     limits = _limits(engine)
     sizes = [lim.value for lim in limits if lim.unit == "bytes"
              and any(h in lim.name.lower() for h in _SIZE_LIMIT_HINTS)]
@@ -216,12 +250,13 @@ def _unit_order(wf: ir.Workflow) -> list[list[str]]:
             if a != b and b not in edges[a]:
                 edges[a].add(b)
                 indeg[b] += 1
-    first = {u: names.index(ms[0]) for u, ms in members.items()}
+    position = {n: i for i, n in enumerate(names)}
+    first = {u: position[ms[0]] for u, ms in members.items()}
     level = dict.fromkeys(members, 0)
-    ready = sorted((u for u, k in indeg.items() if k == 0), key=first.__getitem__)
+    ready = deque(sorted((u for u, k in indeg.items() if k == 0), key=first.__getitem__))
     order: list[str] = []
     while ready:
-        u = ready.pop(0)
+        u = ready.popleft()
         order.append(u)
         for v in edges[u]:
             level[v] = max(level[v], level[u] + 1)
@@ -250,38 +285,43 @@ def _chunk_workflow(wf: ir.Workflow, name: str, steps: Sequence[ir.Step],
     needed: dict[str, ir.ValueType] = {}
     new_steps = []
     for s in steps:
-        inputs = tuple(dataclasses.replace(i, value=_rewrite(i.value, inside, needed, types))
-                       for i in s.inputs)
+        # Most steps read only steps of their own chunk: kept as they are (a replace per
+        # step was a tenth of a 100k-step plan).
+        inputs = s.inputs
+        if any(isinstance(i.value, ir.StepOutputRef) and i.value.step not in inside
+               for i in inputs):
+            inputs = tuple(i if not isinstance(i.value, ir.StepOutputRef)
+                           or i.value.step in inside
+                           else dataclasses.replace(i, value=_rewrite(i.value, inside, needed,
+                                                                      types))
+                           for i in inputs)
         when = s.when
         if when is not None:
             cond = when.condition
-            cond = dataclasses.replace(cond, left=_rewrite(cond.left, inside, needed, types),
-                                       right=_rewrite(cond.right, inside, needed, types))
-            when = dataclasses.replace(when, condition=cond)
+            left = _rewrite(cond.left, inside, needed, types)
+            right = _rewrite(cond.right, inside, needed, types)
+            if left is not cond.left or right is not cond.right:
+                when = dataclasses.replace(when, condition=dataclasses.replace(
+                    cond, left=left, right=right))
         foreach = s.foreach
-        if foreach is not None and isinstance(foreach.source, ir.StepOutputRef):
+        if foreach is not None and isinstance(foreach.source, ir.StepOutputRef) \
+                and foreach.source.step not in inside:
             src = _rewrite(foreach.source, inside, needed, types)
             assert isinstance(src, (ir.StepOutputRef, ir.WorkflowParamRef))
             foreach = dataclasses.replace(foreach, source=src)
-        deps = tuple(d for d in s.dependencies if d.step in inside)
-        new_steps.append(dataclasses.replace(s, inputs=inputs, when=when, foreach=foreach,
-                                             dependencies=deps))
+        deps = s.dependencies
+        if any(d.step not in inside for d in deps):
+            deps = tuple(d for d in deps if d.step in inside)
+        if (inputs is s.inputs and when is s.when and foreach is s.foreach
+                and deps is s.dependencies):
+            new_steps.append(s)
+        else:
+            new_steps.append(dataclasses.replace(s, inputs=inputs, when=when, foreach=foreach,
+                                                 dependencies=deps))
     params = tuple(wf.parameters) + tuple(
         ir.Parameter(name=n, type=t) for n, t in sorted(needed.items()))
     return dataclasses.replace(wf, name=name, steps=tuple(new_steps), parameters=params,
                                exit_hooks=(), schedule=None, triggers=())
-
-
-def _assign(units: Sequence[Sequence[str]], cap: int) -> list[list[int]]:
-    chunks: list[list[int]] = [[]]
-    count = 0
-    for i, unit in enumerate(units):
-        if chunks[-1] and count + len(unit) > cap:
-            chunks.append([])
-            count = 0
-        chunks[-1].append(i)
-        count += len(unit)
-    return chunks
 
 
 def _critical_path(nodes: Sequence[str], preds: Mapping[str, Iterable[str]],
@@ -293,56 +333,126 @@ def _critical_path(nodes: Sequence[str], preds: Mapping[str, Iterable[str]],
     return max(best.values(), default=0)
 
 
+class _SizeModel:
+    """Predicts a chunk's document size as ``base + steps * per_step``, fitted to sizes
+    measured so far: ``base`` from two measurements of different step counts, and
+    ``per_step`` from the latest (the density of the part of the workflow being cut)."""
+
+    def __init__(self) -> None:
+        self.base = 0.0
+        self.per_step = 0.0
+        self._point: tuple[int, int] | None = None
+
+    def learn(self, steps: int, size: int) -> None:
+        if self._point is not None and self._point[0] != steps and not self.base:
+            s0, z0 = self._point
+            per = (size - z0) / (steps - s0)
+            if per > 0:
+                self.base = min(max(0.0, z0 - s0 * per), size / 2)
+        self._point = (steps, size)
+        self.per_step = max((size - self.base) / steps, 1.0)
+
+    def steps_within(self, size: float) -> float:
+        return (size - self.base) / self.per_step if self.per_step else math.inf
+
+
 def split_workflow(wf: ir.Workflow, budget: Budget,
                    measure: Callable[[ir.Workflow], int]) -> SplitResult:
     """Split ``wf`` into chunks within ``budget``; ``measure`` gives a document's size.
 
     A workflow within budget comes back as one chunk (itself). Raises UserError when
     the workflow must be split but cannot be (exit hooks, or one unit over budget).
+    Linear in the workflow: every step is compiled (measured) about twice at most.
     """
     n = len(wf.steps)
     allowed = budget.bytes_allowed
-    size = measure(wf) if allowed is not None else 0
+    model = _SizeModel()
+    size: int | None = None  # the whole document's, when it was measured
     over_steps = budget.max_steps is not None and n > budget.max_steps
-    over_bytes = allowed is not None and size > allowed
+    units: list[list[str]] | None = None
+    if allowed is not None and not over_steps:
+        # Sample the first steps: a workflow clearly over the budget is not compiled whole.
+        units = _unit_order(wf)
+        sample = _prefix(units, _SAMPLE_STEPS)
+        if sample < len(units) and sum(len(u) for u in units[:sample]) < n:
+            inside = {x for u in units[:sample] for x in u}
+            sample_steps = [s for s in wf.steps if s.name in inside]
+            model.learn(len(sample_steps), measure(_chunk_workflow(
+                wf, f"{wf.name}-1", sample_steps, _output_types(wf))))
+        if model.per_step == 0.0 or model.base + n * model.per_step < 2 * allowed:
+            size = measure(wf)
+            model.learn(n, size)
+    over_bytes = allowed is not None and (size is None or size > allowed)
     if not (over_steps or over_bytes):
         why = f"{n} steps" + (f", {size} of {allowed} bytes" if allowed is not None else "")
-        return SplitResult((Chunk(wf.name, tuple(s.name for s in wf.steps), (), wf, size),),
-                           (f"within budget ({why}): not split",))
+        return SplitResult((Chunk(wf.name, tuple(s.name for s in wf.steps), (), wf,
+                                  size or 0),),
+                           (*_learned_note(budget), f"within budget ({why}): not split"))
     if wf.exit_hooks:
+        what = f"{size} bytes" if size is not None else f"over {allowed} bytes"
         raise UserError(f"workflow {wf.name!r} is over the engine's budget ({n} steps, "
-                        f"{size} bytes) and has exit hooks, which splitting does not support")
-    units = _unit_order(wf)
+                        f"{what}) and has exit hooks, which splitting does not support")
+    if units is None:
+        units = _unit_order(wf)
     by_name = {s.name: s for s in wf.steps}
     position = {s.name: i for i, s in enumerate(wf.steps)}
-    types = {(s.name, o.name): o.type for s in wf.steps for o in s.outputs}
-    cap = budget.max_steps or n
-    if allowed is not None and size > 0:
-        cap = min(cap, max(1, math.floor(allowed / (size / n))))
-    notes: list[str] = []
-    for _ in range(_MAX_SHRINKS):
-        groups = _assign(units, cap)
-        built = []
-        for i, group in enumerate(groups):
-            names = [name for u in group for name in units[u]]
+    types = _output_types(wf)
+    built: list[tuple[list[str], ir.Workflow, int]] = []
+    compiles = 0
+    start = 0
+    while start < len(units):
+        name = f"{wf.name}-{len(built) + 1}"
+        end = _cut(units, start, budget.max_steps, model, allowed)
+        tried: dict[int, tuple[list[str], ir.Workflow, int]] = {}
+        fits: list[int] = []
+        while True:
+            names = [x for u in units[start:end] for x in u]
             names.sort(key=position.__getitem__)
-            cw = _chunk_workflow(wf, f"{wf.name}-{i + 1}", [by_name[x] for x in names], types)
-            built.append((group, names, cw, measure(cw)))
-        too_big = [b for b in built if allowed is not None and b[3] > allowed]
-        if not too_big:
-            break
-        if all(len(b[0]) == 1 for b in too_big):
-            step_list = ", ".join(too_big[0][1][:5])
-            raise UserError(f"workflow {wf.name!r}: steps that must stay together ({step_list}"
-                            f") compile to {too_big[0][3]} bytes, over the budget of {allowed}")
-        cap = max(1, int(cap * 0.7))
-    else:
-        raise UserError(f"workflow {wf.name!r}: no split within {_MAX_SHRINKS} attempts fits "
-                        f"the budget of {allowed} bytes")
-    chunk_of = {name: i for i, (_, names, _, _) in enumerate(built) for name in names}
+            cw = _chunk_workflow(wf, name, [by_name[x] for x in names], types)
+            csize = measure(cw)
+            compiles += 1
+            tried[end] = (names, cw, csize)
+            model.learn(len(names), csize)
+            if allowed is not None and csize > allowed:
+                if end - start == 1:
+                    raise UserError(
+                        f"workflow {wf.name!r}: steps that must stay together "
+                        f"({', '.join(names[:5])}) compile to {csize} bytes, over the budget "
+                        f"of {allowed}")
+                below = max([e for e in fits if e < end], default=start + 1)
+                nxt = min(_cut(units, start, budget.max_steps, model, allowed), end - 1)
+                end = max(nxt, below)
+            elif (allowed is not None and csize < _FILL * allowed and end < len(units)
+                  and (budget.max_steps is None or len(names) < budget.max_steps)):
+                fits.append(end)
+                above = min([e for e in tried if e > end], default=len(units) + 1)
+                nxt = min(_cut(units, start, budget.max_steps, model, allowed), above - 1)
+                if nxt <= end:  # the model says nothing more fits
+                    break
+                end = nxt
+            else:
+                break
+            if end in tried or len(tried) >= _MAX_TRIES:
+                best = max((e for e in tried if allowed is None or tried[e][2] <= allowed),
+                           default=None)
+                if best is None:  # every try was over: halve the last
+                    end = start + max(1, (min(tried) - start) // 2)
+                    continue
+                end = best
+                break
+        names, cw, csize = tried[end]
+        built.append((names, cw, csize))
+        start = end
+    if len(built) == 1:  # it all fits in one document after all
+        names, _, csize = built[0]
+        return SplitResult((Chunk(wf.name, tuple(s.name for s in wf.steps), (), wf, csize),),
+                           (*_learned_note(budget),
+                            f"within budget ({n} steps, {csize} of {allowed} bytes): "
+                            "not split"))
+    chunk_of = {name: i for i, (names, _, _) in enumerate(built) for name in names}
     chunks = []
     cut = 0
-    for i, (_, names, cw, csize) in enumerate(built):
+    for i, (names, cw, csize) in enumerate(built):
         ups = set()
         for name in names:
             for d in by_name[name].dependencies:
@@ -350,7 +460,7 @@ def split_workflow(wf: ir.Workflow, budget: Budget,
                     ups.add(chunk_of[d.step])
                     cut += 1
         assert all(u < i for u in ups), "chunk graph must be acyclic"
-        chunks.append(Chunk(cw.name, tuple(names), tuple(built[u][2].name for u in sorted(ups)),
+        chunks.append(Chunk(cw.name, tuple(names), tuple(built[u][1].name for u in sorted(ups)),
                             cw, csize))
     # critical paths, in steps: the original DAG vs the chunk DAG run chunk after chunk
     preds = {s.name: [d.step for d in s.dependencies] for s in wf.steps}
@@ -360,12 +470,55 @@ def split_workflow(wf: ir.Workflow, budget: Budget,
              for c in chunks}
     chunk_preds = {c.name: list(c.depends_on) for c in chunks}
     chunked = _critical_path([c.name for c in chunks], chunk_preds, inner.__getitem__)
-    notes.append(f"{n} steps, {size} bytes over budget "
-                 f"({budget.max_steps or '-'} steps, {allowed or '-'} bytes): "
-                 f"{len(chunks)} chunks of at most {max(len(c.steps) for c in chunks)} steps, "
-                 f"largest {max(c.size_bytes for c in chunks)} bytes, {cut} edges cut")
-    notes.append(f"critical path {original} steps; through the chunk graph {chunked} steps")
+    total = sum(c.size_bytes for c in chunks)
+    whole = f"{size} bytes" if size is not None else f"about {total} bytes (sum of the chunks)"
+    largest = max(c.size_bytes for c in chunks)
+    fill = f" ({largest / allowed:.0%} of the budget)" if allowed else ""
+    notes = [*_learned_note(budget),
+             f"{n} steps, {whole} over budget "
+             f"({budget.max_steps or '-'} steps, {allowed or '-'} bytes): "
+             f"{len(chunks)} chunks of at most {max(len(c.steps) for c in chunks)} steps, "
+             f"largest {largest} bytes{fill}, {cut} edges cut, {compiles} chunk documents "
+             "compiled",
+             f"critical path {original} steps; through the chunk graph {chunked} steps"]
     return SplitResult(tuple(chunks), tuple(notes))
+
+
+def _output_types(wf: ir.Workflow) -> dict[tuple[str, str], ir.ValueType]:
+    return {(s.name, o.name): o.type for s in wf.steps for o in s.outputs}
+
+
+def _prefix(units: Sequence[Sequence[str]], steps: int) -> int:
+    """How many of the first units hold at least ``steps`` steps (all when fewer)."""
+    count = 0
+    for i, unit in enumerate(units):
+        count += len(unit)
+        if count >= steps:
+            return i + 1
+    return len(units)
+
+
+def _cut(units: Sequence[Sequence[str]], start: int, max_steps: int | None,
+         model: _SizeModel, allowed: int | None) -> int:
+    """The end (exclusive) of the chunk starting at unit ``start``: as many units as fit
+    ``max_steps`` and, by ``model``, the byte budget; at least one."""
+    room = math.inf if allowed is None else model.steps_within(_AIM * allowed)
+    if max_steps is not None:
+        room = min(room, max_steps)
+    count = 0
+    end = start
+    while end < len(units):
+        count += len(units[end])
+        if end > start and count > room:
+            break
+        end += 1
+    return end
+
+
+def _learned_note(budget: Budget) -> tuple[str, ...]:
+    if budget.learned_bytes is None or budget.bytes_allowed != budget.learned_bytes:
+        return ()
+    return (f"budget {budget.learned_bytes / 1024:.0f} KiB: {budget.learned_reason}",)
 
 
 def _topo_within(names: Sequence[str], preds: Mapping[str, Sequence[str]]) -> list[str]:

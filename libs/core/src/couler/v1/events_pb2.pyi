@@ -84,6 +84,30 @@ class WorkflowRejected(_message.Message):
     issues: _containers.RepeatedCompositeFieldContainer[_common_pb2.Issue]
     def __init__(self, run_id: _Optional[str] = ..., stage: _Optional[str] = ..., reason: _Optional[str] = ..., issues: _Optional[_Iterable[_Union[_common_pb2.Issue, _Mapping]]] = ...) -> None: ...
 
+class DocumentRefused(_message.Message):
+    __slots__ = ("run_id", "workflow", "engine", "size_bytes", "reason", "at", "attempt", "revision", "request", "sent_bytes")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    workflow: str
+    engine: str
+    size_bytes: int
+    reason: str
+    at: _timestamp_pb2.Timestamp
+    attempt: int
+    revision: int
+    request: WorkflowRequested
+    sent_bytes: int
+    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., engine: _Optional[str] = ..., size_bytes: _Optional[int] = ..., reason: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., revision: _Optional[int] = ..., request: _Optional[_Union[WorkflowRequested, _Mapping]] = ..., sent_bytes: _Optional[int] = ...) -> None: ...
+
 class WorkflowSubmitted(_message.Message):
     __slots__ = ("run_id", "workflow", "engine", "engine_run_id", "at")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

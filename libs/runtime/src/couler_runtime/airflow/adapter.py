@@ -84,12 +84,16 @@ from couler.compilers.airflow import EXIT_STATUS_TASK, ITEMS_SUFFIX, compile_wor
 from couler.engines.base import RunState, RunStatus, StepState, StepStatus
 from couler.errors import (
     ConflictError,
+    DocumentTooLargeError,
     NotFoundError,
     OperationTimeoutError,
     RetryableError,
     UserError,
 )
 from couler_runtime.polling import parse_time, poll_status
+
+# Airflow's import error for a DAG file that took longer than dagbag_import_timeout.
+_IMPORT_TIMEOUT = "DagBag import timeout"
 
 __all__ = ["CANCEL_NOTE", "AirflowAdapter", "Transport", "run_status", "urllib_transport"]
 
@@ -257,8 +261,14 @@ class AirflowAdapter:
             errors = self._import_errors(dag_id, path.name)
             fresh = [trace for key, trace in errors.items() if not wrote or key not in before]
             if fresh:
+                trace = fresh[-1].strip()
+                if _IMPORT_TIMEOUT in trace:  # the file is too large to import in time
+                    raise DocumentTooLargeError(
+                        "airflow", dag_id, len(source),
+                        f"Airflow could not import the DAG file {path.name!r} in time: "
+                        f"{trace.splitlines()[-1][-300:]}")
                 raise UserError(f"workflow {dag_id!r}: Airflow could not import the DAG file "
-                                f"{path.name!r}:\n{fresh[-1].strip()[-2000:]}")
+                                f"{path.name!r}:\n{trace[-2000:]}")
             if time.monotonic() >= deadline:
                 raise OperationTimeoutError(
                     f"workflow {dag_id!r}: Airflow did not parse the DAG file {str(path)!r} "

@@ -42,12 +42,14 @@ has no ``templateName``), the prefix cut to 242 characters. Logs are read from t
 Every Kubernetes error is translated once, at this boundary, into :mod:`couler.errors`,
 and the message names the workflow: 404 -> ``NotFoundError``, 409 -> ``ConflictError``,
 other 4xx (401/403 included) -> ``UserError``, 5xx and connection failures ->
-``RetryableError``.
+``RetryableError``; a Workflow refused for its size (413, or etcd's "request is too
+large", a 500) -> ``DocumentTooLargeError`` with the size sent, never retried as is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -58,9 +60,11 @@ from kubernetes import watch as _k8s_watch
 
 from couler import ir
 from couler.api.handles import SecretMaterial
-from couler.compilers.argo import compile_workflow
+from couler.compilers.argo import compile_workflow, to_yaml
 from couler.engines.base import RunState, RunStatus, StepState, StepStatus
 from couler.errors import (
+    CoulerError,
+    DocumentTooLargeError,
     NotFoundError,
     OperationTimeoutError,
     UserError,
@@ -73,6 +77,7 @@ from couler_runtime.kube import (
     label_value,
     parse_time,
     raise_api_error,
+    size_refusal,
 )
 
 __all__ = [
@@ -189,9 +194,17 @@ class ArgoAdapter:
         for secret in secrets:
             if secret.should_create:
                 self._put_secret(secret, wf.name)
-        with self._boundary(f"creating {what}"):
-            created = self._custom.create_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, plural, doc)
+        try:
+            with self._boundary(f"creating {what}"):
+                created = self._custom.create_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, plural, doc)
+        except CoulerError as exc:
+            refusal = size_refusal(exc.__cause__)
+            if refusal is None:
+                raise
+            raise DocumentTooLargeError(
+                "argo", wf.name, len(to_yaml(doc)), refusal,
+                sent_bytes=len(json.dumps(doc).encode())) from exc  # the client's body
         return str(as_mapping(created)["metadata"]["name"])
 
     def _put_secret(self, secret: SecretMaterial, workflow: str) -> None:

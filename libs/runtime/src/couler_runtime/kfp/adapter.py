@@ -83,11 +83,13 @@ import urllib3
 
 from couler import ir
 from couler.api.handles import SecretMaterial
+from couler.compilers import emit
 from couler.compilers.kfp import compile_workflow
 from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, StepStatus
 from couler.errors import (
     ConflictError,
     CoulerError,
+    DocumentTooLargeError,
     NotFoundError,
     RetryableError,
     UserError,
@@ -221,11 +223,19 @@ class KfpAdapter:
             experiment_id=self.experiment_id,
             runtime_config=api.V2beta1RuntimeConfig(parameters={}),
             service_account=wf.service_account or None)
-        with self._boundary(f"creating a run of workflow {wf.name!r}"):
-            # The generated RunServiceApi of kfp.Client (``client.runs``); its
-            # ``run_pipeline`` wants a package file and prints a link on stdout.
-            run = self._client.runs.run_service_create_run(
-                run=body, experiment_id=self.experiment_id)
+        try:
+            with self._boundary(f"creating a run of workflow {wf.name!r}"):
+                # The generated RunServiceApi of kfp.Client (``client.runs``); its
+                # ``run_pipeline`` wants a package file and prints a link on stdout.
+                run = self._client.runs.run_service_create_run(
+                    run=body, experiment_id=self.experiment_id)
+        except CoulerError as exc:
+            refusal = _size_refusal(exc.__cause__)
+            if refusal is None:
+                raise
+            raise DocumentTooLargeError(
+                "kfp", wf.name, len(emit.to_yaml(spec)), refusal,
+                sent_bytes=len(json.dumps(spec).encode())) from exc
         return str(run.run_id)
 
     def _find_run(self, description: str, workflow: str) -> str | None:
@@ -356,6 +366,28 @@ def _import_kubernetes() -> Any:
         raise UserError(
             "the KFP API serves no logs; they are read from the pods with the kubernetes "
             f"client, which is not installed here ({exc})") from exc
+
+
+# How the KFP API server (and the gRPC gateway before it) refuses a spec for its size.
+_TOO_LARGE = ("too large", "exceeds the maximum", "larger than max", "message size")
+
+
+def _size_refusal(e: BaseException | None) -> str | None:
+    """The server's answer when ``e`` refused a run for its spec's size, else None."""
+    status = getattr(e, "status", None)
+    if e is None or not isinstance(status, int):
+        return None
+    detail = ""
+    body = getattr(e, "body", None)
+    if body:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            doc = json.loads(body)
+            detail = str(doc.get("message") or doc.get("error") or "")[:300]
+    text = f"{detail} {getattr(e, 'reason', '') or ''}".lower()
+    if status == 413 or (status in (400, 500) and any(t in text for t in _TOO_LARGE)):
+        return f"{status} {getattr(e, 'reason', '') or ''}".rstrip() + (
+            f": {detail}" if detail else "")
+    return None
 
 
 def _raise(e: BaseException, action: str, *, kubernetes: bool = False) -> NoReturn:
