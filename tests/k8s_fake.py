@@ -17,6 +17,11 @@ with the status codes and ``Status`` bodies the real API server returns for them
   and stale, as the API server's optimistic concurrency does); DELETE removes it.
 * ``/api/v1/namespaces/{ns}/secrets[/{name}]``: POST (409 on a duplicate) and PUT.
 * ``/api/v1/namespaces/{ns}/pods/{pod}/log``: GET, the text set by :meth:`FakeKube.set_log`.
+* ``/apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods/{pod}``: GET, the ``PodMetrics`` set by
+  :meth:`FakeKube.set_pod_metrics` (404 ``podmetrics ... not found``, as metrics-server
+  answers, for a pod without); :attr:`FakeKube.metrics_api` set to 404 plays a cluster
+  without the metrics API (the API server's 404 for an unknown group), 403 a token that
+  may not read it.
 
 Every request needs ``Authorization: Bearer <token>`` (401 otherwise). With
 ``max_request_bytes`` a larger body is answered 413 (the API server's request limit), with
@@ -47,6 +52,7 @@ _CUSTOM = re.compile(r"^/apis/(argoproj\.io/v1alpha1|tekton\.dev/v1)/namespaces/
                      r"(?:/([^/]+))?$")
 _SECRETS = re.compile(r"^/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?$")
 _LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
+_POD_METRICS = re.compile(r"^/apis/metrics\.k8s\.io/v1beta1/namespaces/([^/]+)/pods/([^/]+)$")
 _KINDS = {"workflows": "Workflow", "cronworkflows": "CronWorkflow", "pipelines": "Pipeline",
           "pipelineruns": "PipelineRun", "taskruns": "TaskRun"}
 _GROUPS = {"workflows": "argoproj.io/v1alpha1", "cronworkflows": "argoproj.io/v1alpha1",
@@ -119,6 +125,8 @@ class FakeKube:
         self.objects: dict[tuple[str, str, str], Obj] = {}  # (plural, namespace, name)
         self.secrets: dict[tuple[str, str], Obj] = {}
         self.logs: dict[tuple[str, str], str] = {}
+        self.pod_metrics: dict[tuple[str, str], Obj] = {}
+        self.metrics_api = 200  # 404: no metrics API in the cluster; 403: not allowed
         self.requests: list[Request] = []
         self.events: list[tuple[int, str, str, str, Obj]] = []  # (rv, plural, ns, type, obj)
         self.watchers = 0
@@ -188,6 +196,19 @@ class FakeKube:
     def set_log(self, namespace: str, pod: str, text: str) -> None:
         with self.cond:
             self.logs[(namespace, pod)] = text
+
+    def set_pod_metrics(self, namespace: str, pod: str, containers: dict[str, tuple[str, str]],
+                        *, timestamp: str = "2024-05-01T10:00:30Z", window: str = "30s"
+                        ) -> None:
+        """What the metrics server reports for ``pod``: ``{container: (cpu, memory)}``
+        quantities, e.g. ``{"main": ("250m", "100Mi")}``."""
+        with self.cond:
+            self.pod_metrics[(namespace, pod)] = {
+                "kind": "PodMetrics", "apiVersion": "metrics.k8s.io/v1beta1",
+                "metadata": {"name": pod, "namespace": namespace},
+                "timestamp": timestamp, "window": window,
+                "containers": [{"name": name, "usage": {"cpu": cpu, "memory": memory}}
+                               for name, (cpu, memory) in containers.items()]}
 
     def requests_of(self, method: str) -> list[Request]:
         with self.cond:
@@ -393,6 +414,21 @@ class _Handler(BaseHTTPRequestHandler):
                     fake.secrets[(ns, name)] = body
                     return self._send(200, body)
             raise HttpError(405, "MethodNotAllowed", f"{method} {path}")
+        if (m := _POD_METRICS.match(path)) and method == "GET":
+            ns, pod = m.groups()
+            if fake.metrics_api == 404:
+                raise HttpError(404, "NotFound", "the server could not find the requested "
+                                "resource")
+            if fake.metrics_api == 403:
+                raise HttpError(403, "Forbidden", f'pods.metrics.k8s.io "{pod}" is forbidden: '
+                                "User cannot get resource \"pods\" in API group "
+                                "\"metrics.k8s.io\"")
+            with fake.cond:
+                metrics = copy.deepcopy(fake.pod_metrics.get((ns, pod)))
+            if metrics is None:
+                raise HttpError(404, "NotFound", f'podmetrics.metrics.k8s.io "{ns}/{pod}" '
+                                "not found")
+            return self._send(200, metrics)
         if (m := _LOG.match(path)) and method == "GET":
             ns, pod = m.groups()
             with fake.cond:

@@ -503,3 +503,60 @@ def test_pod_name_rule() -> None:
     # v1: the node id.
     obj["metadata"]["annotations"] = {"workflows.argoproj.io/pod-name-format": "v1"}
     assert pod_name(obj, n) == "hello-world-abcde-123"
+
+
+# --------------------------------------------------------------------------- utilization
+
+
+def metrics_requests(kube: FakeKube) -> list[str]:
+    return [r.path for r in kube.requests_of("GET") if "/metrics.k8s.io/" in r.path]
+
+
+def test_utilization_reads_the_pod_metrics_of_running_steps(kube: FakeKube,
+                                                            argo: ArgoAdapter) -> None:
+    name = argo.submit(workflow())
+    nodes = {
+        name: node(name, name, name, "DAG", "Running", children=(f"{name}-1", f"{name}-2")),
+        f"{name}-1": node(name, f"{name}-1", "extract", "Pod", "Succeeded",
+                          template="extract"),
+        f"{name}-2": node(name, f"{name}-2", "load", "Retry", "Running", template="load",
+                          children=(f"{name}-3", f"{name}-4")),
+        f"{name}-3": node(name, f"{name}-3", "load(0)", "Pod", "Failed", template="load"),
+        f"{name}-4": node(name, f"{name}-4", "load(1)", "Pod", "Running", template="load"),
+    }
+    kube.update("workflows", NS, name, set_status("Running", nodes))
+    obj = kube.get("workflows", NS, name)
+    running = pod_name(obj, nodes[f"{name}-4"])
+    kube.set_pod_metrics(NS, running, {"main": ("1500m", "1Gi"), "wait": ("2m", "20Mi")},
+                         timestamp="2024-05-01T10:02:30Z", window="15.5s")
+    kube.set_pod_metrics(NS, pod_name(obj, nodes[f"{name}-1"]), {"main": ("9", "9Gi")})
+    [sample] = argo.utilization(name)  # the running attempt's pod only, not the finished
+    assert (sample.step, sample.key, sample.attempt) == ("load", "", 2)
+    assert sample.cpu == pytest.approx(1.5) and sample.memory_bytes == 1 << 30  # main only
+    assert sample.interval_seconds == 15.5
+    assert sample.at == 1714557750.0  # the reading's time, not the poll's
+    assert metrics_requests(kube) == [
+        f"/apis/metrics.k8s.io/v1beta1/namespaces/{NS}/pods/{running}"]
+    # A pod the metrics server has not measured yet: no sample, no complaint.
+    kube.pod_metrics.clear()
+    assert argo.utilization(name) == []
+
+
+@pytest.mark.parametrize(("status", "said"), [(404, "install metrics-server"),
+                                              (403, "grant get on pods.metrics.k8s.io")])
+def test_without_the_metrics_api_no_samples_and_one_log_line(
+        kube: FakeKube, status: int, said: str, caplog: pytest.LogCaptureFixture) -> None:
+    argo = adapter_for(kube)
+    name = argo.submit(workflow())
+    nodes = {name: node(name, name, name, "DAG", "Running", children=(f"{name}-1",)),
+             f"{name}-1": node(name, f"{name}-1", "extract", "Pod", "Running",
+                               template="extract")}
+    kube.update("workflows", NS, name, set_status("Running", nodes))
+    kube.metrics_api = status
+    with caplog.at_level("WARNING", logger="couler_runtime.kube"):
+        assert argo.utilization(name) == []  # not an error
+        asked = len(metrics_requests(kube))
+        assert argo.utilization(name) == []
+    assert asked == 1 and len(metrics_requests(kube)) == 1  # not asked again for a while
+    lines = [r.getMessage() for r in caplog.records if r.name == "couler_runtime.kube"]
+    assert len(lines) == 1 and said in lines[0] and repr(NS) in lines[0], lines

@@ -220,7 +220,7 @@ def test_the_utilization_limit_defaults_and_is_capped(start: Callable[[str | Non
     with dashboard.client() as http:
         answer = http.get("/api/utilization", params=params)
     assert answer.status_code == 200
-    assert answer.json() == {"samples": [], "peaks": []}
+    assert answer.json() == {"samples": [], "peaks": [], "rollups": []}
     assert dashboard.monitor.limits == [("utilization", asked)]
 
 

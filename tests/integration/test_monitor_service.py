@@ -37,7 +37,12 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from couler.errors import UserError
 from couler.v1 import common_pb2, events_pb2, workflow_pb2
-from couler_monitor.events import METRICS_DURABLE, STEPS_DURABLE, feedback_subject
+from couler_monitor.events import (
+    METRICS_BATCH_DURABLE,
+    METRICS_DURABLE,
+    STEPS_DURABLE,
+    feedback_subject,
+)
 from couler_monitor.main import MonitorSettings, build
 from couler_monitor.recommender import RecommenderConfig, StepHistory, estimate
 from couler_monitor.service import cpu_quantity, memory_quantity
@@ -202,6 +207,8 @@ def subject_of(message: Message) -> str:
         return f"couler.step.{state.lower()}"
     if isinstance(message, common_pb2.UtilizationSample):
         return "couler.metrics.utilization"
+    if isinstance(message, events_pb2.UtilizationBatch):
+        return "couler.metrics.batch"
     names = {events_pb2.WorkflowRequested: "requested", events_pb2.WorkflowSubmitted: "submitted",
              events_pb2.WorkflowFinished: "finished", events_pb2.WorkflowRejected: "rejected",
              events_pb2.WorkflowOptimized: "optimized"}
@@ -261,6 +268,8 @@ async def _exchange(nats: NatsServer, publishes: Sequence[Publish],
 def _durable(subject: str) -> str:
     if subject.startswith("couler.step."):
         return STEPS_DURABLE
+    if subject == "couler.metrics.batch":
+        return METRICS_BATCH_DURABLE
     if subject.startswith("couler.metrics."):
         return METRICS_DURABLE
     return f"monitor-workflows-{subject.rsplit('.', 1)[1]}"
@@ -759,6 +768,30 @@ class TestMonitor:
             by = {s["name"]: s for s in api["steps"]}
             assert (by["train"]["failure_class"], by["train"]["failure_reason"]) == ("user", bug)
             assert by["fetch"]["failure_reason"] == ""
+
+    def test_batches_of_samples_are_stored_and_a_bad_sample_only_is_left_out(
+            self, monitor: Monitor) -> None:
+        wf, run = uid("batch"), uid("run")
+        t0 = time.time()
+        series = [sample(run, wf, "train", t0 + i, 0.5 + i, (100 + i) * MI) for i in range(3)]
+        for s in series:
+            s.interval_seconds = 1.0
+            s.run_id = ""  # the batch's run
+        bad = sample(run, wf, "train", t0 + 9, -1.0, MI)
+        batch = events_pb2.UtilizationBatch(run_id=run, samples=[*series[:2], bad, series[2]])
+        again = events_pb2.UtilizationBatch(run_id=run, samples=series[1:])  # redelivered
+        no_run = events_pb2.UtilizationBatch(samples=series)
+        got = exchange(monitor.nats, [
+            ("couler.metrics.batch", batch, f"{run}.metrics.1"),
+            ("couler.metrics.batch", again, f"{run}.metrics.2"),
+            ("couler.metrics.batch", no_run, f"{run}.metrics.3")])
+        assert got.sequences[:2] and not set(got.sequences[:2]) & got.terminated
+        assert got.sequences[2] in got.terminated  # no run: which run's would they be?
+        usage = monitor.client.monitor.utilization(run_id=run)
+        assert [(s.step, s.cpu, s.memory_bytes >> 20, s.interval_seconds)
+                for s in usage.samples] == [("train", 0.5, 100, 1.0), ("train", 1.5, 101, 1.0),
+                                            ("train", 2.5, 102, 1.0)]
+        assert usage.peaks[0].samples == 3
 
     def test_bad_input_is_terminated_and_the_service_stays_up(self, monitor: Monitor) -> None:
         wf, run = uid("bad"), uid("run")

@@ -427,10 +427,16 @@ class TestService:
         shouted = step_record_from_proto(by_id[f"{sub.run_id}.shout..1.succeeded"][1].step)
         assert shouted.cache_lineage == (hello.cache_key,)
         assert shouted.started_at and shouted.finished_at  # its cost, for the cache
-        samples = stored(nats_server, "COULER_METRICS", "couler.metrics.utilization",
-                         common_pb2.UtilizationSample, sub.run_id)
-        assert "hello" in {m.step for _, m, _ in samples}  # ran a second: sampled
-        assert all(m.memory_bytes > 0 and m.attempt == 1 for _, m, _ in samples)
+        batches = stored(nats_server, "COULER_METRICS", "couler.metrics.batch",
+                         events_pb2.UtilizationBatch, sub.run_id)
+        samples = [m for _, b, _ in batches for m in b.samples]
+        assert "hello" in {m.step for m in samples}  # ran a second: sampled
+        assert all(m.memory_bytes > 0 and m.attempt == 1 and m.interval_seconds > 0
+                   for m in samples)
+        assert all(h["Nats-Msg-Id"].startswith(f"{sub.run_id}.metrics.") for _, _, h in batches)
+        # the time series replaced the one peak per attempt on couler.metrics.utilization
+        assert not stored(nats_server, "COULER_METRICS", "couler.metrics.utilization",
+                          common_pb2.UtilizationSample, sub.run_id)
         finished = stored(nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
                           events_pb2.WorkflowFinished, sub.run_id)
         assert len(finished) == 1 and finished[0][2]["Nats-Msg-Id"] == f"{sub.run_id}.finished.0"

@@ -611,3 +611,32 @@ def test_logs_reads_the_pod_of_the_step(kube: FakeKube, tekton: TektonAdapter) -
         tekton.logs(name, "report")
     with pytest.raises(NotFoundError, match="pod"):
         tekton.logs(name, "load")  # the pod is gone: its log is not there
+
+
+# --------------------------------------------------------------------------- utilization
+
+
+def test_utilization_reads_the_pod_metrics_of_running_taskruns(kube: FakeKube,
+                                                               tekton: TektonAdapter) -> None:
+    name = tekton.submit(workflow())
+    kube.put("taskruns", NS, task_run(name, "extract", status="True", reason="Succeeded",
+                                      exit_code=0))
+    kube.put("taskruns", NS, task_run(name, "fan", f"{name}-fan-0"))  # running
+    kube.put("taskruns", NS, task_run(name, "fan", f"{name}-fan-1", retries=1))  # running
+    kube.update("pipelineruns", NS, name, set_run("Unknown", "Running", children=[
+        child(name, "extract"), child(name, "fan", f"{name}-fan-0"),
+        child(name, "fan", f"{name}-fan-1")]))
+    kube.set_pod_metrics(NS, f"{name}-extract-pod", {"step-main": ("9", "9Gi")})  # finished
+    kube.set_pod_metrics(NS, f"{name}-fan-0-pod", {"step-main": ("250m", "128Mi"),
+                                                   "prepare": ("1m", "1Mi")},
+                         timestamp="2024-05-01T10:00:30Z", window="30s")
+    kube.set_pod_metrics(NS, f"{name}-fan-1-pod", {"step-main": ("125000000n", "256Mi")},
+                         timestamp="2024-05-01T10:00:31Z", window="30s")
+    samples = sorted(tekton.utilization(name), key=lambda s: s.key)
+    assert [(s.step, s.key, s.attempt) for s in samples] == [("fan", "0", 1), ("fan", "1", 2)]
+    assert [s.cpu for s in samples] == [pytest.approx(0.25), pytest.approx(0.125)]
+    assert [s.memory_bytes >> 20 for s in samples] == [128, 256]
+    assert {s.interval_seconds for s in samples} == {30.0}
+    # No metrics API in the cluster: no samples, not an error.
+    kube.metrics_api = 404
+    assert adapter_for(kube).utilization(name) == []

@@ -330,3 +330,34 @@ def test_same_outputs_as_local_engine(build: object, ray_exec: RayExecutor,
     remote = ray_exec.run(workflow)
     assert remote.state is local.state
     assert summary(remote) == summary(local)
+
+
+def test_running_steps_are_sampled_in_their_task(tmp_path: Path) -> None:
+    from couler.engines.base import StepSample
+
+    executor = RayExecutor(tmp_path / "ray-runs", series_seconds=0.25)
+    samples: list[StepSample] = []
+    order: list[object] = []
+
+    def on_sample(s: StepSample) -> None:
+        samples.append(s)
+        order.append(s)
+
+    # Burns one second of CPU (however long that takes on a busy machine).
+    busy = script("busy", "import time\nwhile time.process_time() < 1.0:\n"
+                          "    sum(range(10000))\nprint(time.process_time())")
+    status = executor.run(wf("sampled", busy), on_event=order.append, on_sample=on_sample)
+    assert status.state is RunState.SUCCEEDED, status.message
+    assert len(samples) > 1, samples  # a series while the task ran
+    assert all((s.step, s.key, s.attempt) == ("busy", "", 1) for s in samples)
+    assert all(s.memory_bytes > 0 and s.interval_seconds > 0 for s in samples), samples
+    used = float(by_key(status, "busy").outputs["result"])
+    cpu_seconds = sum(s.cpu * s.interval_seconds for s in samples)
+    assert used * 0.8 <= cpu_seconds <= used * 1.5 + 0.3, (used, samples)
+    end = next(i for i, s in enumerate(order) if isinstance(s, StepStatus)
+               and s.state is StepState.SUCCEEDED)
+    assert all(not isinstance(s, StepSample) for s in order[end:])  # before the step's end
+    # Nobody asked for samples: the tasks write none.
+    quiet = RayExecutor(tmp_path / "quiet-runs").run(wf("quiet", busy))
+    assert quiet.state is RunState.SUCCEEDED
+    assert not list((tmp_path / "quiet-runs").glob("*/samples.jsonl"))

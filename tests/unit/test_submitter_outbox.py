@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterator
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
 from couler import ir
-from couler.engines.base import StepState
+from couler.engines.base import RunState as EngineRunState
+from couler.engines.base import RunStatus, StepSample, StepState, StepStatus
 from couler.errors import RetryableError, UserError
 from couler.ir.limits import SizeLimits
 from couler_runtime.rpc.records import Plan, Run, RunState, StepRecord, UtilizationSample
@@ -40,6 +43,7 @@ class FakeEvents:
         self.in_flight = 0
         self.most_in_flight = 0
         self.traces: list[str] = []
+        self.samples: list[UtilizationSample] = []
 
     async def _send(self, event: tuple[str, ...]) -> None:
         if self.down:
@@ -66,6 +70,10 @@ class FakeEvents:
 
     async def utilization(self, sample: UtilizationSample) -> None:
         await self._send(("utilization", sample.run_id, sample.step))
+
+    async def utilization_batch(self, run: Run, samples: Sequence[UtilizationSample]) -> None:
+        await self._send(("samples", run.run_id, str(len(samples))))
+        self.samples += samples
 
     async def finished(self, run: Run) -> None:
         await self._send(("finished", run.run_id, run.state.value, str(run.step_count)))
@@ -367,3 +375,114 @@ def test_the_end_commits_with_the_last_step_changes(store: RunStore) -> None:
     assert (run.state, run.message, run.step_count) == (RunState.CANCELLED, "cancelled", 1)
     assert [e.kind for e in store.pending_events(10) if e.run_id == "r2"] == [
         "requested", "step"]
+
+
+class _Held:
+    """A run of one step ``s0`` that samples it while it runs and ends when released."""
+
+    def __init__(self, run_id: str, on_event: Callable[[StepStatus], None],
+                 on_sample: Callable[[StepSample], None] | None,
+                 release: threading.Event) -> None:
+        self._run_id, self._on_event, self._on_sample = run_id, on_event, on_sample
+        self._release = release
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._thread.start()
+
+    def _sample(self, i: int) -> None:
+        if self._on_sample is not None:
+            self._on_sample(StepSample("s0", at=1_700_000_000.0 + i, cpu=0.5,
+                                       memory_bytes=1 << 20, interval_seconds=1.0))
+
+    def _main(self) -> None:
+        self._on_event(StepStatus("s0", StepState.RUNNING, attempts=1, started_at=time.time()))
+        for i in range(3):
+            self._sample(i)
+        self._release.wait()
+        self._sample(3)  # the last one: before the step's end, as the engines send it
+        self._on_event(StepStatus("s0", StepState.SUCCEEDED, attempts=1, exit_code=0,
+                                  finished_at=time.time()))
+
+    def wait(self) -> RunStatus:
+        self._thread.join()
+        return RunStatus(self._run_id, "chain", EngineRunState.SUCCEEDED,
+                         finished_at=time.time())
+
+    def cancel(self) -> None:
+        self._release.set()
+
+    def artifact_path(self, step: str, artifact: str) -> None:
+        return None
+
+
+class SamplingRunner(DryRunRunner):
+    """The dry run's name, runs of :class:`_Held`."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def start(self, run_id: str, wf: ir.Workflow, parameters: Mapping[str, str],
+              cached: Mapping[str, Any], on_event: Callable[[StepStatus], None], *,
+              on_sample: Callable[[StepSample], None] | None = None) -> Any:
+        return _Held(run_id, on_event, on_sample, self.release)
+
+
+def test_samples_go_out_in_batches_while_a_step_runs_and_the_last_with_its_end(
+        store: RunStore, tmp_path: Path) -> None:
+    events = FakeEvents()
+    runner = SamplingRunner()
+
+    async def scenario() -> tuple[str, list[tuple[str, ...]]]:
+        sub = Submitter(store, events, {"dryrun": runner}, blobs=None,  # type: ignore[dict-item]
+                        runs_dir=tmp_path / "runs", outbox_interval=0.05, metrics_interval=0.05)
+        await sub.start()
+        try:
+            run_id, _ = await sub.submit(workflow=chain(1), options=RunOptions("dryrun"))
+            await until(lambda: store.header(run_id).state is RunState.PLANNING, "planning")
+            await sub.optimized(run_id, Plan(workflow=chain(1), engine="dryrun"))
+            # the three samples of the running step go out without any step change
+            await until(lambda: len(events.samples) == 3, "the samples of the running step")
+            assert store.header(run_id).state is RunState.RUNNING
+            runner.release.set()
+            await until(lambda: store.header(run_id).state is RunState.SUCCEEDED, "the end")
+            assert await sub.drained(WAIT)
+            return run_id, list(events.sent)
+        finally:
+            await sub.close()
+
+    run_id, sent = run_async(scenario)
+    kinds = [e[0] for e in sent]
+    assert kinds.count("finished") == 1 and "utilization" not in kinds  # no peak sample
+    assert [s.at - 1_700_000_000.0 for s in events.samples] == [0, 1, 2, 3]
+    assert all((s.run_id, s.workflow, s.step, s.attempt, s.interval_seconds)
+               == (run_id, "chain", "s0", 1, 1.0) for s in events.samples)
+    # the last sample is queued with the step's end, before it (and before the run's end)
+    last = max(i for i, e in enumerate(sent) if e[0] == "samples")
+    assert last < kinds.index("finished")
+    assert last < max(i for i, e in enumerate(sent) if e[:4] == ("step", run_id, "s0",
+                                                               "succeeded"))
+
+
+def test_a_single_sample_left_by_an_older_submitter_still_goes_out(
+        store: RunStore, tmp_path: Path) -> None:
+    from couler_runtime.rpc.records import utilization_sample_to_proto
+
+    store.create_run("r1", RunRequest(chain(1), None, RunOptions("dryrun")))
+    row = store.header("r1")
+    with store._write() as conn:  # what put_steps queued before the time series
+        store._queue(conn, [store._entry(row, EventKind.UTILIZATION, time.time(),
+                                         utilization_sample_to_proto(UtilizationSample(
+                                             "r1", "chain", "s0", 1.0, 0.5, 1 << 20))
+                                         .SerializeToString())])
+    events = FakeEvents()
+
+    async def scenario() -> None:
+        sub = submitter(store, events, tmp_path)
+        await sub.start()
+        try:
+            assert await sub.drained(WAIT)
+        finally:
+            await sub.close()
+
+    run_async(scenario)
+    assert ("utilization", "r1", "s0") in events.sent
+    assert store.outbox_size() == 0 and store.dead_events() == []

@@ -1,26 +1,40 @@
-"""Helpers the Kubernetes-based adapters share (Argo, Tekton): errors, config, labels, times."""
+"""Helpers the Kubernetes-based adapters share (Argo, Tekton): errors, config, labels, times,
+and what running pods use (:class:`PodMetrics`, the ``metrics.k8s.io`` API)."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import logging
 import re
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as _k8s_config
 
+from couler.engines.base import StepSample
 from couler.errors import ConflictError, NotFoundError, RetryableError, UserError
+from couler.ir import parse_quantity
 from couler_runtime.polling import parse_time
 
 # Parts of the client without annotations: kept as ``Any`` here, at the boundary.
 k8s_config: Any = _k8s_config
 
-__all__ = ["CONNECTION_ERRORS", "LABEL_VALUE", "api_client_for", "as_mapping", "items_of",
-           "label_value", "load_config", "parse_time", "raise_api_error", "size_refusal"]
+__all__ = ["CONNECTION_ERRORS", "LABEL_VALUE", "METRICS_GROUP", "METRICS_VERSION", "PodMetrics",
+           "PodUsage", "api_client_for", "as_mapping", "items_of", "label_value",
+           "load_config", "parse_time", "raise_api_error", "size_refusal"]
+
+log = logging.getLogger(__name__)
+
+METRICS_GROUP = "metrics.k8s.io"
+METRICS_VERSION = "v1beta1"
+METRICS_RETRY_SECONDS = 300.0  # a cluster without the metrics API is asked again after this
 
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
@@ -125,3 +139,148 @@ def api_client_for(api_client: object = None, configuration: object = None, *,
     if cfg is None:
         cfg = load_config(config_file, context)
     return k8s_client.ApiClient(cfg)
+
+
+# --------------------------------------------------------------------------- pod metrics
+
+
+@dataclass(frozen=True, slots=True)
+class PodUsage:
+    """What a pod's containers use, as the metrics API reports it.
+
+    Attributes:
+        at: When it was measured (the end of the window), seconds since the epoch.
+        window_seconds: The window the CPU use is averaged over (metrics-server: 10-60 s).
+        cpu: Average cores over the window, summed over the containers.
+        memory_bytes: The containers' working set, summed.
+    """
+
+    at: float
+    window_seconds: float
+    cpu: float
+    memory_bytes: int
+
+    def sample(self, step: str, key: str = "", attempt: int = 1) -> StepSample:
+        """As the sample of one step execution."""
+        return StepSample(step=step, at=self.at, cpu=self.cpu, memory_bytes=self.memory_bytes,
+                          key=key, attempt=max(attempt, 1),
+                          interval_seconds=self.window_seconds)
+
+
+def _window(text: object) -> float:
+    """A metrics window ("30s", "1m0.5s", "15.2s") in seconds; 0 when unreadable."""
+    total, found = 0.0, False
+    for number, unit in re.findall(r"([0-9]+(?:\.[0-9]*)?)(ms|us|µs|ns|h|m|s)", str(text or "")):
+        total += float(number) * {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6,
+                                  "µs": 1e-6, "ns": 1e-9}[unit]
+        found = True
+    return total if found else 0.0
+
+
+def pod_usage(obj: Mapping[str, Any], container: str = "") -> PodUsage | None:
+    """The usage in a ``PodMetrics`` object: of ``container`` when it is listed (the step's
+    own, not the engine's sidecars), else of all containers summed; None when there is no
+    readable usage."""
+    at = parse_time(obj.get("timestamp"))
+    containers = [c for c in obj.get("containers") or () if isinstance(c, Mapping)]
+    if container and any(c.get("name") == container for c in containers):
+        containers = [c for c in containers if c.get("name") == container]
+    cpu, memory, seen = 0.0, 0, False
+    for c in containers:
+        usage = c.get("usage") or {}
+        if not isinstance(usage, Mapping):
+            continue
+        try:
+            if "cpu" in usage:
+                cpu += float(parse_quantity(str(usage["cpu"])))
+                seen = True
+            if "memory" in usage:
+                memory += int(parse_quantity(str(usage["memory"])))
+                seen = True
+        except (ValueError, ArithmeticError):
+            continue
+    if not seen or at is None:
+        return None
+    return PodUsage(at=at, window_seconds=_window(obj.get("window")), cpu=max(cpu, 0.0),
+                    memory_bytes=max(memory, 0))
+
+
+class PodMetrics:
+    """Reads ``/apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods/{pod}`` for an adapter.
+
+    Where the cluster has no metrics API (404 on the API itself) or the adapter may not
+    read it (403), :meth:`usage` returns None, says so once in the log (naming the namespace
+    and what to install or grant), and does not ask again for
+    :data:`METRICS_RETRY_SECONDS`; a pod the metrics server has not measured yet (404 on
+    the pod) is None too. Neither is an error: utilization is best effort.
+
+    Args:
+        custom: A ``kubernetes.client.CustomObjectsApi``.
+        namespace: The pods' namespace.
+        clock: Monotonic seconds (tests pin it).
+    """
+
+    def __init__(self, custom: Any, namespace: str, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._custom = custom
+        self.namespace = namespace
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._off_until = 0.0
+        self._said: set[str] = set()
+
+    @property
+    def available(self) -> bool:
+        """Whether the API is worth asking now (not refused lately)."""
+        return self._clock() >= self._off_until
+
+    def usage(self, pod: str, container: str = "") -> PodUsage | None:
+        """What ``pod`` (its ``container``, when listed) uses now, or None (see the class
+        docstring).
+
+        Raises:
+            RetryableError: The API server is away (5xx, connection trouble).
+        """
+        if not pod or not self.available:
+            return None
+        try:
+            obj = self._custom.get_namespaced_custom_object(
+                METRICS_GROUP, METRICS_VERSION, self.namespace, "pods", pod)
+        except k8s_client.ApiException as e:
+            status = e.status if isinstance(e.status, int) else 0
+            if status in (401, 403) or (status == 404 and not _pod_missing(e)):
+                self._refused(status)
+                return None
+            if status == 404:
+                return None  # not measured yet (a new pod) or already gone
+            raise_api_error(e, f"reading the metrics of pod {pod!r}", namespace=self.namespace)
+        except CONNECTION_ERRORS as e:
+            raise_api_error(e, f"reading the metrics of pod {pod!r}")
+        return pod_usage(as_mapping(obj), container)
+
+    def _refused(self, status: int) -> None:
+        with self._lock:
+            self._off_until = self._clock() + METRICS_RETRY_SECONDS
+            if str(status) in self._said:
+                return
+            self._said.add(str(status))
+        if status == 404:
+            log.warning("namespace %r: the cluster serves no pod metrics (%s/%s answered 404): "
+                        "no utilization is recorded for its steps; install metrics-server to "
+                        "get it", self.namespace, METRICS_GROUP, METRICS_VERSION)
+        else:
+            log.warning("namespace %r: reading pod metrics (%s/%s) was refused (%d): no "
+                        "utilization is recorded for its steps; grant get on pods.%s to get "
+                        "it", self.namespace, METRICS_GROUP, METRICS_VERSION, status,
+                        METRICS_GROUP)
+
+
+def _pod_missing(e: Any) -> bool:
+    """Whether a 404 is about the pod (its metrics not there yet), not the API: the metrics
+    server answers ``podmetrics.metrics.k8s.io "ns/pod" not found``."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        body = json.loads(e.body)
+        details = body.get("details") or {}
+        if details.get("kind") == "pods" or "podmetrics" in str(body.get("message", "")):
+            return True
+    return False

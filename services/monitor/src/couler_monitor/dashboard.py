@@ -18,10 +18,15 @@ JSON: ``/api/runs?limit=``, ``/api/runs/{run_id}``,
 ``/api/recommendations/{workflow}?step=``; ``/healthz`` answers ``{"status": "ok"}``
 without authentication.
 
+``/api/utilization`` answers the newest points of the time series, oldest first: raw
+``samples`` (average cores over each interval, memory, interval) where the monitor keeps
+them, and 1-minute ``rollups`` (mean and highest CPU, highest memory, count) for older
+time, with the ``peaks`` per step over both.
+
 ``limit`` is a whole number: ``/api/runs`` lists 1 to :data:`MAX_RUNS` (500) runs, 100 by
-default; ``/api/utilization`` returns 1 to ``MAX_SAMPLE_LIMIT`` (10000) samples, 1000 by
-default. Absent, empty or 0 means the default, a larger value is capped at the maximum,
-and a negative or non-integer value is a 400.
+default; ``/api/utilization`` returns 1 to ``MAX_SAMPLE_LIMIT`` (10000) points (samples and
+rollups together), 1000 by default. Absent, empty or 0 means the default, a larger value
+is capped at the maximum, and a negative or non-integer value is a 400.
 
 With a token configured (``COULER_AUTH_TOKEN``) every other path needs it, as
 ``Authorization: Bearer <token>``, or once as ``?token=<token>``: that answer sets an
@@ -471,7 +476,13 @@ def create_app(monitor: Monitor, *, token: str | None = None,
         return {
             "samples": [{"run_id": s.run_id, "workflow": s.workflow, "step": s.step,
                          "key": s.key, "attempt": s.attempt, "at": s.at, "cpu": s.cpu,
-                         "memory_bytes": s.memory_bytes} for s in got.samples],
+                         "memory_bytes": s.memory_bytes,
+                         "interval_seconds": s.interval_seconds} for s in got.samples],
+            "rollups": [{"run_id": r.run_id, "workflow": r.workflow, "step": r.step,
+                         "key": r.key, "attempt": r.attempt, "start": r.start,
+                         "cpu_mean": r.cpu_mean, "cpu_max": r.cpu_max,
+                         "memory_max_bytes": r.memory_max_bytes, "samples": r.samples}
+                        for r in got.rollups],
             "peaks": [{"run_id": p.run_id, "workflow": p.workflow, "step": p.step,
                        "key": p.key, "peak_cpu": p.peak_cpu,
                        "peak_memory_bytes": p.peak_memory_bytes, "samples": p.samples}

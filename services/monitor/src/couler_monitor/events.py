@@ -5,7 +5,10 @@ Durable consumers (each acks after the effect is committed; redelivery is harmle
 commit in one transaction):
 
 * ``monitor-steps`` on ``couler.step.>`` (``StepEvent``);
-* ``monitor-metrics`` on ``couler.metrics.>`` (``UtilizationSample``);
+* ``monitor-metrics-batch`` on ``couler.metrics.batch`` (``UtilizationBatch``: the time
+  series of running steps, what submitters publish);
+* ``monitor-metrics`` on ``couler.metrics.utilization`` (one ``UtilizationSample`` per
+  message: what submitters before the time series published; still stored);
 * ``monitor-workflows-<event>`` on ``couler.workflow.<event>``, one per message type, because
   a consumer decodes one type (the bus terminates a body whose ``couler-event-type`` header
   names another): requested, generated, optimized, submitted, finished, rejected. An
@@ -30,6 +33,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from couler import ir
+from couler.errors import UserError
 from couler.v1 import common_pb2, events_pb2, workflow_pb2
 from couler_monitor.service import Monitor
 from couler_runtime import telemetry
@@ -39,12 +43,15 @@ from couler_runtime.rpc.records import (
     recommendation_to_proto,
     run_from_proto,
     step_record_from_proto,
+    utilization_batch_from_proto,
     utilization_sample_from_proto,
 )
 
 __all__ = [
     "FEEDBACK",
     "METRICS",
+    "METRICS_BATCH",
+    "METRICS_BATCH_DURABLE",
     "METRICS_DURABLE",
     "STEPS",
     "STEPS_DURABLE",
@@ -58,10 +65,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 STEPS = "couler.step.>"
-METRICS = "couler.metrics.>"
+METRICS = "couler.metrics.utilization"
+METRICS_BATCH = "couler.metrics.batch"
 FEEDBACK = "couler.feedback"
 STEPS_DURABLE = "monitor-steps"
 METRICS_DURABLE = "monitor-metrics"
+METRICS_BATCH_DURABLE = "monitor-metrics-batch"
 WORKFLOW_DURABLE_PREFIX = "monitor-workflows"
 
 # Nobody waits on the monitor's records: its consumers take up to 100 messages at once,
@@ -143,6 +152,22 @@ async def start_consumers(bus: Bus, monitor: Monitor) -> list[Subscription[Any]]
         with _span(events, **_run_attribute(events, lambda m: m.run_id)):
             await monitor.apply(changes)
 
+    async def on_batches(events: Sequence[Event[events_pb2.UtilizationBatch]]) -> None:
+        changes = []
+        for e in events:
+            if not e.message.run_id:
+                raise UserError(f"{e.subject} seq {e.stream_sequence}: a utilization batch "
+                                "needs a run_id (field 'run_id' is empty)")
+            for sample in utilization_batch_from_proto(e.message):
+                try:
+                    changes.append(monitor.sample_change(sample))
+                except UserError as exc:  # one bad sample: the others of the batch count
+                    log.warning("%s seq %d: a sample left out: %s", e.subject,
+                                e.stream_sequence, exc)
+        if changes:
+            with _span(events, **_run_attribute(events, lambda m: m.run_id)):
+                await monitor.apply(changes)
+
     async def on_requested(events: Sequence[Event[events_pb2.WorkflowRequested]]) -> None:
         changes = []
         for e in events:
@@ -186,6 +211,8 @@ async def start_consumers(bus: Bus, monitor: Monitor) -> list[Subscription[Any]]
                             **BATCHING),
         await bus.subscribe(METRICS, METRICS_DURABLE, common_pb2.UtilizationSample,
                             batch_handler=on_samples, **BATCHING),
+        await bus.subscribe(METRICS_BATCH, METRICS_BATCH_DURABLE, events_pb2.UtilizationBatch,
+                            batch_handler=on_batches, **BATCHING),
     ]
     workflow_events: list[tuple[str, type[Message],
                                 Callable[[Sequence[Event[Any]]], Awaitable[None]]]] = [

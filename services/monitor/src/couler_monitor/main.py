@@ -13,7 +13,14 @@ Settings (environment, ``COULER_`` prefix): the common ones (:class:`CommonSetti
 * ``COULER_HISTORY_RUNS`` -- how many of a step's latest runs out-of-memory failures are
   looked for in (memory limit and retry proposals; default 10);
 * ``COULER_MIN_MEMORY_REQUEST`` / ``COULER_MIN_CPU_REQUEST`` -- the smallest requests
-  recommended, as Kubernetes quantities (default ``16Mi`` and ``10m``).
+  recommended, as Kubernetes quantities (default ``16Mi`` and ``10m``);
+* ``COULER_SAMPLE_RETENTION`` -- seconds raw utilization samples are kept (default 86400,
+  24 h) before they are compacted into 1-minute rollups (count, mean and highest CPU,
+  highest memory);
+* ``COULER_ROLLUP_RETENTION`` -- seconds the rollups are kept (default 2592000, 30 days;
+  at least the sample retention), then deleted;
+* ``COULER_MAINTENANCE_INTERVAL`` -- seconds between two compaction / retention passes
+  (default 300; the first runs at start).
 
 ``COULER_AUTH_TOKEN`` guards the dashboard as well as the gRPC server.
 """
@@ -21,17 +28,19 @@ Settings (environment, ``COULER_`` prefix): the common ones (:class:`CommonSetti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
+from typing import Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from couler import ir
 from couler_monitor.dashboard import DashboardServer, create_app
 from couler_monitor.events import make_publisher, start_consumers
 from couler_monitor.recommender import RecommenderConfig
 from couler_monitor.rpc import MonitorService
-from couler_monitor.service import Monitor
+from couler_monitor.service import DEFAULT_ROLLUP_RETENTION, DEFAULT_SAMPLE_RETENTION, Monitor
 from couler_monitor.store import MonitorStore
 from couler_runtime.bus import Bus
 from couler_runtime.rpc import MONITOR
@@ -54,6 +63,9 @@ class MonitorSettings(CommonSettings):
         history_runs: How many of a step's latest runs OOM failures are looked for in.
         min_memory_request: The smallest memory request recommended (a quantity).
         min_cpu_request: The smallest CPU request recommended (a quantity).
+        sample_retention: Seconds raw utilization samples are kept.
+        rollup_retention: Seconds their 1-minute rollups are kept.
+        maintenance_interval: Seconds between compaction / retention passes.
     """
 
     dashboard_address: str = "127.0.0.1:8080"
@@ -63,6 +75,16 @@ class MonitorSettings(CommonSettings):
     history_runs: int = Field(default=10, ge=1, le=1000)
     min_memory_request: str = "16Mi"
     min_cpu_request: str = "10m"
+    sample_retention: float = Field(default=DEFAULT_SAMPLE_RETENTION, ge=60)
+    rollup_retention: float = Field(default=DEFAULT_ROLLUP_RETENTION, ge=60)
+    maintenance_interval: float = Field(default=300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _retentions(self) -> Self:
+        if self.rollup_retention < self.sample_retention:
+            raise ValueError(f"rollup_retention ({self.rollup_retention:g} s) must be at least "
+                             f"sample_retention ({self.sample_retention:g} s)")
+        return self
 
     @field_validator("min_memory_request", "min_cpu_request")
     @classmethod
@@ -89,7 +111,9 @@ async def build(settings: MonitorSettings, bus: Bus) -> Component:
         min_memory=float(ir.parse_quantity(settings.min_memory_request)),
         min_cpu=float(ir.parse_quantity(settings.min_cpu_request)))
     monitor = Monitor(store, make_publisher(bus), config=config,
-                      history_runs=settings.history_runs)
+                      history_runs=settings.history_runs,
+                      sample_retention=settings.sample_retention,
+                      rollup_retention=settings.rollup_retention)
     token = settings.auth_token.get_secret_value() if settings.auth_token else None
     dashboard = DashboardServer(create_app(monitor, token=token), settings.dashboard_address)
     try:
@@ -103,13 +127,32 @@ async def build(settings: MonitorSettings, bus: Bus) -> Component:
         store.close()
         raise
     log.info("dashboard at %s%s", url, " (token required)" if token else "")
+    maintenance = asyncio.create_task(_maintain(monitor, settings.maintenance_interval),
+                                      name="monitor-maintenance")
 
     async def close() -> None:
         # Runs after the bus stopped its consumers: no handler uses the store any more.
+        maintenance.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await maintenance
         await dashboard.stop()
         store.close()
 
     return Component({MONITOR: MonitorService(monitor)}, close, endpoints={"dashboard": url})
+
+
+async def _maintain(monitor: Monitor, interval: float) -> None:
+    """Compact and expire utilization samples every ``interval`` seconds, forever (a
+    failed pass is logged and tried again at the next)."""
+    while True:
+        try:
+            await monitor.maintain()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the store is away, a replica raced us: next time
+            log.warning("utilization maintenance failed (tried again in %g s): %s: %s",
+                        interval, type(exc).__name__, exc)
+        await asyncio.sleep(interval)
 
 
 def main() -> int:

@@ -13,6 +13,15 @@ Recording is idempotent, because delivery is at-least-once:
   redelivered old record never overwrites a newer one;
 * a sample is stored once per (run, step, key, attempt, time).
 
+Utilization samples are a time series per step execution (:meth:`Monitor.sample_change`):
+the raw samples are kept ``sample_retention`` seconds (default 24 h), then
+:meth:`Monitor.maintain` (run periodically by the service) folds them into one rollup per
+step execution and minute -- count, mean and highest CPU, highest memory -- kept
+``rollup_retention`` seconds (default 30 days), then deleted. Each batch of the compaction is
+one transaction (rollups merged and raw samples deleted together): a crash in the middle
+loses nothing and counts nothing twice, and running it again is harmless. Queries read
+both tiers: raw samples where they are kept, rollups for older time.
+
 Recommendations, recomputed for one (workflow, step) when one of its steps ends with a
 measurement (or fails out of memory), and when a sample of a run that ended arrives (the
 samples of a running step wait for its end):
@@ -70,6 +79,7 @@ from couler_monitor.store import (
     RecommendationRow,
     RecommenderRunRow,
     RecommenderStateRow,
+    RollupRow,
     RunFields,
     RunRow,
     SampleRow,
@@ -87,15 +97,19 @@ from couler_runtime.rpc.records import (
     StepRecord,
     StepRequests,
     Utilization,
+    UtilizationRollup,
     UtilizationSample,
 )
 
 __all__ = [
+    "DEFAULT_ROLLUP_RETENTION",
     "DEFAULT_SAMPLE_LIMIT",
+    "DEFAULT_SAMPLE_RETENTION",
     "MAX_SAMPLE_LIMIT",
     "MI",
     "OOM_RETRY_LIMIT",
     "Change",
+    "Maintenance",
     "Monitor",
     "Publisher",
     "cpu_quantity",
@@ -105,18 +119,24 @@ __all__ = [
 
 MI = 1024 * 1024
 DEFAULT_SAMPLE_LIMIT = 1000
+DEFAULT_SAMPLE_RETENTION = 24 * 3600.0  # seconds raw samples are kept
+DEFAULT_ROLLUP_RETENTION = 30 * 86400.0  # seconds the 1-minute rollups are kept
+COMPACT_BATCH = 5000  # raw samples folded into rollups per transaction
 MAX_SAMPLE_LIMIT = 10_000
 OOM_RETRY_LIMIT = 2
 _MAX_RUNS_LISTED = 500
 _QUICK_CHANGES = 32  # changes committed on the event loop at most (a quick store)
 _INT32 = 2**31 - 1
 _LAST_SECOND = 253402300799.0  # 9999-12-31T23:59:59Z, the last a Timestamp holds
+_LAST_SAMPLE_SECOND = (2**63 - 1) / 1e9  # a sample's time is stored in ns (a 64-bit integer)
 E = TypeVar("E", bound=enum.Enum)
 log = logging.getLogger(__name__)
 
 Publisher = Callable[[Recommendation], Awaitable[None]]
 Change = Callable[[Tx], bool]
-"""One checked event's writes inside a transaction; True when a recommendation changed."""
+"""One checked event's writes inside a transaction; True when what it wrote may have changed
+a recommendation (a new sample, a changed value): :meth:`Monitor.apply` then publishes the
+pending ones."""
 
 _RUN_RANK = {RunState.ACCEPTED: 0, RunState.PLANNING: 1, RunState.PENDING: 2,
              RunState.RUNNING: 3, RunState.SUCCEEDED: 4, RunState.FAILED: 4,
@@ -150,6 +170,16 @@ def recommendation_id(workflow: str, step: str, kind: RecommendationKind, value:
 
 def _mi(n: int) -> str:
     return f"{n / MI:.0f}Mi" if n >= MI else f"{n}B"
+
+
+@dataclass(frozen=True, slots=True)
+class Maintenance:
+    """What one :meth:`Monitor.maintain` did."""
+
+    compacted: int = 0  # raw samples folded into rollups (and deleted)
+    expired_samples: int = 0  # raw samples deleted past the rollup retention
+    expired_rollups: int = 0  # rollups deleted past the rollup retention
+    transactions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,15 +227,25 @@ class Monitor:
             for in (the memory limit and retry proposals).
         min_memory_bytes: The smallest memory request recommended (overrides ``config``).
         min_cpu: The smallest CPU request recommended, in cores (overrides ``config``).
+        sample_retention: Seconds raw utilization samples are kept before they are
+            compacted into 1-minute rollups.
+        rollup_retention: Seconds the rollups are kept (at least ``sample_retention``).
         clock: Seconds since the epoch (tests may pin it).
     """
 
     def __init__(self, store: MonitorStore, publish: Publisher, *,
                  config: RecommenderConfig | None = None, history_runs: int = 10,
                  min_memory_bytes: int | None = None, min_cpu: float | None = None,
+                 sample_retention: float = DEFAULT_SAMPLE_RETENTION,
+                 rollup_retention: float = DEFAULT_ROLLUP_RETENTION,
                  clock: Callable[[], float] = time.time) -> None:
         if history_runs < 1:
             raise UserError("history_runs must be at least 1")
+        if not 0 < sample_retention <= rollup_retention:
+            raise UserError(f"the sample retention ({sample_retention} s) must be more than 0 "
+                            f"and at most the rollup retention ({rollup_retention} s)")
+        self._sample_retention = sample_retention
+        self._rollup_retention = rollup_retention
         config = config or RecommenderConfig(min_memory=float(MIN_MEMORY_BYTES),
                                              min_cpu=MIN_CPU)
         if min_memory_bytes is not None:
@@ -311,10 +351,16 @@ class Monitor:
         if sample.memory_bytes < 0:
             raise UserError(f"{where}: field 'memory_bytes' must be >= 0 "
                             f"(got {sample.memory_bytes})")
+        if not math.isfinite(sample.interval_seconds) or sample.interval_seconds < 0:
+            raise UserError(f"{where}: field 'interval_seconds' must be a finite number >= 0 "
+                            f"(got {sample.interval_seconds})")
+        if not 0 <= sample.at < _LAST_SAMPLE_SECOND:
+            raise UserError(f"{where}: field 'at' is out of range ({sample.at})")
         row = SampleRow(run_id=sample.run_id, workflow=sample.workflow, step=sample.step,
                         key=sample.key, attempt=sample.attempt,
                         at_ns=round(sample.at * 1e9), cpu=sample.cpu,
-                        memory_bytes=sample.memory_bytes)
+                        memory_bytes=sample.memory_bytes,
+                        interval_seconds=sample.interval_seconds or None)
 
         def write(tx: Tx) -> bool:
             # The histograms are read before the sample is stored: one rebuilt from the
@@ -454,6 +500,45 @@ class Monitor:
 
         return write
 
+    # ------------------------------------------------------------------ retention
+
+    async def maintain(self, *, batch: int = COMPACT_BATCH) -> Maintenance:
+        """Compact and expire utilization samples (see the module docstring); idempotent.
+
+        Raw samples measured before the start of the minute ``sample_retention`` ago are
+        folded into their minutes' rollups, ``batch`` at a time, each batch in one
+        transaction; rollups (and raw samples) older than ``rollup_retention`` are deleted.
+        Consumers go on between the transactions.
+        """
+        now = self._clock()
+        raw_before = int((now - self._sample_retention) // 60) * 60  # a whole minute
+        rollup_before = int((now - self._rollup_retention) // 60) * 60
+        done = Maintenance()
+
+        async def step(fn: Callable[[Tx], int]) -> int:
+            def txn() -> int:
+                with self._store.transaction() as tx:
+                    return fn(tx)
+
+            async with self._lock:  # one writer at a time, between the consumers' batches
+                return await asyncio.to_thread(txn)
+
+        expired = await step(lambda tx: tx.expire_samples(rollup_before * 10**9))
+        compacted, transactions = 0, 1
+        while True:
+            n = await step(lambda tx: tx.compact_samples(raw_before * 10**9, batch))
+            transactions += 1
+            compacted += n
+            if n < batch:
+                break
+        rollups = await step(lambda tx: tx.expire_rollups(rollup_before))
+        done = Maintenance(compacted, expired, rollups, transactions + 1)
+        if compacted or expired or rollups:
+            log.info("utilization: %d raw sample(s) compacted into 1-minute rollups, %d "
+                     "sample(s) and %d rollup(s) past the retention deleted", compacted,
+                     expired, rollups)
+        return done
+
     async def publish_pending(self) -> int:
         """Publish every committed-but-unpublished recommendation; how many were sent."""
         async with self._lock:
@@ -463,7 +548,9 @@ class Monitor:
 
     async def utilization(self, *, run_id: str = "", workflow: str = "", step: str = "",
                           limit: int = 0) -> Utilization:
-        """Samples (newest ``limit``, oldest first) and per-step peaks matching the filter."""
+        """The newest ``limit`` points matching the filter, oldest first -- raw samples where
+        they are kept, 1-minute rollups for older time -- and per-step peaks over both
+        tiers and the step records."""
         if not run_id and not workflow:
             raise UserError("utilization: give a run_id or a workflow (field 'run_id' and "
                             "field 'workflow' are both empty)")
@@ -473,11 +560,30 @@ class Monitor:
 
         def read() -> Utilization:
             with self._store.transaction() as tx:
-                samples = tx.samples(run_id=run_id, workflow=workflow, step=step, limit=limit)
+                raw = tx.samples(run_id=run_id, workflow=workflow, step=step, limit=limit)
+                rolled = tx.rollups(run_id=run_id, workflow=workflow, step=step, limit=limit)
+                # the newest ``limit`` of both, by time (a rollup's: the end of its minute)
+                times = sorted([*(s.at_ns / 1e9 for s in raw),
+                                *(float(r.minute + 60) for r in rolled)])
+                floor = times[-limit] if len(times) > limit else float("-inf")
+                samples = [s for s in raw if s.at_ns / 1e9 >= floor]
+                rollups = [r for r in rolled if r.minute + 60 >= floor]
+                while len(samples) + len(rollups) > limit:  # ties at the floor: drop oldest
+                    if rollups and (not samples
+                                    or rollups[0].minute + 60 <= samples[0].at_ns / 1e9):
+                        rollups.pop(0)
+                    else:
+                        samples.pop(0)
                 peaks: dict[tuple[str, str, str], list[object]] = {}
                 for r, wf, name, key, cpu, mem, n, _last in tx.sample_peaks(
                         run_id=run_id, workflow=workflow, step=step):
                     peaks[(r, name, key)] = [wf, cpu, mem, n]
+                for r, wf, name, key, cpu, mem, n in tx.rollup_peaks(
+                        run_id=run_id, workflow=workflow, step=step):
+                    p = peaks.setdefault((r, name, key), [wf, 0.0, 0, 0])
+                    p[1] = max(float(p[1]), float(cpu or 0.0))  # type: ignore[arg-type]
+                    p[2] = max(int(p[2]), int(mem or 0))  # type: ignore[call-overload]
+                    p[3] = int(p[3]) + int(n or 0)  # type: ignore[call-overload]
                 for s in tx.steps_matching(run_id=run_id, workflow=workflow, step=step):
                     if s.max_peak_memory_bytes is None and s.max_peak_cpu is None:
                         continue
@@ -487,10 +593,14 @@ class Monitor:
                                s.max_peak_memory_bytes or 0)
                 return Utilization(
                     tuple(UtilizationSample(s.run_id, s.workflow, s.step, s.at_ns / 1e9, s.cpu,
-                                            s.memory_bytes, s.key, s.attempt) for s in samples),
+                                            s.memory_bytes, s.key, s.attempt,
+                                            s.interval_seconds or 0.0) for s in samples),
                     tuple(StepPeak(r, str(p[0]), name, float(p[1]),  # type: ignore[arg-type]
-                                   int(p[2]), int(p[3]), key)  # type: ignore[call-overload]
+                                   int(p[2]),  # type: ignore[call-overload]
+                                   min(int(p[3]), _INT32), key)  # type: ignore[call-overload]
                           for (r, name, key), p in sorted(peaks.items())),
+                    tuple(_rollup(r) for r in rollups
+                          if _time(float(r.minute)) is not None),  # a damaged one left out
                 )
 
         return await asyncio.to_thread(read)
@@ -1086,6 +1196,15 @@ def _damaged(message: str, damaged: list[str]) -> str:
 def _time(value: float | None) -> float | None:
     """A stored time a record can carry (None when it is not one)."""
     return value if value is None or 0 <= value <= _LAST_SECOND else None
+
+
+def _rollup(r: RollupRow) -> UtilizationRollup:
+    """A stored rollup (its numbers kept within what a record carries)."""
+    count = max(0, min(int(r.count or 0), _INT32))
+    return UtilizationRollup(r.run_id, r.workflow, r.step, float(r.minute),
+                             float(r.cpu_sum) / count if count else 0.0, float(r.cpu_max),
+                             int(r.memory_max), count, r.key,
+                             max(0, min(int(r.attempt), _INT32)))
 
 
 def _step(s: StepRow) -> StepRecord:

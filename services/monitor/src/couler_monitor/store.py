@@ -7,8 +7,11 @@ Tables (created by ``couler_monitor/migrations``, version table ``alembic_versio
   (``event_at``, ``attempts``, ``rank``) that decides which record is the latest, the highest
   peaks over all its records (attempts), and a sticky ``oom_seen`` flag (an out-of-memory
   attempt is remembered after the step later succeeds);
-* ``monitor_samples`` -- utilization samples, unique per measurement (a redelivered sample is
-  stored once);
+* ``monitor_samples`` -- utilization samples (the raw time series), unique per measurement
+  (a redelivered sample is stored once), kept for the raw retention;
+* ``monitor_sample_rollups`` -- older samples compacted into one row per step execution and
+  minute: count, CPU sum (mean = sum / count) and highest, highest memory; kept for the
+  rollup retention (:meth:`Tx.compact_samples`, :meth:`Tx.expire_rollups`);
 * ``monitor_recommendations`` -- the current recommendation per (workflow, step, kind); its
   ``published`` flag is the outbox: a changed value is committed unpublished, published on
   ``couler.feedback.<workflow>`` after the commit, then flagged. Resource recommendations
@@ -59,6 +62,7 @@ __all__ = [
     "RecommendationRow",
     "RecommenderRunRow",
     "RecommenderStateRow",
+    "RollupRow",
     "RunFields",
     "RunRow",
     "SampleRow",
@@ -138,6 +142,22 @@ class SampleRow(Base):
     at_ns: Mapped[int] = mapped_column(BigInteger)
     cpu: Mapped[float] = mapped_column(Float)
     memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    interval_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class RollupRow(Base):
+    __tablename__ = "monitor_sample_rollups"
+
+    run_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    step: Mapped[str] = mapped_column(String(255), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # epoch s, whole min
+    workflow: Mapped[str] = mapped_column(String(255))
+    count: Mapped[int] = mapped_column(Integer)
+    cpu_sum: Mapped[float] = mapped_column(Float)
+    cpu_max: Mapped[float] = mapped_column(Float)
+    memory_max: Mapped[int] = mapped_column(BigInteger)
 
 
 class FailureRow(Base):
@@ -221,8 +241,11 @@ class StepRequestRow(Base):
 
 
 _RUNS: sa.Table = RunRow.__table__  # type: ignore[assignment]
-_STEPS: sa.Table = StepRow.__table__  # type: ignore[assignment]
 _SAMPLES: sa.Table = SampleRow.__table__  # type: ignore[assignment]
+_ROLLUPS: sa.Table = RollupRow.__table__  # type: ignore[assignment]
+_ROLLUP_KEY = ("run_id", "step", "key", "attempt", "minute")
+MINUTE_NS = 60 * 10**9
+_STEPS: sa.Table = StepRow.__table__  # type: ignore[assignment]
 _SELECT_RUN = sa.select(_RUNS).where(_RUNS.c.run_id == sa.bindparam("k_run_id")) \
     .with_for_update()
 _STEP_KEY = (_STEPS.c.run_id == sa.bindparam("k_run_id"),
@@ -385,15 +408,12 @@ class Tx:
 
     def insert_sample(self, row: SampleRow) -> bool:
         """Store a sample unless the same measurement is stored; True when it was new."""
-        values = {c.name: getattr(row, c.name) for c in SampleRow.__table__.columns
-                  if c.name != "id"}
-        dialect = self.session.get_bind().dialect.name
-        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-        # Core on the connection, RETURNING the new row: the ORM's execute reports a
-        # rowcount of -1 on PostgreSQL whether or not a row went in.
+        values = {c.name: getattr(row, c.name) for c in _SAMPLES.columns if c.name != "id"}
+        insert = postgresql.insert if self.conn.dialect.name == "postgresql" else sqlite.insert
         stmt = insert(_SAMPLES).values(**values).on_conflict_do_nothing(
-            index_elements=["run_id", "step", "key", "attempt", "at_ns"]).returning(
-            _SAMPLES.c.id)
+            index_elements=["run_id", "step", "key", "attempt", "at_ns"]
+        ).returning(_SAMPLES.c.id)
+        # RETURNING, not the row count: a driver may report -1 for an ON CONFLICT insert
         return self.conn.execute(stmt).first() is not None
 
     def samples(self, *, run_id: str, workflow: str, step: str,
@@ -403,6 +423,101 @@ class Tx:
         newest = self.session.scalars(
             stmt.order_by(SampleRow.at_ns.desc(), SampleRow.id.desc()).limit(limit)).all()
         return newest[::-1]
+
+    def rollups(self, *, run_id: str, workflow: str, step: str,
+                limit: int) -> Sequence[RollupRow]:
+        """The newest ``limit`` matching rollups, oldest first."""
+        stmt = self._filter(sa.select(RollupRow), run_id, workflow, step, RollupRow)
+        newest = self.session.scalars(stmt.order_by(
+            RollupRow.minute.desc(), RollupRow.run_id.desc(), RollupRow.step.desc(),
+            RollupRow.key.desc(), RollupRow.attempt.desc()).limit(limit)).all()
+        return newest[::-1]
+
+    def rollup_peaks(self, *, run_id: str, workflow: str,
+                     step: str) -> list[tuple[str, str, str, str, float, int, int]]:
+        """(run, workflow, step, key, max cpu, max memory, samples) per step item, over the
+        rollups."""
+        stmt = self._filter(sa.select(
+            RollupRow.run_id, RollupRow.workflow, RollupRow.step, RollupRow.key,
+            sa.func.max(RollupRow.cpu_max), sa.func.max(RollupRow.memory_max),
+            sa.func.sum(RollupRow.count),
+        ), run_id, workflow, step, RollupRow).group_by(
+            RollupRow.run_id, RollupRow.workflow, RollupRow.step, RollupRow.key)
+        return [tuple(row) for row in self.session.execute(stmt)]
+
+    def compact_samples(self, before_ns: int, limit: int) -> int:
+        """Fold the oldest raw samples measured before ``before_ns`` (at most ``limit``) into
+        their minutes' rollups and delete them; how many were folded (0: none left).
+
+        All in this transaction: a crash before the commit leaves the samples as they were
+        and no rollup touched, so running it again neither loses nor counts twice. Rows
+        another transaction is compacting are skipped (``SKIP LOCKED`` on PostgreSQL), and
+        when fewer rows are deleted than were read (compacted meanwhile) the transaction
+        fails instead of counting them again.
+        """
+        rows = self.conn.execute(
+            sa.select(_SAMPLES.c.id, _SAMPLES.c.run_id, _SAMPLES.c.workflow, _SAMPLES.c.step,
+                      _SAMPLES.c.key, _SAMPLES.c.attempt, _SAMPLES.c.at_ns, _SAMPLES.c.cpu,
+                      _SAMPLES.c.memory_bytes)
+            .where(_SAMPLES.c.at_ns < before_ns)
+            .order_by(_SAMPLES.c.at_ns, _SAMPLES.c.id).limit(limit)
+            .with_for_update(skip_locked=True)).all()
+        if not rows:
+            return 0
+        buckets: dict[tuple[str, str, str, int, int], dict[str, Any]] = {}
+        for r in rows:
+            minute = (int(r.at_ns) // MINUTE_NS) * 60
+            b = buckets.get((r.run_id, r.step, r.key, r.attempt, minute))
+            if b is None:
+                buckets[(r.run_id, r.step, r.key, r.attempt, minute)] = {
+                    "run_id": r.run_id, "step": r.step, "key": r.key, "attempt": r.attempt,
+                    "minute": minute, "workflow": r.workflow, "count": 1,
+                    "cpu_sum": float(r.cpu), "cpu_max": float(r.cpu),
+                    "memory_max": int(r.memory_bytes)}
+            else:
+                b["count"] += 1
+                b["cpu_sum"] += float(r.cpu)
+                b["cpu_max"] = max(b["cpu_max"], float(r.cpu))
+                b["memory_max"] = max(b["memory_max"], int(r.memory_bytes))
+                b["workflow"] = b["workflow"] or r.workflow
+        self._merge_rollups(list(buckets.values()))
+        ids = [int(r.id) for r in rows]
+        deleted = 0
+        for i in range(0, len(ids), 500):
+            result = self.conn.execute(sa.delete(_SAMPLES).where(
+                _SAMPLES.c.id.in_(ids[i:i + 500])))
+            deleted += int(getattr(result, "rowcount", 0) or 0)
+        if deleted != len(ids):
+            raise RetryableError(f"monitor store: {len(ids) - deleted} of {len(ids)} samples "
+                                 "were compacted by another transaction meanwhile; not "
+                                 "counted twice (rolled back)")
+        return len(ids)
+
+    def _merge_rollups(self, rows: list[dict[str, Any]]) -> None:
+        """Add ``rows`` to the stored rollups of their minutes (new ones are inserted)."""
+        dialect = self.conn.dialect.name
+        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        greatest = sa.func.greatest if dialect == "postgresql" else sa.func.max
+        stmt = insert(_ROLLUPS)
+        stmt = stmt.on_conflict_do_update(index_elements=list(_ROLLUP_KEY), set_={
+            "count": _ROLLUPS.c.count + stmt.excluded.count,
+            "cpu_sum": _ROLLUPS.c.cpu_sum + stmt.excluded.cpu_sum,
+            "cpu_max": greatest(_ROLLUPS.c.cpu_max, stmt.excluded.cpu_max),
+            "memory_max": greatest(_ROLLUPS.c.memory_max, stmt.excluded.memory_max),
+        })
+        if rows:  # one row per key (the buckets): no upsert touches a row twice
+            self.conn.execute(stmt, rows)
+
+    def expire_samples(self, before_ns: int) -> int:
+        """Delete the raw samples measured before ``before_ns`` (older than any rollup kept:
+        compacting them would make rollups expired at once); how many."""
+        result = self.conn.execute(sa.delete(_SAMPLES).where(_SAMPLES.c.at_ns < before_ns))
+        return int(getattr(result, "rowcount", 0) or 0)
+
+    def expire_rollups(self, before_minute: int) -> int:
+        """Delete the rollups of minutes that started before ``before_minute`` (epoch s)."""
+        result = self.conn.execute(sa.delete(_ROLLUPS).where(_ROLLUPS.c.minute < before_minute))
+        return int(getattr(result, "rowcount", 0) or 0)
 
     def sample_peaks(self, *, run_id: str, workflow: str,
                      step: str) -> list[tuple[str, str, str, str, float, int, int, int]]:
@@ -416,13 +531,14 @@ class Tx:
         return [tuple(row) for row in self.session.execute(stmt)]
 
     @staticmethod
-    def _filter(stmt: Any, run_id: str, workflow: str, step: str) -> Any:
+    def _filter(stmt: Any, run_id: str, workflow: str, step: str,
+                table: type[SampleRow] | type[RollupRow] = SampleRow) -> Any:
         if run_id:
-            stmt = stmt.where(SampleRow.run_id == run_id)
+            stmt = stmt.where(table.run_id == run_id)
         if workflow:
-            stmt = stmt.where(SampleRow.workflow == workflow)
+            stmt = stmt.where(table.workflow == workflow)
         if step:
-            stmt = stmt.where(SampleRow.step == step)
+            stmt = stmt.where(table.step == step)
         return stmt
 
     # ----------------------------------------------------------------- recommendations
@@ -456,7 +572,13 @@ class Tx:
                 .where(SampleRow.workflow == workflow, SampleRow.step == step,
                        SampleRow.run_id.in_(at))
                 .group_by(SampleRow.run_id))
-        for run_id, cpu, mem in self.session.execute(stmt).all():
+        rolled = (sa.select(RollupRow.run_id, sa.func.max(RollupRow.cpu_max),
+                            sa.func.max(RollupRow.memory_max))
+                  .where(RollupRow.workflow == workflow, RollupRow.step == step,
+                         RollupRow.run_id.in_(at))
+                  .group_by(RollupRow.run_id))
+        for run_id, cpu, mem in [*self.session.execute(stmt).all(),
+                                 *self.session.execute(rolled).all()]:
             p = peaks[run_id]
             peaks[run_id] = RunPeak(run_id, p.at, _max(p.peak_memory_bytes, mem),
                                     _max(p.peak_cpu, cpu), p.oom, p.oom_peak_memory_bytes)

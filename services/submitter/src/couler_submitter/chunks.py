@@ -37,7 +37,7 @@ from couler.errors import DocumentTooLargeError
 from couler.optimize.split import handoff_parameter
 from couler_runtime.local import Reuse
 from couler_runtime.rpc.records import Chunk
-from couler_submitter.engines import OnStep, RunHandle, Runner
+from couler_submitter.engines import OnSample, OnStep, RunHandle, Runner
 
 __all__ = ["ChunkedRun", "chunk_run_id"]
 
@@ -61,11 +61,13 @@ class ChunkedRun:
         cached: Cache hits by step name (each chunk gets its own steps').
         on_event: Step changes, from the chunks' engines and for skipped steps.
         retry: Retry chunks that did not succeed from their failure point.
+        on_sample: What the chunks' running steps use.
     """
 
     def __init__(self, runner: Runner, run_id: str, *, workflow: ir.Workflow,
                  chunks: Sequence[Chunk], parameters: Mapping[str, str],
-                 cached: Mapping[str, Reuse], on_event: OnStep, retry: bool = False) -> None:
+                 cached: Mapping[str, Reuse], on_event: OnStep, retry: bool = False,
+                 on_sample: OnSample | None = None) -> None:
         missing = [c.name for c in chunks if c.workflow is None]
         if missing:
             raise ValueError(f"workflow {workflow.name!r}: chunk(s) {', '.join(missing)} "
@@ -78,6 +80,7 @@ class ChunkedRun:
         self._parameters = dict(parameters)
         self._cached = dict(cached)
         self._on_event = on_event
+        self._on_sample = on_sample
         self._retry = retry
         self._lock = threading.Lock()
         self._handles: dict[str, RunHandle] = {}
@@ -189,13 +192,13 @@ class ChunkedRun:
         wf = chunk.workflow
         assert wf is not None  # checked in __init__
         sub_id = chunk_run_id(self._run_id, name)
-        handle = self._runner.resume(sub_id, self._on_event)
+        handle = self._runner.resume(sub_id, self._on_event, on_sample=self._on_sample)
         if handle is not None:
             self.picked_up = True
         if handle is not None and self._retry:
             previous = handle.wait()
             if previous.state is not RunState.SUCCEEDED:
-                handle = self._runner.retry(sub_id, self._on_event)
+                handle = self._runner.retry(sub_id, self._on_event, on_sample=self._on_sample)
                 if handle is None:
                     log.info("run %s: chunk %s has no record to retry; starting it",
                              self._run_id, name)
@@ -207,7 +210,8 @@ class ChunkedRun:
                                  message=str(exc))
             mine = set(chunk.steps)  # a set: a chunk may hold thousands of steps
             cached = {s: r for s, r in self._cached.items() if s in mine}
-            handle = self._runner.start(sub_id, wf, parameters, cached, self._on_event)
+            handle = self._runner.start(sub_id, wf, parameters, cached, self._on_event,
+                                        on_sample=self._on_sample)
             log.info("run %s: chunk %s started (%d step(s))", self._run_id, name,
                      len(chunk.steps))
         with self._lock:

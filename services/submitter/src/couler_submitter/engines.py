@@ -18,6 +18,15 @@ waits, cancels and locates output artifacts. Three runners exist:
   No adapter is configured by default (they need cluster settings); a composition root
   plugs them in through ``build(..., adapters=...)``. A run for an engine that is not
   configured fails with a message naming the engine and the ``COULER_ENGINES`` setting.
+
+Utilization while steps run: each runner hands the samples of running steps
+(:class:`couler.engines.base.StepSample`) to the ``on_sample`` callback given to ``start``,
+``resume`` and ``retry`` (from worker threads). The local engine samples the step's process
+tree itself; an adapter whose engine exposes what pods use
+(:class:`couler.engines.base.SamplingAdapter`: Argo, Tekton through the Kubernetes metrics
+API) is polled every ``metrics_interval`` seconds while its run is watched, and a reading
+the engine has not refreshed since (the same time) is passed on once. Airflow's and KFP's
+APIs expose none: their runs have no samples.
 """
 
 from __future__ import annotations
@@ -36,9 +45,18 @@ from typing import Protocol
 import psutil  # type: ignore[import-untyped]
 
 from couler import ir
-from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, StepStatus
+from couler.engines.base import (
+    EngineAdapter,
+    RunState,
+    RunStatus,
+    SamplingAdapter,
+    StepSample,
+    StepState,
+    StepStatus,
+)
 from couler.errors import NotFoundError, UserError
 from couler_runtime.local import LocalEngine, LocalRun, Reuse
+from couler_runtime.local.process import SERIES_SECONDS
 from couler_runtime.private_files import check_private
 
 __all__ = [
@@ -46,6 +64,7 @@ __all__ = [
     "AdapterRunner",
     "DryRunRunner",
     "LocalRunner",
+    "OnSample",
     "OnStep",
     "RunHandle",
     "Runner",
@@ -57,6 +76,7 @@ log = logging.getLogger(__name__)
 KNOWN_ENGINES = ("local", "dryrun", "argo", "tekton", "airflow", "kfp", "ray")
 
 OnStep = Callable[[StepStatus], None]
+OnSample = Callable[[StepSample], None]
 
 _INTERRUPTED = ".interrupted"  # in a local run directory: stopped by a submitter shutdown
 _INTERRUPT_WAIT = 30.0  # seconds a shutdown waits for a run's processes to be stopped
@@ -84,16 +104,19 @@ class Runner(Protocol):
     name: str
 
     def start(self, run_id: str, wf: ir.Workflow, parameters: Mapping[str, str],
-              cached: Mapping[str, Reuse], on_event: OnStep) -> RunHandle:
-        """Start ``wf`` as run ``run_id``."""
+              cached: Mapping[str, Reuse], on_event: OnStep, *,
+              on_sample: OnSample | None = None) -> RunHandle:
+        """Start ``wf`` as run ``run_id``; ``on_sample`` gets what running steps use."""
         ...
 
-    def resume(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+    def resume(self, run_id: str, on_event: OnStep, *,
+               on_sample: OnSample | None = None) -> RunHandle | None:
         """Pick up a run this engine was started with (after a restart); None when the
         engine never got it (the caller starts it)."""
         ...
 
-    def retry(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+    def retry(self, run_id: str, on_event: OnStep, *,
+              on_sample: OnSample | None = None) -> RunHandle | None:
         """Re-run a finished run from its failure point; None when there is nothing to
         resume (the caller starts it again from the plan)."""
         ...
@@ -184,11 +207,12 @@ class LocalRunner:
     name = "local"
 
     def __init__(self, runs_dir: Path, max_workers: int, *,
-                 secrets_file: Path | None = None) -> None:
+                 secrets_file: Path | None = None,
+                 series_seconds: float = SERIES_SECONDS) -> None:
         self.runs_dir = runs_dir
         self.secrets_file = secrets_file
         self.engine = LocalEngine(runs_dir, max_workers, cache_keys=True,
-                                  secrets=self._secrets())
+                                  secrets=self._secrets(), series_seconds=series_seconds)
 
     def _secrets(self) -> dict[tuple[str, str], str]:
         """The values of ``secrets_file`` (none without one).
@@ -209,13 +233,15 @@ class LocalRunner:
         return self.engine.work_dir / run_id
 
     def start(self, run_id: str, wf: ir.Workflow, parameters: Mapping[str, str],
-              cached: Mapping[str, Reuse], on_event: OnStep) -> LocalRun:
+              cached: Mapping[str, Reuse], on_event: OnStep, *,
+              on_sample: OnSample | None = None) -> LocalRun:
         if self.secrets_file is not None:  # an edit takes effect at the next run
             self.engine.secrets = self._secrets()
         return self.engine.start(wf, run_id=run_id, parameters=parameters, cached=cached,
-                                 on_event=on_event)
+                                 on_event=on_event, on_sample=on_sample)
 
-    def resume(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+    def resume(self, run_id: str, on_event: OnStep, *,
+               on_sample: OnSample | None = None) -> RunHandle | None:
         run_dir = self.run_dir(run_id)
         if not run_dir.is_dir():
             return None
@@ -233,7 +259,8 @@ class LocalRunner:
             return _Finished(status, run_dir, on_event)
         # Running when the submitter died, or stopped by its shutdown: go on from there
         # (an attempt the shutdown stopped counts, like one a crash stopped).
-        handle = self.engine.resume(run_dir, on_event=on_event, interrupted=marker.exists())
+        handle = self.engine.resume(run_dir, on_event=on_event, interrupted=marker.exists(),
+                                    on_sample=on_sample)
         marker.unlink(missing_ok=True)
         return handle
 
@@ -245,12 +272,13 @@ class LocalRunner:
         if isinstance(handle, LocalRun):
             handle.wait(_INTERRUPT_WAIT)
 
-    def retry(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+    def retry(self, run_id: str, on_event: OnStep, *,
+              on_sample: OnSample | None = None) -> RunHandle | None:
         run_dir = self.run_dir(run_id)
         if not (run_dir / "run.json").is_file():
             return None
         reap_orphans(run_dir)
-        return self.engine.resume(run_dir, on_event=on_event)
+        return self.engine.resume(run_dir, on_event=on_event, on_sample=on_sample)
 
     def logs(self, engine_run_id: str, step: str, key: str) -> str:
         run_dir = self.run_dir(engine_run_id)
@@ -339,13 +367,16 @@ class DryRunRunner:
     name = "dryrun"
 
     def start(self, run_id: str, wf: ir.Workflow, parameters: Mapping[str, str],
-              cached: Mapping[str, Reuse], on_event: OnStep) -> RunHandle:
-        return _DryRun(run_id, wf, on_event)
+              cached: Mapping[str, Reuse], on_event: OnStep, *,
+              on_sample: OnSample | None = None) -> RunHandle:
+        return _DryRun(run_id, wf, on_event)  # nothing runs: nothing to sample
 
-    def resume(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+    def resume(self, run_id: str, on_event: OnStep, *,
+               on_sample: OnSample | None = None) -> RunHandle | None:
         return None  # nothing is kept: run it again
 
-    def retry(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+    def retry(self, run_id: str, on_event: OnStep, *,
+              on_sample: OnSample | None = None) -> RunHandle | None:
         return None
 
     def interrupt(self, run_id: str, handle: RunHandle) -> None:
@@ -359,23 +390,52 @@ class DryRunRunner:
 
 
 class _Watched:
-    def __init__(self, adapter: EngineAdapter, engine_run_id: str, on_event: OnStep) -> None:
+    def __init__(self, adapter: EngineAdapter, engine_run_id: str, on_event: OnStep,
+                 on_sample: OnSample | None = None, metrics_interval: float = 5.0) -> None:
         self._adapter = adapter
         self._id = self.engine_run_id = engine_run_id
         self._on_event = on_event
         self._status: RunStatus | None = None
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"couler-watch-{engine_run_id}",
                                         daemon=True)
         self._thread.start()
+        if on_sample is not None and isinstance(adapter, SamplingAdapter):
+            threading.Thread(target=self._sample, args=(adapter, on_sample, metrics_interval),
+                             name=f"couler-metrics-{engine_run_id}", daemon=True).start()
 
     def _main(self) -> None:
         seen: dict[tuple[str, str], StepStatus] = {}
-        for status in self._adapter.watch(self._id):
-            for step in status.steps:
-                if seen.get((step.step, step.key)) != step:
-                    seen[(step.step, step.key)] = step
-                    self._on_event(step)
-            self._status = status
+        try:
+            for status in self._adapter.watch(self._id):
+                for step in status.steps:
+                    if seen.get((step.step, step.key)) != step:
+                        seen[(step.step, step.key)] = step
+                        self._on_event(step)
+                self._status = status
+        finally:
+            self._done.set()
+
+    def _sample(self, adapter: SamplingAdapter, on_sample: OnSample, interval: float) -> None:
+        """Poll what the run's running steps use until the watch ends; each reading once."""
+        last: dict[tuple[str, str, int], float] = {}  # the latest time passed on, per attempt
+        failing = False
+        while not self._done.wait(interval):
+            try:
+                samples = adapter.utilization(self._id)
+            except Exception as exc:  # best effort: the run goes on without samples
+                if not failing:
+                    log.warning("run %s: reading what its steps use failed (%s); trying again "
+                                "every %g s", self._id, exc, interval)
+                failing = True
+                continue
+            failing = False
+            for sample in samples:
+                ident = (sample.step, sample.key, sample.attempt)
+                if sample.at <= last.get(ident, float("-inf")):
+                    continue  # not refreshed since the last poll
+                last[ident] = sample.at
+                on_sample(sample)
 
     def wait(self) -> RunStatus:
         self._thread.join()
@@ -389,22 +449,29 @@ class _Watched:
 
 
 class AdapterRunner:
-    """Runs on a remote engine through its :class:`EngineAdapter`."""
+    """Runs on a remote engine through its :class:`EngineAdapter`; ``metrics_interval``:
+    seconds between two polls of what running steps use (a :class:`SamplingAdapter`)."""
 
-    def __init__(self, name: str, adapter: EngineAdapter) -> None:
+    def __init__(self, name: str, adapter: EngineAdapter, *,
+                 metrics_interval: float = 5.0) -> None:
         self.name = name
         self.adapter = adapter
+        self.metrics_interval = metrics_interval
 
     def start(self, run_id: str, wf: ir.Workflow, parameters: Mapping[str, str],
-              cached: Mapping[str, Reuse], on_event: OnStep) -> RunHandle:
+              cached: Mapping[str, Reuse], on_event: OnStep, *,
+              on_sample: OnSample | None = None) -> RunHandle:
         # The run id as idempotency key: a submit repeated after a crash finds the first run.
         engine_run_id = self.adapter.submit(wf, idempotency_key=run_id)
-        return _Watched(self.adapter, engine_run_id, on_event)
+        return _Watched(self.adapter, engine_run_id, on_event, on_sample,
+                        self.metrics_interval)
 
-    def resume(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+    def resume(self, run_id: str, on_event: OnStep, *,
+               on_sample: OnSample | None = None) -> RunHandle | None:
         return None  # start() again: the adapter's idempotency key finds the same run
 
-    def retry(self, run_id: str, on_event: OnStep) -> RunHandle | None:
+    def retry(self, run_id: str, on_event: OnStep, *,
+              on_sample: OnSample | None = None) -> RunHandle | None:
         return None
 
     def interrupt(self, run_id: str, handle: RunHandle) -> None:

@@ -5,13 +5,19 @@ Published (bodies in ``events.proto``; ``Nats-Msg-Id`` as given there)::
     couler.workflow.requested   WorkflowRequested  <run_id>.requested
     couler.workflow.submitted   WorkflowSubmitted  <run_id>.submitted[.<retries>]
     couler.step.<state>         StepEvent          <run_id>.<step>.<key>.<attempts>.<state>[.rN]
-    couler.metrics.utilization  UtilizationSample  <run_id>.<step>.<key>.<attempt>.<time in ns>
+    couler.metrics.batch        UtilizationBatch   <run_id>.metrics.<digest of the samples>
     couler.workflow.finished    WorkflowFinished   <run_id>.finished.<retries>
     couler.workflow.refused     DocumentRefused    <run_id>.refused.<revision>
 
 A run whose document the engine refused for its size is put back to PLANNING (at most
 ``service.MAX_SIZE_REPLANS`` times) and its ``DocumentRefused`` carries the run's request:
 the optimizer lowers the engine's budget and plans it again.
+
+(``couler.metrics.utilization``, one ``UtilizationSample`` per message with msg id
+``<run_id>.<step>.<key>.<attempt>.<time in ns>``, is what submitters before the time
+series published; an outbox row of one left by such a submitter is still sent.) A batch's
+digest is the sha256 of its samples' ``(step, key, attempt, time in ns)``: the same batch
+republished after a crash keeps its id, and the monitor stores a sample once anyway.
 
 A retried run (``retries`` = N > 0) suffixes its step and submitted keys with the retry count:
 the local engine counts attempts afresh in a retry, so without it a step failing again
@@ -39,8 +45,10 @@ letters of observers (the monitor, the cache) are kept and logged, and fail noth
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
+from collections.abc import Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry import trace
@@ -58,6 +66,7 @@ from couler_runtime.rpc.records import (
     plan_from_proto,
     run_to_proto,
     step_record_to_proto,
+    utilization_batch_to_proto,
     utilization_sample_to_proto,
 )
 from couler_submitter.model import RunRequest
@@ -75,7 +84,9 @@ __all__ = [
     "REQUESTED",
     "SUBMITTED",
     "UTILIZATION",
+    "UTILIZATION_BATCH",
     "BusEvents",
+    "batch_msg_id",
     "start_consumers",
 ]
 
@@ -89,6 +100,7 @@ FINISHED = "couler.workflow.finished"
 REFUSED = "couler.workflow.refused"
 STEP = "couler.step"
 UTILIZATION = "couler.metrics.utilization"
+UTILIZATION_BATCH = "couler.metrics.batch"
 LAUNCH = "couler.launch.>"
 DEADLETTER = "couler.deadletter.>"
 DURABLE_OPTIMIZED = "submitter-optimized"
@@ -115,6 +127,14 @@ def _changed_at(rec: StepRecord) -> Timestamp:
     ts = Timestamp()
     ts.FromNanoseconds(round(at * 1e9))
     return ts
+
+
+def batch_msg_id(run_id: str, samples: Sequence[UtilizationSample]) -> str:
+    """The idempotency key of a ``couler.metrics.batch`` message (see the module docstring)."""
+    h = hashlib.sha256()
+    for s in samples:
+        h.update(f"{s.step}\0{s.key}\0{s.attempt}\0{round((s.at or 0.0) * 1e9)}\n".encode())
+    return f"{run_id}.metrics.{h.hexdigest()[:32]}"
 
 
 def _suffix(run: Run, sep: str = ".r") -> str:
@@ -186,6 +206,14 @@ class BusEvents:
             UTILIZATION, utilization_sample_to_proto(sample),
             msg_id=f"{sample.run_id}.{sample.step}.{sample.key}.{sample.attempt}.{at_ns}",
             headers=telemetry.inject({}), run_id=sample.run_id)
+
+    async def utilization_batch(self, run: Run, samples: Sequence[UtilizationSample]) -> None:
+        if not samples:
+            return
+        await self._bus.publish(
+            UTILIZATION_BATCH, utilization_batch_to_proto(run.run_id, samples),
+            msg_id=batch_msg_id(run.run_id, samples), headers=telemetry.inject({}),
+            run_id=run.run_id)
 
     async def finished(self, run: Run) -> None:
         await self._bus.publish(FINISHED, events_pb2.WorkflowFinished(run=run_to_proto(run)),

@@ -20,6 +20,11 @@ artifact store) plus:
     deployment watches) and ``COULER_AIRFLOW_TOKEN`` or ``COULER_AIRFLOW_USERNAME`` +
     ``COULER_AIRFLOW_PASSWORD``;
   - ``kfp``: ``COULER_KFP_HOST`` (+ ``COULER_KFP_TOKEN``); needs the kfp SDK installed;
+* ``COULER_METRICS_INTERVAL`` -- seconds between two batches of utilization samples of a
+  running run on ``couler.metrics.batch`` (default 5), and between two polls of a remote
+  engine's pod metrics (Argo, Tekton); ``COULER_SAMPLE_INTERVAL`` -- the interval the local
+  engine samples a step's process tree over (default 1 s: each sample is the average cores
+  over it and the memory at its end);
 * ``COULER_OUTBOX_INTERVAL`` -- seconds between looks at the events outbox when nothing
   new was queued (events are published as soon as they are committed; this bounds how
   long a row left by another process waits);
@@ -84,6 +89,9 @@ class SubmitterSettings(CommonSettings):
         max_workers: Step processes the local engine runs at once, per run.
         engines: The engines this submitter runs, comma-separated.
         outbox_interval: Seconds between looks at the outbox when nothing woke the sender.
+        metrics_interval: Seconds between batches of utilization samples (and polls of a
+            remote engine's pod metrics).
+        sample_interval: The local engine's sampling interval, in seconds.
         secrets_file: The secret values of local runs (JSON; see the module docstring).
         max_value_bytes: The largest single value in a workflow (an argument, an env
             value, a script's source, a parameter value, ...), in bytes.
@@ -97,6 +105,8 @@ class SubmitterSettings(CommonSettings):
     max_workers: int = Field(default=4, ge=1, le=256)
     engines: str = "local,dryrun"
     outbox_interval: float = Field(default=5.0, gt=0)
+    metrics_interval: float = Field(default=5.0, gt=0)
+    sample_interval: float = Field(default=1.0, ge=0.05)
     secrets_file: Path | None = None
     max_value_bytes: int = Field(default=DEFAULT_LIMITS.max_value_bytes, ge=1024,
                                  le=64 * 1024 * 1024)
@@ -206,11 +216,13 @@ def make_runners(settings: SubmitterSettings,
         adapter = (adapters or {}).get(name)
         if name == "local":
             runners[name] = LocalRunner(runs_dir, settings.max_workers,
-                                        secrets_file=settings.secrets_file)
+                                        secrets_file=settings.secrets_file,
+                                        series_seconds=settings.sample_interval)
         elif name == "dryrun":
             runners[name] = DryRunRunner()
         elif adapter is not None or (adapter := adapter_from_settings(name, settings)):
-            runners[name] = AdapterRunner(name, adapter)
+            runners[name] = AdapterRunner(name, adapter,
+                                          metrics_interval=settings.metrics_interval)
         else:
             log.warning("engine %r is listed in COULER_ENGINES but no adapter was plugged in; "
                         "its runs will fail", name)
@@ -233,7 +245,8 @@ async def build(settings: SubmitterSettings, bus: Bus, *,
                               blobs=blobs, runs_dir=runs_dir,
                               outbox_interval=settings.outbox_interval,
                               limits=settings.size_limits,
-                              cache=cache.cache if cache is not None else None)
+                              cache=cache.cache if cache is not None else None,
+                              metrics_interval=settings.metrics_interval)
         await submitter.start()
         await start_consumers(bus, submitter, store)
     except BaseException:

@@ -10,7 +10,7 @@ The life of a run (states of :class:`~couler_runtime.rpc.records.RunState`)::
 Nothing accepted is lost, and no event is lost or sent twice into the streams' duplicate
 window, on a crash or while NATS is away -- a transactional outbox:
 
-* Every event (requested, submitted, step, utilization, finished) is inserted in the
+* Every event (requested, submitted, step, utilization samples, finished) is inserted in the
   ``submitter_outbox`` table in the same transaction as the change it reports
   (:class:`~couler_submitter.store.RunStore`). One sender task publishes the rows in id
   order -- many in flight at once, each with its deterministic msg id -- and deletes them
@@ -47,6 +47,12 @@ artifact store first when it has a cache key. The run's end commits with the las
 together with a record (and a step event) for every step the engine never reported, so
 that none looks pending forever: an exit hook that did not fire is SKIPPED, saying why, on
 every engine (:mod:`couler_submitter.unreported`).
+
+Utilization: the engines pass what running steps use (:class:`~couler.engines.base.StepSample`,
+from their threads) to a buffer per run; every ``metrics_interval`` seconds the buffered
+samples are queued in the outbox (one ``couler.metrics.batch`` event per run, in one
+transaction) and published like every event. A batch of step changes takes the run's
+buffered samples into its own transaction (so a step's last samples go out with its end).
 
 Large workflows and records: a workflow too large for one message is uploaded in chunks to
 the shared blob store (:meth:`Submitter.upload_workflow`) and submitted by reference; a
@@ -90,7 +96,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry import context as otel_context
 
 from couler import failures, ir
-from couler.engines.base import RunStatus, StepState, StepStatus
+from couler.engines.base import RunStatus, StepSample, StepState, StepStatus
 from couler.errors import (
     ConflictError,
     CoulerError,
@@ -117,6 +123,7 @@ from couler_runtime.rpc.records import (
     UtilizationSample,
     run_from_proto,
     step_record_from_proto,
+    utilization_batch_from_proto,
     utilization_sample_from_proto,
 )
 from couler_submitter.chunks import ChunkedRun, chunk_run_id
@@ -176,6 +183,7 @@ _OUTBOX_WINDOW = 256  # events in flight at once
 _OUTBOX_MAX_ATTEMPTS = 5  # failures (other than NATS being away) before a row is set aside
 _OUTBOX_MAX_DELAY = 5.0  # seconds between attempts while NATS is away, at most
 _INLINE_SAFE = 16 * 1024  # a row's payload under this goes inline (the bus's limit: 64 KiB)
+_MAX_PENDING_SAMPLES = 20_000  # samples buffered per run at most (the oldest are dropped)
 
 
 class NotRetryableError(ConflictError):
@@ -195,7 +203,11 @@ class Events(Protocol):
         """``couler.step.<state>``."""
 
     async def utilization(self, sample: UtilizationSample) -> None:
-        """``couler.metrics.utilization``."""
+        """``couler.metrics.utilization`` (one sample: an outbox row left by a submitter
+        from before the time series)."""
+
+    async def utilization_batch(self, run: Run, samples: Sequence[UtilizationSample]) -> None:
+        """``couler.metrics.batch``: samples of one run's steps."""
 
     async def finished(self, run: Run) -> None:
         """``couler.workflow.finished``."""
@@ -421,11 +433,13 @@ class Submitter:
         limits: The size limits Submit and RegisterTemplate check.
         cache: The cache service, told to drop an entry whose artifacts are corrupt or
             gone (None: such an entry is only not reused).
+        metrics_interval: Seconds between two batches of utilization samples of a run.
     """
 
     def __init__(self, store: RunStore, events: Events, runners: Mapping[str, Runner], *,
                  blobs: Blobs | None, runs_dir: Path, outbox_interval: float = 5.0,
-                 limits: SizeLimits = DEFAULT_LIMITS, cache: CacheEntries | None = None) -> None:
+                 limits: SizeLimits = DEFAULT_LIMITS, cache: CacheEntries | None = None,
+                 metrics_interval: float = 5.0) -> None:
         self._store = store
         self._quick = store.quick
         self._events = events
@@ -454,6 +468,11 @@ class Submitter:
         self._threads_writing = 0
         self._closing = False
         self._refusals: dict[str, int] = {}  # run -> size refusals seen (re-plans asked)
+        # Utilization samples from the engines, per run, not queued yet (event loop only).
+        self._samples: dict[str, list[UtilizationSample]] = {}
+        self._samples_dropped: set[str] = set()  # runs whose buffer overflowed (said once)
+        self._metrics_interval = metrics_interval
+        self._metrics: asyncio.Task[None] | None = None
 
     @property
     def limits(self) -> SizeLimits:
@@ -470,6 +489,7 @@ class Submitter:
         if queued:
             log.info("outbox: %d accepted run(s) had no requested event queued; queued", queued)
         self._sender = asyncio.create_task(self._send_loop(), name="submitter-outbox")
+        self._metrics = asyncio.create_task(self._metrics_loop(), name="submitter-metrics")
         for run in await self._call(self._store.runs_in, _ENGINE_SIDE):
             try:
                 await self._recover(run)
@@ -501,6 +521,13 @@ class Submitter:
                 log.warning("run %s: not stopped cleanly (%s); resumed at the next start",
                             run_id, exc)
         self._active.clear()
+        if self._metrics is not None:
+            self._metrics.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._metrics
+            self._metrics = None
+        with contextlib.suppress(Exception):  # best effort: samples are no record
+            await self._flush_samples()
         if self._sender is not None:
             self._sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -521,7 +548,8 @@ class Submitter:
         if _split(plan):
             await self._launch(run, plan, queue=queue, resuming=True)
             return
-        handle = await self._call(runner.resume, run.run_id, self._callback(queue))
+        handle = await self._call(runner.resume, run.run_id, self._callback(queue),
+                                  on_sample=self._sampling(run.run_id, plan.workflow.name))
         if handle is None:
             log.info("run %s: the engine never got it; starting it", run.run_id)
             await self._launch(run, plan, queue=queue)
@@ -661,6 +689,9 @@ class Submitter:
             if kind == EventKind.STEP.value:
                 rec = step_record_from_proto(common_pb2.StepRecord.FromString(row.payload))
                 await self._events.step(header, rec)
+            elif kind == EventKind.UTILIZATION_BATCH.value:
+                batch = events_pb2.UtilizationBatch.FromString(row.payload)
+                await self._events.utilization_batch(header, utilization_batch_from_proto(batch))
             elif kind == EventKind.UTILIZATION.value:
                 sample = utilization_sample_from_proto(
                     common_pb2.UtilizationSample.FromString(row.payload))
@@ -1243,7 +1274,8 @@ class Submitter:
             log.info("run %s: retry %d started", run_id, updated.retries)
             return await self.header(run_id)
         try:
-            handle = await self._call(runner.retry, run_id, self._callback(queue))
+            handle = await self._call(runner.retry, run_id, self._callback(queue),
+                                      on_sample=self._sampling(run_id, plan.workflow.name))
         except Exception as exc:
             await self._fail(run_id, f"retry failed to start: {exc}", expect=_ENGINE_SIDE)
             raise
@@ -1281,7 +1313,8 @@ class Submitter:
             if _split(plan):
                 chunked = ChunkedRun(runner, run.run_id, workflow=plan.workflow,
                                      chunks=plan.chunks, parameters=parameters, cached=cached,
-                                     on_event=self._callback(queue), retry=retry)
+                                     on_event=self._callback(queue), retry=retry,
+                                     on_sample=self._sampling(run.run_id, plan.workflow.name))
                 await self._call(chunked.launched.wait)
                 if chunked.refused is not None:  # before any chunk ran: plan it again
                     raise chunked.refused
@@ -1290,7 +1323,9 @@ class Submitter:
                 handle = AllReused(run.run_id, plan.workflow.name, taken_out(plan))
             else:
                 handle = await self._call(runner.start, run.run_id, plan.workflow, parameters,
-                                          cached, self._callback(queue))
+                                          cached, self._callback(queue),
+                                          on_sample=self._sampling(run.run_id,
+                                                                   plan.workflow.name))
         except Exception as exc:  # the engine has not got the run: record why, never hang
             if self._closing:  # not the engine's doing: the next start starts it
                 log.info("run %s: not started (stopping): %s", run.run_id, exc)
@@ -1411,6 +1446,64 @@ class Submitter:
 
         return on_event
 
+    def _sampling(self, run_id: str, workflow: str) -> Callable[[StepSample], None]:
+        """What an engine hands the utilization samples of ``run_id``'s steps to (from its
+        threads): buffered on the event loop until :meth:`_flush_samples`."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("Submitter.start() was not awaited")
+
+        def on_sample(s: StepSample) -> None:
+            sample = UtilizationSample(run_id=run_id, workflow=workflow, step=s.step, at=s.at,
+                                       cpu=s.cpu, memory_bytes=s.memory_bytes, key=s.key,
+                                       attempt=s.attempt, interval_seconds=s.interval_seconds)
+            with contextlib.suppress(RuntimeError):  # loop closed: a sample is no record
+                loop.call_soon_threadsafe(self._buffer_sample, sample)
+
+        return on_sample
+
+    def _buffer_sample(self, sample: UtilizationSample) -> None:
+        buffered = self._samples.setdefault(sample.run_id, [])
+        buffered.append(sample)
+        if len(buffered) > _MAX_PENDING_SAMPLES:  # the store is away for long: keep the newest
+            del buffered[:len(buffered) - _MAX_PENDING_SAMPLES]
+            if sample.run_id not in self._samples_dropped:
+                self._samples_dropped.add(sample.run_id)
+                log.warning("run %s: utilization samples could not be queued for a while; "
+                            "the oldest are dropped (%d kept)", sample.run_id,
+                            _MAX_PENDING_SAMPLES)
+
+    async def _metrics_loop(self) -> None:
+        """Queue the buffered samples every ``metrics_interval`` seconds, forever."""
+        while not self._closing:
+            await asyncio.sleep(self._metrics_interval)
+            try:
+                await self._flush_samples()
+            except (asyncio.CancelledError, GeneratorExit):
+                raise
+            except Exception as exc:  # the store is away: they stay buffered, next time
+                log.warning("utilization samples not queued (tried again in %g s): %s",
+                            self._metrics_interval, exc)
+
+    async def _flush_samples(self) -> None:
+        """Queue every run's buffered samples as its ``couler.metrics.batch`` events (one
+        transaction); on failure they stay buffered."""
+        pending, self._samples = self._samples, {}
+        if not pending:
+            return
+        count = sum(len(v) for v in pending.values())
+        try:
+            await self._db(count <= _QUICK_ROWS, self._store.queue_samples, pending)
+        except BaseException:
+            self._unbuffer(pending)
+            raise
+        self._wake.set()
+
+    def _unbuffer(self, pending: Mapping[str, Sequence[UtilizationSample]]) -> None:
+        """Put samples taken from the buffer back in front (a failed queueing)."""
+        for run_id, some in pending.items():
+            self._samples[run_id] = [*some, *self._samples.get(run_id, ())]
+
     def _track(self, run_id: str, handle: RunHandle, wf: ir.Workflow, engine: str,
                queue: asyncio.Queue[StepStatus | None], *,
                keys: Mapping[str, str] | None = None) -> None:
@@ -1483,7 +1576,6 @@ class Submitter:
         the run's end, recorded after them, with the ``unreported`` steps' records
         (:meth:`_unreported`). The record committed."""
         records: list[StepRecord] = []
-        samples: list[UtilizationSample] = []
         started_at: float | None = None
         moving = False
         active.reported.update(s.step for s in statuses)
@@ -1510,19 +1602,19 @@ class Submitter:
                 moving = True
                 if started_at is None and status.started_at is not None:
                     started_at = status.started_at
-            # Peaks are known once an attempt ended; a process too short to sample has none.
-            if status.state in (StepState.SUCCEEDED, StepState.FAILED) and \
-                    status.peak_memory_bytes:
-                samples.append(UtilizationSample(
-                    run_id=run_id, workflow=active.workflow.name, step=status.step,
-                    at=status.finished_at or time.time(), cpu=status.peak_cpu or 0.0,
-                    memory_bytes=status.peak_memory_bytes or 0, key=status.key,
-                    attempt=max(status.attempts, 1)))
-        run = await self._db(len(records) + len(samples) + len(unreported) <= _QUICK_ROWS,
-                             self._store.put_steps, run_id, records,
-                             state=RunState.RUNNING if moving else None,
-                             started_at=started_at if moving else None, samples=samples,
-                             finish=finish, unreported=unreported)
+        # The run's samples buffered so far go with these changes (a step's last samples
+        # arrive before its end: the engine sends them first); peaks stay on the records.
+        samples = self._samples.pop(run_id, [])
+        try:
+            run = await self._db(len(records) + len(samples) + len(unreported) <= _QUICK_ROWS,
+                                 self._store.put_steps, run_id, records,
+                                 state=RunState.RUNNING if moving else None,
+                                 started_at=started_at if moving else None, samples=samples,
+                                 finish=finish, unreported=unreported)
+        except BaseException:
+            if samples:
+                self._unbuffer({run_id: samples})
+            raise
         self._changed_here(run, steps=True)
         self._wake.set()
         return run

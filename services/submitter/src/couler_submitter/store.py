@@ -32,7 +32,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -62,7 +62,7 @@ from couler_runtime.rpc.records import (
     plan_to_proto,
     run_to_proto,
     step_record_to_proto,
-    utilization_sample_to_proto,
+    utilization_batch_to_proto,
 )
 from couler_runtime.store import (
     connection_scope,
@@ -82,6 +82,7 @@ SERVICE = "submitter"
 _UNSET: Any = object()
 _ID = BigInteger().with_variant(Integer(), "sqlite")
 _IN_CHUNK = 500  # names per IN (...) list
+BATCH_SAMPLES = 400  # utilization samples per couler.metrics.batch message (~40 KiB at most)
 
 
 class EventKind(enum.StrEnum):
@@ -90,7 +91,8 @@ class EventKind(enum.StrEnum):
     REQUESTED = "requested"
     SUBMITTED = "submitted"
     STEP = "step"
-    UTILIZATION = "utilization"
+    UTILIZATION = "utilization"  # one sample (queued by submitters before the time series)
+    UTILIZATION_BATCH = "samples"  # a run's samples in a batch, couler.metrics.batch
     FINISHED = "finished"
     REFUSED = "refused"  # payload: a couler.v1.DocumentRefused (without its request)
 
@@ -285,7 +287,8 @@ class OutboxEntry:
         engine: The run's engine.
         retries: The run's retry count (part of the events' msg ids).
         payload: The encoded record it carries: a ``StepRecord`` (step), a
-            ``UtilizationSample`` (utilization), a ``Run`` without steps (submitted,
+            ``UtilizationSample`` (utilization), a ``UtilizationBatch``
+            (samples), a ``Run`` without steps (submitted,
             finished); empty for requested (the request is read from the run's row).
         trace: The trace context of the change (``traceparent`` ...), to continue.
         attempts: Failed attempts to publish it so far.
@@ -778,7 +781,8 @@ class RunStore:
 
         Every record takes a revision of its own (the run's revision + 1 each), in order;
         a step first seen takes that revision as its position. Each record's ``step``
-        event (and each sample's ``utilization`` event) is queued in the same transaction.
+        event is queued in the same transaction, after the ``samples`` (utilization samples
+        of the run's steps, queued as batches: :meth:`queue_samples`).
         ``state`` moves the run along too (PENDING -> RUNNING), only from a non-terminal
         state; ``started_at`` is set when the run has none. ``finish`` ends the run after
         them (one more revision, and its ``finished`` event), as :meth:`update_run` with
@@ -813,6 +817,7 @@ class RunStore:
             revision = row.revision
             step_count = row.step_count or 0
             cached_count = row.cached_step_count or 0
+            outbox += self._sample_entries(row, samples, now, trace)
             for rec in records:
                 revision += 1
                 ident = (rec.name, rec.key)
@@ -832,10 +837,6 @@ class RunStore:
                 cached[ident] = bool(rec.cached)
                 outbox.append(self._entry(row, EventKind.STEP, now,
                                           step_record_to_proto(rec).SerializeToString(), trace))
-            for sample in samples:
-                outbox.append(self._entry(row, EventKind.UTILIZATION, now,
-                                          utilization_sample_to_proto(sample)
-                                          .SerializeToString(), trace))
             if inserted:
                 conn.execute(_INSERT_STEP, list(inserted.values()))
             if updated:
@@ -859,6 +860,33 @@ class RunStore:
             if ending:
                 self._emit(conn, row, EventKind.FINISHED)
             return _run_record(row)
+
+    def queue_samples(self, samples: Mapping[str, Sequence[UtilizationSample]]) -> int:
+        """Queue the utilization samples of runs (by run id) in one transaction, as
+        ``samples`` events (``couler.metrics.batch``) of at most :data:`BATCH_SAMPLES`
+        samples each; how many events. A run that does not exist (any more) is skipped."""
+        if not any(samples.values()):
+            return 0
+        with self._write() as conn:
+            now, trace = time.time(), _current_trace()
+            outbox: list[dict[str, Any]] = []
+            for run_id, some in samples.items():
+                if not some:
+                    continue
+                try:
+                    row = self._row(conn, run_id)
+                except NotFoundError:
+                    continue
+                outbox += self._sample_entries(row, some, now, trace)
+            if outbox:
+                self._queue(conn, outbox)
+            return len(outbox)
+
+    def _sample_entries(self, row: _Fields, samples: Sequence[UtilizationSample], now: float,
+                        trace: str) -> list[dict[str, Any]]:
+        return [self._entry(row, EventKind.UTILIZATION_BATCH, now, utilization_batch_to_proto(
+                    row.run_id, samples[i:i + BATCH_SAMPLES]).SerializeToString(), trace)
+                for i in range(0, len(samples), BATCH_SAMPLES)]
 
     def put_step(self, run_id: str, rec: StepRecord, *, state: RunState | None = None,
                  started_at: float | None = None) -> Run:

@@ -32,6 +32,8 @@ __all__ = [
     "Limit",
     "RunState",
     "RunStatus",
+    "SamplingAdapter",
+    "StepSample",
     "StepState",
     "StepStatus",
     "Support",
@@ -345,6 +347,25 @@ class StepStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class StepSample:
+    """The resources one step execution used over an interval, measured while it runs.
+
+    ``cpu`` is the *average* number of cores used over the ``interval_seconds`` that end at
+    ``at`` (CPU time over wall time, child processes included), not an instantaneous
+    reading; ``memory_bytes`` is the resident memory of the step's processes (a pod's
+    containers' working set on Kubernetes) at ``at``.
+    """
+
+    step: str
+    at: float  # seconds since the epoch: the end of the interval
+    cpu: float  # average cores over the interval
+    memory_bytes: int
+    key: str = ""  # "" for a plain step; the item index or iteration number otherwise
+    attempt: int = 1
+    interval_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class RunStatus:
     """What is known about a whole run."""
 
@@ -382,3 +403,17 @@ class EngineAdapter(Protocol):
     def logs(self, run_id: str, step: str, key: str = "") -> str: ...
 
     def cancel(self, run_id: str) -> None: ...
+
+
+@runtime_checkable
+class SamplingAdapter(Protocol):
+    """An adapter whose engine exposes what running steps use (optional).
+
+    ``utilization`` returns what the run's running steps use now, one
+    :class:`StepSample` per step execution it can measure (``()`` when the engine
+    exposes nothing, e.g. no metrics API in the cluster: not an error). The caller polls it
+    while the run goes on; a reading the engine has not refreshed since the last poll
+    comes back with the same ``at`` (the receiver drops such repeats).
+    """
+
+    def utilization(self, run_id: str) -> Sequence[StepSample]: ...

@@ -347,7 +347,7 @@ class Plan(_message.Message):
     def __init__(self, workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., engine: _Optional[str] = ..., compiled: _Optional[str] = ..., cached: _Optional[_Mapping[str, CacheEntry]] = ..., passes: _Optional[_Iterable[_Union[PassReport, _Mapping]]] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., workflow_digest: _Optional[str] = ..., stored: _Optional[_Union[BlobRef, _Mapping]] = ..., unneeded: _Optional[_Iterable[str]] = ..., step_keys: _Optional[_Mapping[str, str]] = ..., nothing_to_run: _Optional[bool] = ...) -> None: ...
 
 class UtilizationSample(_message.Message):
-    __slots__ = ("run_id", "workflow", "step", "key", "attempt", "at", "cpu", "memory_bytes")
+    __slots__ = ("run_id", "workflow", "step", "key", "attempt", "at", "cpu", "memory_bytes", "interval_seconds")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +356,7 @@ class UtilizationSample(_message.Message):
     AT_FIELD_NUMBER: _ClassVar[int]
     CPU_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     workflow: str
     step: str
@@ -364,7 +365,8 @@ class UtilizationSample(_message.Message):
     at: _timestamp_pb2.Timestamp
     cpu: float
     memory_bytes: int
-    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., step: _Optional[str] = ..., key: _Optional[str] = ..., attempt: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cpu: _Optional[float] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    interval_seconds: float
+    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., step: _Optional[str] = ..., key: _Optional[str] = ..., attempt: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cpu: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., interval_seconds: _Optional[float] = ...) -> None: ...
 
 class StepPeak(_message.Message):
     __slots__ = ("run_id", "workflow", "step", "key", "peak_cpu", "peak_memory_bytes", "samples")

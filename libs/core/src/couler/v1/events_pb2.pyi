@@ -215,3 +215,11 @@ class DeadLetter(_message.Message):
     run_id: str
     at: _timestamp_pb2.Timestamp
     def __init__(self, durable: _Optional[str] = ..., subject: _Optional[str] = ..., stream_sequence: _Optional[int] = ..., delivery_count: _Optional[int] = ..., reason: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., payload: _Optional[bytes] = ..., authenticated: _Optional[bool] = ..., run_id: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class UtilizationBatch(_message.Message):
+    __slots__ = ("run_id", "samples")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    samples: _containers.RepeatedCompositeFieldContainer[_common_pb2.UtilizationSample]
+    def __init__(self, run_id: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[_common_pb2.UtilizationSample, _Mapping]]] = ...) -> None: ...

@@ -27,7 +27,7 @@ from couler.v1 import workflow_pb2 as couler_dot_v1_dot_workflow__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63ouler/v1/monitor_service.proto\x12\tcouler.v1\x1a\x16\x63ouler/v1/common.proto\x1a\x18\x63ouler/v1/workflow.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"S\n\x12UtilizationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"h\n\x13UtilizationResponse\x12-\n\x07samples\x18\x01 \x03(\x0b\x32\x1c.couler.v1.UtilizationSample\x12\"\n\x05peaks\x18\x02 \x03(\x0b\x32\x13.couler.v1.StepPeak\"8\n\x16RecommendationsRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\t\"y\n\x17RecommendationsResponse\x12\x32\n\x0frecommendations\x18\x01 \x03(\x0b\x32\x19.couler.v1.Recommendation\x12*\n\trequested\x18\x02 \x03(\x0b\x32\x17.couler.v1.StepRequests\"}\n\x0cStepRequests\x12\x0c\n\x04step\x18\x01 \x01(\t\x12\'\n\tresources\x18\x02 \x01(\x0b\x32\x14.couler.v1.Resources\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12&\n\x02\x61t\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\xb8\x01\n\x0eMonitorService\x12L\n\x0bUtilization\x12\x1d.couler.v1.UtilizationRequest\x1a\x1e.couler.v1.UtilizationResponse\x12X\n\x0fRecommendations\x12!.couler.v1.RecommendationsRequest\x1a\".couler.v1.RecommendationsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63ouler/v1/monitor_service.proto\x12\tcouler.v1\x1a\x16\x63ouler/v1/common.proto\x1a\x18\x63ouler/v1/workflow.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"S\n\x12UtilizationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\t\x12\r\n\x05limit\x18\x04 \x01(\x05\"\x97\x01\n\x13UtilizationResponse\x12-\n\x07samples\x18\x01 \x03(\x0b\x32\x1c.couler.v1.UtilizationSample\x12\"\n\x05peaks\x18\x02 \x03(\x0b\x32\x13.couler.v1.StepPeak\x12-\n\x07rollups\x18\x03 \x03(\x0b\x32\x1c.couler.v1.UtilizationRollup\"\xda\x01\n\x11UtilizationRollup\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12)\n\x05start\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63pu_mean\x18\x07 \x01(\x01\x12\x0f\n\x07\x63pu_max\x18\x08 \x01(\x01\x12\x18\n\x10memory_max_bytes\x18\t \x01(\x03\x12\x0f\n\x07samples\x18\n \x01(\x05\"8\n\x16RecommendationsRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\t\"y\n\x17RecommendationsResponse\x12\x32\n\x0frecommendations\x18\x01 \x03(\x0b\x32\x19.couler.v1.Recommendation\x12*\n\trequested\x18\x02 \x03(\x0b\x32\x17.couler.v1.StepRequests\"}\n\x0cStepRequests\x12\x0c\n\x04step\x18\x01 \x01(\t\x12\'\n\tresources\x18\x02 \x01(\x0b\x32\x14.couler.v1.Resources\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12&\n\x02\x61t\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\xb8\x01\n\x0eMonitorService\x12L\n\x0bUtilization\x12\x1d.couler.v1.UtilizationRequest\x1a\x1e.couler.v1.UtilizationResponse\x12X\n\x0fRecommendations\x12!.couler.v1.RecommendationsRequest\x1a\".couler.v1.RecommendationsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,14 +36,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_UTILIZATIONREQUEST']._serialized_start=129
   _globals['_UTILIZATIONREQUEST']._serialized_end=212
-  _globals['_UTILIZATIONRESPONSE']._serialized_start=214
-  _globals['_UTILIZATIONRESPONSE']._serialized_end=318
-  _globals['_RECOMMENDATIONSREQUEST']._serialized_start=320
-  _globals['_RECOMMENDATIONSREQUEST']._serialized_end=376
-  _globals['_RECOMMENDATIONSRESPONSE']._serialized_start=378
-  _globals['_RECOMMENDATIONSRESPONSE']._serialized_end=499
-  _globals['_STEPREQUESTS']._serialized_start=501
-  _globals['_STEPREQUESTS']._serialized_end=626
-  _globals['_MONITORSERVICE']._serialized_start=629
-  _globals['_MONITORSERVICE']._serialized_end=813
+  _globals['_UTILIZATIONRESPONSE']._serialized_start=215
+  _globals['_UTILIZATIONRESPONSE']._serialized_end=366
+  _globals['_UTILIZATIONROLLUP']._serialized_start=369
+  _globals['_UTILIZATIONROLLUP']._serialized_end=587
+  _globals['_RECOMMENDATIONSREQUEST']._serialized_start=589
+  _globals['_RECOMMENDATIONSREQUEST']._serialized_end=645
+  _globals['_RECOMMENDATIONSRESPONSE']._serialized_start=647
+  _globals['_RECOMMENDATIONSRESPONSE']._serialized_end=768
+  _globals['_STEPREQUESTS']._serialized_start=770
+  _globals['_STEPREQUESTS']._serialized_end=895
+  _globals['_MONITORSERVICE']._serialized_start=898
+  _globals['_MONITORSERVICE']._serialized_end=1082
 # @@protoc_insertion_point(module_scope)

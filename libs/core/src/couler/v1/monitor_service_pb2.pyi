@@ -24,12 +24,38 @@ class UtilizationRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., step: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class UtilizationResponse(_message.Message):
-    __slots__ = ("samples", "peaks")
+    __slots__ = ("samples", "peaks", "rollups")
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     PEAKS_FIELD_NUMBER: _ClassVar[int]
+    ROLLUPS_FIELD_NUMBER: _ClassVar[int]
     samples: _containers.RepeatedCompositeFieldContainer[_common_pb2.UtilizationSample]
     peaks: _containers.RepeatedCompositeFieldContainer[_common_pb2.StepPeak]
-    def __init__(self, samples: _Optional[_Iterable[_Union[_common_pb2.UtilizationSample, _Mapping]]] = ..., peaks: _Optional[_Iterable[_Union[_common_pb2.StepPeak, _Mapping]]] = ...) -> None: ...
+    rollups: _containers.RepeatedCompositeFieldContainer[UtilizationRollup]
+    def __init__(self, samples: _Optional[_Iterable[_Union[_common_pb2.UtilizationSample, _Mapping]]] = ..., peaks: _Optional[_Iterable[_Union[_common_pb2.StepPeak, _Mapping]]] = ..., rollups: _Optional[_Iterable[_Union[UtilizationRollup, _Mapping]]] = ...) -> None: ...
+
+class UtilizationRollup(_message.Message):
+    __slots__ = ("run_id", "workflow", "step", "key", "attempt", "start", "cpu_mean", "cpu_max", "memory_max_bytes", "samples")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CPU_MEAN_FIELD_NUMBER: _ClassVar[int]
+    CPU_MAX_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    workflow: str
+    step: str
+    key: str
+    attempt: int
+    start: _timestamp_pb2.Timestamp
+    cpu_mean: float
+    cpu_max: float
+    memory_max_bytes: int
+    samples: int
+    def __init__(self, run_id: _Optional[str] = ..., workflow: _Optional[str] = ..., step: _Optional[str] = ..., key: _Optional[str] = ..., attempt: _Optional[int] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cpu_mean: _Optional[float] = ..., cpu_max: _Optional[float] = ..., memory_max_bytes: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class RecommendationsRequest(_message.Message):
     __slots__ = ("workflow", "step")

@@ -57,6 +57,10 @@ task's ``return_value`` XCom (the compiler returns one dict of outputs per task)
 once per finished attempt and cached; non-string values are compact JSON. Airflow does
 not report a step's exit code: ``exit_code`` stays ``None``.
 
+Utilization: Airflow's REST API reports no resource use of a task instance, so a run on
+Airflow has no utilization samples (:class:`AirflowAdapter` is no
+:class:`~couler.engines.base.SamplingAdapter`).
+
 Every HTTP error is translated once, at this boundary, into :mod:`couler.errors`, and the
 message names the workflow: 404 -> ``NotFoundError``, 409 -> ``ConflictError``, 401/403
 and other 4xx -> ``UserError``, 5xx, 429 and connection failures -> ``RetryableError``.

@@ -39,6 +39,12 @@ the root node is named after the workflow, and any other pod is
 has no ``templateName``), the prefix cut to 242 characters. Logs are read from the
 ``main`` container; for a retried step, from its last attempt.
 
+Utilization (:meth:`ArgoAdapter.utilization`): for each running step, the ``main``
+container's usage from the metrics API (``metrics.k8s.io/v1beta1`` PodMetrics of its pod,
+the latest attempt's; metrics-server averages CPU over its window), polled by the caller
+while the run goes on. A cluster without the metrics API, or a token that may not read it,
+gives no samples (logged once; :class:`couler_runtime.kube.PodMetrics`).
+
 Every Kubernetes error is translated once, at this boundary, into :mod:`couler.errors`,
 and the message names the workflow: 404 -> ``NotFoundError``, 409 -> ``ConflictError``,
 other 4xx (401/403 included) -> ``UserError``, 5xx and connection failures ->
@@ -61,7 +67,7 @@ from kubernetes import watch as _k8s_watch
 from couler import ir
 from couler.api.handles import SecretMaterial
 from couler.compilers.argo import compile_workflow, to_yaml
-from couler.engines.base import RunState, RunStatus, StepState, StepStatus
+from couler.engines.base import RunState, RunStatus, StepSample, StepState, StepStatus
 from couler.errors import (
     CoulerError,
     DocumentTooLargeError,
@@ -71,6 +77,7 @@ from couler.errors import (
 )
 from couler_runtime.kube import (
     CONNECTION_ERRORS,
+    PodMetrics,
     api_client_for,
     as_mapping,
     items_of,
@@ -146,6 +153,7 @@ class ArgoAdapter:
         self._api: Any = api
         self._custom: Any = k8s_client.CustomObjectsApi(api)
         self._core: Any = k8s_client.CoreV1Api(api)
+        self._metrics = PodMetrics(self._custom, namespace)
 
     def __repr__(self) -> str:
         return f"ArgoAdapter(namespace={self.namespace!r})"
@@ -328,6 +336,29 @@ class ArgoAdapter:
             text = self._core.read_namespaced_pod_log(pod, self.namespace,
                                                       container=MAIN_CONTAINER)
         return str(text)
+
+    def utilization(self, name: str) -> list[StepSample]:
+        """What the running steps of run ``name`` use now (see the module docstring); empty
+        when the cluster exposes no pod metrics."""
+        if not self._metrics.available:
+            return []
+        obj = self.get(name)
+        nodes = _nodes(obj)
+        shutdown = bool((obj.get("spec") or {}).get("shutdown"))
+        samples = []
+        for node in _step_nodes(obj):
+            status = _step_status(node, nodes, shutdown)
+            if status.state not in (StepState.RUNNING, StepState.RETRYING):
+                continue
+            pod_node = node
+            if node.get("type") == "Retry" and node.get("children"):
+                pod_node = nodes.get(node["children"][-1], node)
+            if pod_node.get("type") != "Pod" or pod_node.get("phase") != "Running":
+                continue
+            usage = self._metrics.usage(pod_name(obj, pod_node), MAIN_CONTAINER)
+            if usage is not None:
+                samples.append(usage.sample(status.step, status.key, status.attempts))
+        return samples
 
     # ------------------------------------------------------------------ control
 

@@ -63,6 +63,10 @@ configuration; without access to the cluster, ``logs`` raises ``UserError``.
 Watching: the KFP API has no watch, so :meth:`KfpAdapter.watch` polls ``get_run`` every
 ``poll_interval`` seconds.
 
+Utilization: the KFP API reports no resource use of a task while it runs (nor after), so a
+run on KFP has no utilization samples (:class:`KfpAdapter` is no
+:class:`~couler.engines.base.SamplingAdapter`).
+
 Every KFP API error is translated once, at this boundary, into :mod:`couler.errors`: 404
 -> ``NotFoundError``, 409 -> ``ConflictError``, other 4xx (401/403 included) ->
 ``UserError``, 5xx and connection failures -> ``RetryableError``.

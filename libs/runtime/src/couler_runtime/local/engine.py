@@ -73,6 +73,11 @@ Execution rules:
   FAILED, steps not started yet end CANCELLED, both with a message naming the
   workflow and the timeout; the run ends FAILED and its exit hooks run as for
   any failure (the timeout does not bound them).
+* **Utilization while steps run**: with ``on_sample``, every running process tree is
+  reported as a time series of :class:`~couler.engines.base.StepSample` (about every
+  ``series_seconds``, default 1 s, and once more when the process ends): the average
+  cores it used over the interval (CPU time over wall time, children included) and its
+  resident memory (:mod:`couler_runtime.local.process`), called from worker threads.
 * :meth:`LocalEngine.logs` / :meth:`LocalRun.logs` return what one execution
   wrote (stdout, then stderr) in its last attempt.
 * The run record survives a crash: every state change is appended, as one
@@ -106,6 +111,7 @@ from couler.engines.base import (
     Feature,
     RunState,
     RunStatus,
+    StepSample,
     StepState,
     StepStatus,
     check_capabilities,
@@ -127,11 +133,12 @@ from couler.semantics import failed_leaves
 
 from .artifacts import ArtifactStore, PathMap, copy_path, digest_path
 from .capabilities import CAPABILITIES, ENGINE
-from .process import SAMPLE_SECONDS, run_process
+from .process import SAMPLE_SECONDS, SERIES_SECONDS, ProcessSample, run_process
 
 __all__ = ["LocalEngine", "LocalRun", "Reuse"]
 
 EventCallback = Callable[[StepStatus], None]
+SampleCallback = Callable[[StepSample], None]
 
 _PLACEHOLDER = re.compile(r"\{\{\s*(inputs\.[^}\s]+|item(?:\.[^}\s]+)?|workflow\.name)\s*\}\}")
 _DONE_OK = (StepState.SUCCEEDED, StepState.CACHED)
@@ -375,6 +382,7 @@ class LocalRun:
 
     def __init__(self, engine: LocalEngine, wf: ir.Workflow, run_dir: Path, *,
                  parameters: Mapping[str, str], on_event: EventCallback | None,
+                 on_sample: SampleCallback | None = None,
                  reuse: Mapping[str, _Record] | None = None,
                  previous: Mapping[tuple[str, str], _Record] | None = None,
                  references: Mapping[str, ir.Workflow] | None = None,
@@ -385,6 +393,7 @@ class LocalRun:
         self.run_id = run_dir.name
         self._parameters = dict(parameters)
         self._on_event = on_event
+        self._on_sample = on_sample
         self._reuse = dict(reuse or {})
         # Every record of the previous attempt (resume): the executions and inner steps of
         # a reused step are carried over with it.
@@ -1059,7 +1068,9 @@ class LocalRun:
         try:
             result = run_process(argv, cwd=cwd, env=env, stdout_path=exec_dir / "stdout",
                                  stderr_path=exec_dir / "stderr", timeout_seconds=timeout,
-                                 memory_limit_bytes=memory_limit, cancel=self._cancel)
+                                 memory_limit_bytes=memory_limit, cancel=self._cancel,
+                                 on_sample=self._sampling(rec),
+                                 series_seconds=self.engine.series_seconds)
         finally:
             self._slots.release()
         where = f"workflow {wf.name!r}, step {step.name!r}"
@@ -1197,6 +1208,19 @@ class LocalRun:
         return tuple(sorted(set(self._producer_keys(step).values())))
 
     # ------------------------------------------------------------------ sub-workflows
+
+    def _sampling(self, rec: _Record) -> Callable[[ProcessSample], None] | None:
+        """What passes the samples of ``rec``'s current attempt on (None: nobody wants them)."""
+        on_sample = self._on_sample
+        if on_sample is None:
+            return None
+        step, key, attempt = rec.step, rec.key, max(rec.attempts, 1)
+
+        def emit(s: ProcessSample) -> None:
+            on_sample(StepSample(step=step, at=s.at, cpu=s.cpu, memory_bytes=s.memory_bytes,
+                                 key=key, attempt=attempt, interval_seconds=s.interval_seconds))
+
+        return emit
 
     def _attempt_nested(self, step: ir.Step, rec: _Record, exec_dir: Path, item: object, *,
                         timeout: int | None) -> str | None:
@@ -1489,6 +1513,7 @@ class LocalEngine:
         cache_keys: Compute each plain top-level step's content key
             (:func:`couler.optimize.step_cache_key`, by lineage) when
             it succeeds, reported as ``StepStatus.cache_key`` (for a cache to commit).
+        series_seconds: The interval of the utilization samples passed to ``on_sample``.
     """
 
     name = ENGINE
@@ -1497,9 +1522,13 @@ class LocalEngine:
     def __init__(self, work_dir: str | Path, max_workers: int = 4,
                  secrets: Mapping[tuple[str, str], str] | None = None,
                  image_commands: Mapping[str, Sequence[str]] | None = None, *,
-                 workflows: Iterable[ir.Workflow] = (), cache_keys: bool = False) -> None:
+                 workflows: Iterable[ir.Workflow] = (), cache_keys: bool = False,
+                 series_seconds: float = SERIES_SECONDS) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
+        if not series_seconds > 0:
+            raise ValueError(f"series_seconds must be more than 0, got {series_seconds}")
+        self.series_seconds = series_seconds
         self.work_dir = Path(work_dir).resolve()  # steps run in their own directories
         self.max_workers = max_workers
         self.secrets: Mapping[tuple[str, str], str] = dict(secrets or {})
@@ -1509,13 +1538,16 @@ class LocalEngine:
         self.cache_keys = cache_keys
 
     def run(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
-            on_event: EventCallback | None = None) -> RunStatus:
+            on_event: EventCallback | None = None,
+            on_sample: SampleCallback | None = None) -> RunStatus:
         """Run ``wf`` to completion.
 
         Args:
             wf: The workflow.
             parameters: Values of workflow parameters (defaults otherwise).
             on_event: Called with a step's status on every change (from worker threads).
+            on_sample: Called with the utilization samples of running steps (from worker
+                threads; see the module docstring).
 
         Returns:
             The final status of the run.
@@ -1527,11 +1559,13 @@ class LocalEngine:
             InvalidWorkflowError: A dependency names a step that does not exist, or a
                 workflow reference is circular or lacks a parameter the workflow needs.
         """
-        return self.start(wf, parameters=parameters, on_event=on_event).wait()
+        return self.start(wf, parameters=parameters, on_event=on_event,
+                          on_sample=on_sample).wait()
 
     def start(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
               on_event: EventCallback | None = None, run_id: str | None = None,
-              cached: Mapping[str, Reuse] | None = None) -> LocalRun:
+              cached: Mapping[str, Reuse] | None = None,
+              on_sample: SampleCallback | None = None) -> LocalRun:
         """Start ``wf`` on a background thread and return its handle (see :meth:`run`).
 
         ``run_id`` names the run directory (default: workflow name, time and a random
@@ -1550,7 +1584,8 @@ class LocalEngine:
             raise ConflictError(f"workflow {wf.name!r}: run {run_id!r} exists already "
                                 f"({run_dir})") from None
         handle = LocalRun(self, wf, run_dir, parameters=parameters or {},
-                          on_event=on_event, references=references, cached=cached)
+                          on_event=on_event, on_sample=on_sample, references=references,
+                          cached=cached)
         handle._start()
         return handle
 
@@ -1570,7 +1605,8 @@ class LocalEngine:
         return self.resume(run_dir, on_event=on_event).wait()
 
     def resume(self, run_dir: str | Path, *, on_event: EventCallback | None = None,
-               interrupted: bool = False) -> LocalRun:
+               interrupted: bool = False,
+               on_sample: SampleCallback | None = None) -> LocalRun:
         """Start re-running a run from its failure point and return its handle.
 
         Steps (also inner steps of sub-workflows) that succeeded are reused with
@@ -1588,7 +1624,8 @@ class LocalEngine:
         reuse = {r.step: r for r in latest.values()
                  if not r.key and _top(r.step) in main and r.state in _DONE_OK}
         handle = LocalRun(self, wf, Path(run_dir), parameters=data.get("parameters") or {},
-                          on_event=on_event, reuse=reuse, previous=latest,
+                          on_event=on_event, on_sample=on_sample, reuse=reuse,
+                          previous=latest,
                           references=references)
         # The journal keeps growing: continue its numbering, or loading would replay the
         # older lines of the crashed attempt over this one's.

@@ -8,6 +8,13 @@ interrupted step again as a new attempt instead of losing a result it never saw.
 ``SAMPLE_SECONDS`` the tree's CPU (in cores) and resident memory are sampled
 with psutil; the peaks are returned with the exit code.
 
+While the process runs, ``on_sample`` (when given) receives a :class:`ProcessSample` about
+every ``series_seconds``, and once more when it ends (for the rest of the time): the
+*average* cores the tree used over the interval since the previous sample (the CPU time
+it spent, its exited and reaped children's included, over the wall time), not an
+instantaneous reading, and its resident memory at the end of the interval. A process that
+ends before it is sampled once gets none.
+
 The death signal is set by ``setpriv --pdeathsig KILL`` (util-linux), which then execs the
 command, or by a small Python shim where ``setpriv`` is missing -- never by a
 ``preexec_fn``: that forces ``fork()`` instead of ``vfork()``, and a fork of a process
@@ -19,6 +26,7 @@ one spawn in ten under load).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -26,16 +34,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
-__all__ = ["SAMPLE_SECONDS", "ProcessResult", "run_process"]
+__all__ = ["SAMPLE_SECONDS", "SERIES_SECONDS", "ProcessResult", "ProcessSample", "run_process"]
+
+log = logging.getLogger(__name__)
 
 SAMPLE_SECONDS = 0.05
 FIRST_SAMPLE_SECONDS = 0.004  # doubled up to SAMPLE_SECONDS
+SERIES_SECONDS = 1.0  # the interval of the time series passed to on_sample, by default
 
 _PR_SET_PDEATHSIG = 1
 
@@ -108,6 +120,79 @@ class ProcessResult:
     error: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """What a process tree used over one interval of its time series.
+
+    Attributes:
+        at: Seconds since the epoch at the end of the interval.
+        interval_seconds: The interval's length (wall time).
+        cpu: The average cores used over the interval (CPU time / wall time).
+        memory_bytes: The tree's resident memory at ``at``.
+    """
+
+    at: float
+    interval_seconds: float
+    cpu: float
+    memory_bytes: int
+
+
+OnSample = Callable[[ProcessSample], None]
+
+
+class _Series:
+    """Turns the sampler's readings into :class:`ProcessSample` intervals.
+
+    CPU time is summed per reading, as the increase of the tree's total since the previous
+    reading (never negative: a process that left the tree between two readings takes its
+    time with it, and only that reading's share is lost).
+    """
+
+    def __init__(self, emit: OnSample, interval: float, started: float) -> None:
+        self._emit = emit
+        self._interval = interval
+        self._since = started  # monotonic start of the current interval
+        self._used = 0.0  # CPU seconds used in the current interval
+        self._total: float | None = None  # the tree's CPU total at the previous reading
+        self._last: tuple[float, float, int] | None = None  # (monotonic, epoch, rss)
+        self.emitted = 0
+
+    def observe(self, total: float, rss: int) -> None:
+        now = time.monotonic()
+        if self._total is not None:
+            self._used += max(0.0, total - self._total)
+        else:
+            self._used += max(0.0, total)  # since the process started (its first reading)
+        self._total = total
+        if rss == 0:  # the tree's processes have exited (unreaped): no memory reading
+            if self._last is None:
+                return  # never seen alive: no sample (as a process too short to sample)
+            rss = self._last[2]  # the last known
+        self._last = (now, time.time(), rss)
+        if now - self._since >= self._interval:
+            self._flush()
+
+    def finish(self) -> None:
+        """The process ended: the rest of the time since the last sample, if any."""
+        if self._last is not None and self._last[0] > self._since:
+            self._flush()
+
+    def _flush(self) -> None:
+        assert self._last is not None  # flushed after a reading only
+        now, at, rss = self._last
+        wall = now - self._since
+        if wall <= 0:
+            return
+        sample = ProcessSample(at=at, interval_seconds=wall, cpu=self._used / wall,
+                               memory_bytes=rss)
+        self._since, self._used = now, 0.0
+        self.emitted += 1
+        try:
+            self._emit(sample)
+        except Exception:  # a consumer's failure never stops the step or its limits
+            log.warning("a utilization sample could not be passed on", exc_info=True)
+
+
 def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
     try:
         children = psutil.Process(proc.pid).children(recursive=True)
@@ -139,8 +224,10 @@ class _Sampler:
         self.execed = False
         self.peak_cpu = 0.0
         self.peak_rss = 0
+        self.cpu_seconds: float | None = None  # the tree's CPU time at the last reading
 
     def sample(self) -> int:
+        self.cpu_seconds = None  # set once the tree was read
         try:
             root = psutil.Process(self.pid)
             if not self.execed:
@@ -150,19 +237,25 @@ class _Sampler:
             tree = [root, *root.children(recursive=True)]
         except psutil.Error:
             return 0
-        rss, cpu = 0, 0.0
+        rss, cpu, seconds = 0, 0.0, 0.0
         for proc in tree:
             pid = int(proc.pid)
-            cached = self.procs.setdefault(pid, proc)
+            cached: Any = self.procs.setdefault(pid, proc)
             try:
-                now = int(cached.memory_info().rss)  # type: ignore[attr-defined]
-                cpu += float(cached.cpu_percent(None)) / 100.0  # type: ignore[attr-defined]
+                with cached.oneshot():
+                    now = int(cached.memory_info().rss)
+                    cpu += float(cached.cpu_percent(None)) / 100.0
+                    t = cached.cpu_times()
+                    # its own time and that of the children it reaped (a child's time moves
+                    # to its parent when reaped: the tree's total goes on counting it)
+                    seconds += t.user + t.system + t.children_user + t.children_system
             except psutil.Error:
                 continue
             rss += now
             self.hwm[pid] = max(self.hwm.get(pid, 0), now, _high_water_mark(pid))
         self.peak_rss = max(self.peak_rss, rss, sum(self.hwm.values()))
         self.peak_cpu = max(self.peak_cpu, cpu)
+        self.cpu_seconds = seconds
         return rss
 
 
@@ -188,6 +281,8 @@ def run_process(
     timeout_seconds: float | None = None,
     memory_limit_bytes: int | None = None,
     cancel: threading.Event | None = None,
+    on_sample: OnSample | None = None,
+    series_seconds: float = SERIES_SECONDS,
 ) -> ProcessResult:
     """Run ``argv`` to completion, sampling it and enforcing the limits.
 
@@ -200,6 +295,9 @@ def run_process(
         timeout_seconds: Kill the tree after this long.
         memory_limit_bytes: Kill the tree when its sampled RSS exceeds this.
         cancel: Kill the tree as soon as this event is set.
+        on_sample: Receives the tree's time series while it runs (see the module
+            docstring); called on this thread, so it must be quick.
+        series_seconds: The interval of that series.
 
     Returns:
         The exit code, the peaks, and why the process was killed, if it was.
@@ -217,11 +315,15 @@ def run_process(
         except OSError as exc:
             return ProcessResult(exit_code=None, started=False, error=f"{argv[0]!r}: {exc}")
         sampler = _Sampler(proc.pid, argv)
+        series = (_Series(on_sample, series_seconds, time.monotonic())
+                  if on_sample is not None else None)
         deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
         timed_out = oom = cancelled = False
         interval = FIRST_SAMPLE_SECONDS
         while True:
             rss = sampler.sample()
+            if series is not None and sampler.cpu_seconds is not None:
+                series.observe(sampler.cpu_seconds, rss)
             code = proc.poll()
             if code is not None:
                 break
@@ -243,6 +345,8 @@ def run_process(
                 proc.wait(timeout=interval)
             interval = min(interval * 2, SAMPLE_SECONDS)
         _kill_tree(proc)  # reap anything the step left running in its group
+        if series is not None:
+            series.finish()
     return ProcessResult(
         exit_code=code, timed_out=timed_out, oom_killed=oom, cancelled=cancelled,
         peak_cpu=sampler.peak_cpu, peak_memory_bytes=sampler.peak_rss,

@@ -47,6 +47,12 @@ Mapping of the IR onto Ray:
   step (parameters, defaults and volumes kept), so what a task costs does not
   grow with the workflow.
 
+Utilization while steps run: with ``on_sample``, a task samples the process tree its step
+runs (psutil in the task, on the worker's node, as the local engine does: the average cores
+over each interval and the resident memory, about every ``series_seconds``) and appends
+each :class:`~couler.engines.base.StepSample` to ``samples.jsonl`` in the run directory;
+the driver reads it with the events and calls ``on_sample`` on its thread.
+
 Running and cancelling: :meth:`RayExecutor.start` returns a :class:`RayRun` at
 once; a driver thread submits the tasks and collects their results
 (``run()`` = ``start()`` + ``wait()``). The tasks append each change of their
@@ -75,6 +81,7 @@ import dataclasses
 import functools
 import importlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -86,7 +93,14 @@ from pathlib import Path
 from typing import Any
 
 from couler import failures, ir
-from couler.engines.base import RunState, RunStatus, StepState, StepStatus, check_capabilities
+from couler.engines.base import (
+    RunState,
+    RunStatus,
+    StepSample,
+    StepState,
+    StepStatus,
+    check_capabilities,
+)
 from couler.errors import InvalidWorkflowError, RetryableError, UserError
 from couler.semantics import failed_leaves
 from couler_runtime.local.engine import (
@@ -102,13 +116,19 @@ from couler_runtime.local.engine import (
     hook_not_fired,
     skipped_without_running,
 )
+from couler_runtime.local.process import SERIES_SECONDS
 
 from .capabilities import CAPABILITIES, ENGINE
 
-__all__ = ["CANCEL_GRACE_SECONDS", "EVENTS_FILE", "RayExecutor", "RayRun", "RetryAttempt"]
+__all__ = ["CANCEL_GRACE_SECONDS", "EVENTS_FILE", "SAMPLES_FILE", "RayExecutor", "RayRun",
+           "RetryAttempt"]
+
+log = logging.getLogger(__name__)
 
 EventCallback = Callable[[StepStatus], None]
+SampleCallback = Callable[[StepSample], None]
 EVENTS_FILE = "events.jsonl"  # step changes appended by the tasks, read by the driver
+SAMPLES_FILE = "samples.jsonl"  # utilization samples appended by the tasks (on_sample)
 CANCEL_GRACE_SECONDS = 5.0  # an interrupted task has this long to kill its processes
 _POLL_SECONDS = 0.1
 _CONNECT_SECONDS = 5.0
@@ -129,6 +149,8 @@ class _Context:
     parameters: Mapping[str, str]
     secrets: Mapping[tuple[str, str], str]
     image_commands: Mapping[str, tuple[str, ...]]
+    samples: bool = False  # tasks append their steps' utilization samples to SAMPLES_FILE
+    series_seconds: float = SERIES_SECONDS
 
 
 # --------------------------------------------------------------------------- task side
@@ -154,9 +176,12 @@ def _local_run(ctx: _Context, upstream: Sequence[Result] = (), *,
     """A local run for ``ctx``; with ``events``, its step changes go to the events file."""
     run_dir = Path(ctx.run_dir)
     engine = LocalEngine(run_dir.parent, max_workers=1, secrets=ctx.secrets,
-                         image_commands=ctx.image_commands)
+                         image_commands=ctx.image_commands, series_seconds=ctx.series_seconds)
     on_event = functools.partial(_append_event, run_dir / EVENTS_FILE) if events else None
-    run = _TaskRun(engine, ctx.workflow, run_dir, parameters=ctx.parameters, on_event=on_event)
+    on_sample = (functools.partial(_append_sample, run_dir / SAMPLES_FILE)
+                 if events and ctx.samples else None)
+    run = _TaskRun(engine, ctx.workflow, run_dir, parameters=ctx.parameters, on_event=on_event,
+                   on_sample=on_sample)
     for result in upstream:
         rec = _Record.from_dict(result["record"])
         run._records[(rec.step, "")] = rec
@@ -180,12 +205,22 @@ def _status_from(data: Mapping[str, Any]) -> StepStatus:
 
 
 def _append_event(path: Path, status: StepStatus) -> None:
-    """Append one step change to the run's events file, read by the driver.
+    """Append one step change to the run's events file, read by the driver."""
+    _append_line(path, _status_dict(status))
+
+
+def _append_sample(path: Path, sample: StepSample) -> None:
+    """Append one utilization sample to the run's samples file, read by the driver."""
+    _append_line(path, dataclasses.asdict(sample))
+
+
+def _append_line(path: Path, data: Mapping[str, Any]) -> None:
+    """Append one JSON line to ``path``.
 
     One ``write`` on an ``O_APPEND`` descriptor, so lines of concurrent tasks never
     interleave.
     """
-    line = (json.dumps(_status_dict(status)) + "\n").encode()
+    line = (json.dumps(data) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
@@ -429,6 +464,18 @@ def _check_reachable(address: str) -> None:
         raise RetryableError(f"cannot reach the Ray cluster at {address!r}: {exc}") from exc
 
 
+def _new_lines(path: Path, offset: int) -> tuple[list[bytes], int]:
+    """The whole lines appended to ``path`` after ``offset``, and the offset after them."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = chunk.rfind(b"\n") + 1
+    return chunk[:end].splitlines(), offset + end
+
+
 class _Cancelled(Exception):  # noqa: N818 - control flow inside the driver thread
     """The run was cancelled while the driver waited."""
 
@@ -443,7 +490,8 @@ class RayRun:
     """
 
     def __init__(self, executor: RayExecutor, ray: Any, ctx: _Context, run_id: str,
-                 on_event: EventCallback | None) -> None:
+                 on_event: EventCallback | None, *,
+                 on_sample: SampleCallback | None = None) -> None:
         self.executor = executor
         self.workflow = ctx.workflow
         self.run_dir = Path(ctx.run_dir)
@@ -462,6 +510,9 @@ class RayRun:
         self._tasks: list[Any] = []  # every task submitted, for cancel()
         self._events = self.run_dir / EVENTS_FILE
         self._events_offset = 0
+        self._on_sample = on_sample
+        self._samples = self.run_dir / SAMPLES_FILE
+        self._samples_offset = 0
         self._thread = threading.Thread(target=self._main, name=f"couler-ray-{run_id}",
                                         daemon=True)
 
@@ -507,17 +558,23 @@ class RayRun:
         for data in (result["record"], *result.get("executions", ())):
             self._set(_Record.from_dict(data).status(), final=True)
 
-    def _poll_events(self) -> None:
-        """Read the events the tasks appended since the last poll (whole lines only)."""
-        try:
-            with self._events.open("rb") as f:
-                f.seek(self._events_offset)
-                chunk = f.read()
-        except FileNotFoundError:
+    def _poll_samples(self) -> None:
+        """Pass on the samples the tasks appended since the last poll (whole lines only)."""
+        if self._on_sample is None:
             return
-        end = chunk.rfind(b"\n") + 1
-        self._events_offset += end
-        for line in chunk[:end].splitlines():
+        lines, self._samples_offset = _new_lines(self._samples, self._samples_offset)
+        for line in lines:
+            try:
+                self._on_sample(StepSample(**json.loads(line)))
+            except Exception:  # a consumer's failure never stops the run
+                log.warning("run %s: a utilization sample could not be passed on", self.run_id,
+                            exc_info=True)
+
+    def _poll_events(self) -> None:
+        """Read the events (and samples) the tasks appended since the last poll."""
+        self._poll_samples()
+        lines, self._events_offset = _new_lines(self._events, self._events_offset)
+        for line in lines:
             status = _status_from(json.loads(line))
             parent = (status.step, "")
             if status.key and parent in self._records \
@@ -746,6 +803,7 @@ class RayExecutor:
         image_commands: Optional command prefix per container image (as on the
             local engine).
         init_options: Extra keyword arguments for ``ray.init``.
+        series_seconds: The interval of the utilization samples passed to ``on_sample``.
     """
 
     name = ENGINE
@@ -754,8 +812,10 @@ class RayExecutor:
     def __init__(self, work_dir: str | Path, address: str | None = None, *,
                  secrets: Mapping[tuple[str, str], str] | None = None,
                  image_commands: Mapping[str, Sequence[str]] | None = None,
-                 init_options: Mapping[str, Any] | None = None) -> None:
+                 init_options: Mapping[str, Any] | None = None,
+                 series_seconds: float = SERIES_SECONDS) -> None:
         self.work_dir = Path(work_dir).resolve()
+        self.series_seconds = series_seconds
         self.address = address
         self.secrets: dict[tuple[str, str], str] = dict(secrets or {})
         self.image_commands: dict[str, tuple[str, ...]] = {
@@ -767,7 +827,8 @@ class RayExecutor:
     # ------------------------------------------------------------------ public API
 
     def run(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
-            on_event: EventCallback | None = None) -> RunStatus:
+            on_event: EventCallback | None = None,
+            on_sample: SampleCallback | None = None) -> RunStatus:
         """Run ``wf`` on Ray to completion and return its final status.
 
         Args:
@@ -775,16 +836,20 @@ class RayExecutor:
             parameters: Values of workflow parameters (defaults otherwise).
             on_event: Called with a step's status on every change (from the driver
                 thread).
+            on_sample: Called with the utilization samples of running steps (from the
+                driver thread; see the module docstring).
 
         Raises:
             UnsupportedFeatureError: ``wf`` uses a feature the Ray executor lacks.
             InvalidWorkflowError: A dependency names a step that does not exist.
             UserError: Ray is not installed.
         """
-        return self.start(wf, parameters=parameters, on_event=on_event).wait()
+        return self.start(wf, parameters=parameters, on_event=on_event,
+                          on_sample=on_sample).wait()
 
     def start(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
-              on_event: EventCallback | None = None) -> RayRun:
+              on_event: EventCallback | None = None,
+              on_sample: SampleCallback | None = None) -> RayRun:
         """Start ``wf`` on Ray and return its handle at once (see :meth:`run`)."""
         check_capabilities(ENGINE, CAPABILITIES, wf)
         ir.validate(wf)
@@ -794,8 +859,9 @@ class RayExecutor:
         run_dir = self.work_dir / run_id
         run_dir.mkdir(parents=True)
         ctx = _Context(str(run_dir), wf, dict(parameters or {}), self.secrets,
-                       self.image_commands)
-        handle = RayRun(self, ray, ctx, run_id, on_event)
+                       self.image_commands, samples=on_sample is not None,
+                       series_seconds=self.series_seconds)
+        handle = RayRun(self, ray, ctx, run_id, on_event, on_sample=on_sample)
         handle._thread.start()
         return handle
 

@@ -14,9 +14,10 @@ Enums mirror the proto enums member for member (``RUN_STATE_FAILED`` ⇄
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -26,7 +27,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from couler import ir
 from couler.engines import base
 from couler.errors import InvalidWorkflowError
-from couler.v1 import cache_service_pb2, common_pb2, monitor_service_pb2
+from couler.v1 import cache_service_pb2, common_pb2, events_pb2, monitor_service_pb2
 from couler.v1 import workflow_pb2 as wpb
 from couler_runtime import codec
 
@@ -59,6 +60,7 @@ __all__ = [
     "StoredArtifact",
     "Template",
     "Utilization",
+    "UtilizationRollup",
     "UtilizationSample",
 ]
 
@@ -673,7 +675,8 @@ def plan_from_proto(m: common_pb2.Plan) -> Plan:
 
 @dataclass(frozen=True, slots=True)
 class UtilizationSample:
-    """One measurement of a running step."""
+    """One measurement of a running step, over the ``interval_seconds`` ending at ``at``
+    (``cpu``: the average cores over it; 0 s: a single reading)."""
 
     run_id: str
     workflow: str
@@ -683,6 +686,7 @@ class UtilizationSample:
     memory_bytes: int
     key: str = ""
     attempt: int = 1
+    interval_seconds: float = 0.0
 
 
 def utilization_sample_to_proto(s: UtilizationSample) -> common_pb2.UtilizationSample:
@@ -690,13 +694,28 @@ def utilization_sample_to_proto(s: UtilizationSample) -> common_pb2.UtilizationS
     return common_pb2.UtilizationSample(
         run_id=s.run_id, workflow=s.workflow, step=s.step, key=s.key, attempt=s.attempt,
         at=_ts(s.at), cpu=s.cpu, memory_bytes=s.memory_bytes,
+        interval_seconds=s.interval_seconds,
     )
 
 
 def utilization_sample_from_proto(m: common_pb2.UtilizationSample) -> UtilizationSample:
     """The :class:`UtilizationSample` of ``m``."""
     return UtilizationSample(m.run_id, m.workflow, m.step, _seconds(m, "at"), m.cpu,
-                             m.memory_bytes, m.key, m.attempt)
+                             m.memory_bytes, m.key, m.attempt, m.interval_seconds)
+
+
+def utilization_batch_to_proto(run_id: str, samples: Sequence[UtilizationSample]
+                               ) -> events_pb2.UtilizationBatch:
+    """The ``couler.v1.UtilizationBatch`` of one run's ``samples``."""
+    return events_pb2.UtilizationBatch(
+        run_id=run_id, samples=[utilization_sample_to_proto(s) for s in samples])
+
+
+def utilization_batch_from_proto(m: events_pb2.UtilizationBatch
+                                 ) -> tuple[UtilizationSample, ...]:
+    """The samples of ``m``; a sample without a run id is the batch's run's."""
+    return tuple(dataclasses.replace(s, run_id=s.run_id or m.run_id)
+                 for s in map(utilization_sample_from_proto, m.samples))
 
 
 @dataclass(frozen=True, slots=True)
@@ -713,11 +732,29 @@ class StepPeak:
 
 
 @dataclass(frozen=True, slots=True)
+class UtilizationRollup:
+    """The samples of one step execution in one minute, compacted (older than the raw
+    samples the monitor keeps)."""
+
+    run_id: str
+    workflow: str
+    step: str
+    start: float  # the minute's start, seconds since the epoch
+    cpu_mean: float  # cores
+    cpu_max: float
+    memory_max_bytes: int
+    samples: int
+    key: str = ""
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Utilization:
-    """Samples (oldest first) and peaks."""
+    """Samples and rollups (each oldest first) and peaks over both."""
 
     samples: tuple[UtilizationSample, ...]
     peaks: tuple[StepPeak, ...]
+    rollups: tuple[UtilizationRollup, ...] = ()
 
 
 def utilization_from_proto(m: monitor_service_pb2.UtilizationResponse) -> Utilization:
@@ -726,6 +763,9 @@ def utilization_from_proto(m: monitor_service_pb2.UtilizationResponse) -> Utiliz
         tuple(utilization_sample_from_proto(s) for s in m.samples),
         tuple(StepPeak(p.run_id, p.workflow, p.step, p.peak_cpu, p.peak_memory_bytes,
                        p.samples, p.key) for p in m.peaks),
+        tuple(UtilizationRollup(r.run_id, r.workflow, r.step, _seconds(r, "start") or 0.0,
+                                r.cpu_mean, r.cpu_max, r.memory_max_bytes, r.samples, r.key,
+                                r.attempt) for r in m.rollups),
     )
 
 
@@ -736,6 +776,10 @@ def utilization_to_proto(u: Utilization) -> monitor_service_pb2.UtilizationRespo
         peaks=[common_pb2.StepPeak(run_id=p.run_id, workflow=p.workflow, step=p.step, key=p.key,
                                    peak_cpu=p.peak_cpu, peak_memory_bytes=p.peak_memory_bytes,
                                    samples=p.samples) for p in u.peaks],
+        rollups=[monitor_service_pb2.UtilizationRollup(
+            run_id=r.run_id, workflow=r.workflow, step=r.step, key=r.key, attempt=r.attempt,
+            start=_ts(r.start), cpu_mean=r.cpu_mean, cpu_max=r.cpu_max,
+            memory_max_bytes=r.memory_max_bytes, samples=r.samples) for r in u.rollups],
     )
 
 

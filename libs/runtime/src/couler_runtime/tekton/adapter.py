@@ -52,6 +52,11 @@ the latest attempt), container ``step-main`` (the container Tekton names
 ``step-<step name>`` for the compiler's single step ``main``; taken from
 ``status.steps[].container`` when reported).
 
+Utilization (:meth:`TektonAdapter.utilization`): for each running step, its main
+container's usage from the metrics API (``metrics.k8s.io/v1beta1`` PodMetrics of the
+TaskRun's pod), polled by the caller while the run goes on; none where the cluster has no
+metrics API or the token may not read it (logged once; :class:`couler_runtime.kube.PodMetrics`).
+
 Every Kubernetes error is translated once, at this boundary, into :mod:`couler.errors`
 exactly as in :mod:`couler_runtime.argo.adapter`: 404 -> ``NotFoundError``, 409 ->
 ``ConflictError``, other 4xx -> ``UserError``, 5xx and connection failures ->
@@ -75,7 +80,15 @@ from kubernetes import client as k8s_client
 from couler import ir
 from couler.api.handles import SecretMaterial
 from couler.compilers.tekton import compile_workflow
-from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, StepStatus
+from couler.engines.base import (
+    EngineAdapter,
+    RunState,
+    RunStatus,
+    SamplingAdapter,
+    StepSample,
+    StepState,
+    StepStatus,
+)
 from couler.errors import (
     CoulerError,
     NotFoundError,
@@ -88,6 +101,7 @@ from couler_runtime.argo.adapter import (
 )
 from couler_runtime.kube import (
     CONNECTION_ERRORS,
+    PodMetrics,
     api_client_for,
     as_mapping,
     items_of,
@@ -145,6 +159,7 @@ class TektonAdapter:
         self._api: Any = api
         self._custom: Any = k8s_client.CustomObjectsApi(api)
         self._core: Any = k8s_client.CoreV1Api(api)
+        self._metrics = PodMetrics(self._custom, namespace)
 
     def __repr__(self) -> str:
         return f"TektonAdapter(namespace={self.namespace!r})"
@@ -427,6 +442,26 @@ class TektonAdapter:
             text = self._core.read_namespaced_pod_log(pod, self.namespace, container=container)
         return str(text)
 
+    def utilization(self, name: str) -> list[StepSample]:
+        """What the running steps of PipelineRun ``name`` use now (see the module
+        docstring); empty when the cluster exposes no pod metrics."""
+        if not self._metrics.available:
+            return []
+        run = self.get(name)
+        cancelled = _run_state(run) is RunState.CANCELLED
+        samples = []
+        for step, key, task_run, skip in _children(run, self.task_runs(name)):
+            if task_run is None or skip:
+                continue
+            status = _step_status(step, key, task_run, skip, cancelled)
+            pod = str((task_run.get("status") or {}).get("podName") or "")
+            if status.state is not StepState.RUNNING or not pod:
+                continue
+            usage = self._metrics.usage(pod, _main_container(task_run))
+            if usage is not None:
+                samples.append(usage.sample(step, key, status.attempts))
+        return samples
+
     # ------------------------------------------------------------------ control
 
     def cancel(self, name: str) -> None:
@@ -626,4 +661,9 @@ def run_status(run: Mapping[str, Any], task_runs: Iterable[Mapping[str, Any]]) -
 
 def _conforms(adapter: TektonAdapter) -> EngineAdapter:
     """Never called: mypy checks here that the adapter follows the EngineAdapter protocol."""
+    return adapter
+
+
+def _samples(adapter: TektonAdapter) -> SamplingAdapter:
+    """Never called: mypy checks here that the adapter follows SamplingAdapter."""
     return adapter
