@@ -238,3 +238,19 @@ def test_config_is_checked() -> None:
     with pytest.raises(ValueError):
         RecommenderConfig(min_runs=0)
     assert math.isclose(RecommenderConfig().half_life, DAY)
+
+
+def test_cpu_samples_weigh_the_time_they_cover() -> None:
+    """A start-up burst of 1.4 cores over 2 s, then 8 samples of 0.2 cores each over 15 s,
+    per run: weighed by time the burst is 2 s of 122 (under the 10% above p90), so the p90
+    is the quiet use; counted one sample each it is 1 sample in 9, and the p90 is the burst."""
+    timed, counted = StepHistory.new(24 * HOUR), StepHistory.new(24 * HOUR)
+    for run in range(5):
+        t = T0 + run * HOUR
+        timed.add_cpu(t + 2, 1.4, 2.0)
+        counted.add_cpu(t + 2, 1.4)
+        for i in range(1, 9):
+            timed.add_cpu(t + 2 + 15 * i, 0.2, 15.0)
+            counted.add_cpu(t + 2 + 15 * i, 0.2)
+    assert timed.cpu.percentile(0.9) < 0.25
+    assert counted.cpu.percentile(0.9) > 1.3

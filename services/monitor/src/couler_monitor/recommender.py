@@ -21,12 +21,13 @@ the same power of two (renormalised), which changes no percentile.
 
 * CPU: every utilization sample, in cores. A sample is the mean use over an interval (the
   engines' time series) or, from an engine that reports one sample per attempt, that
-  attempt's peak. Each sample weighs 1 (times the decay): samples of a series are evenly
-  spaced, so equal weights make the histogram a distribution of use *over time* -- a second
-  of interpreter start-up at 1.4 cores is one sample among those of the whole run, not the
-  step's size. (VPA weighs a sample by the container's CPU request, at least 0.1 core; we
-  do not, because the request here is our own output: weighing by it would make a step's
-  past recommendations weigh on its next ones.)
+  attempt's peak. A sample weighs the seconds it covers (times the decay; a peak without
+  an interval weighs 1), so the histogram is a distribution of use *over time* whatever
+  the engine's sampling period -- two seconds of interpreter start-up at 1.4 cores weigh
+  two seconds of the whole run, not the step's size. (VPA weighs a sample by the
+  container's CPU request, at least 0.1 core; we do not, because the request here is our
+  own output: weighing by it would make a step's past recommendations weigh on its next
+  ones.)
 * Memory: one value per run of the step -- the run's peak over its samples, attempts and
   map items (the request must fit the largest item), VPA's "peak per aggregation
   interval" with a run as the interval. A run's peak only grows: when a higher value of the
@@ -303,11 +304,13 @@ class StepHistory:
         self.first_at = at if self.first_at is None else min(self.first_at, at)
         self.last_at = at if self.last_at is None else max(self.last_at, at)
 
-    def add_cpu(self, at: float, cores: float) -> None:
-        """One CPU sample (mean cores over its interval, or an attempt's peak)."""
+    def add_cpu(self, at: float, cores: float, seconds: float = 0.0) -> None:
+        """One CPU sample: the mean cores over the ``seconds`` it covers (weighed by them),
+        or an attempt's peak (``seconds`` 0: weighs 1)."""
         if not (math.isfinite(at) and math.isfinite(cores)) or cores < 0:
             return
-        self.cpu.add(cores, at)
+        weight = seconds if math.isfinite(seconds) and seconds > 0 else 1.0
+        self.cpu.add(cores, at, weight)
         self.samples += 1
         self._seen(at)
 

@@ -886,12 +886,13 @@ class Monitor:
         history = StepHistory.new(self._config.half_life)
         tx.forget_recommender_runs(workflow, step)
         runs: dict[str, list[Any]] = {}  # run -> [peak, at, ended]
-        for run_id, at_ns, cpu, memory in tx.sample_series(workflow, step, _REBUILD_SAMPLES):
+        for run_id, at_ns, cpu, memory, seconds in tx.sample_series(workflow, step,
+                                                                    _REBUILD_SAMPLES):
             at = _finite(at_ns / 1e9 if isinstance(at_ns, int) else None)
             if at is None:
                 continue
             if isinstance(cpu, float | int):
-                history.add_cpu(at, float(cpu))
+                history.add_cpu(at, float(cpu), _finite(seconds) or 0.0)
             got = runs.setdefault(run_id, [None, at, False])
             if isinstance(memory, int) and 0 <= memory <= _INT64:
                 got[0] = max(got[0] or 0, memory)
@@ -921,7 +922,7 @@ class Monitor:
         run's peak. The step is recommended for again when its run has ended (a sample
         that came late); the samples of a running step wait for its end."""
         at = row.at_ns / 1e9
-        history.add_cpu(at, row.cpu)
+        history.add_cpu(at, row.cpu, row.interval_seconds or 0.0)
         ended = self._run_peak(tx, history, (row.workflow, row.step, row.run_id), at=at,
                                value=float(row.memory_bytes) if row.memory_bytes > 0
                                else None)[1]

@@ -608,14 +608,14 @@ class Tx:
             RecommenderRunRow.workflow == workflow, RecommenderRunRow.step == step))
 
     def sample_series(self, workflow: str, step: str,
-                      limit: int) -> list[tuple[str, int, float, int]]:
-        """(run, at_ns, cpu, memory) of the newest ``limit`` samples of a step, oldest
-        first."""
+                      limit: int) -> list[tuple[str, int, float, int, float | None]]:
+        """(run, at_ns, cpu, memory, interval seconds) of the newest ``limit`` samples of a
+        step, oldest first."""
         stmt = (sa.select(SampleRow.run_id, SampleRow.at_ns, SampleRow.cpu,
-                          SampleRow.memory_bytes)
+                          SampleRow.memory_bytes, SampleRow.interval_seconds)
                 .where(SampleRow.workflow == workflow, SampleRow.step == step)
                 .order_by(SampleRow.at_ns.desc(), SampleRow.id.desc()).limit(limit))
-        return [(r[0], r[1], r[2], r[3]) for r in self.session.execute(stmt)][::-1]
+        return [(r[0], r[1], r[2], r[3], r[4]) for r in self.session.execute(stmt)][::-1]
 
     def step_requests(self, workflow: str, step: str = "") -> Sequence[StepRequestRow]:
         """The requests of a workflow's steps in its latest plan."""
