@@ -49,7 +49,8 @@ from typing import Any
 from couler import ir
 from couler import optimize as passes
 from couler.engines.base import StepState
-from couler.failures import classify
+from couler.failures import Attempt as Earlier
+from couler.failures import classify, error_line
 from couler_monitor.service import Monitor
 from couler_monitor.store import MonitorStore
 from couler_runtime.rpc.records import (
@@ -246,7 +247,7 @@ def run_step(truth: StepTruth, step: ir.Step, submission: int, *, seed: int, inf
     mem_req = _quantity(res.memory_request) or truth.memory_request
     limit = _quantity(res.memory_limit) or math.inf
     attempts: list[Attempt] = []
-    history: list[tuple[int | None, str]] = []
+    history: list[Earlier] = []
     n = 0
     while True:
         rng = random.Random(f"{seed}/{submission}/{truth.name}/{n}")
@@ -274,11 +275,13 @@ def run_step(truth: StepTruth, step: ir.Step, submission: int, *, seed: int, inf
         elif static:  # before the loop: every non-zero exit "transient" (OOM by its code)
             failure = ir.FailureClass.OOM if exit_code == 137 else ir.FailureClass.TRANSIENT
         else:
-            failure, _why = classify(exit_code=exit_code, reason=reason, log=log,
-                                     previous=tuple(history))
+            failure = classify(exit_code, engine_reason=reason, log=log,
+                               previous=tuple(history),
+                               memory_evidence=exit_code == 137).failure_class
         attempts.append(Attempt(ok, exit_code, reason, log, failure, cores, peak, seconds,
                                 cpu_req, mem_req, limit))
-        history.append((exit_code, log))
+        if not ok:
+            history.append(Earlier(exit_code, error_line(log)))
         if ok or policy is None or n >= policy.limit or failure is None:
             return attempts
         if ir.FailureClass.ANY not in policy.on and failure not in policy.on:
