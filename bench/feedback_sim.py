@@ -313,7 +313,8 @@ class Loop:
     async def plan(self, wf: ir.Workflow) -> ir.Workflow:
         recs = await self.monitor.recommendations(wf.name)
         plan = passes.optimize(wf, "local", recommendations=[
-            passes.Recommendation(r.workflow, r.step, _KINDS[r.kind], r.value, r.reason)
+            passes.Recommendation(r.workflow, r.step, _KINDS[r.kind], r.value, r.reason,
+                                  r.based_on_samples, r.failure_class)
             for r in recs if r.kind in _KINDS], compile=False)
         return plan.workflow
 
