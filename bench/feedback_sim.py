@@ -329,14 +329,15 @@ class Loop:
                 # The interpreter's start-up: a short burst on more than one core.
                 changes.append(m.sample_change(UtilizationSample(
                     run_id=run_id, workflow=wf.name, step=name, at=began + STARTUP_SECONDS,
-                    cpu=STARTUP_CORES, memory_bytes=80 * MI, attempt=number)))
+                    cpu=STARTUP_CORES, memory_bytes=80 * MI, attempt=number,
+                    interval_seconds=STARTUP_SECONDS)))
                 pieces = max(2, min(8, int(a.seconds // 60)))
                 for i in range(1, pieces + 1):
                     changes.append(m.sample_change(UtilizationSample(
                         run_id=run_id, workflow=wf.name, step=name,
                         at=began + a.seconds * i / pieces, cpu=a.cores,
                         memory_bytes=int(a.peak * (0.6 + 0.4 * i / pieces)),
-                        attempt=number)))
+                        attempt=number, interval_seconds=a.seconds / pieces)))
                 at = began + a.seconds
             last = attempts[-1]
             record = StepRecord(
