@@ -358,6 +358,16 @@ class TestOptimize:
         changed, notes = report(plan, "default_retry")
         assert changed and "s0, s1, s2" in notes[0]
 
+    @pytest.mark.parametrize("engine", ["tekton", "airflow"])
+    def test_engines_without_failure_classes_get_a_plan_without_blanket_retries(
+            self, optimizer: Optimizer, engine: str) -> None:
+        # The default retries by failure class; these engines retry every failure alike,
+        # so the optimizer fits its policy to them instead of failing the plan.
+        plan = optimizer.optimize(chain(2), engine)
+        assert plan.compiled and all(s.retry is None for s in plan.workflow.steps)
+        changed, notes = report(plan, "default_retry")
+        assert changed and any(f"{engine} retries every failure alike" in n for n in notes)
+
     def test_local_runs_the_ir_itself(self, optimizer: Optimizer) -> None:
         plan = optimizer.optimize(chain(2), "")
         assert [p.name for p in plan.passes] == PASSES

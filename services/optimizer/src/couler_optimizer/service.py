@@ -50,7 +50,7 @@ from couler.errors import RetryableError, UserError
 from couler.optimize.reuse import ArtifactStore
 from couler.v1 import common_pb2
 from couler_optimizer.store import LearnedBudget, OptimizerStore, PlanSummary
-from couler_runtime.engines import check_engine
+from couler_runtime.engines import capabilities_of, check_engine
 from couler_runtime.rpc.records import (
     CacheEntry,
     Chunk,
@@ -287,7 +287,8 @@ class Optimizer:
             budget=self.budget(name), retry=self._retry,
             substitute=substitute,
             store=self._artifact_store if name in S3_READING_ENGINES else None,
-            record_use=None if lookup is None else lookup.record, validated=True)
+            record_use=None if lookup is None else lookup.record, validated=True,
+            capabilities=capabilities_of(name))
         reports = list(plan.reports)
         cached: dict[str, CacheEntry] = {}
         for i, report in enumerate(reports):

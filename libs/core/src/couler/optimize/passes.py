@@ -21,6 +21,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from couler import ir
 from couler.alloc import gc_paused
+from couler.engines.base import Capability, Feature
 from couler.errors import UserError
 from couler.optimize.cache_key import (
     cache_policy,
@@ -33,6 +34,7 @@ from couler.optimize.cache_key import (
     workflow_keys,
 )
 from couler.optimize.freshness import fresh
+from couler.optimize.retry_fit import fit_retries
 from couler.optimize.reuse import ArtifactStore, substitute_cached
 from couler.optimize.split import Budget, Chunk, split_workflow
 
@@ -379,6 +381,18 @@ def _int(text: str) -> int | None:
 # ----------------------------------------------------------------------- retry
 
 
+def _flaky(wf: ir.Workflow, recs: Sequence[Recommendation]) -> set[str]:
+    """The steps of ``wf`` the monitor saw fail transiently: a learned retry limit above 0
+    for transient or infrastructure failures."""
+    out = set()
+    for rec in recs:
+        if (rec.workflow == wf.name and rec.kind == "retry_limit"
+                and rec.failure_class in (ir.FailureClass.TRANSIENT, ir.FailureClass.INFRA)
+                and (_int(rec.value) or 0) > 0):
+            out.add(rec.step)
+    return out
+
+
 def default_retry(wf: ir.Workflow, policy: ir.RetryPolicy = DEFAULT_RETRY
                   ) -> tuple[ir.Workflow, list[str]]:
     """Give every step that has no retry policy (own or workflow default) ``policy``.
@@ -470,7 +484,8 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
              compile: bool = True, substitute: bool = False,
              store: ArtifactStore | None = None,
              record_use: Callable[[Sequence[str]], object] | None = None,
-             validated: bool = False) -> Plan:
+             validated: bool = False,
+             capabilities: Mapping[Feature, Capability] | None = None) -> Plan:
     """Run the pass pipeline over ``wf`` for ``engine`` and return the plan.
 
     ``lookup`` is None to skip the cache; ``retry`` None to skip the default retry
@@ -481,8 +496,10 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
     ``store``. ``record_use`` is given the keys the plan uses -- the hits it reuses (not
     those nothing reads) and the keys of the steps it runs -- once it is made, for a cache
     that counts use (``lookup`` only finds entries). ``validated``: the caller has just
-    validated ``wf`` (the validate pass does not again). Raises ValidationError /
-    UnsupportedFeatureError naming the step.
+    validated ``wf`` (the validate pass does not again). ``capabilities``: the engine's
+    matrix, to which the retry policies the optimizer supplied (default or learned) are
+    fitted (:func:`couler.optimize.retry_fit.fit_retries`); None leaves them as they are.
+    Raises ValidationError / UnsupportedFeatureError naming the step.
     """
     from couler.optimize.split import budget_for
 
@@ -523,15 +540,21 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
                                   notes=tuple(taken) + done.notes))
     if record_use is not None:
         record_use(_used_keys(original, keys, cached, unneeded_steps(original, cached)))
+    written = {s.name for s in wf.steps if s.retry is not None}
     with _timed(reports, "right_size") as box:
         wf, notes = apply_recommendations(wf, recommendations)
         box.append(PassReport("", changed=bool(notes), notes=tuple(notes)))
     with _timed(reports, "default_retry") as box:
-        if retry is None:
-            box.append(PassReport("", changed=False, notes=("skipped",)))
-        else:
+        notes = []
+        if retry is not None:
             wf, notes = default_retry(wf, retry)
-            box.append(PassReport("", changed=bool(notes), notes=tuple(notes)))
+        if capabilities is not None:
+            wf, fitted = fit_retries(wf, engine, capabilities, written=written,
+                                     flaky=_flaky(wf, recommendations))
+            notes += fitted
+        box.append(PassReport("", changed=bool(notes),
+                              notes=tuple(notes) if notes or retry is not None
+                              else ("skipped",)))
     chunks: tuple[Chunk, ...] = ()
     whole: list[str] = []  # the document of ``wf`` when the split pass compiled it
 
