@@ -51,6 +51,8 @@ def fit_retries(wf: ir.Workflow, engine: str, capabilities: Mapping[Feature, Cap
     backoff = _can(capabilities, Feature.RETRY_BACKOFF)
     memory = _can(capabilities, Feature.MEMORY_ESCALATION)
     classes = _can(capabilities, Feature.RETRY_FAILURE_CLASSES)
+    if backoff and memory and classes:  # the engine expresses every policy we give
+        return wf, []
     dropped_backoff: list[str] = []
     dropped_memory: list[str] = []
     every: list[str] = []
@@ -75,7 +77,7 @@ def fit_retries(wf: ir.Workflow, engine: str, capabilities: Mapping[Feature, Cap
         if policy.memory_factor is not None and not memory:
             policy = dataclasses.replace(policy, memory_factor=None, memory_ceiling="")
             dropped_memory.append(step.name)
-        steps.append(dataclasses.replace(step, retry=policy))
+        steps.append(step if policy is step.retry else dataclasses.replace(step, retry=policy))
     notes = []
     if none:
         notes.append(f"{engine} retries every failure alike (it cannot tell a user error "
