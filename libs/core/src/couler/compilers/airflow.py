@@ -230,6 +230,9 @@ CAPABILITIES: dict[Feature, Capability] = {
             "is_paused_upon_creation, forbid → max_active_runs=1; replace is rejected"),
     Feature.EVENT_TRIGGERS: Capability(
         _U, "Airflow triggers DAGs from asset events, not from message subjects with filters"),
+    Feature.TUNE: Capability(
+        _U, "not compiled for Airflow yet: the ask/trials/tell rounds Argo runs need a mapped "
+            "task reading keyed items (use the local engine, Ray or Argo)"),
 }
 
 _AIRFLOW_DOCS = "https://airflow.apache.org/docs/apache-airflow/stable/"

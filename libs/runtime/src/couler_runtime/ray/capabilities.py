@@ -79,6 +79,7 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.CRON: Capability(_U, "a single run cannot be scheduled; the submitter schedules it"),
     Feature.EVENT_TRIGGERS: Capability(_U, "a single run cannot wait for events; the submitter "
                                            "triggers it"),
+    Feature.TUNE: Capability(_U, "tuning is not implemented by the Ray executor yet"),
 }
 
 LIMITS: tuple[Limit, ...] = (

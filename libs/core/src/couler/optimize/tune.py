@@ -1,0 +1,180 @@
+"""Tune steps (:class:`couler.ir.Tune`): the study's name, and the rewrite for static engines.
+
+The local engine and Ray drive an optuna study themselves. An engine that runs a fixed
+document (Argo) cannot: :func:`expand_tune` rewrites each tune step, a pure IR rewrite,
+into ``ceil(budget / parallel)`` rounds of
+
+* ``STEP-ask-R``: ``python -m couler_runtime.tune ask`` asks the study for up to
+  ``parallel`` trials and writes their parameter sets (a JSON list of objects, output
+  ``params``) and their trial numbers (output ``trials``);
+* ``STEP-R``: the trial step, mapped over ``params`` (each trial reads its parameters as
+  ``{{item.NAME}}``, as it does everywhere), ``parallel`` at once;
+* ``STEP-tell-R``: ``python -m couler_runtime.tune tell`` tells the study the trials'
+  objective values (the map's ``objective`` output, a JSON list in item order);
+
+then ``STEP`` itself -- the name later steps already read -- runs
+``python -m couler_runtime.tune best``, whose outputs are the tune step's
+(:func:`couler.ir.tune_outputs`). A round whose ask finds the budget spent (a study
+resumed or finished before) maps over nothing. The steps find the study's database URL
+in the environment variable ``COULER_TUNE_STORAGE``, from the secret the tune step names
+(``Tune.storage``, default secret ``couler-tune`` key ``url``): never a literal in the
+document. Pruning needs the engine to watch a running trial, so static engines do not
+prune.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+
+from couler import ir
+
+__all__ = [
+    "DEFAULT_IMAGE",
+    "DEFAULT_STORAGE_SECRET",
+    "expand_tune",
+    "has_tune",
+    "rounds",
+    "spec_digest",
+    "study_name",
+]
+
+DEFAULT_IMAGE = "ghcr.io/couler-proj/couler-runtime:0.2.0"
+DEFAULT_STORAGE_SECRET = ir.SecretRef("couler-tune", "url")
+_OUT_DIR = "/tmp/couler-tune"
+
+
+def spec_digest(step: ir.Step, context: Sequence[str] = ()) -> str:
+    """A digest of what determines a tune step's trials: its tuning spec (not where the
+    study is stored), the trial step's definition and ``context`` (e.g. the values it
+    reads from upstream steps, known when it runs)."""
+    assert step.tune is not None
+    spec = dataclasses.replace(step.tune, storage=None, image="")
+    trial = dataclasses.replace(step, tune=None, name="", dependencies=(), depends=None,
+                                when=None, retry=None, timeout_seconds=None, resources=None,
+                                priority=None)
+    material = {"tune": ir.to_dict(spec), "step": ir.to_dict(trial), "context": list(context)}
+    text = json.dumps(material, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def study_name(workflow: str, step: ir.Step, context: Sequence[str] = ()) -> str:
+    """The name of a tune step's study: ``<workflow>.<step>.<digest>`` (see
+    :func:`spec_digest`), the same in every run with the same spec and context."""
+    return f"{workflow}.{step.name}.{spec_digest(step, context)[:16]}"
+
+
+def rounds(spec: ir.Tune) -> int:
+    """How many ask/trials/tell rounds a static engine compiles for ``spec``."""
+    return math.ceil(spec.trials / spec.parallel)
+
+
+def has_tune(wf: ir.Workflow) -> bool:
+    """Whether any step of ``wf`` (exit hooks and inline sub-workflows included) tunes."""
+    steps = [*wf.steps, *(s for h in wf.exit_hooks for s in h.steps)]
+    return any(s.tune is not None for s in ir.all_steps(steps))
+
+
+def _context_inputs(step: ir.Step) -> tuple[ir.InputParameter, ...]:
+    """The trial step's inputs that are not trial parameters: they enter the study's name
+    at run time (the values it reads from upstream steps and workflow parameters)."""
+    return tuple(dataclasses.replace(i, name=f"ctx-{n}", type=ir.ValueType.STRING)
+                 for n, i in enumerate(i for i in step.inputs
+                                       if not isinstance(i.value, ir.ItemRef)))
+
+
+def _tool(step: ir.Step, name: str, command: str, args: Sequence[str],
+          inputs: Sequence[ir.InputParameter], outputs: Sequence[ir.OutputParameter],
+          deps: Sequence[str], wf_name: str) -> ir.Step:
+    """One step running ``python -m couler_runtime.tune COMMAND`` for ``step``'s study."""
+    assert step.tune is not None
+    spec = step.tune
+    context = _context_inputs(step)
+    ctx_args: list[str] = []
+    for c in context:
+        ctx_args += ["--context", f"{{{{inputs.{c.name}}}}}"]
+    spec_json = ir.to_json(dataclasses.replace(spec, storage=None, image=""))
+    base = ["-m", "couler_runtime.tune", command, "--study",
+            study_name(wf_name, step), "--spec", spec_json, *ctx_args]
+    return ir.Step(
+        name=name,
+        body=ir.ContainerSpec(image=spec.image or DEFAULT_IMAGE, command=("python",),
+                              args=(*base, *args)),
+        template=f"{step.template or step.name}-{command}",
+        inputs=(*context, *inputs),
+        outputs=tuple(outputs),
+        env=(ir.EnvVar("COULER_TUNE_STORAGE", secret=spec.storage or DEFAULT_STORAGE_SECRET),),
+        **_edges(step, deps),
+        node_selector=step.node_selector,
+        tolerations=step.tolerations,
+        cache=ir.CachePolicy(enabled=False),  # it reads and writes the study
+        labels=step.labels,
+    )
+
+
+def _edges(step: ir.Step, own: Sequence[str]) -> dict[str, object]:
+    """The edges of a step of the rewrite: the tune step's own (every such step may read
+    what the trial step reads, and keeps its when) and those to ``own`` steps of the
+    rewrite."""
+    mine = [d for d in own if all(d != u.step for u in step.dependencies)]
+    deps = (*step.dependencies, *(ir.Dependency(d) for d in mine))
+    depends: ir.DependsExpr | None = None
+    if step.depends is not None:
+        depends = ir.DependsAll((step.depends, *(ir.DependsTerm(d) for d in mine))) \
+            if mine else step.depends
+    return {"dependencies": deps, "depends": depends, "when": step.when}
+
+
+def _expand_step(wf_name: str, step: ir.Step) -> list[ir.Step]:
+    spec = step.tune
+    assert spec is not None
+    trial = dataclasses.replace(step, tune=None)
+    steps: list[ir.Step] = []
+    prev: list[str] = []
+    for r in range(rounds(spec)):
+        ask, mapped, tell = f"{step.name}-ask-{r}", f"{step.name}-{r}", f"{step.name}-tell-{r}"
+        steps.append(_tool(
+            step, ask, "ask",
+            ["--n", str(spec.parallel), "--params-out", f"{_OUT_DIR}/params.json",
+             "--trials-out", f"{_OUT_DIR}/trials.json"],
+            (), (ir.OutputParameter("params", ir.OutputSource.PATH, f"{_OUT_DIR}/params.json",
+                                    ir.ValueType.LIST),
+                 ir.OutputParameter("trials", ir.OutputSource.PATH, f"{_OUT_DIR}/trials.json",
+                                    ir.ValueType.LIST)),
+            prev, wf_name))
+        steps.append(dataclasses.replace(
+            trial, name=mapped, **_edges(step, [ask]),  # type: ignore[arg-type]
+            foreach=ir.ForEach(source=ir.StepOutputRef(ask, "params"),
+                               parallelism=spec.parallel)))
+        steps.append(_tool(
+            step, tell, "tell",
+            ["--trials", "{{inputs.trials}}", "--values", "{{inputs.values}}"],
+            (ir.InputParameter("trials", ir.StepOutputRef(ask, "trials"), ir.ValueType.LIST),
+             ir.InputParameter("values", ir.StepOutputRef(mapped, spec.objective),
+                               ir.ValueType.JSON)),
+            (), [ask, mapped], wf_name))
+        prev = [tell]
+    outputs = ir.tune_outputs(spec)
+    out_args = ["--out-dir", _OUT_DIR]
+    steps.append(dataclasses.replace(
+        _tool(step, step.name, "best", out_args, (), outputs, prev, wf_name),
+        template=step.template or step.name))
+    return steps
+
+
+def expand_tune(wf: ir.Workflow) -> ir.Workflow:
+    """``wf`` with every top-level tune step rewritten into ask/trials/tell rounds and a
+    best step of the same name (see the module docstring); ``wf`` itself when it has
+    none. Pure: the study is reached only when the rewritten steps run."""
+    if not any(s.tune is not None for s in wf.steps):
+        return wf
+    steps: list[ir.Step] = []
+    for step in wf.steps:
+        if step.tune is None:
+            steps.append(step)
+        else:
+            steps.extend(_expand_step(wf.name, step))
+    return dataclasses.replace(wf, steps=tuple(steps))
