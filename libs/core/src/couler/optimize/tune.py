@@ -158,7 +158,7 @@ def _expand_step(wf_name: str, step: ir.Step) -> list[ir.Step]:
             (), [ask, mapped], wf_name))
         prev = [tell]
     outputs = ir.tune_outputs(spec)
-    out_args = ["--out-dir", _OUT_DIR]
+    out_args = [arg for o in outputs for arg in ("--out", f"{o.name}={o.selector}")]
     steps.append(dataclasses.replace(
         _tool(step, step.name, "best", out_args, (), outputs, prev, wf_name),
         template=step.template or step.name))

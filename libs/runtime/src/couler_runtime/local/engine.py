@@ -1215,20 +1215,31 @@ class LocalRun:
                          message=f"{where}, field 'tune': cannot open the study: {exc}")
             return
         running: dict[Future[None], int] = {}
+        error = ""
         with ThreadPoolExecutor(spec.parallel) as pool:
             while True:
-                while (not self._cancel.is_set() and len(running) < spec.parallel
-                       and driver.remaining() > 0):
-                    number, params, known = driver.ask()
-                    fut = pool.submit(self._run_trial, step, spec, driver, number, params,
-                                      known)
-                    running[fut] = number
+                try:
+                    while (not error and not self._cancel.is_set()
+                           and len(running) < spec.parallel and driver.remaining() > 0):
+                        number, params, known = driver.ask()
+                        fut = pool.submit(self._run_trial, step, spec, driver, number,
+                                          params, known)
+                        running[fut] = number
+                except Exception as exc:  # the study's database failed under us
+                    error = f"cannot ask the study for a trial: {exc!r}"
                 if not running:
                     break
                 done, _ = wait(list(running), timeout=0.2, return_when=FIRST_COMPLETED)
                 for fut in done:
-                    running.pop(fut)
-                    fut.result()
+                    number = running.pop(fut)
+                    try:
+                        fut.result()
+                    except Exception as exc:
+                        error = error or f"trial {number}: {exc!r}"
+        if error:
+            self._update(rec, state=StepState.FAILED, finished_at=time.time(),
+                         message=f"{where}, field 'tune': {error}")
+            return
         with self._lock:
             trials = [r for (s, k), r in self._records.items() if s == name and k]
         counts = {state: sum(r.state is state for r in trials) for state in StepState}

@@ -24,6 +24,7 @@ trial is recorded PRUNED, in optuna and in the run's records (``step[N]``), not 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -167,8 +168,19 @@ def _sampler(spec: ir.Tune) -> Any:
     if spec.sampler is ir.TuneSampler.CMAES:
         return s.CmaEsSampler(seed=spec.seed, warn_independent_sampling=False)
     if spec.sampler is ir.TuneSampler.GRID:
-        return s.GridSampler(_grid(spec), seed=spec.seed)
+        return _grid_sampler(s.GridSampler)(_grid(spec), seed=spec.seed)
     return s.TPESampler(seed=spec.seed)
+
+
+def _grid_sampler(base: type[Any]) -> type[Any]:
+    """optuna's grid sampler without its stop at the end of the grid: ``Study.stop`` is
+    for ``optimize``, it raises under ask/tell (the budget bounds the trials instead)."""
+
+    class GridSampler(base):  # type: ignore[misc, valid-type]
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            return None
+
+    return GridSampler
 
 
 def _pruner(spec: ir.Tune) -> Any:
@@ -186,9 +198,15 @@ def open_study(storage: str, name: str, spec: ir.Tune) -> optuna.Study:
         # several threads (and ask/tell processes) share one file: wait for its lock
         engine_kwargs = {"connect_args": {"timeout": 60}}
     rdb = optuna.storages.RDBStorage(storage, engine_kwargs=engine_kwargs)
-    return optuna.create_study(storage=rdb, study_name=name, load_if_exists=True,
-                               direction=spec.direction.value, sampler=_sampler(spec),
-                               pruner=_pruner(spec))
+    study = optuna.create_study(storage=rdb, study_name=name, load_if_exists=True,
+                                direction=spec.direction.value, sampler=_sampler(spec),
+                                pruner=_pruner(spec))
+    done = len(study.get_trials(deepcopy=False))
+    if done and spec.seed is not None:
+        # A seeded sampler made anew would replay the draws of the trials the study has
+        # (a resumed run, or the next round's ask process): seed it past them.
+        study.sampler = _sampler(dataclasses.replace(spec, seed=spec.seed + done))
+    return study
 
 
 def parse_value(text: str) -> float | None:
