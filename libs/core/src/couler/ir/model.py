@@ -36,6 +36,8 @@ _JSON_INT = re.compile(r"-?(0|[1-9][0-9]*)")
 _JSON_FLOAT = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
 __all__ = [
+    "TUNE_BEST_PARAMS",
+    "TUNE_BEST_VALUE",
     "ArtifactLocation",
     "ArtifactSource",
     "Backoff",
@@ -85,8 +87,6 @@ __all__ = [
     "StepOutputRef",
     "StorageKind",
     "SubWorkflowSpec",
-    "TUNE_BEST_PARAMS",
-    "TUNE_BEST_VALUE",
     "Toleration",
     "Tune",
     "TuneDirection",

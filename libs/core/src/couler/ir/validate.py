@@ -18,6 +18,8 @@ from decimal import Decimal, InvalidOperation
 from couler.alloc import gc_paused
 from couler.errors import Issue, ValidationError
 from couler.ir.model import (
+    TUNE_BEST_PARAMS,
+    TUNE_BEST_VALUE,
     ArtifactLocation,
     Condition,
     ContainerSpec,
@@ -53,7 +55,6 @@ from couler.ir.model import (
     WorkflowParamRef,
     assignable,
 )
-from couler.ir.model import TUNE_BEST_PARAMS, TUNE_BEST_VALUE
 
 __all__ = ["check_parameters", "find_issues", "parse_quantity", "validate"]
 
@@ -737,10 +738,9 @@ class _Checker:
             return
         if p.low > p.high:
             self.add(step, field, f"bad bounds: low {p.low:g} is above high {p.high:g}")
-        if p.kind is TuneKind.LOGUNIFORM or p.log:
-            if p.low <= 0:
-                self.add(step, field, f"bad bounds: a log-scale range needs low > 0, got "
-                         f"{p.low:g}")
+        if (p.kind is TuneKind.LOGUNIFORM or p.log) and p.low <= 0:
+            self.add(step, field, f"bad bounds: a log-scale range needs low > 0, got "
+                     f"{p.low:g}")
         if p.kind is TuneKind.INT:
             if p.low != int(p.low) or p.high != int(p.high):
                 self.add(step, field, f"bad bounds: an int range needs integer bounds, got "

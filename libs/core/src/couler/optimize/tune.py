@@ -86,7 +86,7 @@ def _context_inputs(step: ir.Step) -> tuple[ir.InputParameter, ...]:
                                        if not isinstance(i.value, ir.ItemRef)))
 
 
-def _tool(step: ir.Step, name: str, command: str, args: Sequence[str],
+def _tool(step: ir.Step, name: str, command: str, args: Sequence[str], *,
           inputs: Sequence[ir.InputParameter], outputs: Sequence[ir.OutputParameter],
           deps: Sequence[str], wf_name: str) -> ir.Step:
     """One step running ``python -m couler_runtime.tune COMMAND`` for ``step``'s study."""
@@ -97,6 +97,7 @@ def _tool(step: ir.Step, name: str, command: str, args: Sequence[str],
     for c in context:
         ctx_args += ["--context", f"{{{{inputs.{c.name}}}}}"]
     spec_json = ir.to_json(dataclasses.replace(spec, storage=None, image=""))
+    edges = _edges(step, deps)
     base = ["-m", "couler_runtime.tune", command, "--study",
             study_name(wf_name, step), "--spec", spec_json, *ctx_args]
     return ir.Step(
@@ -107,7 +108,7 @@ def _tool(step: ir.Step, name: str, command: str, args: Sequence[str],
         inputs=(*context, *inputs),
         outputs=tuple(outputs),
         env=(ir.EnvVar("COULER_TUNE_STORAGE", secret=spec.storage or DEFAULT_STORAGE_SECRET),),
-        **_edges(step, deps),
+        dependencies=edges[0], depends=edges[1], when=edges[2],
         node_selector=step.node_selector,
         tolerations=step.tolerations,
         cache=ir.CachePolicy(enabled=False),  # it reads and writes the study
@@ -115,7 +116,8 @@ def _tool(step: ir.Step, name: str, command: str, args: Sequence[str],
     )
 
 
-def _edges(step: ir.Step, own: Sequence[str]) -> dict[str, object]:
+def _edges(step: ir.Step, own: Sequence[str]
+           ) -> tuple[tuple[ir.Dependency, ...], ir.DependsExpr | None, ir.When | None]:
     """The edges of a step of the rewrite: the tune step's own (every such step may read
     what the trial step reads, and keeps its when) and those to ``own`` steps of the
     rewrite."""
@@ -125,7 +127,7 @@ def _edges(step: ir.Step, own: Sequence[str]) -> dict[str, object]:
     if step.depends is not None:
         depends = ir.DependsAll((step.depends, *(ir.DependsTerm(d) for d in mine))) \
             if mine else step.depends
-    return {"dependencies": deps, "depends": depends, "when": step.when}
+    return deps, depends, step.when
 
 
 def _expand_step(wf_name: str, step: ir.Step) -> list[ir.Step]:
@@ -140,27 +142,31 @@ def _expand_step(wf_name: str, step: ir.Step) -> list[ir.Step]:
             step, ask, "ask",
             ["--n", str(spec.parallel), "--params-out", f"{_OUT_DIR}/params.json",
              "--trials-out", f"{_OUT_DIR}/trials.json"],
-            (), (ir.OutputParameter("params", ir.OutputSource.PATH, f"{_OUT_DIR}/params.json",
-                                    ir.ValueType.LIST),
-                 ir.OutputParameter("trials", ir.OutputSource.PATH, f"{_OUT_DIR}/trials.json",
-                                    ir.ValueType.LIST)),
-            prev, wf_name))
+            inputs=(),
+            outputs=(ir.OutputParameter("params", ir.OutputSource.PATH,
+                                        f"{_OUT_DIR}/params.json", ir.ValueType.LIST),
+                     ir.OutputParameter("trials", ir.OutputSource.PATH,
+                                        f"{_OUT_DIR}/trials.json", ir.ValueType.LIST)),
+            deps=prev, wf_name=wf_name))
+        edges = _edges(step, [ask])
         steps.append(dataclasses.replace(
-            trial, name=mapped, **_edges(step, [ask]),  # type: ignore[arg-type]
+            trial, name=mapped, dependencies=edges[0], depends=edges[1], when=edges[2],
             foreach=ir.ForEach(source=ir.StepOutputRef(ask, "params"),
                                parallelism=spec.parallel)))
         steps.append(_tool(
             step, tell, "tell",
             ["--trials", "{{inputs.trials}}", "--values", "{{inputs.values}}"],
-            (ir.InputParameter("trials", ir.StepOutputRef(ask, "trials"), ir.ValueType.LIST),
-             ir.InputParameter("values", ir.StepOutputRef(mapped, spec.objective),
-                               ir.ValueType.JSON)),
-            (), [ask, mapped], wf_name))
+            inputs=(ir.InputParameter("trials", ir.StepOutputRef(ask, "trials"),
+                                      ir.ValueType.LIST),
+                    ir.InputParameter("values", ir.StepOutputRef(mapped, spec.objective),
+                                      ir.ValueType.JSON)),
+            outputs=(), deps=[ask, mapped], wf_name=wf_name))
         prev = [tell]
     outputs = ir.tune_outputs(spec)
     out_args = [arg for o in outputs for arg in ("--out", f"{o.name}={o.selector}")]
     steps.append(dataclasses.replace(
-        _tool(step, step.name, "best", out_args, (), outputs, prev, wf_name),
+        _tool(step, step.name, "best", out_args, inputs=(), outputs=outputs, deps=prev,
+              wf_name=wf_name),
         template=step.template or step.name))
     return steps
 

@@ -1269,7 +1269,7 @@ class LocalRun:
                      message=f"{summary}; best {spec.objective} "
                              f"{outputs[ir.TUNE_BEST_VALUE]}", **stats)
 
-    def _run_trial(self, step: ir.Step, spec: ir.Tune, driver: tuning.Driver, number: int,
+    def _run_trial(self, step: ir.Step, spec: ir.Tune, driver: tuning.Driver, number: int,  # noqa: PLR0917
                    params: dict[str, Any], known: float | None) -> None:
         """Run (or reuse) trial ``number`` with ``params`` and tell the study how it ended."""
         rec = _Record(self._name(step.name), key=str(number))
@@ -1323,7 +1323,7 @@ class LocalRun:
             for step_no, value in values:
                 try:
                     prune = driver.report(number, step_no, value)
-                except Exception:  # noqa: BLE001 - a report after the trial ended
+                except Exception:
                     return
                 if prune and not finished and not trial.pruned:
                     trial.pruned = (f"pruned at step {step_no} (intermediate value {value!r}): "

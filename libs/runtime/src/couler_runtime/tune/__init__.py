@@ -33,12 +33,12 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from couler import ir
 
 if TYPE_CHECKING:
-    import optuna
+    from optuna.study import Study
 
 __all__ = [
     "REPORT_ENV",
@@ -61,16 +61,12 @@ TRIAL_ENV = "COULER_TUNE_TRIAL"  # the trial's number
 STORAGE_ENV = "COULER_TUNE_STORAGE"  # the study's database URL (a setting)
 INTERRUPTED = "couler_interrupted"  # user attribute of a trial a crash left running
 
-_log_quieted = False
-
-
 def _optuna() -> Any:
-    global _log_quieted
+    """optuna, imported when a study is used, its info logging (a line per trial) off."""
     import optuna
 
-    if not _log_quieted:
+    if optuna.logging.get_verbosity() < logging.WARNING:
         optuna.logging.set_verbosity(logging.WARNING)
-        _log_quieted = True
     return optuna
 
 
@@ -143,9 +139,9 @@ def _grid(spec: ir.Tune) -> dict[str, list[Any]]:
             step = int(p.step) if p.step is not None else 1
             grid[p.name] = list(range(int(p.low), int(p.high) + 1, step))
         else:
-            step = p.step or (p.high - p.low) or 1.0
-            n = int(math.floor((p.high - p.low) / step + 1e-9))
-            grid[p.name] = [p.low + i * step for i in range(n + 1)]
+            width = p.step or (p.high - p.low) or 1.0
+            n = math.floor((p.high - p.low) / width + 1e-9)
+            grid[p.name] = [p.low + i * width for i in range(n + 1)]
     return grid
 
 
@@ -176,7 +172,7 @@ def _grid_sampler(base: type[Any]) -> type[Any]:
     """optuna's grid sampler without its stop at the end of the grid: ``Study.stop`` is
     for ``optimize``, it raises under ask/tell (the budget bounds the trials instead)."""
 
-    class GridSampler(base):  # type: ignore[misc, valid-type]
+    class GridSampler(base):  # type: ignore[misc]
         def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
             return None
 
@@ -190,7 +186,7 @@ def _pruner(spec: ir.Tune) -> Any:
     return p.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
 
 
-def open_study(storage: str, name: str, spec: ir.Tune) -> optuna.Study:
+def open_study(storage: str, name: str, spec: ir.Tune) -> Study:
     """Create the study ``name`` in ``storage``, or load it when it exists (resume)."""
     optuna = _optuna()
     engine_kwargs: dict[str, Any] = {}
@@ -206,7 +202,7 @@ def open_study(storage: str, name: str, spec: ir.Tune) -> optuna.Study:
         # A seeded sampler made anew would replay the draws of the trials the study has
         # (a resumed run, or the next round's ask process): seed it past them.
         study.sampler = _sampler(dataclasses.replace(spec, seed=spec.seed + done))
-    return study
+    return cast("Study", study)
 
 
 def parse_value(text: str) -> float | None:
@@ -238,7 +234,7 @@ def _text(value: object) -> str:
     return json.dumps(value)
 
 
-def best_outputs(study: optuna.Study, spec: ir.Tune) -> dict[str, str]:
+def best_outputs(study: Study, spec: ir.Tune) -> dict[str, str]:
     """The tune step's outputs from the study's best trial: ``best_params`` (a JSON object),
     ``best_value`` and each parameter by name.
 
@@ -257,7 +253,7 @@ def best_outputs(study: optuna.Study, spec: ir.Tune) -> dict[str, str]:
     return out
 
 
-def finished_count(study: optuna.Study) -> int:
+def finished_count(study: Study) -> int:
     """The trials that count toward the budget: finished ones, but not those a crash
     interrupted (they run again)."""
     state = _optuna().trial.TrialState
@@ -266,7 +262,7 @@ def finished_count(study: optuna.Study) -> int:
                if not t.user_attrs.get(INTERRUPTED))
 
 
-def recover(study: optuna.Study) -> int:
+def recover(study: Study) -> int:
     """Fail the trials a crashed driver left running and queue their parameters again;
     the number of trials recovered."""
     optuna = _optuna()
@@ -299,7 +295,7 @@ class Driver:
     Thread-safe: trials run on several threads report through one lock.
     """
 
-    def __init__(self, study: optuna.Study, spec: ir.Tune) -> None:
+    def __init__(self, study: Study, spec: ir.Tune) -> None:
         self.study = study
         self.spec = spec
         self.lock = threading.Lock()
@@ -356,7 +352,7 @@ class Driver:
             return best_outputs(self.study, self.spec)
 
 
-def trial_values(study: optuna.Study) -> list[float]:
+def trial_values(study: Study) -> list[float]:
     """The objective values of the study's completed trials (in trial order)."""
     state = _optuna().trial.TrialState
     return [float(t.value) for t in study.get_trials(deepcopy=False, states=(state.COMPLETE,))

@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = _name(args.study, args.context)
     try:
         study = open_study(storage, name, spec)
-    except Exception as e:  # noqa: BLE001 - reported as the step's failure
+    except Exception as e:
         print(f"tune: cannot open study {name!r}: {e}", file=sys.stderr)
         return 1
     if args.command == "ask":
@@ -135,10 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(values) != len(numbers_in):
             print(f"tune: {len(numbers_in)} trials but {len(values)} values", file=sys.stderr)
             return 2
-        for number, value in zip(numbers_in, values, strict=True):
+        for trial_no, value in zip(numbers_in, values, strict=True):
             v = parse_value(json.dumps(value) if not isinstance(value, str) else value)
             state = "complete" if v is not None else "fail"
-            _tell(study, int(str(number)), TrialOutcome(state, v))
+            _tell(study, int(str(trial_no)), TrialOutcome(state, v))
         print(json.dumps({"told": len(values)}))
         return 0
     try:
@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _tell(study: object, number: int, outcome: TrialOutcome) -> None:
     import optuna
 
-    assert isinstance(study, optuna.Study)
+    assert isinstance(study, optuna.study.Study)
     state = optuna.trial.TrialState
     if outcome.state == "complete" and outcome.value is not None:
         study.tell(number, outcome.value, skip_if_finished=True)
