@@ -399,3 +399,16 @@ def test_open_study_resumes_by_name(tmp_path: Path) -> None:
     first.tell(first.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), 0.5)
     again = open_study(storage, "n", SPEC)
     assert [t.value for t in again.trials] == [0.5]
+
+
+def test_a_generated_tuning_workflow_runs(tmp_path: Path) -> None:
+    from couler.generate.planner import plan
+
+    wf, _ = plan("tune a logistic regression with 3 trials of Bayesian optimization")
+    status = LocalEngine(tmp_path / "e").run(wf)
+    assert status.state is RunState.SUCCEEDED, status.message
+    tune = _step(status, "tune")
+    scores = [float(s.outputs["score"]) for s in status.steps if s.step == "tune" and s.key]
+    assert len(scores) == 3 and float(tune.outputs["best_value"]) == max(scores)
+    assert set(json.loads(tune.outputs["best_params"])) == {"learning_rate", "batch_size",
+                                                            "rounds"}

@@ -289,3 +289,57 @@ def test_engines_without_the_rewrite_reject_tune_naming_the_step() -> None:
 
     with pytest.raises(UnsupportedFeatureError, match="train"):
         tekton.compile_workflow(_tuned())
+
+
+# --------------------------------------------------------------------------- generator
+
+
+def test_the_planner_maps_bayesian_optimization_to_a_tune_step() -> None:
+    from couler.generate.planner import plan
+
+    wf, report = plan("tune a logistic regression on s3://b/churn.csv with 30 trials of "
+                      "Bayesian optimization")
+    assert wf.name.startswith("tune-logistic-")
+    assert [s.name for s in wf.steps] == ["load-table", "preprocess", "tune"]
+    step = wf.step("tune")
+    assert step is not None and step.tune is not None and step.foreach is None
+    assert (step.tune.trials, step.tune.parallel, step.tune.sampler, step.tune.objective) == (
+        30, 4, ir.TuneSampler.TPE, "score")
+    assert {p.name for p in step.tune.space} == {"learning_rate", "batch_size", "rounds"}
+    assert "30 trials of Bayesian optimization" in report.subtasks[-2]
+    assert_valid_argo(compile_workflow(wf))
+
+
+def test_the_planner_maps_random_search_and_keeps_listed_sweeps() -> None:
+    from couler.generate.planner import plan
+
+    wf, _ = plan("random search over the hyperparameters of xgboost with 8 trials")
+    step = wf.step("tune")
+    assert step is not None and step.tune is not None
+    assert (step.tune.trials, step.tune.sampler) == (8, ir.TuneSampler.RANDOM)
+    wf, _ = plan("tune it with optuna")
+    step = wf.step("tune")
+    assert step is not None and step.tune is not None and step.tune.trials == 20
+    wf, _ = plan("tune learning rates 0.01, 0.1 and 0.5 for logistic regression")
+    assert wf.step("tune") is None and wf.step("sweep") is not None
+
+
+def test_a_spec_may_tune_a_train_trial_step() -> None:
+    from couler.generate.spec import assemble, parse_spec
+
+    text = json.dumps({"name": "t", "steps": [
+        {"name": "load", "entry": "load-table"},
+        {"name": "prep", "entry": "preprocess", "after": ["load"]},
+        {"name": "tune", "entry": "train-trial", "after": ["prep"],
+         "tune": {"trials": 6, "sampler": "random", "parallel": 3}}]})
+    wf = assemble(parse_spec(text))
+    step = wf.step("tune")
+    assert step is not None and step.tune is not None
+    assert (step.tune.trials, step.tune.parallel, step.tune.sampler) == (
+        6, 3, ir.TuneSampler.RANDOM)
+    bad = text.replace('"sampler": "random"', '"sampler": "annealing"')
+    with pytest.raises(ValidationError, match=r"tune.*needs \"trials\""):
+        parse_spec(bad)
+    wrong = text.replace('"entry": "train-trial"', '"entry": "train"')
+    with pytest.raises(ValidationError, match="only a train-trial step can be tuned"):
+        assemble(parse_spec(wrong))
