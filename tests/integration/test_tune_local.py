@@ -10,7 +10,10 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -19,7 +22,7 @@ from couler import ir
 from couler.engines.base import RunState, StepState, StepStatus
 from couler.optimize.cache_key import item_cache_key
 from couler_runtime.local import LocalEngine, Reuse
-from couler_runtime.tune import open_study, report
+from couler_runtime.tune import close_study, open_study, report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,10 +80,34 @@ def _step(status: object, name: str, key: str = "") -> StepStatus:
     return next(s for s in status.steps if s.step == name and s.key == key)  # type: ignore[attr-defined]
 
 
-def _study(storage: str) -> optuna.Study:
-    names = optuna.get_all_study_names(storage)
-    assert len(names) == 1, names
-    return optuna.load_study(study_name=names[0], storage=storage)
+@contextmanager
+def _storage(url: str) -> Iterator[optuna.storages.RDBStorage]:
+    """An optuna storage whose connections are closed at the end."""
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        yield storage
+    finally:
+        storage.engine.dispose()
+
+
+def _study(url: str, prefix: str = "") -> _Frozen:
+    """The one study in ``url`` (whose name starts with ``prefix``), read and closed."""
+    with _storage(url) as storage:
+        names = [n for n in optuna.get_all_study_names(storage) if n.startswith(prefix)]
+        assert len(names) == 1, names
+        study = optuna.load_study(study_name=names[0], storage=storage)
+        return _Frozen(study)
+
+
+class _Frozen:
+    """What the tests read of a study, copied out of its storage."""
+
+    def __init__(self, study: optuna.study.Study) -> None:
+        self.study_name = study.study_name
+        self.trials = study.trials
+        complete = [t for t in self.trials if t.state is optuna.trial.TrialState.COMPLETE]
+        self.best_params = study.best_params if complete else {}
+        self.best_value = study.best_value if complete else None
 
 
 def test_a_real_study_tunes_a_logistic_regression_and_the_next_step_reads_the_best(
@@ -232,6 +259,7 @@ print(float(sys.argv[1]))
 RUNNER = r'''
 import sys
 from pathlib import Path
+from typing import Any
 from couler import ir
 from couler_runtime.local import LocalEngine
 wf = ir.from_json(ir.Workflow, Path(sys.argv[2]).read_text())
@@ -335,8 +363,7 @@ def test_ask_tell_best_against_sqlite(tmp_path: Path) -> None:
     assert json.loads(outputs["best_params"]) == params[1]
     assert (tmp_path / "out" / "best_value").read_text() == "0.8"
     assert (tmp_path / "out" / "params" / "depth").read_text() == str(params[1]["depth"])
-    study = optuna.load_study(study_name=optuna.get_all_study_names(storage)[0],
-                              storage=storage)
+    study = _study(storage)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "FAIL"]
     assert study.study_name.startswith("wf.train.abc.")  # the context is in the name
 
@@ -397,8 +424,10 @@ def test_open_study_resumes_by_name(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path / 's.db'}"
     first = open_study(storage, "n", SPEC)
     first.tell(first.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), 0.5)
+    close_study(first)
     again = open_study(storage, "n", SPEC)
     assert [t.value for t in again.trials] == [0.5]
+    close_study(again)
 
 
 def test_a_generated_tuning_workflow_runs(tmp_path: Path) -> None:
@@ -412,3 +441,25 @@ def test_a_generated_tuning_workflow_runs(tmp_path: Path) -> None:
     assert len(scores) == 3 and float(tune.outputs["best_value"]) == max(scores)
     assert set(json.loads(tune.outputs["best_params"])) == {"learning_rate", "batch_size",
                                                             "rounds"}
+
+
+def test_a_study_in_postgres(tmp_path: Path, postgres_server: Any) -> None:
+    """Production storage: the study in PostgreSQL (COULER_TUNE_STORAGE), through the
+    local engine and the static engines' command line alike."""
+    step = ir.Step(
+        "t", ir.ScriptSpec("python", "import sys; x = float(sys.argv[1]); print(1 - x * x)",
+                           args=("{{item.x}}",)),
+        outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT, type=ir.ValueType.FLOAT),),
+        tune=ir.Tune(space=(ir.TuneParam("x", ir.TuneKind.UNIFORM, -1.0, 1.0),),
+                     objective="result", trials=4, parallel=2, seed=1))
+    wf = ir.Workflow("tune-pg", (step,))
+    status = LocalEngine(tmp_path / "e", tune_storage=postgres_server.url).run(wf)
+    assert status.state is RunState.SUCCEEDED, status.message
+    assert not (tmp_path / "e" / "tune.db").exists()
+    study = _study(postgres_server.url, "tune-pg.t.")
+    assert len(study.trials) == 4
+    assert float(_step(status, "t").outputs["best_value"]) == study.best_value
+    common = ["--study", "pg-cli", "--spec", ir.to_json(SPEC)]
+    asked = _cli("ask", *common, "--n", "2", storage=postgres_server.url)
+    assert asked.returncode == 0, asked.stderr
+    assert len(json.loads(asked.stdout)) == 2

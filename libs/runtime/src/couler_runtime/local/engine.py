@@ -1209,11 +1209,28 @@ class LocalRun:
         try:
             study = study_name(wf.name, step, self._tune_context(step))
             storage = self.engine.tune_storage or tuning.default_storage(self.engine.work_dir)
-            driver = tuning.Driver(tuning.open_study(storage, study, spec), spec)
+            opened = tuning.open_study(storage, study, spec)
         except Exception as exc:  # a bad storage URL, an unreachable database, a bad input
             self._update(rec, state=StepState.FAILED, finished_at=time.time(),
                          message=f"{where}, field 'tune': cannot open the study: {exc}")
             return
+        try:
+            driver = tuning.Driver(opened, spec)
+        except Exception as exc:
+            tuning.close_study(opened)
+            self._update(rec, state=StepState.FAILED, finished_at=time.time(),
+                         message=f"{where}, field 'tune': cannot resume the study: {exc}")
+            return
+        try:
+            self._drive(step, rec, spec, study, driver)
+        finally:
+            driver.close()
+
+    def _drive(self, step: ir.Step, rec: _Record, spec: ir.Tune, study: str,
+               driver: tuning.Driver) -> None:
+        """Run the trials of ``study`` through ``driver`` and record the step's end."""
+        where = f"workflow {self.workflow.name!r}, step {step.name!r}"
+        name = self._name(step.name)
         running: dict[Future[None], int] = {}
         error = ""
         with ThreadPoolExecutor(spec.parallel) as pool:

@@ -47,6 +47,7 @@ __all__ = [
     "Driver",
     "TrialOutcome",
     "best_outputs",
+    "close_study",
     "default_storage",
     "distributions",
     "grid_size",
@@ -205,6 +206,15 @@ def open_study(storage: str, name: str, spec: ir.Tune) -> Study:
     return cast("Study", study)
 
 
+def close_study(study: Study) -> None:
+    """Close the study's database connections (its SQLAlchemy engine's pool)."""
+    storage = getattr(study, "_storage", None)
+    backend = getattr(storage, "_backend", storage)
+    engine = getattr(backend, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
 def parse_value(text: str) -> float | None:
     """The objective value in a trial's output text (a number, or a one-number JSON list
     or object value); None when it is not a finite number."""
@@ -350,6 +360,11 @@ class Driver:
         """The tune step's outputs (see :func:`best_outputs`)."""
         with self.lock:
             return best_outputs(self.study, self.spec)
+
+    def close(self) -> None:
+        """Close the study's database connections."""
+        with self.lock:
+            close_study(self.study)
 
 
 def trial_values(study: Study) -> list[float]:

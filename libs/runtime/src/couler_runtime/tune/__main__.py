@@ -30,6 +30,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from optuna.study import Study
+
 from couler import ir
 
 from . import (
@@ -38,6 +40,7 @@ from . import (
     TrialOutcome,
     best_outputs,
     budget,
+    close_study,
     finished_count,
     open_study,
     parse_value,
@@ -112,9 +115,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = _name(args.study, args.context)
     try:
         study = open_study(storage, name, spec)
-    except Exception as e:
+    except Exception as e:  # a bad URL, an unreachable database: the step fails
         print(f"tune: cannot open study {name!r}: {e}", file=sys.stderr)
         return 1
+    try:
+        return _run(args, study, spec, name)
+    finally:
+        close_study(study)
+
+
+def _run(args: argparse.Namespace, study: Study, spec: ir.Tune, name: str) -> int:
     if args.command == "ask":
         driver = Driver(study, spec)
         n = max(min(args.n, budget(spec) - finished_count(study)), 0)
@@ -157,10 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _tell(study: object, number: int, outcome: TrialOutcome) -> None:
+def _tell(study: Study, number: int, outcome: TrialOutcome) -> None:
     import optuna
 
-    assert isinstance(study, optuna.study.Study)
     state = optuna.trial.TrialState
     if outcome.state == "complete" and outcome.value is not None:
         study.tell(number, outcome.value, skip_if_finished=True)
