@@ -1263,6 +1263,8 @@ class LocalRun:
         summary = (f"study {study!r}: {len(trials)} trials ({counts[StepState.SUCCEEDED]} "
                    f"run, {counts[StepState.CACHED]} reused, {counts[StepState.PRUNED]} pruned, "
                    f"{counts[StepState.FAILED]} failed)")
+        if not trials:
+            summary += " in this run: the study had finished its trials before"
         stats: dict[str, object] = {
             "finished_at": time.time(),
             "attempts": max((r.attempts for r in trials), default=0),
