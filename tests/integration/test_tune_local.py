@@ -463,3 +463,22 @@ def test_a_study_in_postgres(tmp_path: Path, postgres_server: Any) -> None:
     asked = _cli("ask", *common, "--n", "2", storage=postgres_server.url)
     assert asked.returncode == 0, asked.stderr
     assert len(json.loads(asked.stdout)) == 2
+
+
+def test_a_second_run_finds_the_finished_study_and_runs_no_trial(tmp_path: Path) -> None:
+    step = ir.Step(
+        "t", ir.ScriptSpec("python", "import sys; print(float(sys.argv[1]) + 1)",
+                           args=("{{item.x}}",)),
+        outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT, type=ir.ValueType.FLOAT),),
+        tune=ir.Tune(space=(ir.TuneParam("x", ir.TuneKind.INT, 0, 9),), objective="result",
+                     trials=3, parallel=3, sampler=ir.TuneSampler.RANDOM, seed=2))
+    wf = ir.Workflow("tune-again", (step,))
+    engine = LocalEngine(tmp_path / "e")
+    first = engine.run(wf)
+    assert first.state is RunState.SUCCEEDED, first.message
+    second = engine.run(wf)
+    assert second.state is RunState.SUCCEEDED, second.message
+    assert [s for s in second.steps if s.key] == []
+    assert _step(second, "t").outputs == _step(first, "t").outputs
+    assert "the study had finished its trials before" in _step(second, "t").message
+    assert len(_study(f"sqlite:///{tmp_path / 'e' / 'tune.db'}").trials) == 3
