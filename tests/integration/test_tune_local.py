@@ -404,6 +404,7 @@ def test_the_rewritten_workflow_runs_on_the_local_engine(tmp_path: Path) -> None
     os.environ["PYTHONPATH"] = env_path
     try:
         status = engine.run(wf)
+        again = engine.run(wf)  # the study is finished: every round asks for nothing
     finally:
         if old is None:
             del os.environ["PYTHONPATH"]
@@ -418,6 +419,11 @@ def test_the_rewritten_workflow_runs_on_the_local_engine(tmp_path: Path) -> None
     assert float(best.outputs["best_value"]) == max(values)
     assert _step(status, "use").outputs["result"] == best.outputs["x"]
     assert json.loads(best.outputs["best_params"]) == study.best_params
+    assert again.state is RunState.SUCCEEDED, again.message
+    assert _step(again, "t-ask-0").outputs["params"] == "[]"
+    assert not [s for s in again.steps if s.step == "t-0" and s.key]
+    assert _step(again, "t").outputs == best.outputs
+    assert len(_study(storage).trials) == 5
 
 
 def test_open_study_resumes_by_name(tmp_path: Path) -> None:
