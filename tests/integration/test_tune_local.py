@@ -381,7 +381,7 @@ def test_cli_errors(tmp_path: Path) -> None:
 def test_the_rewritten_workflow_runs_on_the_local_engine(tmp_path: Path) -> None:
     """The static engines' rounds (ask -> mapped trials -> tell, then best) run for real
     on the local engine: the same study, the same outputs for later steps."""
-    from couler.optimize.tune import expand_tune
+    from couler.optimize.tune import DEFAULT_IMAGE, expand_tune
 
     trial = ir.Step(
         "t", ir.ScriptSpec("python", "import sys; x = float(sys.argv[1]); print(-(x - 0.3) ** 2)",
@@ -398,7 +398,7 @@ def test_the_rewritten_workflow_runs_on_the_local_engine(tmp_path: Path) -> None
     wf = expand_tune(ir.Workflow("tune-static", (trial, use)))
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     engine = LocalEngine(tmp_path / "e", secrets={("couler-tune", "url"): storage},
-                         image_commands={"ghcr.io/couler-proj/couler-runtime:0.2.0": []})
+                         image_commands={DEFAULT_IMAGE: []})
     env_path = os.pathsep.join(sys.path)
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = env_path

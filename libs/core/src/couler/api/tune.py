@@ -170,7 +170,8 @@ def tune(step_fn: Callable[..., Any], space: Mapping[str, SpaceParam], *, trials
         storage: Where engines that run the study in steps of their own (Argo, Tekton,
             Airflow, KFP) find the study's database URL: a secret (its key ``url``) or a
             ``(secret name, key)`` pair. Default: secret ``couler-tune`` key ``url``.
-        image: The image of those engines' ask/tell steps (default: Couler's runtime image).
+        image: The image of those engines' ask/tell steps (default: one with
+            couler-runtime, :data:`couler.optimize.tune.DEFAULT_IMAGE`).
 
     Returns:
         The tune step's outputs (:class:`TuneResult`).

@@ -42,7 +42,9 @@ __all__ = [
     "study_name",
 ]
 
-DEFAULT_IMAGE = "ghcr.io/couler-proj/couler-runtime:0.2.0"
+# The ask/tell/best steps need Python with couler-runtime (and so optuna): the submitter
+# service's image has both (deploy/k8s, services/submitter/Dockerfile).
+DEFAULT_IMAGE = "ghcr.io/couler-dev/couler-submitter:0.2.0"
 DEFAULT_STORAGE_SECRET = ir.SecretRef("couler-tune", "url")
 _OUT_DIR = "/tmp/couler-tune"
 
