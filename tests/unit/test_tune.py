@@ -343,3 +343,12 @@ def test_a_spec_may_tune_a_train_trial_step() -> None:
     wrong = text.replace('"entry": "train-trial"', '"entry": "train"')
     with pytest.raises(ValidationError, match="only a train-trial step can be tuned"):
         assemble(parse_spec(wrong))
+
+
+def test_airflow_compiles_the_rounds_too() -> None:
+    from couler.compilers import airflow
+
+    source = airflow.compile_workflow(_tuned())
+    compile(source, "dag.py", "exec")  # a Python DAG file
+    assert "couler_runtime.tune" in source and "train-tell-2" in source
+    assert "{{workflow.uid}}" in source  # the run is part of the study's name

@@ -1,7 +1,7 @@
 """Tune steps (:class:`couler.ir.Tune`): the study's name, and the rewrite for static engines.
 
 The local engine and Ray drive an optuna study themselves. An engine that runs a fixed
-document (Argo) cannot: :func:`expand_tune` rewrites each tune step, a pure IR rewrite,
+document (Argo, Airflow) cannot: :func:`expand_tune` rewrites each tune step, a pure IR rewrite,
 into ``ceil(budget / parallel)`` rounds of
 
 * ``STEP-ask-R``: ``python -m couler_runtime.tune ask`` asks the study for up to
@@ -35,7 +35,9 @@ from couler import ir
 __all__ = [
     "DEFAULT_IMAGE",
     "DEFAULT_STORAGE_SECRET",
+    "budget",
     "expand_tune",
+    "grid_size",
     "has_tune",
     "rounds",
     "spec_digest",
@@ -69,9 +71,31 @@ def study_name(workflow: str, step: ir.Step, context: Sequence[str] = ()) -> str
     return f"{workflow}.{step.name}.{spec_digest(step, context)[:16]}"
 
 
+def grid_size(spec: ir.Tune) -> int:
+    """How many points a grid over ``spec``'s space has (each parameter discrete: a
+    choice, an int range, or a uniform range with a step)."""
+    size = 1
+    for p in spec.space:
+        if p.kind is ir.TuneKind.CHOICE:
+            size *= len(p.choices)
+        elif p.kind is ir.TuneKind.INT:
+            size *= len(range(int(p.low), int(p.high) + 1, int(p.step or 1)))
+        else:
+            width = p.step or (p.high - p.low) or 1.0
+            size *= math.floor((p.high - p.low) / width + 1e-9) + 1
+    return size
+
+
+def budget(spec: ir.Tune) -> int:
+    """How many trials the study runs: ``trials``, at most the grid for the grid sampler."""
+    if spec.sampler is ir.TuneSampler.GRID:
+        return min(spec.trials, grid_size(spec))
+    return spec.trials
+
+
 def rounds(spec: ir.Tune) -> int:
     """How many ask/trials/tell rounds a static engine compiles for ``spec``."""
-    return math.ceil(spec.trials / spec.parallel)
+    return max(math.ceil(budget(spec) / spec.parallel), 1)
 
 
 def has_tune(wf: ir.Workflow) -> bool:
@@ -95,7 +119,8 @@ def _tool(step: ir.Step, name: str, command: str, args: Sequence[str], *,
     assert step.tune is not None
     spec = step.tune
     context = _context_inputs(step)
-    ctx_args: list[str] = []
+    # the run: a retry of the run (same uid) resumes its study, another run has its own
+    ctx_args: list[str] = ["--context", "{{workflow.uid}}"]
     for c in context:
         ctx_args += ["--context", f"{{{{inputs.{c.name}}}}}"]
     spec_json = ir.to_json(dataclasses.replace(spec, storage=None, image=""))

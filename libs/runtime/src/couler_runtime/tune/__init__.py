@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from couler import ir
+from couler.optimize.tune import budget, grid_size
 
 if TYPE_CHECKING:
     from optuna.study import Study
@@ -47,6 +48,7 @@ __all__ = [
     "Driver",
     "TrialOutcome",
     "best_outputs",
+    "budget",
     "close_study",
     "default_storage",
     "distributions",
@@ -144,18 +146,6 @@ def _grid(spec: ir.Tune) -> dict[str, list[Any]]:
             n = math.floor((p.high - p.low) / width + 1e-9)
             grid[p.name] = [p.low + i * width for i in range(n + 1)]
     return grid
-
-
-def grid_size(spec: ir.Tune) -> int:
-    """How many points the grid sampler visits."""
-    return math.prod(len(v) for v in _grid(spec).values())
-
-
-def budget(spec: ir.Tune) -> int:
-    """How many trials the study runs: ``trials``, at most the grid for the grid sampler."""
-    if spec.sampler is ir.TuneSampler.GRID:
-        return min(spec.trials, grid_size(spec))
-    return spec.trials
 
 
 def _sampler(spec: ir.Tune) -> Any:
