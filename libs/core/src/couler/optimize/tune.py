@@ -14,8 +14,10 @@ into ``ceil(budget / parallel)`` rounds of
 
 then ``STEP`` itself -- the name later steps already read -- runs
 ``python -m couler_runtime.tune best``, whose outputs are the tune step's
-(:func:`couler.ir.tune_outputs`). A round whose ask finds the budget spent (a study
-resumed or finished before) maps over nothing. The steps find the study's database URL
+(:func:`couler.ir.tune_outputs`). The study's name also holds the run
+(``{{workflow.uid}}``: Argo's workflow uid, Airflow's run id), so a retried run resumes its
+study and another run starts its own; a round whose ask finds the budget spent (a retried
+run whose trials had all finished) maps over nothing. The steps find the study's database URL
 in the environment variable ``COULER_TUNE_STORAGE``, from the secret the tune step names
 (``Tune.storage``, default secret ``couler-tune`` key ``url``): never a literal in the
 document. Pruning needs the engine to watch a running trial, so static engines do not
