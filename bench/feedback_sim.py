@@ -383,7 +383,8 @@ async def simulate(seed: int, submissions: int, infra_rate: float, bug_rate: flo
                 total.submissions += 1
                 executions = []
                 done = True
-                for truth, step in zip(t.steps, flow.steps, strict=True):
+                for truth, planned_step in zip(t.steps, flow.steps, strict=True):
+                    step = planned_step
                     if config == "static":
                         step = dataclasses.replace(step, retry=step.retry or STATIC_RETRY)
                     bug = any(a <= k < b and s == truth.name for a, b, s in t.bugs)
@@ -392,7 +393,7 @@ async def simulate(seed: int, submissions: int, infra_rate: float, bug_rate: flo
                                         static=config == "static")
                     for a in attempts:
                         total.add(a)
-                        total.infra_faults += bool(a.reason and a.reason != "OOMKilled"
+                        total.infra_faults += bool((a.reason and a.reason != "OOMKilled")
                                                    or a.log in {f[2] for f in INFRA_FAULTS})
                         total.ooms += a.exit_code == 137
                     if bug:

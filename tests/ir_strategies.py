@@ -168,6 +168,13 @@ foreaches = st.builds(
     parallelism=_opt(int64s),
 )
 loops = st.builds(ir.Loop, condition=conditions, max_iterations=int64s)
+tune_params = st.builds(
+    ir.TuneParam, name=texts, kind=_enum(ir.TuneKind), low=floats, high=floats,
+    step=_opt(floats), log=bools, choices=_tuples(literals, max_size=3))
+tunes = st.builds(
+    ir.Tune, space=_tuples(tune_params, max_size=3), objective=texts, trials=int64s,
+    parallel=int64s, direction=_enum(ir.TuneDirection), sampler=_enum(ir.TuneSampler),
+    pruner=_enum(ir.TunePruner), seed=_opt(int64s), storage=_opt(secret_refs), image=texts)
 
 # --------------------------------------------------------------------------- policies
 
@@ -290,6 +297,7 @@ def steps(depth: int = 2) -> st.SearchStrategy[ir.Step]:
         daemon=bools,
         parallelism=_opt(int64s),
         labels=pairs,
+        tune=_opt(tunes),
     )
 
 

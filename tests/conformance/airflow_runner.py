@@ -234,6 +234,12 @@ def main(paths: list[Path]) -> dict[str, Any]:
     db.initdb()
     for (secret, key), value in LOCAL_SECRETS.items():
         Variable.set(f"{secret}/{key}", value)  # what the compiled Variable.get reads
+    # programs/tune.py: its ask/tell/best tasks find the study's database in this secret
+    # and run `python -m couler_runtime.tune`, which the main environment has (optuna)
+    Variable.set("couler-tune/url", f"sqlite:///{WORK / 'tune.db'}")
+    main_bin = ROOT / ".venv" / "bin"
+    if main_bin.is_dir():
+        os.environ["PATH"] = f"{main_bin}{os.pathsep}{os.environ.get('PATH', '')}"
     out: dict[str, Any] = {}
     jobs: list[tuple[str, ir.Workflow, str]] = []
     for path in paths:

@@ -361,3 +361,40 @@ def test_running_steps_are_sampled_in_their_task(tmp_path: Path) -> None:
     quiet = RayExecutor(tmp_path / "quiet-runs").run(wf("quiet", busy))
     assert quiet.state is RunState.SUCCEEDED
     assert not list((tmp_path / "quiet-runs").glob("*/samples.jsonl"))
+
+
+TRIAL = r'''
+import os, sys, time
+from couler_runtime.tune import report
+x = float(sys.argv[1])
+for epoch in range(5):
+    report(epoch, x)
+    time.sleep(0.05)
+print(-(x - 0.25) ** 2)
+'''
+
+
+def test_a_tune_step_drives_its_study_in_a_task(ray_exec: RayExecutor, tmp_path: Path) -> None:
+    import optuna
+
+    trial = ir.Step(
+        "fit", ir.ScriptSpec("python:3.12", TRIAL, args=("{{item.x}}",)),
+        outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT, type=ir.ValueType.FLOAT),),
+        tune=ir.Tune(space=(ir.TuneParam("x", ir.TuneKind.UNIFORM, 0.0, 1.0),),
+                     objective="result", trials=4, parallel=2, seed=4,
+                     pruner=ir.TunePruner.NONE))
+    use = ir.Step(name="use", body=ir.ScriptSpec(image="python:3.12", source="import sys; "
+                                                 "print(sys.argv[1])", args=("{{inputs.x}}",)),
+                  inputs=(inp("x", "fit", "x"),), outputs=STDOUT, dependencies=after("fit"))
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    status = RayExecutor(tmp_path / "runs", tune_storage=storage).run(wf("ray-tune", trial, use))
+    assert status.state is RunState.SUCCEEDED, status.message
+    trials = [s for s in status.steps if s.step == "fit" and s.key]
+    assert len(trials) == 4 and all(s.state is StepState.SUCCEEDED for s in trials)
+    name = optuna.get_all_study_names(storage)[0]
+    study = optuna.load_study(study_name=name, storage=storage)
+    values = [t.value for t in study.trials if t.state is optuna.trial.TrialState.COMPLETE]
+    best = by_key(status, "fit")
+    assert len(values) == 4 and float(best.outputs["best_value"]) == max(values)
+    assert by_key(status, "use").outputs["result"] == best.outputs["x"]
+    assert task_options(trial, wf("w", trial))["max_retries"] == 0

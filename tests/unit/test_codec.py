@@ -101,7 +101,8 @@ def test_strategies_cover_the_whole_ir() -> None:
     members: set[enum.Enum] = set()
     optional_states: set[tuple[type, str, bool]] = set()
 
-    @settings(max_examples=300, deadline=None, derandomize=True, database=None)
+    # 500: with tune specs (Tune, TuneParam and their enums) the IR has more to reach
+    @settings(max_examples=500, deadline=None, derandomize=True, database=None)
     @given(workflows())
     def collect(wf: ir.Workflow) -> None:
         for v in _walk(wf):

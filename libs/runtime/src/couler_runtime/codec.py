@@ -82,6 +82,10 @@ _VOLUME_KIND = _EnumCodec(ir.VolumeKind, pb.VolumeKind, "VOLUME_KIND")
 _SCRIPT_LANGUAGE = _EnumCodec(ir.ScriptLanguage, pb.ScriptLanguage, "SCRIPT_LANGUAGE")
 _JOB_ACTION = _EnumCodec(ir.JobAction, pb.JobAction, "JOB_ACTION")
 _CONCURRENCY_POLICY = _EnumCodec(ir.ConcurrencyPolicy, pb.ConcurrencyPolicy, "CONCURRENCY_POLICY")
+_TUNE_KIND = _EnumCodec(ir.TuneKind, pb.TuneKind, "TUNE_KIND")
+_TUNE_DIRECTION = _EnumCodec(ir.TuneDirection, pb.TuneDirection, "TUNE_DIRECTION")
+_TUNE_SAMPLER = _EnumCodec(ir.TuneSampler, pb.TuneSampler, "TUNE_SAMPLER")
+_TUNE_PRUNER = _EnumCodec(ir.TunePruner, pb.TunePruner, "TUNE_PRUNER")
 
 
 def _default(cls: type[Any], name: str) -> Any:
@@ -412,6 +416,45 @@ def _foreach_from_proto(m: pb.ForEach) -> ir.ForEach:
     )
 
 
+def _tune_param_to_proto(v: ir.TuneParam) -> pb.TuneParam:
+    return pb.TuneParam(name=v.name, kind=_TUNE_KIND.encode(v.kind), low=v.low, high=v.high,
+                        step=v.step, log=v.log,
+                        choices=[_literal_to_proto(x) for x in v.choices])
+
+
+def _tune_param_from_proto(m: pb.TuneParam) -> ir.TuneParam:
+    with _located(f"tune parameter {m.name!r}"):
+        return ir.TuneParam(
+            name=m.name,
+            kind=_TUNE_KIND.decode(m.kind, "kind", ir.TuneKind.UNIFORM),
+            low=m.low, high=m.high, step=m.step if m.HasField("step") else None, log=m.log,
+            choices=tuple(_literal_from_proto(x) for x in m.choices))
+
+
+def _tune_to_proto(v: ir.Tune) -> pb.Tune:
+    return pb.Tune(
+        space=[_tune_param_to_proto(p) for p in v.space], objective=v.objective,
+        trials=v.trials, parallel=v.parallel, direction=_TUNE_DIRECTION.encode(v.direction),
+        sampler=_TUNE_SAMPLER.encode(v.sampler), pruner=_TUNE_PRUNER.encode(v.pruner),
+        seed=v.seed, storage=_opt(_secret_to_proto, v.storage), image=v.image)
+
+
+def _tune_from_proto(m: pb.Tune) -> ir.Tune:
+    return ir.Tune(
+        space=tuple(_tune_param_from_proto(p) for p in m.space),
+        objective=m.objective,
+        trials=m.trials if m.HasField("trials") else _default(ir.Tune, "trials"),
+        parallel=m.parallel if m.HasField("parallel") else _default(ir.Tune, "parallel"),
+        direction=_TUNE_DIRECTION.decode(m.direction, "tune.direction",
+                                         ir.TuneDirection.MAXIMIZE),
+        sampler=_TUNE_SAMPLER.decode(m.sampler, "tune.sampler", ir.TuneSampler.TPE),
+        pruner=_TUNE_PRUNER.decode(m.pruner, "tune.pruner", ir.TunePruner.MEDIAN),
+        seed=m.seed if m.HasField("seed") else None,
+        storage=_secret_from_proto(m.storage) if m.HasField("storage") else None,
+        image=m.image,
+    )
+
+
 def _loop_to_proto(v: ir.Loop) -> pb.Loop:
     return pb.Loop(condition=_condition_to_proto(v.condition), max_iterations=v.max_iterations)
 
@@ -689,6 +732,7 @@ def step_to_proto(step: ir.Step) -> pb.Step:
             daemon=step.daemon,
             parallelism=step.parallelism,
             labels=_pairs_to_proto(step.labels),
+            tune=_opt(_tune_to_proto, step.tune),
         )
         body = step.body
         if isinstance(body, ir.ContainerSpec):
@@ -736,6 +780,7 @@ def step_from_proto(msg: pb.Step) -> ir.Step:
             daemon=msg.daemon,
             parallelism=msg.parallelism if msg.HasField("parallelism") else None,
             labels=_pairs_from_proto(msg.labels),
+            tune=_tune_from_proto(msg.tune) if msg.HasField("tune") else None,
         )
 
 

@@ -9,6 +9,8 @@ holds the implementation, split by role:
   ``dag``, ``set_dependencies``, ``exec_while``, ``set_exit_handler``;
 * :mod:`~couler.api.config`: workflow settings, volumes, parameters;
 * :mod:`~couler.api.artifacts`, :mod:`~couler.api.secrets`, :mod:`~couler.api.options`;
+* :mod:`~couler.api.tune`: ``tune`` and its space helpers (``uniform``, ``loguniform``,
+  ``int_range``, ``choice``);
 * :mod:`~couler.api.capture`: record workflows a program builds (for the CLI);
 * :mod:`~couler.api.submission`: ``run()``.
 """
@@ -60,6 +62,7 @@ from couler.api.options import Cache, ImagePullPolicy
 from couler.api.secrets import create_secret, get_secret, obtain_secret
 from couler.api.steps import get_step_output, run_container, run_job, run_script
 from couler.api.submission import run, set_default_submitter
+from couler.api.tune import TuneResult, choice, int_range, loguniform, tune, uniform
 
 __all__ = [
     "ArtifactOutput",
@@ -72,6 +75,7 @@ __all__ = [
     "Secret",
     "StepOutput",
     "Toleration",
+    "TuneResult",
     "Volume",
     "VolumeClaimTemplate",
     "VolumeMount",
@@ -83,6 +87,7 @@ __all__ = [
     "add_volume",
     "bigger",
     "bigger_equal",
+    "choice",
     "concurrent",
     "config_defaults",
     "config_workflow",
@@ -97,6 +102,8 @@ __all__ = [
     "exec_while",
     "get_secret",
     "get_step_output",
+    "int_range",
+    "loguniform",
     "map",
     "not_equal",
     "obtain_secret",
@@ -111,6 +118,8 @@ __all__ = [
     "set_security_context",
     "smaller",
     "smaller_equal",
+    "tune",
+    "uniform",
     "when",
     "workflow",
     "workflow_parameter",

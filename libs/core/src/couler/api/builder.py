@@ -277,6 +277,7 @@ class StepDraft:
     daemon: bool = False
     parallelism: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    tune: ir.Tune | None = None
     children: _Scope | None = None
     handles: list[StepOutput] = field(default_factory=list)
     stdout_of: list[StepDraft] = field(default_factory=list)
@@ -908,6 +909,7 @@ class WorkflowBuilder:
             daemon=d.daemon,
             parallelism=d.parallelism,
             labels=ir.pairs(d.labels),
+            tune=d.tune,
         )
 
     def _implicit_inputs(self, d: StepDraft, scope: _Scope, inputs: list[ir.InputParameter],

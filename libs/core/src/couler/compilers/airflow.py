@@ -117,6 +117,7 @@ from couler.engines.base import (
     plain_edges,
 )
 from couler.errors import UnsupportedFeatureError
+from couler.optimize.tune import expand_tune
 
 __all__ = [
     "AIRFLOW_VERSION",
@@ -230,6 +231,11 @@ CAPABILITIES: dict[Feature, Capability] = {
             "is_paused_upon_creation, forbid → max_active_runs=1; replace is rejected"),
     Feature.EVENT_TRIGGERS: Capability(
         _U, "Airflow triggers DAGs from asset events, not from message subjects with filters"),
+    Feature.TUNE: Capability(
+        _R, "rounds of an ask task (python -m couler_runtime.tune ask), a mapped trial task "
+            "and a tell task, then a best task producing the outputs "
+            "(couler.optimize.tune.expand_tune); the study's URL is the storage secret's "
+            "Variable; no pruning"),
 }
 
 _AIRFLOW_DOCS = "https://airflow.apache.org/docs/apache-airflow/stable/"
@@ -564,6 +570,7 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> str:
     """
     if validate:
         ir.validate(wf)
+    wf = expand_tune(wf)  # tune steps become ask / trials / tell rounds (no-op without)
     wf = plain_edges(wf)  # A.Succeeded from a step without a when is a plain edge
     check_capabilities(ENGINE, CAPABILITIES, wf)
     return _Compiler(wf).compile()

@@ -96,6 +96,7 @@ from couler.compilers.kube import dns_settings, resource_requirements, se_linux_
 from couler.engines.base import check_capabilities
 from couler.errors import UnsupportedFeatureError
 from couler.ir.validate import parse_quantity
+from couler.optimize.tune import expand_tune
 
 __all__ = [
     "API_VERSION",
@@ -194,6 +195,7 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> dict[str, Any
     with gc_paused():
         if validate:
             ir.validate(wf)
+        wf = expand_tune(wf)  # tune steps become ask / trials / tell rounds (no-op without)
         check_capabilities(ENGINE, CAPABILITIES, wf)
         return _Compiler(wf).compile()
 

@@ -70,6 +70,11 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.EVENT_TRIGGERS: Capability(
         _R, "recorded in the couler.io/triggers annotation; Couler's submitter launches runs "
             "on events"),
+    Feature.TUNE: Capability(
+        _R, "rounds of an ask step (python -m couler_runtime.tune ask), a withParam map of the "
+            "trial step and a tell step, then a best step producing the outputs "
+            "(couler.optimize.tune.expand_tune); the study lives in the database the storage "
+            "secret names; no pruning"),
 }
 
 LIMITS: tuple[Limit, ...] = (

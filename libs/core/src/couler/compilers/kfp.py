@@ -195,6 +195,10 @@ CAPABILITIES: dict[Feature, Capability] = {
         _U, "recurring runs are created through the KFP API server (client."
             "create_recurring_run), not in the PipelineSpec"),
     Feature.EVENT_TRIGGERS: Capability(_U, "KFP has no event triggers"),
+    Feature.TUNE: Capability(
+        _U, "not compiled for KFP yet: the tell step reads the mapped trials' outputs, which "
+            "KFP v2 collects only for dsl.Collected artifacts (use Katib, the local engine, Ray "
+            "or Argo)"),
 }
 
 _KFP_DOCS = "https://www.kubeflow.org/docs/components/pipelines/"

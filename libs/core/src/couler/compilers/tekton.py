@@ -178,6 +178,9 @@ CAPABILITIES: dict[Feature, Capability] = {
             "(a separate project)"),
     Feature.EVENT_TRIGGERS: Capability(
         _U, "event triggers belong to Tekton Triggers (EventListener), a separate project"),
+    Feature.TUNE: Capability(
+        _U, "the trials' map reads keyed items (one per parameter) and is bounded by a "
+            "parallelism, neither of which a Tekton matrix expresses"),
 }
 
 _TEKTON_DOCS = "https://tekton.dev/docs/pipelines/"

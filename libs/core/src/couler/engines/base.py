@@ -80,6 +80,7 @@ class Feature(enum.StrEnum):
     DAEMON = "daemon step"
     CRON = "cron schedule"
     EVENT_TRIGGERS = "event triggers"
+    TUNE = "hyperparameter tuning (optuna study)"
 
 
 class Support(enum.StrEnum):
@@ -138,6 +139,8 @@ def _step_features(step: ir.Step) -> Iterable[Feature]:
             yield Feature.MAP_PARALLELISM
     if step.loop is not None:
         yield Feature.LOOP
+    if step.tune is not None:
+        yield Feature.TUNE
     if step.retry is not None:
         yield from _retry_features(step.retry)
     if step.timeout_seconds is not None:
@@ -293,6 +296,7 @@ class StepState(enum.StrEnum):
     CACHED = "cached"  # its result was reused
     RETRYING = "retrying"  # an attempt failed and another will start
     CANCELLED = "cancelled"
+    PRUNED = "pruned"  # a tuning trial its study's pruner stopped (not a failure)
 
     @property
     def terminal(self) -> bool:
@@ -301,7 +305,7 @@ class StepState(enum.StrEnum):
 
 
 _TERMINAL_STEP = {StepState.SUCCEEDED, StepState.FAILED, StepState.SKIPPED, StepState.CACHED,
-                  StepState.CANCELLED}
+                  StepState.CANCELLED, StepState.PRUNED}
 
 
 class RunState(enum.StrEnum):

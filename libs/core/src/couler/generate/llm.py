@@ -43,7 +43,10 @@ def system_prompt() -> str:
         "Order steps with 'after' (names of earlier steps). Data flows by kind: preprocess "
         "after load-table, train / train-trial after preprocess, evaluate after train, "
         "select-best after evaluate or train-trial steps. A sweep is a train-trial step "
-        "with \"sweep\": {\"param\": ..., \"values\": [...]}.\n"
+        "with \"sweep\": {\"param\": ..., \"values\": [...]}. Hyperparameter tuning "
+        "(\"tune with N trials\", Bayesian optimization, random search) is a train-trial "
+        "step with \"tune\": {\"trials\": N, \"sampler\": \"tpe\" or \"random\"} and no "
+        "select-best step: it outputs its best setting itself.\n"
         "Put the data source (a path or URL) in \"table\".\n"
         "Answer with one JSON object and nothing else, matching this JSON schema:\n"
         + json.dumps(SPEC_SCHEMA, sort_keys=True))

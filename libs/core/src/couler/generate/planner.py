@@ -13,7 +13,11 @@ them into a workflow; it understands:
 * "evaluate", "compare", "keep the better / best one" — evaluation per model and a
   selection step;
 * a sweep — "sweep over batch sizes 16, 32 and 64" (also learning rates, rounds)
-  becomes a map of train-and-score trials and a selection of the best setting.
+  becomes a map of train-and-score trials and a selection of the best setting;
+* tuning — "tune it with 20 trials of Bayesian optimization" (or "random search",
+  "optuna", "hyperparameter search"; "N trials", default 20) becomes a tune step
+  (:func:`couler.tune`) over learning rate, batch size and rounds whose outputs are the
+  best setting and its score.
 
 A request it cannot plan raises a UserError saying what it understands; it never
 guesses a workflow.
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 from couler import ir
 from couler.errors import UserError
 from couler.generate.catalog import MODELS, model_key
-from couler.generate.spec import StepSpec, WorkflowSpec, assemble
+from couler.generate.spec import TUNE_SPACE, StepSpec, TuneSpec, WorkflowSpec, assemble
 
 __all__ = ["GenerationReport", "plan"]
 
@@ -42,6 +46,12 @@ _SWEEP_PATTERN = re.compile(
     r"(batch[ _-]?sizes?|learning[ _-]?rates?|rounds)\s*(?:of|=|:|in|over)?\s*"
     r"((?:\d+(?:\.\d+)?(?:\s*(?:,|and|or)\s*)?)+)", re.IGNORECASE)
 _SWEEP_PARAM = {"batch": "batch_size", "learning": "learning_rate", "rounds": "rounds"}
+_TRIALS_PATTERN = re.compile(r"\b(\d+)\s+(?:trials?|runs?|iterations?|evaluations?)\b",
+                             re.IGNORECASE)
+_BAYES_PATTERN = re.compile(r"\b(bayes(?:ian)?|tpe|optuna|hyper[- ]?parameter (?:search|"
+                            r"optimi[sz]ation|tuning))\b", re.IGNORECASE)
+_RANDOM_PATTERN = re.compile(r"\brandom(?:ly)?[- ]search\b", re.IGNORECASE)
+_DEFAULT_TRIALS = 20
 _DEFAULT_SWEEP = {"batch_size": ["16", "32", "64"], "learning_rate": ["0.1", "0.3", "1.0"],
                   "rounds": ["5", "10", "20"]}
 
@@ -87,8 +97,21 @@ def _sweep(text: str, words: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
-def _name(text: str, models: list[str], sweep: bool) -> str:
-    stem = "sweep" if sweep else "train"
+def _tune(text: str, words: list[str]) -> TuneSpec | None:
+    """A tuning request: "N trials" with tune/search/optimize wording, or a named method
+    (Bayesian optimization, TPE, optuna, random search). None otherwise (a listed sweep
+    stays a sweep)."""
+    random = _RANDOM_PATTERN.search(text) is not None
+    method = random or _BAYES_PATTERN.search(text) is not None
+    trials = _TRIALS_PATTERN.search(text)
+    tuning = bool({"tune", "tuning", "optimize", "optimise", "search"} & set(words))
+    if not method and not (trials and tuning):
+        return None
+    count = int(trials.group(1)) if trials else _DEFAULT_TRIALS
+    return TuneSpec(max(count, 1), "random" if random else "tpe")
+
+
+def _name(text: str, models: list[str], stem: str) -> str:
     parts = [stem, *models[:3]]
     digest = hashlib.sha256(" ".join(text.split()).lower().encode()).hexdigest()[:6]
     return "-".join([*parts, digest])
@@ -101,8 +124,9 @@ def plan(text: str, *, name: str = "") -> tuple[ir.Workflow, GenerationReport]:
         raise UserError("generate: the request text is empty")
     words = _words(request)
     models = _models(request)
-    sweep = _sweep(request, words)
-    wants_train = bool(models) or sweep is not None or bool(
+    tune = _tune(request, words)
+    sweep = _sweep(request, words) if tune is None else None
+    wants_train = bool(models) or sweep is not None or tune is not None or bool(
         {"train", "fit", "model", "models"} & set(words))
     if not wants_train:
         raise UserError(
@@ -112,7 +136,7 @@ def plan(text: str, *, name: str = "") -> tuple[ir.Workflow, GenerationReport]:
             "learning rates); configure an LLM endpoint for other requests")
     notes: list[str] = []
     if not models:
-        models = ["logistic" if sweep is not None else "xgboost"]
+        models = ["logistic" if sweep is not None or tune is not None else "xgboost"]
         notes.append(f"no model named: using {MODELS[models[0]][0]}")
     source_match = _SOURCE_PATTERN.search(request)
     source = source_match.group(1).rstrip(".,;") if source_match else "dataset.csv"
@@ -125,7 +149,18 @@ def plan(text: str, *, name: str = "") -> tuple[ir.Workflow, GenerationReport]:
     subtasks = ["load the table", "preprocess: standardise and split"]
     specs = [StepSpec("load-table", "load-table"),
              StepSpec("preprocess", "preprocess", after=("load-table",))]
-    if sweep is not None:
+    if tune is not None:
+        model = models[0]
+        specs.append(StepSpec("tune", "train-trial", {"model": model}, ("preprocess",),
+                              tune=tune))
+        method = "random search" if tune.sampler == "random" else \
+            "Bayesian optimization (TPE)"
+        subtasks += [f"tune {', '.join(p.name for p in TUNE_SPACE)} of {MODELS[model][0]} "
+                     f"with {tune.trials} trials of {method}",
+                     "keep the best setting (the tune step's best_params)"]
+        if len(models) > 1:
+            notes.append(f"tuning uses one model: {MODELS[model][0]}")
+    elif sweep is not None:
         param, values = sweep
         model = models[0]
         specs.append(StepSpec("sweep", "train-trial", {"model": model}, ("preprocess",),
@@ -150,7 +185,8 @@ def plan(text: str, *, name: str = "") -> tuple[ir.Workflow, GenerationReport]:
                             "keep the best model")
         elif wants_select:
             notes.append("one model: nothing to select between")
-    spec = WorkflowSpec(name or _name(request, models, sweep is not None), tuple(specs), source)
+    stem = "tune" if tune is not None else "sweep" if sweep is not None else "train"
+    spec = WorkflowSpec(name or _name(request, models, stem), tuple(specs), source)
     wf = assemble(spec)
     wf = dataclasses.replace(
         wf, labels=(("couler.io/generated-by", "offline-planner"),),

@@ -11,6 +11,7 @@ with the step and field named, which is what the repair loop sends back.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -21,10 +22,19 @@ from couler import ir
 from couler.errors import Issue, ValidationError
 from couler.generate.catalog import CATALOG, DATA, MODELS
 
-__all__ = ["SPEC_SCHEMA", "StepSpec", "WorkflowSpec", "assemble", "parse_spec"]
+__all__ = ["SPEC_SCHEMA", "TUNE_SPACE", "StepSpec", "TuneSpec", "WorkflowSpec", "assemble",
+           "parse_spec"]
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SWEEPABLE = ("learning_rate", "batch_size", "rounds")
+_TUNE_SAMPLERS = ("tpe", "random")
+#: The search space a tuned train-trial step explores (each swept hyperparameter).
+TUNE_SPACE = (
+    ir.TuneParam("learning_rate", ir.TuneKind.LOGUNIFORM, 0.01, 1.0),
+    ir.TuneParam("batch_size", ir.TuneKind.CHOICE,
+                 choices=tuple(ir.Literal.of(v) for v in (16, 32, 64, 128))),
+    ir.TuneParam("rounds", ir.TuneKind.INT, 5, 40),
+)
 
 # The JSON shape asked of an LLM (also documented in the prompt).
 SPEC_SCHEMA: dict[str, Any] = {
@@ -48,11 +58,27 @@ SPEC_SCHEMA: dict[str, Any] = {
                         "properties": {"param": {"enum": list(_SWEEPABLE)},
                                        "values": {"type": "array"}},
                     },
+                    "tune": {
+                        "type": "object",
+                        "required": ["trials"],
+                        "properties": {"trials": {"type": "integer", "minimum": 1},
+                                       "parallel": {"type": "integer", "minimum": 1},
+                                       "sampler": {"enum": list(_TUNE_SAMPLERS)}},
+                    },
                 },
             },
         },
     },
 }
+
+
+@dataclass(frozen=True, slots=True)
+class TuneSpec:
+    """Tune a train-trial step over :data:`TUNE_SPACE` with an optuna study."""
+
+    trials: int
+    sampler: str = "tpe"  # "tpe" (Bayesian optimization) or "random" (random search)
+    parallel: int = 0  # 0: min(4, trials)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +88,7 @@ class StepSpec:
     params: Mapping[str, str] = field(default_factory=dict)
     after: tuple[str, ...] = ()
     sweep: tuple[str, tuple[str, ...]] | None = None  # (parameter, values)
+    tune: TuneSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +156,31 @@ def parse_spec(text: str, workflow: str = "generated") -> WorkflowSpec:
                                     f"needs a param in {_SWEEPABLE} and a non-empty values list"))
             else:
                 sweep = (str(sw["param"]), tuple(str(v) for v in values))
+        tune = None
+        if raw.get("tune") is not None:
+            tune = _parse_tune(raw["tune"])
+            if tune is None:
+                issues.append(Issue(name, step_name, "tune",
+                                    "needs \"trials\" (a positive integer), optionally "
+                                    "\"parallel\" (a positive integer) and \"sampler\" "
+                                    f"(one of {', '.join(_TUNE_SAMPLERS)})"))
         steps.append(StepSpec(step_name, str(entry), {k: str(v) for k, v in params.items()},
-                              tuple(after), sweep))
+                              tuple(after), sweep, tune))
     if issues:
         raise ValidationError(issues)
     return WorkflowSpec(name, tuple(steps), table)
+
+
+def _parse_tune(raw: object) -> TuneSpec | None:
+    if not isinstance(raw, dict):
+        return None
+    trials, parallel = raw.get("trials"), raw.get("parallel", 0)
+    sampler = raw.get("sampler", "tpe")
+    if (isinstance(trials, bool) or not isinstance(trials, int) or trials < 1
+            or isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 0
+            or sampler not in _TUNE_SAMPLERS):
+        return None
+    return TuneSpec(trials, str(sampler), parallel)
 
 
 def _upstream_of_kind(spec: WorkflowSpec, step: StepSpec, kind: str) -> list[StepSpec]:
@@ -174,6 +221,10 @@ def assemble(spec: WorkflowSpec) -> ir.Workflow:
             issues.append(Issue(wf, s.name, "params",
                                 f"{', '.join(unknown)} not parameters of {s.entry!r} "
                                 f"({', '.join(CATALOG[s.entry].params) or 'none'})"))
+        if s.tune is not None and CATALOG[s.entry].kind != "trial":
+            issues.append(Issue(wf, s.name, "tune", "only a train-trial step can be tuned"))
+        if s.tune is not None and s.sweep is not None:
+            issues.append(Issue(wf, s.name, "tune", "a step either sweeps or tunes, not both"))
         model = s.params.get("model")
         if model is not None and model not in MODELS:
             issues.append(Issue(wf, s.name, "params.model",
@@ -243,6 +294,17 @@ def _build(spec: WorkflowSpec, s: StepSpec, issues: list[Issue]) -> ir.Step | No
         assert dataset is not None and prep is not None
         swept = s.sweep[0] if s.sweep is not None else ""
         args = [params["model"], f"{DATA}/dataset.json", "model.json"]
+        if s.tune is not None:
+            trials = s.tune.trials
+            return dataclasses.replace(entry.build(
+                s.name, [*args, *(f"{{{{item.{p}}}}}" for p in _SWEEPABLE)],
+                input_artifacts=[dataset],
+                outputs=[ir.OutputParameter("score", source=ir.OutputSource.STDOUT,
+                                            type=ir.ValueType.FLOAT)],
+                deps=_with(deps, prep.name)), tune=ir.Tune(
+                    space=TUNE_SPACE, objective="score", trials=trials,
+                    parallel=s.tune.parallel or min(4, trials),
+                    sampler=ir.TuneSampler(s.tune.sampler), seed=0))
         args += ["{{item}}" if p == swept else params[p] for p in _SWEEPABLE]
         foreach = None
         if s.sweep is not None:
@@ -279,6 +341,12 @@ def _build(spec: WorkflowSpec, s: StepSpec, issues: list[Issue]) -> ir.Step | No
         return None
     sel_args: list[str] = []
     inputs = []
+    for u in scored:
+        if u.tune is not None:
+            issues.append(Issue(spec.name, s.name, "after",
+                                f"{u.name!r} is tuned: it selects its best setting itself "
+                                "(outputs best_params, best_value); nothing to select"))
+            return None
     for i, u in enumerate(scored):
         label = _label(spec, u)
         if u.sweep is not None:

@@ -36,6 +36,8 @@ _JSON_INT = re.compile(r"-?(0|[1-9][0-9]*)")
 _JSON_FLOAT = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
 
 __all__ = [
+    "TUNE_BEST_PARAMS",
+    "TUNE_BEST_VALUE",
     "ArtifactLocation",
     "ArtifactSource",
     "Backoff",
@@ -86,6 +88,12 @@ __all__ = [
     "StorageKind",
     "SubWorkflowSpec",
     "Toleration",
+    "Tune",
+    "TuneDirection",
+    "TuneKind",
+    "TuneParam",
+    "TunePruner",
+    "TuneSampler",
     "ValueSource",
     "ValueType",
     "Volume",
@@ -97,8 +105,12 @@ __all__ = [
     "all_steps",
     "assignable",
     "pairs",
+    "tune_outputs",
     "type_of",
 ]
+
+TUNE_BEST_PARAMS = "best_params"  # a tune step's output: the best parameters, a JSON object
+TUNE_BEST_VALUE = "best_value"  # a tune step's output: the best objective value
 
 
 def pairs(mapping: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> Pairs:
@@ -593,6 +605,110 @@ class EnvVar:
     secret: SecretRef | None = None
 
 
+# --------------------------------------------------------------------------- tuning
+
+
+class TuneKind(enum.StrEnum):
+    """The distribution one hyperparameter of a tune step is drawn from."""
+
+    UNIFORM = "uniform"  # a float in [low, high] (on a grid of ``step`` when set)
+    LOGUNIFORM = "loguniform"  # a float in [low, high], uniform in its logarithm
+    INT = "int"  # an integer in [low, high] (every ``step``; ``log`` for a log scale)
+    CHOICE = "choice"  # one of ``choices``
+
+
+@dataclass(frozen=True, slots=True)
+class TuneParam:
+    """One hyperparameter of a tune step's search space."""
+
+    name: str
+    kind: TuneKind = TuneKind.UNIFORM
+    low: float = 0.0
+    high: float = 0.0
+    step: float | None = None
+    log: bool = False  # an integer range on a log scale
+    choices: tuple[Literal, ...] = ()
+
+    @property
+    def value_type(self) -> ValueType:
+        """The IR type of the values this parameter takes."""
+        if self.kind is TuneKind.INT:
+            return ValueType.INT
+        if self.kind is TuneKind.CHOICE:
+            types = {c.type for c in self.choices}
+            if len(types) == 1:
+                return types.pop()
+            return ValueType.FLOAT if types == {ValueType.INT, ValueType.FLOAT} else \
+                ValueType.JSON
+        return ValueType.FLOAT
+
+
+class TuneDirection(enum.StrEnum):
+    """Whether a tune step looks for the largest or the smallest objective."""
+
+    MAXIMIZE = "maximize"
+    MINIMIZE = "minimize"
+
+
+class TuneSampler(enum.StrEnum):
+    """How a tune step proposes the next trial's parameters."""
+
+    TPE = "tpe"  # Bayesian optimization (tree-structured Parzen estimator)
+    RANDOM = "random"
+    CMAES = "cmaes"  # covariance matrix adaptation (numeric parameters)
+    GRID = "grid"  # every combination of a discrete space, in turn
+
+
+class TunePruner(enum.StrEnum):
+    """How a tune step stops unpromising trials from the intermediate values they report."""
+
+    MEDIAN = "median"  # stop a trial whose value is worse than the median of earlier trials
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Tune:
+    """Hyperparameter tuning: run the step as ``trials`` trials, ``parallel`` at once.
+
+    Each trial is an execution of the step with one set of parameters drawn from
+    ``space``, which it reads as the map item (:class:`ItemRef` keyed by the
+    parameter's name, ``{{item.NAME}}``); its ``objective`` is one of the step's
+    declared outputs. Later steps read the tune step's outputs: ``best_params``
+    (a JSON object), ``best_value`` and each parameter of the best trial by its
+    name (:func:`tune_outputs`). ``storage`` references the secret holding the
+    study's database URL on engines that run the study in steps of their own;
+    the local engine and Ray use their own setting.
+    """
+
+    space: tuple[TuneParam, ...]
+    objective: str
+    trials: int = 20
+    parallel: int = 1
+    direction: TuneDirection = TuneDirection.MAXIMIZE
+    sampler: TuneSampler = TuneSampler.TPE
+    pruner: TunePruner = TunePruner.MEDIAN
+    seed: int | None = None
+    storage: SecretRef | None = None
+    image: str = ""  # the image of the ask/tell steps on static engines; "" = the default
+
+    def param(self, name: str) -> TuneParam | None:
+        """The parameter called ``name``, if any."""
+        return next((p for p in self.space if p.name == name), None)
+
+
+def tune_outputs(tune: Tune) -> tuple[OutputParameter, ...]:
+    """The outputs later steps read from a tune step: the best parameters (one JSON
+    object), the best objective value and each best parameter by name."""
+    return (
+        OutputParameter(TUNE_BEST_PARAMS, OutputSource.PATH, "/tmp/couler-tune/best_params",
+                        ValueType.JSON),
+        OutputParameter(TUNE_BEST_VALUE, OutputSource.PATH, "/tmp/couler-tune/best_value",
+                        ValueType.FLOAT),
+        *(OutputParameter(p.name, OutputSource.PATH, f"/tmp/couler-tune/params/{p.name}",
+                          p.value_type) for p in tune.space),
+    )
+
+
 # --------------------------------------------------------------------------- step bodies
 
 
@@ -719,6 +835,7 @@ class Step:
     daemon: bool = False
     parallelism: int | None = None
     labels: Pairs = ()
+    tune: Tune | None = None  # run as hyperparameter-tuning trials
 
     def __post_init__(self) -> None:
         _sorted_pairs(self, "node_selector")
@@ -729,7 +846,10 @@ class Step:
         return next((i for i in self.inputs if i.name == name), None)
 
     def output(self, name: str) -> OutputParameter | None:
-        """The output parameter called ``name``, if any."""
+        """The output parameter called ``name`` that later steps read, if any (a tune
+        step's are its :func:`tune_outputs`, its own outputs being its trials')."""
+        if self.tune is not None:
+            return next((o for o in tune_outputs(self.tune) if o.name == name), None)
         return next((o for o in self.outputs if o.name == name), None)
 
 

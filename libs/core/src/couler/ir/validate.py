@@ -10,6 +10,7 @@ feeds, placeholders naming unknown inputs, and malformed policies.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
@@ -17,6 +18,8 @@ from decimal import Decimal, InvalidOperation
 from couler.alloc import gc_paused
 from couler.errors import Issue, ValidationError
 from couler.ir.model import (
+    TUNE_BEST_PARAMS,
+    TUNE_BEST_VALUE,
     ArtifactLocation,
     Condition,
     ContainerSpec,
@@ -41,6 +44,10 @@ from couler.ir.model import (
     StepArtifactRef,
     StepOutputRef,
     SubWorkflowSpec,
+    Tune,
+    TuneKind,
+    TuneParam,
+    TuneSampler,
     ValueSource,
     ValueType,
     VolumeKind,
@@ -68,6 +75,10 @@ QUANTITY = re.compile(
 )
 
 MAX_STEP_NAME = 63
+# A tune step's name, with the suffixes of the steps its rewrite for static engines adds
+# ("-tell-NNN"), stays a valid step name.
+MAX_TUNE_STEP_NAME = MAX_STEP_NAME - 10
+MAX_TUNE_TRIALS = 10_000
 # CronWorkflow names become CronJob-like object names, which Kubernetes caps at 52.
 MAX_WORKFLOW_NAME = 52
 
@@ -353,6 +364,8 @@ class _Checker:
             self.check_condition(s, "when", s.when.condition, scope, set(deps), self_ok=False)
         if s.foreach is not None:
             self.check_foreach(s, s.foreach, scope, set(deps))
+        if s.tune is not None:
+            self.check_tune(s, s.tune)
         if s.loop is not None:
             if s.foreach is not None:
                 self.add(
@@ -436,7 +449,12 @@ class _Checker:
                             s.name, field, f"placeholder {{{{{ref}}}}} names no input of the step"
                         )
                 elif ref == "item" or ref.startswith("item."):
-                    if s.foreach is None:
+                    if s.tune is not None:
+                        key = ref.removeprefix("item").removeprefix(".")
+                        if s.tune.param(key) is None:
+                            self.add(s.name, field, f"placeholder {{{{{ref}}}}} names no "
+                                     "parameter of the tune space; use {{item.NAME}}")
+                    elif s.foreach is None:
                         self.add(s.name, field, f"placeholder {{{{{ref}}}}} is used outside a map")
                 elif ref not in ("workflow.name", "workflow.uid", "workflow.status"):
                     self.add(
@@ -601,6 +619,13 @@ class _Checker:
                 return None
             return p.type
         if isinstance(src, ItemRef):
+            if s.tune is not None:
+                param = s.tune.param(src.key)
+                if param is None:
+                    self.add(s.name, field, f"reads trial parameter {src.key!r}, which is not "
+                             f"in the tune space {[p.name for p in s.tune.space]}")
+                    return None
+                return param.value_type
             if s.foreach is None:
                 self.add(s.name, field, "uses the map item but the step has no map")
                 return None
@@ -640,6 +665,98 @@ class _Checker:
             t = self.check_source(s, "foreach.source", fe.source, scope, deps, self_ok=False)
             if t is not None and t not in (ValueType.LIST, ValueType.JSON):
                 self.add(s.name, "foreach.source", f"a map needs a list, not a {t.value} value")
+
+    def check_tune(self, s: Step, t: Tune) -> None:
+        """A tune step: a container or script step, neither mapped nor looping, a space of
+        well-formed parameters, its objective one of its outputs, positive counts."""
+        name = s.name
+        if len(name) > MAX_TUNE_STEP_NAME:
+            self.add(name, "name", f"a tune step's name has at most {MAX_TUNE_STEP_NAME} "
+                     "characters (engines that run the study in steps add suffixes)")
+        if not isinstance(s.body, (ContainerSpec, ScriptSpec)):
+            self.add(name, "tune", f"only container and script steps can be tuned, not a "
+                     f"{s.body.KIND} step")
+        if s.foreach is not None or s.loop is not None:
+            self.add(name, "tune", "a tune step cannot also map or loop; its trials are its "
+                     "executions")
+        if s.daemon:
+            self.add(name, "tune", "a daemon step cannot be tuned")
+        if not t.space:
+            self.add(name, "tune.space", "the search space is empty; give at least one "
+                     "parameter (uniform, loguniform, int_range or choice)")
+        seen: set[str] = set()
+        for p in t.space:
+            field = f"tune.space.{p.name}"
+            if p.name in seen:
+                self.add(name, field, "parameter is declared twice")
+            seen.add(p.name)
+            if not PARAM_NAME.match(p.name):
+                self.add(name, field, f"{p.name!r} is not a valid parameter name")
+            if p.name in (TUNE_BEST_PARAMS, TUNE_BEST_VALUE):
+                self.add(name, field, f"{p.name!r} is the name of a tune output; rename the "
+                         "parameter")
+            self.check_tune_param(name, field, p)
+        outputs = {o.name: o for o in s.outputs}
+        out = outputs.get(t.objective)
+        if out is None:
+            self.add(name, "tune.objective", f"the objective {t.objective!r} is not an output "
+                     f"of the step; its outputs: {sorted(outputs)}")
+        elif out.type not in (ValueType.FLOAT, ValueType.INT, ValueType.STRING, ValueType.JSON):
+            self.add(name, "tune.objective", f"the objective {t.objective!r} must be a number, "
+                     f"not a {out.type.value} value")
+        if t.trials < 1:
+            self.add(name, "tune.trials", f"must be at least 1, got {t.trials}")
+        elif t.trials > MAX_TUNE_TRIALS:
+            self.add(name, "tune.trials", f"at most {MAX_TUNE_TRIALS}, got {t.trials}")
+        if t.parallel < 1:
+            self.add(name, "tune.parallel", f"must be at least 1, got {t.parallel}")
+        if t.sampler is TuneSampler.GRID:
+            for p in t.space:
+                if p.kind in (TuneKind.UNIFORM, TuneKind.LOGUNIFORM) and p.step is None:
+                    self.add(name, f"tune.space.{p.name}", "the grid sampler needs a discrete "
+                             "space: give this parameter a step, or use choice()")
+        if t.sampler is TuneSampler.CMAES and all(p.kind is TuneKind.CHOICE for p in t.space):
+            self.add(name, "tune.sampler", "CMA-ES needs at least one numeric parameter")
+        if t.storage is not None:
+            self.check_secret(name, "tune.storage", t.storage)
+        if t.seed is not None and t.seed < 0:
+            self.add(name, "tune.seed", f"must not be negative, got {t.seed}")
+
+    def check_tune_param(self, step: str, field: str, p: TuneParam) -> None:
+        if p.kind is TuneKind.CHOICE:
+            if not p.choices:
+                self.add(step, field, "choice() needs at least one value")
+            for lit in p.choices:
+                self.literal_ok(step, field, lit)
+            if len({c.json for c in p.choices}) != len(p.choices):
+                self.add(step, field, "choice() lists a value twice")
+            return
+        if p.choices:
+            self.add(step, field, f"a {p.kind.value} parameter has no choices")
+        if not (math.isfinite(p.low) and math.isfinite(p.high)):
+            self.add(step, field, "bounds must be finite numbers")
+            return
+        if p.low > p.high:
+            self.add(step, field, f"bad bounds: low {p.low:g} is above high {p.high:g}")
+        if (p.kind is TuneKind.LOGUNIFORM or p.log) and p.low <= 0:
+            self.add(step, field, f"bad bounds: a log-scale range needs low > 0, got "
+                     f"{p.low:g}")
+        if p.kind is TuneKind.INT:
+            if p.low != int(p.low) or p.high != int(p.high):
+                self.add(step, field, f"bad bounds: an int range needs integer bounds, got "
+                         f"{p.low:g}..{p.high:g}")
+            if p.step is not None and (p.step != int(p.step) or p.step < 1):
+                self.add(step, field, f"an int range's step must be a positive integer, got "
+                         f"{p.step:g}")
+            if p.log and p.step not in (None, 1):
+                self.add(step, field, "a log-scale int range cannot have a step")
+        elif p.step is not None:
+            if p.kind is TuneKind.LOGUNIFORM:
+                self.add(step, field, "a loguniform parameter cannot have a step")
+            elif not (p.step > 0):
+                self.add(step, field, f"step must be positive, got {p.step:g}")
+        if p.log and p.kind is not TuneKind.INT:
+            self.add(step, field, "log applies to int ranges; use loguniform for floats")
 
     # ------------------------------------------------------------------ policies
 

@@ -74,6 +74,8 @@ def not_cacheable_reason(wf: ir.Workflow, step: ir.Step) -> str | None:
         return "map steps are not cached as a whole (each item is, by its value)"
     if step.loop is not None:
         return "loop steps are not cached as a whole (each iteration is)"
+    if step.tune is not None:
+        return "tune steps are not cached as a whole (each trial is, by its parameters)"
     return None
 
 
@@ -138,8 +140,10 @@ def item_cache_key(wf: ir.Workflow, step: ir.Step, item: object, *,
     step's key as a plain step's, its inputs that read the item (whole or one field)
     standing for the item's value, which is part of the key as canonical JSON -- the
     item's position is not. None when ``step`` is not a map step or the key cannot be
-    computed completely (arguments as for :func:`step_cache_key`)."""
-    if step.foreach is None or not_cacheable_part_reason(wf, step) is not None:
+    computed completely (arguments as for :func:`step_cache_key`). A trial of a tune step
+    is keyed the same way, its parameters (a JSON object) being its item."""
+    if (step.foreach is None and step.tune is None) or \
+            not_cacheable_part_reason(wf, step) is not None:
         return None
     material = _material(wf, step, params, producer_keys, external_digests, item=True)
     if material is None:

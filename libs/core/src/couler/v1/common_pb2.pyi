@@ -33,6 +33,7 @@ class StepState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STEP_STATE_CACHED: _ClassVar[StepState]
     STEP_STATE_RETRYING: _ClassVar[StepState]
     STEP_STATE_CANCELLED: _ClassVar[StepState]
+    STEP_STATE_PRUNED: _ClassVar[StepState]
 
 class Objective(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -67,6 +68,7 @@ STEP_STATE_SKIPPED: StepState
 STEP_STATE_CACHED: StepState
 STEP_STATE_RETRYING: StepState
 STEP_STATE_CANCELLED: StepState
+STEP_STATE_PRUNED: StepState
 OBJECTIVE_UNSPECIFIED: Objective
 OBJECTIVE_LATENCY: Objective
 OBJECTIVE_COST: Objective

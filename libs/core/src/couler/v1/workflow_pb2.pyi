@@ -61,6 +61,34 @@ class CompareOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMPARE_OP_GE: _ClassVar[CompareOp]
     COMPARE_OP_LE: _ClassVar[CompareOp]
 
+class TuneKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TUNE_KIND_UNSPECIFIED: _ClassVar[TuneKind]
+    TUNE_KIND_UNIFORM: _ClassVar[TuneKind]
+    TUNE_KIND_LOGUNIFORM: _ClassVar[TuneKind]
+    TUNE_KIND_INT: _ClassVar[TuneKind]
+    TUNE_KIND_CHOICE: _ClassVar[TuneKind]
+
+class TuneDirection(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TUNE_DIRECTION_UNSPECIFIED: _ClassVar[TuneDirection]
+    TUNE_DIRECTION_MAXIMIZE: _ClassVar[TuneDirection]
+    TUNE_DIRECTION_MINIMIZE: _ClassVar[TuneDirection]
+
+class TuneSampler(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TUNE_SAMPLER_UNSPECIFIED: _ClassVar[TuneSampler]
+    TUNE_SAMPLER_TPE: _ClassVar[TuneSampler]
+    TUNE_SAMPLER_RANDOM: _ClassVar[TuneSampler]
+    TUNE_SAMPLER_CMAES: _ClassVar[TuneSampler]
+    TUNE_SAMPLER_GRID: _ClassVar[TuneSampler]
+
+class TunePruner(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TUNE_PRUNER_UNSPECIFIED: _ClassVar[TunePruner]
+    TUNE_PRUNER_MEDIAN: _ClassVar[TunePruner]
+    TUNE_PRUNER_NONE: _ClassVar[TunePruner]
+
 class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     RUN_STATUS_UNSPECIFIED: _ClassVar[RunStatus]
@@ -148,6 +176,22 @@ COMPARE_OP_GT: CompareOp
 COMPARE_OP_LT: CompareOp
 COMPARE_OP_GE: CompareOp
 COMPARE_OP_LE: CompareOp
+TUNE_KIND_UNSPECIFIED: TuneKind
+TUNE_KIND_UNIFORM: TuneKind
+TUNE_KIND_LOGUNIFORM: TuneKind
+TUNE_KIND_INT: TuneKind
+TUNE_KIND_CHOICE: TuneKind
+TUNE_DIRECTION_UNSPECIFIED: TuneDirection
+TUNE_DIRECTION_MAXIMIZE: TuneDirection
+TUNE_DIRECTION_MINIMIZE: TuneDirection
+TUNE_SAMPLER_UNSPECIFIED: TuneSampler
+TUNE_SAMPLER_TPE: TuneSampler
+TUNE_SAMPLER_RANDOM: TuneSampler
+TUNE_SAMPLER_CMAES: TuneSampler
+TUNE_SAMPLER_GRID: TuneSampler
+TUNE_PRUNER_UNSPECIFIED: TunePruner
+TUNE_PRUNER_MEDIAN: TunePruner
+TUNE_PRUNER_NONE: TunePruner
 RUN_STATUS_UNSPECIFIED: RunStatus
 RUN_STATUS_SUCCEEDED: RunStatus
 RUN_STATUS_FAILED: RunStatus
@@ -412,6 +456,48 @@ class Loop(_message.Message):
     max_iterations: int
     def __init__(self, condition: _Optional[_Union[Condition, _Mapping]] = ..., max_iterations: _Optional[int] = ...) -> None: ...
 
+class TuneParam(_message.Message):
+    __slots__ = ("name", "kind", "low", "high", "step", "log", "choices")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LOW_FIELD_NUMBER: _ClassVar[int]
+    HIGH_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    CHOICES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: TuneKind
+    low: float
+    high: float
+    step: float
+    log: bool
+    choices: _containers.RepeatedCompositeFieldContainer[Literal]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[TuneKind, str]] = ..., low: _Optional[float] = ..., high: _Optional[float] = ..., step: _Optional[float] = ..., log: _Optional[bool] = ..., choices: _Optional[_Iterable[_Union[Literal, _Mapping]]] = ...) -> None: ...
+
+class Tune(_message.Message):
+    __slots__ = ("space", "objective", "trials", "parallel", "direction", "sampler", "pruner", "seed", "storage", "image")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    OBJECTIVE_FIELD_NUMBER: _ClassVar[int]
+    TRIALS_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_FIELD_NUMBER: _ClassVar[int]
+    PRUNER_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    space: _containers.RepeatedCompositeFieldContainer[TuneParam]
+    objective: str
+    trials: int
+    parallel: int
+    direction: TuneDirection
+    sampler: TuneSampler
+    pruner: TunePruner
+    seed: int
+    storage: SecretRef
+    image: str
+    def __init__(self, space: _Optional[_Iterable[_Union[TuneParam, _Mapping]]] = ..., objective: _Optional[str] = ..., trials: _Optional[int] = ..., parallel: _Optional[int] = ..., direction: _Optional[_Union[TuneDirection, str]] = ..., sampler: _Optional[_Union[TuneSampler, str]] = ..., pruner: _Optional[_Union[TunePruner, str]] = ..., seed: _Optional[int] = ..., storage: _Optional[_Union[SecretRef, _Mapping]] = ..., image: _Optional[str] = ...) -> None: ...
+
 class Backoff(_message.Message):
     __slots__ = ("base_seconds", "factor", "cap_seconds")
     BASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -575,7 +661,7 @@ class SubWorkflowSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("name", "container", "script", "job", "subworkflow", "template", "inputs", "outputs", "input_artifacts", "output_artifacts", "env", "dependencies", "depends", "when", "foreach", "loop", "retry", "timeout_seconds", "resources", "cache", "priority", "node_selector", "tolerations", "volume_mounts", "daemon", "parallelism", "labels")
+    __slots__ = ("name", "container", "script", "job", "subworkflow", "template", "inputs", "outputs", "input_artifacts", "output_artifacts", "env", "dependencies", "depends", "when", "foreach", "loop", "retry", "timeout_seconds", "resources", "cache", "priority", "node_selector", "tolerations", "volume_mounts", "daemon", "parallelism", "labels", "tune")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_FIELD_NUMBER: _ClassVar[int]
     SCRIPT_FIELD_NUMBER: _ClassVar[int]
@@ -603,6 +689,7 @@ class Step(_message.Message):
     DAEMON_FIELD_NUMBER: _ClassVar[int]
     PARALLELISM_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    TUNE_FIELD_NUMBER: _ClassVar[int]
     name: str
     container: ContainerSpec
     script: ScriptSpec
@@ -630,7 +717,8 @@ class Step(_message.Message):
     daemon: bool
     parallelism: int
     labels: _containers.RepeatedCompositeFieldContainer[StringPair]
-    def __init__(self, name: _Optional[str] = ..., container: _Optional[_Union[ContainerSpec, _Mapping]] = ..., script: _Optional[_Union[ScriptSpec, _Mapping]] = ..., job: _Optional[_Union[JobSpec, _Mapping]] = ..., subworkflow: _Optional[_Union[SubWorkflowSpec, _Mapping]] = ..., template: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[InputParameter, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[OutputParameter, _Mapping]]] = ..., input_artifacts: _Optional[_Iterable[_Union[InputArtifact, _Mapping]]] = ..., output_artifacts: _Optional[_Iterable[_Union[OutputArtifact, _Mapping]]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., dependencies: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., depends: _Optional[_Union[DependsExpr, _Mapping]] = ..., when: _Optional[_Union[When, _Mapping]] = ..., foreach: _Optional[_Union[ForEach, _Mapping]] = ..., loop: _Optional[_Union[Loop, _Mapping]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout_seconds: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., cache: _Optional[_Union[CachePolicy, _Mapping]] = ..., priority: _Optional[int] = ..., node_selector: _Optional[_Iterable[_Union[StringPair, _Mapping]]] = ..., tolerations: _Optional[_Iterable[_Union[Toleration, _Mapping]]] = ..., volume_mounts: _Optional[_Iterable[_Union[VolumeMount, _Mapping]]] = ..., daemon: _Optional[bool] = ..., parallelism: _Optional[int] = ..., labels: _Optional[_Iterable[_Union[StringPair, _Mapping]]] = ...) -> None: ...
+    tune: Tune
+    def __init__(self, name: _Optional[str] = ..., container: _Optional[_Union[ContainerSpec, _Mapping]] = ..., script: _Optional[_Union[ScriptSpec, _Mapping]] = ..., job: _Optional[_Union[JobSpec, _Mapping]] = ..., subworkflow: _Optional[_Union[SubWorkflowSpec, _Mapping]] = ..., template: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[InputParameter, _Mapping]]] = ..., outputs: _Optional[_Iterable[_Union[OutputParameter, _Mapping]]] = ..., input_artifacts: _Optional[_Iterable[_Union[InputArtifact, _Mapping]]] = ..., output_artifacts: _Optional[_Iterable[_Union[OutputArtifact, _Mapping]]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., dependencies: _Optional[_Iterable[_Union[Dependency, _Mapping]]] = ..., depends: _Optional[_Union[DependsExpr, _Mapping]] = ..., when: _Optional[_Union[When, _Mapping]] = ..., foreach: _Optional[_Union[ForEach, _Mapping]] = ..., loop: _Optional[_Union[Loop, _Mapping]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., timeout_seconds: _Optional[int] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., cache: _Optional[_Union[CachePolicy, _Mapping]] = ..., priority: _Optional[int] = ..., node_selector: _Optional[_Iterable[_Union[StringPair, _Mapping]]] = ..., tolerations: _Optional[_Iterable[_Union[Toleration, _Mapping]]] = ..., volume_mounts: _Optional[_Iterable[_Union[VolumeMount, _Mapping]]] = ..., daemon: _Optional[bool] = ..., parallelism: _Optional[int] = ..., labels: _Optional[_Iterable[_Union[StringPair, _Mapping]]] = ..., tune: _Optional[_Union[Tune, _Mapping]] = ...) -> None: ...
 
 class ExitHook(_message.Message):
     __slots__ = ("on", "steps")

@@ -62,6 +62,9 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.CRON: Capability(_U, "a single run cannot be scheduled; the submitter schedules it"),
     Feature.EVENT_TRIGGERS: Capability(_U, "a single run cannot wait for events; the submitter "
                                            "triggers it"),
+    Feature.TUNE: Capability(_N, "the engine drives an optuna study (ask/tell) in RDB storage, "
+                                 "trials as executions of the step, pruning from the values "
+                                 "a trial reports"),
 }
 
 LIMITS: tuple[Limit, ...] = (

@@ -65,6 +65,18 @@ Execution rules:
   fails with the failure class of the first failed inner step, and a retry
   policy re-runs the whole nested graph. A step timeout stops the nested run
   (a transient failure).
+* **Tuning** (a step with ``tune``): the engine drives an optuna study
+  (:mod:`couler_runtime.tune`) in RDB storage (``tune_storage``), named after the
+  workflow, the step and a hash of its spec and of what its trials read: it asks for
+  parameter sets, runs up to ``parallel`` trials at once, each an execution of the step
+  recorded ``step[N]`` (N the trial's number, the parameters its map item), and tells the
+  study each trial's objective output. Parameters the study evaluated already, and cache
+  hits named ``step[N]`` matched by the trial's key (its parameters standing for the
+  item), are reused, not run. A trial reporting intermediate values (``STEP VALUE`` lines
+  appended to ``$COULER_TUNE_REPORT``) that the pruner rejects is stopped and recorded
+  PRUNED. The step's outputs are the best trial's (``best_params``, ``best_value``, each
+  parameter); it fails when no trial completed. A resumed run reopens the same study:
+  finished trials are not run again, those the crash interrupted are.
 * Exit hooks run after the main graph with its final status (not after a
   cancellation). A failing hook fails the run.
 * ``cancel()`` kills running processes and marks everything else CANCELLED.
@@ -123,14 +135,17 @@ from couler.errors import (
     UnsupportedFeatureError,
 )
 from couler.optimize.cache_key import (
+    cache_policy,
     item_cache_key,
     iteration_cache_key,
     producers,
     step_cache_key,
     unneeded_steps,
 )
+from couler.optimize.tune import study_name
 from couler.semantics import failed_leaves
 
+from .. import tune as tuning
 from .artifacts import ArtifactStore, PathMap, copy_path, digest_path
 from .capabilities import CAPABILITIES, ENGINE
 from .process import SAMPLE_SECONDS, SERIES_SECONDS, ProcessSample, run_process
@@ -365,7 +380,8 @@ def _part_hits(wf: ir.Workflow, cached: Mapping[str, Reuse]) -> dict[str, dict[s
     for name, hit in cached.items():
         base, bracket, _ = name.partition("[")
         step = by_name.get(base)
-        if not bracket or step is None or (step.foreach is None and step.loop is None):
+        if not bracket or step is None or (step.foreach is None and step.loop is None
+                                           and step.tune is None):
             continue
         if all((src := hit.artifacts.get(a.name)) is not None and Path(src).exists()
                for a in step.output_artifacts):
@@ -426,6 +442,8 @@ class LocalRun:
         self._resumed_attempts: dict[tuple[str, str], int] = {}
         self._snapshot_at = 0.0  # monotonic time of the last run.json snapshot
         self._journal: TextIO | None = None
+        # tuning trials running now, by record: where they report, how to stop them
+        self._trials: dict[tuple[str, str], _TrialCtl] = {}
         self._thread = threading.Thread(target=self._main, name=f"couler-local-{self.run_id}",
                                         daemon=True)
 
@@ -873,6 +891,9 @@ class LocalRun:
                          message="not run: not needed, every step that reads its results "
                                  "was reused from the cache")
             return
+        if step.tune is not None:
+            self._run_tune(step, rec, step.tune)
+            return
         if step.loop is None:
             self._execute(step, rec, "main", None)
             return
@@ -1015,6 +1036,9 @@ class LocalRun:
             if failure == "cancelled":
                 self._update(rec, state=self._stopped_state(), finished_at=time.time())
                 return
+            if failure == "pruned":
+                self._update(rec, state=StepState.PRUNED, finished_at=time.time(), failure="")
+                return
             retryable = (failure != "fatal" and policy is not None and retries < policy.limit
                          and (ir.FailureClass.ANY in policy.on
                               or ir.FailureClass(failure) in policy.on))
@@ -1060,6 +1084,15 @@ class LocalRun:
         except _StepError as exc:
             self._update(rec, message=str(exc))
             return "fatal"
+        cancel: threading.Event = self._cancel
+        trial = self._trials.get((rec.step, rec.key))
+        if trial is not None:  # a tuning trial: where it reports, and its own stop
+            trial.report.parent.mkdir(parents=True, exist_ok=True)
+            trial.report.write_text("")
+            trial.offset = 0
+            env[tuning.REPORT_ENV] = str(trial.report)
+            env[tuning.TRIAL_ENV] = rec.key
+            cancel = trial.stop
         # Sub-workflows nest thread pools: the slots keep max_workers processes in all.
         while not self._slots.acquire(timeout=SAMPLE_SECONDS):
             if self._cancel.is_set():
@@ -1068,7 +1101,7 @@ class LocalRun:
         try:
             result = run_process(argv, cwd=cwd, env=env, stdout_path=exec_dir / "stdout",
                                  stderr_path=exec_dir / "stderr", timeout_seconds=timeout,
-                                 memory_limit_bytes=memory_limit, cancel=self._cancel,
+                                 memory_limit_bytes=memory_limit, cancel=cancel,
                                  on_sample=self._sampling(rec),
                                  series_seconds=self.engine.series_seconds)
         finally:
@@ -1079,6 +1112,10 @@ class LocalRun:
             "peak_cpu": max(rec.peak_cpu or 0.0, result.peak_cpu),
             "peak_memory_bytes": max(rec.peak_memory_bytes or 0, result.peak_memory_bytes),
         }
+        if result.cancelled and trial is not None and trial.pruned and \
+                not self._cancel.is_set():
+            self._update(rec, message=trial.pruned, **changes)
+            return "pruned"
         if result.cancelled:
             self._update(rec, message=self._stop_message(), **changes)
             return "cancelled"
@@ -1188,8 +1225,8 @@ class LocalRun:
 
     def _part_key(self, step: ir.Step, rec: _Record, item: object, paths: PathMap
                   ) -> str | None:
-        """The key of the map item or loop iteration ``rec`` as it just ran."""
-        if step.foreach is not None:
+        """The key of the map item, loop iteration or tuning trial ``rec`` as it just ran."""
+        if step.foreach is not None or step.tune is not None:
             return self._item_key(step, item, paths)
         if step.loop is not None and rec.key.isdigit():
             return self._iteration_key(step, int(rec.key), paths)
@@ -1206,6 +1243,186 @@ class LocalRun:
         """The cache keys of the top-level steps ``step`` reads outputs or artifacts from
         (its producers' keys), sorted."""
         return tuple(sorted(set(self._producer_keys(step).values())))
+
+    # ------------------------------------------------------------------ tuning
+
+    def _tune_context(self, step: ir.Step) -> list[str]:
+        """What the study's name hashes besides the step's spec: the values of the inputs
+        the trials share, the identity of the artifacts they read (a producer's cache key,
+        else this run's), and this run when the step is not to be reused."""
+        context: list[str] = []
+        for inp in step.inputs:
+            if not isinstance(inp.value, ir.ItemRef):
+                value = self._value(inp.value, step, None, {}, f"inputs.{inp.name}")
+                context.append(f"input {inp.name}={value}")
+        for art in step.input_artifacts:
+            src = art.source
+            if isinstance(src, ir.StepArtifactRef):
+                rec = self._record(src.step)
+                who = rec.cache_key if rec is not None and rec.cache_key else \
+                    f"run {self.run_id} step {src.step}"
+                context.append(f"artifact {art.name}={who}/{src.artifact}")
+            else:
+                context.append(f"artifact {art.name}={ir.to_json(src)}")
+        if not cache_policy(self.workflow, step).enabled:
+            context.append(f"run {self.run_id}")
+        return context
+
+    def _run_tune(self, step: ir.Step, rec: _Record, spec: ir.Tune) -> None:
+        """Drive the step's optuna study: ask, run up to ``parallel`` trials at once (each
+        an execution of the step, recorded ``step[N]``, N the trial's number), tell, and
+        end with the best trial's outputs."""
+        wf = self.workflow
+        where = f"workflow {wf.name!r}, step {step.name!r}"
+        self._update(rec, state=StepState.RUNNING, started_at=time.time())
+        name = self._name(step.name)
+        for (prev_step, key), prev in self._previous.items():  # trials of a crashed attempt
+            if prev_step == name and key and prev.state.terminal:
+                self._update(_Record.from_dict(prev.to_dict()))
+        try:
+            study = study_name(wf.name, step, self._tune_context(step))
+            storage = self.engine.tune_storage or tuning.default_storage(self.engine.work_dir)
+            opened = tuning.open_study(storage, study, spec)
+        except Exception as exc:  # a bad storage URL, an unreachable database, a bad input
+            self._update(rec, state=StepState.FAILED, finished_at=time.time(),
+                         message=f"{where}, field 'tune': cannot open the study: {exc}")
+            return
+        try:
+            driver = tuning.Driver(opened, spec)
+        except Exception as exc:
+            tuning.close_study(opened)
+            self._update(rec, state=StepState.FAILED, finished_at=time.time(),
+                         message=f"{where}, field 'tune': cannot resume the study: {exc}")
+            return
+        try:
+            self._drive(step, rec, spec, study, driver)
+        finally:
+            driver.close()
+
+    def _drive(self, step: ir.Step, rec: _Record, spec: ir.Tune, study: str,
+               driver: tuning.Driver) -> None:
+        """Run the trials of ``study`` through ``driver`` and record the step's end."""
+        where = f"workflow {self.workflow.name!r}, step {step.name!r}"
+        name = self._name(step.name)
+        running: dict[Future[None], int] = {}
+        error = ""
+        with ThreadPoolExecutor(spec.parallel) as pool:
+            while True:
+                try:
+                    while (not error and not self._cancel.is_set()
+                           and len(running) < spec.parallel and driver.remaining() > 0):
+                        number, params, known = driver.ask()
+                        fut = pool.submit(self._run_trial, step, spec, driver, number,
+                                          params, known)
+                        running[fut] = number
+                except Exception as exc:  # the study's database failed under us
+                    error = f"cannot ask the study for a trial: {exc!r}"
+                if not running:
+                    break
+                done, _ = wait(list(running), timeout=0.2, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    number = running.pop(fut)
+                    try:
+                        fut.result()
+                    except Exception as exc:
+                        error = error or f"trial {number}: {exc!r}"
+        if error:
+            self._update(rec, state=StepState.FAILED, finished_at=time.time(),
+                         message=f"{where}, field 'tune': {error}")
+            return
+        with self._lock:
+            trials = [r for (s, k), r in self._records.items() if s == name and k]
+        counts = {state: sum(r.state is state for r in trials) for state in StepState}
+        summary = (f"study {study!r}: {len(trials)} trials ({counts[StepState.SUCCEEDED]} "
+                   f"run, {counts[StepState.CACHED]} reused, {counts[StepState.PRUNED]} pruned, "
+                   f"{counts[StepState.FAILED]} failed)")
+        if not trials:
+            summary += " in this run: the study had finished its trials before"
+        stats: dict[str, object] = {
+            "finished_at": time.time(),
+            "attempts": max((r.attempts for r in trials), default=0),
+            "peak_cpu": max((r.peak_cpu or 0.0 for r in trials), default=None),
+            "peak_memory_bytes": max((r.peak_memory_bytes or 0 for r in trials), default=None),
+        }
+        if self._cancel.is_set():
+            self._update(rec, state=self._stopped_state(), message=self._stop_message(),
+                         **stats)
+            return
+        try:
+            outputs = driver.outputs()
+        except ValueError as exc:
+            failed = [r for r in trials if r.state is StepState.FAILED]
+            self._update(rec, state=StepState.FAILED, failure=failed[0].failure if failed
+                         else "", message=f"{where}, field 'tune': {exc}; {summary}"
+                         + (f"; trial {failed[0].key}: {failed[0].message}" if failed else ""),
+                         **stats)
+            return
+        self._update(rec, state=StepState.SUCCEEDED, outputs=outputs, failure="",
+                     message=f"{summary}; best {spec.objective} "
+                             f"{outputs[ir.TUNE_BEST_VALUE]}", **stats)
+
+    def _run_trial(self, step: ir.Step, spec: ir.Tune, driver: tuning.Driver, number: int,  # noqa: PLR0917
+                   params: dict[str, Any], known: float | None) -> None:
+        """Run (or reuse) trial ``number`` with ``params`` and tell the study how it ended."""
+        rec = _Record(self._name(step.name), key=str(number))
+        now = time.time()
+        if known is not None:  # the study evaluated these parameters already
+            self._update(rec, state=StepState.CACHED, started_at=now, finished_at=now,
+                         attempts=0, outputs={spec.objective: repr(known)},
+                         message=f"parameters {json.dumps(params, sort_keys=True)} were "
+                                 "evaluated by an earlier trial of the study: its value reused")
+            driver.tell(number, tuning.TrialOutcome("complete", known))
+            return
+        hit = self._part_hit(step, lambda: self._item_key(step, params))
+        if hit is None or not self._reuse_part(step, rec, hit):
+            trial = _TrialCtl(self._steps_dir / step.name / f"trial-{number}" / "report",
+                              _TrialStop(self._cancel))
+            with self._lock:
+                self._trials[(rec.step, rec.key)] = trial
+            watcher = threading.Thread(target=self._watch_trial, args=(trial, driver, number),
+                                       name=f"couler-tune-{number}", daemon=True)
+            watcher.start()
+            try:
+                self._execute(step, rec, f"trial-{number}", params)
+            finally:
+                trial.done.set()
+                watcher.join()
+                with self._lock:
+                    self._trials.pop((rec.step, rec.key), None)
+        if rec.state is StepState.PRUNED:
+            driver.tell(number, tuning.TrialOutcome("pruned", message=rec.message))
+            return
+        if rec.state not in _DONE_OK:
+            if rec.state is StepState.FAILED:
+                driver.tell(number, tuning.TrialOutcome("fail", message=rec.message))
+            # a cancelled trial stays running in the study: a resumed run runs it again
+            return
+        text = rec.outputs.get(spec.objective, "")
+        value = tuning.parse_value(text)
+        if value is None:
+            self._update(rec, state=StepState.FAILED, message=(
+                f"workflow {self.workflow.name!r}, step {step.name!r}, field 'tune.objective': "
+                f"output {spec.objective!r} of trial {number} is not a number: {text[:200]!r}"))
+            driver.tell(number, tuning.TrialOutcome("fail", message=rec.message))
+            return
+        driver.tell(number, tuning.TrialOutcome("complete", value))
+
+    def _watch_trial(self, trial: _TrialCtl, driver: tuning.Driver, number: int) -> None:
+        """Feed the values a running trial reports to the study; stop it when pruned."""
+        while True:
+            finished = trial.done.wait(0.1)
+            values, trial.offset = tuning.read_reports(trial.report, trial.offset)
+            for step_no, value in values:
+                try:
+                    prune = driver.report(number, step_no, value)
+                except Exception:
+                    return
+                if prune and not finished and not trial.pruned:
+                    trial.pruned = (f"pruned at step {step_no} (intermediate value {value!r}): "
+                                    "the study's pruner stopped the trial")
+                    trial.stop.set()
+            if finished:
+                return
 
     # ------------------------------------------------------------------ sub-workflows
 
@@ -1483,6 +1700,28 @@ class _MapState:
         self.queue = list(range(len(self.items)))
 
 
+class _TrialStop(threading.Event):
+    """A tuning trial's stop: set when its study prunes it, or when the run is stopped."""
+
+    def __init__(self, run: threading.Event) -> None:
+        super().__init__()
+        self._run = run
+
+    def is_set(self) -> bool:
+        return self._run.is_set() or super().is_set()
+
+
+@dataclass
+class _TrialCtl:
+    """A tuning trial while it runs: its report file, its stop, why it was pruned."""
+
+    report: Path
+    stop: _TrialStop
+    offset: int = 0
+    pruned: str = ""
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 def failure_message(failed: Sequence[_Record], unhandled: Sequence[str]) -> str:
     """What the run record says of its failed steps: failed, or failed and handled."""
     if not failed:
@@ -1514,6 +1753,9 @@ class LocalEngine:
             (:func:`couler.optimize.step_cache_key`, by lineage) when
             it succeeds, reported as ``StepStatus.cache_key`` (for a cache to commit).
         series_seconds: The interval of the utilization samples passed to ``on_sample``.
+        tune_storage: Where tune steps keep their optuna studies, an SQLAlchemy URL
+            (:mod:`couler_runtime.tune`); default: the ``COULER_TUNE_STORAGE`` setting,
+            else ``sqlite:///<work_dir>/tune.db``.
     """
 
     name = ENGINE
@@ -1523,7 +1765,8 @@ class LocalEngine:
                  secrets: Mapping[tuple[str, str], str] | None = None,
                  image_commands: Mapping[str, Sequence[str]] | None = None, *,
                  workflows: Iterable[ir.Workflow] = (), cache_keys: bool = False,
-                 series_seconds: float = SERIES_SECONDS) -> None:
+                 series_seconds: float = SERIES_SECONDS,
+                 tune_storage: str | None = None) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
         if not series_seconds > 0:
@@ -1536,6 +1779,9 @@ class LocalEngine:
             k: tuple(v) for k, v in (image_commands or {}).items()}
         self.workflows: Mapping[str, ir.Workflow] = {w.name: w for w in workflows}
         self.cache_keys = cache_keys
+        # where tune steps keep their optuna studies (an SQLAlchemy URL); None: the
+        # COULER_TUNE_STORAGE setting, else sqlite:///<work_dir>/tune.db
+        self.tune_storage = tune_storage
 
     def run(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
             on_event: EventCallback | None = None,

@@ -79,6 +79,8 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.CRON: Capability(_U, "a single run cannot be scheduled; the submitter schedules it"),
     Feature.EVENT_TRIGGERS: Capability(_U, "a single run cannot wait for events; the submitter "
                                            "triggers it"),
+    Feature.TUNE: Capability(_R, "one Ray task drives the optuna study (ask/tell, pruning) "
+                                 "and runs up to `parallel` trial processes on its node"),
 }
 
 LIMITS: tuple[Limit, ...] = (

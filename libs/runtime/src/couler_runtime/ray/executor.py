@@ -41,6 +41,12 @@ Mapping of the IR onto Ray:
   the execution directory, since a Ray task does not know its attempt number.
 * **Loops**: all iterations run inside one task through the local engine's
   loop (its per-iteration retry policy applies; ``max_retries=0``).
+* **Tuning**: a tune step runs in one Ray task that drives its optuna study with the
+  local engine's driver (ask, up to ``parallel`` trial processes at once, tell, pruning
+  from reported values, best outputs; ``max_retries=0``, each trial follows the step's
+  retry policy); its trials are reported as ``step[N]``. The study's storage
+  (``tune_storage``) must be reachable from every node: SQLite on the shared run
+  directory's file system, or PostgreSQL.
 * **Exit hooks**: run by the driver after the main graph, chosen by its final
   state as on the local engine.
 * **A task's workflow**: each task is shipped the workflow with only its own
@@ -151,6 +157,7 @@ class _Context:
     image_commands: Mapping[str, tuple[str, ...]]
     samples: bool = False  # tasks append their steps' utilization samples to SAMPLES_FILE
     series_seconds: float = SERIES_SECONDS
+    tune_storage: str | None = None
 
 
 # --------------------------------------------------------------------------- task side
@@ -175,8 +182,11 @@ def _local_run(ctx: _Context, upstream: Sequence[Result] = (), *,
                events: bool = False) -> _TaskRun:
     """A local run for ``ctx``; with ``events``, its step changes go to the events file."""
     run_dir = Path(ctx.run_dir)
-    engine = LocalEngine(run_dir.parent, max_workers=1, secrets=ctx.secrets,
-                         image_commands=ctx.image_commands, series_seconds=ctx.series_seconds)
+    # one process per task, but a tune step's task runs its trials, ``parallel`` at once
+    workers = max([1, *(s.tune.parallel for s in ctx.workflow.steps if s.tune is not None)])
+    engine = LocalEngine(run_dir.parent, max_workers=workers, secrets=ctx.secrets,
+                         image_commands=ctx.image_commands, tune_storage=ctx.tune_storage,
+                         series_seconds=ctx.series_seconds)
     on_event = functools.partial(_append_event, run_dir / EVENTS_FILE) if events else None
     on_sample = (functools.partial(_append_sample, run_dir / SAMPLES_FILE)
                  if events and ctx.samples else None)
@@ -375,7 +385,7 @@ def _step_task(ctx: _Context, name: str, index: int | None, item: object, n_upst
     skip = _decision(run, step)
     if skip is not None:
         return _skipped(name, skip, key)
-    if step.loop is not None:
+    if step.loop is not None or step.tune is not None:
         def loop() -> Result:
             rec = _Record(name)
             run._records[(name, "")] = rec
@@ -447,7 +457,7 @@ def task_options(step: ir.Step, wf: ir.Workflow) -> dict[str, Any]:
             opts["memory"] = memory
         if resources.gpu:
             opts["num_gpus"] = resources.gpu
-    if policy is not None and step.loop is None and policy.limit > 0:
+    if policy is not None and step.loop is None and step.tune is None and policy.limit > 0:
         opts["max_retries"] = policy.limit
         opts["retry_exceptions"] = [RetryAttempt]
     return opts
@@ -804,6 +814,8 @@ class RayExecutor:
             local engine).
         init_options: Extra keyword arguments for ``ray.init``.
         series_seconds: The interval of the utilization samples passed to ``on_sample``.
+        tune_storage: Where tune steps keep their optuna studies (an SQLAlchemy URL);
+            default: ``COULER_TUNE_STORAGE``, else ``sqlite:///<work_dir>/tune.db``.
     """
 
     name = ENGINE
@@ -813,9 +825,11 @@ class RayExecutor:
                  secrets: Mapping[tuple[str, str], str] | None = None,
                  image_commands: Mapping[str, Sequence[str]] | None = None,
                  init_options: Mapping[str, Any] | None = None,
-                 series_seconds: float = SERIES_SECONDS) -> None:
+                 series_seconds: float = SERIES_SECONDS,
+                 tune_storage: str | None = None) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.series_seconds = series_seconds
+        self.tune_storage = tune_storage
         self.address = address
         self.secrets: dict[tuple[str, str], str] = dict(secrets or {})
         self.image_commands: dict[str, tuple[str, ...]] = {
@@ -859,8 +873,8 @@ class RayExecutor:
         run_dir = self.work_dir / run_id
         run_dir.mkdir(parents=True)
         ctx = _Context(str(run_dir), wf, dict(parameters or {}), self.secrets,
-                       self.image_commands, samples=on_sample is not None,
-                       series_seconds=self.series_seconds)
+                       self.image_commands, tune_storage=self.tune_storage,
+                       samples=on_sample is not None, series_seconds=self.series_seconds)
         handle = RayRun(self, ray, ctx, run_id, on_event, on_sample=on_sample)
         handle._thread.start()
         return handle

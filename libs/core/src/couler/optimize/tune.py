@@ -1,0 +1,215 @@
+"""Tune steps (:class:`couler.ir.Tune`): the study's name, and the rewrite for static engines.
+
+The local engine and Ray drive an optuna study themselves. An engine that runs a fixed
+document (Argo, Airflow) cannot: :func:`expand_tune` rewrites each tune step, a pure IR rewrite,
+into ``ceil(budget / parallel)`` rounds of
+
+* ``STEP-ask-R``: ``python -m couler_runtime.tune ask`` asks the study for up to
+  ``parallel`` trials and writes their parameter sets (a JSON list of objects, output
+  ``params``) and their trial numbers (output ``trials``);
+* ``STEP-R``: the trial step, mapped over ``params`` (each trial reads its parameters as
+  ``{{item.NAME}}``, as it does everywhere), ``parallel`` at once;
+* ``STEP-tell-R``: ``python -m couler_runtime.tune tell`` tells the study the trials'
+  objective values (the map's ``objective`` output, a JSON list in item order);
+
+then ``STEP`` itself -- the name later steps already read -- runs
+``python -m couler_runtime.tune best``, whose outputs are the tune step's
+(:func:`couler.ir.tune_outputs`). The study's name also holds the run
+(``{{workflow.uid}}``: Argo's workflow uid, Airflow's run id), so a retried run resumes its
+study and another run starts its own; a round whose ask finds the budget spent (a retried
+run whose trials had all finished) maps over nothing. The steps find the study's database URL
+in the environment variable ``COULER_TUNE_STORAGE``, from the secret the tune step names
+(``Tune.storage``, default secret ``couler-tune`` key ``url``): never a literal in the
+document. Pruning needs the engine to watch a running trial, so static engines do not
+prune.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+
+from couler import ir
+
+__all__ = [
+    "DEFAULT_IMAGE",
+    "DEFAULT_STORAGE_SECRET",
+    "budget",
+    "expand_tune",
+    "grid_size",
+    "has_tune",
+    "rounds",
+    "spec_digest",
+    "study_name",
+]
+
+# The ask/tell/best steps need Python with couler-runtime (and so optuna): the submitter
+# service's image has both (deploy/k8s, services/submitter/Dockerfile).
+DEFAULT_IMAGE = "ghcr.io/couler-dev/couler-submitter:0.2.0"
+DEFAULT_STORAGE_SECRET = ir.SecretRef("couler-tune", "url")
+_OUT_DIR = "/tmp/couler-tune"
+
+
+def spec_digest(step: ir.Step, context: Sequence[str] = ()) -> str:
+    """A digest of what determines a tune step's trials: its tuning spec (not where the
+    study is stored), the trial step's definition and ``context`` (e.g. the values it
+    reads from upstream steps, known when it runs)."""
+    assert step.tune is not None
+    spec = dataclasses.replace(step.tune, storage=None, image="")
+    trial = dataclasses.replace(step, tune=None, name="", dependencies=(), depends=None,
+                                when=None, retry=None, timeout_seconds=None, resources=None,
+                                priority=None)
+    material = {"tune": ir.to_dict(spec), "step": ir.to_dict(trial), "context": list(context)}
+    text = json.dumps(material, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def study_name(workflow: str, step: ir.Step, context: Sequence[str] = ()) -> str:
+    """The name of a tune step's study: ``<workflow>.<step>.<digest>`` (see
+    :func:`spec_digest`), the same in every run with the same spec and context."""
+    return f"{workflow}.{step.name}.{spec_digest(step, context)[:16]}"
+
+
+def grid_size(spec: ir.Tune) -> int:
+    """How many points a grid over ``spec``'s space has (each parameter discrete: a
+    choice, an int range, or a uniform range with a step)."""
+    size = 1
+    for p in spec.space:
+        if p.kind is ir.TuneKind.CHOICE:
+            size *= len(p.choices)
+        elif p.kind is ir.TuneKind.INT:
+            size *= len(range(int(p.low), int(p.high) + 1, int(p.step or 1)))
+        else:
+            width = p.step or (p.high - p.low) or 1.0
+            size *= math.floor((p.high - p.low) / width + 1e-9) + 1
+    return size
+
+
+def budget(spec: ir.Tune) -> int:
+    """How many trials the study runs: ``trials``, at most the grid for the grid sampler."""
+    if spec.sampler is ir.TuneSampler.GRID:
+        return min(spec.trials, grid_size(spec))
+    return spec.trials
+
+
+def rounds(spec: ir.Tune) -> int:
+    """How many ask/trials/tell rounds a static engine compiles for ``spec``."""
+    return max(math.ceil(budget(spec) / spec.parallel), 1)
+
+
+def has_tune(wf: ir.Workflow) -> bool:
+    """Whether any step of ``wf`` (exit hooks and inline sub-workflows included) tunes."""
+    steps = [*wf.steps, *(s for h in wf.exit_hooks for s in h.steps)]
+    return any(s.tune is not None for s in ir.all_steps(steps))
+
+
+def _context_inputs(step: ir.Step) -> tuple[ir.InputParameter, ...]:
+    """The trial step's inputs that are not trial parameters: they enter the study's name
+    at run time (the values it reads from upstream steps and workflow parameters)."""
+    return tuple(dataclasses.replace(i, name=f"ctx-{n}", type=ir.ValueType.STRING)
+                 for n, i in enumerate(i for i in step.inputs
+                                       if not isinstance(i.value, ir.ItemRef)))
+
+
+def _tool(step: ir.Step, name: str, command: str, args: Sequence[str], *,
+          inputs: Sequence[ir.InputParameter], outputs: Sequence[ir.OutputParameter],
+          deps: Sequence[str], wf_name: str) -> ir.Step:
+    """One step running ``python -m couler_runtime.tune COMMAND`` for ``step``'s study."""
+    assert step.tune is not None
+    spec = step.tune
+    context = _context_inputs(step)
+    # the run: a retry of the run (same uid) resumes its study, another run has its own
+    ctx_args: list[str] = ["--context", "{{workflow.uid}}"]
+    for c in context:
+        ctx_args += ["--context", f"{{{{inputs.{c.name}}}}}"]
+    spec_json = ir.to_json(dataclasses.replace(spec, storage=None, image=""))
+    edges = _edges(step, deps)
+    base = ["-m", "couler_runtime.tune", command, "--study",
+            study_name(wf_name, step), "--spec", spec_json, *ctx_args]
+    return ir.Step(
+        name=name,
+        body=ir.ContainerSpec(image=spec.image or DEFAULT_IMAGE, command=("python",),
+                              args=(*base, *args)),
+        template=f"{step.template or step.name}-{command}",
+        inputs=(*context, *inputs),
+        outputs=tuple(outputs),
+        env=(ir.EnvVar("COULER_TUNE_STORAGE", secret=spec.storage or DEFAULT_STORAGE_SECRET),),
+        dependencies=edges[0], depends=edges[1], when=edges[2],
+        node_selector=step.node_selector,
+        tolerations=step.tolerations,
+        cache=ir.CachePolicy(enabled=False),  # it reads and writes the study
+        labels=step.labels,
+    )
+
+
+def _edges(step: ir.Step, own: Sequence[str]
+           ) -> tuple[tuple[ir.Dependency, ...], ir.DependsExpr | None, ir.When | None]:
+    """The edges of a step of the rewrite: the tune step's own (every such step may read
+    what the trial step reads, and keeps its when) and those to ``own`` steps of the
+    rewrite."""
+    mine = [d for d in own if all(d != u.step for u in step.dependencies)]
+    deps = (*step.dependencies, *(ir.Dependency(d) for d in mine))
+    depends: ir.DependsExpr | None = None
+    if step.depends is not None:
+        depends = ir.DependsAll((step.depends, *(ir.DependsTerm(d) for d in mine))) \
+            if mine else step.depends
+    return deps, depends, step.when
+
+
+def _expand_step(wf_name: str, step: ir.Step) -> list[ir.Step]:
+    spec = step.tune
+    assert spec is not None
+    trial = dataclasses.replace(step, tune=None)
+    steps: list[ir.Step] = []
+    prev: list[str] = []
+    for r in range(rounds(spec)):
+        ask, mapped, tell = f"{step.name}-ask-{r}", f"{step.name}-{r}", f"{step.name}-tell-{r}"
+        steps.append(_tool(
+            step, ask, "ask",
+            ["--n", str(spec.parallel), "--params-out", f"{_OUT_DIR}/params.json",
+             "--trials-out", f"{_OUT_DIR}/trials.json"],
+            inputs=(),
+            outputs=(ir.OutputParameter("params", ir.OutputSource.PATH,
+                                        f"{_OUT_DIR}/params.json", ir.ValueType.LIST),
+                     ir.OutputParameter("trials", ir.OutputSource.PATH,
+                                        f"{_OUT_DIR}/trials.json", ir.ValueType.LIST)),
+            deps=prev, wf_name=wf_name))
+        edges = _edges(step, [ask])
+        steps.append(dataclasses.replace(
+            trial, name=mapped, dependencies=edges[0], depends=edges[1], when=edges[2],
+            foreach=ir.ForEach(source=ir.StepOutputRef(ask, "params"),
+                               parallelism=spec.parallel)))
+        steps.append(_tool(
+            step, tell, "tell",
+            ["--trials", "{{inputs.trials}}", "--values", "{{inputs.values}}"],
+            inputs=(ir.InputParameter("trials", ir.StepOutputRef(ask, "trials"),
+                                      ir.ValueType.LIST),
+                    ir.InputParameter("values", ir.StepOutputRef(mapped, spec.objective),
+                                      ir.ValueType.JSON)),
+            outputs=(), deps=[ask, mapped], wf_name=wf_name))
+        prev = [tell]
+    outputs = ir.tune_outputs(spec)
+    out_args = [arg for o in outputs for arg in ("--out", f"{o.name}={o.selector}")]
+    steps.append(dataclasses.replace(
+        _tool(step, step.name, "best", out_args, inputs=(), outputs=outputs, deps=prev,
+              wf_name=wf_name),
+        template=step.template or step.name))
+    return steps
+
+
+def expand_tune(wf: ir.Workflow) -> ir.Workflow:
+    """``wf`` with every top-level tune step rewritten into ask/trials/tell rounds and a
+    best step of the same name (see the module docstring); ``wf`` itself when it has
+    none. Pure: the study is reached only when the rewritten steps run."""
+    if not any(s.tune is not None for s in wf.steps):
+        return wf
+    steps: list[ir.Step] = []
+    for step in wf.steps:
+        if step.tune is None:
+            steps.append(step)
+        else:
+            steps.extend(_expand_step(wf.name, step))
+    return dataclasses.replace(wf, steps=tuple(steps))

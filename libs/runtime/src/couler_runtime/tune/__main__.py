@@ -1,0 +1,181 @@
+"""``python -m couler_runtime.tune``: the study's steps on engines that run fixed documents.
+
+::
+
+    python -m couler_runtime.tune ask  --study NAME --spec TUNE_JSON --n K \\
+        [--params-out FILE] [--trials-out FILE] [--context VALUE ...]
+    python -m couler_runtime.tune tell --study NAME --spec TUNE_JSON \\
+        --trials '[3, 4]' --values '[0.91, 0.87]' [--context VALUE ...]
+    python -m couler_runtime.tune best --study NAME --spec TUNE_JSON [--out NAME=FILE ...]
+
+``ask`` asks for up to K new trials (fewer when the budget is nearly spent, none when it
+is) and prints their parameter sets as a JSON list of objects (also written to
+``--params-out``), their trial numbers to ``--trials-out``. ``tell`` records the objective
+value of each asked trial, in the same order (a value that is not a number fails its
+trial). ``best`` prints the best trial's outputs (``best_params``, ``best_value``, each parameter
+by name) as a JSON object and writes those named by ``--out`` to their files. The storage URL is
+``--storage`` or the ``COULER_TUNE_STORAGE`` environment variable (from a secret: never in
+the document). ``--context`` values (what the trial step reads from upstream) are hashed
+into the study's name, so other data makes another study. Exit status 2 for bad usage,
+1 when the study cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from optuna.study import Study
+
+from couler import ir
+
+from . import (
+    STORAGE_ENV,
+    Driver,
+    TrialOutcome,
+    best_outputs,
+    budget,
+    close_study,
+    finished_count,
+    open_study,
+    parse_value,
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m couler_runtime.tune",
+                                     description="ask, tell or read an optuna study")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("ask", "tell", "best"):
+        p = sub.add_parser(name)
+        p.add_argument("--study", required=True, help="the study's name")
+        p.add_argument("--spec", required=True, help="the tune spec (couler.ir.Tune as JSON)")
+        p.add_argument("--storage", default="", help=f"database URL (default ${STORAGE_ENV})")
+        p.add_argument("--context", action="append", default=[],
+                       help="a value the study's name depends on (repeatable)")
+        if name == "ask":
+            p.add_argument("--n", type=int, required=True, help="how many trials at most")
+            p.add_argument("--params-out", default="", help="write the parameter sets here")
+            p.add_argument("--trials-out", default="", help="write the trial numbers here")
+        elif name == "tell":
+            p.add_argument("--trials", required=True, help="the asked trial numbers (JSON)")
+            p.add_argument("--values", required=True,
+                           help="their objective values, in order (JSON list)")
+        else:
+            p.add_argument("--out", action="append", default=[], metavar="NAME=FILE",
+                           help="write output NAME to FILE (repeatable)")
+    return parser
+
+
+def _name(study: str, context: Sequence[str]) -> str:
+    if not context:
+        return study
+    digest = hashlib.sha256(json.dumps(list(context)).encode()).hexdigest()[:12]
+    return f"{study}.{digest}"
+
+
+def _write(path: str, text: str) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text, encoding="utf-8")
+
+
+def _list(text: str, what: str) -> list[object]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if isinstance(value, str):  # one item's output, or a list rendered twice
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = [value]
+    if not isinstance(value, list):
+        raise SystemExit(f"tune: --{what} must be a JSON list, got {text[:200]!r}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; the exit status."""
+    args = _parser().parse_args(argv)
+    storage = args.storage or os.environ.get(STORAGE_ENV, "")
+    if not storage:
+        print(f"tune: no storage: give --storage or set {STORAGE_ENV}", file=sys.stderr)
+        return 2
+    try:
+        spec = ir.from_json(ir.Tune, args.spec)
+    except (ValueError, TypeError, KeyError) as e:
+        print(f"tune: --spec is not a tune spec: {e}", file=sys.stderr)
+        return 2
+    name = _name(args.study, args.context)
+    try:
+        study = open_study(storage, name, spec)
+    except Exception as e:  # a bad URL, an unreachable database: the step fails
+        print(f"tune: cannot open study {name!r}: {e}", file=sys.stderr)
+        return 1
+    try:
+        return _run(args, study, spec, name)
+    finally:
+        close_study(study)
+
+
+def _run(args: argparse.Namespace, study: Study, spec: ir.Tune, name: str) -> int:
+    if args.command == "ask":
+        driver = Driver(study, spec)
+        n = max(min(args.n, budget(spec) - finished_count(study)), 0)
+        params: list[dict[str, object]] = []
+        numbers: list[int] = []
+        for _ in range(n):
+            number, p, _known = driver.ask()
+            numbers.append(number)
+            params.append(p)
+        text = json.dumps(params, sort_keys=True)
+        _write(args.params_out, text)
+        _write(args.trials_out, json.dumps(numbers))
+        print(text)
+        return 0
+    if args.command == "tell":
+        numbers_in = _list(args.trials, "trials")
+        values = _list(args.values, "values")
+        if len(values) != len(numbers_in):
+            print(f"tune: {len(numbers_in)} trials but {len(values)} values", file=sys.stderr)
+            return 2
+        for trial_no, value in zip(numbers_in, values, strict=True):
+            v = parse_value(json.dumps(value) if not isinstance(value, str) else value)
+            state = "complete" if v is not None else "fail"
+            _tell(study, int(str(trial_no)), TrialOutcome(state, v))
+        print(json.dumps({"told": len(values)}))
+        return 0
+    try:
+        outputs = best_outputs(study, spec)
+    except ValueError as e:
+        print(f"tune: study {name!r}: {e}", file=sys.stderr)
+        return 1
+    for target in args.out:
+        key, _, path = str(target).partition("=")
+        if key not in outputs or not path:
+            print(f"tune: --out {target!r}: expected NAME=FILE, NAME one of "
+                  f"{sorted(outputs)}", file=sys.stderr)
+            return 2
+        _write(path, outputs[key])
+    print(json.dumps(outputs, sort_keys=True))
+    return 0
+
+
+def _tell(study: Study, number: int, outcome: TrialOutcome) -> None:
+    import optuna
+
+    state = optuna.trial.TrialState
+    if outcome.state == "complete" and outcome.value is not None:
+        study.tell(number, outcome.value, skip_if_finished=True)
+    else:
+        study.tell(number, state=state.FAIL, skip_if_finished=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
