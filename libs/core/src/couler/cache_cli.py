@@ -15,52 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from couler.cli_format import human_bytes, human_seconds, parse_bytes
-from couler.errors import RetryableError, UserError
+from couler.errors import UserError
+from couler.service_cli import service_client
 
 __all__ = ["add_cache_commands"]
 
 _KEY_SHOWN = 12  # hex digits of a key in a table
 _ORDERS = ("victim", "recent", "size", "cost")
-
-
-def _address(args: argparse.Namespace) -> tuple[str, str | None]:
-    """The cache's address and the token to use."""
-    from couler_runtime import stack
-
-    address = (args.address or os.environ.get("COULER_CACHE_ADDRESS", "")
-               or os.environ.get("COULER_ADDRESS", ""))
-    token = args.token if args.token is not None else os.environ.get("COULER_AUTH_TOKEN")
-    if address:
-        return address, token
-    home = Path(args.home) if args.home else None
-    info, alive = stack.status(home)
-    if not alive.get("cache") or not info.addresses.get("cache"):
-        raise UserError(f"the stack's cache is not running (in {info.home}); `couler up` "
-                        "first, or give --address HOST:PORT")
-    return info.addresses["cache"], token if token is not None else info.token
-
-
-@contextmanager
-def _cache(args: argparse.Namespace) -> Iterator[Any]:
-    """The cache client; an unreachable cache is a one-line error naming its address."""
-    from couler_runtime.client import CoulerClient
-
-    address, token = _address(args)
-    with CoulerClient({"cache": address}, token=token or None, timeout=args.timeout) as client:
-        try:
-            yield client.cache
-        except RetryableError as exc:
-            raise UserError(f"the cache at {address} is not reachable: "
-                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-                            ) from exc
 
 
 def _entries(n: int) -> str:
@@ -102,7 +68,7 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
 
     if args.limit < 1:
         raise UserError(f"--limit must be at least 1 (got {args.limit})")
-    with _cache(args) as cache:
+    with service_client(args, "cache") as cache:
         listed = list(cache.list(order=CacheOrder(args.order), workflow=args.workflow or "",
                                  step=args.step or "", limit=args.limit + 1))
         stats = None if args.json else cache.stats()
@@ -126,7 +92,7 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
-    with _cache(args) as cache:
+    with service_client(args, "cache") as cache:
         listed = cache.show(args.key)
     if args.json:
         print(json.dumps(_entry_json(listed), indent=2), file=out)
@@ -173,7 +139,7 @@ def cmd_evict(args: argparse.Namespace, out: TextIO) -> int:
     free = parse_bytes(args.free_bytes, "--free-bytes") if args.free_bytes else 0
     if not args.keys and not free:
         raise UserError("couler cache evict: give KEY... and/or --free-bytes N")
-    with _cache(args) as cache:
+    with service_client(args, "cache") as cache:
         result = cache.evict(_resolve(cache, args.keys), free_bytes=free)
     if args.json:
         print(json.dumps({"evicted": list(result.evicted), "freed_bytes": result.freed_bytes},
@@ -186,7 +152,7 @@ def cmd_evict(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _pin(args: argparse.Namespace, out: TextIO, pinned: bool) -> int:
-    with _cache(args) as cache:
+    with service_client(args, "cache") as cache:
         result = cache.pin(_resolve(cache, args.keys), pinned=pinned)
     verb = "pinned" if pinned else "unpinned"
     if args.json:
@@ -210,7 +176,7 @@ def cmd_unpin(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
-    with _cache(args) as cache:
+    with service_client(args, "cache") as cache:
         s = cache.stats()
         policy = cache.list_page(page_size=1).policy
     lookups = s.hits + s.misses

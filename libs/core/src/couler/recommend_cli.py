@@ -21,53 +21,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from couler import ir
 from couler.cli_format import human_seconds
-from couler.errors import RetryableError, UserError
+from couler.errors import UserError
+from couler.service_cli import service_client
 
 __all__ = ["add_recommend_command"]
 
 _CURRENT_FIELD = {"memory_request": "memory_request", "cpu_request": "cpu_request",
                   "memory_limit": "memory_limit"}
-
-
-def _address(args: argparse.Namespace) -> tuple[str, str | None]:
-    """The monitor's address and the token to use."""
-    from couler_runtime import stack
-
-    address = (args.address or os.environ.get("COULER_MONITOR_ADDRESS", "")
-               or os.environ.get("COULER_ADDRESS", ""))
-    token = args.token if args.token is not None else os.environ.get("COULER_AUTH_TOKEN")
-    if address:
-        return address, token
-    home = Path(args.home) if args.home else None
-    info, alive = stack.status(home)
-    if not alive.get("monitor") or not info.addresses.get("monitor"):
-        raise UserError(f"the stack's monitor is not running (in {info.home}); `couler up` "
-                        "first, or give --address HOST:PORT")
-    return info.addresses["monitor"], token if token is not None else info.token
-
-
-@contextmanager
-def _monitor(args: argparse.Namespace) -> Iterator[Any]:
-    """The monitor client; an unreachable monitor is a one-line error naming its address."""
-    from couler_runtime.client import CoulerClient
-
-    address, token = _address(args)
-    with CoulerClient({"monitor": address}, token=token or None,
-                      timeout=args.timeout) as client:
-        try:
-            yield client.monitor
-        except RetryableError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise UserError(f"the monitor at {address} is not reachable: {first}") from exc
 
 
 @dataclass(frozen=True)
@@ -108,17 +75,14 @@ def _is_resource(rec: Any) -> bool:
 
 def _report_json(name: str, current: _Current, report: Any,
                  order: Sequence[str]) -> dict[str, Any]:
+    from couler_runtime.rpc.records import recommendation_json
+
     steps = []
     for step in order:
         steps.append({
             "step": step, "current": _resources_json(current.of(step)),
             "recommendations": [
-                {"kind": r.kind.value, "value": r.value, "target": r.target,
-                 "lower_bound": r.lower_bound, "upper_bound": r.upper_bound,
-                 "percentile": r.percentile, "runs": r.runs, "samples": r.samples,
-                 "span_seconds": r.span_seconds, "reason": r.reason,
-                 "based_on": r.based_on_samples, "created_at": r.created_at, "id": r.id,
-                 "failure_class": r.failure_class.value if r.failure_class else None}
+                recommendation_json(r)
                 for r in report.recommendations if r.step == step]})
     return {"workflow": name, "current_from": current.source, "steps": steps}
 
@@ -189,7 +153,7 @@ def cmd_recommend(args: argparse.Namespace, out: TextIO) -> int:
                             f"(PATH.py), and {target!r} is a workflow name")
         workflows = [(target, None)]
     answers = []
-    with _monitor(args) as monitor:
+    with service_client(args, "monitor") as monitor:
         for name, wf in workflows:
             report = monitor.recommendation_report(name, args.step or "")
             current = _from_program(wf) if wf is not None else _from_plan(report)

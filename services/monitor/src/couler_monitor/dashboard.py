@@ -71,6 +71,7 @@ from couler_runtime.rpc.records import (
     RecommendationReport,
     Run,
     StepRecord,
+    recommendation_json,
 )
 
 __all__ = ["COOKIE", "DEFAULT_RUNS", "MAX_RUNS", "DashboardServer", "create_app",
@@ -253,12 +254,7 @@ def recommendations_json(workflow: str, report: RecommendationReport) -> dict[st
                 "cpu_request": current.cpu_request, "memory_request": current.memory_request,
                 "cpu_limit": current.cpu_limit, "memory_limit": current.memory_limit},
             "recommendations": [
-                {"kind": r.kind.value, "value": r.value, "target": r.target,
-                 "lower_bound": r.lower_bound, "upper_bound": r.upper_bound,
-                 "percentile": r.percentile, "runs": r.runs, "samples": r.samples,
-                 "span_seconds": r.span_seconds, "reason": r.reason,
-                 "based_on": r.based_on_samples, "created_at": r.created_at, "id": r.id,
-                 "failure_class": r.failure_class.value if r.failure_class else None}
+                recommendation_json(r)
                 for r in report.recommendations if r.step == name]})
     return {"workflow": workflow, "planned": bool(report.requested), "steps": steps}
 

@@ -19,7 +19,7 @@ import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -62,6 +62,7 @@ __all__ = [
     "Utilization",
     "UtilizationRollup",
     "UtilizationSample",
+    "recommendation_json",
 ]
 
 E = TypeVar("E", bound=enum.Enum)
@@ -804,6 +805,17 @@ class Recommendation:
     runs: int = 0
     samples: int = 0
     span_seconds: float = 0.0
+
+
+def recommendation_json(r: Recommendation) -> dict[str, Any]:
+    """``r`` as JSON (the dashboard's API and ``couler recommend --json``): quantities as
+    text, seconds and epoch times as numbers."""
+    return {"kind": r.kind.value, "value": r.value, "target": r.target,
+            "lower_bound": r.lower_bound, "upper_bound": r.upper_bound,
+            "percentile": r.percentile, "runs": r.runs, "samples": r.samples,
+            "span_seconds": r.span_seconds, "reason": r.reason,
+            "based_on": r.based_on_samples, "created_at": r.created_at, "id": r.id,
+            "failure_class": r.failure_class.value if r.failure_class else None}
 
 
 def recommendation_to_proto(r: Recommendation) -> common_pb2.Recommendation:
