@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-airflow"
 AIRFLOW = VENV / "bin" / "airflow"
 COMPONENTS = ("api-server", "scheduler", "dag-processor")
-TOKEN_SECONDS = 4  # lifetime of an API token (JWT)
+TOKEN_SECONDS = 10  # lifetime of an API token (JWT); 4 s expired between a renewal and
+# its retried request on a loaded 2-core machine
 
 
 @dataclass

@@ -366,9 +366,10 @@ class Monitor:
             # The histograms are read before the sample is stored: one rebuilt from the
             # stored samples must not count it twice.
             history = self._history(tx, row.workflow, row.step) if row.workflow else None
-            if tx.insert_sample(row) and history is not None:  # fed once, when new
+            new = tx.insert_sample(row)
+            if new and history is not None:  # fed once, when new
                 self._learn_sample(tx, history, row)
-            return False
+            return new  # a redelivery stores nothing
 
         return write
 
