@@ -23,6 +23,7 @@ from couler.errors import (
 from couler.optimize import DEFAULT_RETRY
 from couler.optimize.cache_key import workflow_keys
 from couler_runtime.local import CAPABILITIES, LocalEngine, LocalRun, Reuse
+from tests.workflows import make_and_use
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "programs"
 PY = sys.executable
@@ -862,21 +863,7 @@ def test_logs_of_steps_items_and_the_last_attempt(engine: LocalEngine, tmp_path:
 
 
 def _cache_workflow() -> ir.Workflow:
-    make = ir.Step(
-        name="make", body=ir.ScriptSpec(
-            image="python:3.12", source="import pathlib\n"
-            "pathlib.Path('/tmp/out/data.txt').write_text('payload')\nprint('made')"),
-        outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),),
-        output_artifacts=(ir.OutputArtifact("data", "/tmp/out/data.txt"),))
-    use = ir.Step(
-        name="use", body=ir.ContainerSpec(image="alpine", command=(
-            "sh", "-c", "cat /tmp/in/data.txt; echo \" {{inputs.x}}\"")),
-        inputs=(ir.InputParameter("x", ir.StepOutputRef("make", "said")),),
-        input_artifacts=(ir.InputArtifact("data", "/tmp/in/data.txt",
-                                          ir.StepArtifactRef("make", "data")),),
-        outputs=(ir.OutputParameter("seen", source=ir.OutputSource.STDOUT),),
-        dependencies=(ir.Dependency("make"),))
-    return ir.Workflow(name="cache-me", steps=(make, use))
+    return make_and_use("cache-me")
 
 
 def test_cache_keys_are_reported_and_stable_across_runs(tmp_path: Path) -> None:
@@ -925,10 +912,10 @@ def test_a_producer_every_reader_of_which_is_reused_is_not_run(tmp_path: Path) -
     keys = workflow_keys(_cache_workflow())
     engine = LocalEngine(tmp_path / "runs", cache_keys=True)
     status = engine.start(_cache_workflow(), run_id="r2", cached={
-        "use": Reuse(keys["use"], {"seen": "payload made"})}).wait()
+        "use": Reuse(keys["use"], {"seen": "fresh new"})}).wait()
     by = {s.step: s for s in status.steps}
     assert status.state is RunState.SUCCEEDED
-    assert by["use"].state is StepState.CACHED and by["use"].outputs == {"seen": "payload made"}
+    assert by["use"].state is StepState.CACHED and by["use"].outputs == {"seen": "fresh new"}
     assert by["make"].state is StepState.SKIPPED and by["make"].attempts == 0
     assert "not needed" in by["make"].message
     assert not (tmp_path / "runs" / "r2" / "steps" / "make").exists()
@@ -939,10 +926,10 @@ def test_a_reused_step_only_reused_steps_read_needs_no_artifacts(tmp_path: Path)
     used without it (the submitter does not fetch it); with ``use`` run, it is needed."""
     keys = workflow_keys(_cache_workflow())
     engine = LocalEngine(tmp_path / "runs")
-    hits = {"make": Reuse(keys["make"], {"said": "made"}),  # no artifact at hand
-            "use": Reuse(keys["use"], {"seen": "payload made"})}
+    hits = {"make": Reuse(keys["make"], {"said": "new"}),  # no artifact at hand
+            "use": Reuse(keys["use"], {"seen": "fresh new"})}
     by = {s.step: s for s in engine.start(_cache_workflow(), cached=hits).wait().steps}
-    assert by["make"].state is StepState.CACHED and by["make"].outputs == {"said": "made"}
+    assert by["make"].state is StepState.CACHED and by["make"].outputs == {"said": "new"}
     assert "not restored" in by["make"].message
     assert by["use"].state is StepState.CACHED
     alone = {s.step: s for s in engine.start(_cache_workflow(), cached={

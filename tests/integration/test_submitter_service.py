@@ -72,6 +72,7 @@ from tests.k8s_fake import FakeKube
 from tests.servers import NatsServer, create_database, processes_in
 from tests.service_thread import Builder
 from tests.service_thread import ServiceThread as RunningService
+from tests.workflows import make_and_use
 
 WAIT = 90.0  # a bound on waiting, never an assertion about speed
 T = TypeVar("T")
@@ -200,26 +201,6 @@ def optimize(nats_server: NatsServer, run_id: str, wf: ir.Workflow, *,
 
 def script(name: str, source: str, **kw: Any) -> ir.Step:
     return ir.Step(name=name, body=ir.ScriptSpec(image=PY, source=source), **kw)
-
-
-def make_and_use(name: str, prelude: str, image: str = PY) -> ir.Workflow:
-    """``make`` runs ``prelude``, writes the artifact ``data`` ("fresh") and prints ``new``
-    (output ``said``); ``use`` prints the artifact and ``said`` (output ``seen``)."""
-    make = ir.Step(
-        name="make", body=ir.ScriptSpec(image=image, source=(
-            f"{prelude}\nimport pathlib\npathlib.Path('/tmp/out/data.txt').write_text('fresh')"
-            "\nprint('new')")),
-        outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),),
-        output_artifacts=(ir.OutputArtifact("data", "/tmp/out/data.txt"),))
-    use = ir.Step(
-        name="use", body=ir.ContainerSpec(image="alpine", command=(
-            "sh", "-c", "cat /tmp/in/data.txt; echo \" {{inputs.x}}\"")),
-        inputs=(ir.InputParameter("x", ir.StepOutputRef("make", "said")),),
-        input_artifacts=(ir.InputArtifact("data", "/tmp/in/data.txt",
-                                          ir.StepArtifactRef("make", "data")),),
-        outputs=(ir.OutputParameter("seen", source=ir.OutputSource.STDOUT),),
-        dependencies=(ir.Dependency("make"),))
-    return ir.Workflow(name=name, steps=(make, use))
 
 
 def unique(prefix: str) -> str:
