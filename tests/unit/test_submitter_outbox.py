@@ -110,6 +110,22 @@ def submitter(store: RunStore, events: FakeEvents, tmp_path: Path, **kw: object)
                      runs_dir=tmp_path / "runs", outbox_interval=0.05, **kw)  # type: ignore[arg-type]
 
 
+def drain(store: RunStore, tmp_path: Path) -> FakeEvents:
+    """Start a submitter on ``store``, wait until its outbox is sent, close it; what it sent."""
+    events = FakeEvents()
+
+    async def scenario() -> None:
+        sub = submitter(store, events, tmp_path)
+        await sub.start()
+        try:
+            assert await sub.drained(WAIT)
+        finally:
+            await sub.close()
+
+    run_async(scenario)
+    return events
+
+
 def test_every_event_goes_out_once_in_order_also_after_nats_was_away(
         store: RunStore, tmp_path: Path) -> None:
     events = FakeEvents()
@@ -183,17 +199,7 @@ def test_start_up_publishes_what_a_previous_process_left(
         from couler_submitter.store import OutboxRow
         session.add(OutboxRow(run_id="run-left", kind="step", payload=b"\xff\x00garbage",
                               created_at=0.0))
-    events = FakeEvents()
-
-    async def scenario() -> None:
-        sub = submitter(store, events, tmp_path)
-        await sub.start()
-        try:
-            assert await sub.drained(WAIT)
-        finally:
-            await sub.close()
-
-    run_async(scenario)
+    events = drain(store, tmp_path)
     assert [e[0] for e in events.sent] == ["requested", "step", "finished"]
     assert [d[2] for d in store.dead_events()] == ["step"]
     assert "does not decode" in store.dead_events()[0][3]
@@ -473,16 +479,6 @@ def test_a_single_sample_left_by_an_older_submitter_still_goes_out(
                                          utilization_sample_to_proto(UtilizationSample(
                                              "r1", "chain", "s0", 1.0, 0.5, 1 << 20))
                                          .SerializeToString())])
-    events = FakeEvents()
-
-    async def scenario() -> None:
-        sub = submitter(store, events, tmp_path)
-        await sub.start()
-        try:
-            assert await sub.drained(WAIT)
-        finally:
-            await sub.close()
-
-    run_async(scenario)
+    events = drain(store, tmp_path)
     assert ("utilization", "r1", "s0") in events.sent
     assert store.outbox_size() == 0 and store.dead_events() == []
