@@ -12,11 +12,12 @@ run twice, side by side, under two configurations:
   and retried twice with back-off, memory escalated on OOM;
 * ``loop`` -- Couler's loop, through the real code: each finished step and its utilization
   samples go to :class:`couler_monitor.service.Monitor` (a real SQLite store, the clock
-  pinned to the trace's), whose recommendations are handed to the optimizer's pass pipeline
-  (:func:`couler.optimize.optimize`, validation on), which plans the next submission of the
-  workflow; the plan's requests, limits and retry policies are what that submission runs
-  with, and its failures are classified by :func:`couler.failures.classify` as an engine
-  classifies them.
+  pinned to the trace's), whose recommendations the optimizer keeps as its feedback
+  consumer does (:class:`couler_optimizer.service.Optimizer`, its own SQLite store) and
+  applies when it plans the next submission of the workflow (``Optimizer.optimize``:
+  validation, the engine's capability check, every pass); the plan's requests, limits and
+  retry policies are what that submission runs with, and its failures are classified by
+  :func:`couler.failures.classify` as an engine classifies them.
 
 The steps do not run: an attempt's outcome is drawn from the step's truth and the plan's
 settings (seeded, so both configurations see the same draws per submission, step and
@@ -47,15 +48,15 @@ from pathlib import Path
 from typing import Any
 
 from couler import ir
-from couler import optimize as passes
 from couler.engines.base import StepState
 from couler.failures import Attempt as Earlier
 from couler.failures import classify, error_line
 from couler_monitor.service import Monitor
 from couler_monitor.store import MonitorStore
+from couler_optimizer.service import Optimizer
+from couler_optimizer.store import OptimizerStore
 from couler_runtime.rpc.records import (
     Recommendation,
-    RecommendationKind,
     StepRecord,
     UtilizationSample,
 )
@@ -63,18 +64,6 @@ from couler_runtime.rpc.records import (
 GI = 1024**3
 MI = 1024**2
 DAY = 86400.0
-
-# The monitor's recommendation kinds -> the optimizer's (as the optimizer service maps them).
-_KINDS = {
-    RecommendationKind.MEMORY_REQUEST: "memory_request",
-    RecommendationKind.MEMORY_LIMIT: "memory_limit",
-    RecommendationKind.CPU_REQUEST: "cpu_request",
-    RecommendationKind.RETRY: "retry_limit",
-    RecommendationKind.TIMEOUT: "timeout_seconds",
-}
-for _name, _kind in (("RETRY_BACKOFF", "retry_backoff_seconds"),):
-    if hasattr(RecommendationKind, _name):
-        _KINDS[getattr(RecommendationKind, _name)] = _kind
 
 # What an engine reports for an infrastructure fault: (exit code, engine reason, log tail).
 INFRA_FAULTS: tuple[tuple[int | None, str, str], ...] = (
@@ -295,27 +284,27 @@ def run_step(truth: StepTruth, step: ir.Step, submission: int, *, seed: int, inf
 
 
 class Loop:
-    """The monitor and the optimizer's passes, as the services run them."""
+    """The monitor and the optimizer, as the services run them: what the monitor publishes
+    is what the optimizer's feedback consumer keeps (``record_recommendation``), and each
+    submission is planned by the optimizer's use case (``Optimizer.optimize``)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, workdir: Path, seed: int) -> None:
         self.now = 0.0
-        self.store = MonitorStore.open(f"sqlite:///{path}")
-        self.published: list[Recommendation] = []
+        self.store = MonitorStore.open(f"sqlite:///{workdir / f'monitor-{seed}.db'}")
+        self.plans = OptimizerStore.open(f"sqlite:///{workdir / f'optimizer-{seed}.db'}")
+        self.optimizer = Optimizer(self.plans)
 
         async def publish(rec: Recommendation) -> None:
-            self.published.append(rec)
+            await self.optimizer.record_recommendation(rec)
 
         self.monitor = Monitor(self.store, publish, clock=lambda: self.now)
 
     def close(self) -> None:
         self.store.close()
+        self.plans.close()
 
     async def plan(self, wf: ir.Workflow) -> ir.Workflow:
-        recs = await self.monitor.recommendations(wf.name)
-        plan = passes.optimize(wf, "local", recommendations=[
-            passes.Recommendation(r.workflow, r.step, _KINDS[r.kind], r.value, r.reason,
-                                  r.based_on_samples, r.failure_class)
-            for r in recs if r.kind in _KINDS], compile=False)
+        plan = await self.optimizer.optimize(wf, "local", no_cache=True)
         return plan.workflow
 
     async def record(self, run_id: str, wf: ir.Workflow, start: float,
@@ -366,7 +355,7 @@ async def simulate(seed: int, submissions: int, infra_rate: float, bug_rate: flo
             start = rng.randint(0, submissions // len(templates))
             t.bugs.append((start, start + rng.randint(1, 3), rng.choice(t.steps).name))
     weights = [1 / (i + 1) ** 0.8 for i in range(len(templates))]
-    loop = Loop(workdir / f"monitor-{seed}.db")
+    loop = Loop(workdir, seed)
     totals = {"static": Totals(), "loop": Totals()}
     counts = dict.fromkeys((t.name for t in templates), 0)
     try:
