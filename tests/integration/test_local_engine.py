@@ -1092,7 +1092,7 @@ def test_a_crashed_engine_leaves_no_step_running_and_resume_counts_the_attempt(
 
     import psutil
 
-    from couler_runtime.local.engine import _load
+    from couler_runtime.local.journal import _load
 
     token = uuid.uuid4().hex
     proc = subprocess.Popen([PY, "-c", CRASHING_ENGINE, str(tmp_path), token],

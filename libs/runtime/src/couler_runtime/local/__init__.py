@@ -5,6 +5,7 @@ See :mod:`couler_runtime.local.engine` for the execution rules and
 """
 
 from .capabilities import CAPABILITIES, ENGINE
-from .engine import LocalEngine, LocalRun, Reuse
+from .engine import LocalEngine, LocalRun
+from .reuse import Reuse
 
 __all__ = ["CAPABILITIES", "ENGINE", "LocalEngine", "LocalRun", "Reuse"]

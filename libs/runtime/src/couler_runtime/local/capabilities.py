@@ -1,10 +1,11 @@
-"""What the local engine supports, feature by feature."""
+"""What the local engine supports, feature by feature, and the check of a workflow against it."""
 
 from __future__ import annotations
 
-from couler.engines.base import Capability, Feature, Limit, Support
+from couler import ir
+from couler.engines.base import Capability, Feature, Limit, Support, check_capabilities
 
-__all__ = ["CAPABILITIES", "ENGINE", "LIMITS"]
+__all__ = ["CAPABILITIES", "ENGINE", "LIMITS", "check_workflow"]
 
 ENGINE = "local"
 
@@ -76,3 +77,9 @@ LIMITS: tuple[Limit, ...] = (
         "bound applies within it)",
     ),
 )
+
+
+def check_workflow(wf: ir.Workflow) -> None:
+    """Refuse, before anything runs, a workflow that is invalid or needs what this engine lacks."""
+    ir.validate(wf)
+    check_capabilities(ENGINE, CAPABILITIES, wf)

@@ -102,61 +102,50 @@ Execution rules:
 
 from __future__ import annotations
 
-import copy
 import json
 import os
-import re
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from couler import failures, ir
 from couler.engines.base import (
-    Feature,
     RunState,
     RunStatus,
     StepSample,
     StepState,
     StepStatus,
-    check_capabilities,
 )
-from couler.errors import (
-    ConflictError,
-    InvalidWorkflowError,
-    NotFoundError,
-    UnsupportedFeatureError,
-)
+from couler.errors import ConflictError
 from couler.optimize.cache_key import (
-    cache_policy,
     item_cache_key,
     iteration_cache_key,
     producers,
     step_cache_key,
-    unneeded_steps,
 )
-from couler.optimize.tune import study_name
 from couler.semantics import failed_leaves
 
 from .. import tune as tuning
-from .artifacts import ArtifactStore, PathMap, copy_path, digest_path
-from .capabilities import CAPABILITIES, ENGINE
+from .artifacts import ArtifactStore, PathMap, digest_path
+from .capabilities import CAPABILITIES, ENGINE, check_workflow
+from .journal import _DONE_OK, _load, _logs, _Record, _top
+from .nested import attempt_nested, resolve_references
+from .prepare import _StepError, prepare_step, read_outputs
 from .process import SAMPLE_SECONDS, SERIES_SECONDS, ProcessSample, run_process
+from .reuse import Reuse, part_hits, usable_hits
+from .tune import TrialCtl, run_tune
 
-__all__ = ["LocalEngine", "LocalRun", "Reuse"]
+__all__ = ["LocalEngine", "LocalRun"]
 
 EventCallback = Callable[[StepStatus], None]
 SampleCallback = Callable[[StepSample], None]
 
-_PLACEHOLDER = re.compile(r"\{\{\s*(inputs\.[^}\s]+|item(?:\.[^}\s]+)?|workflow\.name)\s*\}\}")
-_DONE_OK = (StepState.SUCCEEDED, StepState.CACHED)
 _BY_WHEN = "its when"  # how the reason of a step skipped by its own when begins
 
 
@@ -205,10 +194,6 @@ def _final_reason(rec: _Record, failure: str, policy: ir.RetryPolicy | None,
     return f"{rec.failure_reason}; {why}"
 
 
-class _StepError(Exception):
-    """A step cannot run (bad input, missing secret...): fail it, do not retry."""
-
-
 def _quantity(text: str) -> int | None:
     """A memory quantity in bytes, or None when unset or not a quantity."""
     if not text:
@@ -252,143 +237,6 @@ def _compare(left: str, op: ir.CompareOp, right: str) -> bool:
     return a <= b  # type: ignore[operator]
 
 
-@dataclass
-class _Record:
-    step: str
-    key: str = ""
-    state: StepState = StepState.PENDING
-    attempts: int = 0
-    exit_code: int | None = None
-    started_at: float | None = None
-    finished_at: float | None = None
-    peak_cpu: float | None = None
-    peak_memory_bytes: int | None = None
-    outputs: dict[str, str] = field(default_factory=dict)
-    message: str = ""
-    failure: str = ""  # the failure class of the last failed attempt
-    failure_reason: str = ""  # why it is of that class (couler.failures.classify)
-    # the process could not be started (Argo's "Error" status, not "Failed"): ``.Errored``
-    # edges and ``on error`` exit hooks follow it
-    errored: bool = False
-    cache_key: str = ""
-    cache_lineage: tuple[str, ...] = ()  # the producers' cache keys (see _lineage)
-    # SKIPPED because its dependencies did not allow it to run (Argo's "Omitted"), not by
-    # its own when: its dependents' default edges do not run either
-    omitted: bool = False
-    cache_saved_seconds: float = 0.0  # CACHED: the reused entry's cost
-
-    def status(self) -> StepStatus:
-        return StepStatus(
-            step=self.step, state=self.state, key=self.key, attempts=self.attempts,
-            exit_code=self.exit_code, started_at=self.started_at, finished_at=self.finished_at,
-            peak_cpu=self.peak_cpu, peak_memory_bytes=self.peak_memory_bytes,
-            outputs=dict(self.outputs), message=self.message, cache_key=self.cache_key,
-            cache_lineage=self.cache_lineage, cache_saved_seconds=self.cache_saved_seconds,
-            failure=self.failure, failure_reason=self.failure_reason,
-        )
-
-    def to_dict(self) -> dict[str, object]:
-        data = self.status()
-        return {
-            "step": data.step, "key": data.key, "state": data.state.value,
-            "attempts": data.attempts, "exit_code": data.exit_code,
-            "started_at": data.started_at, "finished_at": data.finished_at,
-            "peak_cpu": data.peak_cpu, "peak_memory_bytes": data.peak_memory_bytes,
-            "outputs": dict(data.outputs), "message": data.message, "failure": self.failure,
-            "failure_reason": self.failure_reason, "errored": self.errored,
-            "cache_key": self.cache_key, "cache_lineage": list(self.cache_lineage),
-            "omitted": self.omitted, "cache_saved_seconds": self.cache_saved_seconds,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> _Record:
-        def opt_float(name: str) -> float | None:
-            v = data.get(name)
-            return float(v) if isinstance(v, (int, float)) else None
-
-        def opt_int(name: str) -> int | None:
-            v = data.get(name)
-            return int(v) if isinstance(v, int) else None
-
-        outputs = data.get("outputs")
-        lineage = data.get("cache_lineage")
-        return cls(
-            step=str(data["step"]), key=str(data.get("key", "")),
-            state=StepState(str(data["state"])), attempts=opt_int("attempts") or 0,
-            exit_code=opt_int("exit_code"), started_at=opt_float("started_at"),
-            finished_at=opt_float("finished_at"), peak_cpu=opt_float("peak_cpu"),
-            peak_memory_bytes=opt_int("peak_memory_bytes"),
-            outputs={str(k): str(v) for k, v in outputs.items()}
-            if isinstance(outputs, dict) else {},
-            message=str(data.get("message", "")), failure=str(data.get("failure", "")),
-            failure_reason=str(data.get("failure_reason", "")),
-            # journals written before "errored" was kept: a start failure was all of INFRA
-            errored=(data.get("errored") is True if "errored" in data
-                     else data.get("failure") == ir.FailureClass.INFRA.value),
-            cache_key=str(data.get("cache_key", "")),
-            cache_lineage=tuple(str(k) for k in lineage) if isinstance(lineage, list) else (),
-            omitted=data.get("omitted") is True,
-            cache_saved_seconds=opt_float("cache_saved_seconds") or 0.0,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Reuse:
-    """A step result to reuse instead of running the step (a cache hit).
-
-    ``artifacts`` maps the step's output artifact names to local files or
-    directories holding them (fetched from the cache's store by the caller).
-    """
-
-    key: str
-    outputs: Mapping[str, str] = field(default_factory=dict)
-    artifacts: Mapping[str, Path] = field(default_factory=dict)
-    saved_seconds: float = 0.0  # the compute reusing it saves (the entry's cost)
-
-
-def _usable_hits(wf: ir.Workflow, cached: Mapping[str, Reuse]
-                 ) -> tuple[dict[str, Reuse], set[str]]:
-    """The cache hits of top-level plain steps that can be used, and the unneeded steps
-    (:func:`~couler.optimize.cache_key.unneeded_steps`) they make.
-
-    A hit is used when its every output artifact is at hand, or when it is unneeded itself
-    (nothing reads its artifacts: it is reported reused without them). A hit that can be
-    neither is run instead, so the steps it would have spared are decided again: a fixed
-    point, reached after at most one round per dropped hit.
-    """
-    by_name = {s.name: s for s in wf.steps}
-    usable = {name: hit for name, hit in cached.items()
-              if (step := by_name.get(name)) is not None
-              and step.foreach is None and step.loop is None}
-    while True:
-        unneeded = unneeded_steps(wf, usable) if usable else set()
-        missing = [name for name, hit in usable.items() if name not in unneeded and not all(
-            (src := hit.artifacts.get(a.name)) is not None and Path(src).exists()
-            for a in by_name[name].output_artifacts)]
-        if not missing:
-            return usable, unneeded
-        for name in missing:
-            del usable[name]
-
-
-def _part_hits(wf: ir.Workflow, cached: Mapping[str, Reuse]) -> dict[str, dict[str, Reuse]]:
-    """The cache hits of map items and loop iterations (entries named ``step[N]``), by
-    step name and then by key (an item is matched by its key, not its position), those
-    whose every output artifact is at hand."""
-    by_name = {s.name: s for s in wf.steps}
-    hits: dict[str, dict[str, Reuse]] = {}
-    for name, hit in cached.items():
-        base, bracket, _ = name.partition("[")
-        step = by_name.get(base)
-        if not bracket or step is None or (step.foreach is None and step.loop is None
-                                           and step.tune is None):
-            continue
-        if all((src := hit.artifacts.get(a.name)) is not None and Path(src).exists()
-               for a in step.output_artifacts):
-            hits.setdefault(base, {})[hit.key] = hit
-    return hits
-
-
 class LocalRun:
     """A run in progress: wait for it, cancel it, or read its status.
 
@@ -417,8 +265,8 @@ class LocalRun:
         self._references = dict(references or {})  # referenced workflows, by name
         # Top-level steps whose results are reused (hits whose artifacts are at hand), and
         # the steps not needed because every step that reads them is reused.
-        self._cached, self._unneeded = _usable_hits(wf, cached or {})
-        self._part_hits = _part_hits(wf, cached or {})  # map items, loop iterations
+        self._cached, self._unneeded = usable_hits(wf, cached or {})
+        self._part_hits = part_hits(wf, cached or {})  # map items, loop iterations
         self._lock = threading.RLock()
         self._cancel = threading.Event()  # stop: set by cancel(), a deadline or a timeout
         self._user_cancel = False  # cancel() was called (the run ends CANCELLED)
@@ -443,7 +291,7 @@ class LocalRun:
         self._snapshot_at = 0.0  # monotonic time of the last run.json snapshot
         self._journal: TextIO | None = None
         # tuning trials running now, by record: where they report, how to stop them
-        self._trials: dict[tuple[str, str], _TrialCtl] = {}
+        self._trials: dict[tuple[str, str], TrialCtl] = {}
         self._thread = threading.Thread(target=self._main, name=f"couler-local-{self.run_id}",
                                         daemon=True)
 
@@ -892,7 +740,7 @@ class LocalRun:
                                  "was reused from the cache")
             return
         if step.tune is not None:
-            self._run_tune(step, rec, step.tune)
+            run_tune(self, step, rec, step.tune)
             return
         if step.loop is None:
             self._execute(step, rec, "main", None)
@@ -1078,9 +926,9 @@ class LocalRun:
         exec_dir = self._steps_dir / step.name / label
         exec_dir.mkdir(parents=True, exist_ok=True)
         if isinstance(step.body, ir.SubWorkflowSpec):
-            return self._attempt_nested(step, rec, exec_dir, item, timeout=timeout)
+            return attempt_nested(self, step, rec, exec_dir, item, timeout=timeout)
         try:
-            argv, env, cwd, paths = self._prepare(step, exec_dir, item)
+            argv, env, cwd, paths = prepare_step(self, step, exec_dir, item)
         except _StepError as exc:
             self._update(rec, message=str(exc))
             return "fatal"
@@ -1143,7 +991,7 @@ class LocalRun:
                          **changes)
             return found.failure_class.value
         try:
-            changes["outputs"] = self._outputs(step, exec_dir, paths)
+            changes["outputs"] = read_outputs(self, step, exec_dir, paths)
         except _StepError as exc:
             self._update(rec, message=str(exc), **changes)
             return "fatal"
@@ -1244,187 +1092,7 @@ class LocalRun:
         (its producers' keys), sorted."""
         return tuple(sorted(set(self._producer_keys(step).values())))
 
-    # ------------------------------------------------------------------ tuning
-
-    def _tune_context(self, step: ir.Step) -> list[str]:
-        """What the study's name hashes besides the step's spec: the values of the inputs
-        the trials share, the identity of the artifacts they read (a producer's cache key,
-        else this run's), and this run when the step is not to be reused."""
-        context: list[str] = []
-        for inp in step.inputs:
-            if not isinstance(inp.value, ir.ItemRef):
-                value = self._value(inp.value, step, None, {}, f"inputs.{inp.name}")
-                context.append(f"input {inp.name}={value}")
-        for art in step.input_artifacts:
-            src = art.source
-            if isinstance(src, ir.StepArtifactRef):
-                rec = self._record(src.step)
-                who = rec.cache_key if rec is not None and rec.cache_key else \
-                    f"run {self.run_id} step {src.step}"
-                context.append(f"artifact {art.name}={who}/{src.artifact}")
-            else:
-                context.append(f"artifact {art.name}={ir.to_json(src)}")
-        if not cache_policy(self.workflow, step).enabled:
-            context.append(f"run {self.run_id}")
-        return context
-
-    def _run_tune(self, step: ir.Step, rec: _Record, spec: ir.Tune) -> None:
-        """Drive the step's optuna study: ask, run up to ``parallel`` trials at once (each
-        an execution of the step, recorded ``step[N]``, N the trial's number), tell, and
-        end with the best trial's outputs."""
-        wf = self.workflow
-        where = f"workflow {wf.name!r}, step {step.name!r}"
-        self._update(rec, state=StepState.RUNNING, started_at=time.time())
-        name = self._name(step.name)
-        for (prev_step, key), prev in self._previous.items():  # trials of a crashed attempt
-            if prev_step == name and key and prev.state.terminal:
-                self._update(_Record.from_dict(prev.to_dict()))
-        try:
-            study = study_name(wf.name, step, self._tune_context(step))
-            storage = self.engine.tune_storage or tuning.default_storage(self.engine.work_dir)
-            opened = tuning.open_study(storage, study, spec)
-        except Exception as exc:  # a bad storage URL, an unreachable database, a bad input
-            self._update(rec, state=StepState.FAILED, finished_at=time.time(),
-                         message=f"{where}, field 'tune': cannot open the study: {exc}")
-            return
-        try:
-            driver = tuning.Driver(opened, spec)
-        except Exception as exc:
-            tuning.close_study(opened)
-            self._update(rec, state=StepState.FAILED, finished_at=time.time(),
-                         message=f"{where}, field 'tune': cannot resume the study: {exc}")
-            return
-        try:
-            self._drive(step, rec, spec, study, driver)
-        finally:
-            driver.close()
-
-    def _drive(self, step: ir.Step, rec: _Record, spec: ir.Tune, study: str,
-               driver: tuning.Driver) -> None:
-        """Run the trials of ``study`` through ``driver`` and record the step's end."""
-        where = f"workflow {self.workflow.name!r}, step {step.name!r}"
-        name = self._name(step.name)
-        running: dict[Future[None], int] = {}
-        error = ""
-        with ThreadPoolExecutor(spec.parallel) as pool:
-            while True:
-                try:
-                    while (not error and not self._cancel.is_set()
-                           and len(running) < spec.parallel and driver.remaining() > 0):
-                        number, params, known = driver.ask()
-                        fut = pool.submit(self._run_trial, step, spec, driver, number,
-                                          params, known)
-                        running[fut] = number
-                except Exception as exc:  # the study's database failed under us
-                    error = f"cannot ask the study for a trial: {exc!r}"
-                if not running:
-                    break
-                done, _ = wait(list(running), timeout=0.2, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    number = running.pop(fut)
-                    try:
-                        fut.result()
-                    except Exception as exc:
-                        error = error or f"trial {number}: {exc!r}"
-        if error:
-            self._update(rec, state=StepState.FAILED, finished_at=time.time(),
-                         message=f"{where}, field 'tune': {error}")
-            return
-        with self._lock:
-            trials = [r for (s, k), r in self._records.items() if s == name and k]
-        counts = {state: sum(r.state is state for r in trials) for state in StepState}
-        summary = (f"study {study!r}: {len(trials)} trials ({counts[StepState.SUCCEEDED]} "
-                   f"run, {counts[StepState.CACHED]} reused, {counts[StepState.PRUNED]} pruned, "
-                   f"{counts[StepState.FAILED]} failed)")
-        if not trials:
-            summary += " in this run: the study had finished its trials before"
-        stats: dict[str, object] = {
-            "finished_at": time.time(),
-            "attempts": max((r.attempts for r in trials), default=0),
-            "peak_cpu": max((r.peak_cpu or 0.0 for r in trials), default=None),
-            "peak_memory_bytes": max((r.peak_memory_bytes or 0 for r in trials), default=None),
-        }
-        if self._cancel.is_set():
-            self._update(rec, state=self._stopped_state(), message=self._stop_message(),
-                         **stats)
-            return
-        try:
-            outputs = driver.outputs()
-        except ValueError as exc:
-            failed = [r for r in trials if r.state is StepState.FAILED]
-            self._update(rec, state=StepState.FAILED, failure=failed[0].failure if failed
-                         else "", message=f"{where}, field 'tune': {exc}; {summary}"
-                         + (f"; trial {failed[0].key}: {failed[0].message}" if failed else ""),
-                         **stats)
-            return
-        self._update(rec, state=StepState.SUCCEEDED, outputs=outputs, failure="",
-                     message=f"{summary}; best {spec.objective} "
-                             f"{outputs[ir.TUNE_BEST_VALUE]}", **stats)
-
-    def _run_trial(self, step: ir.Step, spec: ir.Tune, driver: tuning.Driver, number: int,  # noqa: PLR0917
-                   params: dict[str, Any], known: float | None) -> None:
-        """Run (or reuse) trial ``number`` with ``params`` and tell the study how it ended."""
-        rec = _Record(self._name(step.name), key=str(number))
-        now = time.time()
-        if known is not None:  # the study evaluated these parameters already
-            self._update(rec, state=StepState.CACHED, started_at=now, finished_at=now,
-                         attempts=0, outputs={spec.objective: repr(known)},
-                         message=f"parameters {json.dumps(params, sort_keys=True)} were "
-                                 "evaluated by an earlier trial of the study: its value reused")
-            driver.tell(number, tuning.TrialOutcome("complete", known))
-            return
-        hit = self._part_hit(step, lambda: self._item_key(step, params))
-        if hit is None or not self._reuse_part(step, rec, hit):
-            trial = _TrialCtl(self._steps_dir / step.name / f"trial-{number}" / "report",
-                              _TrialStop(self._cancel))
-            with self._lock:
-                self._trials[(rec.step, rec.key)] = trial
-            watcher = threading.Thread(target=self._watch_trial, args=(trial, driver, number),
-                                       name=f"couler-tune-{number}", daemon=True)
-            watcher.start()
-            try:
-                self._execute(step, rec, f"trial-{number}", params)
-            finally:
-                trial.done.set()
-                watcher.join()
-                with self._lock:
-                    self._trials.pop((rec.step, rec.key), None)
-        if rec.state is StepState.PRUNED:
-            driver.tell(number, tuning.TrialOutcome("pruned", message=rec.message))
-            return
-        if rec.state not in _DONE_OK:
-            if rec.state is StepState.FAILED:
-                driver.tell(number, tuning.TrialOutcome("fail", message=rec.message))
-            # a cancelled trial stays running in the study: a resumed run runs it again
-            return
-        text = rec.outputs.get(spec.objective, "")
-        value = tuning.parse_value(text)
-        if value is None:
-            self._update(rec, state=StepState.FAILED, message=(
-                f"workflow {self.workflow.name!r}, step {step.name!r}, field 'tune.objective': "
-                f"output {spec.objective!r} of trial {number} is not a number: {text[:200]!r}"))
-            driver.tell(number, tuning.TrialOutcome("fail", message=rec.message))
-            return
-        driver.tell(number, tuning.TrialOutcome("complete", value))
-
-    def _watch_trial(self, trial: _TrialCtl, driver: tuning.Driver, number: int) -> None:
-        """Feed the values a running trial reports to the study; stop it when pruned."""
-        while True:
-            finished = trial.done.wait(0.1)
-            values, trial.offset = tuning.read_reports(trial.report, trial.offset)
-            for step_no, value in values:
-                try:
-                    prune = driver.report(number, step_no, value)
-                except Exception:
-                    return
-                if prune and not finished and not trial.pruned:
-                    trial.pruned = (f"pruned at step {step_no} (intermediate value {value!r}): "
-                                    "the study's pruner stopped the trial")
-                    trial.stop.set()
-            if finished:
-                return
-
-    # ------------------------------------------------------------------ sub-workflows
+    # ------------------------------------------------------------------ utilization
 
     def _sampling(self, rec: _Record) -> Callable[[ProcessSample], None] | None:
         """What passes the samples of ``rec``'s current attempt on (None: nobody wants them)."""
@@ -1439,255 +1107,6 @@ class LocalRun:
 
         return emit
 
-    def _attempt_nested(self, step: ir.Step, rec: _Record, exec_dir: Path, item: object, *,
-                        timeout: int | None) -> str | None:
-        """Run a sub-workflow step's inner graph as one attempt of the step."""
-        body = step.body
-        assert isinstance(body, ir.SubWorkflowSpec)
-        where = f"workflow {self.workflow.name!r}, step {step.name!r}"
-        hooks_of: ir.Workflow | None = None
-        if body.steps:
-            wf, steps, parameters = self.workflow, body.steps, self._parameters
-        else:
-            ref = self._references.get(body.name)
-            if ref is None:  # resolved when the run started; only a damaged record lacks it
-                self._update(rec, message=f"{where}, field 'body.name': workflow "
-                                          f"{body.name!r} is not available to the local engine")
-                return "fatal"
-            try:
-                parameters = {i.name: self._value(i.value, step, item, {}, f"inputs.{i.name}")
-                              for i in step.inputs}
-            except _StepError as exc:
-                self._update(rec, message=str(exc))
-                return "fatal"
-            wf, steps, hooks_of = ref, ref.steps, ref
-            if ref.timeout_seconds is not None:
-                timeout = min(timeout or ref.timeout_seconds, ref.timeout_seconds)
-        scope = self._name(step.name) + (f"[{rec.key}]" if rec.key else "") + "/"
-        child = self._child(wf, scope, exec_dir, parameters)
-        with self._linked(child, timeout, f"{where}: timed out after {timeout} s"):
-            child._graph(steps, reuse=True)
-            inner = [r for r in (child._record(s.name) for s in steps) if r is not None]
-            failed = [r for r in inner if r.state is StepState.FAILED]
-            if failed and not failed_leaves(steps, child._outcome):
-                failed = []  # every failure was handled inside (rule S7): the group succeeded
-            bad: list[str] = []
-            if hooks_of is not None and not child._cancel.is_set():
-                final = RunState.FAILED if failed else RunState.SUCCEEDED
-                hook_steps = child._hooks(final, failed)
-                if hook_steps:
-                    child._graph(tuple(hook_steps), reuse=False)
-                    bad = [child._name(s.name) for s in hook_steps
-                           if child._state_of(s.name) is StepState.FAILED]
-        with self._lock:
-            mine = [r for (name, _), r in self._records.items() if name.startswith(scope)]
-        changes: dict[str, object] = {
-            "peak_cpu": max((r.peak_cpu or 0.0 for r in mine), default=None),
-            "peak_memory_bytes": max((r.peak_memory_bytes or 0 for r in mine), default=None),
-        }
-        if child._cancel.is_set():
-            if self._cancel.is_set():
-                self._update(rec, message=self._stop_message(), **changes)
-                return "cancelled"
-            self._update(rec, message=child._halt, failure_reason=str(
-                failures.classify(None, timed_out=True)), **changes)
-            return ir.FailureClass.TRANSIENT.value
-        if failed or bad:
-            names = [r.step for r in failed] + [f"{n} (exit hook)" for n in bad]
-            self._update(rec, message=f"{where}: inner steps failed: {', '.join(names)}",
-                         failure_reason=failed[0].failure_reason if failed else "",
-                         errored=bool(failed) and failed[0].errored, **changes)
-            return (failed[0].failure if failed else "") or "fatal"
-        outputs: dict[str, str] = {}
-        for out in step.outputs:
-            producers = [s for s in steps if s.output(out.name) is not None]
-            found = child._record(producers[0].name) if len(producers) == 1 else None
-            if found is None or out.name not in found.outputs:
-                self._update(rec, message=f"{where}, field 'outputs.{out.name}': no inner step "
-                                          f"produced an output {out.name!r}", **changes)
-                return "fatal"
-            outputs[out.name] = found.outputs[out.name]
-        for art in step.output_artifacts:
-            makers = [s for s in steps if any(a.name == art.name for a in s.output_artifacts)]
-            src = (self._store.location(child._name(makers[0].name), art.name)
-                   if len(makers) == 1 else None)
-            if src is None or not src.exists():
-                self._update(rec, message=f"{where}, field 'output_artifacts.{art.name}': no "
-                                          f"inner step produced an artifact {art.name!r}",
-                             **changes)
-                return "fatal"
-            copy_path(src, self._store.location(self._name(step.name), art.name))
-        self._update(rec, message="", outputs=outputs, **changes)
-        return None
-
-    def _child(self, wf: ir.Workflow, prefix: str, directory: Path,
-               parameters: Mapping[str, str]) -> LocalRun:
-        """A nested run of a sub-workflow's steps, sharing this run's records and slots."""
-        child = copy.copy(self)
-        child.workflow = wf
-        child._parameters = dict(parameters)
-        child._prefix = prefix
-        child._steps_dir = directory
-        child._parent = self
-        child._cancel = threading.Event()
-        child._halt = ""
-        return child
-
-    @contextmanager
-    def _linked(self, child: LocalRun, timeout: int | None, message: str) -> Iterator[None]:
-        """Stop ``child`` when this run stops or after ``timeout`` seconds (then ``message``)."""
-        done = threading.Event()
-
-        def watch() -> None:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while not done.is_set():
-                if self._cancel.is_set():
-                    child._cancel.set()
-                    return
-                if deadline is not None and time.monotonic() >= deadline:
-                    with self._lock:
-                        child._halt = message
-                        child._cancel.set()
-                    return
-                self._cancel.wait(SAMPLE_SECONDS)
-
-        watcher = threading.Thread(target=watch, name=f"couler-local-{child._prefix}",
-                                   daemon=True)
-        watcher.start()
-        try:
-            yield
-        finally:
-            done.set()
-            watcher.join()
-
-    def _prepare(self, step: ir.Step, exec_dir: Path, item: object
-                 ) -> tuple[list[str], dict[str, str], Path, PathMap]:
-        wf = self.workflow
-        where = f"workflow {wf.name!r}, step {step.name!r}"
-        inputs = {i.name: self._value(i.value, step, item, {}, f"inputs.{i.name}")
-                  for i in step.inputs}
-        volumes = {v.name for v in wf.volumes}
-        mounts: dict[str, Path] = {}
-        for m in step.volume_mounts:
-            if m.name not in volumes and wf.volumes:
-                raise _StepError(f"{where}, field 'volume_mounts': unknown volume {m.name!r}")
-            host = self.run_dir / "volumes" / m.name
-            mounts[m.mount_path] = host / m.sub_path if m.sub_path else host
-        declared = [o.selector for o in step.outputs if o.source is ir.OutputSource.PATH]
-        declared += [a.path for a in step.output_artifacts]
-        declared += [a.path for a in step.input_artifacts]
-        paths = PathMap(exec_dir / "root", declared, mounts)
-        for host in mounts.values():
-            host.mkdir(parents=True, exist_ok=True)
-        for path in declared:
-            paths.host(path).parent.mkdir(parents=True, exist_ok=True)
-
-        def sub(text: str, field: str) -> str:
-            def repl(match: re.Match[str]) -> str:
-                name = match.group(1)
-                if name == "workflow.name":
-                    return wf.name
-                if name.startswith("inputs."):
-                    key = name[len("inputs."):]
-                    if key not in inputs:
-                        raise _StepError(f"{where}, field {field!r}: no input named {key!r}")
-                    return inputs[key]
-                key = name[len("item."):] if name.startswith("item.") else ""
-                return self._value(ir.ItemRef(key), step, item, {}, field)
-
-            return paths.rewrite(_PLACEHOLDER.sub(repl, text))
-
-        body = step.body
-        if isinstance(body, ir.ScriptSpec):
-            ext = {"python": ".py", "bash": ".sh", "sh": ".sh"}[body.language.value]
-            script = exec_dir / f"script{ext}"
-            script.write_text(paths.rewrite(body.source))
-            default = {"python": [sys.executable], "bash": ["bash"], "sh": ["sh"]}
-            interpreter = list(body.command) or default[body.language.value]
-            if interpreter[0] in ("python", "python3"):
-                interpreter[0] = sys.executable
-            argv = [*interpreter, str(script), *(sub(a, "args") for a in body.args)]
-            working_dir = body.working_dir
-        elif isinstance(body, ir.ContainerSpec):
-            argv = [*(sub(c, "command") for c in body.command),
-                    *(sub(a, "args") for a in body.args)]
-            mapped = self.engine.image_commands.get(body.image, ())
-            if not body.command and not mapped:
-                # args alone would run the first argument as the program
-                raise _StepError(f"{where}, field 'command': a container step needs a command "
-                                 f"on the local engine (the entrypoint of image {body.image!r} "
-                                 "is unknown); give command=[...] or map the image to a "
-                                 "command (LocalEngine(image_commands=...))")
-            argv = [*mapped, *argv]
-            working_dir = body.working_dir
-        else:
-            raise _StepError(f"{where}: the local engine cannot run a {body.KIND} step")
-        cwd = Path(sub(working_dir, "working_dir")) if working_dir else exec_dir
-        if working_dir and not working_dir.startswith("/"):
-            cwd = exec_dir / working_dir
-        cwd.mkdir(parents=True, exist_ok=True)
-        # The engine's own settings (a service's token, bus seed, S3 keys) are not the
-        # step's: a step gets this process's environment without COULER_* variables.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
-        for var in step.env:
-            if var.secret is None:
-                env[var.name] = sub(var.value, f"env.{var.name}")
-                continue
-            value = self.engine.secrets.get((var.secret.name, var.secret.key))
-            if value is None:
-                name, key = var.secret.name, var.secret.key
-                raise _StepError(
-                    f"{where}, field 'env.{var.name}': secret {name!r} key {key!r} is not in "
-                    "the local engine's secrets; give it with `couler run --secrets-file FILE` "
-                    f"(or $COULER_SECRETS_FILE), FILE being JSON {{{json.dumps(name)}: "
-                    f"{{{json.dumps(key)}: \"value\"}}}}, or LocalEngine(secrets="
-                    f"{{({name!r}, {key!r}): \"value\"}})")
-            env[var.name] = value
-        for art in step.input_artifacts:
-            self._fetch(step, art, paths.host(art.path), where)
-        return argv, env, cwd, paths
-
-    def _fetch(self, step: ir.Step, art: ir.InputArtifact, dst: Path, where: str) -> None:
-        src = art.source
-        field_ = f"input_artifacts.{art.name}"
-        try:
-            if isinstance(src, ir.StepArtifactRef):
-                self._store.get(self._name(src.step), src.artifact, dst)
-                return
-            if src.storage is ir.StorageKind.LOCAL:
-                path = Path(src.key or src.url)
-                if not path.exists():
-                    raise _StepError(f"{where}, field {field_!r}: local path {path} not found")
-                copy_path(path, dst)
-                return
-        except FileNotFoundError as exc:
-            raise _StepError(f"{where}, field {field_!r}: {exc}") from exc
-        raise _StepError(f"{where}, field {field_!r}: the local engine cannot read "
-                         f"{src.storage.value} storage")
-
-    def _outputs(self, step: ir.Step, exec_dir: Path, paths: PathMap) -> dict[str, str]:
-        where = f"workflow {self.workflow.name!r}, step {step.name!r}"
-        outputs: dict[str, str] = {}
-        for out in step.outputs:
-            if out.source is ir.OutputSource.STDOUT:
-                outputs[out.name] = (exec_dir / "stdout").read_text(errors="replace").strip()
-            elif out.source is ir.OutputSource.PATH:
-                host = paths.host(out.selector)
-                if not host.is_file():
-                    raise _StepError(f"{where}, field 'outputs.{out.name}': the step did not "
-                                     f"write {out.selector} (host path {host})")
-                outputs[out.name] = host.read_text(errors="replace").strip()
-            else:
-                raise _StepError(f"{where}, field 'outputs.{out.name}': {out.source.value} "
-                                 "outputs need a job step")
-        for art in step.output_artifacts:
-            host = paths.host(art.path)
-            if not host.exists():
-                raise _StepError(f"{where}, field 'output_artifacts.{art.name}': the step did "
-                                 f"not write {art.path} (host path {host})")
-            self._store.put(self._name(step.name), art.name, host)
-        return outputs
-
 
 @dataclass
 class _MapState:
@@ -1698,28 +1117,6 @@ class _MapState:
 
     def __post_init__(self) -> None:
         self.queue = list(range(len(self.items)))
-
-
-class _TrialStop(threading.Event):
-    """A tuning trial's stop: set when its study prunes it, or when the run is stopped."""
-
-    def __init__(self, run: threading.Event) -> None:
-        super().__init__()
-        self._run = run
-
-    def is_set(self) -> bool:
-        return self._run.is_set() or super().is_set()
-
-
-@dataclass
-class _TrialCtl:
-    """A tuning trial while it runs: its report file, its stop, why it was pruned."""
-
-    report: Path
-    stop: _TrialStop
-    offset: int = 0
-    pruned: str = ""
-    done: threading.Event = field(default_factory=threading.Event)
 
 
 def failure_message(failed: Sequence[_Record], unhandled: Sequence[str]) -> str:
@@ -1819,9 +1216,9 @@ class LocalEngine:
         names to results to reuse: such a step, when it is reached and its conditions
         hold, is recorded CACHED with those outputs and artifacts and does not run.
         """
-        _check(wf)
+        check_workflow(wf)
         ir.check_parameters(wf, parameters or {})
-        references = _resolve(wf, self.workflows)
+        references = resolve_references(wf, self.workflows)
         run_id = run_id or f"{wf.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         run_dir = self.work_dir / run_id
         try:
@@ -1865,7 +1262,7 @@ class LocalEngine:
         wf = ir.from_dict(ir.Workflow, data["workflow"])
         saved = {name: ir.from_dict(ir.Workflow, ref)
                  for name, ref in (data.get("references") or {}).items()}
-        references = _resolve(wf, {**self.workflows, **saved})
+        references = resolve_references(wf, {**self.workflows, **saved})
         main = {s.name for s in wf.steps}
         reuse = {r.step: r for r in latest.values()
                  if not r.key and _top(r.step) in main and r.state in _DONE_OK}
@@ -1906,115 +1303,3 @@ class LocalEngine:
         """
         data, latest = _load(Path(run_dir))
         return _logs(Path(run_dir), str(data["workflow"]["name"]), set(latest), step, key)
-
-
-_SEGMENT = re.compile(r"(?P<name>[^\[\]/]+)(?:\[(?P<key>[^\]]*)\])?")
-
-
-def _top(name: str) -> str:
-    """The top-level step of a record name ("outer" of "outer[2]/inner")."""
-    return re.split(r"[/\[]", name, maxsplit=1)[0]
-
-
-def _load(run_dir: Path) -> tuple[dict[str, Any], dict[tuple[str, str], _Record]]:
-    """A run record: ``run.json`` with the newer ``run.journal`` lines replayed over it."""
-    path = run_dir / "run.json"
-    if not path.is_file():
-        raise NotFoundError(f"no local run record at {path}")
-    data = json.loads(path.read_text())
-    latest = {(r.step, r.key): r for r in (_Record.from_dict(d) for d in data["steps"])}
-    journal = run_dir / "run.journal"
-    if journal.is_file():  # changes newer than the snapshot (a crash before it was rewritten)
-        for line in journal.read_text(encoding="utf-8").splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                break  # a line cut short by the crash: everything before it counts
-            if entry["seq"] > data.get("seq", 0):
-                rec = _Record.from_dict(entry["record"])
-                latest[(rec.step, rec.key)] = rec
-            data["last_seq"] = max(int(data.get("last_seq", 0)), int(entry["seq"]))
-    return data, latest
-
-
-def _exec_dir(steps_dir: Path, step: str, key: str) -> Path | None:
-    """The directory of one execution: ``outer/inner`` -> ``steps/outer/main/inner/main``."""
-    directory = steps_dir
-    segments = step.split("/")
-    for i, segment in enumerate(segments):
-        match = _SEGMENT.fullmatch(segment)
-        if match is None:
-            return None
-        own = match["key"] if match["key"] is not None else ""
-        k = key if i == len(segments) - 1 else own
-        directory = directory / match["name"]
-        labels = [f"item-{k}", f"iter-{k}"] if k else ["main"]
-        found = next((directory / label for label in labels if (directory / label).is_dir()),
-                     None)
-        if found is None:
-            return None
-        directory = found
-    return directory
-
-
-def _logs(run_dir: Path, workflow: str, known: set[tuple[str, str]], step: str,
-          key: str) -> str:
-    if (step, key) not in known:
-        where = f"workflow {workflow!r}, run {run_dir.name!r}"
-        if all(s != step for s, _ in known):
-            raise NotFoundError(f"{where}: no step {step!r} in the run record")
-        keys = sorted((k for s, k in known if s == step and k), key=lambda k: (len(k), k))
-        raise NotFoundError(f"{where}, step {step!r}: no execution with key {key!r} "
-                            f"(keys: {', '.join(repr(k) for k in keys) or 'none'})")
-    directory = _exec_dir(run_dir / "steps", step, key)
-    if directory is None:  # skipped or never started: it wrote nothing
-        return ""
-    return "".join((directory / name).read_text(errors="replace")
-                   for name in ("stdout", "stderr") if (directory / name).is_file())
-
-
-def _resolve(wf: ir.Workflow, available: Mapping[str, ir.Workflow]) -> dict[str, ir.Workflow]:
-    """Every workflow ``wf`` refers to (transitively), checked before anything runs."""
-    found: dict[str, ir.Workflow] = {}
-
-    def visit(current: ir.Workflow, chain: tuple[str, ...]) -> None:
-        hooks = (s for hook in current.exit_hooks for s in hook.steps)
-        for step in ir.all_steps((*current.steps, *hooks)):
-            body = step.body
-            if not isinstance(body, ir.SubWorkflowSpec) or body.steps:
-                continue
-            where = f"workflow {current.name!r}, step {step.name!r}"
-            ref = available.get(body.name)
-            if ref is None:
-                known = ", ".join(repr(n) for n in sorted(available)) or "none"
-                raise UnsupportedFeatureError(
-                    ENGINE, current.name, step.name, Feature.SUBWORKFLOW_REF.value,
-                    f"field 'body.name': workflow {body.name!r} is not available locally; "
-                    f"give it to LocalEngine(workflows=...) (available: {known})")
-            if body.digest and ir.digest(ref) != body.digest:
-                raise UnsupportedFeatureError(
-                    ENGINE, current.name, step.name, Feature.SUBWORKFLOW_REF.value,
-                    f"field 'body.digest': the step pins {body.digest} but the local workflow "
-                    f"{body.name!r} is {ir.digest(ref)}")
-            if body.name in chain:
-                raise InvalidWorkflowError(f"{where}, field 'body.name': workflow references "
-                                           "form a cycle: " + " -> ".join((*chain, body.name)))
-            missing = [p.name for p in ref.parameters
-                       if p.default is None and step.input(p.name) is None]
-            if missing:
-                raise InvalidWorkflowError(
-                    f"{where}, field 'inputs': workflow {body.name!r} needs parameters "
-                    f"{', '.join(map(repr, missing))}, which the step does not give as inputs")
-            if body.name not in found:
-                _check(ref)
-                found[body.name] = ref
-                visit(ref, (*chain, body.name))
-
-    visit(wf, (wf.name,))
-    return found
-
-
-def _check(wf: ir.Workflow) -> None:
-    """Refuse, before anything runs, a workflow that is invalid or needs what this engine lacks."""
-    ir.validate(wf)
-    check_capabilities(ENGINE, CAPABILITIES, wf)

@@ -116,12 +116,12 @@ from couler_runtime.local.engine import (
     _final_reason,
     _MapState,
     _quantity,
-    _Record,
-    _StepError,
     failure_message,
     hook_not_fired,
     skipped_without_running,
 )
+from couler_runtime.local.journal import _Record
+from couler_runtime.local.prepare import _StepError
 from couler_runtime.local.process import SERIES_SECONDS
 
 from .capabilities import CAPABILITIES, ENGINE
