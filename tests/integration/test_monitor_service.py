@@ -44,8 +44,8 @@ from couler_monitor.events import (
     feedback_subject,
 )
 from couler_monitor.main import MonitorSettings, build
+from couler_monitor.recommendations import cpu_quantity, memory_quantity
 from couler_monitor.recommender import RecommenderConfig, StepHistory, estimate
-from couler_monitor.service import cpu_quantity, memory_quantity
 from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import Recommendation, RecommendationKind

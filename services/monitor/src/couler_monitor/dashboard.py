@@ -65,7 +65,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from couler import ir
 from couler.engines.base import StepState
 from couler.errors import NotFoundError, RetryableError, UserError
-from couler_monitor.service import DEFAULT_SAMPLE_LIMIT, MAX_SAMPLE_LIMIT, MI, Monitor
+from couler_monitor.recommendations import MI
+from couler_monitor.service import DEFAULT_SAMPLE_LIMIT, MAX_SAMPLE_LIMIT, Monitor
 from couler_runtime.rpc.records import (
     RecommendationKind,
     RecommendationReport,
