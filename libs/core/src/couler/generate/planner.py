@@ -1,196 +1,511 @@
-"""The deterministic offline planner: common ML requests in plain English → IR.
+"""The offline planner: a parsed request → a :class:`~couler.generate.spec.WorkflowSpec` → IR.
 
-It serves the generator's API when no LLM endpoint is configured, and it is the
-reference the LLM path is tested against. The planner decomposes the request into
-sub-tasks (the paper's modular decomposition: data loading, processing, model
-training, evaluation, selection), retrieves a catalog entry for each, and wires
-them into a workflow; it understands:
+It serves the generator when no LLM endpoint is configured and is what the LLM path is
+measured against. :func:`plan` parses the request into sub-tasks
+(:mod:`couler.generate.parse`), retrieves a catalog template for each
+(:mod:`couler.generate.retrieve`), fills the template's parameters from the clause
+(sources and destinations, models, metrics), and wires the steps: stages in order, the
+tasks of one stage in parallel, fan-outs, conditions on the metric of the step that
+measures it (adding an evaluation step when none does), loops, tuning, resources,
+retries, timeouts, a schedule and exit hooks. A step consuming data that no earlier step
+produces gets a load step of its own, whose source is the URI the request gave or a
+workflow parameter to set at submit time — never made-up data.
 
-* models — XGBoost, LightGBM, logistic regression, random forest (several are
-  trained side by side);
-* the data — a path or URL ending in .csv/.tsv/.parquet/.json, or an ``s3://``
-  URL, becomes the default of the workflow parameter ``table``;
-* "evaluate", "compare", "keep the better / best one" — evaluation per model and a
-  selection step;
-* a sweep — "sweep over batch sizes 16, 32 and 64" (also learning rates, rounds)
-  becomes a map of train-and-score trials and a selection of the best setting;
-* tuning — "tune it with 20 trials of Bayesian optimization" (or "random search",
-  "optuna", "hyperparameter search"; "N trials", default 20) becomes a tune step
-  (:func:`couler.tune`) over learning rate, batch size and rounds whose outputs are the
-  best setting and its score.
-
-A request it cannot plan raises a UserError saying what it understands; it never
-guesses a workflow.
+It refuses (UserError, naming the part) a request with no action it can place, and
+never substitutes a generic workflow for the one asked.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from couler import ir
 from couler.errors import UserError
-from couler.generate.catalog import MODELS, model_key
-from couler.generate.spec import TUNE_SPACE, StepSpec, TuneSpec, WorkflowSpec, assemble
+from couler.generate.parse import Request, Task, parse_request, stem, words
+from couler.generate.retrieve import Retriever
+from couler.generate.spec import (
+    ConditionSpec,
+    FanOut,
+    LoopSpec,
+    StepSpec,
+    TuneSpec,
+    WorkflowSpec,
+    assemble,
+)
+from couler.generate.templates import Template
 
-__all__ = ["GenerationReport", "plan"]
+__all__ = ["MAX_REQUEST", "GenerationReport", "plan", "plan_spec"]
 
-_MODEL_PATTERN = re.compile(
-    r"\b(xgboost|xgb|lightgbm|lgbm|light gbm|logistic regression|logistic|logreg|"
-    r"random[ -]forest)\b", re.IGNORECASE)
-_SOURCE_PATTERN = re.compile(
-    r"((?:s3|gs|https?)://\S+|[\w./~-]+\.(?:csv|tsv|parquet|json))", re.IGNORECASE)
-_SWEEP_PATTERN = re.compile(
-    r"(batch[ _-]?sizes?|learning[ _-]?rates?|rounds)\s*(?:of|=|:|in|over)?\s*"
-    r"((?:\d+(?:\.\d+)?(?:\s*(?:,|and|or)\s*)?)+)", re.IGNORECASE)
-_SWEEP_PARAM = {"batch": "batch_size", "learning": "learning_rate", "rounds": "rounds"}
-_TRIALS_PATTERN = re.compile(r"\b(\d+)\s+(?:trials?|runs?|iterations?|evaluations?)\b",
-                             re.IGNORECASE)
-_BAYES_PATTERN = re.compile(r"\b(bayes(?:ian)?|tpe|optuna|hyper[- ]?parameter (?:search|"
-                            r"optimi[sz]ation|tuning))\b", re.IGNORECASE)
-_RANDOM_PATTERN = re.compile(r"\brandom(?:ly)?[- ]search\b", re.IGNORECASE)
-_DEFAULT_TRIALS = 20
-_DEFAULT_SWEEP = {"batch_size": ["16", "32", "64"], "learning_rate": ["0.1", "0.3", "1.0"],
-                  "rounds": ["5", "10", "20"]}
+#: Longest request the planner reads (characters); longer ones are refused.
+MAX_REQUEST = 8000
+_STOP_NAME = frozenset("""
+a an the of to in on for from with and or by at as into onto over per each every all any
+it its this that these those them their they our your is are be using use via than then
+also just only both same other new up out off there here after before once until about
+across through within without between s whose which what when where while if so some
+""".split())
+_URI = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s,;()\"']+", re.I)
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+\w")
+_CHANNEL = re.compile(r"#[\w-]+")
+_SOURCE_PARAMS = ("source", "url", "uri", "path", "input", "query", "table", "location")
+_TARGET_PARAMS = ("target", "destination", "dest", "output", "sink", "url", "webhook",
+                  "channel", "to", "recipient", "endpoint", "registry", "table", "index")
+_MODEL_PARAMS = ("model", "estimator", "base_model", "model_name", "checkpoint", "algorithm")
 
 
 @dataclass(frozen=True, slots=True)
 class GenerationReport:
-    """How a request became a workflow."""
+    """How a request became a workflow (``couler generate --explain`` prints it)."""
 
     subtasks: tuple[str, ...]
     catalog_entries: tuple[str, ...]
     planner: str = "offline"
     notes: tuple[str, ...] = field(default_factory=tuple)
     rounds: int = 0  # LLM repair rounds used (0 offline)
+    choices: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z]+", text.lower())
+def _templates() -> Mapping[str, Template]:
+    from couler.generate.library import TEMPLATES
+
+    return TEMPLATES
 
 
-def _models(text: str) -> list[str]:
-    found: list[str] = []
-    for match in _MODEL_PATTERN.finditer(text):
-        key = model_key(match.group(1).replace("-", " "))
-        if key is not None and key not in found:
-            found.append(key)
-    return found
-
-
-def _sweep(text: str, words: list[str]) -> tuple[str, list[str]] | None:
-    match = _SWEEP_PATTERN.search(text)
-    if match is not None:
-        param = _SWEEP_PARAM[re.split(r"[ _-]", match.group(1).lower())[0]]
-        values = re.findall(r"\d+(?:\.\d+)?", match.group(2))
-        if param != "learning_rate":
-            values = [v for v in values if "." not in v]
-        if values:
-            return param, values
-    if {"sweep", "grid", "tune", "tuning"} & set(words):
-        for key, param in _SWEEP_PARAM.items():
-            if key in words:
-                return param, _DEFAULT_SWEEP[param]
-        return "batch_size", _DEFAULT_SWEEP["batch_size"]
-    return None
-
-
-def _tune(text: str, words: list[str]) -> TuneSpec | None:
-    """A tuning request: "N trials" with tune/search/optimize wording, or a named method
-    (Bayesian optimization, TPE, optuna, random search). None otherwise (a listed sweep
-    stays a sweep)."""
-    random = _RANDOM_PATTERN.search(text) is not None
-    method = random or _BAYES_PATTERN.search(text) is not None
-    trials = _TRIALS_PATTERN.search(text)
-    tuning = bool({"tune", "tuning", "optimize", "optimise", "search"} & set(words))
-    if not method and not (trials and tuning):
-        return None
-    count = int(trials.group(1)) if trials else _DEFAULT_TRIALS
-    return TuneSpec(max(count, 1), "random" if random else "tpe")
-
-
-def _name(text: str, models: list[str], stem: str) -> str:
-    parts = [stem, *models[:3]]
-    digest = hashlib.sha256(" ".join(text.split()).lower().encode()).hexdigest()[:6]
-    return "-".join([*parts, digest])
-
-
-def plan(text: str, *, name: str = "") -> tuple[ir.Workflow, GenerationReport]:
+def plan(text: str, *, name: str = "",
+         templates: Mapping[str, Template] | None = None) -> tuple[ir.Workflow, GenerationReport]:
     """Turn ``text`` into a validated workflow and a report of how it was built."""
+    catalog = templates if templates is not None else _templates()
+    spec, report = plan_spec(text, name=name, templates=catalog)
+    return assemble(spec, catalog), report
+
+
+def _refuse_text(text: str) -> str:
     request = " ".join(text.split())
     if not request:
         raise UserError("generate: the request text is empty")
-    words = _words(request)
-    models = _models(request)
-    tune = _tune(request, words)
-    sweep = _sweep(request, words) if tune is None else None
-    wants_train = bool(models) or sweep is not None or tune is not None or bool(
-        {"train", "fit", "model", "models"} & set(words))
-    if not wants_train:
+    if len(request) > MAX_REQUEST:
+        raise UserError(f"generate: the request is {len(request)} characters; the planner reads "
+                        f"at most {MAX_REQUEST} (describe the workflow in fewer words)")
+    letters = [c for c in request if c.isalpha()]
+    if letters and sum(c.isascii() for c in letters) / len(letters) < 0.6:
+        raise UserError("generate: the request does not look like English; the offline planner "
+                        "reads English requests (configure an LLM endpoint for other languages)")
+    return request
+
+
+def plan_spec(text: str, *, name: str = "", templates: Mapping[str, Template]
+              ) -> tuple[WorkflowSpec, GenerationReport]:
+    """The spec for ``text`` and the report (see :func:`plan`)."""
+    request = _refuse_text(text)
+    parsed = parse_request(request)
+    main = [t for t in parsed.tasks if not t.hook]
+    if not main:
+        found = "; ".join(parsed.context[:3]) or request[:120]
         raise UserError(
-            f"generate: cannot plan {request[:80]!r} offline: the offline planner builds "
-            "training workflows (load a table, preprocess, train XGBoost / LightGBM / logistic "
-            "regression / random forest, evaluate, keep the best, sweep batch sizes or "
-            "learning rates); configure an LLM endpoint for other requests")
-    notes: list[str] = []
-    if not models:
-        models = ["logistic" if sweep is not None or tune is not None else "xgboost"]
-        notes.append(f"no model named: using {MODELS[models[0]][0]}")
-    source_match = _SOURCE_PATTERN.search(request)
-    source = source_match.group(1).rstrip(".,;") if source_match else "dataset.csv"
-    if source_match is None:
-        notes.append("no data source named: parameter 'table' defaults to 'dataset.csv' "
-                     "(a synthetic table unless such a file exists); pass -p table=PATH")
-    wants_eval = bool({"evaluate", "evaluation", "score", "compare", "accuracy", "test",
-                       "validate", "best", "better", "keep", "select", "choose"} & set(words))
-    wants_select = bool({"best", "better", "keep", "select", "choose", "winner"} & set(words))
-    subtasks = ["load the table", "preprocess: standardise and split"]
-    specs = [StepSpec("load-table", "load-table"),
-             StepSpec("preprocess", "preprocess", after=("load-table",))]
-    if tune is not None:
-        model = models[0]
-        specs.append(StepSpec("tune", "train-trial", {"model": model}, ("preprocess",),
-                              tune=tune))
-        method = "random search" if tune.sampler == "random" else \
-            "Bayesian optimization (TPE)"
-        subtasks += [f"tune {', '.join(p.name for p in TUNE_SPACE)} of {MODELS[model][0]} "
-                     f"with {tune.trials} trials of {method}",
-                     "keep the best setting (the tune step's best_params)"]
-        if len(models) > 1:
-            notes.append(f"tuning uses one model: {MODELS[model][0]}")
-    elif sweep is not None:
-        param, values = sweep
-        model = models[0]
-        specs.append(StepSpec("sweep", "train-trial", {"model": model}, ("preprocess",),
-                              (param, tuple(values))))
-        specs.append(StepSpec("select-best", "select-best", after=("sweep",)))
-        subtasks += [f"sweep {param} over {', '.join(values)} with {MODELS[model][0]}",
-                     f"keep the best {param}"]
-        if len(models) > 1:
-            notes.append(f"a sweep uses one model: {MODELS[model][0]}")
-    else:
-        evaluated: list[str] = []
-        for model in models:
-            specs.append(StepSpec(f"train-{model}", "train", {"model": model}, ("preprocess",)))
-            subtasks.append(f"train {MODELS[model][0]}")
-            if wants_eval or len(models) > 1:
-                specs.append(StepSpec(f"evaluate-{model}", "evaluate", after=(f"train-{model}",)))
-                subtasks.append(f"evaluate {MODELS[model][0]}")
-                evaluated.append(f"evaluate-{model}")
-        if len(evaluated) > 1:
-            specs.append(StepSpec("select-best", "select-best", after=tuple(evaluated)))
-            subtasks.append("keep the better model" if len(evaluated) == 2 else
-                            "keep the best model")
-        elif wants_select:
-            notes.append("one model: nothing to select between")
-    stem = "tune" if tune is not None else "sweep" if sweep is not None else "train"
-    spec = WorkflowSpec(name or _name(request, models, stem), tuple(specs), source)
-    wf = assemble(spec)
-    wf = dataclasses.replace(
-        wf, labels=(("couler.io/generated-by", "offline-planner"),),
-        annotations=(("couler.io/request", request[:256]),))
-    ir.validate(wf)
-    entries = tuple(dict.fromkeys(s.entry for s in specs))
-    return wf, GenerationReport(tuple(subtasks), entries, notes=tuple(notes))
+            f"generate: cannot plan {request[:80]!r}: found no step to run (an action such as "
+            f"train, evaluate, load, deploy or notify) in: {found!r}")
+    if parsed.unplaced:
+        raise UserError("generate: cannot plan part of the request: "
+                        + "; ".join(repr(u) for u in parsed.unplaced)
+                        + " (a condition whose action is not a step the planner knows)")
+    builder = _Builder(parsed, Retriever(templates), templates)
+    spec = builder.build(name or _workflow_name(request, main))
+    report = GenerationReport(
+        subtasks=tuple(builder.subtasks), catalog_entries=tuple(
+            dict.fromkeys(s.template for s in (*spec.steps, *spec.on_failure, *spec.on_exit,
+                                               *spec.on_success) if s.template)),
+        notes=tuple(builder.notes), choices=tuple(builder.choices))
+    return spec, report
+
+
+def _workflow_name(request: str, tasks: list[Task]) -> str:
+    base = _slug(" ".join([tasks[0].verb, *_salient(tasks[0].obj)[:2]]), 40) or "generated"
+    digest = hashlib.sha256(request.lower().encode()).hexdigest()[:6]
+    return f"{base}-{digest}"
+
+
+def _slug(text: str, limit: int = 50) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return slug[:limit].rstrip("-")
+
+
+def _salient(text: str) -> list[str]:
+    """The words that name what a clause works on, tool names first kept in order."""
+    out = []
+    for w in re.findall(r"[A-Za-z0-9][\w@.+-]*", re.sub(_URI, " ", text)):
+        low = w.lower().strip(".-")
+        if low in _STOP_NAME or len(low) < 2 or low.isdigit():
+            continue
+        out.append(low)
+    return out
+
+
+@dataclass(slots=True)
+class _Step:
+    """A step while it is built (the spec's StepSpec is frozen)."""
+
+    task: Task
+    name: str
+    template: Template
+    params: dict[str, str]
+    after: list[str] = field(default_factory=list)
+    when: ConditionSpec | None = None
+    loop: LoopSpec | None = None
+    tune: TuneSpec | None = None
+
+
+class _Builder:
+    def __init__(self, parsed: Request, retriever: Retriever,
+                 templates: Mapping[str, Template]) -> None:
+        self.parsed = parsed
+        self.retriever = retriever
+        self.templates = templates
+        self.names: set[str] = set()
+        self.parameters: dict[str, str] = {}
+        self.subtasks: list[str] = []
+        self.notes: list[str] = []
+        self.choices: list[str] = []
+        self.sources = list(parsed.sources)
+
+    # -- names and templates
+
+    def _name(self, task: Task, prefix: str = "") -> str:
+        words_ = _salient(task.obj)
+        base = _slug(" ".join([prefix or task.verb, *words_[:4]]), 48) or _slug(task.verb)
+        name, n = base, 2
+        while name in self.names:
+            name = f"{base[:45]}-{n}"
+            n += 1
+        self.names.add(name)
+        return name
+
+    def _pick(self, task: Task, category: str = "") -> Template:
+        hits = self.retriever.search(task.text, verb=task.verb, category=category)
+        template = hits[0][0]
+        others = ", ".join(f"{t.name} {score:.1f}" for t, score in hits[1:3])
+        self.choices.append(f"{task.verb} {task.obj.strip()[:60]!r} -> {template.name} "
+                            f"({hits[0][1]:.1f}; next: {others or 'none'})")
+        return template
+
+    # -- parameters
+
+    def _params(self, task: Task, template: Template, step_name: str) -> dict[str, str]:
+        text = task.text
+        uris = _URI.findall(text) + _EMAIL.findall(text)
+        params: dict[str, str] = {}
+        names = [p.name for p in template.params]
+        into = re.search(r"\b(?:to|into|onto|in)\s+(?:the\s+)?(.+)$", task.obj, re.I)
+        source_uri = next((u for u in uris if re.search(r"\b(?:from|at|in)\s+" + re.escape(u),
+                                                         text)), uris[0] if uris else "")
+        target_uri = next((u for u in uris if u != source_uri or template.category == "deliver"),
+                          "")
+        for p in template.params:
+            low = p.name.lower()
+            value = ""
+            if template.category == "ingest" and low in _SOURCE_PARAMS and not params.get(
+                    "source-set"):
+                value = source_uri or (self.sources.pop(0) if self.sources else "")
+                if value:
+                    params["source-set"] = "1"
+            elif template.category == "deliver" and low in _TARGET_PARAMS:
+                channel = _CHANNEL.search(text)
+                email = _EMAIL.search(text)
+                if low == "channel" and channel:
+                    value = channel.group(0)
+                elif low in ("to", "recipient") and email:
+                    value = email.group(0)
+                elif target_uri and low in ("target", "destination", "url", "uri", "dest",
+                                            "endpoint", "webhook", "output", "sink"):
+                    value = target_uri
+                elif into is not None and low in ("target", "destination", "dest", "registry",
+                                                  "table", "index", "sink"):
+                    value = _trim(into.group(1))
+            elif low in _MODEL_PARAMS:
+                tool = _tool(task, template)
+                if tool:
+                    value = tool
+            elif low == "metric" and template.category == "evaluate":
+                metric = _metric_word(text, template)
+                if metric:
+                    value = metric
+            elif low in ("shards", "parts", "n", "num_shards", "chunks") and task.shards:
+                value = str(task.shards)
+            if value:
+                params[p.name] = value
+            elif p.default is None:
+                # the request did not say: a workflow parameter set at submit time
+                pname = _slug(f"{step_name}-{p.name}", 60)
+                self.parameters[pname] = ""
+                params[p.name] = f"{{{{parameters.{pname}}}}}"
+                self.notes.append(f"step {step_name}: the request gives no {p.name} "
+                                  f"({p.description or 'required'}); set -p {pname}=VALUE")
+        params.pop("source-set", None)
+        return {k: v for k, v in params.items() if k in names}
+
+    # -- the workflow
+
+    def build(self, name: str) -> WorkflowSpec:
+        parsed = self.parsed
+        stages: dict[int, list[_Step]] = {}
+        order: list[int] = []
+        hooks: dict[str, list[_Step]] = {"failure": [], "exit": [], "success": []}
+        built: list[_Step] = []
+        for task in parsed.tasks:
+            template = self._pick(task)
+            step = _Step(task, self._name(task), template, {})
+            step.params = self._params(task, template, step.name)
+            self.subtasks.append(_describe(task, template))
+            if task.hook:
+                hooks[task.hook].append(step)
+                continue
+            if task.stage not in stages:
+                stages[task.stage] = []
+                order.append(task.stage)
+            stages[task.stage].append(step)
+            built.append(step)
+        # wire stages in order; a condition's else branch shares its stage
+        previous: list[_Step] = []
+        extra: list[_Step] = []
+        for stage in order:
+            group = stages[stage]
+            for step in group:
+                step.after = [p.name for p in previous]
+            for step in group:
+                if step.task.condition is not None:
+                    evaluator = self._condition(step, built, previous, extra)
+                    if evaluator is not None and evaluator.name not in step.after:
+                        step.after = [evaluator.name]
+                if step.task.unconditional:
+                    # "either way": after the step the condition reads, not the branches
+                    conditional = next((s for s in group if s.when is not None), None)
+                    if conditional is not None and conditional.when is not None:
+                        step.after = [conditional.when.step]
+            # later stages follow every unconditional step here, and the branches
+            previous = group
+        self._implicit_loads(built, extra)
+        for step in built:
+            self._loop_and_tune(step)
+        steps = [self._spec(s) for s in self._ordered(built, extra)]
+        hook_specs = {k: tuple(self._spec(s, hook=True) for s in v) for k, v in hooks.items()}
+        return WorkflowSpec(
+            name=name, steps=tuple(steps), schedule=parsed.schedule, timezone=parsed.timezone,
+            parameters=dict(self.parameters), on_failure=hook_specs["failure"],
+            on_success=hook_specs["success"], on_exit=hook_specs["exit"], request=parsed.text)
+
+    def _ordered(self, built: list[_Step], extra: list[_Step]) -> list[_Step]:
+        """Steps with every inserted step placed before its first dependant."""
+        out: list[_Step] = []
+        placed: set[str] = set()
+        pending = {s.name: s for s in extra}
+
+        def place(s: _Step) -> None:
+            for a in s.after:
+                if a in pending and a not in placed:
+                    place(pending[a])
+            if s.name not in placed:
+                placed.add(s.name)
+                out.append(s)
+
+        for s in built:
+            place(s)
+        for s in extra:
+            place(s)
+        return out
+
+    def _condition(self, step: _Step, built: list[_Step], previous: list[_Step],
+                   extra: list[_Step]) -> _Step | None:
+        """Point ``step``'s condition at the step that measures its metric."""
+        cond = step.task.condition
+        assert cond is not None
+        metric_words = {stem(w) for w in words(cond.metric)} - {"it", "its", "the", "model"}
+        index = built.index(step)
+        candidates = [s for s in built[:index] if s.task.condition is None or s is not step]
+        measured = None
+        for s in reversed(candidates):
+            have = {stem(w) for w in words(s.task.text)}
+            if s.template.metric and (metric_words & have or s in previous):
+                measured = s
+                break
+        if measured is None:
+            # nothing reports the metric: measure it after the step it is about
+            about = next((s for s in reversed(candidates)
+                          if metric_words & {stem(w) for w in words(s.task.text)}), None)
+            about = about or (previous[-1] if previous else None)
+            if about is None:
+                return None
+            task = Task(f"measure {cond.metric}", "evaluate", cond.metric, about.task.stage)
+            template = self._pick(task, category="evaluate")
+            if not template.metric:
+                self.notes.append(f"step {step.name}: no catalog template measures "
+                                  f"{cond.metric!r}; the condition cannot be checked")
+                return None
+            measured = _Step(task, self._name(task, "evaluate"), template, {}, [about.name])
+            measured.params = self._params(task, template, measured.name)
+            extra.append(measured)
+            self.subtasks.append(_describe(task, template) + " (added: the condition "
+                                 "needs a measured value)")
+        value = cond.value
+        if not value:
+            pname = _slug(f"baseline-{cond.metric}", 60)
+            self.parameters[pname] = ""
+            value = f"parameters.{pname}"
+            self.notes.append(f"step {step.name}: compared with a baseline the request does "
+                              f"not give; set -p {pname}=VALUE")
+        step.when = ConditionSpec(measured.name, measured.template.metric, cond.op, value,
+                                  cond.otherwise)
+        return measured
+
+    def _implicit_loads(self, built: list[_Step], extra: list[_Step]) -> None:
+        """Give a step that consumes data no earlier step produces a load step."""
+        by_name = {s.name: s for s in (*built, *extra)}
+        for step in list(built):
+            upstream = _upstream(step, by_name)
+            for kind in step.template.consumes:
+                if any(kind in u.template.produces for u in upstream):
+                    continue
+                if kind != "data":
+                    if kind == "model":
+                        self._model_input(step)
+                    continue
+                load = self._load_for(step)
+                extra.append(load)
+                by_name[load.name] = load
+                step.after = [*step.after, load.name]
+
+    def _model_input(self, step: _Step) -> None:
+        pname = _slug(f"{step.name}-model", 60)
+        self.notes.append(f"step {step.name} reads a model that no step trains here; it "
+                          f"loads it with a load step from -p {pname}=URI")
+
+    def _load_for(self, step: _Step) -> _Step:
+        source = next(iter(_URI.findall(step.task.text)), "") or (
+            self.sources.pop(0) if self.sources else "")
+        about = re.split(r"\b(?:with|using|and|to|into|then)\b", step.task.obj)[0]
+        task = Task(f"load {about.strip()} {source}".strip(), "load", about.strip(),
+                    step.task.stage)
+        template = self._pick(task, category="ingest")
+        load = _Step(task, self._name(task, "load"), template, {})
+        load.params = self._params(task, template, load.name)
+        self.subtasks.append(_describe(task, template) + f" (added: {step.name} needs data)")
+        return load
+
+    def _loop_and_tune(self, step: _Step) -> None:
+        task = step.task
+        if task.loop_max:
+            until = task.loop_until
+            if step.template.metric and until is not None and until.value:
+                step.loop = LoopSpec(task.loop_max, step.template.metric, until.op, until.value)
+            else:
+                self.notes.append(f"step {step.name}: repeats at most {task.loop_max} times; "
+                                  f"{step.template.name!r} reports no metric to stop on")
+                step.loop = None
+        if task.tune_trials:
+            space = _space(step.template)
+            if step.template.metric and space:
+                step.tune = TuneSpec(task.tune_trials, space, task.tune_sampler or "tpe",
+                                     direction=_direction(step.template.metric))
+            else:
+                self.notes.append(f"step {step.name}: {step.template.name!r} has no metric or "
+                                  "hyperparameters to tune; runs once")
+
+    def _spec(self, s: _Step, hook: bool = False) -> StepSpec:
+        t = s.task
+        foreach = FanOut(t.items, t.max_parallel) if t.items and not hook else None
+        return StepSpec(
+            name=s.name, template=s.template.name, params=s.params, task=t.text,
+            after=() if hook else tuple(dict.fromkeys(s.after)), retries=t.retries,
+            timeout_seconds=t.timeout, cpu=t.cpu, memory=t.memory,
+            gpu=t.gpu or (1 if s.template.gpu and t.gpu == 0 and _asks_gpu(t) else 0),
+            when=s.when, foreach=foreach, tune=s.tune, loop=s.loop)
+
+
+def _asks_gpu(task: Task) -> bool:
+    return bool(re.search(r"\bgpus?\b|\bcuda\b", task.text, re.I))
+
+
+def _upstream(step: _Step, by_name: Mapping[str, _Step]) -> list[_Step]:
+    seen: set[str] = set()
+    out: list[_Step] = []
+    frontier = list(step.after) + ([step.when.step] if step.when else [])
+    while frontier:
+        n = frontier.pop()
+        if n in seen or n not in by_name:
+            continue
+        seen.add(n)
+        out.append(by_name[n])
+        frontier.extend(by_name[n].after)
+    return out
+
+
+def _trim(text: str) -> str:
+    text = re.split(r"\s+(?:for|with|using|as|so|because|before|after|every|each)\s+", text)[0]
+    return text.strip(" ,.")[:120]
+
+
+_TOOL_WORD = re.compile(r"\b([A-Z][\w.+/-]*\d[\w.+/-]*|[A-Za-z]*[A-Z][a-z]*[A-Z][\w.+/-]*|"
+                        r"[A-Z]{2,}[\w.+/-]*|[a-z]+\d[\w.+/-]*)(?:\s+(?:\d+[BbMm]|large-v\d|"
+                        r"small|base|large))?")
+
+
+def _tool(task: Task, template: Template) -> str:
+    """The model or tool a clause names ("YOLOv8", "XLM-RoBERTa", "random forest")."""
+    known = {k.lower() for k in template.keywords}
+    for m in _TOOL_WORD.finditer(task.obj):
+        word = m.group(0)
+        if word.lower() in ("gpu", "gpus", "csv", "s3", "api", "ml", "llm", "id"):
+            continue
+        return word
+    lowered = task.obj.lower()
+    for k in sorted(known, key=len, reverse=True):
+        if len(k) > 3 and re.search(r"\b" + re.escape(k) + r"\b", lowered):
+            return k
+    return ""
+
+
+def _metric_word(text: str, template: Template) -> str:
+    m = re.search(r"\b(auc|roc[- ]auc|f1|accuracy|precision|recall|rmse|mae|mape|wape|smape|"
+                  r"perplexity|wer|cer|bleu|rouge[- ]?l?|ndcg(?:@\d+)?|map(?:@\d+)?|"
+                  r"hit[- ]rate(?:\s+at\s+\d+)?|top[- ]?\d+|log[- ]?loss|iou|mean iou|r2|"
+                  r"calibration|ece|brier)\b", text, re.I)
+    return m.group(1).lower() if m else ""
+
+
+def _direction(metric: str) -> str:
+    lower_better = ("rmse", "mae", "mape", "wape", "loss", "error", "perplexity", "wer", "cer",
+                    "brier", "ece")
+    return "minimize" if any(k in metric.lower() for k in lower_better) else "maximize"
+
+
+# Typical ranges of common hyperparameters, used when a request asks to tune a template.
+_RANGES: dict[str, tuple[str, ...]] = {
+    "learning_rate": ("0.001", "0.3"), "lr": ("0.0001", "0.1"),
+    "max_depth": ("2", "10"), "depth": ("2", "10"), "num_leaves": ("8", "128"),
+    "n_estimators": ("50", "500"), "iterations": ("100", "1000"), "epochs": ("1", "10"),
+    "batch_size": ("16", "32", "64", "128"), "alpha": ("0.0001", "10"), "C": ("0.01", "100"),
+    "min_child_samples": ("5", "100"), "subsample": ("0.5", "1.0"),
+}
+
+
+def _space(template: Template) -> dict[str, tuple[str, ...]]:
+    return {p.name: _RANGES[p.name] for p in template.params if p.name in _RANGES}
+
+
+def _describe(task: Task, template: Template) -> str:
+    bits = [f"{task.verb} {task.obj.strip()}"[:100], f"-> {template.name}"]
+    if task.items:
+        bits.append(f"for each of {len(task.items)} ({', '.join(task.items[:4])}"
+                    f"{', ...' if len(task.items) > 4 else ''})")
+    if task.condition is not None:
+        c = task.condition
+        bits.append(f"{'unless' if c.otherwise else 'if'} {c.metric} {c.op} {c.value or 'baseline'}")
+    for label, value in (("gpu", task.gpu), ("memory", task.memory), ("retries", task.retries),
+                         ("timeout", f"{task.timeout}s" if task.timeout else ""),
+                         ("at most in parallel", task.max_parallel),
+                         ("on", task.hook)):
+        if value:
+            bits.append(f"{label} {value}")
+    return " ".join(str(b) for b in bits)
+

@@ -1,0 +1,990 @@
+"""Plain English → sub-tasks: a parser of sentences, clauses, verbs, objects and modifiers.
+
+:func:`parse_request` reads a request the way an ML engineer writes one and returns a
+:class:`Request`: the workflow's schedule, its sub-tasks in order (each with the clause
+it came from, its verb and object, and its modifiers) and what it could not place. It
+knows no example sentence; it knows English structure and the vocabulary of ML work:
+
+* **sentences and clauses** — split at sentence ends, ``;``, ``:`` and sequence words
+  ("then", "after that", "afterwards", "once … is done", "before …ing", ", and <verb>",
+  "and then"); a clause is one sub-task unless it coordinates several objects;
+* **parallel work** — "in parallel", "side by side", "concurrently", "at the same time":
+  a list of tools or things to build ("CatBoost and a random forest") becomes parallel
+  sub-tasks, a list of names ("for German, French and Dutch", "to us-east-1 and
+  eu-central-1") or a count ("split into 16 shards … score the shards", "one job per
+  fold", "per substation (there are 9)") becomes a fan-out;
+* **modifiers** — GPUs ("with 3 GPUs", "on a single V100"), memory ("48Gi of memory"),
+  CPUs, retries ("up to 4 retries", "retried 5 times"), timeouts ("a 45-minute timeout",
+  "must not run longer than 90 minutes"), limits ("no more than 10 at a time"); a
+  sentence of modifiers only ("The scraper … give it 7 retries") applies to the sub-task
+  it names;
+* **conditions** — "only if NDCG@20 is above 0.42", "if more than 15 windows …",
+  "otherwise …", "if it is lower, …"; **hooks** — "if any step fails, page …",
+  "whatever the outcome, …"; **loops** — "in rounds …, stop as soon as it passes 0.95 or
+  after the 8th round"; **tuning** — "30 Optuna trials with the TPE sampler";
+* **schedules** — "every Monday at 06:00", "nightly at 01:15", "every 30 minutes",
+  "on the 1st of every month at 03:00" → cron.
+
+Pure: no I/O, no model calls.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["Condition", "Request", "Task", "parse_request", "stem", "words"]
+
+_NUM_WORDS = {
+    "a": 1, "an": 1, "one": 1, "single": 1, "two": 2, "three": 3, "four": 4, "five": 5,
+    "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12,
+    "fifteen": 15, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "hundred": 100,
+    "couple": 2, "dozen": 12, "both": 2,
+}
+_NUM = r"(\d+|a|an|one|single|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|" \
+       r"fifteen|twenty|thirty|forty|fifty|hundred|couple of|dozen)"
+_ORDINAL = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6,
+            "seventh": 7, "eighth": 8, "ninth": 9, "tenth": 10, "twelfth": 12,
+            "twentieth": 20}
+
+# Imperative verbs of ML work (base forms; "fine-tune" spelled as written).
+VERBS = frozenset("""
+add aggregate align analyse analyze annotate append apply archive assemble audit augment
+average backfill backtest balance batch benchmark binarize bootstrap bucket build bundle
+calibrate call capture cast categorize check chunk classify clean cleanse cluster collate
+collect combine commit compare compile compress compute concatenate consume convert copy
+count crawl create crop cross-validate curate cut debias decode dedupe deduplicate
+delete deploy derive describe detect diarize diff discretize distill download drop dump
+email embed emit encode engineer enrich estimate evaluate explain export extract fetch
+filter find fine-tune finetune fit flag flatten forecast format freeze gather generate get
+grab grade group harvest hash identify impute index infer ingest inspect interpolate join
+label launch lemmatize load log look lowercase map mask match materialize materialise
+measure merge migrate mine monitor move normalize normalise notify obtain one-hot open
+optimize optimise package page pair parse partition persist pick ping plot post
+predict prepare preprocess pretrain prime process produce profile promote prune publish
+pull push quantize query rank read rerank re-rank fill rebalance rebuild recompute recompute reconcile record
+refresh register reindex release reload remove render reorder repartition replay report
+resample rescale reshape resize restore retrain retrieve return reweight roll rotate run
+sample sanitize save scale scan schedule score scrape segment select send serve shard
+shuffle sign simulate slice smooth snapshot sort split spot standardize standardise
+start stem stitch store stream strip submit summarize summarise swap sync synthesize
+synthesise tag take tear test threshold tokenize tokenise track train transcode
+transcribe transform translate trim truncate tune unzip update upload upsert use validate
+vectorize vectorise verify visualize warm watermark whiten write zip
+""".split())
+# Verbs whose object is the workflow's delivery (what category prior they imply).
+_CATEGORY_OF_VERB = {
+    **dict.fromkeys("download fetch pull grab get query scrape crawl ingest collect harvest "
+                    "consume read obtain stream export dump capture".split(), "ingest"),
+    **dict.fromkeys("train fine-tune finetune fit retrain pretrain distill tune "
+                    "backtest forecast".split(), "train"),
+    **dict.fromkeys("evaluate benchmark validate test measure grade compare calibrate "
+                    "rank".split(), "evaluate"),
+    **dict.fromkeys("deploy publish push register promote release notify email post send "
+                    "page upsert upload write store save persist serve open log report "
+                    "alert archive".split(), "deliver"),
+}
+_ADVERBS = frozenset("then also first next finally afterwards after that and so please "
+                     "just only now immediately subsequently lastly later".split())
+_STOP = frozenset("""
+a an the of to in on for from with and or by at as into onto over per each every all any
+it its it's this that these those them their they we our us you your is are be been being
+was were will should must can could would may might do does done using use via than then
+also just only both either which who whom whose what when where while if else otherwise
+so such some same other another more most less least up down out off there here after
+before once until till about across through within without between among s t yet not no
+""".split())
+_PARALLEL = re.compile(r"\b(in parallel|side by side|concurrently|at the same time|"
+                       r"simultaneously|at once|in tandem)\b", re.IGNORECASE)
+# Model and tool words: a coordinated list of these is parallel work, not a fan-out.
+_TOOLS = re.compile(
+    r"\b(model|models|classifier|regressor|forest|boost\w*|xgboost|lightgbm|catboost|gbm|"
+    r"svm|bayes|ridge|lasso|elastic\s?net|prophet|arima|sarima|smoothing|n-beats|nbeats|"
+    r"lstm|gru|transformer|bert|roberta|gpt|llama|t5|resnet|vit|yolo\w*|cnn|knn|"
+    r"k-means|kmeans|regression|network|net|autoencoder|features?|embeddings?|index|"
+    r"tree|trees|encoder|detector|baseline|ensemble|pipeline|job|report|dashboard|"
+    r"table|candidates|vectors?)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A comparison a sub-task runs under: ``metric`` (words) ``op`` ``value``."""
+
+    metric: str
+    op: str
+    value: str  # a number, or "" when compared with a baseline ("if its WAPE is lower")
+    otherwise: bool = False
+    source: str = ""  # the clause it came from
+
+
+@dataclass(slots=True)
+class Task:
+    """One sub-task of a request."""
+
+    text: str  # the clause (modifier phrases kept), as written
+    verb: str
+    obj: str  # the clause without its verb and modifier phrases
+    stage: int  # tasks of one stage run in parallel; stages run in order
+    items: tuple[str, ...] = ()
+    max_parallel: int = 0
+    gpu: int = 0
+    memory: str = ""
+    cpu: str = ""
+    retries: int = 0
+    timeout: int = 0
+    condition: Condition | None = None
+    hook: str = ""  # "", "failure", "exit", "success"
+    loop_max: int = 0
+    loop_until: Condition | None = None
+    tune_trials: int = 0
+    tune_sampler: str = ""
+    unconditional: bool = False  # "either way": runs after the condition's metric step
+    after_condition_of: int = -1  # stage whose condition this task ignores (either way)
+    shards: int = 0  # this task splits its input into N shards
+
+    @property
+    def words(self) -> list[str]:
+        return words(self.text)
+
+
+@dataclass(slots=True)
+class Request:
+    """A parsed request."""
+
+    text: str
+    tasks: list[Task] = field(default_factory=list)
+    schedule: str = ""
+    timezone: str = ""
+    context: list[str] = field(default_factory=list)  # sentences that set the scene
+    sources: list[str] = field(default_factory=list)  # URIs of context sentences
+    unplaced: list[str] = field(default_factory=list)  # parts it could not understand
+
+
+def words(text: str) -> list[str]:
+    """Lowercase word tokens (keeps -, @, ., / inside words)."""
+    return [w.strip(".-/") for w in re.findall(r"[a-z0-9][a-z0-9@._/+-]*", text.lower())]
+
+
+def stem(word: str) -> str:
+    """A light stem: plural and verb endings off (``scores`` → ``score``)."""
+    w = word.lower()
+    for suffix, keep in (("ies", "y"), ("sses", "ss"), ("ing", ""), ("ed", ""), ("es", "e"),
+                         ("s", "")):
+        if w.endswith(suffix) and len(w) - len(suffix) >= 3 and not w.endswith("ss"):
+            return w[: len(w) - len(suffix)] + keep
+    return w
+
+
+def _num(text: str) -> int:
+    t = text.lower().strip()
+    if t.isdigit():
+        return int(t)
+    return _NUM_WORDS.get(t.split()[0], 0)
+
+
+# --------------------------------------------------------------------------- masking
+
+_URI = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s,;()\"']+|[\w.+-]+@[\w-]+\.[\w.-]+\w",
+                  re.IGNORECASE)
+_DOTTED = re.compile(r"\b(?:\w+\.)+(?:csv|tsv|parquet|jsonl?|zip|tar|gz|tgz|txt|xlsx?|npz?|"
+                     r"pt|pth|onnx|pkl|h5|avro|orc|yaml|yml|wav|mp3|mp4)\b|\b\d+\.\d+\b|"
+                     r"\be\.g\.|\bi\.e\.|\bvs\.|\betc\.", re.IGNORECASE)
+
+
+def _mask(text: str) -> tuple[str, list[str]]:
+    kept: list[str] = []
+
+    def repl(m: re.Match[str]) -> str:
+        value = m.group(0).rstrip(".")
+        kept.append(value)
+        return f"\x00{len(kept) - 1}\x01" + m.group(0)[len(value):]
+
+    return _DOTTED.sub(repl, _URI.sub(repl, text)), kept
+
+
+def _unmask(text: str, kept: list[str]) -> str:
+    return re.sub(r"\x00(\d+)\x01", lambda m: kept[int(m.group(1))], text)
+
+
+# --------------------------------------------------------------------------- schedules
+
+_DAYS = {"sunday": 0, "monday": 1, "tuesday": 2, "wednesday": 3, "thursday": 4,
+         "friday": 5, "saturday": 6}
+_TIME = r"(?:at\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm|a\.m\.|p\.m\.)?(?:\s*(utc|gmt))?"
+
+
+def _clock(h: str, m: str | None, ampm: str | None) -> tuple[int, int]:
+    hour, minute = int(h), int(m or 0)
+    if ampm and ampm.startswith("p") and hour < 12:
+        hour += 12
+    if ampm and ampm.startswith("a") and hour == 12:
+        hour = 0
+    return hour, minute
+
+
+_SCHEDULES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"\bevery\s+(\d+)\s+minutes?\b", re.I), "minutes"),
+    (re.compile(r"\bevery\s+(?:(\d+|two|three|four|six|eight|twelve)\s+)?hours?\b"
+                r"(?:\s+at\s+:?(\d{2}))?", re.I), "hours"),
+    (re.compile(r"(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be)\s+)hourly\b", re.I), "hourly"),
+    (re.compile(r"\b(?:every|each|on)\s+((?:mon|tues|wednes|thurs|fri|satur|sun)day)s?\b"
+                r"(?:\s+(?:morning|evening|night))?(?:,?\s*" + _TIME + r")?", re.I), "weekday"),
+    (re.compile(r"\b(?:on\s+)?the\s+(\d{1,2})(?:st|nd|rd|th)?\s+(?:day\s+)?of\s+(?:every|each)"
+                r"\s+month(?:,?\s*" + _TIME + r")?", re.I), "monthly"),
+    (re.compile(r"\b(?:every|each)\s+month(?:\s+on\s+the\s+(\d{1,2})(?:st|nd|rd|th)?)?"
+                r"(?:,?\s*" + _TIME + r")?|\bmonthly\b", re.I), "month"),
+    (re.compile(r"\b(?:every|each)\s+(?:day|night|morning|evening|weekday)|(?:^|[,.;:]\s*|"
+                r"\b(?:run|runs|ran|scheduled|is|be)\s+)(?:nightly|daily)\b", re.I), "daily"),
+    (re.compile(r"\b(?:every|each)\s+week\b|(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be)"
+                r"\s+)weekly\b", re.I), "weekly"),
+]
+_AT_TIME = re.compile(r"(?:\bat|\bfor|scheduled for|,)\s+(\d{1,2})(?::(\d{2}))\s*"
+                      r"(am|pm)?(?:\s*(utc|gmt))?|\bat\s+(\d{1,2})\s*(am|pm)\b|"
+                      r"\bat\s+(midnight|noon)\b", re.I)
+
+
+def _schedule(text: str) -> tuple[str, str, str]:
+    """(cron, timezone, text without the schedule phrase)."""
+    for pattern, kind in _SCHEDULES:
+        m = pattern.search(text)
+        if m is None:
+            continue
+        rest = text[: m.start()] + text[m.end():]
+        minute, hour = 0, 0
+        tz = ""
+
+        def clock(rest: str, after: int) -> tuple[int, int, str, str, bool]:
+            t = _AT_TIME.search(rest, max(0, after - 2))
+            if t is None:
+                t = _AT_TIME.search(rest)
+            if t is None:
+                return 0, 0, "", rest, False
+            if t.group(7):
+                h, mi = (0, 0) if t.group(7).lower() == "midnight" else (12, 0)
+            elif t.group(5):
+                h, mi = _clock(t.group(5), None, t.group(6))
+            else:
+                h, mi = _clock(t.group(1), t.group(2), t.group(3))
+            zone = "UTC" if t.group(4) else ""
+            return mi, h, zone, rest[: t.start()] + rest[t.end():], True
+
+        if kind == "minutes":
+            return f"*/{int(m.group(1))} * * * *", "", rest
+        if kind in ("hours", "hourly"):
+            n = _num(m.group(1)) if kind == "hours" and m.group(1) else 1
+            at = int(m.group(2)) if kind == "hours" and m.group(2) else 0
+            return (f"{at} */{n} * * *" if n > 1 else f"{at} * * * *"), "", rest
+        if kind == "weekday":
+            day = _DAYS[m.group(1).lower()]
+            if m.group(2):
+                hour, minute = _clock(m.group(2), m.group(3), m.group(4))
+                tz = "UTC" if m.group(5) else ""
+            else:
+                minute, hour, tz, rest, _ = clock(rest, m.start())
+            return f"{minute} {hour} * * {day}", tz, rest
+        if kind in ("monthly", "month"):
+            day_of_month = int(m.group(1)) if m.group(1) else 1
+            if m.lastindex and m.lastindex >= 2 and m.group(2):
+                hour, minute = _clock(m.group(2), m.group(3), m.group(4))
+                tz = "UTC" if m.group(5) else ""
+            else:
+                minute, hour, tz, rest, _ = clock(rest, m.start())
+            return f"{minute} {hour} {day_of_month} * *", tz, rest
+        if kind == "weekly":
+            minute, hour, tz, rest, _ = clock(rest, m.start())
+            return f"{minute} {hour} * * 0", tz, rest
+        minute, hour, tz, rest, found = clock(rest, m.start())
+        if not found and re.search(r"night", m.group(0), re.I):
+            hour = 2
+        return f"{minute} {hour} * * *", tz, rest
+    return "", "", text
+
+
+# --------------------------------------------------------------------------- modifiers
+
+_UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600,
+                 "hr": 3600, "hour": 3600, "d": 86400, "day": 86400}
+_DUR = r"(\d+(?:\.\d+)?|" + _NUM[1:-1] + r")[\s-]*(seconds?|secs?|minutes?|mins?|hours?|hrs?|" \
+       r"days?|h|m|s)\b"
+_TIMEOUTS = [
+    re.compile(_DUR + r"[\s-]+(?:time[\s-]?out|time\s+limit|limit|deadline|cap|budget)"
+               r"(?:\s+(?:per|on|for)\s+(?:each\s+|every\s+|the\s+)?[\w-]+(?:\s+(?:job|step))?)?",
+               re.I),
+    re.compile(r"(?:time[\s-]?out|time\s+limit|limit)\s+of\s+" + _DUR, re.I),
+    re.compile(r"(?:must|should|may)?\s*(?:not|never)\s+(?:run|take|last)\s+(?:any\s+)?"
+               r"(?:longer|more)\s+than\s+" + _DUR, re.I),
+    re.compile(r"(?:time\s+out|be\s+killed|abort|stop\s+it)\s+after\s+" + _DUR, re.I),
+    re.compile(r"\bat\s+most\s+" + _DUR + r"(?:\s+(?:per|each|of\s+runtime))?", re.I),
+]
+_GPU_NAMES = r"(?:gpus?|v100s?|a100s?|h100s?|t4s?|l4s?|a10g?s?|rtx\s?\d+s?|cuda\s+devices?)"
+_GPUS = [
+    re.compile(r"\b" + _NUM + r"\s+(?:nvidia\s+|more\s+)?(?:\w+\s+)?" + _GPU_NAMES + r"\b"
+               r"(?:\s+(?:each|per\s+\w+))?", re.I),
+    re.compile(r"\b(?:on|using|with)\s+(?:the|a)\s+(?:single\s+)?" + _GPU_NAMES + r"\b", re.I),
+    re.compile(r"\b" + _GPU_NAMES + r"\s+(?:each|per\s+\w+)\b", re.I),
+]
+_MEMORY = re.compile(r"\b(\d+(?:\.\d+)?)\s*(gi|gib|gb|g|mi|mib|mb|ti|tib|tb)\b"
+                     r"(?:\s+of\s+(?:\w+\s+)?(?:memory|ram))?(?:\s+(?:memory|ram))?", re.I)
+_CPUS = re.compile(r"\b" + _NUM + r"\s+(?:v?cpus?|cpu\s+cores?|cores?)\b", re.I)
+_RETRIES = [
+    re.compile(r"(?:with\s+|give\s+it\s+|allow\s+)?(?:up\s+to\s+|at\s+most\s+)?" + _NUM +
+               r"\s+(?:retries|retry\s+attempts|re-?tries|attempts)\b", re.I),
+    re.compile(r"\b(?:be\s+)?retr(?:y|ied|ies)\s+(?:it\s+|them\s+)?(?:up\s+to\s+|at\s+most\s+)?"
+               + _NUM + r"\s+times?\b(?:\s+before\s+giving\s+up)?", re.I),
+]
+_MAX_PARALLEL = [
+    re.compile(r"\b(?:no\s+more\s+than|at\s+most|up\s+to|max(?:imum)?\s+(?:of\s+)?|limit(?:ed)?"
+               r"\s+to)\s+" + _NUM + r"\s+(?:\w+\s+){0,2}?(?:at\s+a\s+time|at\s+once|"
+               r"(?:running\s+|run\s+)?(?:concurrently|in\s+parallel|simultaneously|"
+               r"concurrent(?:\s+\w+)?|parallel\s+\w+))\b", re.I),
+    re.compile(r"\b" + _NUM + r"\s+(?:\w+\s+){0,2}?at\s+a\s+time\b", re.I),
+]
+_FAN_WORDS = r"(?:jobs?|runs?|tasks?|copies|workers?|pods?|models?|processes)"
+
+
+def _take(pattern: re.Pattern[str], text: str) -> tuple[re.Match[str] | None, str]:
+    m = pattern.search(text)
+    if m is None:
+        return None, text
+    return m, (text[: m.start()] + " " + text[m.end():])
+
+
+def _duration(number: str, unit: str) -> int:
+    n = float(number) if re.match(r"\d", number) else _num(number)
+    u = unit.lower().rstrip("s") or unit.lower()
+    u = {"minute": "minute", "min": "min", "hour": "hour", "hr": "hr", "sec": "sec",
+         "second": "second", "day": "day"}.get(u, u)
+    return int(n * _UNIT_SECONDS.get(u, _UNIT_SECONDS.get(u[:1], 60)))
+
+
+@dataclass(slots=True)
+class _Mods:
+    gpu: int = 0
+    memory: str = ""
+    cpu: str = ""
+    retries: int = 0
+    timeout: int = 0
+    max_parallel: int = 0
+    parallel: bool = False
+
+    def any(self) -> bool:
+        return bool(self.gpu or self.memory or self.cpu or self.retries or self.timeout
+                    or self.max_parallel)
+
+
+def _modifiers(text: str) -> tuple[_Mods, str]:
+    """Modifiers of a clause and the clause without them."""
+    mods = _Mods()
+    for pattern in _RETRIES:
+        m, text = _take(pattern, text)
+        if m is not None:
+            mods.retries = _num(m.group(1))
+            break
+    for pattern in _MAX_PARALLEL:
+        m, text = _take(pattern, text)
+        if m is not None:
+            mods.max_parallel = _num(m.group(1))
+            mods.parallel = True
+            break
+    for pattern in _TIMEOUTS:
+        m, text = _take(pattern, text)
+        if m is not None:
+            mods.timeout = _duration(m.group(1), m.group(2))
+            break
+    for i, pattern in enumerate(_GPUS):
+        m, text = _take(pattern, text)
+        if m is not None:
+            mods.gpu = _num(m.group(1)) if i == 0 else 1
+            break
+    m, text = _take(_MEMORY, text)
+    if m is not None:
+        number, unit = m.group(1), m.group(2).lower()
+        suffix = "Ti" if unit.startswith("t") else "Mi" if unit.startswith("m") else "Gi"
+        mods.memory = f"{number}{suffix}"
+    m, text = _take(_CPUS, text)
+    if m is not None:
+        mods.cpu = str(_num(m.group(1)))
+    if _PARALLEL.search(text):
+        mods.parallel = True
+        text = _PARALLEL.sub(" ", text)
+    return mods, text
+
+
+# --------------------------------------------------------------------------- conditions
+
+_COMPARATORS: list[tuple[str, str]] = [
+    (r"(?:is|are|comes?\s+out|stays?)?\s*(?:at\s+least|no\s+less\s+than|not\s+below|"
+     r"greater\s+than\s+or\s+equal\s+to)", ">="),
+    (r"(?:is|are)?\s*(?:at\s+most|no\s+more\s+than|not\s+above|less\s+than\s+or\s+equal\s+to)",
+     "<="),
+    (r"(?:is|are|goes|rises|gets)?\s*(?:above|over|greater\s+than|higher\s+than|more\s+than|"
+     r"better\s+than|exceeds?|beats?|tops?|>)", ">"),
+    (r"(?:reach(?:es)?|hits?|passes|clears|meets)", ">="),
+    (r"(?:is|are|drops?|falls?|goes|dips?|gets)?\s*(?:below|under|less\s+than|lower\s+than|"
+     r"worse\s+than|beneath|<)", "<"),
+    (r"(?:is|are)?\s*(?:equal\s+to|exactly|==?)", "=="),
+    (r"(?:is|are|gets?|comes?\s+out)?\s*(?:lower|smaller|less|worse|down)", "<"),
+    (r"(?:is|are|gets?|comes?\s+out)?\s*(?:higher|larger|greater|better|up)", ">"),
+]
+_VALUE = r"(-?\d+(?:\.\d+)?\s*%?|\x00\d+\x01)"
+_COND_LEAD = re.compile(r"^\s*(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|provided\s+that|"
+                        r"as\s+long\s+as|in\s+case)\s+", re.I)
+_COND_TAIL = re.compile(r"\s+(?:but\s+)?(?:only\s+)?(?:if|when|provided\s+that|as\s+long\s+as)\s+"
+                        r"(.+)$", re.I)
+_ELSE = re.compile(r"^\s*(?:and\s+)?(?:otherwise|else|if\s+not|if\s+(?:it|that|they|this)\s+"
+                   r"(?:is|are)\s+(?:lower|higher|worse|not|below|above|under|less)\b[^,]*|"
+                   r"in\s+the\s+other\s+case|if\s+it\s+does\s+not|if\s+it\s+doesn't)\s*,?\s*",
+                   re.I)
+
+
+def _comparison(text: str) -> tuple[str, str, str] | None:
+    """(metric words, op, value) of a condition clause, or None."""
+    masked_numbers = text
+    # "more than 15 windows come out anomalous": the count is the metric's value
+    m = re.search(r"\b(more|fewer|less)\s+than\s+" + _VALUE + r"\s+(.+)$", masked_numbers, re.I)
+    if m is not None:
+        op = ">" if m.group(1).lower() == "more" else "<"
+        return m.group(3), op, m.group(2).replace("%", "").strip()
+    m = re.search(r"\b(?:at\s+least|at\s+most)\s+" + _VALUE + r"\s+(\w.+)$", text, re.I)
+    if m is not None and not re.match(r"\d", m.group(2)):
+        op = ">=" if "least" in m.group(0).lower() else "<="
+        return m.group(2), op, m.group(1).replace("%", "").strip()
+    for phrase, op in _COMPARATORS:
+        m = re.search(r"^(.*?)\s+" + phrase + r"\s+(?:a\s+|an\s+|the\s+)?(?:value\s+of\s+|"
+                      r"score\s+of\s+)?" + _VALUE, text, re.I)
+        if m is not None and m.group(1).strip():
+            return m.group(1), op, m.group(2).replace("%", "").strip()
+    for phrase, op in _COMPARATORS:
+        m = re.search(r"^(.*?)\s+" + phrase + r"\b(.*)$", text, re.I)
+        if m is not None and m.group(1).strip():
+            # compared with a baseline ("its WAPE is lower than production's")
+            return m.group(1) + " " + m.group(2), op, ""
+    return None
+
+
+# --------------------------------------------------------------------------- hooks
+
+_HOOK_FAILURE = re.compile(
+    r"^\s*(?:and\s+)?(?:if|when|whenever|in\s+case|should|on)\s+(?:any\s+(?:step|task|job|part)"
+    r"(?:\s+of\s+(?:it|the\s+\w+))?|anything(?:\s+in\s+the\s+(?:run|workflow|pipeline))?|"
+    r"something|the\s+(?:whole\s+)?(?:workflow|pipeline|run|job|dag)|it|this|a\s+(?:step|run)"
+    r")\s+(?:ever\s+)?(?:fails?|errors?(?:\s+out)?|breaks|crashes|goes\s+wrong)\s*,?\s*"
+    r"(?:then\s+)?|^\s*(?:on|upon)\s+(?:any\s+)?failure\s*,?\s*", re.I)
+_HOOK_FAILURE_TAIL = re.compile(
+    r"\s+(?:if|when|whenever|in\s+case)\s+(?:any\s+(?:step|task|job)|anything|something|"
+    r"the\s+(?:whole\s+)?(?:workflow|pipeline|run|job)|it)\s+(?:fails?|errors?|breaks|crashes)"
+    r"\s*$", re.I)
+_HOOK_SUCCESS = re.compile(
+    r"^\s*(?:and\s+)?(?:if|when|once)\s+(?:everything|all\s+steps|the\s+(?:whole\s+)?"
+    r"(?:workflow|pipeline|run))\s+(?:succeeds?|completes?\s+successfully|passes)\s*,?\s*|"
+    r"^\s*on\s+success\s*,?\s*", re.I)
+_HOOK_EXIT = re.compile(
+    r"^\s*(?:and\s+)?(?:whatever\s+(?:the\s+)?(?:outcome|result|happens)|regardless\s+of\s+"
+    r"(?:the\s+)?(?:outcome|result|status)|no\s+matter\s+(?:what|the\s+outcome|how\s+it\s+ends)"
+    r"|in\s+(?:any|every)\s+case|always|success\s+or\s+(?:not|failure)|pass\s+or\s+fail)"
+    r"\s*,?\s*", re.I)
+_AT_END = re.compile(r"\s*,?\s*\b(?:at\s+the\s+(?:very\s+)?end|when\s+(?:the\s+)?(?:run|workflow|"
+                     r"pipeline|job|it)\s+(?:ends|finishes|is\s+over|completes)|afterwards?)\s*$",
+                     re.I)
+_EITHER = re.compile(r"^\s*(?:and\s+)?(?:either\s+way|in\s+both\s+cases|regardless)\s*,?\s*",
+                     re.I)
+
+
+# --------------------------------------------------------------------------- clauses
+
+_SPLIT = re.compile(
+    r"\s*;\s*|\s*:\s+|,?\s+and\s+then\s+|,\s*then\s+|\s+then\s+(?=[a-z])|"
+    r",?\s+and\s+after\s+that,?\s+|,?\s+after\s+that,?\s+|\.?\s+afterwards,?\s+|"
+    r",?\s+and\s+afterwards,?\s+|,?\s+and\s+finally,?\s+|,?\s+finally,?\s+",
+    re.I)
+_SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|once|unless|"
+                          r"otherwise|else|whatever|regardless|either\s+way|in\s+case|"
+                          r"provided|as\s+long\s+as|no\s+matter|after\s+each|for\s+(?:each|"
+                          r"every))\b", re.I)
+_CONDITIONAL = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|once|unless|"
+                          r"in\s+case|provided|as\s+long\s+as|after\s+each|for\s+(?:each|"
+                          r"every))\b", re.I)
+_WEAK_VERBS = frozenset({"take", "use"})
+_SUBJECT = re.compile(r"^(?:the|this|our|my|a)\s+(?:\w+\s+)?(?:pipeline|workflow|job|dag|"
+                      r"system|flow)\s+(?:should|must|will|needs\s+to|has\s+to|is\s+to|"
+                      r"shall)\s+|^(?:we|i)\s+(?:need|want|would\s+like)\s+to\s+|"
+                      r"^please\s+", re.I)
+
+
+def _first_verb(text: str) -> tuple[str, str]:
+    """(verb, rest) when ``text`` starts (after adverbs) with an imperative verb."""
+    tokens = _SUBJECT.sub("", text.strip()).split()
+    i = 0
+    while i < len(tokens) and tokens[i].lower().strip(",") in _ADVERBS:
+        i += 1
+    if i >= len(tokens):
+        return "", text
+    head = tokens[i].lower().strip(",.")
+    if head in VERBS or re.match(r"^[a-z]+-(?:encode|tune|validate|train|rank)$", head):
+        return head, " ".join(tokens[i + 1:])
+    # "LoRA fine-tune it": a tool word before the verb
+    if (i + 1 < len(tokens) and tokens[i + 1].lower() in ("fine-tune", "finetune", "train")
+            and not tokens[i][:1].islower()):
+        return tokens[i + 1].lower(), " ".join([tokens[i], *tokens[i + 2:]])
+    return "", text
+
+
+def _clauses(sentence: str) -> list[str]:
+    """Split a sentence into clauses: at sequence words, and at ", and" / "," / "and"
+    when what follows starts with a verb or a subordinate clause ("if …", "otherwise");
+    a subordinate clause ("if F1 is above 0.9,") stays with the main clause after it."""
+    out: list[str] = []
+    for part in _SPLIT.split(sentence):
+        if not part or not part.strip(" ,"):
+            continue
+        pieces = re.split(r"(,\s+and\s+|,\s+but\s+|,\s+|\s+and\s+|\s+but\s+)", part)
+        current, waiting = "", False  # waiting: a subordinate clause wants its main clause
+        for i in range(0, len(pieces), 2):
+            piece = pieces[i]
+            sep = pieces[i - 1] if i else ""
+            starts_sub = _SUBORDINATE.match(piece) is not None
+            starts_verb = bool(_first_verb(piece)[0])
+            if current and not waiting and (starts_verb or starts_sub):
+                out.append(current)
+                current = piece
+                waiting = starts_sub
+            elif not current:
+                current = piece
+                waiting = starts_sub
+            else:
+                current = f"{current}{sep}{piece}"
+                if waiting and starts_verb and "," in sep:
+                    waiting = False
+        if current:
+            out.append(current)
+    return [c.strip(" ,.") for c in out if c.strip(" ,.")]
+
+
+_LIST = re.compile(
+    r"((?:[\w@./-]+(?:\s+[\w@./-]+){0,3}\s*,\s*)+[\w@./-]+(?:\s+[\w@./-]+){0,3},?\s+(?:and|or)\s+"
+    r"(?:an?\s+|the\s+)?[\w@./-]+(?:\s+[\w@./-]+){0,3})", re.I)
+
+
+def _split_list(text: str) -> list[str]:
+    parts = re.split(r"\s*,\s*(?:and\s+|or\s+)?|\s+and\s+|\s+or\s+", text)
+    return [re.sub(r"^(?:an?|the)\s+", "", p.strip(), flags=re.I) for p in parts if p.strip()]
+
+
+_PREPS = frozenset("from on with using into to for in at by over of onto across via as "
+                   "through under side".split())
+
+
+def _coordinated(obj: str) -> tuple[str, list[str], str] | None:
+    """(prefix, items, suffix) of the first coordinated list in ``obj``, if any:
+    "CatBoost and a scikit-learn random forest", "Prophet, an exponential smoothing
+    model and N-BEATS", "the web and mobile surfaces" (items share the head noun)."""
+    m = _LIST.search(obj)
+    if m is not None:
+        span = m.group(1)
+        items = _split_list(span)
+        # the last item runs until a preposition that modifies the whole clause
+        last = items[-1].split()
+        cut = next((i for i, w in enumerate(last) if w.lower() in _PREPS), len(last))
+        tail = " ".join(last[cut:])
+        items[-1] = " ".join(last[:cut])
+        # the first item starts after the verb's prepositions ("for German, …")
+        first = items[0].split()
+        start = max((i + 1 for i, w in enumerate(first) if w.lower() in _PREPS), default=0)
+        head = " ".join(first[:start])
+        items[0] = " ".join(first[start:])
+        items = [re.sub(r"^(?:an?|the)\s+", "", i, flags=re.I) for i in items if i]
+        begin = obj.find(span)
+        prefix = obj[:begin] + (head + " " if head else "")
+        suffix = (" " + tail if tail else "") + obj[begin + len(span):]
+        return (prefix, items, suffix) if len(items) >= 2 else None
+    tokens = obj.split()
+    lowered = [t.lower() for t in tokens]
+    if "and" not in lowered and "or" not in lowered:
+        return None
+    k = lowered.index("and") if "and" in lowered else lowered.index("or")
+    i = k
+    while i > 0 and lowered[i - 1] not in _PREPS and lowered[i - 1] not in ("a", "an", "the") \
+            and k - i < 3:
+        i -= 1
+    j = k + 1
+    while j < len(tokens) and lowered[j] in ("a", "an", "the"):
+        j += 1
+    right_start = j
+    while j < len(tokens) and lowered[j] not in _PREPS and j - right_start < 4:
+        j += 1
+    left, right = tokens[i:k], tokens[right_start:j]
+    if not left or not right:
+        return None
+    items = [" ".join(left), " ".join(right)]
+    if len(left) == 1 and len(right) == 2 and not _TOOLS.search(left[0]):
+        # "the web and mobile surfaces": one head noun shared by both
+        items = [left[0], right[0]]
+        return " ".join(tokens[:i]) + " ", items, " " + " ".join(tokens[right_start + 1:])
+    return " ".join(tokens[:i]) + " ", items, " " + " ".join(tokens[j:])
+
+
+def _fanout_list(obj: str) -> tuple[list[str], str] | None:
+    """A list of names the clause works through: "for German, French and Dutch",
+    "to us-east-1, eu-central-1 and ap-northeast-1", "on the English, Turkish and Arabic
+    test sets"."""
+    m = re.search(r"\b(?:for|to|in|on|across|over|of)\s+(?:the\s+|all\s+|each\s+of\s+)?"
+                  r"((?:[\w@./-]+\s*,\s*)+[\w@./-]+,?\s+and\s+[\w@./-]+)", obj, re.I)
+    if m is None:
+        return None
+    items = _split_list(m.group(1))
+    if len(items) < 2 or any(_TOOLS.search(i) for i in items):
+        return None
+    return items, obj[: m.start()] + " " + obj[m.end():]
+
+
+# --------------------------------------------------------------------------- the parser
+
+
+_LEAD_SEQUENCE = re.compile(r"^(?:after\s+that|afterwards|then|next|finally|first(?:ly)?|"
+                            r"lastly|last|second(?:ly)?|also)\s*,?\s+", re.I)
+_BEFORE = re.compile(r"\s+before\s+(\w+ing)\b\s*(.*)$", re.I)
+_AGGREGATE = frozenset("roll aggregate collate combine merge stitch average summarize summarise "
+                       "join concatenate gather collect rank select pick compare report "
+                       "publish upsert load".split())
+_NAMES = re.compile(r"((?:[A-Z][\w-]*|[a-z]+-[a-z]+-\d+)(?:\s*,\s*(?:[A-Z][\w-]*|"
+                    r"[a-z]+-[a-z]+-\d+))+,?\s+(?:and|or)\s+(?:[A-Z][\w-]*|[a-z]+-[a-z]+-\d+))")
+
+
+def _gerund_to_verb(word: str) -> str:
+    base = word[:-3].lower()
+    for candidate in (base, base + "e", base[:-1] if len(base) > 2 and base[-1] == base[-2]
+                      else base):
+        if candidate in VERBS:
+            return candidate
+    return base
+
+
+@dataclass(slots=True)
+class _State:
+    """What the parser carries from clause to clause."""
+
+    stage: int = 0
+    counts: dict[str, int] = field(default_factory=dict)  # unit -> count ("16 shards")
+    context_items: list[str] = field(default_factory=list)
+    last_condition: Condition | None = None
+    condition_stage: int = -1
+    carry: str = ""  # the object of a weak verb ("take Llama 3 8B and fine-tune it")
+
+
+def parse_request(text: str) -> Request:
+    """Parse ``text`` into sub-tasks with their modifiers (see the module docstring)."""
+    request = " ".join(text.split())
+    out = Request(request)
+    masked, kept = _mask(request)
+    out.schedule, out.timezone, masked = _schedule(masked)
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Z\x00\"'#])|\n+", masked)
+                 if s.strip(" .")]
+    state = _State()
+    for sentence in sentences:
+        sentence = _LEAD_SEQUENCE.sub("", sentence.strip().rstrip(".!?"))
+        hook, sentence = _hook(sentence)
+        clauses = _clauses(sentence)
+        # "Score all records with the model: split …, score the shards …": a heading
+        # whose verb the clauses after the colon repeat describes them, it is not a task
+        heading = ""
+        if len(clauses) > 2 and re.search(r"^[^:]*\S:\s", sentence):
+            first = clauses[0]
+            if _first_verb(first)[0] and first in sentence.split(":")[0]:
+                heading = _unmask(first, kept)
+                clauses = clauses[1:]
+        scope: list[str] = []
+        sentence_condition: Condition | None = None
+        for raw in clauses:
+            clause_hook, clause = _hook(raw) if not hook else ("", raw)
+            task_hook = hook or clause_hook
+            sentence_condition, scope = _clause(out, state, clause, kept, task_hook, heading,
+                                                scope, sentence_condition)
+    for t in out.tasks:
+        t.text = _unmask(t.text, kept)
+        t.obj = _unmask(t.obj, kept)
+    return out
+
+
+def _hook(text: str) -> tuple[str, str]:
+    """("failure" | "success" | "exit" | "", the text without the hook phrase)."""
+    for pattern, kind in ((_HOOK_FAILURE, "failure"), (_HOOK_SUCCESS, "success"),
+                          (_HOOK_EXIT, "exit")):
+        m = pattern.match(text)
+        if m is not None:
+            rest = text[m.end():]
+            return kind, (_AT_END.sub("", rest) if kind == "exit" else rest)
+    m = _HOOK_FAILURE_TAIL.search(text)
+    if m is not None and _first_verb(text)[0]:
+        return "failure", text[: m.start()]
+    return "", text
+
+
+def _condition_text(c: Condition, kept: list[str], otherwise: bool = False,
+                    source: str = "") -> Condition:
+    return Condition(_unmask(c.metric, kept).strip(" ,"), c.op, _unmask(c.value, kept),
+                     otherwise, source or c.source)
+
+
+def _clause(out: Request, state: _State, clause: str, kept: list[str], hook: str,
+            heading: str, scope: list[str],
+            sentence_condition: Condition | None) -> tuple[Condition | None, list[str]]:
+    """Parse one clause into tasks (appended to ``out``); returns the condition and the
+    fan-out scope that later clauses of the sentence inherit."""
+    original = _unmask(clause, kept)
+    m = re.match(r"^(?:for|in)\s+(?:each|every)\s+(?:of\s+(?:the|them|these)\s+)?([\w-]+)"
+                 r"\s*,?\s*", clause, re.I)
+    if m is not None:
+        clause = clause[m.end():]
+        scope = list(state.context_items)
+    # "once parsing is done," / "once the integration tests pass,"
+    pre_task = ""
+    m = re.match(r"^(?:once|after|when)\s+(.+?)\s+(?:is|are|has|have)?\s*(?:done|finished|"
+                 r"complete[d]?|pass(?:es)?|succeeds?|finish(?:es)?|ready|over)\s*,\s*",
+                 clause, re.I)
+    if m is not None:
+        clause = clause[m.end():]
+        if (_referenced(out.tasks, _unmask(m.group(1), kept)) is None
+                and _content(m.group(1)) - {"everything", "all", "them", "they", "job", "step"}):
+            pre_task = _unmask(m.group(1), kept)
+    condition: Condition | None = None
+    either = False
+    m = _ELSE.match(clause)
+    if m is not None and m.group(0).strip() and state.last_condition is not None:
+        clause = clause[m.end():]
+        condition = _condition_text(state.last_condition, kept, otherwise=True)
+    m = _EITHER.match(clause)
+    if condition is None and m is not None and state.last_condition is not None:
+        clause = clause[m.end():]
+        either = True
+    if condition is None and not either:
+        lead = _COND_LEAD.match(clause)
+        if lead is not None:
+            head, sep, action = clause[lead.end():].partition(",")
+            comp = _comparison(head) if sep else None
+            if comp is not None:
+                clause = action
+                condition = _condition_text(Condition(*comp), kept, source=original)
+                sentence_condition = condition
+        if condition is None:
+            tail = _COND_TAIL.search(clause)
+            comp = _comparison(tail.group(1)) if tail is not None else None
+            if tail is not None and comp is not None:
+                clause = clause[: tail.start()]
+                condition = _condition_text(Condition(*comp), kept, source=original)
+        if condition is None and sentence_condition is not None:
+            condition = sentence_condition
+    loop_max, loop_until, clause = _loop(clause)
+    if loop_until is not None:
+        loop_until = _condition_text(loop_until, kept)
+    tune_trials, tune_sampler, fan_trials, clause = _tuning(clause)
+    mods, clause = _modifiers(clause)
+    before = _BEFORE.search(clause)
+    after_text = ""
+    if before is not None and _gerund_to_verb(before.group(1)) in VERBS:
+        after_text = f"{_gerund_to_verb(before.group(1))} {before.group(2)}"
+        clause = clause[: before.start()]
+    verb, obj = _first_verb(clause)
+    if not verb:
+        _no_verb(out, state, clause, kept, mods, loop_max, loop_until, condition)
+        return sentence_condition, scope
+    if verb in _WEAK_VERBS and not obj.lower().startswith(("it ", "them ")) and \
+            not re.search(r"\bto\s+\w+", obj):
+        # "Take Llama 3 8B and LoRA fine-tune it": the object of the next clause
+        state.carry = f"{state.carry} {_unmask(clause, kept)}".strip()
+        return sentence_condition, scope
+    m = re.match(r"^(?:it|them|this|that)\s+to\s+(\w+)\s+(.*)$", obj, re.I)
+    if verb == "use" and m is not None and m.group(1).lower() in VERBS:
+        verb, obj = m.group(1).lower(), m.group(2)
+    if verb in _AGGREGATE:
+        scope = []
+    items, obj, shards = _fanout(obj, mods, state, scope, fan_trials, verb)
+    subjects = [obj]
+    if mods.parallel and not items:
+        co = _coordinated(obj)
+        if co is not None:
+            prefix, parts, suffix = co
+            if any(_TOOLS.search(p) for p in parts) or re.search(r"\bboth\b", obj, re.I):
+                subjects = [f"{prefix}{p}{suffix}" for p in parts]
+            else:
+                items = [p.split()[-1] for p in parts]
+    if pre_task:
+        out.tasks.append(Task(pre_task, "run", pre_task, state.stage, hook=hook))
+        state.stage += 1
+    stage = state.stage
+    if (condition is not None and condition.otherwise) or either:
+        stage = max(state.condition_stage, 0)
+    extra = " ".join(x for x in (state.carry, heading) if x)
+    state.carry = ""
+    for subject in subjects:
+        text = original if len(subjects) == 1 else _unmask(f"{verb} {subject}", kept)
+        task = Task(text=f"{text} ({extra})" if extra else text, verb=verb, obj=subject,
+                    stage=stage, items=tuple(_unmask(i, kept) for i in items), hook=hook,
+                    condition=condition, loop_max=loop_max, loop_until=loop_until,
+                    tune_trials=tune_trials, tune_sampler=tune_sampler, unconditional=either,
+                    shards=shards)
+        _apply(task, mods)
+        out.tasks.append(task)
+    if condition is not None and not condition.otherwise and not either:
+        state.last_condition, state.condition_stage = condition, stage
+    if stage == state.stage:
+        state.stage += 1
+    if after_text:
+        v, o = _first_verb(after_text)
+        out.tasks.append(Task(_unmask(after_text, kept), v, _unmask(o, kept), state.stage,
+                              hook=hook))
+        state.stage += 1
+    return sentence_condition, scope
+
+
+def _no_verb(out: Request, state: _State, clause: str, kept: list[str], mods: _Mods,
+             loop_max: int, loop_until: Condition | None, condition: Condition | None) -> None:
+    """A clause without an imperative verb: modifiers of a named step, or context."""
+    if (mods.any() or loop_max) and out.tasks:
+        target = _referenced(out.tasks, _unmask(clause, kept)) or out.tasks[-1]
+        _apply(target, mods)
+        if loop_max:
+            target.loop_max, target.loop_until = loop_max, loop_until
+        return
+    if loop_until is not None and out.tasks:
+        return
+    text = _unmask(clause, kept).strip(" ,")
+    if not re.search(r"[A-Za-z]", text):
+        return
+    if condition is not None:
+        out.unplaced.append(text)
+        return
+    names = _NAMES.search(clause)
+    if names is not None:
+        state.context_items = [_unmask(n, kept) for n in _split_list(names.group(1))]
+    out.sources.extend(kept[int(i)] for i in re.findall(r"\x00(\d+)\x01", clause)
+                       if "://" in kept[int(i)])
+    out.context.append(text)
+
+
+def _fanout(obj: str, mods: _Mods, state: _State, scope: list[str], fan_trials: int,
+            verb: str) -> tuple[list[str], str, int]:
+    """(items, object without the list, shards this task makes)."""
+    split_into = re.search(r"\b(?:into|in)\s+(\d+|" + _NUM[1:-1] + r")\s+(shards?|chunks?|"
+                           r"parts?|partitions?|batches|pieces|splits|folds?)\b", obj, re.I)
+    if split_into is not None and verb in ("split", "shard", "partition", "chunk", "divide",
+                                           "break", "cut"):
+        shards = _num(split_into.group(1))
+        state.counts[stem(split_into.group(2))] = shards
+        return [], obj, shards
+    per = re.search(r"\b(?:one|a|an|separate)\s+" + _FAN_WORDS + r"?\s*(?:per|for\s+each)"
+                    r"\s+([\w-]+)|\bper\s+([\w-]+)|\bfor\s+each\s+(?:of\s+the\s+)?"
+                    r"(?:(\d+|\w+)\s+)?([\w-]+)|\beach\s+([\w-]+)\b", obj, re.I)
+    fan = _fanout_list(obj)
+    if fan is not None and (mods.parallel or per is not None or mods.max_parallel
+                            or re.search(r"\b(?:each|every)\b", obj, re.I)):
+        return fan[0], fan[1], 0
+    if scope:
+        return list(scope), obj, 0
+    if fan_trials:
+        return [f"trial-{i}" for i in range(1, fan_trials + 1)], obj, 0
+    return _count(obj, state.counts, per), obj, 0
+
+
+def _count(obj: str, counts: dict[str, int], per: re.Match[str] | None) -> list[str]:
+    """Items of a fan-out given by a count: "per substation (there are 9 of them)",
+    "10-fold … one job per fold", "score the shards" after "split into 16 shards"."""
+    fold = re.search(r"\b(\d+)[\s-]fold\b", obj, re.I)
+    if fold is not None and per is not None:
+        return [f"fold-{i}" for i in range(int(fold.group(1)))]
+    if per is not None:
+        unit = next((g for g in per.groups()[1:] if g and not g.isdigit()
+                     and g.lower() not in _NUM_WORDS), per.group(1) or "")
+        unit = per.group(1) or per.group(2) or per.group(4) or per.group(5) or unit
+        n = re.search(r"\(?\s*there\s+are\s+(\d+|\w+)|\b(\d+|" + _NUM[1:-1] + r")\s+(?:of\s+"
+                      r"them|" + re.escape(unit) + r"s?)\b", obj, re.I)
+        if per.group(3):
+            n = re.match(r"(\d+|\w+)", per.group(3))
+        if n is not None:
+            count = _num(next(g for g in n.groups() if g))
+            if count > 1:
+                return [f"{stem(unit)}-{i}" for i in range(1, count + 1)]
+        if stem(unit) in counts:
+            return [str(i) for i in range(counts[stem(unit)])]
+    for unit, n in counts.items():
+        if re.search(r"\b(?:the|each|every|all)\s+(?:\w+\s+)?" + re.escape(unit) + r"s?\b",
+                     obj, re.I):
+            return [str(i) for i in range(n)]
+    return []
+
+
+def _loop(clause: str) -> tuple[int, Condition | None, str]:
+    """"in rounds of 3 epochs; … stop as soon as it passes 0.95 or after the 8th round"."""
+    m = next((c for c in re.finditer(
+        r"\b(?:or\s+)?(?:after|at\s+most|up\s+to|no\s+more\s+than|a\s+maximum\s+of|"
+        r"max(?:imum)?)\s+(?:the\s+)?(\d+|\w+?)(?:st|nd|rd|th)?\s+(rounds?|iterations?|"
+        r"cycles?|passes|attempts|repetitions|times)\b", clause, re.I)
+        if _ORDINAL.get(c.group(1).lower()) or _num(c.group(1))), None)
+    until = re.search(r"\b(?:stop|until|till)\b(?:\s+as\s+soon\s+as)?\s+(.*?)(?=\s+or\s+after|"
+                      r"\s*$)", clause, re.I)
+    if m is None or not (until or re.search(r"\brounds?\b|\brepeat|\biterat|\bloop\b", clause,
+                                            re.I)):
+        return 0, None, clause
+    word = m.group(1).lower()
+    n = _ORDINAL.get(word) or _num(word)
+    if not n:
+        return 0, None, clause
+    condition = None
+    rest = clause[: m.start()] + clause[m.end():]
+    if until is not None:
+        comp = _comparison(until.group(1))
+        if comp is not None:
+            condition = Condition(comp[0], comp[1], comp[2])
+        rest = re.sub(r"\b(?:and\s+)?(?:stop|until|till)\b.*$", "", rest, flags=re.I)
+    rest = re.sub(r"\b(?:after\s+each\s+\w+\s*,?\s*)?(?:check|measure|evaluate)\b.*$", "", rest,
+                  flags=re.I) if condition is not None else rest
+    return n, condition, rest
+
+
+def _tuning(clause: str) -> tuple[int, str, int, str]:
+    """(tune trials, sampler, fan-out trials, clause): "30 Optuna trials using the TPE
+    sampler" tunes; "50 hyperparameter trials as separate jobs" fans out."""
+    m = re.search(r"\b(\d+|" + _NUM[1:-1] + r")\s+(?:\w+\s+){0,2}?(?:trials?|configurations|"
+                  r"settings|candidates)\b", clause, re.I)
+    if m is None:
+        return 0, "", 0, clause
+    n = _num(m.group(1))
+    if re.search(r"\bseparate\s+jobs?\b|\bone\s+job\s+(?:per|each)\b|\bas\s+(?:separate\s+)?"
+                 r"jobs\b|\bat\s+a\s+time\b", clause, re.I):
+        return 0, "", n, clause
+    if not re.search(r"\b(?:tun\w+|optuna|bayes\w*|tpe|hyper-?parameter|search|optimi[sz]\w*|"
+                     r"random\s+search|trials?)\b", clause, re.I):
+        return 0, "", 0, clause
+    sampler = ("random" if re.search(r"\brandom\b", clause, re.I) else
+               "grid" if re.search(r"\bgrid\b", clause, re.I) else
+               "cmaes" if re.search(r"\bcma-?es\b", clause, re.I) else "tpe")
+    return n, sampler, 0, clause
+
+
+def _apply(task: Task, mods: _Mods) -> None:
+    task.gpu = mods.gpu or task.gpu
+    task.memory = mods.memory or task.memory
+    task.cpu = mods.cpu or task.cpu
+    task.retries = mods.retries or task.retries
+    task.timeout = mods.timeout or task.timeout
+    task.max_parallel = mods.max_parallel or task.max_parallel
+
+
+def _content(text: str) -> set[str]:
+    return {stem(w) for w in words(text) if w not in _STOP and len(w) > 2}
+
+
+def _mentions_task(tasks: list[Task], text: str) -> bool:
+    return _referenced(tasks, text) is not None
+
+
+def _referenced(tasks: list[Task], text: str) -> Task | None:
+    """The task a modifier sentence names ("the embedding step", "the scraper")."""
+    want = _content(text) - {"step", "job", "task", "run", "workflow", "pipeline"}
+    best: tuple[int, int] | None = None
+    for i, t in enumerate(tasks):
+        have = _content(t.text) | {stem(t.verb)}
+        score = sum(1 for w in want if any(h.startswith(w[:5]) or w.startswith(h[:5])
+                                           for h in have if len(h) >= 4))
+        if score and (best is None or score > best[0]):
+            best = (score, i)
+    return tasks[best[1]] if best else None

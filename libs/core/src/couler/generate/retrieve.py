@@ -1,0 +1,87 @@
+"""Retrieval of catalog templates for a sub-task: lexical scoring with a category prior.
+
+A sub-task's words are matched against each template's keywords (phrases count whole,
+and more when longer), its name and its description, on light stems; the clause's verb
+gives the category it most likely belongs to (``download`` → ingest, ``fine-tune`` →
+train, ``publish`` → deliver), which adds to that category's templates. Retrieval is
+lexical only: the embedding models that run here come as wheels of a size the core
+library should not carry, and the catalog's keywords are written for this matching —
+the planner reports its top choices and scores (``couler generate --explain``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from couler.generate.parse import stem, words
+from couler.generate.templates import Template
+
+__all__ = ["Retriever", "category_of"]
+
+_VERB_CATEGORY = {
+    **dict.fromkeys("download fetch pull grab get query scrape crawl ingest collect harvest "
+                    "consume read obtain stream export dump capture load".split(), "ingest"),
+    **dict.fromkeys("train fine-tune finetune fit retrain pretrain distill tune backtest "
+                    "forecast launch".split(), "train"),
+    **dict.fromkeys("evaluate benchmark validate test measure grade compare calibrate rank "
+                    "average collate score".split(), "evaluate"),
+    **dict.fromkeys("deploy publish push register promote release notify email post send page "
+                    "upsert upload write store save persist serve open alert archive append "
+                    "report ping".split(), "deliver"),
+}
+_STOP = frozenset("a an the of to in on for from with and or by at as into it its this that "
+                  "them their our we all each every any is are be using via".split())
+
+
+def category_of(verb: str) -> str:
+    """The catalog category a verb usually asks for ("" when it says nothing)."""
+    return _VERB_CATEGORY.get(verb.lower(), "process" if verb else "")
+
+
+class Retriever:
+    """Ranks the templates of a catalog for a sub-task."""
+
+    def __init__(self, templates: Mapping[str, Template]) -> None:
+        if not templates:
+            raise ValueError("the catalog is empty")
+        self.templates = dict(sorted(templates.items()))
+        self._keys = {
+            name: [tuple(stem(w) for w in words(k)) for k in t.keywords if words(k)]
+            for name, t in self.templates.items()}
+        self._names = {name: {stem(w) for w in re.split(r"[-_]", name) if len(w) > 2}
+                       for name in self.templates}
+        self._descriptions = {name: {stem(w) for w in words(t.description)} - _STOP
+                              for name, t in self.templates.items()}
+
+    def search(self, text: str, *, verb: str = "", category: str = "",
+               limit: int = 5) -> list[tuple[Template, float]]:
+        """The best templates for ``text`` (best first, never empty), with their scores.
+
+        ``category`` restricts the search to one category when it has templates.
+        """
+        tokens = [stem(w) for w in words(text) if w not in _STOP]
+        present = set(tokens)
+        joined = " " + " ".join(tokens) + " "
+        prior = category or category_of(verb)
+        scored: list[tuple[float, str]] = []
+        for name, t in self.templates.items():
+            if category and t.category != category:
+                continue
+            score = 0.0
+            for key in self._keys[name]:
+                if len(key) > 1 and f" {' '.join(key)} " in joined:
+                    score += 1.5 * len(key) + 1
+                elif len(key) == 1 and key[0] in present:
+                    score += 2.0 if len(key[0]) > 3 else 1.0
+            score += 0.5 * len(self._names[name] & present)
+            score += 0.2 * len(self._descriptions[name] & present)
+            if verb and stem(verb) in self._names[name]:
+                score += 1.0
+            if prior and t.category == prior:
+                score += 2.5
+            scored.append((score, name))
+        if not scored:
+            return self.search(text, verb=verb, limit=limit)
+        scored.sort(key=lambda p: (-p[0], p[1]))
+        return [(self.templates[n], s) for s, n in scored[:limit]]
