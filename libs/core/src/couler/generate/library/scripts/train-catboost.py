@@ -1,0 +1,23 @@
+"""Train a CatBoost gradient-boosted tree model (classifier or regressor)."""
+from _common import hyperparams, need, parser, save_model, train_card, training_data
+
+p = parser(__doc__, consumes=("data",), produces=("model",))
+p.add_argument("--target", default="label", help="the label column")
+p.add_argument("--task", default="auto", help="auto, classification or regression")
+p.add_argument("--iterations", default="300", help="boosting rounds")
+p.add_argument("--learning-rate", default="0.1")
+p.add_argument("--depth", default="6")
+p.add_argument("--hyperparams", default="", help="a JSON object of more CatBoost arguments")
+p.add_argument("--seed", default="42")
+args = p.parse_args()
+
+cb = need("catboost")
+df, x, y, task, classes = training_data(args, args.task)
+kwargs = dict(iterations=int(args.iterations), learning_rate=float(args.learning_rate),
+              depth=int(args.depth), random_seed=int(args.seed), thread_count=2,
+              verbose=False, allow_writing_files=False, **hyperparams(args.hyperparams))
+model = (cb.CatBoostClassifier if task == "classification" else cb.CatBoostRegressor)(**kwargs)
+model.fit(x, y)
+save_model(args.out_model, "catboost", model, train_card(
+    args, task, x, classes, estimator=type(model).__name__, params=kwargs,
+    version=cb.__version__, train_score=float(model.score(x, y))))

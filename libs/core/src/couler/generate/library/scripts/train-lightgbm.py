@@ -1,0 +1,23 @@
+"""Train a LightGBM gradient-boosted tree model (classifier or regressor)."""
+from _common import hyperparams, need, parser, save_model, train_card, training_data
+
+p = parser(__doc__, consumes=("data",), produces=("model",))
+p.add_argument("--target", default="label", help="the label column")
+p.add_argument("--task", default="auto", help="auto, classification or regression")
+p.add_argument("--n-estimators", default="300", help="boosting rounds")
+p.add_argument("--learning-rate", default="0.05")
+p.add_argument("--num-leaves", default="31")
+p.add_argument("--hyperparams", default="", help="a JSON object of more LightGBM arguments")
+p.add_argument("--seed", default="42")
+args = p.parse_args()
+
+lgb = need("lightgbm")
+df, x, y, task, classes = training_data(args, args.task)
+kwargs = dict(n_estimators=int(args.n_estimators), learning_rate=float(args.learning_rate),
+              num_leaves=int(args.num_leaves), random_state=int(args.seed), n_jobs=2,
+              verbose=-1, **hyperparams(args.hyperparams))
+model = (lgb.LGBMClassifier if task == "classification" else lgb.LGBMRegressor)(**kwargs)
+model.fit(x, y)
+save_model(args.out_model, "lightgbm", model, train_card(
+    args, task, x, classes, estimator=type(model).__name__, params=kwargs,
+    version=lgb.__version__, train_score=float(model.score(x, y))))
