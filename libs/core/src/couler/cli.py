@@ -489,8 +489,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("program_args", nargs="*", help="arguments for the program (after --)")
     p.set_defaults(func=cmd_validate)
 
+    from couler.generate_cli import add_generate_command
     from couler.stack_cli import add_commands
 
+    add_generate_command(sub)
     add_commands(sub)  # up, down, status, submit (the embedded stack)
     return parser
 

@@ -26,6 +26,7 @@ from couler import ir
 from couler.errors import UserError
 from couler.generate.parse import Request, Task, parse_request, stem, words
 from couler.generate.retrieve import Retriever
+from couler.generate.spec import COMPATIBLE as _COMPATIBLE
 from couler.generate.spec import (
     ConditionSpec,
     FanOut,
@@ -182,8 +183,13 @@ class _Builder:
         self.names.add(name)
         return name
 
-    def _pick(self, task: Task, category: str = "") -> Template:
-        hits = self.retriever.search(task.text, verb=task.verb, category=category)
+    def _pick(self, task: Task, category: str = "", produces: str = "") -> Template:
+        # an exit hook reads nothing from the steps: only templates that need no input
+        def allow(t: Template) -> bool:
+            return ((not task.hook or set(t.consumes) <= set(t.optional))
+                    and (not produces or produces in t.produces))
+
+        hits = self.retriever.search(task.text, verb=task.verb, category=category, allow=allow)
         template = hits[0][0]
         others = ", ".join(f"{t.name} {score:.1f}" for t, score in hits[1:3])
         self.choices.append(f"{task.verb} {task.obj.strip()[:60]!r} -> {template.name} "
@@ -254,6 +260,10 @@ class _Builder:
         hooks: dict[str, list[_Step]] = {"failure": [], "exit": [], "success": []}
         built: list[_Step] = []
         for task in parsed.tasks:
+            if task.items:
+                # each copy works on one item: the step's text names the item, not the list
+                task.text, task.obj = _one_item(task.text, task.items), _one_item(task.obj,
+                                                                                  task.items)
             template = self._pick(task)
             step = _Step(task, self._name(task), template, {})
             step.params = self._params(task, template, step.name)
@@ -359,26 +369,63 @@ class _Builder:
         return measured
 
     def _implicit_loads(self, built: list[_Step], extra: list[_Step]) -> None:
-        """Give a step that consumes data no earlier step produces a load step."""
+        """Give each step what it consumes and no earlier step produces: a load step for
+        data, a fetch step for a model, an evaluation for a report."""
         by_name = {s.name: s for s in (*built, *extra)}
         for step in list(built):
-            upstream = _upstream(step, by_name)
             for kind in step.template.consumes:
-                if any(kind in u.template.produces for u in upstream):
+                if kind in step.template.optional:
                     continue
-                if kind != "data":
-                    if kind == "model":
-                        self._model_input(step)
+                upstream = _upstream(step, by_name)
+                if any(kind in u.template.produces or
+                       any(c in u.template.produces for c in _COMPATIBLE.get(kind, ()))
+                       for u in upstream):
                     continue
-                load = self._load_for(step)
+                if kind == "report":
+                    added = self._evaluations_for(step, upstream, by_name)
+                    if added:
+                        extra.extend(added)
+                        by_name.update((a.name, a) for a in added)
+                        step.after = [a.name for a in added]
+                        continue
+                if kind == "report":
+                    continue  # assemble names what is missing
+                load = self._load_for(step) if kind in ("data", "predictions") else \
+                    self._fetch_model(step)
                 extra.append(load)
                 by_name[load.name] = load
                 step.after = [*step.after, load.name]
 
-    def _model_input(self, step: _Step) -> None:
-        pname = _slug(f"{step.name}-model", 60)
-        self.notes.append(f"step {step.name} reads a model that no step trains here; it "
-                          f"loads it with a load step from -p {pname}=URI")
+    def _evaluations_for(self, step: _Step, upstream: list[_Step],
+                         by_name: Mapping[str, _Step]) -> list[_Step]:
+        """Evaluation steps after the models ``step`` compares (one per model)."""
+        models = [u for u in upstream if "model" in u.template.produces]
+        if not models:
+            return []
+        nearest = [m for m in models if m.name in step.after] or models[:1]
+        metric = _metric_word(step.task.text, step.template) or "accuracy"
+        out = []
+        for model in nearest:
+            task = Task(f"evaluate {metric} of {model.task.obj.strip()}", "evaluate",
+                        f"{metric} {model.task.obj.strip()}", model.task.stage,
+                        items=model.task.items, max_parallel=model.task.max_parallel)
+            template = self._pick(task, category="evaluate")
+            name = self._name(Task(task.text, "evaluate", f"{metric} {model.name}", 0), "evaluate")
+            evaluation = _Step(task, name, template, {}, [model.name])
+            evaluation.params = self._params(task, template, name)
+            out.append(evaluation)
+            self.subtasks.append(_describe(task, template) + f" (added: {step.name} compares "
+                                 "measured models)")
+        return out
+
+    def _fetch_model(self, step: _Step) -> _Step:
+        about = re.split(r"\b(?:with|using|and|to|into|then|on)\b", step.task.obj)[0].strip()
+        task = Task(f"fetch model {about}", "fetch", f"model {about}", step.task.stage)
+        template = self._pick(task, category="ingest", produces="model")
+        fetch = _Step(task, self._name(task, "fetch"), template, {})
+        fetch.params = self._params(task, template, fetch.name)
+        self.subtasks.append(_describe(task, template) + f" (added: {step.name} needs a model)")
+        return fetch
 
     def _load_for(self, step: _Step) -> _Step:
         source = next(iter(_URI.findall(step.task.text)), "") or (
@@ -386,7 +433,7 @@ class _Builder:
         about = re.split(r"\b(?:with|using|and|to|into|then)\b", step.task.obj)[0]
         task = Task(f"load {about.strip()} {source}".strip(), "load", about.strip(),
                     step.task.stage)
-        template = self._pick(task, category="ingest")
+        template = self._pick(task, category="ingest", produces="data")
         load = _Step(task, self._name(task, "load"), template, {})
         load.params = self._params(task, template, load.name)
         self.subtasks.append(_describe(task, template) + f" (added: {step.name} needs data)")
@@ -420,6 +467,14 @@ class _Builder:
             timeout_seconds=t.timeout, cpu=t.cpu, memory=t.memory,
             gpu=t.gpu or (1 if s.template.gpu and t.gpu == 0 and _asks_gpu(t) else 0),
             when=s.when, foreach=foreach, tune=s.tune, loop=s.loop)
+
+
+def _one_item(text: str, items: tuple[str, ...]) -> str:
+    """``text`` with the list of ``items`` it names replaced by ``{{item}}``."""
+    alternatives = "|".join(re.escape(i) for i in sorted(items, key=len, reverse=True))
+    one = rf"(?:{alternatives})"
+    pattern = rf"\b{one}(?:\s*,\s*(?:and\s+|or\s+)?{one}|\s+(?:and|or)\s+{one})*\b"
+    return re.sub(pattern, "{{item}}", text, flags=re.I)
 
 
 def _asks_gpu(task: Task) -> bool:

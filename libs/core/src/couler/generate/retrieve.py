@@ -12,7 +12,7 @@ the planner reports its top choices and scores (``couler generate --explain``).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from couler.generate.parse import stem, words
 from couler.generate.templates import Template
@@ -54,11 +54,12 @@ class Retriever:
         self._descriptions = {name: {stem(w) for w in words(t.description)} - _STOP
                               for name, t in self.templates.items()}
 
-    def search(self, text: str, *, verb: str = "", category: str = "",
-               limit: int = 5) -> list[tuple[Template, float]]:
+    def search(self, text: str, *, verb: str = "", category: str = "", limit: int = 5,
+               allow: Callable[[Template], bool] | None = None) -> list[tuple[Template, float]]:
         """The best templates for ``text`` (best first, never empty), with their scores.
 
-        ``category`` restricts the search to one category when it has templates.
+        ``category`` restricts the search to one category when it has templates; ``allow``
+        to the templates it accepts.
         """
         tokens = [stem(w) for w in words(text) if w not in _STOP]
         present = set(tokens)
@@ -66,7 +67,7 @@ class Retriever:
         prior = category or category_of(verb)
         scored: list[tuple[float, str]] = []
         for name, t in self.templates.items():
-            if category and t.category != category:
+            if (category and t.category != category) or (allow is not None and not allow(t)):
                 continue
             score = 0.0
             for key in self._keys[name]:
@@ -81,7 +82,9 @@ class Retriever:
             if prior and t.category == prior:
                 score += 2.5
             scored.append((score, name))
-        if not scored:
+        if not scored and (category or allow is not None):
             return self.search(text, verb=verb, limit=limit)
+        if not scored:
+            raise ValueError("the catalog is empty")
         scored.sort(key=lambda p: (-p[0], p[1]))
         return [(self.templates[n], s) for s, n in scored[:limit]]

@@ -592,21 +592,27 @@ def _reports(s: StepSpec, metric: str, templates: Mapping[str, Template]) -> boo
     return t is not None and bool(t.metric) and metric == t.metric
 
 
-def _upstream(step: StepSpec, by_name: Mapping[str, StepSpec]) -> list[StepSpec]:
-    """Steps upstream of ``step``, nearest first (breadth-first over ``after``)."""
-    found: list[StepSpec] = []
-    seen: set[str] = set()
-    frontier = list(step.after)
-    while frontier:
-        nxt: list[str] = []
-        for n in frontier:
-            if n in seen or n not in by_name:
-                continue
-            seen.add(n)
-            found.append(by_name[n])
-            nxt.extend(by_name[n].after)
-        frontier = nxt
-    return found
+#: A kind a step may read in place of another: tables are tables.
+COMPATIBLE = {"predictions": ("data",), "data": ("predictions",)}
+
+
+def _producers(step: StepSpec, kind: str, by_name: Mapping[str, StepSpec],
+               templates: Mapping[str, Template]) -> list[tuple[str, str]]:
+    """(step, kind) pairs ``step`` reads ``kind`` from: every producer in the nearest layer
+    upstream that has one (several when parallel branches produce it, e.g. one report per
+    model to rank), else the nearest producers of a compatible kind."""
+    for wanted in (kind, *COMPATIBLE.get(kind, ())):
+        seen: set[str] = set()
+        frontier = list(dict.fromkeys(step.after))
+        while frontier:
+            layer = [by_name[n] for n in frontier if n in by_name and n not in seen]
+            seen.update(u.name for u in layer)
+            found = [(u.name, wanted) for u in layer
+                     if u.template in templates and wanted in templates[u.template].produces]
+            if found:
+                return found
+            frontier = list(dict.fromkeys(a for u in layer for a in u.after))
+    return []
 
 
 def _literal(value: str) -> ir.Literal:
@@ -652,22 +658,25 @@ def _build(wf: str, s: StepSpec, by_name: Mapping[str, StepSpec],
                     inputs.append(ir.InputParameter(p.name, ir.WorkflowParamRef(ref.group(1))))
                     value = f"{{{{inputs.{p.name}}}}}"
                 args += [f"--{p.name}", value]
-        upstream = _upstream(s, by_name)
         for kind in t.consumes:
-            producer = s.inputs.get(kind) or next(
-                (u.name for u in upstream
-                 if u.template and kind in templates[u.template].produces), "")
-            if not producer:
+            producers = ([s.inputs[kind]] if kind in s.inputs
+                         else _producers(s, kind, by_name, templates))
+            if not producers and kind in t.optional:
+                continue
+            if not producers:
                 issues.append(Issue(wf, s.name, f"inputs.{kind}",
                                     f"{t.name!r} consumes {kind!r} but no step before it "
                                     "produces it: add a step that loads or makes it"))
                 continue
             path = f"{IN}/{kind}"
-            input_artifacts.append(ir.InputArtifact(kind, path,
-                                                    ir.StepArtifactRef(producer, kind)))
+            for producer, produced in producers:
+                input_artifacts.append(ir.InputArtifact(
+                    kind if len(producers) == 1 else f"{kind}-{producer}",
+                    path if len(producers) == 1 else f"{path}/{producer}",
+                    ir.StepArtifactRef(producer, produced)))
+                if producer not in deps:
+                    deps.append(producer)
             args += [f"--in-{kind}", path]
-            if producer not in deps:
-                deps.append(producer)
         for kind in t.produces:
             path = f"{OUT}/{kind}"
             output_artifacts.append(ir.OutputArtifact(kind, path))

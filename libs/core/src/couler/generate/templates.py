@@ -52,6 +52,7 @@ class Template:
     source: str  # the Python script
     params: tuple[TemplateParam, ...] = ()
     consumes: tuple[str, ...] = ()  # kinds read (KINDS)
+    optional: tuple[str, ...] = ()  # of those, the kinds it runs without (read when given)
     produces: tuple[str, ...] = ()  # kinds written (KINDS)
     metric: str = ""  # the metric it reports ("" = none), e.g. "f1"
     gpu: bool = False  # meant for a GPU (deep learning)

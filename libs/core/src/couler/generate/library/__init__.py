@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import functools
 
-from couler.generate.library import deliver, evaluate, ingest, process, train
+from couler.generate.library import deliver, evaluate, generic, ingest, process, train
 from couler.generate.library._define import TABULAR_IMAGE, TORCH_IMAGE, script_source
 from couler.generate.templates import Template
 
@@ -29,7 +29,7 @@ TEMPLATES: dict[str, Template]
 @functools.cache
 def _catalog() -> dict[str, Template]:
     catalog: dict[str, Template] = {}
-    for module in (ingest, process, train, evaluate, deliver):
+    for module in (ingest, process, train, evaluate, deliver, generic):
         for t in module.templates():
             if t.name in catalog:
                 raise ValueError(f"template {t.name!r} is defined twice")

@@ -8,6 +8,7 @@ convention's parser, tables, model files, sample data, clear failures), so the
 
 from __future__ import annotations
 
+import ast
 import re
 from importlib import resources
 
@@ -46,12 +47,31 @@ def param(name: str, default: str | None = None, description: str = "") -> Templ
     return TemplateParam(name, default, description)
 
 
+def script_kinds(name: str) -> dict[str, tuple[str, ...]]:
+    """The kinds the script ``scripts/<name>.py`` reads, writes and can do without: the
+    arguments of its ``parser(...)`` call, the one place they are stated."""
+    text = resources.files(__package__).joinpath("scripts", f"{name}.py").read_text(
+        encoding="utf-8")
+    for node in ast.walk(ast.parse(text)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "parser"):
+            kinds = {k.arg: ast.literal_eval(k.value) for k in node.keywords
+                     if k.arg in ("consumes", "produces", "optional")}
+            return {k: tuple(kinds.get(k, ())) for k in ("consumes", "produces", "optional")}
+    raise ValueError(f"script {name}.py: no parser(...) call stating its kinds")
+
+
 def define(name: str, category: str, description: str, keywords: str, *, image: str,
            params: tuple[TemplateParam, ...] = (), consumes: tuple[str, ...] = (),
            produces: tuple[str, ...] = (), metric: str = "", gpu: bool = False) -> Template:
-    """The template ``name`` with its script; ``keywords`` is comma-separated."""
+    """The template ``name`` with its script; ``keywords`` is comma-separated.
+
+    The kinds it consumes, produces and can do without are its script's (``consumes`` and
+    ``produces`` here only document them).
+    """
+    kinds = script_kinds(name)
     return Template(
         name=name, category=category, description=description,
         keywords=tuple(k.strip() for k in keywords.split(",") if k.strip()),
-        image=image, source=script_source(name), params=params, consumes=consumes,
-        produces=produces, metric=metric, gpu=gpu)
+        image=image, source=script_source(name), params=params, consumes=kinds["consumes"],
+        optional=kinds["optional"], produces=kinds["produces"], metric=metric, gpu=gpu)
