@@ -146,6 +146,7 @@ from couler.optimize.tune import study_name
 from couler.semantics import failed_leaves
 
 from .. import tune as tuning
+from . import interpreters
 from .artifacts import ArtifactStore, PathMap, copy_path, digest_path
 from .capabilities import CAPABILITIES, ENGINE
 from .process import SAMPLE_SECONDS, SERIES_SECONDS, ProcessSample, run_process
@@ -1606,6 +1607,9 @@ class LocalRun:
             interpreter = list(body.command) or default[body.language.value]
             if interpreter[0] in ("python", "python3"):
                 interpreter[0] = sys.executable
+            if interpreter[0] == sys.executable:  # the image's Python, when it is mapped
+                interpreter[0] = (interpreters.interpreter_for(body.image, self.engine.image_python)
+                                  or sys.executable)
             argv = [*interpreter, str(script), *(sub(a, "args") for a in body.args)]
             working_dir = body.working_dir
         elif isinstance(body, ir.ContainerSpec):
@@ -1756,6 +1760,9 @@ class LocalEngine:
         tune_storage: Where tune steps keep their optuna studies, an SQLAlchemy URL
             (:mod:`couler_runtime.tune`); default: the ``COULER_TUNE_STORAGE`` setting,
             else ``sqlite:///<work_dir>/tune.db``.
+        image_python: The Python interpreter of a script step by its image (patterns
+            allowed, :mod:`couler_runtime.local.interpreters`); default: the
+            ``COULER_LOCAL_PYTHON`` setting; an unmapped image runs with ``sys.executable``.
     """
 
     name = ENGINE
@@ -1766,7 +1773,8 @@ class LocalEngine:
                  image_commands: Mapping[str, Sequence[str]] | None = None, *,
                  workflows: Iterable[ir.Workflow] = (), cache_keys: bool = False,
                  series_seconds: float = SERIES_SECONDS,
-                 tune_storage: str | None = None) -> None:
+                 tune_storage: str | None = None,
+                 image_python: Mapping[str, str] | None = None) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
         if not series_seconds > 0:
@@ -1782,6 +1790,8 @@ class LocalEngine:
         # where tune steps keep their optuna studies (an SQLAlchemy URL); None: the
         # COULER_TUNE_STORAGE setting, else sqlite:///<work_dir>/tune.db
         self.tune_storage = tune_storage
+        self.image_python: Mapping[str, str] = (
+            interpreters.from_env() if image_python is None else dict(image_python))
 
     def run(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
             on_event: EventCallback | None = None,
