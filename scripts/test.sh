@@ -6,10 +6,13 @@ cd "$(dirname "$0")/.."
 # Engines whose SDKs conflict with the main environment get their own (requirements-NAME.txt).
 for req in requirements-*.txt; do
   [ "$req" = requirements-dev.txt ] && continue
+  [ "$req" = requirements-ml.txt ] && continue  # the catalog's ML libraries: below
   [ -e "$req" ] || continue
   name=${req#requirements-}; name=${name%.txt}
   ./scripts/setup-engine-venv.sh "$name"
 done
+# The catalog's tabular templates run in .venv-ml (tests/integration/test_generate_library_run.py).
+./scripts/setup-ml-venv.sh
 # tests/integration/test_deploy.py validates docker-compose.yml offline with Debian's
 # docker-compose (no Docker engine needed); install it once when missing.
 if ! command -v docker-compose >/dev/null 2>&1; then

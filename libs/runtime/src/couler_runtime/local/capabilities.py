@@ -16,7 +16,12 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.CONTAINER: Capability(_R, "command + args run on the host as a subprocess; the image "
                                       "is ignored unless mapped to a local command prefix"),
     Feature.SCRIPT: Capability(_R, "source run with the local interpreter (python = the current "
-                                   "interpreter, bash, sh); the image is ignored"),
+                                   "interpreter, bash, sh); the image is ignored, except that "
+                                   "LocalEngine(image_python=...) or the COULER_LOCAL_PYTHON "
+                                   "setting ('IMAGE=PATH,...', wildcards allowed) maps an image "
+                                   "to the Python that runs its scripts, e.g. the catalog's "
+                                   "ghcr.io/couler-io/ml-tabular:* to .venv-ml/bin/python "
+                                   "(scripts/setup-ml-venv.sh)"),
     Feature.JOB: Capability(_U, "Kubernetes resources cannot run on one machine"),
     Feature.SUBWORKFLOW_INLINE: Capability(_N, "inner steps run as a nested graph in the same "
                                                "run (records named outer/inner), under the "

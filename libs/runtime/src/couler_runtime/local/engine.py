@@ -132,6 +132,7 @@ from couler.optimize.cache_key import (
 from couler.semantics import failed_leaves
 
 from .. import tune as tuning
+from . import interpreters
 from .artifacts import ArtifactStore, PathMap, digest_path
 from .capabilities import CAPABILITIES, ENGINE, check_workflow
 from .journal import _DONE_OK, _load, _logs, _Record, _top
@@ -1153,6 +1154,9 @@ class LocalEngine:
         tune_storage: Where tune steps keep their optuna studies, an SQLAlchemy URL
             (:mod:`couler_runtime.tune`); default: the ``COULER_TUNE_STORAGE`` setting,
             else ``sqlite:///<work_dir>/tune.db``.
+        image_python: The Python interpreter of a script step by its image (patterns
+            allowed, :mod:`couler_runtime.local.interpreters`); default: the
+            ``COULER_LOCAL_PYTHON`` setting; an unmapped image runs with ``sys.executable``.
     """
 
     name = ENGINE
@@ -1163,7 +1167,8 @@ class LocalEngine:
                  image_commands: Mapping[str, Sequence[str]] | None = None, *,
                  workflows: Iterable[ir.Workflow] = (), cache_keys: bool = False,
                  series_seconds: float = SERIES_SECONDS,
-                 tune_storage: str | None = None) -> None:
+                 tune_storage: str | None = None,
+                 image_python: Mapping[str, str] | None = None) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
         if not series_seconds > 0:
@@ -1179,6 +1184,8 @@ class LocalEngine:
         # where tune steps keep their optuna studies (an SQLAlchemy URL); None: the
         # COULER_TUNE_STORAGE setting, else sqlite:///<work_dir>/tune.db
         self.tune_storage = tune_storage
+        self.image_python: Mapping[str, str] = (
+            interpreters.from_env() if image_python is None else dict(image_python))
 
     def run(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
             on_event: EventCallback | None = None,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from couler import ir
 
+from . import interpreters
 from .artifacts import PathMap, copy_path
 
 if TYPE_CHECKING:
@@ -78,6 +79,9 @@ def prepare_step(run: LocalRun, step: ir.Step, exec_dir: Path, item: object
         interpreter = list(body.command) or default[body.language.value]
         if interpreter[0] in ("python", "python3"):
             interpreter[0] = sys.executable
+        if interpreter[0] == sys.executable:  # the image's Python, when it is mapped
+            interpreter[0] = (interpreters.interpreter_for(body.image, run.engine.image_python)
+                              or sys.executable)
         argv = [*interpreter, str(script), *(sub(a, "args") for a in body.args)]
         working_dir = body.working_dir
     elif isinstance(body, ir.ContainerSpec):
