@@ -47,8 +47,12 @@ _ORDINAL = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth
             "seventh": 7, "eighth": 8, "ninth": 9, "tenth": 10, "twelfth": 12,
             "twentieth": 20}
 
+def _wordset(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
 # Imperative verbs of ML work (base forms; "fine-tune" spelled as written).
-VERBS = frozenset("""
+VERBS = _wordset("""
 add aggregate align analyse analyze annotate append apply archive assemble audit augment
 average backfill backtest balance batch benchmark binarize bootstrap bucket build bundle
 calibrate call capture cast categorize check chunk classify clean cleanse cluster collate
@@ -62,7 +66,8 @@ label launch lemmatize load log look lowercase map mask match materialize materi
 measure merge migrate mine monitor move normalize normalise notify obtain one-hot open
 optimize optimise package page pair parse partition persist pick ping plot post
 predict prepare preprocess pretrain prime process produce profile promote prune publish
-pull push quantize query rank read rerank re-rank fill rebalance rebuild recompute recompute reconcile record
+pull push quantize query rank read rerank re-rank fill rebalance rebuild recompute
+reconcile record
 refresh register reindex release reload remove render reorder repartition replay report
 resample rescale reshape resize restore retrain retrieve return reweight roll rotate run
 sample sanitize save scale scan schedule score scrape segment select send serve shard
@@ -71,29 +76,30 @@ start stem stitch store stream strip submit summarize summarise swap sync synthe
 synthesise tag take tear test threshold tokenize tokenise track train transcode
 transcribe transform translate trim truncate tune unzip update upload upsert use validate
 vectorize vectorise verify visualize warm watermark whiten write zip
-""".split())
+""")
 # Verbs whose object is the workflow's delivery (what category prior they imply).
 _CATEGORY_OF_VERB = {
-    **dict.fromkeys("download fetch pull grab get query scrape crawl ingest collect harvest "
-                    "consume read obtain stream export dump capture".split(), "ingest"),
-    **dict.fromkeys("train fine-tune finetune fit retrain pretrain distill tune "
-                    "backtest forecast".split(), "train"),
-    **dict.fromkeys("evaluate benchmark validate test measure grade compare calibrate "
-                    "rank".split(), "evaluate"),
-    **dict.fromkeys("deploy publish push register promote release notify email post send "
+    **dict.fromkeys(_wordset("download fetch pull grab get query scrape crawl ingest collect "
+                             "harvest consume read obtain stream export dump capture"),
+                    "ingest"),
+    **dict.fromkeys(_wordset("train fine-tune finetune fit retrain pretrain distill tune "
+                    "backtest forecast"), "train"),
+    **dict.fromkeys(_wordset("evaluate benchmark validate test measure grade compare calibrate "
+                    "rank"), "evaluate"),
+    **dict.fromkeys(_wordset("deploy publish push register promote release notify email post send "
                     "page upsert upload write store save persist serve open log report "
-                    "alert archive".split(), "deliver"),
+                    "alert archive"), "deliver"),
 }
-_ADVERBS = frozenset("then also first next finally afterwards after that and so please "
-                     "just only now immediately subsequently lastly later".split())
-_STOP = frozenset("""
+_ADVERBS = _wordset("then also first next finally afterwards after that and so please "
+                     "just only now immediately subsequently lastly later")
+_STOP = _wordset("""
 a an the of to in on for from with and or by at as into onto over per each every all any
 it its it's this that these those them their they we our us you your is are be been being
 was were will should must can could would may might do does done using use via than then
 also just only both either which who whom whose what when where while if else otherwise
 so such some same other another more most less least up down out off there here after
 before once until till about across through within without between among s t yet not no
-""".split())
+""")
 _PARALLEL = re.compile(r"\b(in parallel|side by side|concurrently|at the same time|"
                        r"simultaneously|at once|in tandem)\b", re.IGNORECASE)
 # Model and tool words: a coordinated list of these is parallel work, not a fan-out.
@@ -570,8 +576,8 @@ def _split_list(text: str) -> list[str]:
     return [re.sub(r"^(?:an?|the)\s+", "", p.strip(), flags=re.I) for p in parts if p.strip()]
 
 
-_PREPS = frozenset("from on with using into to for in at by over of onto across via as "
-                   "through under side".split())
+_PREPS = _wordset("from on with using into to for in at by over of onto across via as "
+                   "through under side")
 
 
 def _coordinated(obj: str) -> tuple[str, list[str], str] | None:
@@ -643,9 +649,9 @@ def _fanout_list(obj: str) -> tuple[list[str], str] | None:
 _LEAD_SEQUENCE = re.compile(r"^(?:after\s+that|afterwards|then|next|finally|first(?:ly)?|"
                             r"lastly|last|second(?:ly)?|also)\s*,?\s+", re.I)
 _BEFORE = re.compile(r"\s+before\s+(\w+ing)\b\s*(.*)$", re.I)
-_AGGREGATE = frozenset("roll aggregate collate combine merge stitch average summarize summarise "
+_AGGREGATE = _wordset("roll aggregate collate combine merge stitch average summarize summarise "
                        "join concatenate gather collect rank select pick compare report "
-                       "publish upsert load".split())
+                       "publish upsert load")
 _NAMES = re.compile(r"((?:[A-Z][\w-]*|[a-z]+-[a-z]+-\d+)(?:\s*,\s*(?:[A-Z][\w-]*|"
                     r"[a-z]+-[a-z]+-\d+))+,?\s+(?:and|or)\s+(?:[A-Z][\w-]*|[a-z]+-[a-z]+-\d+))")
 
@@ -680,8 +686,8 @@ def parse_request(text: str) -> Request:
     sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Z\x00\"'#])|\n+", masked)
                  if s.strip(" .")]
     state = _State()
-    for sentence in sentences:
-        sentence = _LEAD_SEQUENCE.sub("", sentence.strip().rstrip(".!?"))
+    for raw_sentence in sentences:
+        sentence = _LEAD_SEQUENCE.sub("", raw_sentence.strip().rstrip(".!?"))
         hook, sentence = _hook(sentence)
         clauses = _clauses(sentence)
         # "Score all records with the model: split …, score the shards …": a heading
@@ -697,8 +703,9 @@ def parse_request(text: str) -> Request:
         for raw in clauses:
             clause_hook, clause = _hook(raw) if not hook else ("", raw)
             task_hook = hook or clause_hook
-            sentence_condition, scope = _clause(out, state, clause, kept, task_hook, heading,
-                                                scope, sentence_condition)
+            sentence_condition, scope = _clause(
+                out, state, clause, kept, hook=task_hook, heading=heading, scope=scope,
+                sentence_condition=sentence_condition)
     for t in out.tasks:
         t.text = _unmask(t.text, kept)
         t.obj = _unmask(t.obj, kept)
@@ -725,7 +732,7 @@ def _condition_text(c: Condition, kept: list[str], otherwise: bool = False,
                      otherwise, source or c.source)
 
 
-def _clause(out: Request, state: _State, clause: str, kept: list[str], hook: str,
+def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: str,
             heading: str, scope: list[str],
             sentence_condition: Condition | None) -> tuple[Condition | None, list[str]]:
     """Parse one clause into tasks (appended to ``out``); returns the condition and the
@@ -785,7 +792,8 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], hook: str
         clause = clause[: before.start()]
     verb, obj = _first_verb(clause)
     if not verb:
-        _no_verb(out, state, clause, kept, mods, loop_max, loop_until, condition)
+        _no_verb(out, state, clause, kept, mods=mods, loop_max=loop_max, loop_until=loop_until,
+                 condition=condition)
         return sentence_condition, scope
     if verb in _WEAK_VERBS and not obj.lower().startswith(("it ", "them ")) and \
             not re.search(r"\bto\s+\w+", obj):
@@ -797,7 +805,7 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], hook: str
         verb, obj = m.group(1).lower(), m.group(2)
     if verb in _AGGREGATE:
         scope = []
-    items, obj, shards = _fanout(obj, mods, state, scope, fan_trials, verb)
+    items, obj, shards = _fanout(obj, mods, state, scope=scope, fan_trials=fan_trials, verb=verb)
     subjects = [obj]
     if mods.parallel and not items:
         co = _coordinated(obj)
@@ -836,7 +844,7 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], hook: str
     return sentence_condition, scope
 
 
-def _no_verb(out: Request, state: _State, clause: str, kept: list[str], mods: _Mods,
+def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods: _Mods,
              loop_max: int, loop_until: Condition | None, condition: Condition | None) -> None:
     """A clause without an imperative verb: modifiers of a named step, or context."""
     if (mods.any() or loop_max) and out.tasks:
@@ -861,7 +869,7 @@ def _no_verb(out: Request, state: _State, clause: str, kept: list[str], mods: _M
     out.context.append(text)
 
 
-def _fanout(obj: str, mods: _Mods, state: _State, scope: list[str], fan_trials: int,
+def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trials: int,
             verb: str) -> tuple[list[str], str, int]:
     """(items, object without the list, shards this task makes)."""
     split_into = re.search(r"\b(?:into|in)\s+(\d+|" + _NUM[1:-1] + r")\s+(shards?|chunks?|"
@@ -905,10 +913,10 @@ def _count(obj: str, counts: dict[str, int], per: re.Match[str] | None) -> list[
                 return [f"{stem(unit)}-{i}" for i in range(1, count + 1)]
         if stem(unit) in counts:
             return [str(i) for i in range(counts[stem(unit)])]
-    for unit, n in counts.items():
+    for unit, size in counts.items():
         if re.search(r"\b(?:the|each|every|all)\s+(?:\w+\s+)?" + re.escape(unit) + r"s?\b",
                      obj, re.I):
-            return [str(i) for i in range(n)]
+            return [str(i) for i in range(size)]
     return []
 
 

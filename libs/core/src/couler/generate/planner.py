@@ -17,6 +17,7 @@ never substitutes a generic workflow for the one asked.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Mapping
@@ -40,14 +41,18 @@ from couler.generate.templates import Template
 
 __all__ = ["MAX_REQUEST", "GenerationReport", "plan", "plan_spec"]
 
+def _wordset(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
 #: Longest request the planner reads (characters); longer ones are refused.
 MAX_REQUEST = 8000
-_STOP_NAME = frozenset("""
+_STOP_NAME = _wordset("""
 a an the of to in on for from with and or by at as into onto over per each every all any
 it its this that these those them their they our your is are be using use via than then
 also just only both same other new up out off there here after before once until about
 across through within without between s whose which what when where while if so some
-""".split())
+""")
 _URI = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s,;()\"']+", re.I)
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+\w")
 _CHANNEL = re.compile(r"#[\w-]+")
@@ -170,6 +175,7 @@ class _Builder:
         self.notes: list[str] = []
         self.choices: list[str] = []
         self.sources = list(parsed.sources)
+        self.measured: dict[tuple[str, str, str], _Step] = {}  # condition -> its metric step
 
     # -- names and templates
 
@@ -259,7 +265,7 @@ class _Builder:
         order: list[int] = []
         hooks: dict[str, list[_Step]] = {"failure": [], "exit": [], "success": []}
         built: list[_Step] = []
-        for task in parsed.tasks:
+        for task in _expand_named(parsed.tasks):
             if task.items:
                 # each copy works on one item: the step's text names the item, not the list
                 task.text, task.obj = _one_item(task.text, task.items), _one_item(task.obj,
@@ -331,17 +337,23 @@ class _Builder:
         cond = step.task.condition
         assert cond is not None
         metric_words = {stem(w) for w in words(cond.metric)} - {"it", "its", "the", "model"}
+        key = (cond.metric, cond.op, cond.value)
+        measured = self.measured.get(key)
         index = built.index(step)
-        candidates = [s for s in built[:index] if s.task.condition is None or s is not step]
-        measured = None
-        for s in reversed(candidates):
-            have = {stem(w) for w in words(s.task.text)}
-            if s.template.metric and (metric_words & have or s in previous):
-                measured = s
-                break
+        candidates = [s for s in built[:index] if s.template.metric]
+        if measured is None:
+            # the step that reports it: named like the metric, else the latest that measures
+            def says(s: _Step) -> bool:
+                have = {stem(w) for w in words(f"{s.task.text} {s.template.metric}")}
+                return bool(metric_words & have)
+
+            measured = next((s for s in reversed(candidates) if says(s)), None)
+            if measured is None and candidates and any(c in previous for c in candidates):
+                measured = candidates[-1]
         if measured is None:
             # nothing reports the metric: measure it after the step it is about
-            about = next((s for s in reversed(candidates)
+            earlier = built[:index]
+            about = next((s for s in reversed(earlier)
                           if metric_words & {stem(w) for w in words(s.task.text)}), None)
             about = about or (previous[-1] if previous else None)
             if about is None:
@@ -357,6 +369,7 @@ class _Builder:
             extra.append(measured)
             self.subtasks.append(_describe(task, template) + " (added: the condition "
                                  "needs a measured value)")
+        self.measured[key] = measured
         value = cond.value
         if not value:
             pname = _slug(f"baseline-{cond.metric}", 60)
@@ -430,7 +443,8 @@ class _Builder:
     def _load_for(self, step: _Step) -> _Step:
         source = next(iter(_URI.findall(step.task.text)), "") or (
             self.sources.pop(0) if self.sources else "")
-        about = re.split(r"\b(?:with|using|and|to|into|then)\b", step.task.obj)[0]
+        about = re.split(r"\b(?:with|using|and|to|into|then)\b",
+                         step.task.obj.replace("{{item}}", " "))[0]
         task = Task(f"load {about.strip()} {source}".strip(), "load", about.strip(),
                     step.task.stage)
         template = self._pick(task, category="ingest", produces="data")
@@ -467,6 +481,30 @@ class _Builder:
             timeout_seconds=t.timeout, cpu=t.cpu, memory=t.memory,
             gpu=t.gpu or (1 if s.template.gpu and t.gpu == 0 and _asks_gpu(t) else 0),
             when=s.when, foreach=foreach, tune=s.tune, loop=s.loop)
+
+
+#: A list of at most this many names without a limit on concurrency becomes one step per
+#: name (named after it); longer lists, counts and limited ones stay a fan-out.
+_NAMED_COPIES = 8
+
+
+def _expand_named(tasks: list[Task]) -> list[Task]:
+    """Tasks over a short list of names ("for the web and mobile surfaces") as one task per
+    name, each naming its own; others as they are."""
+    out: list[Task] = []
+    for task in tasks:
+        named = task.items and not any(re.fullmatch(r"[\w-]*\d+", i) for i in task.items)
+        if not named or len(task.items) > _NAMED_COPIES or task.max_parallel or task.hook:
+            out.append(task)
+            continue
+        for item in task.items:
+            copy = dataclasses.replace(task, items=())
+            copy.text = _one_item(task.text, task.items).replace("{{item}}", item)
+            copy.obj = _one_item(task.obj, task.items).replace("{{item}}", item)
+            if item.lower() not in copy.obj.lower():
+                copy.obj = f"{copy.obj} {item}"
+            out.append(copy)
+    return out
 
 
 def _one_item(text: str, items: tuple[str, ...]) -> str:
@@ -555,7 +593,8 @@ def _describe(task: Task, template: Template) -> str:
                     f"{', ...' if len(task.items) > 4 else ''})")
     if task.condition is not None:
         c = task.condition
-        bits.append(f"{'unless' if c.otherwise else 'if'} {c.metric} {c.op} {c.value or 'baseline'}")
+        word = "unless" if c.otherwise else "if"
+        bits.append(f"{word} {c.metric} {c.op} {c.value or 'baseline'}")
     for label, value in (("gpu", task.gpu), ("memory", task.memory), ("retries", task.retries),
                          ("timeout", f"{task.timeout}s" if task.timeout else ""),
                          ("at most in parallel", task.max_parallel),

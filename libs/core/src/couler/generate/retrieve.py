@@ -19,19 +19,27 @@ from couler.generate.templates import Template
 
 __all__ = ["Retriever", "category_of"]
 
+def _wordset(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
 _VERB_CATEGORY = {
-    **dict.fromkeys("download fetch pull grab get query scrape crawl ingest collect harvest "
-                    "consume read obtain stream export dump capture load".split(), "ingest"),
-    **dict.fromkeys("train fine-tune finetune fit retrain pretrain distill tune backtest "
-                    "forecast launch".split(), "train"),
-    **dict.fromkeys("evaluate benchmark validate test measure grade compare calibrate rank "
-                    "average collate score".split(), "evaluate"),
-    **dict.fromkeys("deploy publish push register promote release notify email post send page "
-                    "upsert upload write store save persist serve open alert archive append "
-                    "report ping".split(), "deliver"),
+    **dict.fromkeys(_wordset(
+        "download fetch pull grab get query scrape crawl ingest collect harvest "
+        "consume read obtain stream export dump capture load"), "ingest"),
+    **dict.fromkeys(_wordset(
+        "train fine-tune finetune fit retrain pretrain distill tune backtest "
+        "forecast launch"), "train"),
+    **dict.fromkeys(_wordset(
+        "evaluate benchmark validate test measure grade compare calibrate rank "
+        "average collate score"), "evaluate"),
+    **dict.fromkeys(_wordset(
+        "deploy publish push register promote release notify email post send page "
+        "upsert upload write store save persist serve open alert archive append "
+        "report ping"), "deliver"),
 }
-_STOP = frozenset("a an the of to in on for from with and or by at as into it its this that "
-                  "them their our we all each every any is are be using via".split())
+_STOP = _wordset("a an the of to in on for from with and or by at as into it its this that "
+                  "them their our we all each every any is are be using via")
 
 
 def category_of(verb: str) -> str:

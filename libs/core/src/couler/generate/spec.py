@@ -500,7 +500,7 @@ def assemble(spec: WorkflowSpec, templates: Mapping[str, Template]) -> ir.Workfl
     names = [s.name for s in (*main, *hooks)]
     by_name = {s.name: s for s in main}
     for s in (*main, *hooks):
-        _check_step(wf, s, names, by_name, templates, issues)
+        _check_step(wf, s, names, by_name, templates=templates, issues=issues)
     for p in spec.parameters:
         if not _PARAM.match(p):
             issues.append(Issue(wf, "", f"parameters.{p}", "not a valid parameter name"))
@@ -536,7 +536,7 @@ _PARAM_REF = re.compile(r"\{\{\s*parameters\.([A-Za-z0-9_-]+)\s*\}\}")
 _PARAM_HELP = "set with -p NAME=VALUE (a path, URI or name the request did not give)"
 
 
-def _check_step(wf: str, s: StepSpec, names: Sequence[str], by_name: Mapping[str, StepSpec],
+def _check_step(wf: str, s: StepSpec, names: Sequence[str], by_name: Mapping[str, StepSpec], *,
                 templates: Mapping[str, Template], issues: list[Issue]) -> None:
     def bad(fld: str, why: str) -> None:
         issues.append(Issue(wf, s.name, fld, why))
@@ -554,12 +554,13 @@ def _check_step(wf: str, s: StepSpec, names: Sequence[str], by_name: Mapping[str
             bad("template", f"{s.template!r} is not in the catalog")
             return
         known = {p.name for p in t.params}
-        for p in sorted(set(s.params) - known):
-            bad(f"params.{p}", f"not a parameter of {t.name!r} "
+        for unknown in sorted(set(s.params) - known):
+            bad(f"params.{unknown}", f"not a parameter of {t.name!r} "
                 f"({', '.join(sorted(known)) or 'none'})")
-        for p in t.params:
-            if p.default is None and not s.params.get(p.name):
-                bad(f"params.{p.name}", f"{t.name!r} needs it ({p.description or 'no default'})")
+        for tp in t.params:
+            if tp.default is None and not s.params.get(tp.name):
+                bad(f"params.{tp.name}",
+                    f"{t.name!r} needs it ({tp.description or 'no default'})")
         for kind, producer in s.inputs.items():
             if kind not in t.consumes:
                 bad(f"inputs.{kind}", f"{t.name!r} does not consume {kind!r} "
@@ -659,7 +660,7 @@ def _build(wf: str, s: StepSpec, by_name: Mapping[str, StepSpec],
                     value = f"{{{{inputs.{p.name}}}}}"
                 args += [f"--{p.name}", value]
         for kind in t.consumes:
-            producers = ([s.inputs[kind]] if kind in s.inputs
+            producers = ([(s.inputs[kind], kind)] if kind in s.inputs
                          else _producers(s, kind, by_name, templates))
             if not producers and kind in t.optional:
                 continue
@@ -749,7 +750,7 @@ def _tune(wf: str, s: StepSpec, templates: Mapping[str, Template],
             if len(rng) == 2 and all(_is_number(v) for v in rng):
                 low, high = float(rng[0]), float(rng[1])
                 kind = (ir.TuneKind.INT if all(v.lstrip("-").isdigit() for v in rng)
-                        else ir.TuneKind.LOGUNIFORM if 0 < low and high / low >= 100
+                        else ir.TuneKind.LOGUNIFORM if low > 0 and high / low >= 100
                         else ir.TuneKind.UNIFORM)
                 space.append(ir.TuneParam(pname, kind, low, high))
             else:

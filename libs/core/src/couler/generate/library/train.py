@@ -226,6 +226,7 @@ def templates() -> tuple[Template, ...]:
             ),
             consumes=("data",),
             produces=("model",),
+            metric="accuracy",
             gpu=True,
         ),
         define(

@@ -1,7 +1,9 @@
-"""Fine-tune a pretrained torchvision image classifier (ResNet, EfficientNet, ViT) on images."""
-from _common import TORCH_IMAGE, fail, need, out_dir, parser, read_table, write_json
+"""Fine-tune a pretrained torchvision image classifier (ResNet, EfficientNet, ViT) on images;
+the metric is the accuracy on held-out images (the manifest's ``split == "validation"`` rows,
+else a seeded 10 %)."""
+from _common import TORCH_IMAGE, fail, need, out_dir, parser, read_table, write_json, write_metric
 
-p = parser(__doc__, consumes=("data",), produces=("model",))
+p = parser(__doc__, consumes=("data",), produces=("model",), metric=True)
 p.add_argument("--model", default="resnet18",
                help="a torchvision.models name: resnet18, resnet50, efficientnet_b0, vit_b_16")
 p.add_argument("--epochs", default="3")
@@ -22,6 +24,13 @@ manifest = read_table(src, "--in-data", "manifest")
 if "path" not in manifest.columns or args.target not in manifest.columns:
     fail(f"--in-data {src}: the manifest needs 'path' and {args.target!r} columns")
 classes = sorted(manifest[args.target].astype(str).unique())
+if "split" in manifest.columns and (manifest["split"] == "validation").any():
+    held = manifest["split"] == "validation"
+else:
+    held = manifest.index.isin(manifest.sample(frac=0.1, random_state=0).index)
+validation, manifest = manifest[held].reset_index(drop=True), manifest[~held].reset_index(drop=True)
+if validation.empty:
+    fail(f"--in-data {src}: too few images to hold any out for validation")
 if len(classes) < 2:
     fail(f"--target {args.target!r}: fewer than two classes")
 t = tv.transforms
@@ -30,11 +39,14 @@ prep = t.Compose([t.Resize((int(args.size), int(args.size))), t.ToTensor(),
 
 
 class Images(torch.utils.data.Dataset):
+    def __init__(self, rows):
+        self.rows = rows
+
     def __len__(self):
-        return len(manifest)
+        return len(self.rows)
 
     def __getitem__(self, k):
-        row = manifest.iloc[k]
+        row = self.rows.iloc[k]
         path = src / row["path"]
         if not path.is_file():
             fail(f"--in-data: image {path} listed in the manifest is missing")
@@ -55,7 +67,8 @@ elif hasattr(model, "heads"):
     model.heads.head = torch.nn.Linear(model.heads.head.in_features, len(classes))
 device = "cuda" if torch.cuda.is_available() else "cpu"
 model.to(device)
-loader = torch.utils.data.DataLoader(Images(), batch_size=int(args.batch_size), shuffle=True)
+loader = torch.utils.data.DataLoader(Images(manifest), batch_size=int(args.batch_size),
+                                     shuffle=True)
 optimizer = torch.optim.AdamW(model.parameters(), lr=float(args.learning_rate))
 loss_fn = torch.nn.CrossEntropyLoss()
 for epoch in range(int(args.epochs)):
@@ -71,8 +84,16 @@ for epoch in range(int(args.epochs)):
         correct += int((logits.argmax(1) == target).sum())
         total += len(target)
     print(f"epoch {epoch + 1}: loss {float(loss):.4f}, train accuracy {correct / total:.3f}")
+model.eval()
+hits = seen = 0
+with torch.no_grad():
+    for images, target in torch.utils.data.DataLoader(Images(validation),
+                                                      batch_size=int(args.batch_size)):
+        hits += int((model(images.to(device)).argmax(1).cpu() == target).sum())
+        seen += len(target)
 out = out_dir(args.out_model)
 torch.save(model.state_dict(), out / "model.pt")
 write_json(out / "card.json", {"library": "torchvision", "file": "model.pt", "task":
                                "classification", "architecture": args.model, "classes": classes,
                                "size": int(args.size), "target": args.target})
+write_metric(args.metric_file, "accuracy", hits / seen, extra={"validation_images": seen})
