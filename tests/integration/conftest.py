@@ -10,7 +10,9 @@ tested on a secured server in ``test_bus_security.py``, and on the real stack in
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,3 +47,12 @@ def serve(loop: LoopThread) -> Iterator[Callable[..., RpcServer]]:
     yield start
     for server in started:
         loop.run(server.stop(None))
+
+
+@pytest.fixture(scope="session")
+def ml_python() -> Path:
+    """.venv-ml's interpreter (the catalog's tabular libraries), made by the setup script
+    when absent (idempotent)."""
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([str(root / "scripts" / "setup-ml-venv.sh")], check=True, timeout=900)
+    return root / ".venv-ml" / "bin" / "python"

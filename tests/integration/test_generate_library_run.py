@@ -22,13 +22,6 @@ from couler_runtime.local.engine import LocalEngine
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def ml_python() -> Path:
-    """.venv-ml's interpreter, made by the setup script when absent (idempotent)."""
-    subprocess.run([str(ROOT / "scripts" / "setup-ml-venv.sh")], check=True, timeout=900)
-    return ROOT / ".venv-ml" / "bin" / "python"
-
-
 def run(python: Path | str, tmp: Path, name: str, *args: str,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     script = tmp / f"{name}.py"

@@ -76,6 +76,13 @@ start stem stitch store stream strip submit summarize summarise swap sync synthe
 synthesise tag take tear test threshold tokenize tokenise track train transcode
 transcribe transform translate trim truncate tune unzip update upload upsert use validate
 vectorize vectorise verify visualize warm watermark whiten write zip
+keep choose retain refit assess spin kick shut ship trigger invoke orchestrate backup mirror
+replicate purge chart recommend search host expose encrypt decrypt anonymize anonymise redact
+pseudonymize union pivot unpivot winsorize clip relabel oversample undersample overwrite
+insert vacuum compact subsample stratify judge rerun resume share draw caption recognize
+dedup ensemble blend featurize calculate raise escalate terminate destroy provision denoise
+enhance upscale decompress untar transfer poll subscribe ensure confirm message alert warn
+notify flag re-train re-run fine-tune pre-train post-process postprocess preprocess
 """)
 # Verbs whose object is the workflow's delivery (what category prior they imply).
 _CATEGORY_OF_VERB = {
@@ -549,7 +556,9 @@ def _clauses(sentence: str) -> list[str]:
             piece = pieces[i]
             sep = pieces[i - 1] if i else ""
             starts_sub = _SUBORDINATE.match(piece) is not None
-            starts_verb = bool(_first_verb(piece)[0])
+            verb, rest = _first_verb(piece)
+            # "split it into train and test": a verb alone after a bare "and" is a noun
+            starts_verb = bool(verb) and (bool(rest.strip()) or "," in sep)
             if current and not waiting and (starts_verb or starts_sub):
                 out.append(current)
                 current = piece
@@ -619,14 +628,19 @@ def _coordinated(obj: str) -> tuple[str, list[str], str] | None:
     while j < len(tokens) and lowered[j] not in _PREPS and j - right_start < 4:
         j += 1
     left, right = tokens[i:k], tokens[right_start:j]
+    while left and left[0].lower() in ("a", "an", "the"):
+        left = left[1:]
     if not left or not right:
         return None
+    head = tokens[:i]
+    while head and head[-1].lower() in ("a", "an", "the"):
+        head = head[:-1]
     items = [" ".join(left), " ".join(right)]
     if len(left) == 1 and len(right) == 2 and not _TOOLS.search(left[0]):
         # "the web and mobile surfaces": one head noun shared by both
         items = [left[0], right[0]]
-        return " ".join(tokens[:i]) + " ", items, " " + " ".join(tokens[right_start + 1:])
-    return " ".join(tokens[:i]) + " ", items, " " + " ".join(tokens[j:])
+        return " ".join(head) + " ", items, " " + " ".join(tokens[right_start + 1:])
+    return " ".join(head) + " ", items, " " + " ".join(tokens[j:])
 
 
 def _fanout_list(obj: str) -> tuple[list[str], str] | None:
@@ -681,6 +695,7 @@ def parse_request(text: str) -> Request:
     """Parse ``text`` into sub-tasks with their modifiers (see the module docstring)."""
     request = " ".join(text.split())
     out = Request(request)
+    request = re.sub(r"\b(fine|pre|re)[ -](tun|train)", r"\1-\2", request, flags=re.I)
     masked, kept = _mask(request)
     out.schedule, out.timezone, masked = _schedule(masked)
     sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Z\x00\"'#])|\n+", masked)
@@ -812,7 +827,7 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         if co is not None:
             prefix, parts, suffix = co
             if any(_TOOLS.search(p) for p in parts) or re.search(r"\bboth\b", obj, re.I):
-                subjects = [f"{prefix}{p}{suffix}" for p in parts]
+                subjects = [" ".join(f"{prefix}{p}{suffix}".split()) for p in parts]
             else:
                 items = [p.split()[-1] for p in parts]
     if pre_task:
@@ -886,6 +901,8 @@ def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trial
     if fan is not None and (mods.parallel or per is not None or mods.max_parallel
                             or re.search(r"\b(?:each|every)\b", obj, re.I)):
         return fan[0], fan[1], 0
+    if verb in _AGGREGATE:
+        return [], obj, 0  # "merge the shards", "collate the scores": one step over all
     if scope:
         return list(scope), obj, 0
     if fan_trials:

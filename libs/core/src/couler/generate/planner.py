@@ -53,7 +53,9 @@ it its this that these those them their they our your is are be using use via th
 also just only both same other new up out off there here after before once until about
 across through within without between s whose which what when where while if so some
 """)
-_URI = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s,;()\"']+", re.I)
+_URI = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s,;()\"']+|(?<![\w/])(?:~|\.{1,2})?/[\w.@+-]+"
+                  r"(?:/[\w.@+-]+)+/?|(?<![\w/])[\w-]+(?:/[\w.-]+)*\.(?:csv|tsv|parquet|"
+                  r"jsonl?|zip|tar|gz|txt|xlsx?|avro|orc)\b", re.I)
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+\.[\w.-]+\w")
 _CHANNEL = re.compile(r"#[\w-]+")
 _SOURCE_PARAMS = ("source", "url", "uri", "path", "input", "query", "table", "location")

@@ -32,7 +32,7 @@ _VERB_CATEGORY = {
         "forecast launch"), "train"),
     **dict.fromkeys(_wordset(
         "evaluate benchmark validate test measure grade compare calibrate rank "
-        "average collate score"), "evaluate"),
+        "average collate score keep choose select pick retain assess judge"), "evaluate"),
     **dict.fromkeys(_wordset(
         "deploy publish push register promote release notify email post send page "
         "upsert upload write store save persist serve open alert archive append "

@@ -75,6 +75,16 @@ class PathMap:
         for path in files:
             if path.startswith("/") and self._mount_of(path, mounts) is None:
                 self.mapping[path.rstrip("/") or "/"] = str(root) + path.rstrip("/")
+        # In a container the directories holding declared paths exist too: a step may be
+        # given one (``--in-report /tmp/couler/in/report`` holding one report per
+        # producer). Parents three levels deep or more map like the paths they hold;
+        # shallower ones ("/tmp", "/data/x") stay as they are.
+        for path in list(self.mapping):
+            parent = path.rsplit("/", 1)[0]
+            while parent.count("/") >= 3 and parent not in self.mapping:
+                if self._mount_of(parent, mounts) is None:
+                    self.mapping[parent] = str(root) + parent
+                parent = parent.rsplit("/", 1)[0]
         self.mounts = {m.rstrip("/"): str(host) for m, host in mounts.items()}
         keys = sorted([*self.mapping, *self.mounts], key=len, reverse=True)
         self._pattern = (re.compile("|".join(re.escape(k) + _PATH_END for k in keys))

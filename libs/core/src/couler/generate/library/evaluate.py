@@ -187,7 +187,9 @@ def templates() -> tuple[Template, ...]:
             "evaluate",
             ("Rank trials or candidate models by a metric (a leaderboard) and pick the best one."),
             "rank, ranking, leaderboard, compare models, compare trials, best model, pick "
-            "best, select best, winner, champion, sort by metric, rank trials by rmse",
+            "best, select best, winner, champion, sort by metric, rank trials by rmse, keep, "
+            "best, better, lower, higher, lowest, highest, select, pick, choose, whichever, "
+            "top configurations, top models, winning model",
             image=TABULAR_IMAGE,
             params=(
                 param("metric", "auc", "the metric in each metrics.json: auc, f1, rmse..."),

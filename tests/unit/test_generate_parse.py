@@ -1,0 +1,128 @@
+"""The request parser: clauses, order, parallel work, fan-out, modifiers, conditions, hooks,
+loops, tuning and schedules — each read from English structure, not from fixed sentences."""
+
+from __future__ import annotations
+
+import pytest
+
+from couler.generate.parse import parse_request
+
+
+def _tasks(text: str) -> list[tuple[str, int]]:
+    return [(t.verb, t.stage) for t in parse_request(text).tasks]
+
+
+@pytest.mark.parametrize(("text", "cron"), [
+    ("Every Tuesday at 7:30 pm, refresh the features.", "30 19 * * 2"),
+    ("Refresh the features every 15 minutes.", "*/15 * * * *"),
+    ("Every 4 hours, pull the logs and score them.", "0 */4 * * *"),
+    ("Nightly at 23:10 UTC, retrain the ranker.", "10 23 * * *"),
+    ("On the 15th of every month at 06:00, rebuild the index.", "0 6 15 * *"),
+    ("Every day at 5am, export the table.", "0 5 * * *"),
+    ("Run hourly: pull metrics and detect anomalies.", "0 * * * *"),
+])
+def test_schedules_become_cron(text: str, cron: str) -> None:
+    assert parse_request(text).schedule == cron
+
+
+def test_an_adjective_is_not_a_schedule() -> None:
+    # "hourly" describes the data here, it does not schedule the workflow
+    assert parse_request("Forecast hourly demand with Prophet.").schedule == ""
+
+
+def test_sequence_words_order_the_clauses() -> None:
+    text = ("Download the logs from https://x.example/logs.csv, clean them, and then fit an "
+            "isolation forest. After that, post the outliers to Slack.")
+    assert _tasks(text) == [("download", 0), ("clean", 1), ("fit", 2), ("post", 3)]
+
+
+def test_a_coordinated_list_of_models_is_parallel_work() -> None:
+    tasks = parse_request("Train a gradient boosting model and a logistic regression "
+                          "simultaneously on the churn table, then compare them.").tasks
+    assert [t.stage for t in tasks] == [0, 0, 1]
+    assert {t.obj for t in tasks[:2]} == {"gradient boosting model on the churn table",
+                                          "logistic regression on the churn table"}
+
+
+def test_a_list_of_names_fans_out() -> None:
+    task = parse_request("Retrain the demand model for Berlin, Paris, Madrid and Rome in "
+                         "parallel, with at most 2 running at once.").tasks[0]
+    assert task.items == ("Berlin", "Paris", "Madrid", "Rome")
+    assert task.max_parallel == 2
+
+
+def test_a_count_fans_out_after_a_split() -> None:
+    tasks = parse_request("Split the corpus into 12 shards and tokenize each shard with "
+                          "3 retries, then merge the shards.").tasks
+    assert tasks[0].shards == 12
+    assert tasks[1].items == tuple(str(i) for i in range(12)) and tasks[1].retries == 3
+    assert tasks[2].items == ()  # merging ends the fan-out
+
+
+@pytest.mark.parametrize(("text", "gpu", "memory", "timeout"), [
+    ("Fine-tune BERT with 2 A100s and 64Gi of memory.", 2, "64Gi", 0),
+    ("Train the detector on a single GPU with a 90-minute timeout.", 1, "", 5400),
+    ("Embed the documents on the GPU; it must not run longer than 2 hours.", 1, "", 7200),
+    ("Train the model with 16 GB of RAM and a 3 hour limit.", 0, "16Gi", 10800),
+])
+def test_resources_and_timeouts(text: str, gpu: int, memory: str, timeout: int) -> None:
+    task = parse_request(text).tasks[0]
+    assert (task.gpu, task.memory, task.timeout) == (gpu, memory, timeout)
+
+
+def test_a_sentence_of_modifiers_applies_to_the_step_it_names() -> None:
+    tasks = parse_request("Scrape the product pages, then summarize them with an LLM. "
+                          "The scraper is flaky, so retry it 6 times.").tasks
+    assert [t.retries for t in tasks] == [6, 0]
+
+
+def test_condition_and_else_branch() -> None:
+    tasks = parse_request("Train the classifier and evaluate its recall. If recall is below "
+                          "0.6, page the data team; otherwise deploy it to staging.").tasks
+    page, deploy = tasks[-2], tasks[-1]
+    assert page.condition is not None and deploy.condition is not None
+    assert (page.condition.op, page.condition.value, page.condition.otherwise) == ("<", "0.6",
+                                                                                  False)
+    assert deploy.condition.otherwise and page.stage == deploy.stage
+
+
+def test_trailing_only_if_condition() -> None:
+    task = parse_request("Score the holdout, and publish the model only if AUC exceeds "
+                         "0.91.").tasks[-1]
+    assert task.condition is not None
+    assert (task.condition.metric, task.condition.op, task.condition.value) == ("AUC", ">",
+                                                                                "0.91")
+
+
+@pytest.mark.parametrize(("text", "hook", "verb"), [
+    ("Train the model. If the pipeline fails, email ops@example.com.", "failure", "email"),
+    ("Train the model. Should anything fail, notify #ml-oncall on Slack.", "failure", "notify"),
+    ("Train the model. Regardless of the result, delete the scratch bucket.", "exit", "delete"),
+])
+def test_exit_hooks(text: str, hook: str, verb: str) -> None:
+    last = parse_request(text).tasks[-1]
+    assert (last.hook, last.verb) == (hook, verb)
+
+
+def test_loop_until_a_metric_or_a_round_limit() -> None:
+    task = parse_request("Fine-tune the ResNet in rounds of 2 epochs; after each round "
+                         "measure top-1 accuracy and stop once it reaches 0.9 or after the "
+                         "5th round.").tasks[0]
+    assert task.loop_max == 5
+    assert task.loop_until is not None and task.loop_until.value == "0.9"
+
+
+def test_tuning_and_separate_trial_jobs() -> None:
+    tuned = parse_request("Tune a CatBoost model with 40 trials of random search.").tasks[0]
+    assert (tuned.tune_trials, tuned.tune_sampler, tuned.items) == (40, "random", ())
+    jobs = parse_request("Run 20 hyperparameter trials of the ranker as separate jobs, 5 at a "
+                         "time.").tasks[0]
+    assert len(jobs.items) == 20 and jobs.max_parallel == 5 and jobs.tune_trials == 0
+
+
+def test_context_sentences_are_not_steps() -> None:
+    parsed = parse_request("Our clickstream lands in s3://lake/clicks/. Sessionize it and "
+                           "train a GRU4Rec model.")
+    assert [t.verb for t in parsed.tasks] == ["sessionize", "train"] or \
+        [t.verb for t in parsed.tasks][-1] == "train"
+    assert parsed.sources == ["s3://lake/clicks/"]
