@@ -82,7 +82,8 @@ pseudonymize union pivot unpivot winsorize clip relabel oversample undersample o
 insert vacuum compact subsample stratify judge rerun resume share draw caption recognize
 dedup ensemble blend featurize calculate raise escalate terminate destroy provision denoise
 enhance upscale decompress untar transfer poll subscribe ensure confirm message alert warn
-notify flag re-train re-run fine-tune pre-train post-process postprocess preprocess
+notify flag re-train re-run fine-tune pre-train post-process postprocess preprocess route
+probe
 """)
 # Verbs whose object is the workflow's delivery (what category prior they imply).
 _CATEGORY_OF_VERB = {
@@ -235,82 +236,101 @@ def _clock(h: str, m: str | None, ampm: str | None) -> tuple[int, int]:
     return hour, minute
 
 
-_SCHEDULES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"\bevery\s+(\d+)\s+minutes?\b", re.I), "minutes"),
-    (re.compile(r"\bevery\s+(?:(\d+|two|three|four|six|eight|twelve)\s+)?hours?\b"
-                r"(?:\s+at\s+:?(\d{2}))?", re.I), "hours"),
-    (re.compile(r"(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be)\s+)hourly\b", re.I), "hourly"),
-    (re.compile(r"\b(?:every|each|on)\s+((?:mon|tues|wednes|thurs|fri|satur|sun)day)s?\b"
-                r"(?:\s+(?:morning|evening|night))?(?:,?\s*" + _TIME + r")?", re.I), "weekday"),
-    (re.compile(r"\b(?:on\s+)?the\s+(\d{1,2})(?:st|nd|rd|th)?\s+(?:day\s+)?of\s+(?:every|each)"
-                r"\s+month(?:,?\s*" + _TIME + r")?", re.I), "monthly"),
-    (re.compile(r"\b(?:every|each)\s+month(?:\s+on\s+the\s+(\d{1,2})(?:st|nd|rd|th)?)?"
-                r"(?:,?\s*" + _TIME + r")?|\bmonthly\b", re.I), "month"),
-    (re.compile(r"\b(?:every|each)\s+(?:day|night|morning|evening|weekday)|(?:^|[,.;:]\s*|"
-                r"\b(?:run|runs|ran|scheduled|is|be)\s+)(?:nightly|daily)\b", re.I), "daily"),
-    (re.compile(r"\b(?:every|each)\s+week\b|(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be)"
-                r"\s+)weekly\b", re.I), "weekly"),
-]
-_AT_TIME = re.compile(r"(?:\bat|\bfor|scheduled for|,)\s+(\d{1,2})(?::(\d{2}))\s*"
-                      r"(am|pm)?(?:\s*(utc|gmt))?|\bat\s+(\d{1,2})\s*(am|pm)\b|"
-                      r"\bat\s+(midnight|noon)\b", re.I)
+_DAY = r"(?:mon|tues|wednes|thurs|fri|satur|sun)day"
+_DAY_LIST = re.compile(r"\b(?:(?:every|each|on)\s+)?(" + _DAY + r"s?(?:\s*(?:,|and|&|or)\s*" + _DAY
+                       + r"s?)*)\b", re.I)
+_ANCHORS = re.compile(
+    r"\b(?:every|each)\s+(?:day|night|morning|evening|afternoon|weekday|business\s+day|week|"
+    r"month|quarter|year)\b|\b(?:on\s+)?(?:weekdays|weekends|business\s+days)\b|"
+    r"\btwice\s+(?:a\s+day|daily)\b|\b(?:three|four)\s+times\s+a\s+day\b|\bquarterly\b|"
+    r"(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be)\s+)(?:nightly|daily|weekly|monthly)\b|"
+    r"\b(?:on\s+)?the\s+(?:\d{1,2}(?:st|nd|rd|th)|first|last)\s+(?:day\s+)?of\s+(?:every|each|"
+    r"the)\s+(?:month|quarter)\b|\b(?:every|each|on)\s+" + _DAY + r"s?\b|\b" + _DAY + r"s\b|"
+    r"\bat\s+midnight\b|\bscheduled\s+for\b", re.I)
+_TIMES = re.compile(r"(?:\b(?:at|for|from|starting\s+at)\s+|,\s*|\band\s+)(\d{1,2}):(\d{2})\s*"
+                    r"(am|pm|a\.m\.|p\.m\.)?(?:\s*(utc|gmt))?|\b(?:at|and)\s+(\d{1,2})\s*"
+                    r"(am|pm|a\.m\.|p\.m\.)(?:\s*(utc|gmt))?|\bat\s+(midnight|noon)\b", re.I)
 
 
 def _schedule(text: str) -> tuple[str, str, str]:
-    """(cron, timezone, text without the schedule phrase)."""
-    for pattern, kind in _SCHEDULES:
-        m = pattern.search(text)
-        if m is None:
-            continue
-        rest = text[: m.start()] + text[m.end():]
-        minute, hour = 0, 0
-        tz = ""
+    """(cron, timezone, text without the schedule phrases)."""
+    m = re.search(r"\bevery\s+(\d+)\s+min(?:ute)?s?\b", text, re.I)
+    if m is not None:
+        return f"*/{int(m.group(1))} * * * *", "", _cut(text, m)
+    m = re.search(r"\bevery\s+(?:(\d+|two|three|four|six|eight|twelve)\s+)?hours?\b(?:\s+at\s+"
+                  r":?(\d{2})\b)?|(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be)\s+)hourly\b",
+                  text, re.I)
+    if m is not None:
+        n = _num(m.group(1)) if m.group(1) else 1
+        at = int(m.group(2)) if m.group(2) else 0
+        return (f"{at} */{n} * * *" if n > 1 else f"{at} * * * *"), "", _cut(text, m)
+    anchors = list(_ANCHORS.finditer(text))
+    if not anchors:
+        return "", "", text
+    spans: list[tuple[int, int]] = [a.span() for a in anchors]
+    found = " ".join(a.group(0).lower() for a in anchors)
+    dow, dom, months = "*", "*", "*"
+    days = sorted({_DAYS[d.lower().rstrip("s")] for lst in _DAY_LIST.finditer(text)
+                   for d in re.findall(_DAY, lst.group(1), re.I)})
+    for lst in _DAY_LIST.finditer(text):
+        spans.append(lst.span())
+    if days:
+        dow = ",".join(str(d) for d in days)
+    elif re.search(r"weekday|business\s+day", found):
+        dow = "1-5"
+    elif "weekend" in found:
+        dow = "0,6"
+    elif re.search(r"\bweek\b|weekly", found):
+        dow = "0"
+    nth = re.search(r"\bthe\s+(\d{1,2}(?:st|nd|rd|th)|first|last)\s+(?:day\s+)?of\s+(?:every|"
+                    r"each|the)\s+(month|quarter)", text, re.I)
+    if nth is not None:
+        spans.append(nth.span())
+        word = nth.group(1).lower()
+        dom = "1" if word == "first" else "L" if word == "last" else str(int(word[:-2]))
+        if nth.group(2).lower() == "quarter":
+            months = "1,4,7,10"
+    elif re.search(r"\bmonth|monthly", found):
+        dom = "1"
+    if re.search(r"quarter", found) and months == "*":
+        dom, months = ("1" if dom == "*" else dom), "1,4,7,10"
+    times: list[tuple[int, int]] = []
+    zone = ""
+    for t in _TIMES.finditer(text):
+        if t.group(8):
+            times.append((0, 0) if t.group(8).lower() == "midnight" else (12, 0))
+        elif t.group(5):
+            times.append(_clock(t.group(5), None, t.group(6)))
+            zone = zone or ("UTC" if t.group(7) else "")
+        else:
+            times.append(_clock(t.group(1), t.group(2), t.group(3)))
+            zone = zone or ("UTC" if t.group(4) else "")
+        spans.append(t.span())
+    if dom == "L":
+        dom = "28-31"  # the last day needs a check in the step; cron cannot say "last"
+    if times:
+        minute = times[0][1]
+        hours = sorted({h for h, mi in times if mi == minute})
+        hour = ",".join(str(h) for h in hours)
+    else:
+        minute, hour = 0, "2" if re.search(r"night", found) else "0"
+    merged: list[list[int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    rest = text
+    for start, end in reversed(merged):
+        rest = rest[:start] + " " + rest[end:]
+    rest = re.sub(r"\s+,", ",", re.sub(r"\b(?:scheduled\s+for|starting)\b", " ", rest,
+                                       flags=re.I))
+    return f"{minute} {hour} {dom} {months} {dow}", zone, rest
 
-        def clock(rest: str, after: int) -> tuple[int, int, str, str, bool]:
-            t = _AT_TIME.search(rest, max(0, after - 2))
-            if t is None:
-                t = _AT_TIME.search(rest)
-            if t is None:
-                return 0, 0, "", rest, False
-            if t.group(7):
-                h, mi = (0, 0) if t.group(7).lower() == "midnight" else (12, 0)
-            elif t.group(5):
-                h, mi = _clock(t.group(5), None, t.group(6))
-            else:
-                h, mi = _clock(t.group(1), t.group(2), t.group(3))
-            zone = "UTC" if t.group(4) else ""
-            return mi, h, zone, rest[: t.start()] + rest[t.end():], True
 
-        if kind == "minutes":
-            return f"*/{int(m.group(1))} * * * *", "", rest
-        if kind in ("hours", "hourly"):
-            n = _num(m.group(1)) if kind == "hours" and m.group(1) else 1
-            at = int(m.group(2)) if kind == "hours" and m.group(2) else 0
-            return (f"{at} */{n} * * *" if n > 1 else f"{at} * * * *"), "", rest
-        if kind == "weekday":
-            day = _DAYS[m.group(1).lower()]
-            if m.group(2):
-                hour, minute = _clock(m.group(2), m.group(3), m.group(4))
-                tz = "UTC" if m.group(5) else ""
-            else:
-                minute, hour, tz, rest, _ = clock(rest, m.start())
-            return f"{minute} {hour} * * {day}", tz, rest
-        if kind in ("monthly", "month"):
-            day_of_month = int(m.group(1)) if m.group(1) else 1
-            if m.lastindex and m.lastindex >= 2 and m.group(2):
-                hour, minute = _clock(m.group(2), m.group(3), m.group(4))
-                tz = "UTC" if m.group(5) else ""
-            else:
-                minute, hour, tz, rest, _ = clock(rest, m.start())
-            return f"{minute} {hour} {day_of_month} * *", tz, rest
-        if kind == "weekly":
-            minute, hour, tz, rest, _ = clock(rest, m.start())
-            return f"{minute} {hour} * * 0", tz, rest
-        minute, hour, tz, rest, found = clock(rest, m.start())
-        if not found and re.search(r"night", m.group(0), re.I):
-            hour = 2
-        return f"{minute} {hour} * * *", tz, rest
-    return "", "", text
+def _cut(text: str, m: re.Match[str]) -> str:
+    return text[: m.start()] + " " + text[m.end():]
+
 
 
 # --------------------------------------------------------------------------- modifiers
@@ -328,15 +348,19 @@ _TIMEOUTS = [
                r"(?:longer|more)\s+than\s+" + _DUR, re.I),
     re.compile(r"(?:time\s+out|be\s+killed|abort|stop\s+it)\s+after\s+" + _DUR, re.I),
     re.compile(r"\bat\s+most\s+" + _DUR + r"(?:\s+(?:per|each|of\s+runtime))?", re.I),
+    re.compile(r"\b(?:cap|limit)\s+(?:it|them|(?:the|each)\s+[\w-]+(?:\s+(?:step|job))?)\s+(?:at|to)"
+               r"\s+" + _DUR, re.I),
+    re.compile(r"\b(?:within|in\s+under|under)\s+" + _DUR + r"(?=\s*(?:[,.;]|$))", re.I),
 ]
 _GPU_NAMES = r"(?:gpus?|v100s?|a100s?|h100s?|t4s?|l4s?|a10g?s?|rtx\s?\d+s?|cuda\s+devices?)"
 _GPUS = [
     re.compile(r"\b" + _NUM + r"\s+(?:nvidia\s+|more\s+)?(?:\w+\s+)?" + _GPU_NAMES + r"\b"
                r"(?:\s+(?:each|per\s+\w+))?", re.I),
-    re.compile(r"\b(?:on|using|with)\s+(?:the|a)\s+(?:single\s+)?" + _GPU_NAMES + r"\b", re.I),
+    re.compile(r"\b(?:on|using|with)\s+(?:the\s+|a\s+)?(?:single\s+)?" + _GPU_NAMES + r"\b", re.I),
     re.compile(r"\b" + _GPU_NAMES + r"\s+(?:each|per\s+\w+)\b", re.I),
 ]
-_MEMORY = re.compile(r"\b(\d+(?:\.\d+)?)\s*(gi|gib|gb|g|mi|mib|mb|ti|tib|tb)\b"
+_MEMORY = re.compile(r"\b(\d+(?:\.\d+)?)\s*(gi|gib|gb|g|gigs?|gigabytes?|mi|mib|mb|megabytes?|ti|"
+                     r"tib|tb|terabytes?)\b"
                      r"(?:\s+of\s+(?:\w+\s+)?(?:memory|ram))?(?:\s+(?:memory|ram))?", re.I)
 _CPUS = re.compile(r"\b" + _NUM + r"\s+(?:v?cpus?|cpu\s+cores?|cores?)\b", re.I)
 _RETRIES = [
@@ -391,7 +415,10 @@ def _modifiers(text: str) -> tuple[_Mods, str]:
     for pattern in _RETRIES:
         m, text = _take(pattern, text)
         if m is not None:
-            mods.retries = _num(m.group(1))
+            n = _num(m.group(1))
+            # "up to 3 attempts": the first run and two retries
+            mods.retries = max(n - 1, 0) if re.search(r"attempts\b", m.group(0), re.I) and \
+                not re.search(r"retry\s+attempts", m.group(0), re.I) else n
             break
     for pattern in _MAX_PARALLEL:
         m, text = _take(pattern, text)
@@ -524,21 +551,93 @@ _SUBJECT = re.compile(r"^(?:the|this|our|my|a)\s+(?:\w+\s+)?(?:pipeline|workflow
                       r"^please\s+", re.I)
 
 
+_NOT_VERBS = frozenset("candidate rate state date estimate template update climate private "
+                       "aggregate".split()) - {"update", "aggregate", "estimate"}
+_CAUSATIVE = re.compile(r"^(?:have|let|get|make)\s+([\w.@/-]+(?:\s+[\w.@/-]+){0,2}?)\s+(\w+)\b",
+                        re.I)
+_PASSIVE = re.compile(r"\b(?:get|gets|are|is|be|should\s+be|must\s+be|will\s+be|to\s+be)\s+"
+                      r"(\w+(?:ed|en|wn|ne))\b", re.I)
+_IRREGULAR = {"written": "write", "done": "do", "run": "run", "sent": "send", "built": "build",
+              "kept": "keep", "taken": "take", "shown": "show", "drawn": "draw", "split": "split"}
+
+
+def verb_form(word: str) -> str:
+    """The base form of ``word`` when it is an action verb (as written, in the third person,
+    prefixed "re"/"pre", hyphenated "auto-label"/"re-embed", or a verb by its ending such
+    as "sessionize"); "" otherwise."""
+    w = word.lower().strip(",.;:")
+    if not w or not w[0].isalpha():
+        return ""
+    if w in VERBS:
+        return w
+    if "-" in w:
+        last = w.rsplit("-", 1)[1]
+        if last in VERBS or last in ("label", "cluster", "embed", "index", "rank", "tune"):
+            return w
+    for prefix in ("re", "pre", "post", "un"):
+        if w.startswith(prefix) and w[len(prefix):] in VERBS:
+            return w
+    if re.fullmatch(r"[a-z]{4,}(?:ize|ise|ify)", w):
+        return w
+    return ""
+
+
+def _third_person(word: str) -> str:
+    w = word.lower().strip(",.;:")
+    for cut in (("ies", "y"), ("es", ""), ("s", "")):
+        if w.endswith(cut[0]) and len(w) > len(cut[0]) + 2:
+            base = w[: -len(cut[0])] + cut[1]
+            if verb_form(base):
+                return base
+    return ""
+
+
+def _participle(word: str) -> str:
+    w = word.lower()
+    if w in _IRREGULAR:
+        return _IRREGULAR[w]
+    for cut, add in (("ied", "y"), ("ed", ""), ("ed", "e"), ("d", "")):
+        if w.endswith(cut):
+            base = w[: -len(cut)] + add
+            if verb_form(base):
+                return base
+    if len(w) > 4 and w.endswith("ed") and w[-3] == w[-4] and verb_form(w[:-3]):
+        return w[:-3]
+    return ""
+
+
 def _first_verb(text: str) -> tuple[str, str]:
-    """(verb, rest) when ``text`` starts (after adverbs) with an imperative verb."""
+    """(verb, rest) when ``text`` is an instruction: it starts (after adverbs) with a verb,
+    with a causative ("have COMET score each translation"), with a short subject and a
+    verb in the third person ("each iteration trains a ResNet"), or is passive ("files
+    that pass get loaded into Snowflake" → load, the subject its object)."""
     tokens = _SUBJECT.sub("", text.strip()).split()
     i = 0
     while i < len(tokens) and tokens[i].lower().strip(",") in _ADVERBS:
         i += 1
     if i >= len(tokens):
         return "", text
-    head = tokens[i].lower().strip(",.")
-    if head in VERBS or re.match(r"^[a-z]+-(?:encode|tune|validate|train|rank)$", head):
+    head = verb_form(tokens[i])
+    if head and tokens[i].lower().strip(",.") not in _NOT_VERBS:
         return head, " ".join(tokens[i + 1:])
+    rest = " ".join(tokens[i:])
+    m = _CAUSATIVE.match(rest)
+    if m is not None and verb_form(m.group(2)):
+        return verb_form(m.group(2)), f"{rest[m.end():].strip()} with {m.group(1)}"
     # "LoRA fine-tune it": a tool word before the verb
     if (i + 1 < len(tokens) and tokens[i + 1].lower() in ("fine-tune", "finetune", "train")
             and not tokens[i][:1].islower()):
         return tokens[i + 1].lower(), " ".join([tokens[i], *tokens[i + 2:]])
+    # "each iteration trains a ResNet-50": a short subject, a verb in the third person
+    for j in range(i + 1, min(i + 4, len(tokens))):
+        base = _third_person(tokens[j])
+        if base and tokens[i].lower() in ("each", "every", "the", "it", "this", "that", "one",
+                                          "a", "an", "then", "we", "they"):
+            return base, " ".join(tokens[j + 1:])
+    m = _PASSIVE.search(rest)
+    if m is not None and m.start() < 60 and _participle(m.group(1)):
+        subject = rest[: m.start()]
+        return _participle(m.group(1)), f"{subject.strip()} {rest[m.end():].strip()}".strip()
     return "", text
 
 
