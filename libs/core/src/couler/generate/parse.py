@@ -172,6 +172,7 @@ class Request:
     context: list[str] = field(default_factory=list)  # sentences that set the scene
     sources: list[str] = field(default_factory=list)  # URIs of context sentences
     unplaced: list[str] = field(default_factory=list)  # parts it could not understand
+    notes: list[str] = field(default_factory=list)  # how ambiguous parts were read
 
 
 def words(text: str) -> list[str]:
@@ -504,28 +505,31 @@ def _comparison(text: str) -> tuple[str, str, str] | None:
 
 # --------------------------------------------------------------------------- hooks
 
+_FAILS = r"(?:ever\s+)?(?:fails?|errors?(?:\s+out)?|breaks|crashes|goes\s+wrong|blows\s+up|dies)"
 _HOOK_FAILURE = re.compile(
-    r"^\s*(?:and\s+)?(?:if|when|whenever|in\s+case|should|on)\s+(?:any\s+(?:step|task|job|part)"
-    r"(?:\s+of\s+(?:it|the\s+\w+))?|anything(?:\s+in\s+the\s+(?:run|workflow|pipeline))?|"
-    r"something|the\s+(?:whole\s+)?(?:workflow|pipeline|run|job|dag)|it|this|a\s+(?:step|run)"
-    r")\s+(?:ever\s+)?(?:fails?|errors?(?:\s+out)?|breaks|crashes|goes\s+wrong)\s*,?\s*"
-    r"(?:then\s+)?|^\s*(?:on|upon)\s+(?:any\s+)?failure\s*,?\s*", re.I)
+    r"^\s*(?:and\s+|but\s+)?(?:if|when|whenever|in\s+case|should|on)\s+(?:any\s+(?:step|task|"
+    r"job|part)s?(?:\s+of\s+(?:it|them|the\s+\w+))?|any\s+of\s+(?:them|these|those|the\s+[\w-]+)|"
+    r"anything(?:\s+in\s+the\s+(?:run|workflow|pipeline))?|something|it|this|that|they|"
+    r"(?:the|a|this|our)\s+(?:[\w-]+\s+){0,3}?[\w-]+)\s+" + _FAILS + r"\s*,?\s*(?:then\s+)?|"
+    r"^\s*(?:on|upon|in\s+case\s+of)\s+(?:any\s+)?(?:failure|error)s?\s*,?\s*", re.I)
 _HOOK_FAILURE_TAIL = re.compile(
-    r"\s+(?:if|when|whenever|in\s+case)\s+(?:any\s+(?:step|task|job)|anything|something|"
-    r"the\s+(?:whole\s+)?(?:workflow|pipeline|run|job)|it)\s+(?:fails?|errors?|breaks|crashes)"
-    r"\s*$", re.I)
+    r",?\s+(?:if|when|whenever|in\s+case|should)\s+(?:any\s+(?:step|task|job)|anything|something|"
+    r"the\s+(?:whole\s+)?(?:workflow|pipeline|run|job|dag)|it)\s+" + _FAILS + r"\s*$|"
+    r",?\s+(?:on|upon|in\s+case\s+of)\s+(?:any\s+)?failure\s*$", re.I)
 _HOOK_SUCCESS = re.compile(
     r"^\s*(?:and\s+)?(?:if|when|once)\s+(?:everything|all\s+steps|the\s+(?:whole\s+)?"
     r"(?:workflow|pipeline|run))\s+(?:succeeds?|completes?\s+successfully|passes)\s*,?\s*|"
     r"^\s*on\s+success\s*,?\s*", re.I)
 _HOOK_EXIT = re.compile(
-    r"^\s*(?:and\s+)?(?:whatever\s+(?:the\s+)?(?:outcome|result|happens)|regardless\s+of\s+"
+    r"^\s*(?:and\s+)?(?:(?:when|once|after)\s+(?:the\s+)?(?:whole\s+)?(?:workflow|run|pipeline|"
+    r"job|dag)\s+(?:ends|finishes|completes|is\s+(?:done|over|finished))\s*,?\s*)?(?:whatever\s+(?:the\s+)?(?:outcome|result|happens)|regardless\s+of\s+"
     r"(?:the\s+)?(?:outcome|result|status)|no\s+matter\s+(?:what|the\s+outcome|how\s+it\s+ends)"
-    r"|in\s+(?:any|every)\s+case|always|success\s+or\s+(?:not|failure)|pass\s+or\s+fail)"
-    r"\s*,?\s*", re.I)
+    r"|in\s+(?:any|every)\s+case|always|success\s+or\s+(?:not|failure)|pass\s+or\s+fail|"
+    r"(?:at\s+the\s+end|when\s+(?:the\s+)?(?:workflow|run|pipeline|job|dag)\s+(?:ends|"
+    r"finishes|completes|is\s+(?:done|over)))(?=\s*,))\s*,?\s*", re.I)
 _AT_END = re.compile(r"\s*,?\s*\b(?:at\s+the\s+(?:very\s+)?end|when\s+(?:the\s+)?(?:run|workflow|"
-                     r"pipeline|job|it)\s+(?:ends|finishes|is\s+over|completes)|afterwards?)\s*$",
-                     re.I)
+                     r"pipeline|job|it|everything)\s+(?:ends|finishes|is\s+(?:over|done)|completes)|"
+                     r"when\s+(?:done|finished|complete)|afterwards?)\s*$", re.I)
 _EITHER = re.compile(r"^\s*(?:and\s+)?(?:either\s+way|in\s+both\s+cases|regardless)\s*,?\s*",
                      re.I)
 
@@ -533,16 +537,18 @@ _EITHER = re.compile(r"^\s*(?:and\s+)?(?:either\s+way|in\s+both\s+cases|regardle
 # --------------------------------------------------------------------------- clauses
 
 _SPLIT = re.compile(
-    r"\s*;\s*|\s*:\s+|,?\s+and\s+then\s+|,\s*then\s+|\s+then\s+(?=[a-z])|"
+    r"\s*;\s*|\s*:\s+|[,;]?\s*(?<![\w.])\(?(?:\d{1,2}|[a-h])\)\s+|\s+\d{1,2}\.\s+(?=[A-Za-z])|"
+    r"\s*(?:^|\s)[-*\u2022]\s+|,?\s+and\s+then\s+|,\s*then\s+|\s+then\s+(?=[a-z])|"
     r",?\s+and\s+after\s+that,?\s+|,?\s+after\s+that,?\s+|\.?\s+afterwards,?\s+|"
     r",?\s+and\s+afterwards,?\s+|,?\s+and\s+finally,?\s+|,?\s+finally,?\s+",
     re.I)
 _SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|once|unless|"
-                          r"otherwise|else|whatever|regardless|either\s+way|in\s+case|"
+                          r"otherwise|else|whatever|regardless|either\s+way|in\s+case|always|"
+                          r"should|in\s+the\s+meantime|meanwhile|in\s+that\s+case|if\s+so|"
                           r"provided|as\s+long\s+as|no\s+matter|after\s+each|for\s+(?:each|"
                           r"every))\b", re.I)
 _CONDITIONAL = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|once|unless|"
-                          r"in\s+case|provided|as\s+long\s+as|after\s+each|for\s+(?:each|"
+                          r"in\s+case|should|provided|as\s+long\s+as|after\s+each|for\s+(?:each|"
                           r"every))\b", re.I)
 _WEAK_VERBS = frozenset({"take", "use"})
 _SUBJECT = re.compile(r"^(?:the|this|our|my|a)\s+(?:\w+\s+)?(?:pipeline|workflow|job|dag|"
@@ -852,11 +858,16 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     """Parse one clause into tasks (appended to ``out``); returns the condition and the
     fan-out scope that later clauses of the sentence inherit."""
     original = _unmask(clause, kept)
-    m = re.match(r"^(?:for|in)\s+(?:each|every)\s+(?:of\s+(?:the|them|these)\s+)?([\w-]+)"
-                 r"\s*,?\s*", clause, re.I)
-    if m is not None:
-        clause = clause[m.end():]
-        scope = list(state.context_items)
+    found, clause = _scope_phrase(clause, state, kept)
+    if found is not None:
+        scope = found
+        if not clause.strip(" ,"):
+            return sentence_condition, scope  # "For each of the 8 camera models," alone
+    meanwhile = False
+    m = re.match(r"^(?:and\s+)?,?\s*(?:in\s+the\s+meantime|meanwhile|at\s+the\s+same\s+time|"
+                 r"simultaneously|concurrently|in\s+parallel)\s*,?\s*", clause, re.I)
+    if m is not None and out.tasks:
+        clause, meanwhile = clause[m.end():], True
     # "once parsing is done," / "once the integration tests pass,"
     pre_task = ""
     m = re.match(r"^(?:once|after|when)\s+(.+?)\s+(?:is|are|has|have)?\s*(?:done|finished|"
@@ -877,21 +888,40 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     if condition is None and m is not None and state.last_condition is not None:
         clause = clause[m.end():]
         either = True
+    m = re.match(r"^(?:and\s+)?(?:in\s+that\s+case|if\s+so|then)\s*,?\s*", clause, re.I)
+    if condition is None and not either and m is not None and state.last_condition is not None:
+        clause = clause[m.end():]
+        condition = state.last_condition
     if condition is None and not either:
         lead = _COND_LEAD.match(clause)
-        if lead is not None:
-            head, sep, action = clause[lead.end():].partition(",")
+        unless = re.match(r"^\s*(?:and\s+|but\s+)?unless\s+", clause, re.I)
+        if lead is not None or unless is not None:
+            start = (lead or unless).end()  # type: ignore[union-attr]
+            head, sep, action = clause[start:].partition(",")
             comp = _comparison(head) if sep else None
             if comp is not None:
                 clause = action
-                condition = _condition_text(Condition(*comp), kept, source=original)
+                condition = _condition_text(_negate(comp) if unless else Condition(*comp),
+                                            kept, source=original)
                 sentence_condition = condition
+            elif sep and _first_verb(action)[0]:
+                # "only if all of them pass, deploy …", "should it be down, restart …": no
+                # measured value to compare; the step runs after the ones before it
+                out.notes.append(f"read {_unmask(head, kept).strip()!r} as: after the steps "
+                                 "before it succeed")
+                clause = action
         if condition is None:
             tail = _COND_TAIL.search(clause)
             comp = _comparison(tail.group(1)) if tail is not None else None
             if tail is not None and comp is not None:
                 clause = clause[: tail.start()]
                 condition = _condition_text(Condition(*comp), kept, source=original)
+        if condition is None:
+            tail = re.search(r",?\s+unless\s+(.+)$", clause, re.I)
+            comp = _comparison(tail.group(1)) if tail is not None else None
+            if tail is not None and comp is not None:
+                clause = clause[: tail.start()]
+                condition = _condition_text(_negate(comp), kept, source=original)
         if condition is None and sentence_condition is not None:
             condition = sentence_condition
     loop_max, loop_until, clause = _loop(clause)
@@ -921,11 +951,12 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         scope = []
     items, obj, shards = _fanout(obj, mods, state, scope=scope, fan_trials=fan_trials, verb=verb)
     subjects = [obj]
-    if mods.parallel and not items:
+    if (mods.parallel or meanwhile) and not items:
         co = _coordinated(obj)
         if co is not None:
             prefix, parts, suffix = co
-            if any(_TOOLS.search(p) for p in parts) or re.search(r"\bboth\b", obj, re.I):
+            if (any(_TOOLS.search(p) for p in parts) or re.search(r"\bboth\b", obj, re.I)
+                    or all(len(p.split()) >= 2 for p in parts)):
                 subjects = [" ".join(f"{prefix}{p}{suffix}".split()) for p in parts]
             else:
                 items = [p.split()[-1] for p in parts]
@@ -935,6 +966,8 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     stage = state.stage
     if (condition is not None and condition.otherwise) or either:
         stage = max(state.condition_stage, 0)
+    elif meanwhile and out.tasks and out.tasks[-1].hook == hook:
+        stage = out.tasks[-1].stage  # "…, and in the meantime run the Soda checks"
     extra = " ".join(x for x in (state.carry, heading) if x)
     state.carry = ""
     for subject in subjects:
@@ -948,14 +981,55 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         out.tasks.append(task)
     if condition is not None and not condition.otherwise and not either:
         state.last_condition, state.condition_stage = condition, stage
-    if stage == state.stage:
-        state.stage += 1
+    if stage >= state.stage:
+        state.stage = stage + 1
     if after_text:
         v, o = _first_verb(after_text)
         out.tasks.append(Task(_unmask(after_text, kept), v, _unmask(o, kept), state.stage,
                               hook=hook))
         state.stage += 1
     return sentence_condition, scope
+
+
+def _negate(comp: tuple[str, str, str]) -> Condition:
+    """The condition under which "unless METRIC OP VALUE" runs the step."""
+    metric, op, value = comp
+    return Condition(metric, _NEGATED_OPS[op], value)
+
+
+_NEGATED_OPS = {">": "<=", ">=": "<", "<": ">=", "<=": ">", "==": "!=", "!=": "=="}
+_SCOPE = re.compile(
+    r"^(?:for|in|across|over|on)\s+(?:each|every|all)?\s*(?:one\s+)?(?:of\s+)?(?:the|our|these|"
+    r"those|its|their)?\s*(?:(\d+|" + _NUM[1:-1] + r")\s+)?((?:[\w-]+\s+){0,3}?[\w-]+?)\s*"
+    r"(?:\(([^)]*)\))?\s*(?:,\s*|$)", re.I)
+
+
+def _scope_phrase(clause: str, state: _State, kept: list[str]) -> tuple[list[str] | None, str]:
+    """Items of a leading "for each of the 7 call centers," / "across the three regions
+    (NA, EMEA and APAC)," / "for every site," phrase, and the clause after it."""
+    m = _SCOPE.match(clause)
+    if m is None or not re.match(r"^(?:for|in|across|over|on)\s+(?:each|every|all|the\s+\d|"
+                                 r"the\s+(?:two|three|four|five|six|seven|eight|nine|ten)\b|"
+                                 r"\w+(?:\s+\w+)*\s*\()", clause, re.I):
+        return None, clause
+    if not re.search(r"\b(?:each|every|all)\b|\(|\d|\b(?:two|three|four|five|six|seven|eight|"
+                     r"nine|ten|twelve)\b", m.group(0), re.I):
+        return None, clause
+    rest = clause[m.end():]
+    if m.group(3):
+        items = [_unmask(i, kept) for i in _split_list(m.group(3))]
+        return (items, rest) if len(items) >= 2 else (None, clause)
+    if m.group(1):
+        n = _num(m.group(1))
+        unit = stem(m.group(2).split()[-1])
+        state.counts[unit] = n
+        return ([f"{unit}-{i}" for i in range(1, n + 1)], rest) if n >= 2 else (None, clause)
+    if state.context_items:
+        return list(state.context_items), rest
+    unit = stem(m.group(2).split()[-1])
+    if unit in state.counts:
+        return [f"{unit}-{i}" for i in range(1, state.counts[unit] + 1)], rest
+    return None, clause
 
 
 def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods: _Mods,
@@ -975,6 +1049,10 @@ def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods:
     if condition is not None:
         out.unplaced.append(text)
         return
+    for count in re.finditer(r"\b(\d+|" + _NUM[1:-1] + r")\s+(?:[\w-]+\s+){0,3}?([a-z][\w-]*?)s\b",
+                             clause, re.I):
+        if _num(count.group(1)) >= 2:
+            state.counts.setdefault(stem(count.group(2)), _num(count.group(1)))
     names = _NAMES.search(clause)
     if names is not None:
         state.context_items = [_unmask(n, kept) for n in _split_list(names.group(1))]
@@ -1002,11 +1080,25 @@ def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trial
         return fan[0], fan[1], 0
     if verb in _AGGREGATE:
         return [], obj, 0  # "merge the shards", "collate the scores": one step over all
+    batches = re.search(r"\b(?:in|into|as|across)\s+(\d+|" + _NUM[1:-1] + r")\s+(batches|shards|"
+                        r"chunks|parts|partitions|waves|groups|pieces|folds|jobs|splits)\b",
+                        obj, re.I)
+    if batches is not None and _num(batches.group(1)) >= 2:
+        state.counts[stem(batches.group(2))] = _num(batches.group(1))
+        return [str(i) for i in range(_num(batches.group(1)))], obj, 0
     if scope:
         return list(scope), obj, 0
     if fan_trials:
         return [f"trial-{i}" for i in range(1, fan_trials + 1)], obj, 0
-    return _count(obj, state.counts, per), obj, 0
+    items = _count(obj, state.counts, per)
+    if not items and (mods.max_parallel or per is not None):
+        # "the 200 recordings, 25 at a time", "the 6 regional models, one job per region"
+        many = re.search(r"\b(?:the|all|these|our|its|their|for)\s+(?:all\s+)?(\d[\d,]*|"
+                         + _NUM[1:-1] + r")\s+(?:[\w-]+\s+){0,3}?([a-z][\w-]*?)s\b", obj, re.I)
+        n = _num(many.group(1).replace(",", "")) if many is not None else 0
+        if many is not None and 2 <= n <= 1000:
+            items = [f"{stem(many.group(2))}-{i}" for i in range(1, n + 1)]
+    return items, obj, 0
 
 
 def _count(obj: str, counts: dict[str, int], per: re.Match[str] | None) -> list[str]:
