@@ -154,8 +154,10 @@ def _quote(text: str) -> str:
 
 
 def _unclosed(text: str) -> bool:
-    """Whether ``text`` ends inside a string or with brackets still open."""
-    depth, in_string, escaped = 0, False, False
+    """Whether ``text`` ends inside a string or with brackets still open (and none closed
+    by the wrong bracket: that is malformed, not cut off)."""
+    stack: list[str] = []
+    in_string = escaped = False
     for ch in text:
         if in_string:
             if escaped:
@@ -167,10 +169,10 @@ def _unclosed(text: str) -> bool:
         elif ch == '"':
             in_string = True
         elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-    return in_string or depth > 0
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]" and (not stack or stack.pop() != ch):
+            return False
+    return in_string or bool(stack)
 
 
 def _subtasks(spec: WorkflowSpec) -> tuple[str, ...]:
