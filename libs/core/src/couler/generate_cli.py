@@ -168,14 +168,18 @@ def chat_client(url: str, model: str, *, api_key: str = "", timeout: float = _TI
             except urllib.error.HTTPError as exc:
                 if exc.code != 400 or not json_mode[0]:
                     raise
+                exc.close()
                 json_mode[0] = False  # perhaps no JSON mode there: ask without it
                 answer = post(messages, False)
         except urllib.error.HTTPError as exc:
+            with exc:  # the error holds the response: close its connection
+                body = exc.read().decode("utf-8", "replace")
             if exc.code in (401, 403):
+                # No body in the message: some endpoints echo part of the key they rejected.
                 raise RetryableError(f"generate: the LLM endpoint {where} refused the "
                                      f"credentials (HTTP {exc.code}; check "
                                      "COULER_LLM_API_KEY)") from exc
-            detail = _brief(exc.read().decode("utf-8", "replace"))
+            detail = _brief(body)
             if exc.code in (400, 422):
                 raise UserError(f"generate: the LLM endpoint {where} refused the request "
                                 f"(HTTP {exc.code}): {detail}") from exc
