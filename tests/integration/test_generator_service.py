@@ -31,7 +31,7 @@ from pydantic import SecretStr
 
 from couler import ir
 from couler.errors import RetryableError, UnsupportedFeatureError, UserError
-from couler.generate import plan
+from couler.generate.planner import plan
 from couler.v1 import events_pb2
 from couler_generator.events import DURABLE, GENERATED, REJECTED, REQUESTED
 from couler_generator.main import GeneratorSettings, build
@@ -50,29 +50,28 @@ API_KEY = "sk-couler-test-9d41f07c2b"
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 WAIT = 60.0  # a bound on waiting, never an assertion about speed
 
-TWO_MODELS = ("train an XGBoost and a LightGBM model on data/churn.csv, evaluate both, "
-              "keep the better one")
-PIPELINE = "preprocess data/sales.csv, train a random forest and evaluate it"
-SWEEP = "sweep a logistic regression over batch sizes 16, 32 and 64 on data/iris.csv"
+TWO_MODELS = ("Load s3://data/churn.csv, train an XGBoost model and a LightGBM model on it "
+              "side by side, evaluate the AUC of each, then keep the better one")
+PIPELINE = "Load s3://data/sales.csv, train a random forest and evaluate its accuracy"
+FANOUT = "Split s3://logs/events.parquet into 6 shards and clean each shard, at most 2 at a time"
 UNPLANNABLE = "book me a flight to Paris next Tuesday"
 
 
 def spec(**changes: dict[str, Any]) -> str:
-    """A valid LLM answer (two models, keep the better); ``changes`` edit step entries."""
+    """A valid LLM answer (two models, keep the better); ``changes`` edit steps by name."""
     steps: list[dict[str, Any]] = [
-        {"name": "load", "entry": "load-table"},
-        {"name": "prep", "entry": "preprocess", "after": ["load"]},
-        {"name": "train-xgb", "entry": "train", "params": {"model": "xgboost"},
-         "after": ["prep"]},
-        {"name": "train-lgbm", "entry": "train", "params": {"model": "lightgbm"},
-         "after": ["prep"]},
-        {"name": "eval-xgb", "entry": "evaluate", "after": ["train-xgb"]},
-        {"name": "eval-lgbm", "entry": "evaluate", "after": ["train-lgbm"]},
-        {"name": "pick", "entry": "select-best", "after": ["eval-xgb", "eval-lgbm"]},
+        {"name": "load", "template": "ingest-object-store",
+         "params": {"source": "s3://data/churn.csv"}},
+        {"name": "train-xgb", "template": "train-xgboost", "after": ["load"]},
+        {"name": "train-lgbm", "template": "train-lightgbm", "after": ["load"]},
+        {"name": "eval-xgb", "template": "evaluate-auc", "after": ["train-xgb"]},
+        {"name": "eval-lgbm", "template": "evaluate-auc", "after": ["train-lgbm"]},
+        {"name": "pick", "template": "rank-models", "params": {"metric": "auc"},
+         "after": ["eval-xgb", "eval-lgbm"]},
     ]
     for step in steps:
         step.update(changes.get(step["name"], {}))
-    return json.dumps({"name": "llm-two-models", "table": "data/churn.csv", "steps": steps})
+    return json.dumps({"name": "llm-two-models", "steps": steps})
 
 
 # ----------------------------------------------------------------------------- harness
@@ -188,41 +187,40 @@ def offline_client(offline: ServiceThread) -> Iterator[CoulerClient]:
 class TestOffline:
     """No LLM endpoint configured: the deterministic planner serves gRPC and events."""
 
-    def test_two_models_keep_the_better(self, offline_client: CoulerClient) -> None:
+    def test_two_models_side_by_side(self, offline_client: CoulerClient) -> None:
+        wf, report = plan(TWO_MODELS)
         got = offline_client.generator.generate(TWO_MODELS)
         ir.validate(got.workflow)
-        assert got.workflow == plan(TWO_MODELS)[0]  # the planner's workflow, intact on the wire
+        assert got.workflow == wf  # the planner's workflow, intact on the wire
         graph = deps(got.workflow)
-        assert graph["select-best"] == {"evaluate-xgboost", "evaluate-lightgbm"}
-        assert graph["evaluate-xgboost"] >= {"train-xgboost"}
-        assert graph["train-lightgbm"] >= {"preprocess"}
-        params = {p.name: p.default for p in got.workflow.parameters}
-        assert params["table"] == ir.Literal.of("data/churn.csv")
+        assert graph["train-xgboost-model"] == graph["train-lightgbm-model"] == {"load"}
+        assert graph["evaluate-auc"] >= {"train-xgboost-model", "train-lightgbm-model"}
         assert got.report.planner == "offline"
         assert got.report.rounds == 1
-        assert got.report.catalog_steps == ("load-table", "preprocess", "train", "evaluate",
-                                            "select-best")
-        assert "keep the better model" in got.report.subtasks
+        assert got.report.catalog_steps == report.catalog_entries == (
+            "ingest-object-store", "train-xgboost", "train-lightgbm", "evaluate-auc")
+        assert got.report.subtasks == report.subtasks
+        assert any(t.endswith("-> train-lightgbm") for t in got.report.subtasks)
 
     def test_preprocess_train_evaluate(self, offline_client: CoulerClient) -> None:
         got = offline_client.generator.generate(PIPELINE, name="sales-forest")
         ir.validate(got.workflow)
         assert got.workflow.name == "sales-forest"
         assert deps(got.workflow) == {
-            "load-table": set(),
-            "preprocess": {"load-table"},
-            "train-random-forest": {"preprocess"},
-            "evaluate-random-forest": {"train-random-forest", "preprocess"},
+            "load": set(),
+            "train-random-forest": {"load"},
+            "evaluate-accuracy": {"train-random-forest", "load"},
         }
 
-    def test_batch_size_sweep(self, offline_client: CoulerClient) -> None:
-        got = offline_client.generator.generate(SWEEP)
+    def test_shards_fan_out_with_a_limit(self, offline_client: CoulerClient) -> None:
+        got = offline_client.generator.generate(FANOUT)
         ir.validate(got.workflow)
-        sweep = {s.name: s for s in got.workflow.steps}["sweep"]
-        assert sweep.foreach is not None
-        assert [item.value for item in sweep.foreach.items] == [16, 32, 64]
-        assert deps(got.workflow)["select-best"] == {"sweep"}
-        assert any("batch_size" in t for t in got.report.subtasks)
+        [fanned] = [s for s in got.workflow.steps if s.foreach is not None]
+        assert fanned.foreach is not None
+        assert [item.value for item in fanned.foreach.items] == [str(i) for i in range(6)]
+        assert fanned.foreach.parallelism == 2
+        assert deps(got.workflow)[fanned.name] == {"split-shards"}
+        assert any("for each of 6" in t for t in got.report.subtasks)
 
     def test_unplannable_text_is_invalid_argument(self, offline_client: CoulerClient) -> None:
         with pytest.raises(UserError, match="cannot plan") as caught:
@@ -290,7 +288,7 @@ class TestOffline:
     def test_unsupported_engine_is_rejected(self, nats_server: NatsServer,
                                             offline: ServiceThread) -> None:
         rid = run_id()
-        got = asyncio.run(exchange(nats_server, [text_request(rid, SWEEP, engine="airflow")],
+        got = asyncio.run(exchange(nats_server, [text_request(rid, FANOUT, engine="airflow")],
                                    {rid}))
         [(subject, body, _)] = got.answers[rid]
         assert subject == REJECTED
@@ -348,7 +346,7 @@ class TestLLM:
 
     def test_invalid_then_valid_answer_is_repaired(self, llm_client: CoulerClient,
                                                    fake_llm: FakeOpenAI) -> None:
-        fake_llm.say(spec(**{"train-xgb": {"entry": "train-boost"}}), spec())
+        fake_llm.say(spec(**{"train-xgb": {"template": "train-boost"}}), spec())
         got = llm_client.generator.generate(TWO_MODELS, constraints=["at most 8 steps"])
         ir.validate(got.workflow)
         assert got.workflow.name == "llm-two-models"
@@ -356,6 +354,9 @@ class TestLLM:
         assert ("couler.io/generated-by", "llm") in got.workflow.labels
         assert (got.report.planner, got.report.model, got.report.rounds) == ("llm", "fake-1", 2)
         assert any("'train-boost' is not in the catalog" in r for r in got.report.repairs)
+        assert got.report.catalog_steps == ("ingest-object-store", "train-xgboost",
+                                            "train-lightgbm", "evaluate-auc", "rank-models")
+        assert "train-xgb -> train-xgboost" in got.report.subtasks
         first, second = fake_llm.seen()
         assert first["model"] == "fake-1"
         assert first["response_format"] == {"type": "json_object"}
@@ -363,7 +364,7 @@ class TestLLM:
         # The second round carries the rejected answer and the errors to repair.
         assert second["messages"][-2] == {"role": "assistant",
                                           "content": spec(**{"train-xgb":
-                                                             {"entry": "train-boost"}})}
+                                                             {"template": "train-boost"}})}
         repair = user_messages(second)[-1]
         assert repair.startswith("That answer is not valid")
         assert "step 'train-xgb'" in repair and "'train-boost' is not in the catalog" in repair
@@ -382,7 +383,7 @@ class TestLLM:
         fake_llm.say(code, code)
         with pytest.raises(UserError, match="no valid workflow after 2 rounds") as caught:
             llm_client.generator.generate(TWO_MODELS)
-        assert "not valid JSON" in str(caught.value)
+        assert "no JSON object" in str(caught.value)
         assert isinstance(caught.value.__cause__, grpc.RpcError)
         assert caught.value.__cause__.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert len(fake_llm.seen()) == 2
@@ -440,7 +441,7 @@ class TestLLM:
                                             llm_service: ServiceThread, fake_llm: FakeOpenAI,
                                             caplog: pytest.LogCaptureFixture) -> None:
         caplog.set_level(logging.DEBUG)
-        fake_llm.say(spec(**{"load": {"entry": "fetch"}}), spec())
+        fake_llm.say(spec(**{"load": {"template": "fetch"}}), spec())
         assert llm_client.generator.generate(TWO_MODELS).report.rounds == 2
         fake_llm.say(500)
         with pytest.raises(RetryableError) as caught:

@@ -436,19 +436,6 @@ def test_open_study_resumes_by_name(tmp_path: Path) -> None:
     close_study(again)
 
 
-def test_a_generated_tuning_workflow_runs(tmp_path: Path) -> None:
-    from couler.generate.planner import plan
-
-    wf, _ = plan("tune a logistic regression with 3 trials of Bayesian optimization")
-    status = LocalEngine(tmp_path / "e").run(wf)
-    assert status.state is RunState.SUCCEEDED, status.message
-    tune = _step(status, "tune")
-    scores = [float(s.outputs["score"]) for s in status.steps if s.step == "tune" and s.key]
-    assert len(scores) == 3 and float(tune.outputs["best_value"]) == max(scores)
-    assert set(json.loads(tune.outputs["best_params"])) == {"learning_rate", "batch_size",
-                                                            "rounds"}
-
-
 def test_a_study_in_postgres(tmp_path: Path, postgres_server: Any) -> None:
     """Production storage: the study in PostgreSQL (COULER_TUNE_STORAGE), through the
     local engine and the static engines' command line alike."""

@@ -297,52 +297,58 @@ def test_engines_without_the_rewrite_reject_tune_naming_the_step() -> None:
 def test_the_planner_maps_bayesian_optimization_to_a_tune_step() -> None:
     from couler.generate.planner import plan
 
-    wf, report = plan("tune a logistic regression on s3://b/churn.csv with 30 trials of "
-                      "Bayesian optimization")
-    assert wf.name.startswith("tune-logistic-")
-    assert [s.name for s in wf.steps] == ["load-table", "preprocess", "tune"]
-    step = wf.step("tune")
-    assert step is not None and step.tune is not None and step.foreach is None
+    wf, report = plan("Fine-tune a ResNet-18 on the images in s3://pets/train with 30 trials "
+                      "of Bayesian optimization")
+    [step] = [s for s in wf.steps if s.tune is not None]
+    assert step.tune is not None and step.foreach is None
+    assert dict(step.labels)["couler.io/catalog"] == "train-vision-finetune"
     assert (step.tune.trials, step.tune.parallel, step.tune.sampler, step.tune.objective) == (
-        30, 4, ir.TuneSampler.TPE, "score")
-    assert {p.name for p in step.tune.space} == {"learning_rate", "batch_size", "rounds"}
-    assert "30 trials of Bayesian optimization" in report.subtasks[-2]
+        30, 4, ir.TuneSampler.TPE, "accuracy")
+    assert {p.name for p in step.tune.space} == {"learning-rate", "batch-size", "epochs"}
+    assert any("30 trials of Bayesian optimization" in t for t in report.subtasks)
     assert_valid_argo(compile_workflow(wf))
 
 
-def test_the_planner_maps_random_search_and_keeps_listed_sweeps() -> None:
+def test_the_planner_maps_random_search_and_says_when_it_cannot_tune() -> None:
     from couler.generate.planner import plan
 
-    wf, _ = plan("random search over the hyperparameters of xgboost with 8 trials")
-    step = wf.step("tune")
-    assert step is not None and step.tune is not None
+    wf, _ = plan("Fine-tune a ResNet-18 on the images in s3://pets/train with 8 trials of "
+                 "random search")
+    [step] = [s for s in wf.steps if s.tune is not None]
+    assert step.tune is not None
     assert (step.tune.trials, step.tune.sampler) == (8, ir.TuneSampler.RANDOM)
-    wf, _ = plan("tune it with optuna")
-    step = wf.step("tune")
-    assert step is not None and step.tune is not None and step.tune.trials == 20
-    wf, _ = plan("tune learning rates 0.01, 0.1 and 0.5 for logistic regression")
-    assert wf.step("tune") is None and wf.step("sweep") is not None
+    # the tabular learners report no metric to optimize: one run, and the report says so
+    wf, report = plan("tune a logistic regression on s3://b/churn.csv with 30 trials of "
+                      "Bayesian optimization")
+    assert all(s.tune is None for s in wf.steps)
+    assert any("no metric or hyperparameters to tune" in n for n in report.notes)
 
 
-def test_a_spec_may_tune_a_train_trial_step() -> None:
+def test_a_spec_may_tune_a_step_whose_template_reports_a_metric() -> None:
+    from couler.generate.library import TEMPLATES
     from couler.generate.spec import assemble, parse_spec
 
     text = json.dumps({"name": "t", "steps": [
-        {"name": "load", "entry": "load-table"},
-        {"name": "prep", "entry": "preprocess", "after": ["load"]},
-        {"name": "tune", "entry": "train-trial", "after": ["prep"],
-         "tune": {"trials": 6, "sampler": "random", "parallel": 3}}]})
-    wf = assemble(parse_spec(text))
+        {"name": "load", "template": "ingest-image-folder", "params": {"source": "s3://p/"}},
+        {"name": "tune", "template": "train-vision-finetune", "after": ["load"],
+         "tune": {"trials": 6, "sampler": "random", "parallel": 3,
+                  "space": {"learning-rate": ["0.0001", "0.01"],
+                            "batch-size": ["16", "32", "64"]}}}]})
+    wf = assemble(parse_spec(text), TEMPLATES)
     step = wf.step("tune")
     assert step is not None and step.tune is not None
-    assert (step.tune.trials, step.tune.parallel, step.tune.sampler) == (
-        6, 3, ir.TuneSampler.RANDOM)
+    assert (step.tune.trials, step.tune.parallel, step.tune.sampler, step.tune.objective) == (
+        6, 3, ir.TuneSampler.RANDOM, "accuracy")
+    kinds = {p.name: p.kind for p in step.tune.space}
+    assert kinds == {"learning-rate": ir.TuneKind.LOGUNIFORM, "batch-size": ir.TuneKind.CHOICE}
     bad = text.replace('"sampler": "random"', '"sampler": "annealing"')
-    with pytest.raises(ValidationError, match=r"tune.*needs \"trials\""):
+    with pytest.raises(ValidationError,
+                       match=r"step 'tune', field 'tune': .*sampler \(tpe, random"):
         parse_spec(bad)
-    wrong = text.replace('"entry": "train-trial"', '"entry": "train"')
-    with pytest.raises(ValidationError, match="only a train-trial step can be tuned"):
-        assemble(parse_spec(wrong))
+    wrong = text.replace('"template": "train-vision-finetune"', '"template": "train-xgboost"')
+    wrong = wrong.replace('"batch-size"', '"max-depth"')
+    with pytest.raises(ValidationError, match=r"step 'tune', field 'tune\.objective'"):
+        assemble(parse_spec(wrong), TEMPLATES)
 
 
 def test_airflow_compiles_the_rounds_too() -> None:

@@ -1,7 +1,7 @@
 """The generator service's composition root: settings, LLM client, gRPC servicer, consumer.
 
 The generator is stateless: no store. Every request carries all it needs, the catalog is
-code (``couler.generate.catalog``), and a redelivered request is simply planned again;
+code (``couler.generate.library``), and a redelivered request is simply planned again;
 its answer's deterministic Nats-Msg-Id makes the republish a no-op.
 
 Settings (environment, ``COULER_`` prefix): the common ones (:class:`CommonSettings`)

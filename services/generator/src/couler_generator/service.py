@@ -1,10 +1,11 @@
 """The generator's use case: a request in plain language → a valid IR workflow, or a refusal.
 
 :class:`Generator` plans with the deterministic offline planner
-(:func:`couler.generate.plan`) unless it was given a :class:`ChatModel`; then it asks the
-model through :func:`couler.generate.generate_with_llm`, which parses the model's JSON
-answer into IR (never executing it), validates it, and sends the errors back for repair
-at most ``max_rounds`` times before refusing. Either way the workflow must pass the
+(:func:`couler.generate.planner.plan`) over the template catalog
+(:data:`couler.generate.library.TEMPLATES`) unless it was given a :class:`ChatModel`; then
+it asks the model through :func:`couler.generate.llm.generate_with_llm`, which parses the
+model's JSON spec into IR (never executing it), validates it, and sends the errors back for
+repair at most ``max_rounds`` times before refusing. Either way the workflow must pass the
 target engine's capability check (``couler.engines.base.check_capabilities`` with that
 engine's ``CAPABILITIES``); for the LLM a failed check is one more error to repair.
 
@@ -32,8 +33,11 @@ from pydantic import SecretStr
 
 from couler import ir
 from couler.errors import RetryableError, UserError
-from couler.generate import GenerationReport as PlannerReport
-from couler.generate import generate_with_llm, plan
+from couler.generate.library import TEMPLATES
+from couler.generate.llm import generate_with_llm
+from couler.generate.planner import GenerationReport as PlannerReport
+from couler.generate.planner import plan
+from couler.generate.templates import Template
 from couler_runtime.engines import check_engine, engine_name
 from couler_runtime.rpc.records import GenerationReport
 from couler_runtime.settings import redact_url
@@ -166,13 +170,16 @@ class Generator:
     Args:
         llm: The chat model; None for the offline planner.
         max_rounds: Generate-validate-repair rounds the LLM gets before a refusal.
+        templates: The catalog steps are chosen from (default: the library's).
     """
 
-    def __init__(self, llm: ChatModel | None = None, *, max_rounds: int = 3) -> None:
+    def __init__(self, llm: ChatModel | None = None, *, max_rounds: int = 3,
+                 templates: Mapping[str, Template] | None = None) -> None:
         if max_rounds < 1:
             raise ValueError("max_rounds must be at least 1")
         self._llm = llm
         self._max_rounds = max_rounds
+        self._templates = TEMPLATES if templates is None else templates
 
     def __repr__(self) -> str:
         return f"Generator(llm={self._llm!r}, max_rounds={self._max_rounds})"
@@ -198,7 +205,7 @@ class Generator:
         check = capability_check(engine)
         constraints = tuple(c.strip() for c in constraints if c.strip())
         if self._llm is None:
-            wf, report = plan(text, name=name)
+            wf, report = plan(text, name=name, templates=self._templates)
             check(wf)
             notes = report.notes
             if constraints:
@@ -223,12 +230,13 @@ class Generator:
         request = text.strip()
         if constraints:
             request += "\nConstraints:\n" + "\n".join(f"- {c}" for c in constraints)
-        wf, report = generate_with_llm(request, complete, max_rounds=self._max_rounds,
-                                       check=check, name=name)
+        wf, report = generate_with_llm(request, complete, templates=self._templates,
+                                       max_rounds=self._max_rounds, check=check, name=name)
+        # The request as the user wrote it (without the constraints appended for the model).
         wf = dataclasses.replace(
-            wf, name=name or wf.name,
-            labels=(*wf.labels, ("couler.io/generated-by", "llm")),
-            annotations=(*wf.annotations, ("couler.io/request", " ".join(text.split())[:256])))
+            wf, labels=(*wf.labels, ("couler.io/generated-by", "llm")),
+            annotations=(*((k, v) for k, v in wf.annotations if k != "couler.io/request"),
+                         ("couler.io/request", " ".join(text.split())[:256])))
         ir.validate(wf)
         check(wf)
         return wf, _record(report, model=llm.model, repairs=tuple(repairs))

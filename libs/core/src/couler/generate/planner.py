@@ -585,7 +585,9 @@ _RANGES: dict[str, tuple[str, ...]] = {
 
 
 def _space(template: Template) -> dict[str, tuple[str, ...]]:
-    return {p.name: _RANGES[p.name] for p in template.params if p.name in _RANGES}
+    # the catalog spells parameters with "-" (learning-rate), the table with "_"
+    return {p.name: _RANGES[key] for p in template.params
+            if (key := p.name.replace("-", "_")) in _RANGES}
 
 
 def _describe(task: Task, template: Template) -> str:

@@ -18,6 +18,7 @@ file paths.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -551,7 +552,9 @@ def _check_step(wf: str, s: StepSpec, names: Sequence[str], by_name: Mapping[str
     if s.template:
         t = templates.get(s.template)
         if t is None:
-            bad("template", f"{s.template!r} is not in the catalog")
+            close = difflib.get_close_matches(s.template, list(templates), n=3, cutoff=0.5)
+            bad("template", f"{s.template!r} is not in the catalog" + (
+                f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""))
             return
         known = {p.name for p in t.params}
         for unknown in sorted(set(s.params) - known):
