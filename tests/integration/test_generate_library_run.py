@@ -62,7 +62,10 @@ def test_a_tabular_model_trains_and_evaluates(ml_python: Path, split: Path, tmp_
                                               template: str, flags: tuple[str, ...],
                                               loader: str) -> None:
     ok(run(ml_python, tmp_path, template, "--in-data", str(split),
-           "--out-model", str(tmp_path / "model"), *flags))
+           "--out-model", str(tmp_path / "model"), "--metric-file", str(tmp_path / "score"),
+           *flags))
+    # the held-out ROC AUC, measured on the split's test rows (what tuning optimizes)
+    assert 0.9 < float((tmp_path / "score").read_text()) <= 1.0
     card = json.loads((tmp_path / "model" / "card.json").read_text())
     assert card["task"] == "classification" and card["classes"] == [0, 1]
     # the file is the library's own model format, loadable by the library itself
@@ -98,7 +101,9 @@ def test_a_csv_file_runs_through_cleaning_encoding_and_regression(ml_python: Pat
     ok(run(ml_python, tmp_path, "split-train-test", "--in-data", str(tmp_path / "enc"),
            "--out-data", str(tmp_path / "split"), "--target", "price"))
     ok(run(ml_python, tmp_path, "train-sklearn", "--estimator", "Ridge", "--target", "price",
-           "--in-data", str(tmp_path / "split"), "--out-model", str(tmp_path / "ridge")))
+           "--in-data", str(tmp_path / "split"), "--out-model", str(tmp_path / "ridge"),
+           "--metric-file", str(tmp_path / "r2")))
+    assert 0.5 < float((tmp_path / "r2").read_text()) <= 1.0  # held-out R2 of a linear fit
     ok(run(ml_python, tmp_path, "evaluate-rmse", "--in-model", str(tmp_path / "ridge"),
            "--in-data", str(tmp_path / "split"), "--out-report", str(tmp_path / "r"),
            "--metric-file", str(tmp_path / "rmse")))
@@ -108,7 +113,7 @@ def test_a_csv_file_runs_through_cleaning_encoding_and_regression(ml_python: Pat
 def test_a_missing_input_fails_naming_the_path(ml_python: Path, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dir"
     done = run(ml_python, tmp_path, "train-xgboost", "--in-data", str(missing),
-               "--out-model", str(tmp_path / "m"))
+               "--out-model", str(tmp_path / "m"), "--metric-file", str(tmp_path / "s"))
     assert done.returncode != 0 and str(missing) in done.stderr
     assert not (tmp_path / "m").exists()
 

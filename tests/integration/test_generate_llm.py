@@ -183,7 +183,7 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 def test_the_cli_asks_the_endpoint_from_the_environment(
         fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COULER_LLM_URL", fake.url)
+    monkeypatch.setenv("COULER_LLM_BASE_URL", fake.url)
     monkeypatch.setenv("COULER_LLM_MODEL", "fake-1")
     monkeypatch.setenv("COULER_LLM_API_KEY", API_KEY)
     fake.say(answer(fit={"template": "train-boost"}), answer())
@@ -199,7 +199,7 @@ def test_the_cli_asks_the_endpoint_from_the_environment(
 
 def test_the_cli_flags_win_and_engine_errors_are_repaired(
         fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("COULER_LLM_URL", "http://127.0.0.1:9/v1")  # the flag wins
+    monkeypatch.setenv("COULER_LLM_BASE_URL", "http://127.0.0.1:9/v1")  # the flag wins
     monkeypatch.setenv("COULER_LLM_API_KEY", API_KEY)
     fake.say(answer(), answer())
     code, _, err = cli(REQUEST, "--llm-url", fake.url, "--llm-model", "fake-2", "--engine",
@@ -211,7 +211,7 @@ def test_the_cli_flags_win_and_engine_errors_are_repaired(
 
 
 def test_the_cli_without_a_model_or_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("COULER_LLM_URL", "COULER_LLM_MODEL", "COULER_LLM_API_KEY"):
+    for name in ("COULER_LLM_BASE_URL", "COULER_LLM_MODEL", "COULER_LLM_API_KEY"):
         monkeypatch.delenv(name, raising=False)
     code, _, err = cli(REQUEST, "--llm-url", "http://127.0.0.1:9/v1")
     assert code == 2 and "--llm-url needs --llm-model" in err

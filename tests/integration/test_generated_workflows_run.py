@@ -70,3 +70,16 @@ def test_a_missing_data_file_fails_the_step_that_reads_it(tmp_path: Path,
 def _log(tmp: Path, step: str) -> str:
     return "".join(p.read_text(errors="replace") for p in (tmp / "runs").rglob("*.log")
                    if step in str(p))
+
+
+def test_a_generated_tuning_study_runs_its_trials(tmp_path: Path, ml_python: Path) -> None:
+    wf, report = plan("Load sample://breast_cancer, split it, then tune XGBoost with 4 trials "
+                      "of Bayesian optimization.")
+    [tuned] = [s for s in wf.steps if s.tune is not None]
+    assert tuned.tune is not None and tuned.tune.trials == 4
+    assert tuned.tune.objective == "validation_score"
+    assert {p.name for p in tuned.tune.space} >= {"learning-rate", "max-depth"}
+    status = _engine(tmp_path, ml_python).run(wf)
+    assert status.state is RunState.SUCCEEDED, [(s.step, s.message) for s in status.steps]
+    result = next(s for s in status.steps if s.step == tuned.name)
+    assert 0.5 < float(result.outputs["best_value"]) <= 1.0

@@ -193,12 +193,17 @@ class TestOffline:
         ir.validate(got.workflow)
         assert got.workflow == wf  # the planner's workflow, intact on the wire
         graph = deps(got.workflow)
-        assert graph["train-xgboost-model"] == graph["train-lightgbm-model"] == {"load"}
-        assert graph["evaluate-auc"] >= {"train-xgboost-model", "train-lightgbm-model"}
+        assert graph["train-xgboost-model"] == graph["train-lightgbm-model"] == {"load-churn"}
+        # "evaluate the AUC of each": one measurement per model, both ranked
+        assert graph["evaluate-auc-xgboost-model"] >= {"train-xgboost-model"}
+        assert graph["evaluate-auc-lightgbm-model"] >= {"train-lightgbm-model"}
+        assert graph["keep-better-one"] == {"evaluate-auc-xgboost-model",
+                                            "evaluate-auc-lightgbm-model"}
         assert got.report.planner == "offline"
         assert got.report.rounds == 1
         assert got.report.catalog_steps == report.catalog_entries == (
-            "ingest-object-store", "train-xgboost", "train-lightgbm", "evaluate-auc")
+            "ingest-object-store", "train-xgboost", "train-lightgbm", "evaluate-auc",
+            "rank-models")
         assert got.report.subtasks == report.subtasks
         assert any(t.endswith("-> train-lightgbm") for t in got.report.subtasks)
 
@@ -207,9 +212,9 @@ class TestOffline:
         ir.validate(got.workflow)
         assert got.workflow.name == "sales-forest"
         assert deps(got.workflow) == {
-            "load": set(),
-            "train-random-forest": {"load"},
-            "evaluate-accuracy": {"train-random-forest", "load"},
+            "load-sales": set(),
+            "train-random-forest": {"load-sales"},
+            "evaluate-accuracy": {"train-random-forest", "load-sales"},
         }
 
     def test_shards_fan_out_with_a_limit(self, offline_client: CoulerClient) -> None:
@@ -219,7 +224,7 @@ class TestOffline:
         assert fanned.foreach is not None
         assert [item.value for item in fanned.foreach.items] == [str(i) for i in range(6)]
         assert fanned.foreach.parallelism == 2
-        assert deps(got.workflow)[fanned.name] == {"split-shards"}
+        assert deps(got.workflow)[fanned.name] == {"split-events-shards"}
         assert any("for each of 6" in t for t in got.report.subtasks)
 
     def test_unplannable_text_is_invalid_argument(self, offline_client: CoulerClient) -> None:

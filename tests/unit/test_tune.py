@@ -345,8 +345,11 @@ def test_a_spec_may_tune_a_step_whose_template_reports_a_metric() -> None:
     with pytest.raises(ValidationError,
                        match=r"step 'tune', field 'tune': .*sampler \(tpe, random"):
         parse_spec(bad)
-    wrong = text.replace('"template": "train-vision-finetune"', '"template": "train-xgboost"')
-    wrong = wrong.replace('"batch-size"', '"max-depth"')
+    # a template that reports no metric has nothing to tune towards
+    wrong = text.replace('"template": "train-vision-finetune"',
+                         '"template": "train-recommender"')
+    wrong = wrong.replace('"batch-size"', '"factors"').replace('"learning-rate"',
+                                                               '"regularization"')
     with pytest.raises(ValidationError, match=r"step 'tune', field 'tune\.objective'"):
         assemble(parse_spec(wrong), TEMPLATES)
 

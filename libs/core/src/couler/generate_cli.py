@@ -8,7 +8,7 @@ read: the sub-tasks, the template chosen for each (with the runners-up and their
 and the choices and notes (workflow parameters to set, steps added). ``--spec`` prints the
 intermediate spec (the JSON an LLM would answer) instead of the workflow.
 
-With ``--llm-url URL --llm-model NAME`` (or ``COULER_LLM_URL`` / ``COULER_LLM_MODEL``; the
+With ``--llm-url URL --llm-model NAME`` (or ``COULER_LLM_BASE_URL`` / ``COULER_LLM_MODEL``; the
 key, if the endpoint needs one, from ``COULER_LLM_API_KEY`` only, never printed) an
 OpenAI-compatible chat endpoint writes the spec instead
 (:func:`couler.generate.llm.generate_with_llm`): its answer is parsed and validated, never
@@ -52,9 +52,9 @@ def add_generate_command(sub: Any) -> None:
                    help="print the sub-tasks, templates and choices to stderr")
     p.add_argument("--spec", action="store_true",
                    help="print the generator's spec (JSON) instead of the workflow")
-    p.add_argument("--llm-url", default=os.environ.get("COULER_LLM_URL", ""),
+    p.add_argument("--llm-url", default=os.environ.get("COULER_LLM_BASE_URL", ""),
                    help="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 "
-                        "(default: $COULER_LLM_URL; key: $COULER_LLM_API_KEY); unset: the "
+                        "(default: $COULER_LLM_BASE_URL; key: $COULER_LLM_API_KEY); unset: the "
                         "offline planner")
     p.add_argument("--llm-model", default=os.environ.get("COULER_LLM_MODEL", ""),
                    help="the chat model to ask (default: $COULER_LLM_MODEL)")

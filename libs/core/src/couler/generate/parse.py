@@ -120,6 +120,15 @@ _TOOLS = re.compile(
     r"table|candidates|vectors?)\b", re.IGNORECASE)
 
 
+_TRAIN_VERBS = frozenset({"train", "fit", "fine-tune", "finetune", "retrain", "backtest",
+                          "pretrain", "refit", "tune"})
+_MODEL_WORDS = re.compile(
+    r"\b(?:xgboost|xgb|lightgbm|lgbm|catboost|gbm|forest|boost\w*|regression|regressor|"
+    r"classifier|svm|svc|bayes|ridge|lasso|elastic\s?net|knn|mlp|tree|trees|prophet|arima|"
+    r"sarima|smoothing|n-beats|lstm|gru|transformer|bert|roberta|t5|resnet|vit|yolo\w*|"
+    r"network|autoencoder|model)\b", re.I)
+
+
 @dataclass(frozen=True, slots=True)
 class Condition:
     """A comparison a sub-task runs under: ``metric`` (words) ``op`` ``value``."""
@@ -951,7 +960,12 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         scope = []
     items, obj, shards = _fanout(obj, mods, state, scope=scope, fan_trials=fan_trials, verb=verb)
     subjects = [obj]
-    if (mods.parallel or meanwhile) and not items:
+    if not (mods.parallel or meanwhile) and not items and verb in _TRAIN_VERBS:
+        # "train an XGBoost and a LightGBM model": several models are parallel work
+        co = _coordinated(obj)
+        if co is not None and len(co[1]) >= 2 and all(_MODEL_WORDS.search(p) for p in co[1]):
+            subjects = [" ".join(f"{co[0]}{p}{co[2]}".split()) for p in co[1]]
+    if (mods.parallel or meanwhile) and not items and len(subjects) == 1:
         co = _coordinated(obj)
         if co is not None:
             prefix, parts, suffix = co

@@ -143,7 +143,13 @@ def _slug(text: str, limit: int = 50) -> str:
 def _salient(text: str) -> list[str]:
     """The words that name what a clause works on, tool names first kept in order."""
     out = []
-    for w in re.findall(r"[A-Za-z0-9][\w@.+-]*", re.sub(_URI, " ", text)):
+    def short(m: re.Match[str]) -> str:
+        parts = [re.sub(r"\.\w+$", "", p) for p in re.split(r"[/:]+", m.group(0)) if p]
+        named = [p for p in parts if re.search(r"[a-zA-Z]{3}", p)
+                 and p.lower() not in ("s3", "gs", "http", "https", "sample", "file", "www")]
+        return f" {named[-1]} " if named else " "
+
+    for w in re.findall(r"[A-Za-z0-9][\w@.+-]*", re.sub(_URI, short, text)):
         low = w.lower().strip(".-")
         if low in _STOP_NAME or len(low) < 2 or low.isdigit():
             continue
@@ -178,6 +184,8 @@ class _Builder:
         self.choices: list[str] = []
         self.sources = list(parsed.sources)
         self.measured: dict[tuple[str, str, str], _Step] = {}  # condition -> its metric step
+        self.loads: dict[str, _Step] = {}  # source -> its load step
+        self.splits: dict[str, _Step] = {}  # load step -> the split after it
 
     # -- names and templates
 
@@ -288,9 +296,11 @@ class _Builder:
         previous: list[_Step] = []
         extra: list[_Step] = []
         for stage in order:
-            group = stages[stage]
+            group = self._per_model(stages[stage], previous, built)
             for step in group:
-                step.after = [p.name for p in previous]
+                if not step.after or not any(a in {m.name for m in previous}
+                                             for a in step.after):
+                    step.after = [p.name for p in previous]
             for step in group:
                 if step.task.condition is not None:
                     evaluator = self._condition(step, built, previous, extra)
@@ -312,6 +322,31 @@ class _Builder:
             name=name, steps=tuple(steps), schedule=parsed.schedule, timezone=parsed.timezone,
             parameters=dict(self.parameters), on_failure=hook_specs["failure"],
             on_success=hook_specs["success"], on_exit=hook_specs["exit"], request=parsed.text)
+
+    def _per_model(self, group: list[_Step], previous: list[_Step],
+                   built: list[_Step]) -> list[_Step]:
+        """A step that reads one model, after several parallel models ("evaluate both"),
+        as one copy per model, each after its own."""
+        models = [p for p in previous if "model" in p.template.produces]
+        if len(models) < 2:
+            return group
+        out: list[_Step] = []
+        for step in group:
+            t = step.template
+            if "model" not in t.consumes or "model" in t.optional or step.task.items:
+                out.append(step)
+                continue
+            index = built.index(step)
+            built.remove(step)
+            self.names.discard(step.name)
+            for k, model in enumerate(models):
+                task = dataclasses.replace(step.task, text=f"{step.task.text} ({model.task.obj})")
+                copy = _Step(task, self._name(dataclasses.replace(
+                    task, obj=f"{step.task.obj} {model.task.obj}")), t, dict(step.params))
+                copy.after = [model.name]
+                built.insert(index + k, copy)
+                out.append(copy)
+        return out
 
     def _ordered(self, built: list[_Step], extra: list[_Step]) -> list[_Step]:
         """Steps with every inserted step placed before its first dependant."""
@@ -405,10 +440,12 @@ class _Builder:
                         continue
                 if kind == "report":
                     continue  # assemble names what is missing
-                load = self._load_for(step) if kind in ("data", "predictions") else \
-                    self._fetch_model(step)
-                extra.append(load)
-                by_name[load.name] = load
+                if kind in ("data", "predictions"):
+                    load = self._data_for(step, extra, by_name)
+                else:
+                    load = self._fetch_model(step)
+                    extra.append(load)
+                    by_name[load.name] = load
                 step.after = [*step.after, load.name]
 
     def _evaluations_for(self, step: _Step, upstream: list[_Step],
@@ -433,6 +470,35 @@ class _Builder:
                                  "measured models)")
         return out
 
+    def _data_for(self, step: _Step, extra: list[_Step], by_name: dict[str, _Step]) -> _Step:
+        """The step ``step`` reads its data from: a load (one per source), and for training
+        a train/test split after it, so evaluations later measure held-out rows."""
+        load = self._load_for(step)
+        key = " ".join(load.params.get(p, "") for p in sorted(load.params)) or load.task.obj
+        if key in self.loads:
+            self.names.discard(load.name)
+            self.subtasks.pop()
+            load = self.loads[key]
+        else:
+            self.loads[key] = load
+            extra.append(load)
+            by_name[load.name] = load
+        if step.template.category != "train":
+            return load
+        split = self.splits.get(load.name)
+        if split is None:
+            task = Task(f"split {load.task.obj} into train and test", "split",
+                        f"{load.task.obj}", load.task.stage)
+            template = self._pick(task, category="process")
+            split = _Step(task, self._name(task, "split"), template, {}, [load.name])
+            split.params = self._params(task, template, split.name)
+            self.splits[load.name] = split
+            extra.append(split)
+            by_name[split.name] = split
+            self.subtasks.append(_describe(task, template) + " (added: held-out rows for "
+                                 "evaluation)")
+        return split
+
     def _fetch_model(self, step: _Step) -> _Step:
         about = re.split(r"\b(?:with|using|and|to|into|then|on)\b", step.task.obj)[0].strip()
         task = Task(f"fetch model {about}", "fetch", f"model {about}", step.task.stage)
@@ -445,10 +511,13 @@ class _Builder:
     def _load_for(self, step: _Step) -> _Step:
         source = next(iter(_URI.findall(step.task.text)), "") or (
             self.sources.pop(0) if self.sources else "")
-        about = re.split(r"\b(?:with|using|and|to|into|then)\b",
-                         step.task.obj.replace("{{item}}", " "))[0]
-        task = Task(f"load {about.strip()} {source}".strip(), "load", about.strip(),
-                    step.task.stage)
+        obj = step.task.obj.replace("{{item}}", " ")
+        # the data a clause names: what follows "on" / "from" / "in" ("train X on the
+        # retinal scan masks"), else its object
+        named = re.search(r"\b(?:on|from|in|over|using)\s+(?:the\s+|our\s+|all\s+)?(.+)$", obj)
+        about = (named.group(1) if named else obj)
+        about = re.split(r"\b(?:with|using|and|to|into|then|for)\b", about)[0].strip(" ,.")
+        task = Task(f"load {about} {source}".strip(), "load", about or source, step.task.stage)
         template = self._pick(task, category="ingest", produces="data")
         load = _Step(task, self._name(task, "load"), template, {})
         load.params = self._params(task, template, load.name)

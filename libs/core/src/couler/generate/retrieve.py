@@ -85,8 +85,9 @@ class Retriever:
                     score += 2.0 if len(key[0]) > 3 else 1.0
             score += 0.5 * len(self._names[name] & present)
             score += 0.2 * len(self._descriptions[name] & present)
-            if verb and stem(verb) in self._names[name]:
-                score += 1.0
+            if verb and (stem(verb) in self._names[name] or any(
+                    key == (stem(verb),) for key in self._keys[name])):
+                score += 2.0  # the clause's own verb names what the template does
             if prior and t.category == prior:
                 score += 2.5
             scored.append((score, name))

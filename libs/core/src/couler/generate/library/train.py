@@ -39,6 +39,7 @@ def templates() -> tuple[Template, ...]:
             ),
             consumes=("data",),
             produces=("model",),
+            metric="validation_score",
         ),
         define(
             "train-xgboost",
@@ -58,6 +59,7 @@ def templates() -> tuple[Template, ...]:
             ),
             consumes=("data",),
             produces=("model",),
+            metric="validation_score",
         ),
         define(
             "train-lightgbm",
@@ -77,6 +79,7 @@ def templates() -> tuple[Template, ...]:
             ),
             consumes=("data",),
             produces=("model",),
+            metric="validation_score",
         ),
         define(
             "train-catboost",
@@ -96,6 +99,7 @@ def templates() -> tuple[Template, ...]:
             ),
             consumes=("data",),
             produces=("model",),
+            metric="validation_score",
         ),
         define(
             "train-anomaly-detector",

@@ -433,3 +433,34 @@ def fitting_table(tables):
 def table_format(args):
     return getattr(args, "format", "csv") or "csv"
 # --- end of the shared helpers ---
+
+
+def report_validation(args):
+    """Score the model just saved in ``--out-model`` on the held-out ``test`` table of
+    ``--in-data`` (ROC AUC for two classes, else accuracy; R2 for regression) and write it
+    to ``--metric-file`` as the step's ``validation_score`` (what tuning optimizes). With no
+    ``test`` table the training rows are scored, and the report says so."""
+    metrics = need("sklearn.metrics", package="scikit-learn")
+    model = Predictor(args.out_model, "--out-model")
+    tables = dict(read_tables(args.in_data, "--in-data"))
+    split = "test" if "test" in tables else "train"
+    if split == "train":
+        print("warning: --in-data has no test table; the validation score is measured on the "
+              "training rows (split the data first for a held-out score)", file=sys.stderr)
+        df = tables.get("train", next(iter(tables.values())))
+    else:
+        df = tables["test"]
+    truth = labels(df, model.card.get("target") or args.target)
+    if model.task == "classification":
+        y = model.encoded(truth)
+        proba = model.proba(df)
+        if proba is not None and proba.shape[1] == 2 and len(set(y)) == 2:
+            measure, value = "auc", metrics.roc_auc_score(y, proba[:, 1])
+        else:
+            measure = "accuracy"
+            value = metrics.accuracy_score([str(v) for v in truth],
+                                           [str(v) for v in model.predict(df)])
+    else:
+        measure, value = "r2", metrics.r2_score(truth.astype("float64"), model.predict(df))
+    write_metric(args.metric_file, "validation_score", value,
+                 extra={"measure": measure, "split": split, "rows": len(df)})

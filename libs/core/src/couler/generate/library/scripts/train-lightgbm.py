@@ -1,7 +1,15 @@
 """Train a LightGBM gradient-boosted tree model (classifier or regressor)."""
-from _common import hyperparams, need, parser, save_model, train_card, training_data
+from _common import (
+              hyperparams,
+              need,
+              parser,
+              report_validation,
+              save_model,
+              train_card,
+              training_data,
+)
 
-p = parser(__doc__, consumes=("data",), produces=("model",))
+p = parser(__doc__, consumes=("data",), produces=("model",), metric=True)
 p.add_argument("--target", default="label", help="the label column")
 p.add_argument("--task", default="auto", help="auto, classification or regression")
 p.add_argument("--n-estimators", default="300", help="boosting rounds")
@@ -21,3 +29,4 @@ model.fit(x, y)
 save_model(args.out_model, "lightgbm", model, train_card(
     args, task, x, classes, estimator=type(model).__name__, params=kwargs,
     version=lgb.__version__, train_score=float(model.score(x, y))))
+report_validation(args)

@@ -1,7 +1,16 @@
 """Train any scikit-learn estimator named by a parameter (classifier or regressor)."""
-from _common import fail, hyperparams, need, parser, save_model, train_card, training_data
+from _common import (
+    fail,
+    hyperparams,
+    need,
+    parser,
+    report_validation,
+    save_model,
+    train_card,
+    training_data,
+)
 
-p = parser(__doc__, consumes=("data",), produces=("model",))
+p = parser(__doc__, consumes=("data",), produces=("model",), metric=True)
 p.add_argument("--estimator", default="RandomForestClassifier",
                help="a scikit-learn class: RandomForestClassifier, LogisticRegression, Ridge, "
                     "Lasso, ElasticNet, LinearSVC, SVC, MultinomialNB, KNeighborsClassifier, "
@@ -70,3 +79,4 @@ except ValueError as e:
 score = float(estimator.score(x.fillna(0), y))
 save_model(args.out_model, "sklearn", estimator, train_card(
     args, task, x, classes, estimator=name, params=kwargs, train_score=score))
+report_validation(args)
