@@ -632,7 +632,11 @@ def _first_verb(text: str) -> tuple[str, str]:
         i += 1
     if i >= len(tokens):
         return "", text
-    head = verb_form(tokens[i])
+    # "then picks the 500 most uncertain images": a verb in the third person, known by the
+    # determiner after it (so "tests pass" or "logs arrive" stay nouns)
+    third = (_third_person(tokens[i]) if i + 1 < len(tokens) and re.fullmatch(
+        r"the|a|an|all|each|every|it|them|its|their|\d[\d,]*", tokens[i + 1].lower()) else "")
+    head = verb_form(tokens[i]) or third
     if head and tokens[i].lower().strip(",.") not in _NOT_VERBS:
         return head, " ".join(tokens[i + 1:])
     rest = " ".join(tokens[i:])
@@ -707,6 +711,12 @@ def _coordinated(obj: str) -> tuple[str, list[str], str] | None:
     """(prefix, items, suffix) of the first coordinated list in ``obj``, if any:
     "CatBoost and a scikit-learn random forest", "Prophet, an exponential smoothing
     model and N-BEATS", "the web and mobile surfaces" (items share the head noun)."""
+    pp = re.match(r"^(.*?)\b(from|for|on|with|using|in|to|into|over|across)\s+(.+?),?\s+and\s+"
+                  r"(?:also\s+)?\2\s+(.+)$", obj, re.I)
+    if pp is not None:
+        # "candidates from the co-visitation matrix and from the ANN index"
+        prefix, prep = pp.group(1), pp.group(2)
+        return prefix, [f"{prep} {pp.group(3)}", f"{prep} {pp.group(4)}"], ""
     m = _LIST.search(obj)
     if m is not None:
         span = m.group(1)

@@ -199,11 +199,16 @@ class _Builder:
         self.names.add(name)
         return name
 
-    def _pick(self, task: Task, category: str = "", produces: str = "") -> Template:
+    def _pick(self, task: Task, category: str = "", produces: str = "",
+              available: frozenset[str] | None = None) -> Template:
+        """The best template for ``task``; with ``available``, one whose required inputs
+        are among those kinds."""
         # an exit hook reads nothing from the steps: only templates that need no input
         def allow(t: Template) -> bool:
-            return ((not task.hook or set(t.consumes) <= set(t.optional))
-                    and (not produces or produces in t.produces))
+            needs = set(t.consumes) - set(t.optional)
+            return ((not task.hook or not needs)
+                    and (not produces or produces in t.produces)
+                    and (available is None or needs <= available))
 
         hits = self.retriever.search(task.text, verb=task.verb, category=category, allow=allow)
         template = hits[0][0]
@@ -314,7 +319,13 @@ class _Builder:
             # later stages follow every unconditional step here, and the branches
             previous = group
         self._implicit_loads(built, extra)
+        by_name = {s.name: s for s in (*built, *extra)}
         for step in built:
+            if step.when is not None and step.when.step in by_name:
+                # the measuring step's template may have changed to one that can run here
+                metric = by_name[step.when.step].template.metric
+                if metric and metric != step.when.metric:
+                    step.when = dataclasses.replace(step.when, metric=metric)
             self._loop_and_tune(step)
         steps = [self._spec(s) for s in self._ordered(built, extra)]
         hook_specs = {k: tuple(self._spec(s, hook=True) for s in v) for k, v in hooks.items()}
@@ -396,7 +407,10 @@ class _Builder:
             if about is None:
                 return None
             task = Task(f"measure {cond.metric}", "evaluate", cond.metric, about.task.stage)
-            template = self._pick(task, category="evaluate")
+            reach = [about, *_upstream(about, {s.name: s for s in built + extra})]
+            produced = {k for u in reach for k in u.template.produces}
+            template = self._pick(task, category="evaluate", available=frozenset(
+                produced | {"data", "predictions"}))
             if not template.metric:
                 self.notes.append(f"step {step.name}: no catalog template measures "
                                   f"{cond.metric!r}; the condition cannot be checked")
@@ -423,6 +437,7 @@ class _Builder:
         data, a fetch step for a model, an evaluation for a report."""
         by_name = {s.name: s for s in (*built, *extra)}
         for step in list(built):
+            self._feasible(step, _upstream(step, by_name))
             for kind in step.template.consumes:
                 if kind in step.template.optional:
                     continue
@@ -447,6 +462,23 @@ class _Builder:
                     extra.append(load)
                     by_name[load.name] = load
                 step.after = [*step.after, load.name]
+
+    def _feasible(self, step: _Step, upstream: list[_Step]) -> None:
+        """Pick another template for ``step`` when what it must read cannot be had: a
+        report with no model upstream to measure, a model where no step trains one."""
+        produced = {k for u in upstream for k in u.template.produces}
+        available = frozenset(produced | {"data", "predictions"} | (
+            {"report"} if "model" in produced else set()))
+        needs = set(step.template.consumes) - set(step.template.optional)
+        if needs <= available | {"model"} and not ("model" in needs and "model" not in produced
+                                                   and step.template.category == "evaluate"):
+            return
+        before = step.template.name
+        step.template = self._pick(step.task, category=step.template.category,
+                                   available=available - ({"model"} - produced))
+        step.params = self._params(step.task, step.template, step.name)
+        self.notes.append(f"step {step.name}: {before} needs what no earlier step makes; "
+                          f"using {step.template.name}")
 
     def _evaluations_for(self, step: _Step, upstream: list[_Step],
                          by_name: Mapping[str, _Step]) -> list[_Step]:
@@ -531,9 +563,10 @@ class _Builder:
             if step.template.metric and until is not None and until.value:
                 step.loop = LoopSpec(task.loop_max, step.template.metric, until.op, until.value)
             else:
-                self.notes.append(f"step {step.name}: repeats at most {task.loop_max} times; "
-                                  f"{step.template.name!r} reports no metric to stop on")
-                step.loop = None
+                why = (f"{step.template.name!r} reports no metric to stop on"
+                       if not step.template.metric else "the request names no value to reach")
+                self.notes.append(f"step {step.name}: runs {task.loop_max} times ({why})")
+                step.loop = LoopSpec(task.loop_max)
         if task.tune_trials:
             space = _space(step.template)
             if step.template.metric and space:

@@ -716,9 +716,13 @@ def _build(wf: str, s: StepSpec, by_name: Mapping[str, StepSpec],
             loop = ir.Loop(ir.Condition(ir.StepOutputRef(s.name, metric),
                                         ir.CompareOp(s.loop.op).negated(),
                                         _literal(s.loop.value)), s.loop.max_iterations)
+        elif s.loop.value:
+            issues.append(Issue(wf, s.name, "loop.metric", "a value to reach needs a metric "
+                                "the step reports"))
         else:
-            issues.append(Issue(wf, s.name, "loop", "needs a metric the step reports and a "
-                                "value to reach"))
+            # "repeat 5 times": no goal, the iteration limit ends the loop
+            loop = ir.Loop(ir.Condition(_literal("again"), ir.CompareOp.EQ, _literal("again")),
+                           s.loop.max_iterations)
     tune = None
     if s.tune is not None:
         tune = _tune(wf, s, templates, issues)

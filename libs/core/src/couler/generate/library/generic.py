@@ -68,6 +68,14 @@ def templates() -> tuple[Template, ...]:
                "score readings, detect anomalies, alerts, count anomalies",
                image=TABULAR_IMAGE, metric="anomalies",
                params=(param("id-column", ""),)),
+        define("measure-table", "evaluate",
+               "Measure one number from a table: a row count, or a column's mean, sum, min, "
+               "max or percentile (p99), over the rows a query keeps.",
+               "count, number of, how many, rows, records, changed, pages, windows, files, "
+               "p50, p90, p95, p99, percentile, latency, average, mean, total, sum, maximum, "
+               "minimum, share, fraction, rate, volume, measure",
+               image=TABULAR_IMAGE, metric="value",
+               params=(param("stat", "count"), param("column", ""), param("where", ""))),
         define("evaluate-llm-judge", "evaluate",
                "Grade answers with an LLM judge (OpenAI-compatible endpoint); the metric is the "
                "mean score from 1 to 5.",
