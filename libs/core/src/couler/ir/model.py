@@ -115,7 +115,7 @@ TUNE_BEST_VALUE = "best_value"  # a tune step's output: the best objective value
 
 def pairs(mapping: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> Pairs:
     """Normalise a mapping or pair list to sorted ``(key, value)`` tuples."""
-    if mapping is None:
+    if not mapping:  # None, or empty (most steps': two calls per step captured)
         return ()
     items = mapping.items() if isinstance(mapping, Mapping) else mapping
     return tuple(sorted((str(k), str(v)) for k, v in items))
