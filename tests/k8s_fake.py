@@ -25,7 +25,8 @@ with the status codes and ``Status`` bodies the real API server returns for them
 
 Every request needs ``Authorization: Bearer <token>`` (401 otherwise). With
 ``max_request_bytes`` a larger body is answered 413 (the API server's request limit), with
-``max_object_bytes`` a larger POST/PUT 500 "etcdserver: request is too large". The tests play
+``max_object_bytes`` a POST/PUT whose object, as the server stores it (compact JSON), is larger
+is answered 500 "etcdserver: request is too large". The tests play
 the Argo or Tekton controller by mutating stored objects with :meth:`FakeKube.update`
 (and creating TaskRuns with :meth:`FakeKube.put`), which bumps ``resourceVersion`` and
 notifies watchers, as the API server would. Plurals are unique across the two groups, so
@@ -352,7 +353,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise HttpError(413, "RequestEntityTooLarge",
                                 f"Request entity too large: limit is {fake.max_request_bytes}")
             if (fake.max_object_bytes is not None and method in ("POST", "PUT")
-                    and len(raw) > fake.max_object_bytes):
+                    and len(json.dumps(body, separators=(",", ":"))) > fake.max_object_bytes):
                 raise HttpError(500, "InternalError", "etcdserver: request is too large")
             self._route(method, url.path, query, content_type, body)
         except HttpError as e:

@@ -22,6 +22,7 @@ import pytest
 
 from couler import ir
 from couler.compilers import argo
+from couler.compilers.wire import json_size
 from couler.optimize import optimize as plan_locally
 from couler.v1 import events_pb2
 from couler_optimizer.main import OptimizerSettings
@@ -58,10 +59,10 @@ def wide_steps(name: str) -> ir.Workflow:
 
 
 def object_bytes(wf: ir.Workflow) -> int:
-    """The size of ``wf``'s Workflow object as the Kubernetes client sends it (the
+    """The size of ``wf``'s Workflow object as the API server stores it, compact JSON (the
     optimizer's plan of it: default retries added)."""
     plan = plan_locally(wf, "argo")
-    return len(json.dumps(argo.compile_workflow(plan.workflow)).encode())
+    return json_size(argo.compile_workflow(plan.workflow))
 
 
 @pytest.fixture
@@ -112,10 +113,10 @@ def test_a_refused_document_is_planned_again_within_the_learned_budget(
     assert len(posts) == len(names) + 1
     refused_post = posts[0].body
     assert refused_post["metadata"]["annotations"]["couler.io/idempotency-key"] == sub.run_id
-    assert len(json.dumps(refused_post).encode()) > kube.max_object_bytes
+    assert json_size(refused_post) > kube.max_object_bytes
     # Every chunk the engine holds is within its limit, and together they hold every step.
     held = [kube.get("workflows", "argo", n) for n in names]
-    assert all(len(json.dumps(obj).encode()) <= kube.max_object_bytes for obj in held)
+    assert all(json_size(obj) <= kube.max_object_bytes for obj in held)
     tasks = [t["name"] for obj in held for tmpl in obj["spec"]["templates"]
              for t in (tmpl.get("dag") or {}).get("tasks", ())]
     assert sorted(tasks) == sorted(s.name for s in wf.steps)
@@ -126,8 +127,10 @@ def test_a_refused_document_is_planned_again_within_the_learned_budget(
     assert isinstance(refusal, events_pb2.DocumentRefused)
     assert refusal.engine == "argo" and refusal.workflow == wf.name and refusal.attempt == 1
     assert refusal.sent_bytes == len(json.dumps(refused_post).encode())
-    # as Couler compiles it: the plan's document and the idempotency label and annotation
-    document = len(plan_locally(wf, "argo").document)
+    # in the split budget's unit, the object as stored (compact JSON): the plan's document
+    # and the idempotency label and annotation
+    assert refusal.size_bytes == json_size(refused_post)
+    document = json_size(argo.compile_workflow(plan_locally(wf, "argo").workflow))
     assert document < refusal.size_bytes < document + 500
     assert "etcdserver: request is too large" in refusal.reason
     assert refusal.request.workflow.name == wf.name  # the run, to plan again

@@ -92,3 +92,19 @@ def test_unsupported_types_are_rejected() -> None:
         to_yaml({"a": {1, 2}})
     with pytest.raises(TypeError, match="keys must be strings"):
         to_yaml({1: "a"})
+
+
+words = st.from_regex(r"[A-Za-z][A-Za-z0-9_./-]{0,12}", fullmatch=True)
+
+
+@given(st.one_of(words, st.sampled_from([
+    "yes", "Yes", "YES", "no", "NO", "true", "False", "on", "Off", "null", "Null", "NULL",
+    "y", "Y", "n", "N", "nan", "inf", "a.b", "s3/x", "x-1", "e1", "E5", "x_", "a..", "a/"])))
+@settings(max_examples=300, deadline=None)
+def test_words_are_plain_exactly_when_pyyaml_reads_them_back_as_strings(word: str) -> None:
+    """The emitter's shortcut for words (letters, digits, ``_ . / -``): written plain only
+    when PyYAML's resolver gives a string, quoted (and still read back) otherwise."""
+    text = to_yaml({"k": word})
+    assert yaml.safe_load(text) == {"k": word}
+    plain = text == f"k: {word}\n"
+    assert plain == (yaml.safe_load(f"k: {word}\n") == {"k": word}), text

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Mapping, Sequence
 
 import pytest
 
 from couler import ir
-from couler.compilers import argo
+from couler.compilers import airflow, argo, tekton
+from couler.compilers.wire import json_size
 from couler.errors import UserError
 from couler.optimize import (
     DEFAULT_RETRY,
@@ -19,6 +21,7 @@ from couler.optimize import (
     apply_recommendations,
     budget_for,
     default_retry,
+    document_size,
     handoff_parameter,
     learned_limit,
     not_cacheable_reason,
@@ -427,7 +430,8 @@ def test_the_default_policy_retries_every_class_but_user_errors() -> None:
 
 
 def argo_size(wf: ir.Workflow) -> int:
-    return len(argo.to_yaml(argo.compile_workflow(wf)))
+    """The optimizer's measure of an Argo document: its compact JSON."""
+    return document_size(argo.compile_workflow(wf), "argo")
 
 
 def layered(levels: int, width: int) -> ir.Workflow:
@@ -595,6 +599,56 @@ def test_a_unit_over_the_budget_is_named() -> None:
     with pytest.raises(UserError, match=r"workflow 'chain': steps that must stay together "
                                         r"\(s4\) compile to \d+ bytes, over the budget of 4000"):
         split_workflow(wf, Budget(max_bytes=4000, margin=1.0), argo_size)
+
+
+def test_documents_are_measured_as_the_engines_api_stores_them() -> None:
+    """Compact JSON for the Kubernetes engines (Tekton: its objects together, as the
+    PipelineRun's status holds the Pipeline's spec), the DAG file's bytes for Airflow."""
+    wf = chain(20)
+    doc = argo.compile_workflow(wf)
+    compact = json.dumps(doc, separators=(",", ":"))
+    assert document_size(doc, "argo") == len(compact.encode()) == json_size(doc)
+    assert json.loads(compact) == doc
+    assert document_size(doc, "argo") < len(argo.to_yaml(doc).encode())  # not the YAML
+    docs = tekton.compile_workflow(wf)
+    assert len(docs) == 2
+    assert document_size(docs, "tekton") == sum(
+        len(json.dumps(d, separators=(",", ":"))) for d in docs)
+    spec = {"pipelineInfo": {"name": "chain"}, "root": {"dag": {"tasks": {"a": {}}}}}
+    assert document_size(spec, "kfp") == len('{"pipelineInfo":{"name":"chain"},'
+                                             '"root":{"dag":{"tasks":{"a":{}}}}}')
+    source = airflow.compile_workflow(wf)
+    assert document_size(source, "airflow") == len(source.encode())
+    assert document_size(None, "local") == 0
+    # non-ASCII characters are escaped: never fewer bytes than the server stores (UTF-8)
+    accented = argo.compile_workflow(ir.Workflow(name="w", steps=(
+        container("s0", "echo", "détente"),)))
+    assert document_size(accented, "argo") > len(json.dumps(
+        accented, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def test_optimize_splits_to_the_compact_json_size_of_each_chunk() -> None:
+    """optimize() with the argo engine: each chunk's size is its document's compact JSON,
+    within the budget, though its YAML (what ``couler compile`` prints) is larger."""
+    wf = chain(300)
+    whole = json_size(argo.compile_workflow(wf))
+    budget = Budget(max_bytes=whole // 4, margin=1.0)
+    allowed = budget.bytes_allowed
+    assert allowed is not None
+    plan = optimize(wf, "argo", budget=budget, retry=None)
+    assert len(plan.chunks) >= 4
+    for chunk in plan.chunks:
+        doc = argo.compile_workflow(chunk.workflow)
+        assert chunk.size_bytes == json_size(doc) <= allowed, chunk.name
+    # the fullest chunks would be over the budget measured as YAML: the unit is JSON
+    assert any(len(argo.to_yaml(argo.compile_workflow(c.workflow))) > allowed
+               for c in plan.chunks)
+    # not split: the plan's document is still the YAML, and the note gives its JSON size
+    one = optimize(chain(5), "argo", retry=None)
+    assert one.document == argo.to_yaml(argo.compile_workflow(chain(5)))
+    split = next(r for r in one.reports if r.name == "split")
+    size = json_size(argo.compile_workflow(chain(5)))
+    assert f"5 steps, {size} of {budget_for('argo').bytes_allowed} bytes" in split.notes[0]
 
 
 def test_engine_budgets_come_from_the_limits_tables() -> None:

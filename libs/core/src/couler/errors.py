@@ -77,9 +77,11 @@ class DocumentTooLargeError(UserError):
     """An engine refused a workflow's document for its size (Kubernetes: 413, or etcd's
     "request is too large"; an Airflow DAG import timeout; a KFP spec limit).
 
-    ``size_bytes`` is the size of the refused document as Couler compiles it (the text
-    ``couler compile`` writes: the unit of the optimizer's split budget); ``sent_bytes``
-    the size of the request the engine refused (e.g. the object as JSON), when known.
+    ``size_bytes`` is the size of the refused document in the unit of the optimizer's split
+    budget (:func:`couler.optimize.passes.document_size`: compact JSON for a Kubernetes
+    object -- what the API server stores --, the file's bytes for an Airflow DAG);
+    ``sent_bytes`` the size of the request body the engine refused, when known (the
+    Kubernetes client sends JSON with spaces after separators).
     """
 
     def __init__(self, engine: str, workflow: str, size_bytes: int, detail: str, *,

@@ -8,8 +8,9 @@
   so a redelivered event is answered with the same plan instead of planning (and asking
   the cache) again.
 * ``optimizer_learned_budgets`` — per engine, the document-size budget learned from the
-  documents it refused as too large (``couler.workflow.refused``): 0.8 x the smallest
-  refused, with that refusal's details for the split pass's notes.
+  documents it refused as too large (``couler.workflow.refused``), in bytes of compact JSON
+  (the split budget's unit): 0.8 x the smallest refused, with that refusal's details for
+  the split pass's notes.
 
 Migrations live in ``couler_optimizer/migrations`` and run at start (:meth:`OptimizerStore.open`).
 The API is synchronous; the service calls it through ``asyncio.to_thread``.

@@ -65,8 +65,20 @@ def _quoted(text: str) -> str:
     return _NEEDS_ESCAPE.sub(_escape, json.dumps(text, ensure_ascii=False))
 
 
+# A word of letters, digits and ``_ . / -`` starting with a letter: always plain (it starts
+# with no indicator and holds no space, ":" or "#"), and PyYAML resolves every such word
+# as a string but its booleans and nulls (the other implicit types start with a digit,
+# a sign, ".", "~", "<" or "="), which the full check below decides. Most of a compiled
+# workflow's values are such words (names, images, arguments): the resolver's regexes
+# were a fifth of rendering.
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_./-]*")
+_WORDS_NOT_STR = frozenset({"yes", "no", "true", "false", "on", "off", "null", "y", "n"})
+
+
 @functools.lru_cache(maxsize=8192)  # keys and common values repeat in every task/template
 def _string(text: str) -> str:
+    if _WORD.fullmatch(text) and text.lower() not in _WORDS_NOT_STR:
+        return text
     if (
         text
         and _PLAIN.fullmatch(text)

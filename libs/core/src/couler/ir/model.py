@@ -115,7 +115,7 @@ TUNE_BEST_VALUE = "best_value"  # a tune step's output: the best objective value
 
 def pairs(mapping: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> Pairs:
     """Normalise a mapping or pair list to sorted ``(key, value)`` tuples."""
-    if mapping is None:
+    if not mapping:  # None, or empty (most steps': two calls per step captured)
         return ()
     items = mapping.items() if isinstance(mapping, Mapping) else mapping
     return tuple(sorted((str(k), str(v)) for k, v in items))
@@ -170,6 +170,10 @@ def assignable(source: ValueType, target: ValueType) -> bool:
     return source == ValueType.INT and target == ValueType.FLOAT
 
 
+#: JSON text of a string with nothing escaped: it decodes to the characters between quotes.
+SIMPLE_JSON_STRING = re.compile(r'"[^"\\\x00-\x1f]*"')
+
+
 @dataclass(frozen=True, slots=True)
 class Literal:
     """A literal value, stored as canonical JSON text."""
@@ -190,6 +194,8 @@ class Literal:
     @property
     def text(self) -> str:
         """The value as the text a command line would see (strings unquoted)."""
+        if SIMPLE_JSON_STRING.fullmatch(self.json):  # what json.loads gives, 5x faster
+            return self.json[1:-1]
         value = self.value
         if isinstance(value, str):
             return value

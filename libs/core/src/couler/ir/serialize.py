@@ -66,16 +66,24 @@ def _encode(value: Any, hint: Any) -> Any:
     cls = type(value)
     if cls is str or cls is bool:
         return value
-    fields = _dataclass_fields(cls)  # type: ignore[arg-type]
-    if fields is not None:
+    plan = _dataclass_plan(cls)  # type: ignore[arg-type]
+    if plan is not None:
         out: dict[str, Any] = {}
         if _tagged(cls, hint):  # type: ignore[arg-type]
             out["kind"] = cls.KIND
-        for info in fields:
-            item = getattr(value, info.name)
-            if info.default is not _MISSING and item == info.default:
+        for name, field_hint, default, floats in plan:
+            item = getattr(value, name)
+            if default is not _MISSING and item == default:
                 continue
-            out[info.name] = _encode(item, info.hint)
+            # Leaves inline (a call per field was most of the cost): the same values
+            # the recursive call returns for them.
+            kind = type(item)
+            if kind is str or kind is bool or item is None:
+                out[name] = item
+            elif kind is int:
+                out[name] = float(item) if floats else item
+            else:
+                out[name] = _encode(item, field_hint)
         return out
     if isinstance(value, enum.Enum):
         return value.value
@@ -83,10 +91,20 @@ def _encode(value: Any, hint: Any) -> Any:
         item_hint, fixed = _tuple_hints(hint)
         if fixed is not None:  # a fixed-size tuple such as a (key, value) pair
             return [_encode(v, a) for v, a in zip(value, fixed, strict=True)]
-        return [_encode(v, item_hint) for v in value]
+        return [v if type(v) is str else _encode(v, item_hint) for v in value]
     if isinstance(value, int) and not isinstance(value, bool) and _is_float(hint):
         return float(value)
     return value
+
+
+@cache
+def _dataclass_plan(cls: type) -> tuple[tuple[str, Any, Any, bool], ...] | None:
+    """Per field of a dataclass type: its name, hint, default (or _MISSING) and whether
+    an int there is encoded as a float; None for any other type."""
+    fields = _dataclass_fields(cls)
+    if fields is None:
+        return None
+    return tuple((f.name, f.hint, f.default, _is_float(f.hint)) for f in fields)
 
 
 @cache

@@ -18,6 +18,7 @@ from decimal import Decimal, InvalidOperation
 from couler.alloc import gc_paused
 from couler.errors import Issue, ValidationError
 from couler.ir.model import (
+    SIMPLE_JSON_STRING,
     TUNE_BEST_PARAMS,
     TUNE_BEST_VALUE,
     ArtifactLocation,
@@ -275,6 +276,8 @@ class _Checker:
                     self.add("", field, f"value {lit.json} is not of type {p.type.value}")
 
     def literal_ok(self, step: str, field: str, lit: Literal) -> bool:
+        if SIMPLE_JSON_STRING.fullmatch(lit.json):  # valid; a regex is 5x cheaper to ask
+            return True
         try:
             json.loads(lit.json)
         except ValueError:

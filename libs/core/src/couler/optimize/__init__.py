@@ -15,6 +15,7 @@ from couler.optimize.passes import (
     apply_recommendations,
     compile_document,
     default_retry,
+    document_size,
     optimize,
     prune_cached,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "cache_policy",
     "compile_document",
     "default_retry",
+    "document_size",
     "handoff_parameter",
     "learned_limit",
     "not_cacheable_reason",

@@ -45,9 +45,12 @@ __all__ = [
     "Recommendation",
     "apply_recommendations",
     "compile_document",
+    "compile_engine_document",
     "default_retry",
+    "document_size",
     "optimize",
     "prune_cached",
+    "render_document",
 ]
 
 
@@ -424,26 +427,67 @@ def compile_document(wf: ir.Workflow, engine: str, *, validate: bool = True) -> 
     """The engine document for ``wf``: YAML for argo/tekton/kfp, a DAG file for airflow,
     empty for engines that take the IR itself (local, ray, and the submitter's dryrun).
     ``validate=False`` for a workflow known to be valid (validated, or a chunk of one)."""
+    return render_document(compile_engine_document(wf, engine, validate=validate), engine)
+
+
+def compile_engine_document(wf: ir.Workflow, engine: str, *, validate: bool = True) -> Any:
+    """The engine's document for ``wf`` as data, before it is rendered as text: a dict for
+    argo and kfp, a list of dicts for tekton, the DAG file's source for airflow, None for
+    engines that take the IR itself. See :func:`compile_document`."""
     if engine in ("local", "ray", "dryrun"):
-        return ""
+        return None
     if engine == "argo":
         from couler.compilers import argo
 
-        return argo.to_yaml(argo.compile_workflow(wf, validate=validate))
+        return argo.compile_workflow(wf, validate=validate)
     if engine == "tekton":
         from couler.compilers import tekton
 
-        return tekton.to_yaml(tekton.compile_workflow(wf, validate=validate))
+        return tekton.compile_workflow(wf, validate=validate)
     if engine == "airflow":
         from couler.compilers import airflow
 
         return airflow.compile_workflow(wf, validate=validate)
     if engine == "kfp":
-        from couler.compilers import emit, kfp
+        from couler.compilers import kfp
 
-        return emit.to_yaml(kfp.compile_workflow(wf, validate=validate))
+        return kfp.compile_workflow(wf, validate=validate)
     raise UserError(f"workflow {wf.name!r}: unknown engine {engine!r} "
                     "(argo, tekton, airflow, kfp, ray, local)")
+
+
+def render_document(doc: Any, engine: str) -> str:
+    """The text of a document from :func:`compile_engine_document` (what ``couler compile``
+    writes): YAML for argo/tekton/kfp, the DAG file for airflow, empty for None."""
+    if doc is None:
+        return ""
+    if engine == "tekton":
+        from couler.compilers import tekton
+
+        return tekton.to_yaml(doc)
+    if isinstance(doc, str):
+        return doc
+    from couler.compilers import emit
+
+    return emit.to_yaml(doc)
+
+
+def document_size(doc: Any, engine: str) -> int:
+    """The size of a document from :func:`compile_engine_document` in the unit of the
+    engine's byte limits (:func:`couler.optimize.split.budget_for`): its compact JSON
+    (:func:`couler.compilers.wire.json_size`) for the engines behind the Kubernetes API
+    (argo, tekton, kfp) -- for tekton the sum over its objects, since Tekton copies the
+    Pipeline's spec into the PipelineRun's status -- and the file's bytes for airflow
+    (a DAG file); 0 for None."""
+    if doc is None:
+        return 0
+    if isinstance(doc, str):
+        return len(doc.encode())
+    from couler.compilers.wire import json_size
+
+    if engine == "tekton":
+        return sum(json_size(d) for d in doc)
+    return json_size(doc)
 
 
 # -------------------------------------------------------------------- pipeline
@@ -556,17 +600,18 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
                               notes=tuple(notes) if notes or retry is not None
                               else ("skipped",)))
     chunks: tuple[Chunk, ...] = ()
-    whole: list[str] = []  # the document of ``wf`` when the split pass compiled it
+    whole: list[Any] = []  # the document of ``wf`` when the split pass compiled it
 
     def measure(w: ir.Workflow) -> int:
         # Every workflow measured is valid: ``wf`` (validated above, its passes keep it
-        # so; checked again below) or a chunk of it.
+        # so; checked again below) or a chunk of it. Measured as the engine's API takes
+        # it (compact JSON), not as rendered for people (YAML).
         if not compile:
             return 0
-        text = compile_document(w, engine, validate=False)
+        doc = compile_engine_document(w, engine, validate=False)
         if w is wf:
-            whole.append(text)
-        return len(text)
+            whole.append(doc)
+        return document_size(doc, engine)
 
     with _timed(reports, "split") as box:
         if nothing:
@@ -581,7 +626,8 @@ def optimize(wf: ir.Workflow, engine: str = "local", *, lookup: Lookup | None = 
         if nothing:
             note = "skipped: every step is reused, the engine runs nothing"
         elif compile and not chunks:
-            document = whole[0] if whole else compile_document(wf, engine, validate=False)
+            document = (render_document(whole[0], engine) if whole
+                        else compile_document(wf, engine, validate=False))
             note = f"{len(document)} bytes of {engine} document" if document else \
                 f"{engine} runs the IR itself"
         elif chunks:

@@ -5,11 +5,14 @@ reached; a plain DFS can produce chunks that depend on each other both ways, and
 it says nothing about the edges it cuts (couler-paper.md §4.4). This version:
 
 1. **Budget** — a vector, not a sum: at most ``max_steps`` steps and at most
-   ``margin * max_bytes`` bytes of compiled document per chunk. :func:`budget_for`
-   takes the smallest document-size limit from the engine's limits table (Argo and
-   Tekton: 1 MiB in practice, KFP: 1.5 MiB) with a 3 % safety margin (chunk sizes are
-   measured exactly, the margin covers what the engine's server adds to a stored
-   object). A size the engine refused lowers it (:attr:`Budget.learned_bytes`).
+   ``margin * max_bytes`` bytes of compiled document per chunk, measured as the engine's
+   API takes it: compact JSON for the engines behind the Kubernetes API, whose object
+   size limits are on the stored JSON (:func:`couler.optimize.passes.document_size`),
+   not the YAML ``couler compile`` prints. :func:`budget_for` takes the smallest
+   document-size limit from the engine's limits table (Argo and Tekton: 1 MiB in
+   practice, KFP: 1.5 MiB) with a 3 % safety margin (chunk sizes are measured exactly,
+   the margin covers what the engine's server adds to a stored object). A size the
+   engine refused lowers it (:attr:`Budget.learned_bytes`), in the same unit.
 2. **Units** — steps that must stay together are contracted first: an edge with a
    condition other than "succeeded", a ``depends`` expression, and an artifact
    hand-off keep both ends in one unit (a cut edge can only say "ran and
@@ -66,7 +69,9 @@ _SAMPLE_STEPS = 64
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """How much one chunk may hold; None = no limit of that kind."""
+    """How much one chunk may hold; None = no limit of that kind. Bytes are of the
+    compiled document in the unit of the engine's limit (compact JSON for Kubernetes
+    objects: see :func:`couler.optimize.passes.document_size`)."""
 
     max_steps: int | None = None
     max_bytes: int | None = None
@@ -106,7 +111,8 @@ LEARNED_FACTOR = 0.8
 
 
 def learned_limit(refused_bytes: int) -> int:
-    """The byte budget learned from an engine that refused a ``refused_bytes`` document."""
+    """The byte budget learned from an engine that refused a ``refused_bytes`` document
+    (the size in the budget's unit: ``DocumentTooLargeError.size_bytes``)."""
     return max(1, int(refused_bytes * LEARNED_FACTOR))
 
 
@@ -358,7 +364,8 @@ class _SizeModel:
 
 def split_workflow(wf: ir.Workflow, budget: Budget,
                    measure: Callable[[ir.Workflow], int]) -> SplitResult:
-    """Split ``wf`` into chunks within ``budget``; ``measure`` gives a document's size.
+    """Split ``wf`` into chunks within ``budget``; ``measure`` gives a document's size in
+    the budget's unit (the optimizer's: :func:`couler.optimize.passes.document_size`).
 
     A workflow within budget comes back as one chunk (itself). Raises UserError when
     the workflow must be split but cannot be (exit hooks, or one unit over budget).

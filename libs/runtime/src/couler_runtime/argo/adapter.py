@@ -66,7 +66,8 @@ from kubernetes import watch as _k8s_watch
 
 from couler import ir
 from couler.api.handles import SecretMaterial
-from couler.compilers.argo import compile_workflow, to_yaml
+from couler.compilers.argo import compile_workflow
+from couler.compilers.wire import json_size
 from couler.engines.base import RunState, RunStatus, StepSample, StepState, StepStatus
 from couler.errors import (
     CoulerError,
@@ -210,9 +211,11 @@ class ArgoAdapter:
             refusal = size_refusal(exc.__cause__)
             if refusal is None:
                 raise
+            # The size in the split budget's unit (the object as the server stores it,
+            # compact JSON), and the client's body (``json.dumps`` with spaces).
             raise DocumentTooLargeError(
-                "argo", wf.name, len(to_yaml(doc)), refusal,
-                sent_bytes=len(json.dumps(doc).encode())) from exc  # the client's body
+                "argo", wf.name, json_size(doc), refusal,
+                sent_bytes=len(json.dumps(doc).encode())) from exc
         return str(as_mapping(created)["metadata"]["name"])
 
     def _put_secret(self, secret: SecretMaterial, workflow: str) -> None:

@@ -87,8 +87,8 @@ import urllib3
 
 from couler import ir
 from couler.api.handles import SecretMaterial
-from couler.compilers import emit
 from couler.compilers.kfp import compile_workflow
+from couler.compilers.wire import json_size
 from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, StepStatus
 from couler.errors import (
     ConflictError,
@@ -237,8 +237,8 @@ class KfpAdapter:
             refusal = _size_refusal(exc.__cause__)
             if refusal is None:
                 raise
-            raise DocumentTooLargeError(
-                "kfp", wf.name, len(emit.to_yaml(spec)), refusal,
+            raise DocumentTooLargeError(  # compact JSON: the split budget's unit
+                "kfp", wf.name, json_size(spec), refusal,
                 sent_bytes=len(json.dumps(spec).encode())) from exc
         return str(run.run_id)
 
