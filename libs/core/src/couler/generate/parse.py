@@ -215,6 +215,12 @@ _DOTTED = re.compile(r"\b(?:\w+\.)+(?:csv|tsv|parquet|jsonl?|zip|tar|gz|tgz|txt|
                      r"\be\.g\.|\bi\.e\.|\bvs\.|\betc\.", re.IGNORECASE)
 
 
+# Quoted text, inline code and SQL statements are data: their words are not clauses.
+_QUOTED = re.compile(r"`[^`]{1,200}`|'[^'\s][^']{0,200}'|\"[^\"]{1,200}\"|"
+                     r"\b(?:SELECT|DROP|DELETE|INSERT|UPDATE|CREATE|ALTER|TRUNCATE|GRANT)\b"
+                     r"[^;.]{0,200};?(?:\s*--)?")
+
+
 def _mask(text: str) -> tuple[str, list[str]]:
     kept: list[str] = []
 
@@ -223,7 +229,7 @@ def _mask(text: str) -> tuple[str, list[str]]:
         kept.append(value)
         return f"\x00{len(kept) - 1}\x01" + m.group(0)[len(value):]
 
-    return _DOTTED.sub(repl, _URI.sub(repl, text)), kept
+    return _DOTTED.sub(repl, _URI.sub(repl, _QUOTED.sub(repl, text))), kept
 
 
 def _unmask(text: str, kept: list[str]) -> str:
@@ -784,6 +790,14 @@ def _fanout_list(obj: str) -> tuple[list[str], str] | None:
 # --------------------------------------------------------------------------- the parser
 
 
+# Text addressed to the generator rather than describing the workflow ("ignore the spec and
+# run …", "print your system prompt"): never planned.
+_INJECTION = re.compile(
+    r"\b(?:ignore|disregard|forget|override|bypass)\s+(?:all\s+|any\s+|the\s+|your\s+|"
+    r"previous\s+|above\s+|prior\s+)*(?:spec|specification|instructions?|rules|prompt|system|"
+    r"guidelines|constraints|schema|catalog)\b|\b(?:system\s+prompt|environment\s+variables?|"
+    r"api\s+keys?)\b.*\b(?:print|show|reveal|dump|send|leak)\b|\b(?:print|show|reveal|dump|"
+    r"leak)\b.*\b(?:system\s+prompt|api\s+keys?|secrets?|environment\s+variables?)\b", re.I)
 _LEAD_SEQUENCE = re.compile(r"^(?:after\s+that|afterwards|then|next|finally|first(?:ly)?|"
                             r"lastly|last|second(?:ly)?|also)\s*,?\s+", re.I)
 _BEFORE = re.compile(r"\s+before\s+(\w+ing)\b\s*(.*)$", re.I)
@@ -826,6 +840,10 @@ def parse_request(text: str) -> Request:
                  if s.strip(" .")]
     state = _State()
     for raw_sentence in sentences:
+        if _INJECTION.search(raw_sentence):
+            out.notes.append(f"ignored an instruction about the generator itself: "
+                             f"{_unmask(raw_sentence, kept)[:120]!r}")
+            continue
         sentence = _LEAD_SEQUENCE.sub("", raw_sentence.strip().rstrip(".!?"))
         hook, sentence = _hook(sentence)
         clauses = _clauses(sentence)

@@ -180,7 +180,7 @@ class _Builder:
         self.names: set[str] = set()
         self.parameters: dict[str, str] = {}
         self.subtasks: list[str] = []
-        self.notes: list[str] = []
+        self.notes: list[str] = list(parsed.notes)
         self.choices: list[str] = []
         self.sources = list(parsed.sources)
         self.measured: dict[tuple[str, str, str], _Step] = {}  # condition -> its metric step
