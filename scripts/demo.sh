@@ -18,6 +18,8 @@ echo "compiled examples/dag_diamond.py for Tekton: out/dag_diamond.tekton.yaml"
 echo
 
 export COULER_HOME="$PWD/out/stack"
+./scripts/setup-ml-venv.sh       # the generated steps' libraries (scikit-learn, XGBoost, LightGBM)
+export COULER_LOCAL_PYTHON="ghcr.io/couler-io/ml-tabular:*=$PWD/.venv-ml/bin/python"
 $couler down >/dev/null 2>&1 || true           # a stack left over from an earlier demo
 trap '$couler down || true' EXIT
 $couler up
@@ -25,7 +27,7 @@ echo
 echo "== submit examples/map_batches.py (a map over an upstream output) and wait"
 $couler submit examples/map_batches.py --wait
 echo
-request="train an XGBoost and a LightGBM model on churn.csv, evaluate both, keep the better one"
+request="train an XGBoost and a LightGBM model on sample://breast_cancer, evaluate both, keep the better one"
 echo "== submit a request in plain English: \"$request\""
 $couler submit --text "$request" --wait
 echo

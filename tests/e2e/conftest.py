@@ -101,8 +101,32 @@ def recorded_pids(home: Path) -> list[int]:
     return [info.supervisor, *info.pids.values()] if info else []
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ml_env() -> dict[str, str]:
+    """The setting that runs the catalog's tabular steps in .venv-ml (made when absent)."""
+    subprocess.run([str(REPO / "scripts" / "setup-ml-venv.sh")], check=True, timeout=900)
+    return {"COULER_LOCAL_PYTHON":
+            f"ghcr.io/couler-io/ml-tabular:*={REPO / '.venv-ml' / 'bin' / 'python'}"}
+
+
+def write_table(path: Path) -> Path:
+    """A real labelled table (scikit-learn's breast-cancer data) as CSV at ``path``."""
+    from sklearn.datasets import load_breast_cancer
+
+    data = load_breast_cancer()
+    lines = [",".join([*(f"f{i}" for i in range(data.data.shape[1])), "label"])]
+    lines += [",".join([*(f"{v:.6g}" for v in row), str(int(y))])
+              for row, y in zip(data.data, data.target, strict=True)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def start_stack(home: Path, **kw: Any) -> Stack:
-    """``up`` with a token; when it fails, whatever it started is stopped."""
+    """``up`` with a token (and the tabular steps' environment); when it fails, whatever it
+    started is stopped."""
+    kw["extra_env"] = {**ml_env(), **kw.get("extra_env", {})}
     try:
         info = stack.up(home, token=secrets.token_urlsafe(16), **kw)
     except BaseException:

@@ -68,6 +68,7 @@ from .conftest import (
     unique,
     wait_finished,
     wait_until,
+    write_table,
 )
 
 pytestmark = [pytest.mark.slow]
@@ -95,7 +96,7 @@ def _submit_batch(live: Stack, marks_root: Path, *, programs: int = 2, texts: in
 
     wait_until(running, f"run {first}: a step running")
     for _ in range(texts):
-        table = f"table-{uuid.uuid4().hex[:6]}.csv"  # a new table: no cache hit
+        table = write_table(marks_root / f"table-{uuid.uuid4().hex[:6]}.csv")  # not cached
         sub = live.client.submitter.submit(TEXT.format(table=table))
         runs[sub.run_id] = None
     return runs, first

@@ -37,16 +37,17 @@ from .conftest import (
     leftovers,
     marked_workflow,
     marks,
+    ml_env,
     recorded_pids,
     unique,
     wait_until,
+    write_table,
 )
 
 pytestmark = [pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-TEXT = ("train an XGBoost and a LightGBM model on churn.csv, evaluate both, "
-        "keep the better one")
+TEXT = "train an XGBoost and a LightGBM model on {table}, evaluate both, keep the better one"
 
 
 @dataclass
@@ -56,6 +57,7 @@ class CliStack:
     home: Path
     env: dict[str, str]
     up: subprocess.CompletedProcess[str]
+    text: str = ""  # the plain-English request the tests submit (over a real table)
     runs: dict[str, str] = field(default_factory=dict)  # what -> run id
     pids: list[int] = field(default_factory=list)
 
@@ -80,9 +82,11 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliStack]:
     home = tmp_path_factory.mktemp("couler-home")
     env = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
     env["COULER_HOME"] = str(home)
+    env.update(ml_env())
     up = subprocess.run([sys.executable, "-m", "couler", "up"], env=env, cwd=REPO,
                         capture_output=True, text=True, timeout=120, check=False)
-    s = CliStack(home, env, up)
+    table = write_table(tmp_path_factory.mktemp("data") / "churn.csv")
+    s = CliStack(home, env, up, text=TEXT.format(table=table))
     try:
         yield s
     finally:
@@ -180,11 +184,11 @@ def test_a_plan_for_argo_leaves_out_the_steps_the_cache_holds(cli: CliStack) -> 
 
 
 def test_submit_a_text_request_and_wait(cli: CliStack) -> None:
-    done = cli.couler("submit", "--text", TEXT, "--wait")
+    done = cli.couler("submit", "--text", cli.text, "--wait")
     assert done.returncode == 0, done.stderr
     run_id = _run_id(done.stderr)
     assert f"run {run_id} succeeded" in done.stdout
-    assert "select-best" in done.stderr  # the live progress named the steps
+    assert "keep-better-one" in done.stderr  # the live progress named the steps
     # what the optimizer changed in a workflow the user did not write is said
     assert re.search(r"^  optimizer default_retry: default retry policy \(limit 2\) on: ",
                      done.stdout, re.M), done.stdout
@@ -235,7 +239,7 @@ def test_the_dashboard_shows_concurrent_runs_in_their_final_state(cli: CliStack)
 
 
 def test_a_second_submit_of_the_same_text_runs_no_step(cli: CliStack) -> None:
-    done = cli.couler("submit", "--text", TEXT, "--wait", "--json")
+    done = cli.couler("submit", "--text", cli.text, "--wait", "--json")
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)
     run_id = record["run_id"]
@@ -315,8 +319,8 @@ def test_all_five_services_through_grpc(cli: CliStack) -> None:
     info = cli.info
     with CoulerClient(info.addresses, token=info.token) as client:
         before = client.cache.stats()
-        text = ("train an XGBoost and a LightGBM model on "
-                f"grpc-{uuid.uuid4().hex[:6]}.csv, evaluate both, keep the better one")
+        table = write_table(cli.home / f"grpc-{uuid.uuid4().hex[:6]}.csv")  # nothing cached
+        text = TEXT.format(table=table)
         generated = client.generator.generate(text)
         wf = generated.workflow
         ir.validate(wf)

@@ -73,7 +73,7 @@ def _log(tmp: Path, step: str) -> str:
 
 
 def test_a_generated_tuning_study_runs_its_trials(tmp_path: Path, ml_python: Path) -> None:
-    wf, report = plan("Load sample://breast_cancer, split it, then tune XGBoost with 4 trials "
+    wf, _ = plan("Load sample://breast_cancer, split it, then tune XGBoost with 4 trials "
                       "of Bayesian optimization.")
     [tuned] = [s for s in wf.steps if s.tune is not None]
     assert tuned.tune is not None and tuned.tune.trials == 4

@@ -572,8 +572,7 @@ _SUBJECT = re.compile(r"^(?:the|this|our|my|a)\s+(?:\w+\s+)?(?:pipeline|workflow
                       r"^please\s+", re.I)
 
 
-_NOT_VERBS = frozenset("candidate rate state date estimate template update climate private "
-                       "aggregate".split()) - {"update", "aggregate", "estimate"}
+_NOT_VERBS = _wordset("candidate rate state date template climate private")
 _CAUSATIVE = re.compile(r"^(?:have|let|get|make)\s+([\w.@/-]+(?:\s+[\w.@/-]+){0,2}?)\s+(\w+)\b",
                         re.I)
 _PASSIVE = re.compile(r"\b(?:get|gets|are|is|be|should\s+be|must\s+be|will\s+be|to\s+be)\s+"
@@ -762,15 +761,15 @@ def _coordinated(obj: str) -> tuple[str, list[str], str] | None:
         left = left[1:]
     if not left or not right:
         return None
-    head = tokens[:i]
-    while head and head[-1].lower() in ("a", "an", "the"):
-        head = head[:-1]
+    before = tokens[:i]
+    while before and before[-1].lower() in ("a", "an", "the"):
+        before = before[:-1]
     items = [" ".join(left), " ".join(right)]
     if len(left) == 1 and len(right) == 2 and not _TOOLS.search(left[0]):
         # "the web and mobile surfaces": one head noun shared by both
         items = [left[0], right[0]]
-        return " ".join(head) + " ", items, " " + " ".join(tokens[right_start + 1:])
-    return " ".join(head) + " ", items, " " + " ".join(tokens[j:])
+        return " ".join(before) + " ", items, " " + " ".join(tokens[right_start + 1:])
+    return " ".join(before) + " ", items, " " + " ".join(tokens[j:])
 
 
 def _fanout_list(obj: str) -> tuple[list[str], str] | None:
