@@ -327,6 +327,7 @@ class _Builder:
                 if metric and metric != step.when.metric:
                     step.when = dataclasses.replace(step.when, metric=metric)
             self._loop_and_tune(step)
+        self._align_metrics([*built, *extra])
         steps = [self._spec(s) for s in self._ordered(built, extra)]
         hook_specs = {k: tuple(self._spec(s, hook=True) for s in v) for k, v in hooks.items()}
         return WorkflowSpec(
@@ -358,6 +359,35 @@ class _Builder:
                 built.insert(index + k, copy)
                 out.append(copy)
         return out
+
+    def _align_metrics(self, steps: list[_Step]) -> None:
+        """A step ranking reports ("keep the better one") ranks by the metric its
+        evaluations report; when it names one ("the better AUC"), they measure that."""
+        by_name = {s.name: s for s in steps}
+        by_metric = {t.metric: t for t in self.templates.values()
+                     if t.category == "evaluate" and t.metric and "model" in t.consumes}
+        for step in steps:
+            if "report" not in step.template.consumes or step.template.param("metric") is None:
+                continue
+            evaluations = [by_name[a] for a in step.after if a in by_name
+                           and by_name[a].template.category == "evaluate"
+                           and by_name[a].template.metric]
+            if not evaluations:
+                continue
+            named = _metric_word(step.task.text, step.template)
+            wanted = by_metric.get(named.replace("-", "_")) if named else None
+            for evaluation in evaluations:
+                if wanted is not None and evaluation.template.metric != wanted.metric and \
+                        set(wanted.consumes) <= set(evaluation.template.consumes):
+                    evaluation.template = wanted
+                    evaluation.params = self._params(evaluation.task, wanted, evaluation.name)
+            metrics = {e.template.metric for e in evaluations}
+            if len(metrics) == 1:
+                step.params["metric"] = metrics.pop()
+            else:
+                self.notes.append(f"step {step.name}: its inputs report different metrics "
+                                  f"({', '.join(sorted(metrics))}); it ranks by "
+                                  f"{step.params.get('metric', 'its default')}")
 
     def _ordered(self, built: list[_Step], extra: list[_Step]) -> list[_Step]:
         """Steps with every inserted step placed before its first dependant."""
