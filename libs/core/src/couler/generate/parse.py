@@ -382,7 +382,8 @@ _CPUS = re.compile(r"\b" + _NUM + r"\s+(?:v?cpus?|cpu\s+cores?|cores?)\b", re.I)
 _RETRIES = [
     re.compile(r"(?:with\s+|give\s+it\s+|allow\s+)?(?:up\s+to\s+|at\s+most\s+)?" + _NUM +
                r"\s+(?:retries|retry\s+attempts|re-?tries|attempts)\b", re.I),
-    re.compile(r"\b(?:be\s+)?retr(?:y|ied|ies)\s+(?:it\s+|them\s+)?(?:up\s+to\s+|at\s+most\s+)?"
+    re.compile(r"\b(?:be\s+)?retr(?:y|ied|ies)\s+(?:it\s+|them\s+|(?:each|every|all|any|the)\s+"
+               r"(?:failed\s+|failing\s+)?(?:steps?|tasks?|jobs?)\s+)?(?:up\s+to\s+|at\s+most\s+)?"
                + _NUM + r"\s+times?\b(?:\s+before\s+giving\s+up)?", re.I),
 ]
 _MAX_PARALLEL = [
@@ -971,6 +972,14 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         after_text = f"{_gerund_to_verb(before.group(1))} {before.group(2)}"
         clause = clause[: before.start()]
     verb, obj = _first_verb(clause)
+    if not verb and mods.any() and out.tasks and re.search(
+            r"\b(?:each|every|all|any)\s+(?:of\s+the\s+)?(?:steps?|tasks?|jobs?)\b", original,
+            re.I):
+        # "retry each step 3 times": every step so far
+        for task in out.tasks:
+            if not task.hook:
+                _apply(task, mods)
+        return sentence_condition, scope
     if not verb:
         _no_verb(out, state, clause, kept, mods=mods, loop_max=loop_max, loop_until=loop_until,
                  condition=condition)
@@ -1121,12 +1130,14 @@ def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trial
         return fan[0], fan[1], 0
     if verb in _AGGREGATE:
         return [], obj, 0  # "merge the shards", "collate the scores": one step over all
-    batches = re.search(r"\b(?:in|into|as|across)\s+(\d+|" + _NUM[1:-1] + r")\s+(batches|shards|"
+    batches = re.search(r"\b(?:in|into|as|across)\s+(\d+|" + _NUM[1:-1] + r")\s+(?:[\w-]+\s+)?"
+                        r"(batches|shards|"
                         r"chunks|parts|partitions|waves|groups|pieces|folds|jobs|splits)\b",
                         obj, re.I)
     if batches is not None and _num(batches.group(1)) >= 2:
         state.counts[stem(batches.group(2))] = _num(batches.group(1))
-        return [str(i) for i in range(_num(batches.group(1)))], obj, 0
+        rest = (obj[: batches.start()] + obj[batches.end():]).strip()
+        return [str(i) for i in range(_num(batches.group(1)))], rest, 0
     if scope:
         return list(scope), obj, 0
     if fan_trials:

@@ -210,7 +210,10 @@ class _Builder:
                     and (not produces or produces in t.produces)
                     and (available is None or needs <= available))
 
-        hits = self.retriever.search(task.text, verb=task.verb, category=category, allow=allow)
+        # the clause's verb and object: its modifiers (GPUs, retries, "in 8 chunks") and
+        # the sentence's heading do not say which template does the work
+        hits = self.retriever.search(f"{task.verb} {task.obj}", verb=task.verb,
+                                     category=category, allow=allow)
         template = hits[0][0]
         others = ", ".join(f"{t.name} {score:.1f}" for t, score in hits[1:3])
         self.choices.append(f"{task.verb} {task.obj.strip()[:60]!r} -> {template.name} "

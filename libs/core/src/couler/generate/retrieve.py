@@ -32,7 +32,8 @@ _VERB_CATEGORY = {
         "forecast launch"), "train"),
     **dict.fromkeys(_wordset(
         "evaluate benchmark validate test measure grade compare calibrate rank "
-        "average collate score keep choose select pick retain assess judge"), "evaluate"),
+        "infer "
+        "average collate keep choose select pick retain assess judge"), "evaluate"),
     **dict.fromkeys(_wordset(
         "deploy publish push register promote release notify email post send page "
         "upsert upload write store save persist serve open alert archive append "
@@ -40,6 +41,11 @@ _VERB_CATEGORY = {
 }
 _STOP = _wordset("a an the of to in on for from with and or by at as into it its this that "
                   "them their our we all each every any is are be using via")
+
+
+# Verbs every template of their category could answer to: they say nothing about which.
+_GENERIC_VERBS = _wordset("pull fetch load read get grab download push write send publish save "
+                          "store put run use take make do")
 
 
 def category_of(verb: str) -> str:
@@ -71,6 +77,8 @@ class Retriever:
         """
         tokens = [stem(w) for w in words(text) if w not in _STOP]
         present = set(tokens)
+        # names of systems and tools ("Snowflake", "XGBoost") say more than common words
+        named = {stem(w.lower()) for w in re.findall(r"(?<!^)(?<![.!?]\s)\b[A-Z][\w.+-]*", text)}
         joined = " " + " ".join(tokens) + " "
         prior = category or category_of(verb)
         scored: list[tuple[float, str]] = []
@@ -83,9 +91,11 @@ class Retriever:
                     score += 1.5 * len(key) + 1
                 elif len(key) == 1 and key[0] in present:
                     score += 2.0 if len(key[0]) > 3 else 1.0
+                    if key[0] in named:
+                        score += 2.0
             score += 0.5 * len(self._names[name] & present)
             score += 0.2 * len(self._descriptions[name] & present)
-            if verb and (stem(verb) in self._names[name] or any(
+            if verb and verb not in _GENERIC_VERBS and (stem(verb) in self._names[name] or any(
                     key == (stem(verb),) for key in self._keys[name])):
                 score += 2.0  # the clause's own verb names what the template does
             if prior and t.category == prior:

@@ -73,7 +73,8 @@ def templates() -> tuple[Template, ...]:
                "max or percentile (p99), over the rows a query keeps.",
                "count, number of, how many, rows, records, changed, pages, windows, files, "
                "p50, p90, p95, p99, percentile, latency, average, mean, total, sum, maximum, "
-               "minimum, share, fraction, rate, volume, measure",
+               "minimum, share, fraction, rate, volume, measure, flagged, are flagged, come out, "
+               "exceed, above threshold",
                image=TABULAR_IMAGE, metric="value",
                params=(param("stat", "count"), param("column", ""), param("where", ""))),
         define("evaluate-llm-judge", "evaluate",
