@@ -102,9 +102,6 @@ def recorded_pids(home: Path) -> list[int]:
     return [info.supervisor, *info.pids.values()] if info else []
 
 
-REPO = Path(__file__).resolve().parents[2]
-
-
 def ml_env() -> dict[str, str]:
     """The setting that runs the catalog's tabular steps in .venv-ml (made when absent)."""
     subprocess.run([str(REPO / "scripts" / "setup-ml-venv.sh")], check=True, timeout=900)
