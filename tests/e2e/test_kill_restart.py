@@ -82,6 +82,9 @@ def _submit_batch(live: Stack, marks_root: Path, *, programs: int = 2, texts: in
     """Submit program workflows, wait until one of them has a step running, then submit
     the text requests (so they are being planned at the kill). Run id -> marker dir."""
     runs: dict[str, Path | None] = {}
+    # new tables (nothing cached), written first: the requests must follow the running step
+    tables = [write_table(marks_root / f"table-{uuid.uuid4().hex[:6]}.csv")
+              for _ in range(texts)]
     for _ in range(programs):
         name = unique("nothing-lost")
         directory = marks_root / name
@@ -95,8 +98,7 @@ def _submit_batch(live: Stack, marks_root: Path, *, programs: int = 2, texts: in
         return any(s.state is StepState.RUNNING for s in get(live.client, first).steps)
 
     wait_until(running, f"run {first}: a step running")
-    for _ in range(texts):
-        table = write_table(marks_root / f"table-{uuid.uuid4().hex[:6]}.csv")  # not cached
+    for table in tables:
         sub = live.client.submitter.submit(TEXT.format(table=table))
         runs[sub.run_id] = None
     return runs, first
