@@ -7,8 +7,9 @@ generated :class:`couler.ir.Workflow` and returns the failed expectations as mes
 
 The workflow is read as a graph of *leaf* steps: inline sub-workflows are flattened (their
 inner steps are the leaves; the sub-workflow is an entry and an exit node around them) and
-exit-hook steps come after every main step. A fanned-out leaf (its own map, or the map of an
-enclosing sub-workflow) stands for several copies; a copy's text adds its map item's text.
+exit-hook steps come after every main step. A word that a step fanned out over static items
+mentions only in its items stands for one copy of the step per matching item; copies of one
+fan-out run concurrently unless its parallelism is 1.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ __all__ = ["KEYS", "check", "cron_fields", "seconds"]
 
 _PLACEHOLDER = re.compile(r"\{\{\s*inputs\.([A-Za-z0-9_.-]+?)\s*\}\}")
 _GIB = Decimal(2) ** 30
-#: Copies of a fan-out over a runtime list: the count is unknown, at least this many.
-_RUNTIME_COPIES = 2
+WHOLE = -1  # a candidate that is a step as a whole, not one copy of its fan-out
 
 Node = tuple[str, ...]  # a step's path of names from the workflow (or exit hook) down
 
@@ -36,14 +36,12 @@ Node = tuple[str, ...]  # a step's path of names from the workflow (or exit hook
 
 @dataclass
 class _Leaf:
-    """A leaf step with its text and the fan-out its copies come from."""
+    """A leaf step with its text and the text of its static map items."""
 
     path: Node
     step: ir.Step
     text: str  # lower-case text shared by every copy
-    owner: Node | None = None  # the fanned-out step (itself or a sub-workflow) making copies
     items: tuple[str, ...] = ()  # lower-case text of each copy's own map item
-    copies: int = 1  # number of copies (a runtime list: _RUNTIME_COPIES)
     hook: ir.RunStatus | None = None
 
 
@@ -54,7 +52,6 @@ class _Graph:
     nodes: dict[Node, ir.Step] = field(default_factory=dict)  # every step, leaf or not
     scope_of: dict[Node, dict[str, ir.Step]] = field(default_factory=dict)
     succ: dict[Node, set[Node]] = field(default_factory=dict)  # entry/exit nodes
-    fan_par: dict[Node, int | None] = field(default_factory=dict)  # owner -> parallelism
     _reach: dict[Node, frozenset[Node]] = field(default_factory=dict)
 
     def edge(self, a: Node, b: Node) -> None:
@@ -93,19 +90,19 @@ def _exit(path: Node) -> Node:
 
 def _build(wf: ir.Workflow) -> _Graph:
     g = _Graph(wf)
-    main_leaves = _add_scope(g, (), wf.steps, owner=None, hook=None)
+    main_leaves = _add_scope(g, (), wf.steps, hook=None)
     hook_mark: Node = ("<hooks>",)
     for leaf in main_leaves:
         g.edge(_exit(leaf), hook_mark)
     for i, hook in enumerate(wf.exit_hooks):
         base: Node = (f"<hook {i}>",)
-        _add_scope(g, base, hook.steps, owner=None, hook=hook.on)
+        _add_scope(g, base, hook.steps, hook=hook.on)
         for s in hook.steps:
             g.edge(hook_mark, _entry((*base, s.name)))
     return g
 
 
-def _add_scope(g: _Graph, base: Node, steps: Sequence[ir.Step], owner: Node | None,
+def _add_scope(g: _Graph, base: Node, steps: Sequence[ir.Step],
                hook: ir.RunStatus | None) -> list[Node]:
     """Add one scope's steps; return the paths of its leaves (nested ones included)."""
     scope = {s.name: s for s in steps}
@@ -118,26 +115,16 @@ def _add_scope(g: _Graph, base: Node, steps: Sequence[ir.Step], owner: Node | No
         for up in sorted(_upstreams(s)):
             if up in scope and up != s.name:
                 g.edge(_exit((*base, up)), _entry(path))
-        items, copies = _fan(g.wf, s, scope)
-        if s.foreach is not None:
-            g.fan_par[path] = s.foreach.parallelism
-        inner_owner = path if s.foreach is not None else owner
         body = s.body
         if isinstance(body, ir.SubWorkflowSpec) and body.steps:
-            inner = _add_scope(g, path, body.steps, inner_owner, hook)
+            inner = _add_scope(g, path, body.steps, hook)
             for child in body.steps:
                 g.edge(_entry(path), _entry((*path, child.name)))
                 g.edge(_exit((*path, child.name)), _exit(path))
             leaves.extend(inner)
             continue
-        leaf = _Leaf(path, s, _text(g.wf, s), owner=inner_owner, hook=hook)
-        if s.foreach is not None:
-            leaf.items = tuple(i.lower() for i in items)
-            leaf.copies = len(items) if items else copies
-        elif inner_owner is not None:
-            owner_step = g.nodes[inner_owner]
-            _, leaf.copies = _fan(g.wf, owner_step, g.scope_of[inner_owner])
-        g.leaves.append(leaf)
+        items = tuple(i.lower() for i in _fan(g.wf, s, scope)[0])
+        g.leaves.append(_Leaf(path, s, _text(g.wf, s), items=items, hook=hook))
         leaves.append(path)
     return leaves
 
@@ -174,7 +161,7 @@ def _terms(expr: ir.DependsExpr, negated: bool = False) -> Iterator[tuple[ir.Dep
 def _fan(wf: ir.Workflow, s: ir.Step,
          scope: dict[str, ir.Step]) -> tuple[tuple[str, ...], int]:
     """A fanned-out step's item texts (static or a list parameter's default) and its count
-    of copies (a runtime list: the count is unknown, taken as _RUNTIME_COPIES)."""
+    of items (a runtime list: 0, not known before it runs)."""
     fe = s.foreach
     if fe is None:
         return (), 1
@@ -185,7 +172,7 @@ def _fan(wf: ir.Workflow, s: ir.Step,
         if p is not None and p.default is not None and isinstance(p.default.value, list):
             items = tuple(_item_text(ir.Literal.of(v)) for v in p.default.value)
             return items, len(items)
-    return (), _RUNTIME_COPIES
+    return (), 0
 
 
 def _item_text(lit: ir.Literal) -> str:
@@ -247,16 +234,16 @@ def _location(loc: ir.ArtifactLocation) -> list[str]:
     return out
 
 
-def _copies_mentioning(leaf: _Leaf, word: str, limit: int) -> list[int]:
-    """The copies of ``leaf`` whose text contains ``word`` (at most ``limit`` of those that
-    match through the shared text: they are interchangeable)."""
+def _copies_mentioning(leaf: _Leaf, word: str) -> list[int]:
+    """``[WHOLE]`` when the step's own text contains ``word``; otherwise the copies (item
+    indices) whose map item does."""
     if word in leaf.text:
-        return list(range(min(leaf.copies, limit)))
+        return [WHOLE]
     return [i for i, item in enumerate(leaf.items) if word in item]
 
 
-def _mentioning(g: _Graph, word: str, limit: int = 1) -> list[tuple[_Leaf, int]]:
-    return [(leaf, c) for leaf in g.leaves for c in _copies_mentioning(leaf, word, limit)]
+def _mentioning(g: _Graph, word: str) -> list[tuple[_Leaf, int]]:
+    return [(leaf, c) for leaf in g.leaves for c in _copies_mentioning(leaf, word)]
 
 
 # --------------------------------------------------------------------------- values
@@ -413,10 +400,9 @@ def _k_min_steps(g: _Graph, value: object) -> list[str]:
 
 def _concurrent(g: _Graph, a: tuple[_Leaf, int], b: tuple[_Leaf, int]) -> bool:
     (la, ca), (lb, cb) = a, b
-    if la.owner is not None and la.owner == lb.owner and ca != cb:
-        return g.fan_par.get(la.owner) != 1
-    if la.path == lb.path:
-        return False
+    if la.path == lb.path:  # two copies of one fan-out, unless one is the step as a whole
+        fe = la.step.foreach
+        return WHOLE not in (ca, cb) and ca != cb and fe is not None and fe.parallelism != 1
     return not g.related(la, lb)
 
 
@@ -439,7 +425,7 @@ def _k_parallel(g: _Graph, value: object) -> list[str]:
     fails = []
     for grp in value:
         words = _words(grp, "parallel")
-        cands = [_mentioning(g, w, limit=len(words)) for w in words]
+        cands = [_mentioning(g, w) for w in words]
         if not _pick(g, cands, []):
             fails.append(f"parallel: no concurrent steps mentioning each of {words}")
     return fails
