@@ -35,7 +35,7 @@ def _generate(text: str) -> tuple[int, str, str]:
     return status, out.getvalue(), err.getvalue()
 
 
-@pytest.mark.parametrize("name", ["dev-cases.yaml", "extra-cases.yaml"])
+@pytest.mark.parametrize("name", ["dev-cases.yaml", "extra-cases.yaml", "probe-cases.yaml"])
 def test_every_request_of_a_set_gets_the_workflow_it_asks_for(name: str) -> None:
     failures = []
     for case in _cases(name):

@@ -83,7 +83,7 @@ insert vacuum compact subsample stratify judge rerun resume share draw caption r
 dedup ensemble blend featurize calculate raise escalate terminate destroy provision denoise
 enhance upscale decompress untar transfer poll subscribe ensure confirm message alert warn
 notify flag re-train re-run fine-tune pre-train post-process postprocess preprocess route
-probe
+probe block halt pause skip abort cancel gate hold quarantine
 """)
 # Verbs whose object is the workflow's delivery (what category prior they imply).
 _CATEGORY_OF_VERB = {
@@ -262,7 +262,10 @@ _ANCHORS = re.compile(
     r"(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be)\s+)(?:nightly|daily|weekly|monthly)\b|"
     r"\b(?:on\s+)?the\s+(?:\d{1,2}(?:st|nd|rd|th)|first|last)\s+(?:day\s+)?of\s+(?:every|each|"
     r"the)\s+(?:month|quarter)\b|\b(?:every|each|on)\s+" + _DAY + r"s?\b|\b" + _DAY + r"s\b|"
-    r"\bat\s+midnight\b|\bscheduled\s+for\b", re.I)
+    r"\bat\s+midnight\b|\bscheduled\s+for\b|\b(?:a|an|the|our|this)\s+(?:daily|nightly|weekly|"
+    r"hourly|monthly)\s+(?=[\w-]+)", re.I)
+_PART_OF_DAY = re.compile(r"\bat\s+(\d{1,2})(?::(\d{2}))?\s+(?:o'clock\s+)?in\s+the\s+(morning|"
+                          r"afternoon|evening|night)\b", re.I)
 _TIMES = re.compile(r"(?:\b(?:at|for|from|starting\s+at)\s+|,\s*|\band\s+)(\d{1,2}):(\d{2})\s*"
                     r"(am|pm|a\.m\.|p\.m\.)?(?:\s*(utc|gmt))?|\b(?:at|and)\s+(\d{1,2})\s*"
                     r"(am|pm|a\.m\.|p\.m\.)(?:\s*(utc|gmt))?|\bat\s+(midnight|noon)\b", re.I)
@@ -283,6 +286,9 @@ def _schedule(text: str) -> tuple[str, str, str]:
     anchors = list(_ANCHORS.finditer(text))
     if not anchors:
         return "", "", text
+    if any("hourly" in a.group(0).lower() for a in anchors):
+        first = next(a for a in anchors if "hourly" in a.group(0).lower())
+        return "0 * * * *", "", _cut(text, first)
     spans: list[tuple[int, int]] = [a.span() for a in anchors]
     found = " ".join(a.group(0).lower() for a in anchors)
     dow, dom, months = "*", "*", "*"
@@ -312,6 +318,11 @@ def _schedule(text: str) -> tuple[str, str, str]:
         dom, months = ("1" if dom == "*" else dom), "1,4,7,10"
     times: list[tuple[int, int]] = []
     zone = ""
+    for t in _PART_OF_DAY.finditer(text):
+        later = t.group(3).lower() in ("afternoon", "evening") or (
+            t.group(3).lower() == "night" and int(t.group(1)) >= 6)
+        times.append((int(t.group(1)) % 12 + (12 if later else 0), int(t.group(2) or 0)))
+        spans.append(t.span())
     for t in _TIMES.finditer(text):
         if t.group(8):
             times.append((0, 0) if t.group(8).lower() == "midnight" else (12, 0))
@@ -389,7 +400,7 @@ _RETRIES = [
 _MAX_PARALLEL = [
     re.compile(r"\b(?:no\s+more\s+than|at\s+most|up\s+to|max(?:imum)?\s+(?:of\s+)?|limit(?:ed)?"
                r"\s+to)\s+" + _NUM + r"\s+(?:\w+\s+){0,2}?(?:at\s+a\s+time|at\s+once|"
-               r"(?:running\s+|run\s+)?(?:concurrently|in\s+parallel|simultaneously|"
+               r"(?:running\s+|run\s+)?(?:concurrently|in\s+parallel|simultaneously|in\s+flight|"
                r"concurrent(?:\s+\w+)?|parallel\s+\w+))\b", re.I),
     re.compile(r"\b" + _NUM + r"\s+(?:\w+\s+){0,2}?at\s+a\s+time\b", re.I),
 ]
@@ -574,6 +585,16 @@ _SUBJECT = re.compile(r"^(?:the|this|our|my|a)\s+(?:\w+\s+)?(?:pipeline|workflow
 
 
 _NOT_VERBS = _wordset("candidate rate state date template climate private")
+# Words that start clauses without being verbs.
+_NOT_IMPERATIVE = _wordset("""
+all both after before once during for from with into onto over under about across through
+within without between among against per via since until while when where whether which
+what who whose how why if unless then also and but or nor so yet because though although
+each every any some most many few several other another such same the this that these those
+our your their its his her my we they you it them there here only just even still again
+once twice first second third last next finally later meanwhile however moreover
+retry give cap limit allow set let make keep stop repeat
+""")
 _CAUSATIVE = re.compile(r"^(?:have|let|get|make)\s+([\w.@/-]+(?:\s+[\w.@/-]+){0,2}?)\s+(\w+)\b",
                         re.I)
 _PASSIVE = re.compile(r"\b(?:get|gets|are|is|be|should\s+be|must\s+be|will\s+be|to\s+be)\s+"
@@ -659,6 +680,13 @@ def _first_verb(text: str) -> tuple[str, str]:
         if base and tokens[i].lower() in ("each", "every", "the", "it", "this", "that", "one",
                                           "a", "an", "then", "we", "they"):
             return base, " ".join(tokens[j + 1:])
+    # an unknown word in the imperative ("snapshot the table"): first, then an article
+    nxt = tokens[i + 1].lower() if i + 1 < len(tokens) else ""
+    if (re.fullmatch(r"[a-z][a-z-]{2,}", tokens[i].lower())
+            and tokens[i].lower() not in _NOT_IMPERATIVE
+            and (nxt in ("the", "a", "an", "our", "this", "these", "its", "their")
+                 or (tokens[i].islower() and nxt in ("it", "them", "all", "every", "each")))):
+        return tokens[i].lower(), " ".join(tokens[i + 1:])
     m = _PASSIVE.search(rest)
     if m is not None and m.start() < 60 and _participle(m.group(1)):
         subject = rest[: m.start()]
@@ -827,6 +855,7 @@ class _State:
     last_condition: Condition | None = None
     condition_stage: int = -1
     carry: str = ""  # the object of a weak verb ("take Llama 3 8B and fine-tune it")
+    loop: tuple[int, Condition | None] | None = None  # "repeat the following at most 6 times"
 
 
 def parse_request(text: str) -> Request:
@@ -857,12 +886,21 @@ def parse_request(text: str) -> Request:
                 clauses = clauses[1:]
         scope: list[str] = []
         sentence_condition: Condition | None = None
+        before = len(out.tasks)
         for raw in clauses:
             clause_hook, clause = _hook(raw) if not hook else ("", raw)
             task_hook = hook or clause_hook
             sentence_condition, scope = _clause(
                 out, state, clause, kept, hook=task_hook, heading=heading, scope=scope,
                 sentence_condition=sentence_condition)
+        if state.loop is not None and len(out.tasks) > before:
+            # "Repeat the following at most 6 times: A, B, and stop when …": the last step of
+            # the block repeats (the steps are not grouped into one loop body)
+            last = out.tasks[-1]
+            last.loop_max, last.loop_until = state.loop
+            state.loop = None
+            out.notes.append(f"the loop repeats {last.verb} {last.obj.strip()[:60]!r}, the last "
+                             "step of the block")
     for t in out.tasks:
         t.text = _unmask(t.text, kept)
         t.obj = _unmask(t.obj, kept)
@@ -915,6 +953,14 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         if (_referenced(out.tasks, _unmask(m.group(1), kept)) is None
                 and _content(m.group(1)) - {"everything", "all", "them", "they", "job", "step"}):
             pre_task = _unmask(m.group(1), kept)
+    stop = re.search(r",?\s*(?:and\s+)?(?:stop|halt|finish)\s+(?:when|once|as\s+soon\s+as|if)\s+"
+                     r"(.+)$", clause, re.I)
+    if stop is not None and state.loop is not None and _comparison(stop.group(1)) is not None:
+        # "…, and stop when recall@100 exceeds 0.9": the goal of the loop being read
+        goal = _comparison(stop.group(1))
+        assert goal is not None
+        state.loop = (state.loop[0], _condition_text(Condition(*goal), kept))
+        clause = clause[: stop.start()]
     condition: Condition | None = None
     either = False
     m = _ELSE.match(clause)
@@ -935,6 +981,12 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         if lead is not None or unless is not None:
             start = (lead or unless).end()  # type: ignore[union-attr]
             head, sep, action = clause[start:].partition(",")
+            if not sep:
+                # "if top-1 accuracy beats 0.92 deploy it": the value ends the condition
+                bare = re.match(r"(.+?\s" + _VALUE + r"(?:\s*(?:%|ms|s|seconds|minutes|points|"
+                                r"pp))?)\s+(?:then\s+)?(\S.*)$", clause[start:], re.I)
+                if bare is not None and _first_verb(bare.group(3))[0]:
+                    head, sep, action = bare.group(1), ",", bare.group(3)
             comp = _comparison(head) if sep else None
             if comp is not None:
                 clause = action
@@ -1090,6 +1142,15 @@ def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods:
         _apply(target, mods)
         if loop_max:
             target.loop_max, target.loop_until = loop_max, loop_until
+        return
+    if loop_max:
+        state.loop = (loop_max, loop_until)  # for the steps the sentence goes on to name
+        return
+    stop = re.search(r"\bstop\s+(?:when|once|as\s+soon\s+as|if)\s+(.+)$", clause, re.I)
+    comp = _comparison(stop.group(1)) if stop is not None else None
+    looping = [t for t in out.tasks if t.loop_max]
+    if comp is not None and looping and looping[-1].loop_until is None:
+        looping[-1].loop_until = _condition_text(Condition(*comp), kept)
         return
     if loop_until is not None and out.tasks:
         return
