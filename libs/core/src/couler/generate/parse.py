@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Condition", "Request", "Task", "parse_request", "stem", "words"]
+__all__ = ["Condition", "Request", "Task", "parse_request", "stem", "verb_form", "words"]
 
 _NUM_WORDS = {
     "a": 1, "an": 1, "one": 1, "single": 1, "two": 2, "three": 3, "four": 4, "five": 5,
@@ -684,6 +684,7 @@ def _first_verb(text: str) -> tuple[str, str]:
     nxt = tokens[i + 1].lower() if i + 1 < len(tokens) else ""
     if (re.fullmatch(r"[a-z][a-z-]{2,}", tokens[i].lower())
             and tokens[i].lower() not in _NOT_IMPERATIVE
+            and not tokens[i].lower().endswith(("ing", "ed", "ly"))
             and (nxt in ("the", "a", "an", "our", "this", "these", "its", "their")
                  or (tokens[i].islower() and nxt in ("it", "them", "all", "every", "each")))):
         return tokens[i].lower(), " ".join(tokens[i + 1:])

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from couler import ir
 from couler.errors import UserError
-from couler.generate.parse import Request, Task, parse_request, stem, words
+from couler.generate.parse import Request, Task, parse_request, stem, verb_form, words
 from couler.generate.retrieve import Retriever
 from couler.generate.spec import COMPATIBLE as _COMPATIBLE
 from couler.generate.spec import (
@@ -45,6 +45,9 @@ def _wordset(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
+#: The retrieval score a clause whose verb is unknown must reach to be planned: at least one
+#: keyword of the catalog besides the verb (no category prior is added for it).
+_GUESSED_VERB_SCORE = 2.0
 #: Longest request the planner reads (characters); longer ones are refused.
 MAX_REQUEST = 8000
 _STOP_NAME = _wordset("""
@@ -284,6 +287,14 @@ class _Builder:
         hooks: dict[str, list[_Step]] = {"failure": [], "exit": [], "success": []}
         built: list[_Step] = []
         for task in _expand_named(parsed.tasks):
+            if not verb_form(task.verb) and task.verb not in ("run",):
+                # a word read as a verb only by its place ("book a flight"): planned only
+                # when the catalog has a step about what it names
+                best = self.retriever.search(f"{task.verb} {task.obj}")[0]
+                if best[1] < _GUESSED_VERB_SCORE:
+                    raise UserError(f"generate: cannot plan {task.text.strip()[:100]!r}: no "
+                                    "catalog step does that (the catalog covers data loading, "
+                                    "processing, training, evaluation and delivery of ML work)")
             if task.items:
                 # each copy works on one item: the step's text names the item, not the list
                 task.text, task.obj = _one_item(task.text, task.items), _one_item(task.obj,
