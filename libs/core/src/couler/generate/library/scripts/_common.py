@@ -464,3 +464,16 @@ def report_validation(args):
         measure, value = "r2", metrics.r2_score(truth.astype("float64"), model.predict(df))
     write_metric(args.metric_file, "validation_score", value,
                  extra={"measure": measure, "split": split, "rows": len(df)})
+
+
+def train_tabular(args, library, version, estimators, params):
+    """Fit ``estimators`` (classifier, regressor) — the one the target calls for — with
+    ``params``, save it in ``--out-model`` with its card and report the held-out score."""
+    _, x, y, task, classes = training_data(args, args.task)
+    classifier, regressor = estimators
+    model = (classifier if task == "classification" else regressor)(**params)
+    model.fit(x, y)
+    save_model(args.out_model, library, model, train_card(
+        args, task, x, classes, estimator=type(model).__name__, params=params,
+        version=version, train_score=float(model.score(x, y))))
+    report_validation(args)

@@ -1,13 +1,5 @@
 """Train a CatBoost gradient-boosted tree model (classifier or regressor)."""
-from _common import (
-              hyperparams,
-              need,
-              parser,
-              report_validation,
-              save_model,
-              train_card,
-              training_data,
-)
+from _common import hyperparams, need, parser, train_tabular
 
 p = parser(__doc__, consumes=("data",), produces=("model",), metric=True)
 p.add_argument("--target", default="label", help="the label column")
@@ -20,13 +12,8 @@ p.add_argument("--seed", default="42")
 args = p.parse_args()
 
 cb = need("catboost")
-df, x, y, task, classes = training_data(args, args.task)
 kwargs = dict(iterations=int(args.iterations), learning_rate=float(args.learning_rate),
               depth=int(args.depth), random_seed=int(args.seed), thread_count=2,
               verbose=False, allow_writing_files=False, **hyperparams(args.hyperparams))
-model = (cb.CatBoostClassifier if task == "classification" else cb.CatBoostRegressor)(**kwargs)
-model.fit(x, y)
-save_model(args.out_model, "catboost", model, train_card(
-    args, task, x, classes, estimator=type(model).__name__, params=kwargs,
-    version=cb.__version__, train_score=float(model.score(x, y))))
-report_validation(args)
+train_tabular(args, "catboost", cb.__version__, (cb.CatBoostClassifier, cb.CatBoostRegressor),
+              kwargs)

@@ -1,13 +1,5 @@
 """Train a LightGBM gradient-boosted tree model (classifier or regressor)."""
-from _common import (
-              hyperparams,
-              need,
-              parser,
-              report_validation,
-              save_model,
-              train_card,
-              training_data,
-)
+from _common import hyperparams, need, parser, train_tabular
 
 p = parser(__doc__, consumes=("data",), produces=("model",), metric=True)
 p.add_argument("--target", default="label", help="the label column")
@@ -20,13 +12,8 @@ p.add_argument("--seed", default="42")
 args = p.parse_args()
 
 lgb = need("lightgbm")
-df, x, y, task, classes = training_data(args, args.task)
 kwargs = dict(n_estimators=int(args.n_estimators), learning_rate=float(args.learning_rate),
               num_leaves=int(args.num_leaves), random_state=int(args.seed), n_jobs=2,
               verbose=-1, **hyperparams(args.hyperparams))
-model = (lgb.LGBMClassifier if task == "classification" else lgb.LGBMRegressor)(**kwargs)
-model.fit(x, y)
-save_model(args.out_model, "lightgbm", model, train_card(
-    args, task, x, classes, estimator=type(model).__name__, params=kwargs,
-    version=lgb.__version__, train_score=float(model.score(x, y))))
-report_validation(args)
+train_tabular(args, "lightgbm", lgb.__version__, (lgb.LGBMClassifier, lgb.LGBMRegressor),
+              kwargs)

@@ -1,13 +1,5 @@
 """Train an XGBoost gradient-boosted tree model (classifier or regressor)."""
-from _common import (
-              hyperparams,
-              need,
-              parser,
-              report_validation,
-              save_model,
-              train_card,
-              training_data,
-)
+from _common import hyperparams, need, parser, train_tabular
 
 p = parser(__doc__, consumes=("data",), produces=("model",), metric=True)
 p.add_argument("--target", default="label", help="the label column")
@@ -20,13 +12,7 @@ p.add_argument("--seed", default="42")
 args = p.parse_args()
 
 xgb = need("xgboost", package="xgboost")
-df, x, y, task, classes = training_data(args, args.task)
 kwargs = dict(n_estimators=int(args.n_estimators), learning_rate=float(args.learning_rate),
               max_depth=int(args.max_depth), random_state=int(args.seed), n_jobs=2,
               **hyperparams(args.hyperparams))
-model = (xgb.XGBClassifier if task == "classification" else xgb.XGBRegressor)(**kwargs)
-model.fit(x, y)
-save_model(args.out_model, "xgboost", model, train_card(
-    args, task, x, classes, estimator=type(model).__name__, params=kwargs,
-    version=xgb.__version__, train_score=float(model.score(x, y))))
-report_validation(args)
+train_tabular(args, "xgboost", xgb.__version__, (xgb.XGBClassifier, xgb.XGBRegressor), kwargs)
