@@ -30,6 +30,7 @@ from couler.generate.examples import EXAMPLES, Example, nearest
 from couler.generate.planner import GenerationReport
 from couler.generate.spec import SPEC_SCHEMA, WorkflowSpec, assemble, parse_spec
 from couler.generate.templates import Template
+from couler.ir.limits import json_brackets
 
 __all__ = ["Complete", "Message", "catalog_lines", "generate_with_llm", "read_answer",
            "system_prompt"]
@@ -156,21 +157,12 @@ def _quote(text: str) -> str:
 def _unclosed(text: str) -> bool:
     """Whether ``text`` ends inside a string or with brackets still open (and none closed
     by the wrong bracket: that is malformed, not cut off)."""
+    brackets, in_string = json_brackets(text)
     stack: list[str] = []
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
+    for ch in brackets:
+        if ch in "{[":
             stack.append("}" if ch == "{" else "]")
-        elif ch in "}]" and (not stack or stack.pop() != ch):
+        elif not stack or stack.pop() != ch:
             return False
     return in_string or bool(stack)
 

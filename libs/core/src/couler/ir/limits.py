@@ -100,13 +100,10 @@ def _human(n: int) -> str:
     return f"{n} bytes"
 
 
-def json_depth(text: str) -> int:
-    """How deeply the arrays and objects of the JSON ``text`` nest (0 for a scalar);
-    brackets inside strings do not count. Linear, without recursion, and meant for text
-    that may not be valid JSON."""
-    if text.count("[") + text.count("{") <= 1:
-        return 1 if ("[" in text or "{" in text) else 0
-    depth = deepest = 0
+def json_brackets(text: str) -> tuple[list[str], bool]:
+    """The brackets of the JSON ``text`` outside its strings, in order, and whether the text
+    ends inside a string. Linear, and meant for text that may not be valid JSON."""
+    brackets: list[str] = []
     in_string = escaped = False
     for ch in text:
         if in_string:
@@ -118,10 +115,23 @@ def json_depth(text: str) -> int:
                 in_string = False
         elif ch == '"':
             in_string = True
-        elif ch in "[{":
+        elif ch in "[]{}":
+            brackets.append(ch)
+    return brackets, in_string
+
+
+def json_depth(text: str) -> int:
+    """How deeply the arrays and objects of the JSON ``text`` nest (0 for a scalar);
+    brackets inside strings do not count. Linear, without recursion, and meant for text
+    that may not be valid JSON."""
+    if text.count("[") + text.count("{") <= 1:
+        return 1 if ("[" in text or "{" in text) else 0
+    depth = deepest = 0
+    for ch in json_brackets(text)[0]:
+        if ch in "[{":
             depth += 1
             deepest = max(deepest, depth)
-        elif ch in "]}":
+        else:
             depth -= 1
     return deepest
 
