@@ -259,7 +259,8 @@ _ANCHORS = re.compile(
     r"\b(?:every|each)\s+(?:day|night|morning|evening|afternoon|weekday|business\s+day|week|"
     r"month|quarter|year)\b|\b(?:on\s+)?(?:weekdays|weekends|business\s+days)\b|"
     r"\btwice\s+(?:a\s+day|daily)\b|\b(?:three|four)\s+times\s+a\s+day\b|\bquarterly\b|"
-    r"(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be)\s+)(?:nightly|daily|weekly|monthly)\b|"
+    r"(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be|it|them|this|that|job|pipeline|workflow|"
+    r"retraining|refresh)\s+)(?:nightly|daily|weekly|monthly)\b|"
     r"\b(?:on\s+)?the\s+(?:\d{1,2}(?:st|nd|rd|th)|first|last)\s+(?:day\s+)?of\s+(?:every|each|"
     r"the)\s+(?:month|quarter)\b|\b(?:every|each|on)\s+" + _DAY + r"s?\b|\b" + _DAY + r"s\b|"
     r"\bat\s+midnight\b|\bscheduled\s+for\b|\b(?:a|an|the|our|this)\s+(?:daily|nightly|weekly|"
@@ -313,7 +314,10 @@ def _schedule(text: str) -> tuple[str, str, str]:
         if nth.group(2).lower() == "quarter":
             months = "1,4,7,10"
     elif re.search(r"\bmonth|monthly", found):
-        dom = "1"
+        day = re.search(r"\bon\s+the\s+(\d{1,2})(?:st|nd|rd|th)\b", text, re.I)
+        dom = str(int(day.group(1))) if day else "1"
+        if day:
+            spans.append(day.span())
     if re.search(r"quarter", found) and months == "*":
         dom, months = ("1" if dom == "*" else dom), "1,4,7,10"
     times: list[tuple[int, int]] = []
@@ -1193,7 +1197,7 @@ def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trial
     if verb in _AGGREGATE:
         return [], obj, 0  # "merge the shards", "collate the scores": one step over all
     batches = re.search(r"\b(?:in|into|as|across)\s+(\d+|" + _NUM[1:-1] + r")\s+(?:[\w-]+\s+)?"
-                        r"(batches|shards|"
+                        r"(batches|shards|workers|nodes|machines|pods|processes|executors|"
                         r"chunks|parts|partitions|waves|groups|pieces|folds|jobs|splits)\b",
                         obj, re.I)
     if batches is not None and _num(batches.group(1)) >= 2:
@@ -1219,7 +1223,8 @@ def _count(obj: str, counts: dict[str, int], per: re.Match[str] | None) -> list[
     """Items of a fan-out given by a count: "per substation (there are 9 of them)",
     "10-fold … one job per fold", "score the shards" after "split into 16 shards"."""
     fold = re.search(r"\b(\d+)[\s-]fold\b", obj, re.I)
-    if fold is not None and per is not None:
+    if fold is not None and (per is not None or re.search(r"cross[\s-]?validat", obj, re.I)):
+        # "5-fold cross-validation": one run per fold
         return [f"fold-{i}" for i in range(int(fold.group(1)))]
     if per is not None:
         unit = next((g for g in per.groups()[1:] if g and not g.isdigit()
