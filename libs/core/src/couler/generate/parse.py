@@ -180,6 +180,7 @@ class Request:
     timezone: str = ""
     context: list[str] = field(default_factory=list)  # sentences that set the scene
     sources: list[str] = field(default_factory=list)  # URIs of context sentences
+    data: list[str] = field(default_factory=list)  # "the data comes from the loans table …"
     unplaced: list[str] = field(default_factory=list)  # parts it could not understand
     notes: list[str] = field(default_factory=list)  # how ambiguous parts were read
 
@@ -245,6 +246,7 @@ _TIME = r"(?:at\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm|a\.m\.|p\.m\.)?(?:\s*(utc|gm
 
 def _clock(h: str, m: str | None, ampm: str | None) -> tuple[int, int]:
     hour, minute = int(h), int(m or 0)
+    ampm = ampm.lower() if ampm else ampm
     if ampm and ampm.startswith("p") and hour < 12:
         hour += 12
     if ampm and ampm.startswith("a") and hour == 12:
@@ -259,6 +261,8 @@ _ANCHORS = re.compile(
     r"\b(?:every|each)\s+(?:day|night|morning|evening|afternoon|weekday|business\s+day|week|"
     r"month|quarter|year)\b|\b(?:on\s+)?(?:weekdays|weekends|business\s+days)\b|"
     r"\btwice\s+(?:a\s+day|daily)\b|\b(?:three|four)\s+times\s+a\s+day\b|\bquarterly\b|"
+    r"\bonce\s+(?:a|per|every)\s+(?:day|week|month)\b|"
+    r"\b(?:daily|nightly|weekly|monthly)(?=\s+(?:at|from)\s+\d)|"
     r"(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be|it|them|this|that|job|pipeline|workflow|"
     r"retraining|refresh)\s+)(?:nightly|daily|weekly|monthly)\b|"
     r"\b(?:on\s+)?the\s+(?:\d{1,2}(?:st|nd|rd|th)|first|last)\s+(?:day\s+)?of\s+(?:every|each|"
@@ -266,7 +270,8 @@ _ANCHORS = re.compile(
     r"\bat\s+midnight\b|\bscheduled\s+for\b|\b(?:a|an|the|our|this)\s+(?:daily|nightly|weekly|"
     r"hourly|monthly)\s+(?=[\w-]+)", re.I)
 _PART_OF_DAY = re.compile(r"\bat\s+(\d{1,2})(?::(\d{2}))?\s+(?:o'clock\s+)?in\s+the\s+(morning|"
-                          r"afternoon|evening|night)\b", re.I)
+                          r"afternoon|evening|night)\b|\b(morning|afternoon|evening|night)\s+at\s+"
+                          r"(\d{1,2})(?::(\d{2}))?(?!\s*(?:am|pm|a\.m\.|p\.m\.|:))\b", re.I)
 _TIMES = re.compile(r"(?:\b(?:at|for|from|starting\s+at)\s+|,\s*|\band\s+)(\d{1,2}):(\d{2})\s*"
                     r"(am|pm|a\.m\.|p\.m\.)?(?:\s*(utc|gmt))?|\b(?:at|and)\s+(\d{1,2})\s*"
                     r"(am|pm|a\.m\.|p\.m\.)(?:\s*(utc|gmt))?|\bat\s+(midnight|noon)\b", re.I)
@@ -305,6 +310,8 @@ def _schedule(text: str) -> tuple[str, str, str]:
         dow = "0,6"
     elif re.search(r"\bweek\b|weekly", found):
         dow = "0"
+    if re.search(r"once\s+(?:a|per|every)\s+day", found):
+        dow = "*"
     nth = re.search(r"\bthe\s+(\d{1,2}(?:st|nd|rd|th)|first|last)\s+(?:day\s+)?of\s+(?:every|"
                     r"each|the)\s+(month|quarter)", text, re.I)
     if nth is not None:
@@ -323,9 +330,11 @@ def _schedule(text: str) -> tuple[str, str, str]:
     times: list[tuple[int, int]] = []
     zone = ""
     for t in _PART_OF_DAY.finditer(text):
-        later = t.group(3).lower() in ("afternoon", "evening") or (
-            t.group(3).lower() == "night" and int(t.group(1)) >= 6)
-        times.append((int(t.group(1)) % 12 + (12 if later else 0), int(t.group(2) or 0)))
+        hour_text, minute_text, part = ((t.group(1), t.group(2), t.group(3)) if t.group(1)
+                                        else (t.group(5), t.group(6), t.group(4)))
+        later = part.lower() in ("afternoon", "evening") or (
+            part.lower() == "night" and int(hour_text) >= 6)
+        times.append((int(hour_text) % 12 + (12 if later else 0), int(minute_text or 0)))
         spans.append(t.span())
     for t in _TIMES.finditer(text):
         if t.group(8):
@@ -576,6 +585,8 @@ _SPLIT = re.compile(
 _SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|once|unless|"
                           r"otherwise|else|whatever|regardless|either\s+way|in\s+case|always|"
                           r"should|in\s+the\s+meantime|meanwhile|in\s+that\s+case|if\s+so|"
+                          r"in\s+parallel(?=\s*$|\s*,)|at\s+the\s+same\s+time(?=\s*$|\s*,)|"
+                          r"simultaneously(?=\s*$|\s*,)|"
                           r"provided|as\s+long\s+as|no\s+matter|after\s+each|for\s+(?:each|"
                           r"every))\b", re.I)
 _CONDITIONAL = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|once|unless|"
@@ -692,6 +703,10 @@ def _first_verb(text: str) -> tuple[str, str]:
             and (nxt in ("the", "a", "an", "our", "this", "these", "its", "their")
                  or (tokens[i].islower() and nxt in ("it", "them", "all", "every", "each")))):
         return tokens[i].lower(), " ".join(tokens[i + 1:])
+    m = re.match(r"^(?:the|our|this|a)\s+[\w-]+(?:\s+[\w-]+)?\s+(?:is|are|will\s+be|should\s+be)\s+"
+                 r"((?:an?|the)\s+(?:[\w.+/-]+\s+){0,4}?)(\w+ed)\b(.*)$", rest, re.I)
+    if m is not None and _participle(m.group(2)):
+        return _participle(m.group(2)), f"{m.group(1).strip()} {m.group(3).strip()}".strip()
     m = _PASSIVE.search(rest)
     if m is not None and m.start() < 60 and _participle(m.group(1)):
         subject = rest[: m.start()]
@@ -729,7 +744,7 @@ def _clauses(sentence: str) -> list[str]:
                     waiting = False
         if current:
             out.append(current)
-    return [c.strip(" ,.") for c in out if c.strip(" ,.")]
+    return [re.sub(r"\s+(?:and|but)$", "", c.strip(" ,.")) for c in out if c.strip(" ,.")]
 
 
 _LIST = re.compile(
@@ -966,6 +981,18 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         assert goal is not None
         state.loop = (state.loop[0], _condition_text(Condition(*goal), kept))
         clause = clause[: stop.start()]
+    order = re.match(r"^(?:make\s+sure|ensure|check)\s+(?:that\s+)?(.+?)\s+(?:finishes|completes|"
+                     r"is\s+done|ends|runs)\s+before\s+(.+?)\s+(?:starts|begins|runs|kicks\s+off)\b"
+                     r"(.*)$", clause, re.I)
+    if order is not None:
+        # "make sure the backfill finishes before the scoring job starts": two steps, in order
+        for part in (order.group(1), order.group(2)):
+            text = re.sub(r"^(?:the|our|a)\s+", "", _unmask(part, kept))
+            out.tasks.append(Task(f"run {text}", "run", text, state.stage, hook=hook))
+            state.stage += 1
+        clause = order.group(3)
+        if not clause.strip(" ,"):
+            return sentence_condition, scope
     condition: Condition | None = None
     either = False
     m = _ELSE.match(clause)
@@ -1028,6 +1055,9 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     if before is not None and _gerund_to_verb(before.group(1)) in VERBS:
         after_text = f"{_gerund_to_verb(before.group(1))} {before.group(2)}"
         clause = clause[: before.start()]
+    if re.match(r"^(?:and\s+)?(?:do\s+not|don't|never|avoid)\b", clause, re.I):
+        out.notes.append(f"not a step: {_unmask(clause, kept).strip()!r}")
+        return sentence_condition, scope
     verb, obj = _first_verb(clause)
     if not verb and mods.any() and out.tasks and re.search(
             r"\b(?:each|every|all|any)\s+(?:of\s+the\s+)?(?:steps?|tasks?|jobs?)\b", original,
@@ -1174,6 +1204,10 @@ def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods:
         state.context_items = [_unmask(n, kept) for n in _split_list(names.group(1))]
     out.sources.extend(kept[int(i)] for i in re.findall(r"\x00(\d+)\x01", clause)
                        if "://" in kept[int(i)])
+    if re.search(r"\b(?:data|dataset|table|records|logs|files|images|recordings)\b.*\b(?:comes?|"
+                 r"is|are|lives?|sits?|stored|located|kept|landed|lands)\s+(?:from|in|on|at)\b",
+                 text, re.I):
+        out.data.append(text)  # where the data is, for the step that loads it
     out.context.append(text)
 
 

@@ -186,6 +186,7 @@ class _Builder:
         self.notes: list[str] = list(parsed.notes)
         self.choices: list[str] = []
         self.sources = list(parsed.sources)
+        self.data = list(parsed.data)
         self.measured: dict[tuple[str, str, str], _Step] = {}  # condition -> its metric step
         self.loads: dict[str, _Step] = {}  # source -> its load step
         self.splits: dict[str, _Step] = {}  # load step -> the split after it
@@ -593,6 +594,10 @@ class _Builder:
         named = re.search(r"\b(?:on|from|in|over|using)\s+(?:the\s+|our\s+|all\s+)?(.+)$", obj)
         about = (named.group(1) if named else obj)
         about = re.split(r"\b(?:with|using|and|to|into|then|for)\b", about)[0].strip(" ,.")
+        if not source and self.data:
+            # a sentence said where the data is ("the data comes from the loans table in
+            # Redshift"): the load reads it
+            about = self.data.pop(0)
         task = Task(f"load {about} {source}".strip(), "load", about or source, step.task.stage)
         template = self._pick(task, category="ingest", produces="data")
         load = _Step(task, self._name(task, "load"), template, {})
