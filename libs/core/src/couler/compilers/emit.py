@@ -61,7 +61,14 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
+# Printable ASCII but ``"`` and ``\``: JSON writes such text between quotes as it is, and
+# YAML needs nothing escaped in it (the numbers of a long chain's arguments, 200k at 100k steps).
+_AS_IS_QUOTED = re.compile(r'[ !#-\[\]-~]*')
+
+
 def _quoted(text: str) -> str:
+    if _AS_IS_QUOTED.fullmatch(text):
+        return f'"{text}"'
     return _NEEDS_ESCAPE.sub(_escape, json.dumps(text, ensure_ascii=False))
 
 

@@ -242,7 +242,9 @@ def _material(wf: ir.Workflow, step: ir.Step, params: Mapping[str, str],
     else:
         material = {
             "body_kind": type(step.body).__name__,
-            "body": json.loads(ir.to_json(step.body)),
+            # the canonical data itself: what a JSON round trip of its text gives back
+            # (strings, numbers, lists, objects with string keys), without the round trip
+            "body": ir.to_dict(step.body),
             "env": _env(step),
             "inputs": sorted(values),
             "input_artifacts": sorted(artifacts),
