@@ -407,10 +407,13 @@ _RETRIES = [
     re.compile(r"(?:with\s+|give\s+it\s+|allow\s+)?(?:up\s+to\s+|at\s+most\s+)?" + _NUM +
                r"\s+(?:retries|retry\s+attempts|re-?tries|attempts)\b", re.I),
     re.compile(r"\b(?:be\s+)?retr(?:y|ied|ies)\s+(?:it\s+|them\s+|(?:each|every|all|any|the)\s+"
-               r"(?:failed\s+|failing\s+)?(?:steps?|tasks?|jobs?)\s+)?(?:up\s+to\s+|at\s+most\s+)?"
+               r"(?:failed\s+|failing\s+)?(?:steps?|tasks?|jobs?)\s+|(?:the|that|this)\s+"
+               r"([\w-]+(?:\s+[\w-]+)?)\s+)?(?:up\s+to\s+|at\s+most\s+)?"
                + _NUM + r"\s+times?\b(?:\s+before\s+giving\s+up)?", re.I),
 ]
 _MAX_PARALLEL = [
+    re.compile(r"\b(?:in\s+)?(?:parallel\s+)?(?:batches|groups|waves)\s+of\s+" + _NUM + r"\b",
+               re.I),
     re.compile(r"\b(?:no\s+more\s+than|at\s+most|up\s+to|max(?:imum)?\s+(?:of\s+)?|limit(?:ed)?"
                r"\s+to)\s+" + _NUM + r"\s+(?:\w+\s+){0,2}?(?:at\s+a\s+time|at\s+once|"
                r"(?:running\s+|run\s+)?(?:concurrently|in\s+parallel|simultaneously|in\s+flight|"
@@ -444,6 +447,7 @@ class _Mods:
     timeout: int = 0
     max_parallel: int = 0
     parallel: bool = False
+    about: str = ""  # the step a modifier names ("retry the snapshot up to 3 times")
 
     def any(self) -> bool:
         return bool(self.gpu or self.memory or self.cpu or self.retries or self.timeout
@@ -456,7 +460,9 @@ def _modifiers(text: str) -> tuple[_Mods, str]:
     for pattern in _RETRIES:
         m, text = _take(pattern, text)
         if m is not None:
-            n = _num(m.group(1))
+            named = [g for g in m.groups() if g and not re.fullmatch(_NUM, g, re.I)]
+            mods.about = named[0] if named and pattern is _RETRIES[1] else ""
+            n = _num(m.group(len(m.groups())) if pattern is _RETRIES[1] else m.group(1))
             # "up to 3 attempts": the first run and two retries
             mods.retries = max(n - 1, 0) if re.search(r"attempts\b", m.group(0), re.I) and \
                 not re.search(r"retry\s+attempts", m.group(0), re.I) else n
@@ -593,6 +599,10 @@ _CONDITIONAL = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|o
                           r"in\s+case|should|provided|as\s+long\s+as|after\s+each|for\s+(?:each|"
                           r"every))\b", re.I)
 _WEAK_VERBS = frozenset({"take", "use"})
+_FRAME = re.compile(r"^(?:please\s+)?(?:set\s+up|build|create|make|write|give\s+me|define|design|"
+                    r"implement|i\s+need|we\s+need|i\s+want|we\s+want)\s+(?:a|an|the|one)\s+"
+                    r"(?:[\w-]+\s+){0,3}?(?:pipeline|workflow|job|dag|flow|process|system)\s+"
+                    r"(?:that|which|to)\s+", re.I)
 _SUBJECT = re.compile(r"^(?:the|this|our|my|a)\s+(?:\w+\s+)?(?:pipeline|workflow|job|dag|"
                       r"system|flow)\s+(?:should|must|will|needs\s+to|has\s+to|is\s+to|"
                       r"shall)\s+|^(?:we|i)\s+(?:need|want|would\s+like)\s+to\s+|"
@@ -647,6 +657,16 @@ def _third_person(word: str) -> str:
             if verb_form(base):
                 return base
     return ""
+
+
+def _third_person_list(text: str) -> str:
+    """"ingests X, resamples Y and writes Z" as imperatives: "ingest X, resample Y and
+    write Z" (each verb in the third person at the start of a list item)."""
+    def base(m: re.Match[str]) -> str:
+        verb = _third_person(m.group(2))
+        return f"{m.group(1)}{verb}" if verb else m.group(0)
+
+    return re.sub(r"(^|,\s*(?:and\s+)?|\s+and\s+|;\s*)([a-z]+s)\b", base, text)
 
 
 def _participle(word: str) -> str:
@@ -894,12 +914,16 @@ def parse_request(text: str) -> Request:
                              f"{_unmask(raw_sentence, kept)[:120]!r}")
             continue
         sentence = _LEAD_SEQUENCE.sub("", raw_sentence.strip().rstrip(".!?"))
+        framed = _FRAME.match(sentence)
+        if framed is not None:
+            # "Set up a pipeline that ingests …, resamples …": its verbs are the steps
+            sentence = _third_person_list(sentence[framed.end():])
         hook, sentence = _hook(sentence)
         clauses = _clauses(sentence)
         # "Score all records with the model: split …, score the shards …": a heading
         # whose verb the clauses after the colon repeat describes them, it is not a task
         heading = ""
-        if len(clauses) > 2 and re.search(r"^[^:]*\S:\s", sentence):
+        if len(clauses) > 2 and re.search(r"^[^:]*:\s", sentence):
             first = clauses[0]
             if _first_verb(first)[0] and first in sentence.split(":")[0]:
                 heading = _unmask(first, kept)
@@ -1173,7 +1197,7 @@ def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods:
              loop_max: int, loop_until: Condition | None, condition: Condition | None) -> None:
     """A clause without an imperative verb: modifiers of a named step, or context."""
     if (mods.any() or loop_max) and out.tasks:
-        target = _referenced(out.tasks, _unmask(clause, kept)) or out.tasks[-1]
+        target = _referenced(out.tasks, _unmask(f"{clause} {mods.about}", kept)) or out.tasks[-1]
         _apply(target, mods)
         if loop_max:
             target.loop_max, target.loop_until = loop_max, loop_until
