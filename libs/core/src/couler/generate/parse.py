@@ -567,7 +567,7 @@ _HOOK_SUCCESS = re.compile(
     r"(?:workflow|pipeline|run))\s+(?:succeeds?|completes?\s+successfully|passes)\s*,?\s*|"
     r"^\s*on\s+success\s*,?\s*", re.I)
 _HOOK_EXIT = re.compile(
-    r"^\s*(?:and\s+)?(?:(?:when|once|after)\s+(?:the\s+)?(?:whole\s+)?(?:workflow|run|pipeline|"
+    r"^\s*(?:and\s+)?(?:(?:when|whenever|once|after)\s+(?:the\s+)?(?:whole\s+)?(?:workflow|run|pipeline|"
     r"job|dag)\s+(?:ends|finishes|completes|is\s+(?:done|over|finished))\s*,?\s*)?(?:whatever\s+(?:the\s+)?(?:outcome|result|happens)|regardless\s+of\s+"
     r"(?:the\s+)?(?:outcome|result|status)|no\s+matter\s+(?:what|the\s+outcome|how\s+it\s+ends)"
     r"|in\s+(?:any|every)\s+case|always|success\s+or\s+(?:not|failure)|pass\s+or\s+fail|"
@@ -603,7 +603,7 @@ _FRAME = re.compile(r"^(?:please\s+)?(?:set\s+up|build|create|make|write|give\s+
                     r"implement|i\s+need|we\s+need|i\s+want|we\s+want)\s+(?:a|an|the|one)\s+"
                     r"(?:[\w-]+\s+){0,3}?(?:pipeline|workflow|job|dag|flow|process|system)\s+"
                     r"(?:that|which|to)\s+", re.I)
-_SUBJECT = re.compile(r"^(?:the|this|our|my|a)\s+(?:\w+\s+)?(?:pipeline|workflow|job|dag|"
+_SUBJECT = re.compile(r"^(?:(?:the|this|our|my|a)\s+)?(?:\w+\s+)?(?:pipeline|workflow|job|dag|"
                       r"system|flow)\s+(?:should|must|will|needs\s+to|has\s+to|is\s+to|"
                       r"shall)\s+|^(?:we|i)\s+(?:need|want|would\s+like)\s+to\s+|"
                       r"^please\s+", re.I)
