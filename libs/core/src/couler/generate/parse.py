@@ -85,19 +85,6 @@ enhance upscale decompress untar transfer poll subscribe ensure confirm message 
 notify flag re-train re-run fine-tune pre-train post-process postprocess preprocess route
 probe block halt pause skip abort cancel gate hold quarantine
 """)
-# Verbs whose object is the workflow's delivery (what category prior they imply).
-_CATEGORY_OF_VERB = {
-    **dict.fromkeys(_wordset("download fetch pull grab get query scrape crawl ingest collect "
-                             "harvest consume read obtain stream export dump capture"),
-                    "ingest"),
-    **dict.fromkeys(_wordset("train fine-tune finetune fit retrain pretrain distill tune "
-                    "backtest forecast"), "train"),
-    **dict.fromkeys(_wordset("evaluate benchmark validate test measure grade compare calibrate "
-                    "rank"), "evaluate"),
-    **dict.fromkeys(_wordset("deploy publish push register promote release notify email post send "
-                    "page upsert upload write store save persist serve open log report "
-                    "alert archive"), "deliver"),
-}
 _ADVERBS = _wordset("then also first next finally afterwards after that and so please "
                      "just only now immediately subsequently lastly later")
 _STOP = _wordset("""
@@ -241,7 +228,6 @@ def _unmask(text: str, kept: list[str]) -> str:
 
 _DAYS = {"sunday": 0, "monday": 1, "tuesday": 2, "wednesday": 3, "thursday": 4,
          "friday": 5, "saturday": 6}
-_TIME = r"(?:at\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm|a\.m\.|p\.m\.)?(?:\s*(utc|gmt))?"
 
 
 def _clock(h: str, m: str | None, ampm: str | None) -> tuple[int, int]:
@@ -594,9 +580,6 @@ _SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|o
                           r"in\s+parallel(?=\s*$|\s*,)|at\s+the\s+same\s+time(?=\s*$|\s*,)|"
                           r"simultaneously(?=\s*$|\s*,)|"
                           r"provided|as\s+long\s+as|no\s+matter|after\s+each|for\s+(?:each|"
-                          r"every))\b", re.I)
-_CONDITIONAL = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|once|unless|"
-                          r"in\s+case|should|provided|as\s+long\s+as|after\s+each|for\s+(?:each|"
                           r"every))\b", re.I)
 _WEAK_VERBS = frozenset({"take", "use"})
 _FRAME = re.compile(r"^(?:please\s+)?(?:set\s+up|build|create|make|write|give\s+me|define|design|"
@@ -1364,10 +1347,6 @@ def _apply(task: Task, mods: _Mods) -> None:
 
 def _content(text: str) -> set[str]:
     return {stem(w) for w in words(text) if w not in _STOP and len(w) > 2}
-
-
-def _mentions_task(tasks: list[Task], text: str) -> bool:
-    return _referenced(tasks, text) is not None
 
 
 def _referenced(tasks: list[Task], text: str) -> Task | None:
