@@ -220,6 +220,18 @@ def test_report_is_a_no_op_outside_a_trial(monkeypatch: pytest.MonkeyPatch,
     assert path.read_text() == "1 0.5\n2 0.25\n"
 
 
+def test_report_to_a_study_without_its_trial_names_what_is_missing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a static engine's trial (COULER_TUNE_STUDY set) reports to the study itself; a step
+    # not compiled by the rewrite lacks the trial's number and the storage
+    monkeypatch.delenv("COULER_TUNE_REPORT", raising=False)
+    monkeypatch.delenv("COULER_TUNE_STORAGE", raising=False)
+    monkeypatch.setenv("COULER_TUNE_STUDY", "wf.fit.0123")
+    monkeypatch.setenv("COULER_TUNE_TRIAL", "{{item.couler_trial}}")
+    with pytest.raises(RuntimeError, match="COULER_TUNE_STORAGE or COULER_TUNE_TRIAL"):
+        report(0, 0.5)
+
+
 def test_no_completed_trial_fails_the_step_naming_it(tmp_path: Path) -> None:
     step = ir.Step(
         "t", ir.ScriptSpec("python", "print('not a number')", args=("{{item.x}}",)),

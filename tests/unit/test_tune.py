@@ -284,6 +284,29 @@ def test_the_argo_document_of_a_tuned_workflow_is_valid() -> None:
         "secretKeyRef": {"name": "tune-db", "key": "url"}}}]
 
 
+def test_with_a_pruner_the_trials_get_what_they_need_to_report_to_the_study() -> None:
+    by = {s.name: s for s in expand_tune(_tuned()).steps}  # pruner "median", the default
+    assert by["train-ask-0"].body.args[-1] == "--tag-trials"  # type: ignore[union-attr]
+    env = {e.name: e for e in by["train-1"].env}
+    assert env["COULER_TUNE_STUDY"].value == "{{item.couler_study}}"
+    assert env["COULER_TUNE_TRIAL"].value == "{{item.couler_trial}}"
+    assert env["COULER_TUNE_STORAGE"].secret == ir.SecretRef("couler-tune", "url")
+    assert env["COULER_TUNE_OBJECTIVE"].value == "/tmp/auc"  # the objective's file
+    # on Argo the item's keys reach the trial's container through hoisted parameters
+    doc = compile_workflow(_tuned())
+    assert_valid_argo(doc)
+    templates = {t["name"]: t for t in doc["spec"]["templates"]}
+    trial = next(t for t in templates.values() if t.get("container", {}).get("image")
+                 == "trainer:1")
+    values = {e["name"]: e.get("value") for e in trial["container"]["env"]}
+    assert values["COULER_TUNE_TRIAL"].startswith("{{inputs.parameters.item-couler")
+    # without a pruner nothing is added: the trials stay keyed by their parameters only
+    plain = {s.name: s for s in expand_tune(_with_tune(_tuned(),
+                                                       pruner=ir.TunePruner.NONE)).steps}
+    assert "--tag-trials" not in plain["train-ask-0"].body.args  # type: ignore[union-attr]
+    assert plain["train-1"].env == ()
+
+
 def test_engines_without_the_rewrite_reject_tune_naming_the_step() -> None:
     from couler.compilers import tekton
 

@@ -235,7 +235,8 @@ CAPABILITIES: dict[Feature, Capability] = {
         _R, "rounds of an ask task (python -m couler_runtime.tune ask), a mapped trial task "
             "and a tell task, then a best task producing the outputs "
             "(couler.optimize.tune.expand_tune); the study's URL is the storage secret's "
-            "Variable; no pruning"),
+            "Variable; pruning: a trial reports its intermediate values to the study itself "
+            "(couler_runtime.tune.report, couler-runtime where the trial runs)"),
 }
 
 _AIRFLOW_DOCS = "https://airflow.apache.org/docs/apache-airflow/stable/"

@@ -74,7 +74,8 @@ CAPABILITIES: dict[Feature, Capability] = {
         _R, "rounds of an ask step (python -m couler_runtime.tune ask), a withParam map of the "
             "trial step and a tell step, then a best step producing the outputs "
             "(couler.optimize.tune.expand_tune); the study lives in the database the storage "
-            "secret names; no pruning"),
+            "secret names; pruning: a trial reports its intermediate values to the study "
+            "itself (couler_runtime.tune.report, couler-runtime in the trial's image)"),
 }
 
 LIMITS: tuple[Limit, ...] = (

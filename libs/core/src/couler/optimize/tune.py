@@ -20,8 +20,18 @@ study and another run starts its own; a round whose ask finds the budget spent (
 run whose trials had all finished) maps over nothing. The steps find the study's database URL
 in the environment variable ``COULER_TUNE_STORAGE``, from the secret the tune step names
 (``Tune.storage``, default secret ``couler-tune`` key ``url``): never a literal in the
-document. Pruning needs the engine to watch a running trial, so static engines do not
-prune.
+document.
+
+**Pruning.** Nothing watches a running trial on a static engine, so with a pruner the trial
+reports to the study itself: the ask step tags each parameter set with the trial's number
+and the study's name (``couler_trial``, ``couler_study``), and the trial step gets them as
+``COULER_TUNE_TRIAL`` and ``COULER_TUNE_STUDY``, the storage secret as
+``COULER_TUNE_STORAGE`` and the path of its objective output (when it is a file) as
+``COULER_TUNE_OBJECTIVE``. ``couler_runtime.tune.report(step, value)`` in the trial then
+records the value in the study and asks the pruner; a pruned trial is told PRUNED, leaves
+``pruned`` as its objective and exits 0 (its round goes on; the tell step leaves finished
+trials as they are). The trial's image needs ``couler-runtime`` for this; a trial that
+never reports is never pruned.
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ from couler import ir
 __all__ = [
     "DEFAULT_IMAGE",
     "DEFAULT_STORAGE_SECRET",
+    "STUDY_KEY",
+    "TRIAL_KEY",
     "budget",
     "expand_tune",
     "grid_size",
@@ -51,6 +63,9 @@ __all__ = [
 DEFAULT_IMAGE = "ghcr.io/couler-dev/couler-submitter:0.2.0"
 DEFAULT_STORAGE_SECRET = ir.SecretRef("couler-tune", "url")
 _OUT_DIR = "/tmp/couler-tune"
+#: The keys a tagged parameter set holds besides the parameters (see "Pruning" above).
+TRIAL_KEY = "couler_trial"
+STUDY_KEY = "couler_study"
 
 
 def spec_digest(step: ir.Step, context: Sequence[str] = ()) -> str:
@@ -159,10 +174,26 @@ def _edges(step: ir.Step, own: Sequence[str]
     return deps, depends, step.when
 
 
+def _reporting_env(step: ir.Step) -> tuple[ir.EnvVar, ...]:
+    """What a trial step needs to report to its study itself (see "Pruning" above)."""
+    assert step.tune is not None
+    env = [ir.EnvVar("COULER_TUNE_STUDY", f"{{{{item.{STUDY_KEY}}}}}"),
+           ir.EnvVar("COULER_TUNE_TRIAL", f"{{{{item.{TRIAL_KEY}}}}}"),
+           ir.EnvVar("COULER_TUNE_STORAGE",
+                     secret=step.tune.storage or DEFAULT_STORAGE_SECRET)]
+    objective = next((o for o in step.outputs if o.name == step.tune.objective), None)
+    if objective is not None and objective.source is ir.OutputSource.PATH:
+        env.append(ir.EnvVar("COULER_TUNE_OBJECTIVE", objective.selector))
+    return tuple(env)
+
+
 def _expand_step(wf_name: str, step: ir.Step) -> list[ir.Step]:
     spec = step.tune
     assert spec is not None
     trial = dataclasses.replace(step, tune=None)
+    prunes = spec.pruner is not ir.TunePruner.NONE
+    if prunes:
+        trial = dataclasses.replace(trial, env=(*trial.env, *_reporting_env(step)))
     steps: list[ir.Step] = []
     prev: list[str] = []
     for r in range(rounds(spec)):
@@ -170,7 +201,7 @@ def _expand_step(wf_name: str, step: ir.Step) -> list[ir.Step]:
         steps.append(_tool(
             step, ask, "ask",
             ["--n", str(spec.parallel), "--params-out", f"{_OUT_DIR}/params.json",
-             "--trials-out", f"{_OUT_DIR}/trials.json"],
+             "--trials-out", f"{_OUT_DIR}/trials.json", *(["--tag-trials"] if prunes else [])],
             inputs=(),
             outputs=(ir.OutputParameter("params", ir.OutputSource.PATH,
                                         f"{_OUT_DIR}/params.json", ir.ValueType.LIST),

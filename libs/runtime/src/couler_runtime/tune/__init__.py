@@ -20,6 +20,17 @@ in the environment variable ``COULER_TUNE_REPORT``. The engine reads new lines w
 trial runs, reports them to the study, asks the pruner, and stops a trial it prunes: the
 trial is recorded PRUNED, in optuna and in the run's records (``step[N]``), not failed.
 ``COULER_TUNE_TRIAL`` holds the trial's number. :func:`report` does the appending.
+
+On a static engine nothing watches a running trial, so the trial reports to the study
+itself, as optuna's own distributed trials do: the rewrite (:func:`couler.optimize.tune.
+expand_tune`) gives the trial step ``COULER_TUNE_STUDY`` (the study's name),
+``COULER_TUNE_TRIAL``, ``COULER_TUNE_STORAGE`` (from the storage secret) and
+``COULER_TUNE_OBJECTIVE`` (the path of its objective output, when it is a file), and
+:func:`report` then records the value in the study and asks the pruner. A pruned trial is
+told PRUNED there and then, writes ``pruned`` as its objective and ends with exit status 0
+(:class:`TrialPruned`), so its round goes on and the tell step leaves the trial as it is.
+This needs ``couler-runtime`` (and so optuna) in the trial's image; a trial that only
+appends lines to a report file is not pruned on a static engine.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ import json
 import logging
 import math
 import os
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,11 +54,15 @@ if TYPE_CHECKING:
     from optuna.study import Study
 
 __all__ = [
+    "OBJECTIVE_ENV",
+    "PRUNED_OBJECTIVE",
     "REPORT_ENV",
     "STORAGE_ENV",
+    "STUDY_ENV",
     "TRIAL_ENV",
     "Driver",
     "TrialOutcome",
+    "TrialPruned",
     "best_outputs",
     "budget",
     "close_study",
@@ -62,7 +78,19 @@ __all__ = [
 REPORT_ENV = "COULER_TUNE_REPORT"  # the file a trial appends "STEP VALUE" lines to
 TRIAL_ENV = "COULER_TUNE_TRIAL"  # the trial's number
 STORAGE_ENV = "COULER_TUNE_STORAGE"  # the study's database URL (a setting)
+STUDY_ENV = "COULER_TUNE_STUDY"  # static engines: the study a trial reports to itself
+OBJECTIVE_ENV = "COULER_TUNE_OBJECTIVE"  # static engines: the trial's objective output file
+PRUNED_OBJECTIVE = "pruned"  # the objective a trial pruned on a static engine leaves
 INTERRUPTED = "couler_interrupted"  # user attribute of a trial a crash left running
+
+
+class TrialPruned(SystemExit):
+    """Raised by :func:`report` in a trial its study pruned (static engines): the trial
+    stops with exit status 0, its pruned state already in the study."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0)
+        self.message = message
 
 def _optuna() -> Any:
     """optuna, imported when a study is used, its info logging (a line per trial) off."""
@@ -74,11 +102,74 @@ def _optuna() -> Any:
 
 
 def report(step: int, value: float) -> None:
-    """Report an intermediate value from inside a trial (a no-op outside one)."""
+    """Report an intermediate value from inside a trial (a no-op outside one).
+
+    Under an engine that watches the trial (local, Ray) the value is appended to the
+    ``COULER_TUNE_REPORT`` file and the engine stops a pruned trial. On a static engine
+    (``COULER_TUNE_STUDY`` set) the value goes to the study directly; when the pruner
+    stops the trial, it is told PRUNED, its objective file gets ``pruned``, and
+    :class:`TrialPruned` ends the process with status 0.
+    """
     path = os.environ.get(REPORT_ENV)
     if path:
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"{int(step)} {float(value)!r}\n")
+        return
+    study_name = os.environ.get(STUDY_ENV, "").strip()
+    if not study_name:
+        return
+    _report_direct(study_name, int(step), float(value))
+
+
+_DIRECT: dict[tuple[str, str], Any] = {}  # (storage, study) -> the study, per process
+
+
+def _report_direct(study_name: str, step: int, value: float) -> None:
+    """Record ``value`` of this trial in its study; stop the trial when it is pruned."""
+    storage = os.environ.get(STORAGE_ENV, "").strip()
+    number_text = os.environ.get(TRIAL_ENV, "").strip()
+    if not storage or not number_text.lstrip("-").isdigit():
+        raise RuntimeError(
+            f"couler_runtime.tune.report: {STUDY_ENV} is set but {STORAGE_ENV} or "
+            f"{TRIAL_ENV} is missing or not a trial number ({number_text!r}): the trial "
+            "step must be compiled by couler.optimize.tune.expand_tune")
+    optuna = _optuna()
+    key = (storage, study_name)
+    study = _DIRECT.get(key)
+    if study is None:
+        study = optuna.load_study(study_name=study_name, storage=_rdb(storage),
+                                  pruner=_pruner(ir.TunePruner.MEDIAN))
+        _DIRECT[key] = study
+    number = int(number_text)
+    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    trial = optuna.Trial(study, trial_id)
+    trial.report(value, step)
+    if not trial.should_prune():
+        return
+    study.tell(number, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
+    message = (f"trial {number} of study {study_name!r} pruned at step {step} "
+               f"(intermediate value {value!r})")
+    objective = os.environ.get(OBJECTIVE_ENV, "").strip()
+    if objective:
+        _write_text(objective, PRUNED_OBJECTIVE)
+    else:  # a standard-output objective: the last line it prints
+        print(PRUNED_OBJECTIVE, flush=True)
+    print(f"couler: {message}", file=sys.stderr, flush=True)
+    raise TrialPruned(message)
+
+
+def _write_text(path: str, text: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text, encoding="utf-8")
+
+
+def _rdb(storage: str) -> Any:
+    """optuna's RDB storage for ``storage`` (SQLite: wait for the file's lock)."""
+    engine_kwargs: dict[str, Any] = {}
+    if storage.startswith("sqlite"):
+        # several threads (and ask/tell processes) share one file: wait for its lock
+        engine_kwargs = {"connect_args": {"timeout": 60}}
+    return _optuna().storages.RDBStorage(storage, engine_kwargs=engine_kwargs)
 
 
 def read_reports(path: Path, offset: int) -> tuple[list[tuple[int, float]], int]:
@@ -170,9 +261,9 @@ def _grid_sampler(base: type[Any]) -> type[Any]:
     return GridSampler
 
 
-def _pruner(spec: ir.Tune) -> Any:
+def _pruner(kind: ir.TunePruner) -> Any:
     p = _optuna().pruners
-    if spec.pruner is ir.TunePruner.NONE:
+    if kind is ir.TunePruner.NONE:
         return p.NopPruner()
     return p.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
 
@@ -180,14 +271,9 @@ def _pruner(spec: ir.Tune) -> Any:
 def open_study(storage: str, name: str, spec: ir.Tune) -> Study:
     """Create the study ``name`` in ``storage``, or load it when it exists (resume)."""
     optuna = _optuna()
-    engine_kwargs: dict[str, Any] = {}
-    if storage.startswith("sqlite"):
-        # several threads (and ask/tell processes) share one file: wait for its lock
-        engine_kwargs = {"connect_args": {"timeout": 60}}
-    rdb = optuna.storages.RDBStorage(storage, engine_kwargs=engine_kwargs)
-    study = optuna.create_study(storage=rdb, study_name=name, load_if_exists=True,
+    study = optuna.create_study(storage=_rdb(storage), study_name=name, load_if_exists=True,
                                 direction=spec.direction.value, sampler=_sampler(spec),
-                                pruner=_pruner(spec))
+                                pruner=_pruner(spec.pruner))
     done = len(study.get_trials(deepcopy=False))
     if done and spec.seed is not None:
         # A seeded sampler made anew would replay the draws of the trials the study has

@@ -10,10 +10,14 @@
 
 ``ask`` asks for up to K new trials (fewer when the budget is nearly spent, none when it
 is) and prints their parameter sets as a JSON list of objects (also written to
-``--params-out``), their trial numbers to ``--trials-out``. ``tell`` records the objective
-value of each asked trial, in the same order (a value that is not a number fails its
-trial). ``best`` prints the best trial's outputs (``best_params``, ``best_value``, each parameter
-by name) as a JSON object and writes those named by ``--out`` to their files. The storage URL is
+``--params-out``), their trial numbers to ``--trials-out``; with ``--tag-trials`` each set
+also holds the trial's number and the study's full name (keys ``couler_trial`` and
+``couler_study``), which the trial step reads to report to the study itself (pruning).
+``tell`` records the objective value of each asked trial, in the same order (a value that
+is not a number fails its trial; a trial the study has finished already, one pruned while
+it ran, is left as it is). ``best`` prints the best trial's outputs (``best_params``,
+``best_value``, each parameter by name) as a JSON object and writes those named by
+``--out`` to their files. The storage URL is
 ``--storage`` or the ``COULER_TUNE_STORAGE`` environment variable (from a secret: never in
 the document). ``--context`` values (what the trial step reads from upstream) are hashed
 into the study's name, so other data makes another study. Exit status 2 for bad usage,
@@ -33,6 +37,7 @@ from pathlib import Path
 from optuna.study import Study
 
 from couler import ir
+from couler.optimize.tune import STUDY_KEY, TRIAL_KEY
 
 from . import (
     STORAGE_ENV,
@@ -62,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--n", type=int, required=True, help="how many trials at most")
             p.add_argument("--params-out", default="", help="write the parameter sets here")
             p.add_argument("--trials-out", default="", help="write the trial numbers here")
+            p.add_argument("--tag-trials", action="store_true",
+                           help=f"add each trial's number ({TRIAL_KEY}) and the study's name "
+                                f"({STUDY_KEY}) to its parameter set, for a trial that "
+                                "reports intermediate values to the study itself")
         elif name == "tell":
             p.add_argument("--trials", required=True, help="the asked trial numbers (JSON)")
             p.add_argument("--values", required=True,
@@ -133,6 +142,8 @@ def _run(args: argparse.Namespace, study: Study, spec: ir.Tune, name: str) -> in
         for _ in range(n):
             number, p, _known = driver.ask()
             numbers.append(number)
+            if args.tag_trials:
+                p = {**p, TRIAL_KEY: number, STUDY_KEY: name}
             params.append(p)
         text = json.dumps(params, sort_keys=True)
         _write(args.params_out, text)
