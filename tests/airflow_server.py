@@ -171,8 +171,13 @@ def _healthy(url: str) -> bool:
 
 
 @contextmanager
-def airflow_server(home: Path, *, timeout: float = 120.0) -> Iterator[AirflowServer]:
+def airflow_server(home: Path, *, timeout: float = 120.0,
+                   local_settings: str | None = None) -> Iterator[AirflowServer]:
     """Run a deployment in ``home`` until the ``with`` block ends (see the module doc).
+
+    ``local_settings``: the deployment's ``airflow_local_settings.py`` (cluster policies,
+    e.g. ``get_dagbag_import_timeout``), written to ``home/config``, which Airflow puts on
+    its path.
 
     Raises:
         RuntimeError: ``.venv-airflow`` is missing, the DB migration failed, or the
@@ -181,6 +186,10 @@ def airflow_server(home: Path, *, timeout: float = 120.0) -> Iterator[AirflowSer
     if not AIRFLOW.exists():
         raise RuntimeError(f"{VENV.name} is missing: run scripts/setup-engine-venv.sh airflow")
     started = time.monotonic()
+    if local_settings is not None:
+        (home / "config").mkdir(parents=True, exist_ok=True)
+        (home / "config" / "airflow_local_settings.py").write_text(local_settings,
+                                                                   encoding="utf-8")
     dags = home / "dags"
     dags.mkdir(parents=True, exist_ok=True)
     password = secrets.token_urlsafe(16)

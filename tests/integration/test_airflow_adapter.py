@@ -8,6 +8,7 @@ name, so tests do not see each other's DAGs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -23,8 +24,17 @@ import pytest
 
 from couler import ir
 from couler.api.handles import SecretMaterial
+from couler.compilers.airflow import compile_workflow
 from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, StepStatus
-from couler.errors import NotFoundError, OperationTimeoutError, RetryableError, UserError
+from couler.errors import (
+    DocumentTooLargeError,
+    NotFoundError,
+    OperationTimeoutError,
+    RetryableError,
+    UserError,
+)
+from couler.optimize.passes import document_size, optimize
+from couler.optimize.split import budget_for, learned_limit
 from couler_runtime.airflow import CANCEL_NOTE, AirflowAdapter, run_status, urllib_transport
 from tests.airflow_server import AIRFLOW, TOKEN_SECONDS, VENV, AirflowServer, airflow_server
 from tests.servers import free_port
@@ -42,12 +52,24 @@ def _sh(script: str, *args: str) -> ir.ContainerSpec:
     return ir.ContainerSpec("alpine:3.20", ("sh", "-c", script, "sh"), args)
 
 
+# The deployment's import-time policy (a cluster policy in airflow_local_settings.py, as
+# operators set per-file DAG import timeouts): DAG files of workflows named *slowimport*
+# get SLOW_IMPORT_TIMEOUT seconds, every other file Airflow's default 30.
+SLOW = "slowimport"
+SLOW_IMPORT_TIMEOUT = 0.5
+LOCAL_SETTINGS = f"""
+def get_dagbag_import_timeout(dag_file_path):
+    return {SLOW_IMPORT_TIMEOUT} if "{SLOW}" in dag_file_path else 30.0
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowServer]:
     if not AIRFLOW.exists():
         pytest.fail(f"{VENV.name} is missing: run scripts/setup-engine-venv.sh airflow",
                     pytrace=False)
-    with airflow_server(tmp_path_factory.mktemp("airflow-adapter")) as srv:
+    with airflow_server(tmp_path_factory.mktemp("airflow-adapter"),
+                        local_settings=LOCAL_SETTINGS) as srv:
         print(f"\nAirflow deployment started in {srv.start_seconds:.1f} s")
         yield srv
     assert srv.alive() == []  # teardown left no process behind
@@ -283,6 +305,34 @@ def test_workflow_that_fails_to_import_reports_the_error(adapter: AirflowAdapter
     assert f"workflow {wf.name!r}: Airflow could not import the DAG file" in text
     assert adapter.dag_file(wf.name).name in text
     assert "99 * * * *" in text and "out of range" in text
+
+
+def test_a_dag_file_too_slow_to_import_is_refused_for_its_size(adapter: AirflowAdapter
+                                                               ) -> None:
+    """Airflow's own DagBag import timeout, from the real DAG processor: a 4000-step chain
+    imports in about 2 s here, 4x the policy's timeout for this file. The adapter reports
+    it as a size refusal in the split budget's unit, so the optimizer learns Airflow's
+    budget from it and the next plan's chunks are within it."""
+    steps = tuple(S(f"s{i}", _sh("true"), dependencies=(ir.Dependency(f"s{i - 1}"),) if i
+                    else ()) for i in range(4000))
+    wf = ir.Workflow(_name(SLOW), steps)
+    with pytest.raises(DocumentTooLargeError) as err:
+        adapter.submit(wf)
+    refusal = err.value
+    source = compile_workflow(wf)
+    assert (refusal.engine, refusal.workflow) == ("airflow", wf.name)
+    assert refusal.size_bytes == document_size(source, "airflow") == len(source.encode())
+    # Airflow's words, from its import error: the file and the timeout that was hit
+    assert "DagBag import timeout for" in refusal.detail
+    assert f"after {SLOW_IMPORT_TIMEOUT}s" in refusal.detail
+    assert adapter.dag_file(wf.name).name in str(refusal)
+    # the optimizer's next plan for Airflow: split, every chunk within the learned budget
+    budget = dataclasses.replace(budget_for("airflow"),
+                                 learned_bytes=learned_limit(refusal.size_bytes))
+    plan = optimize(wf, "airflow", budget=budget, retry=None)
+    assert len(plan.chunks) >= 2
+    assert all(0 < c.size_bytes <= learned_limit(refusal.size_bytes) for c in plan.chunks)
+    assert sorted(n for c in plan.chunks for n in c.steps) == sorted(s.name for s in steps)
 
 
 def test_unknown_runs_raise_not_found(adapter: AirflowAdapter, good_run: Submitted) -> None:

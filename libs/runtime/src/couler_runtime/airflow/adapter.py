@@ -267,10 +267,11 @@ class AirflowAdapter:
             if fresh:
                 trace = fresh[-1].strip()
                 if _IMPORT_TIMEOUT in trace:  # the file is too large to import in time
-                    raise DocumentTooLargeError(
-                        "airflow", dag_id, len(source),
+                    said = next(ln for ln in trace.splitlines() if _IMPORT_TIMEOUT in ln)
+                    raise DocumentTooLargeError(  # the file's bytes: the budget's unit
+                        "airflow", dag_id, len(source.encode()),
                         f"Airflow could not import the DAG file {path.name!r} in time: "
-                        f"{trace.splitlines()[-1][-300:]}")
+                        f"{said.strip()[-300:]}")
                 raise UserError(f"workflow {dag_id!r}: Airflow could not import the DAG file "
                                 f"{path.name!r}:\n{trace[-2000:]}")
             if time.monotonic() >= deadline:
