@@ -126,3 +126,62 @@ def test_context_sentences_are_not_steps() -> None:
     assert [t.verb for t in parsed.tasks] == ["sessionize", "train"] or \
         [t.verb for t in parsed.tasks][-1] == "train"
     assert parsed.sources == ["s3://lake/clicks/"]
+
+
+@pytest.mark.parametrize("text", [
+    "Publish the model to the registry, but only if its AUC is above 0.8.",
+    "Publish the model to the registry. Only if AUC is above 0.8.",
+])
+def test_a_condition_alone_qualifies_the_action_before_it(text: str) -> None:
+    [task] = parse_request(text).tasks
+    assert task.verb == "publish" and task.condition is not None
+    assert (task.condition.op, task.condition.value) == (">", "0.8")
+
+
+def test_a_bare_condition_with_its_own_action_is_not_moved_back() -> None:
+    tasks = parse_request("Fine-tune a ViT on the images, and if top-1 accuracy beats 0.92 "
+                          "deploy it to staging.").tasks
+    assert [t.verb for t in tasks] == ["fine-tune", "deploy"]
+    assert tasks[0].condition is None and tasks[1].condition is not None
+
+
+def test_keep_doing_until_and_a_bound_given_later() -> None:
+    [task] = parse_request("Keep retraining the ranker on new clicks until NDCG reaches 0.4; "
+                           "give up after 6 attempts.").tasks
+    assert task.verb == "retrain"
+    assert task.loop_max == 6 and task.loop_until is not None
+    assert (task.loop_until.metric, task.loop_until.op) == ("NDCG", ">=")
+    # no bound at all: the default one, the goal read from "until", not from "at most"
+    [task] = parse_request("Repeat training until accuracy reaches 0.9.").tasks
+    assert task.loop_max == 10 and task.loop_until is not None
+    [task] = parse_request("Keep tuning the prompts until the score is above 0.7, at most "
+                           "4 rounds.").tasks
+    assert task.loop_max == 4 and task.loop_until is not None
+    assert task.loop_until.metric == "the score"
+
+
+@pytest.mark.parametrize(("text", "retries"), [
+    ("Score the 20 shards in parallel and retry each shard twice.", 2),
+    ("Upload the report and retry it thrice.", 3),
+])
+def test_retry_counts_in_words(text: str, retries: int) -> None:
+    assert max(t.retries for t in parse_request(text).tasks) == retries
+
+
+def test_a_command_name_before_its_verb() -> None:
+    tasks = parse_request("Run dvc repro, then dvc push the outputs to the remote.").tasks
+    assert [t.verb for t in tasks] == ["run", "push"]
+    assert "dvc" in tasks[1].obj
+
+
+def test_a_request_per_item_fans_the_step_out() -> None:
+    [task, _] = parse_request("Transcribe the calls for Q1, Q2 and Q3 with Whisper, one GPU "
+                              "per quarter, then summarize them.").tasks
+    assert task.items == ("Q1", "Q2", "Q3") and task.gpu == 1
+
+
+def test_frames_and_failure_hooks_in_other_words() -> None:
+    tasks = parse_request("Can you set up a job that extracts embeddings with SpeechBrain and "
+                          "then clusters them? If any of it fails, page the on-call.").tasks
+    assert [(t.verb, t.hook) for t in tasks] == [("extract", ""), ("cluster", ""),
+                                                 ("page", "failure")]

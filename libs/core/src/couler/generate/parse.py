@@ -374,7 +374,8 @@ _TIMEOUTS = [
                r"(?:longer|more)\s+than\s+" + _DUR, re.I),
     re.compile(r"(?:time\s+out|be\s+killed|abort|stop\s+it)\s+after\s+" + _DUR, re.I),
     re.compile(r"\bat\s+most\s+" + _DUR + r"(?:\s+(?:per|each|of\s+runtime))?", re.I),
-    re.compile(r"\b(?:cap|limit)\s+(?:it|them|(?:the|each)\s+[\w-]+(?:\s+(?:step|job))?)\s+(?:at|to)"
+    re.compile(r"\b(?:cap|limit)\s+(?:it|them|(?:the|each)\s+(?:whole\s+|entire\s+)?[\w-]+"
+               r"(?:\s+(?:step|job))?)\s+(?:at|to)"
                r"\s+" + _DUR, re.I),
     re.compile(r"\b(?:within|in\s+under|under)\s+" + _DUR + r"(?=\s*(?:[,.;]|$))", re.I),
 ]
@@ -396,6 +397,10 @@ _RETRIES = [
                r"(?:failed\s+|failing\s+)?(?:steps?|tasks?|jobs?)\s+|(?:the|that|this)\s+"
                r"([\w-]+(?:\s+[\w-]+)?)\s+)?(?:up\s+to\s+|at\s+most\s+)?"
                + _NUM + r"\s+times?\b(?:\s+before\s+giving\s+up)?", re.I),
+    # "retry each shard twice", "retry failed uploads three times"
+    re.compile(r"\b(?:be\s+)?retr(?:y|ied|ies)\s+(?:it\s+|them\s+|((?:each|every|all|any|the)\s+"
+               r"(?:failed\s+|failing\s+)?[\w-]+)\s+|(?:failed|failing)\s+[\w-]+\s+)?"
+               r"(twice|thrice)\b", re.I),
 ]
 _MAX_PARALLEL = [
     re.compile(r"\b(?:in\s+)?(?:parallel\s+)?(?:batches|groups|waves)\s+of\s+" + _NUM + r"\b",
@@ -434,6 +439,7 @@ class _Mods:
     max_parallel: int = 0
     parallel: bool = False
     about: str = ""  # the step a modifier names ("retry the snapshot up to 3 times")
+    per_item: bool = False  # a request per item ("one GPU per quarter"): the step fans out
 
     def any(self) -> bool:
         return bool(self.gpu or self.memory or self.cpu or self.retries or self.timeout
@@ -448,7 +454,12 @@ def _modifiers(text: str) -> tuple[_Mods, str]:
         if m is not None:
             named = [g for g in m.groups() if g and not re.fullmatch(_NUM, g, re.I)]
             mods.about = named[0] if named and pattern is _RETRIES[1] else ""
-            n = _num(m.group(len(m.groups())) if pattern is _RETRIES[1] else m.group(1))
+            if pattern is _RETRIES[2]:
+                n = 2 if m.group(2).lower() == "twice" else 3
+                mods.about = ""
+                text = f"{text} {m.group(1) or ''}"  # "each shard" still says what is mapped
+            else:
+                n = _num(m.group(len(m.groups())) if pattern is _RETRIES[1] else m.group(1))
             # "up to 3 attempts": the first run and two retries
             mods.retries = max(n - 1, 0) if re.search(r"attempts\b", m.group(0), re.I) and \
                 not re.search(r"retry\s+attempts", m.group(0), re.I) else n
@@ -468,6 +479,7 @@ def _modifiers(text: str) -> tuple[_Mods, str]:
         m, text = _take(pattern, text)
         if m is not None:
             mods.gpu = _num(m.group(1)) if i == 0 else 1
+            mods.per_item = bool(re.search(r"\b(?:each|per)\b", m.group(0), re.I))
             break
     m, text = _take(_MEMORY, text)
     if m is not None:
@@ -540,7 +552,7 @@ def _comparison(text: str) -> tuple[str, str, str] | None:
 _FAILS = r"(?:ever\s+)?(?:fails?|errors?(?:\s+out)?|breaks|crashes|goes\s+wrong|blows\s+up|dies)"
 _HOOK_FAILURE = re.compile(
     r"^\s*(?:and\s+|but\s+)?(?:if|when|whenever|in\s+case|should|on)\s+(?:any\s+(?:step|task|"
-    r"job|part)s?(?:\s+of\s+(?:it|them|the\s+\w+))?|any\s+of\s+(?:them|these|those|the\s+[\w-]+)|"
+    r"job|part)s?(?:\s+of\s+(?:it|them|the\s+\w+))?|any\s+of\s+(?:it|this|them|these|those|the\s+[\w-]+)|"
     r"anything(?:\s+in\s+the\s+(?:run|workflow|pipeline))?|something|it|this|that|they|"
     r"(?:the|a|this|our)\s+(?:[\w-]+\s+){0,3}?[\w-]+)\s+" + _FAILS + r"\s*,?\s*(?:then\s+)?|"
     r"^\s*(?:on|upon|in\s+case\s+of)\s+(?:any\s+)?(?:failure|error)s?\s*,?\s*", re.I)
@@ -582,7 +594,7 @@ _SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|o
                           r"provided|as\s+long\s+as|no\s+matter|after\s+each|for\s+(?:each|"
                           r"every))\b", re.I)
 _WEAK_VERBS = frozenset({"take", "use"})
-_FRAME = re.compile(r"^(?:please\s+)?(?:set\s+up|build|create|make|write|give\s+me|define|design|"
+_FRAME = re.compile(r"^(?:(?:can|could|would)\s+you\s+)?(?:please\s+)?(?:set\s+up|build|create|make|write|give\s+me|define|design|"
                     r"implement|i\s+need|we\s+need|i\s+want|we\s+want)\s+(?:a|an|the|one)\s+"
                     r"(?:[\w-]+\s+){0,3}?(?:pipeline|workflow|job|dag|flow|process|system)\s+"
                     r"(?:that|which|to)\s+", re.I)
@@ -692,6 +704,13 @@ def _first_verb(text: str) -> tuple[str, str]:
     if (i + 1 < len(tokens) and tokens[i + 1].lower() in ("fine-tune", "finetune", "train")
             and not tokens[i][:1].islower()):
         return tokens[i + 1].lower(), " ".join([tokens[i], *tokens[i + 2:]])
+    # "dvc push the outputs", "kubectl apply the manifest": a command's name, then its verb
+    if (i + 2 < len(tokens) and verb_form(tokens[i + 1])
+            and tokens[i].lower() not in _NOT_IMPERATIVE
+            and re.fullmatch(r"[a-z][a-z0-9-]{1,15}", tokens[i])
+            and tokens[i + 2].lower() in ("the", "a", "an", "it", "them", "all", "our", "its",
+                                          "their", "this", "these")):
+        return verb_form(tokens[i + 1]), " ".join([tokens[i], *tokens[i + 2:]])
     # "each iteration trains a ResNet-50": a short subject, a verb in the third person
     for j in range(i + 1, min(i + 4, len(tokens))):
         base = _third_person(tokens[j])
@@ -1020,6 +1039,16 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         if lead is not None or unless is not None:
             start = (lead or unless).end()  # type: ignore[union-attr]
             head, sep, action = clause[start:].partition(",")
+            ends = re.search(_VALUE + r"\s*(?:%|ms|s|seconds|minutes|points|pp)?\s*\.?\s*$",
+                             clause[start:], re.I)
+            whole = _comparison(clause[start:]) if not sep and ends else None
+            if (whole is not None and out.tasks and out.tasks[-1].condition is None
+                    and not out.tasks[-1].hook and not meanwhile):
+                # "deploy it to Triton, but only if its mAP is above 0.7": a condition alone
+                # qualifies the action before it
+                out.tasks[-1].condition = _condition_text(
+                    _negate(whole) if unless else Condition(*whole), kept, source=original)
+                return sentence_condition, scope
             if not sep:
                 # "if top-1 accuracy beats 0.92 deploy it": the value ends the condition
                 bare = re.match(r"(.+?\s" + _VALUE + r"(?:\s*(?:%|ms|s|seconds|minutes|points|"
@@ -1052,6 +1081,14 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
                 condition = _condition_text(_negate(comp), kept, source=original)
         if condition is None and sentence_condition is not None:
             condition = sentence_condition
+    give_up = _GIVE_UP.match(clause)
+    looping = [t for t in out.tasks if t.loop_until is not None or t.loop_max]
+    if give_up is not None and looping:
+        word = give_up.group(1).lower()
+        bound = _ORDINAL.get(word) or _num(word)
+        if bound:
+            looping[-1].loop_max = bound
+            return sentence_condition, scope
     loop_max, loop_until, clause = _loop(clause)
     if loop_until is not None:
         loop_until = _condition_text(loop_until, kept)
@@ -1065,6 +1102,10 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     if re.match(r"^(?:and\s+)?(?:do\s+not|don't|never|avoid)\b", clause, re.I):
         out.notes.append(f"not a step: {_unmask(clause, kept).strip()!r}")
         return sentence_condition, scope
+    keep = re.match(r"^\s*(?:and\s+)?(?:keep|continue|repeat)\s+(?:on\s+)?([\w-]+ing)\b", clause,
+                    re.I)
+    if keep is not None and _gerund_to_verb(keep.group(1)) in VERBS:
+        clause = f"{_gerund_to_verb(keep.group(1))}{clause[keep.end():]}"
     verb, obj = _first_verb(clause)
     if not verb and mods.any() and out.tasks and re.search(
             r"\b(?:each|every|all|any)\s+(?:of\s+the\s+)?(?:steps?|tasks?|jobs?)\b", original,
@@ -1233,7 +1274,7 @@ def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trial
                     r"(?:(\d+|\w+)\s+)?([\w-]+)|\beach\s+([\w-]+)\b", obj, re.I)
     fan = _fanout_list(obj)
     if fan is not None and (mods.parallel or per is not None or mods.max_parallel
-                            or re.search(r"\b(?:each|every)\b", obj, re.I)):
+                            or mods.per_item or re.search(r"\b(?:each|every)\b", obj, re.I)):
         return fan[0], fan[1], 0
     if verb in _AGGREGATE:
         return [], obj, 0  # "merge the shards", "collate the scores": one step over all
@@ -1288,6 +1329,13 @@ def _count(obj: str, counts: dict[str, int], per: re.Match[str] | None) -> list[
     return []
 
 
+#: The bound of a loop the request gives no bound for ("keep training until …").
+DEFAULT_LOOP_MAX = 10
+_GIVE_UP = re.compile(r"^\s*(?:and\s+)?(?:give\s+up|stop(?:\s+trying)?|quit|bail(?:\s+out)?|abort)"
+                      r"\s+after\s+(?:the\s+)?(\d+|\w+?)(?:st|nd|rd|th)?\s+(?:attempts?|tries|"
+                      r"rounds?|iterations?|times|cycles?|passes|chunks?)\s*\.?\s*$", re.I)
+
+
 def _loop(clause: str) -> tuple[int, Condition | None, str]:
     """"in rounds of 3 epochs; … stop as soon as it passes 0.95 or after the 8th round"."""
     m = next((c for c in re.finditer(
@@ -1295,17 +1343,24 @@ def _loop(clause: str) -> tuple[int, Condition | None, str]:
         r"max(?:imum)?)\s+(?:the\s+)?(\d+|\w+?)(?:st|nd|rd|th)?\s+(rounds?|iterations?|"
         r"cycles?|passes|attempts|repetitions|times)\b", clause, re.I)
         if _ORDINAL.get(c.group(1).lower()) or _num(c.group(1))), None)
+    rest = clause if m is None else clause[: m.start()] + clause[m.end():]
     until = re.search(r"\b(?:stop|until|till)\b(?:\s+as\s+soon\s+as)?\s+(.*?)(?=\s+or\s+after|"
-                      r"\s*$)", clause, re.I)
-    if m is None or not (until or re.search(r"\brounds?\b|\brepeat|\biterat|\bloop\b", clause,
-                                            re.I)):
+                      r"\s*,|\s*$)", rest, re.I)
+    if m is None:
+        # "keep fine-tuning … until WER is under 0.2": a loop whose bound may come later
+        # ("give up after 10 attempts"); DEFAULT_LOOP_MAX until then
+        if until is None or _comparison(until.group(1)) is None or not re.search(
+                r"^\s*(?:and\s+)?(?:keep|continue|repeat|iterate|loop)\b", clause, re.I):
+            return 0, None, clause
+        n = DEFAULT_LOOP_MAX
+    elif not (until or re.search(r"\brounds?\b|\brepeat|\biterat|\bloop\b", clause, re.I)):
         return 0, None, clause
-    word = m.group(1).lower()
-    n = _ORDINAL.get(word) or _num(word)
+    else:
+        word = m.group(1).lower()
+        n = _ORDINAL.get(word) or _num(word)
     if not n:
         return 0, None, clause
     condition = None
-    rest = clause[: m.start()] + clause[m.end():]
     if until is not None:
         comp = _comparison(until.group(1))
         if comp is not None:
