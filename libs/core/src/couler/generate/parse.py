@@ -594,7 +594,8 @@ _SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|o
                           r"provided|as\s+long\s+as|no\s+matter|after\s+each|for\s+(?:each|"
                           r"every))\b", re.I)
 _WEAK_VERBS = frozenset({"take", "use"})
-_FRAME = re.compile(r"^(?:(?:can|could|would)\s+you\s+)?(?:please\s+)?(?:set\s+up|build|create|make|write|give\s+me|define|design|"
+_FRAME = re.compile(r"^(?:(?:can|could|would)\s+you\s+)?(?:please\s+)?"
+                    r"(?:set\s+up|build|create|make|write|give\s+me|define|design|"
                     r"implement|i\s+need|we\s+need|i\s+want|we\s+want)\s+(?:a|an|the|one)\s+"
                     r"(?:[\w-]+\s+){0,3}?(?:pipeline|workflow|job|dag|flow|process|system)\s+"
                     r"(?:that|which|to)\s+", re.I)
