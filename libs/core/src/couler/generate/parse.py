@@ -332,6 +332,21 @@ def _schedule(text: str) -> tuple[str, str, str]:
             times.append(_clock(t.group(1), t.group(2), t.group(3)))
             zone = zone or ("UTC" if t.group(4) else "")
         spans.append(t.span())
+    if not times:
+        # "nightly 03:10:", "(Mondays 04:00)": a clock time next to the schedule's words
+        for t in re.finditer(r"(?<![\d:.])([01]?\d|2[0-3]):([0-5]\d)(?!\d|:\d)\s*(am|pm)?"
+                             r"(?:\s*(utc|gmt))?", text, re.I):
+            times.append(_clock(t.group(1), t.group(2), t.group(3)))
+            zone = zone or ("UTC" if t.group(4) else "")
+            spans.append(t.span())
+    if not times:
+        # "twice a day at 9 and 21", "every day at 6": hours of a 24-hour clock
+        t = re.search(r"\bat\s+((?:[01]?\d|2[0-3])(?:\s*(?:,|and|&)\s*(?:[01]?\d|2[0-3]))*)"
+                      r"(?:\s*(?:o'clock|h))?(?=\s*(?:$|[,.;:)]|and\b|on\b|every\b|each\b|"
+                      r"utc\b|gmt\b))", text, re.I)
+        if t is not None:
+            times += [(int(h), 0) for h in re.findall(r"\d+", t.group(1))]
+            spans.append(t.span())
     if dom == "L":
         dom = "28-31"  # the last day needs a check in the step; cron cannot say "last"
     if times:
@@ -393,8 +408,9 @@ _CPUS = re.compile(r"\b" + _NUM + r"\s+(?:v?cpus?|cpu\s+cores?|cores?)\b", re.I)
 _RETRIES = [
     re.compile(r"(?:with\s+|give\s+it\s+|allow\s+)?(?:up\s+to\s+|at\s+most\s+)?" + _NUM +
                r"\s+(?:retries|retry\s+attempts|re-?tries|attempts)\b", re.I),
-    re.compile(r"\b(?:be\s+)?retr(?:y|ied|ies)\s+(?:it\s+|them\s+|(?:each|every|all|any|the)\s+"
-               r"(?:failed\s+|failing\s+)?(?:steps?|tasks?|jobs?)\s+|(?:the|that|this)\s+"
+    re.compile(r"\b(?:be\s+)?retr(?:y|ied|ies)\s+(?:it\s+|them\s+|(?:each|every|all|any)\s+"
+               r"(?:failed\s+|failing\s+)?[\w-]+\s+|the\s+(?:failed\s+|failing\s+)?(?:steps?|"
+               r"tasks?|jobs?)\s+|(?:the|that|this)\s+"
                r"([\w-]+(?:\s+[\w-]+)?)\s+)?(?:up\s+to\s+|at\s+most\s+)?"
                + _NUM + r"\s+times?\b(?:\s+before\s+giving\s+up)?", re.I),
     # "retry each shard twice", "retry failed uploads three times"
@@ -568,7 +584,8 @@ _HOOK_EXIT = re.compile(
     r"^\s*(?:and\s+)?(?:(?:when|whenever|once|after)\s+(?:the\s+)?(?:whole\s+)?(?:workflow|run|pipeline|"
     r"job|dag)\s+(?:ends|finishes|completes|is\s+(?:done|over|finished))\s*,?\s*)?(?:whatever\s+(?:the\s+)?(?:outcome|result|happens)|regardless\s+of\s+"
     r"(?:the\s+)?(?:outcome|result|status)|no\s+matter\s+(?:what|the\s+outcome|how\s+it\s+ends)"
-    r"|in\s+(?:any|every)\s+case|always|success\s+or\s+(?:not|failure)|pass\s+or\s+fail|"
+    r"|in\s+(?:any|every|all)\s+cases?|always|success\s+or\s+(?:not|failure)|pass\s+or\s+fail|"
+    r"whether\s+(?:it|they|the\s+[\w-]+)\s+(?:succeeds?|passes|works|fails?)\s+or\s+(?:not|fails?)|"
     r"(?:at\s+the\s+end|when\s+(?:the\s+)?(?:workflow|run|pipeline|job|dag)\s+(?:ends|"
     r"finishes|completes|is\s+(?:done|over)))(?=\s*,))\s*,?\s*", re.I)
 _AT_END = re.compile(r"\s*,?\s*\b(?:at\s+the\s+(?:very\s+)?end|when\s+(?:the\s+)?(?:run|workflow|"
@@ -581,12 +598,12 @@ _EITHER = re.compile(r"^\s*(?:and\s+)?(?:either\s+way|in\s+both\s+cases|regardle
 # --------------------------------------------------------------------------- clauses
 
 _SPLIT = re.compile(
-    r"\s*;\s*|\s*:\s+|[,;]?\s*(?<![\w.])\(?(?:\d{1,2}|[a-h])\)\s+|\s+\d{1,2}\.\s+(?=[A-Za-z])|"
+    r"\s*(?:->|=>|\u2192)\s*|\s*;\s*|\s*:\s+|[,;]?\s*(?<![\w.])\(?(?:\d{1,2}|[a-h])\)\s+|\s+\d{1,2}\.\s+(?=[A-Za-z])|"
     r"\s*(?:^|\s)[-*\u2022]\s+|,?\s+and\s+then\s+|,\s*then\s+|\s+then\s+(?=[a-z])|"
     r",?\s+and\s+after\s+that,?\s+|,?\s+after\s+that,?\s+|\.?\s+afterwards,?\s+|"
     r",?\s+and\s+afterwards,?\s+|,?\s+and\s+finally,?\s+|,?\s+finally,?\s+",
     re.I)
-_SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|once|unless|"
+_SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|once|unless|whether|"
                           r"otherwise|else|whatever|regardless|either\s+way|in\s+case|always|"
                           r"should|in\s+the\s+meantime|meanwhile|in\s+that\s+case|if\s+so|"
                           r"in\s+parallel(?=\s*$|\s*,)|at\s+the\s+same\s+time(?=\s*$|\s*,)|"
@@ -596,9 +613,9 @@ _SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|o
 _WEAK_VERBS = frozenset({"take", "use"})
 _FRAME = re.compile(r"^(?:(?:can|could|would)\s+you\s+)?(?:please\s+)?"
                     r"(?:set\s+up|build|create|make|write|give\s+me|define|design|"
-                    r"implement|i\s+need|we\s+need|i\s+want|we\s+want)\s+(?:a|an|the|one)\s+"
-                    r"(?:[\w-]+\s+){0,3}?(?:pipeline|workflow|job|dag|flow|process|system)\s+"
-                    r"(?:that|which|to)\s+", re.I)
+                    r"implement|i\s+need|we\s+need|i\s+want|we\s+want)\s+(?:(?:a|an|the|one)\s+"
+                    r"(?:[\w-]+\s+){0,3}?(?:pipeline|workflow|job|dag|flow|process|system)|"
+                    r"something)\s+(?:that|which|to)\s+", re.I)
 _SUBJECT = re.compile(r"^(?:(?:the|this|our|my|a)\s+)?(?:\w+\s+)?(?:pipeline|workflow|job|dag|"
                       r"system|flow)\s+(?:should|must|will|needs\s+to|has\s+to|is\s+to|"
                       r"shall)\s+|^(?:we|i)\s+(?:need|want|would\s+like)\s+to\s+|"
@@ -662,7 +679,8 @@ def _third_person_list(text: str) -> str:
         verb = _third_person(m.group(2))
         return f"{m.group(1)}{verb}" if verb else m.group(0)
 
-    return re.sub(r"(^|,\s*(?:and\s+)?|\s+and\s+|;\s*)([a-z]+s)\b", base, text)
+    return re.sub(r"(^|,\s*(?:and\s+)?(?:then\s+)?|\s+and\s+(?:then\s+)?|;\s*(?:then\s+)?)"
+                  r"([a-z]+s)\b", base, text)
 
 
 def _participle(word: str) -> str:
@@ -908,7 +926,7 @@ def parse_request(text: str) -> Request:
     request = re.sub(r"\b(fine|pre|re)[ -](tun|train)", r"\1-\2", request, flags=re.I)
     masked, kept = _mask(request)
     out.schedule, out.timezone, masked = _schedule(masked)
-    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Z\x00\"'#])|\n+", masked)
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Za-z\x00\"'#])|\n+", masked)
                  if s.strip(" .")]
     state = _State()
     for raw_sentence in sentences:
@@ -935,8 +953,10 @@ def parse_request(text: str) -> Request:
         sentence_condition: Condition | None = None
         before = len(out.tasks)
         for raw in clauses:
-            clause_hook, clause = _hook(raw) if not hook else ("", raw)
-            task_hook = hook or clause_hook
+            # a clause's own hook phrase wins over the sentence's ("on failure page X; in all
+            # cases upload Y")
+            clause_hook, clause = _hook(raw)
+            task_hook = clause_hook or hook
             sentence_condition, scope = _clause(
                 out, state, clause, kept, hook=task_hook, heading=heading, scope=scope,
                 sentence_condition=sentence_condition)
@@ -1340,13 +1360,13 @@ _GIVE_UP = re.compile(r"^\s*(?:and\s+)?(?:give\s+up|stop(?:\s+trying)?|quit|bail
 def _loop(clause: str) -> tuple[int, Condition | None, str]:
     """"in rounds of 3 epochs; … stop as soon as it passes 0.95 or after the 8th round"."""
     m = next((c for c in re.finditer(
-        r"\b(?:or\s+)?(?:after|at\s+most|up\s+to|no\s+more\s+than|a\s+maximum\s+of|"
-        r"max(?:imum)?)\s+(?:the\s+)?(\d+|\w+?)(?:st|nd|rd|th)?\s+(rounds?|iterations?|"
-        r"cycles?|passes|attempts|repetitions|times)\b", clause, re.I)
+        r"\b(?:or\s+)?(?:after|at\s+most|up\s+to|(?:no|not|never)\s+more\s+than|"
+        r"a\s+maximum\s+of|max(?:imum)?)\s+(?:the\s+)?(\d+|\w+?)(?:st|nd|rd|th)?\s+(rounds?|"
+        r"iterations?|cycles?|passes|attempts|repetitions|times|chunks)\b", clause, re.I)
         if _ORDINAL.get(c.group(1).lower()) or _num(c.group(1))), None)
     rest = clause if m is None else clause[: m.start()] + clause[m.end():]
-    until = re.search(r"\b(?:stop|until|till)\b(?:\s+as\s+soon\s+as)?\s+(.*?)(?=\s+or\s+after|"
-                      r"\s*,|\s*$)", rest, re.I)
+    until = re.search(r"\b(?:stop|until|till)\b(?:\s+or)?(?:\s+as\s+soon\s+as)?\s+(.*?)"
+                      r"(?=\s+or\s+after|\s*,|\s*$)", rest, re.I)
     if m is None:
         # "keep fine-tuning … until WER is under 0.2": a loop whose bound may come later
         # ("give up after 10 attempts"); DEFAULT_LOOP_MAX until then
