@@ -341,12 +341,12 @@ def _schedule(text: str) -> tuple[str, str, str]:
             spans.append(t.span())
     if not times:
         # "twice a day at 9 and 21", "every day at 6": hours of a 24-hour clock
-        t = re.search(r"\bat\s+((?:[01]?\d|2[0-3])(?:\s*(?:,|and|&)\s*(?:[01]?\d|2[0-3]))*)"
-                      r"(?:\s*(?:o'clock|h))?(?=\s*(?:$|[,.;:)]|and\b|on\b|every\b|each\b|"
-                      r"utc\b|gmt\b))", text, re.I)
-        if t is not None:
-            times += [(int(h), 0) for h in re.findall(r"\d+", t.group(1))]
-            spans.append(t.span())
+        bare = re.search(r"\bat\s+((?:[01]?\d|2[0-3])(?:\s*(?:,|and|&)\s*(?:[01]?\d|2[0-3]))*)"
+                         r"(?:\s*(?:o'clock|h))?(?=\s*(?:$|[,.;:)]|and\b|on\b|every\b|each\b|"
+                         r"utc\b|gmt\b))", text, re.I)
+        if bare is not None:
+            times += [(int(h), 0) for h in re.findall(r"\d+", bare.group(1))]
+            spans.append(bare.span())
     if dom == "L":
         dom = "28-31"  # the last day needs a check in the step; cron cannot say "last"
     if times:
