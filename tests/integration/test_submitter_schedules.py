@@ -9,6 +9,9 @@ the clock, and the tests wait for what the ticks leave in the store (never for a
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
 import subprocess
 import sys
 import time
@@ -35,7 +38,7 @@ from tests.integration.test_submitter_service import (
     unique,
     wait_for,
 )
-from tests.servers import NatsServer, make_root
+from tests.servers import NatsServer, SecureNatsServer, make_root
 from tests.service_thread import ServiceThread as RunningService
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -378,3 +381,116 @@ def test_couler_schedule_ls_pause_resume_as_a_process(stack: Stack) -> None:
         missing.stderr
     refused = _cli(submitter.address, "ls", token="wrong")
     assert refused.returncode != 0 and "token" in refused.stderr.lower()
+
+
+# ----------------------------------------------------------------------------- event triggers
+
+
+@pytest.fixture
+def secure_stack(postgres_url: str, tmp_path: Path) -> Iterator[tuple[SecureNatsServer, Any]]:
+    """A NATS with the deployment's identities and two launchers, ``etl`` and ``other``;
+    the optimizer and a submitter connected as themselves."""
+    server = SecureNatsServer(make_root("sched-secure"))
+    server.files.add_launcher("etl")
+    server.files.add_launcher("other")
+    server.start()
+    services: list[Any] = []
+    try:
+        services.append(RunningService(OptimizerSettings.load(
+            "optimizer", grpc_address="127.0.0.1:0", state_dir=tmp_path / "optimizer",
+            database_url=fresh_database(postgres_url), cache_address="", auth_token=None,
+            otel_endpoint=None, **server.settings("optimizer")), build_optimizer).start())
+        services.append(ServiceThread(SubmitterSettings.load(
+            "submitter", grpc_address="127.0.0.1:0", state_dir=tmp_path,
+            database_url=fresh_database(postgres_url), artifacts=str(tmp_path / "blobs"),
+            auth_token=None, otel_endpoint=None, runs_dir=str(tmp_path / "runs"),
+            engines="local,dryrun", outbox_interval=1.0,
+            **server.settings("submitter"))).start())
+        yield server, services[-1]
+    finally:
+        for service in reversed(services):
+            service.stop()
+        server.stop()
+
+
+async def _as_launcher(server: SecureNatsServer, name: str, subject: str,
+                       parameters: dict[str, str], key: str) -> None:
+    """Publish an event as outside launcher ``name`` (plain nats-py, as its docs show)."""
+    import nats as nats_py
+
+    from couler.v1 import events_pb2
+
+    identity = f"launch-{name}"
+    nc = await nats_py.connect(server.url, nkeys_seed=str(server.files.seed_file(identity)),
+                               inbox_prefix=f"_INBOX.{identity}")
+    try:
+        await nc.jetstream().publish(subject, events_pb2.LaunchRequest(
+            parameters=parameters, idempotency_key=key).SerializeToString())
+    finally:
+        await nc.close()
+
+
+def as_launcher(server: SecureNatsServer, name: str, subject: str,
+                parameters: dict[str, str], key: str) -> None:
+    asyncio.run(_as_launcher(server, name, subject, parameters, key))
+
+
+def triggered_workflow(name: str, **annotations: str) -> ir.Workflow:
+    return ir.Workflow(
+        name=name, steps=(ir.Step(
+            name="react", body=ir.ContainerSpec(image="alpine", command=(
+                "echo", "{{inputs.rows}}")),
+            inputs=(ir.InputParameter("rows", ir.WorkflowParamRef("rows")),)),),
+        parameters=(ir.Parameter("rows", default=ir.Literal.of("0")),),
+        triggers=(ir.EventTrigger("datasets.ready", "body.rows > 0 and body.kind == 'csv'"),),
+        annotations=tuple(annotations.items()))
+
+
+def test_event_triggers_launch_only_for_allowed_launchers_and_matching_events(
+        secure_stack: tuple[SecureNatsServer, Any], caplog: pytest.LogCaptureFixture) -> None:
+    server, submitter = secure_stack
+    caplog.set_level(logging.INFO, logger="couler_submitter.service")
+    name = unique("on-data")
+    wf = triggered_workflow(name, **{"couler.io/launchers": "etl"})
+    with CoulerClient({"submitter": submitter.address}, timeout=60) as client:
+        sub = client.submitter.submit(wf)
+        assert (sub.run_id, sub.schedule) == ("", name)  # registered, nothing run
+        with pytest.raises(UserError, match=r"triggers\[0\]\.filter"):
+            client.submitter.submit(dataclasses.replace(
+                triggered_workflow(unique("bad")),
+                triggers=(ir.EventTrigger("x", "__import__('os')"),)))
+
+        def runs() -> list[Any]:
+            return list(client.submitter.list(workflow=name).runs)
+
+        # 1. a launcher not allowed to launch the workflow: logged, nothing launched
+        as_launcher(server, "other", "couler.event.other.datasets.ready",
+                    {"rows": "5", "kind": "csv"}, "o-1")
+        wait_for("the refusal logged", lambda: any(
+            "from launcher 'other': not allowed to launch workflow" in r.getMessage()
+            for r in caplog.records))
+        # 2. the allowed launcher, an event the filter does not take: nothing launched
+        as_launcher(server, "etl", "couler.event.etl.datasets.ready",
+                    {"rows": "0", "kind": "csv"}, "e-1")
+        wait_for("the non-matching event seen", lambda: any(
+            "no filter of workflow" in r.getMessage() for r in caplog.records))
+        # 3. the allowed launcher, a matching event: one run, with the event's parameter
+        as_launcher(server, "etl", "couler.event.etl.datasets.ready",
+                    {"rows": "12", "kind": "csv", "undeclared": "x"}, "e-2")
+        run = wait_for("the triggered run succeeded", lambda: next(
+            (r for r in runs() if r.state is RunState.SUCCEEDED), None))
+        assert run.parameters == {"rows": "12"} and run.template == name
+        assert run.idempotency_key == f"event.{name}.etl.e-2"
+        full = client.submitter.get(run.run_id)
+        assert full.steps[0].state.value == "succeeded"
+        assert client.submitter.logs(run.run_id, "react").strip().startswith("12")
+        # the same event again (a redelivery, a retrying publisher): still one run
+        as_launcher(server, "etl", "couler.event.etl.datasets.ready",
+                    {"rows": "12", "kind": "csv"}, "e-2")
+        wait_for("the repeat seen", lambda: sum(
+            "(launched already)" in r.getMessage() for r in caplog.records) >= 1)
+        assert len(runs()) == 1
+    # 4. a launcher cannot publish under another's name: the server refuses it
+    with pytest.raises(Exception, match=r"(?i)permission|timeout|no response"):
+        as_launcher(server, "other", "couler.event.etl.datasets.ready",
+                    {"rows": "5", "kind": "csv"}, "forged")

@@ -139,6 +139,12 @@ from couler_submitter.store import (
     ScheduleState,
     parse_page_token,
 )
+from couler_submitter.triggers import (
+    allowed_launchers,
+    check_triggers,
+    filter_matches,
+    subject_matches,
+)
 from couler_submitter.unreported import unreported_steps
 
 __all__ = [
@@ -957,7 +963,8 @@ class Submitter:
             workflow = await asyncio.to_thread(decode_workflow, encoded,
                                                "submit: field 'workflow_ref'")
         engine = options.engine
-        if workflow is not None and workflow.schedule is not None and not template:
+        if workflow is not None and not template and (workflow.schedule is not None
+                                                      or workflow.triggers):
             name = await self._schedule_submitted(workflow, engine, encoded)
             return "", True, name
         if template:
@@ -1010,15 +1017,16 @@ class Submitter:
 
     async def _schedule_submitted(self, wf: ir.Workflow, engine: str,
                                   encoded: bytes | None) -> str:
-        """Register a submitted workflow with a cron schedule as the template (and the
-        schedule) of its name; the name."""
+        """Register a submitted workflow with a cron schedule or event triggers as the
+        template (and schedule, and subscriptions) of its name; the name."""
+        what = "a cron schedule" if wf.schedule is not None else "event triggers"
         if not _LABEL.fullmatch(wf.name):
-            raise UserError(f"submit: workflow {wf.name[:80]!r} has a cron schedule, so it is "
-                            "registered as a schedule of its name, which must be a DNS-1123 "
-                            "label (lowercase letters, digits, '-', at most 63)")
+            raise UserError(f"submit: workflow {wf.name[:80]!r} has {what}, so it is "
+                            "registered under its name, which must be a DNS-1123 label "
+                            "(lowercase letters, digits, '-', at most 63)")
         await self.register_template(wf.name, wf, engine, encoded=encoded)
-        log.info("submit: workflow %r has a cron schedule (%s): registered as schedule %r",
-                 wf.name, wf.schedule.schedule if wf.schedule else "", wf.name)
+        log.info("submit: workflow %r has %s: registered as template %r", wf.name, what,
+                 wf.name)
         return wf.name
 
     def _check_submitted(self, wf: ir.Workflow, parameters: Mapping[str, str],
@@ -1224,6 +1232,7 @@ class Submitter:
         await asyncio.to_thread(self.check_workflow, wf,
                                 encoded_bytes=len(encoded) if encoded is not None else None)
         check_schedule(wf)
+        check_triggers(wf)
         template = await self._call(self._store.put_template, name, wf, engine,
                                     encoded=encoded)
         if wf.schedule is not None:
@@ -1251,6 +1260,38 @@ class Submitter:
             template=name, options=options, idempotency_key=tick_key(name, tick),
             tick=(name, tick))
         return run_id, created
+
+    async def event(self, launcher: str, subject: str, fields: Mapping[str, str], key: str,
+                    tenant: str = "") -> tuple[str, ...]:
+        """An event from ``launcher`` on ``subject``: launch every template one of whose
+        triggers matches (subject and filter) and that ``launcher`` may launch
+        (:mod:`couler_submitter.triggers`); the runs started (one per event and template)."""
+        started: Sequence[str] = []
+        for tpl in await self.templates():
+            wf = tpl.workflow
+            hits = [t for t in wf.triggers if subject_matches(t.subject, subject)]
+            if not hits:
+                continue
+            allowed = allowed_launchers(wf)
+            if allowed is not None and launcher not in allowed:
+                log.warning("event on %r from launcher %r: not allowed to launch workflow %r "
+                            "(its %s: %s); nothing launched", subject, launcher, tpl.name,
+                            "couler.io/launchers", ", ".join(sorted(allowed)) or "none")
+                continue
+            if not any(filter_matches(t.filter, fields) for t in hits):
+                log.info("event on %r from launcher %r: no filter of workflow %r matches; "
+                         "nothing launched", subject, launcher, tpl.name)
+                continue
+            declared = {p.name for p in wf.parameters}
+            options = RunOptions(engine=tpl.engine, tenant=tenant or wf.tenant,
+                                 parameters={k: v for k, v in fields.items() if k in declared})
+            run_id, created, _ = await self.submit_request(
+                template=tpl.name, options=options,
+                idempotency_key=f"event.{tpl.name}.{launcher}.{key}"[:_MAX_KEY])
+            log.info("event on %r from launcher %r: workflow %r run %s%s", subject, launcher,
+                     tpl.name, run_id, "" if created else " (launched already)")
+            started = [*started, run_id]
+        return tuple(started)
 
     async def schedules(self) -> Sequence[ScheduleView]:
         """The schedules, by name (one whose template has no schedule any more is left
