@@ -357,12 +357,22 @@ def _cli(address: str, *argv: str, token: str = TOKEN) -> subprocess.CompletedPr
         capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
 
 
-def test_couler_schedule_ls_pause_resume_as_a_process(stack: Stack) -> None:
+def test_couler_schedule_ls_pause_resume_as_a_process(stack: Stack, tmp_path: Path) -> None:
     submitter = stack.start(token=TOKEN)
     name = unique("nightly")
-    with CoulerClient({"submitter": submitter.address}, token=TOKEN, timeout=60) as client:
-        client.submitter.submit(cron_workflow(name, "0 2 * * *", timezone="Europe/Paris",
-                                              concurrency_policy=ir.ConcurrencyPolicy.FORBID))
+    program = tmp_path / "nightly.py"
+    program.write_text(
+        "import couler.argo as couler\n"
+        f"couler.config_workflow(name={name!r}, cron_config={{'schedule': '0 2 * * *', "
+        "'timezone': 'Europe/Paris', 'concurrency_policy': 'Forbid'})\n"
+        "couler.run_container(image='alpine', command=['echo', 'nightly'], step_name='n')\n")
+    submitted = subprocess.run(
+        [sys.executable, "-m", "couler", "submit", str(program), "--address",
+         submitter.address, "--token", TOKEN],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    assert submitted.returncode == 0, submitted.stderr
+    assert submitted.stdout.strip() == name
+    assert f"registered as schedule {name!r}" in submitted.stderr
     ls = _cli(submitter.address, "ls")
     assert ls.returncode == 0, ls.stderr
     header, row = ls.stdout.splitlines()[:2]
