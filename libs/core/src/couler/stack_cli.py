@@ -241,9 +241,13 @@ def cmd_submit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                                           idempotency_key=args.key or "",
                                           no_cache=args.no_cache, dry_run=args.dry_run)
             what = source.name if not isinstance(source, str) else "text request"
-            if sub.schedule:  # a cron workflow: registered, runs on its ticks
-                print(f"{what}: registered as schedule {sub.schedule!r}; the submitter "
-                      f"launches a run on each tick (see `couler schedule ls`)", file=err)
+            if sub.schedule:  # a cron / triggered workflow: registered, runs on its ticks
+                if getattr(source, "schedule", None) is not None:
+                    print(f"{what}: registered as schedule {sub.schedule!r}; the submitter "
+                          f"launches a run on each tick (see `couler schedule ls`)", file=err)
+                else:
+                    print(f"{what}: registered as template {sub.schedule!r}; its event "
+                          "triggers launch its runs", file=err)
                 print(sub.schedule, file=out)
                 continue
             verb = "submitted" if sub.created else "already submitted (same key)"

@@ -10,7 +10,8 @@ subscribes it to ``subject`` on the bus. The submitter's durable consumer
   (``couler_runtime.bus_access.launcher_grant``): the token after ``couler.event`` is the
   publisher, vouched for by the server. The body is a ``couler.v1.LaunchRequest`` (what
   launchers send on ``couler.launch.<template>``): its ``parameters`` are the event's
-  fields, its ``idempotency_key`` makes a redelivered event one run.
+  fields, its ``idempotency_key`` makes a redelivered event one run. (On an open bus,
+  ``COULER_BUS_INSECURE``, nothing vouches for the name: anyone may publish anything.)
 * **Who may launch the workflow.** The workflow's annotation ``couler.io/launchers`` lists
   the launchers (comma-separated names) whose events may launch it; without it, any
   launcher may -- as any launcher may publish ``couler.launch.<template>``. An event from a
