@@ -31,6 +31,7 @@ from couler_runtime.rpc.records import RunState
 from couler_submitter.main import SubmitterSettings
 from couler_submitter.schedules import due_ticks, next_tick, tick_key
 from couler_submitter.store import RunStore
+from couler_submitter.triggers import filter_matches
 from tests.integration.test_submitter_service import (
     ServiceThread,
     fresh_database,
@@ -154,6 +155,23 @@ def test_ticks_follow_the_time_zone() -> None:
     assert next_tick(utc, start) == datetime(2026, 3, 2, 9, 0, tzinfo=UTC).timestamp()
     ticks, dropped = due_ticks(ir.CronSchedule("* * * * *"), start, start + 600, limit=3)
     assert ticks == [start + 480, start + 540, start + 600] and dropped == 7
+
+
+def test_trigger_filters() -> None:
+    body = {"rows": "12", "kind": "csv", "partial": "false", "tag": "v10"}
+    assert filter_matches("", body) and filter_matches("  ", {})
+    assert filter_matches("body.rows > 9", body)  # numerically: "12" > 9, not "12" > "9"
+    assert not filter_matches("body.rows < 9", body)
+    assert filter_matches("body['kind'] == 'csv' and not body.partial", body)
+    assert filter_matches("body.kind in ('csv', 'tsv') or body.rows == 0", body)
+    assert not filter_matches("body.kind not in ['csv']", body)
+    assert filter_matches("body.tag > 'v1'", body)  # strings compare as strings
+    assert not filter_matches("body.missing == 'x'", body)  # a field it lacks: false
+    assert not filter_matches("body.missing != 'x'", body)
+    for bad in ("__import__('os').system('true')", "body.rows.real", "len(body)",
+                "body.rows + 1 > 2", "[x for x in body]", "body["):
+        with pytest.raises(ValueError):
+            filter_matches(bad, body)
 
 
 def test_a_tick_is_claimed_once(stack: Stack) -> None:
