@@ -341,7 +341,9 @@ def test_missed_ticks_after_downtime_follow_the_policy(stack: Stack) -> None:
 # ----------------------------------------------------------------------------- two submitters
 
 
-def test_two_submitters_never_launch_a_tick_twice(stack: Stack) -> None:
+def test_two_submitters_never_launch_a_tick_twice(stack: Stack,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="couler_submitter.schedules")
     a, b = stack.start(), stack.start()
     name = unique("shared")
     store = stack.store()
@@ -361,6 +363,10 @@ def test_two_submitters_never_launch_a_tick_twice(stack: Stack) -> None:
         # consecutive seconds: neither submitter skipped or lost a tick to the other
         seconds = sorted(t for t, *_ in store.ticks(name))
         assert seconds == [seconds[0] + i for i in range(len(seconds))]
+        # Both woke for the same ticks: the claim, not luck, kept them apart (the loser of a
+        # tick gets the winner's run back).
+        assert any("was launched by another submitter" in r.getMessage()
+                   for r in caplog.records)
     finally:
         store.close()
 
