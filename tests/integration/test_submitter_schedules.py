@@ -218,6 +218,9 @@ def test_runs_launch_on_time_through_the_normal_path_and_pause_resume(stack: Sta
     with CoulerClient({"submitter": submitter.address}, timeout=60) as client:
         sub = client.submitter.submit(wf)
         assert (sub.run_id, sub.created, sub.schedule) == ("", True, name)
+        suspended = unique("suspended")
+        client.submitter.submit(cron_workflow(suspended, "* * * * * *", suspend=True))
+        registered = store.schedule(suspended).last_tick
         # Two ticks' runs planned by the optimizer and run by the local engine.
         def succeeded() -> list[Any] | None:
             runs = [r for r in client.submitter.list(workflow=name).runs
@@ -243,6 +246,11 @@ def test_runs_launch_on_time_through_the_normal_path_and_pause_resume(stack: Sta
         wait_for("two ticks passed while paused",
                  lambda: store.schedule(name).last_tick >= at_pause + 2)
         assert all(t <= at_pause for t, _ in launched(store, name))
+        # The suspended schedule's ticks passed the same way: looked at, none launched.
+        assert store.schedule(suspended).last_tick >= registered + 2
+        assert store.ticks(suspended) == [] and client.submitter.list(
+            workflow=suspended).runs == ()
+        assert {s.name: s.suspended for s in client.submitter.list_schedules()}[suspended]
         count = len(launched(store, name))
         resumed = client.submitter.resume_schedule(name)
         assert not resumed.paused and resumed.next_tick_at > at_pause + 2
