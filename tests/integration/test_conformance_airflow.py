@@ -39,9 +39,6 @@ RUN_TIMEOUT = 240  # seconds for the whole runner: the suite never waits longer
 
 # Where Airflow differs from expected.json (the local engine's results).
 AIRFLOW_DIFFERENCES: dict[str, dict[str, Any]] = {
-    # The local engine rejects cron schedules (it has no scheduler); dag.test() makes one
-    # manual run of the scheduled DAG.
-    "cron": {"state": "succeeded", "steps": {"tick": {"state": "succeeded"}}},
     # The local engine rejects inline sub-workflows; on Airflow they are TaskGroups, whose
     # tasks are named GROUP.STEP (concurrent(subtasks=True) names the groups).
     "subworkflows": {"state": "succeeded", "steps": {

@@ -84,7 +84,8 @@ def test_server_permissions_are_least_privilege() -> None:
                            for c in GRANTS[service].consumers), p
     assert nats_permissions(GRANTS[ADMIN])["publish"]["allow"] == ["$JS.API.>"]
     launcher = nats_permissions(grant_for(launcher_identity("ci-bot")))
-    assert launcher == {"publish": {"allow": ["couler.launch.>"]},
+    # launches, and events under its own name only (the submitter's triggers rely on it)
+    assert launcher == {"publish": {"allow": ["couler.launch.>", "couler.event.ci-bot.>"]},
                         "subscribe": {"allow": ["_INBOX.launch-ci-bot.>"]}}
 
 
@@ -136,7 +137,8 @@ def test_launchers_are_added_and_revoked(tmp_path: Path) -> None:
     public = public_key_of(seed_path.read_bytes().strip())
     conf = json.loads(files.config.read_text())
     (user,) = [u for u in conf["authorization"]["users"] if u["nkey"] == public]
-    assert user["permissions"]["publish"]["allow"] == ["couler.launch.>"]
+    assert user["permissions"]["publish"]["allow"] == ["couler.launch.>",
+                                                       "couler.event.ci-bot.>"]
     assert "launch-ci-bot" not in files.trust().public_keys  # launchers do not sign
     with pytest.raises(UserError, match="exists already"):
         files.add_launcher("ci-bot")

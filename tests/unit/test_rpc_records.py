@@ -24,7 +24,8 @@ RPCS = {
     "OptimizerService": {"Optimize"},
     "CacheService": {"Lookup", "Commit", "Stats", "Evict", "Pin", "List", "Show"},
     "SubmitterService": {"Submit", "UploadWorkflow", "Get", "Watch", "Cancel", "Retry",
-                         "List", "Logs", "RegisterTemplate", "ListTemplates", "DownloadBlob"},
+                         "List", "Logs", "RegisterTemplate", "ListTemplates", "DownloadBlob",
+                         "ListSchedules", "PauseSchedule", "ResumeSchedule"},
     "MonitorService": {"Utilization", "Recommendations"},
 }
 

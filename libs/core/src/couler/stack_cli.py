@@ -241,6 +241,15 @@ def cmd_submit(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                                           idempotency_key=args.key or "",
                                           no_cache=args.no_cache, dry_run=args.dry_run)
             what = source.name if not isinstance(source, str) else "text request"
+            if sub.schedule:  # a cron / triggered workflow: registered, runs on its ticks
+                if getattr(source, "schedule", None) is not None:
+                    print(f"{what}: registered as schedule {sub.schedule!r}; the submitter "
+                          f"launches a run on each tick (see `couler schedule ls`)", file=err)
+                else:
+                    print(f"{what}: registered as template {sub.schedule!r}; its event "
+                          "triggers launch its runs", file=err)
+                print(sub.schedule, file=out)
+                continue
             verb = "submitted" if sub.created else "already submitted (same key)"
             print(f"{what}: {verb} as run {sub.run_id}", file=err)
             if not args.wait:
@@ -277,6 +286,7 @@ def add_commands(sub: Any) -> None:
     (:mod:`couler.stack_admin`), on the CLI's sub-parsers."""
     from couler.cache_cli import add_cache_commands
     from couler.recommend_cli import add_recommend_command
+    from couler.schedule_cli import add_schedule_commands
     from couler.stack_admin import add_admin_commands
 
     p = sub.add_parser("up", help="start NATS and the five services on this machine, "
@@ -326,6 +336,7 @@ def add_commands(sub: Any) -> None:
     add_admin_commands(sub)
     add_cache_commands(sub)
     add_recommend_command(sub)
+    add_schedule_commands(sub)
 
 
 

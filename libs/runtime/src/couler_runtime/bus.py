@@ -82,6 +82,7 @@ from couler.errors import NotFoundError, RetryableError, UserError
 from couler.v1 import events_pb2
 from couler_runtime.bus_access import (
     DEADLETTER_PREFIX,
+    EVENT_SUBJECTS,
     LAUNCH_SUBJECTS,
     STREAMS,
     StreamSpec,
@@ -858,7 +859,8 @@ class Bus:
             return ""
         signer = headers.get(HEADER_SIGNER, "")
         signature = headers.get(HEADER_SIGNATURE, "")
-        if subject_matches(LAUNCH_SUBJECTS, subject) and not signer:
+        if not signer and (subject_matches(LAUNCH_SUBJECTS, subject)
+                           or subject_matches(EVENT_SUBJECTS, subject)):
             return ""  # outside launchers: the server's permissions admit only them
         allowed = self._owners.get(subject)
         if allowed is None:

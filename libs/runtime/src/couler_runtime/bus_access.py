@@ -14,8 +14,11 @@ which durable consumers it reads through; everything else is derived from it:
 
 Each identity reads replies (JetStream acknowledgements, fetched messages) on its own
 inbox prefix (:func:`inbox_prefix`), so no identity can read another's deliveries. Event
-launchers from other platforms get the ``launch`` grant: publish ``couler.launch.>``
-and nothing else; their messages are not signed (the server's permissions are the check).
+launchers from other platforms get the ``launch`` grant: publish ``couler.launch.>`` and
+events under their own name, ``couler.event.<name>.>``, and nothing else; their messages
+are not signed (the server's permissions are the check: the token after
+``couler.event`` names the launcher that published, which is what the submitter's event
+triggers check a workflow's allowed launchers against).
 
 Pure data and functions: no I/O.
 """
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 __all__ = [
     "ADMIN",
     "DEADLETTER_PREFIX",
+    "EVENT_PREFIX",
+    "EVENT_SUBJECTS",
     "GRANTS",
     "LAUNCHER_PREFIX",
     "LAUNCH_SUBJECTS",
@@ -38,6 +43,7 @@ __all__ = [
     "Grant",
     "StreamSpec",
     "deadletter_subject",
+    "event_publisher",
     "grant_for",
     "inbox_prefix",
     "launcher_grant",
@@ -53,6 +59,8 @@ ADMIN = "admin"
 LAUNCHER_PREFIX = "launch-"
 DEADLETTER_PREFIX = "couler.deadletter"
 LAUNCH_SUBJECTS = "couler.launch.>"
+EVENT_PREFIX = "couler.event"
+EVENT_SUBJECTS = f"{EVENT_PREFIX}.>"
 SERVICES = ("generator", "optimizer", "cache", "submitter", "monitor")
 _LAUNCHER_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
 
@@ -71,6 +79,8 @@ STREAMS: tuple[StreamSpec, ...] = (
     StreamSpec("COULER_METRICS", ("couler.metrics.>",)),
     StreamSpec("COULER_FEEDBACK", ("couler.feedback.>",)),
     StreamSpec("COULER_LAUNCH", ("couler.launch.>",)),
+    # Events outside launchers publish (couler.event.<launcher>.<subject>): triggers.
+    StreamSpec("COULER_EVENT", (EVENT_SUBJECTS,)),
     StreamSpec("COULER_CACHE", ("couler.cache.>",)),
     # Messages a consumer gave up on (terminated), with why; the submitter fails their runs.
     StreamSpec("COULER_DEADLETTER", (f"{DEADLETTER_PREFIX}.>",)),
@@ -152,6 +162,7 @@ GRANTS: dict[str, Grant] = {
         consumers=(_wf("submitter-optimized", "optimized"),
                    _wf("submitter-rejected", "rejected"),
                    Consumer("COULER_LAUNCH", "submitter-launch", LAUNCH_SUBJECTS),
+                   Consumer("COULER_EVENT", "submitter-events", EVENT_SUBJECTS),
                    Consumer("COULER_DEADLETTER", "submitter-deadletter",
                             f"{DEADLETTER_PREFIX}.>")),
     ),
@@ -180,8 +191,24 @@ def launcher_identity(name: str) -> str:
 
 
 def launcher_grant(identity: str) -> Grant:
-    """An outside launcher: publishes ``couler.launch.>``, nothing else, unsigned."""
-    return Grant(identity, publishes=(LAUNCH_SUBJECTS,), signs=False, stream_info=False)
+    """An outside launcher: publishes ``couler.launch.>`` and its own events,
+    ``couler.event.<name>.>``, nothing else, unsigned."""
+    name = identity.removeprefix(LAUNCHER_PREFIX)
+    return Grant(identity, publishes=(LAUNCH_SUBJECTS, f"{EVENT_PREFIX}.{name}.>"),
+                 signs=False, stream_info=False)
+
+
+def event_publisher(subject: str) -> tuple[str, str]:
+    """``(launcher name, event subject)`` of a bus subject ``couler.event.<name>.<subject>``
+    (the server admits only launcher ``name`` on it).
+
+    Raises:
+        ValueError: Not an event subject.
+    """
+    parts = subject.split(".")
+    if len(parts) < 4 or ".".join(parts[:2]) != EVENT_PREFIX:
+        raise ValueError(f"{subject!r} is not {EVENT_PREFIX}.<launcher>.<subject>")
+    return parts[2], ".".join(parts[3:])
 
 
 def grant_for(identity: str) -> Grant:

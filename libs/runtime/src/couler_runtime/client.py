@@ -126,10 +126,15 @@ class Generated:
 
 @dataclass(frozen=True, slots=True)
 class Submission:
-    """An accepted run; ``created`` is False when the idempotency key was used before."""
+    """An accepted run; ``created`` is False when the idempotency key was used before.
+
+    ``schedule`` is set (and ``run_id`` empty) when the workflow has a cron schedule: it
+    was registered as the schedule of that name, and runs on its ticks.
+    """
 
     run_id: str
     created: bool
+    schedule: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +337,10 @@ class SubmitterClient(_ServiceClient):
         self._templates = self._unary("ListTemplates",
                                       submitter_service_pb2.ListTemplatesResponse)
         self._logs = self._unary("Logs", submitter_service_pb2.StepLogsResponse)
+        self._schedules = self._unary("ListSchedules",
+                                      submitter_service_pb2.ListSchedulesResponse)
+        self._pause = self._unary("PauseSchedule", submitter_service_pb2.Schedule)
+        self._resume = self._unary("ResumeSchedule", submitter_service_pb2.Schedule)
         self._watch: grpc.UnaryStreamMultiCallable[Any, submitter_service_pb2.WatchRunResponse] \
             = channel.unary_stream(
                 f"/{self._SERVICE}/Watch", request_serializer=_serialize,
@@ -378,7 +387,7 @@ class SubmitterClient(_ServiceClient):
         else:
             request.template = template
         resp = self._submit(request)
-        return Submission(resp.run_id, resp.created)
+        return Submission(resp.run_id, resp.created, resp.schedule)
 
     def _attach(self, workflow: ir.Workflow, inline: workflow_pb2.Workflow,
                 ref: common_pb2.BlobRef) -> None:
@@ -544,6 +553,19 @@ class SubmitterClient(_ServiceClient):
             message.workflow.CopyFrom(_parse(workflow_pb2.Workflow, data,
                                              f"template {message.name!r}'s workflow"))
         return template_from_proto(message)
+
+    def list_schedules(self) -> tuple[submitter_service_pb2.Schedule, ...]:
+        """The cron schedules the submitter keeps, by name."""
+        resp = self._schedules(submitter_service_pb2.ListSchedulesRequest())
+        return tuple(resp.schedules)
+
+    def pause_schedule(self, name: str) -> submitter_service_pb2.Schedule:
+        """Stop launching schedule ``name``'s runs (NotFoundError for an unknown one)."""
+        return self._pause(submitter_service_pb2.ScheduleRequest(name=name))
+
+    def resume_schedule(self, name: str) -> submitter_service_pb2.Schedule:
+        """Launch schedule ``name``'s runs again from its next tick."""
+        return self._resume(submitter_service_pb2.ScheduleRequest(name=name))
 
     def logs(self, run_id: str, step: str, key: str = "", *, max_bytes: int = 0) -> str:
         """What one step execution wrote (the last ``max_bytes``; 0: the server's 1 MiB)."""

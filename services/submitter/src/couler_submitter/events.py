@@ -1,4 +1,4 @@
-"""The submitter's NATS side: what it publishes, and three durable consumers.
+"""The submitter's NATS side: what it publishes, and its durable consumers.
 
 Published (bodies in ``events.proto``; ``Nats-Msg-Id`` as given there)::
 
@@ -31,6 +31,7 @@ reason is stored in ``submitter_rejections`` and the dead-letter stream)::
     couler.workflow.optimized  durable submitter-optimized   start the run (ignored if started)
     couler.workflow.rejected   durable submitter-rejected    the run FAILS with the reason
     couler.launch.>            durable submitter-launch      submit the template, one run per key
+    couler.event.>             durable submitter-events      launch the workflows it triggers
     couler.deadletter.>        durable submitter-deadletter  fail the run of a dead letter
 
 The bus accepts a plan or a rejection only when the optimizer's (or the generator's)
@@ -58,6 +59,7 @@ from couler.errors import UserError
 from couler.v1 import common_pb2, events_pb2
 from couler_runtime import codec, offload, telemetry
 from couler_runtime.bus import HEADER_TENANT, Bus, Event, Rejection
+from couler_runtime.bus_access import EVENT_SUBJECTS, event_publisher
 from couler_runtime.rpc.records import (
     Run,
     StepRecord,
@@ -75,6 +77,7 @@ from couler_submitter.store import RunStore
 
 __all__ = [
     "DEADLETTER",
+    "EVENTS",
     "FINISHED",
     "LAUNCH",
     "OPTIMIZED",
@@ -102,10 +105,12 @@ STEP = "couler.step"
 UTILIZATION = "couler.metrics.utilization"
 UTILIZATION_BATCH = "couler.metrics.batch"
 LAUNCH = "couler.launch.>"
+EVENTS = EVENT_SUBJECTS
 DEADLETTER = "couler.deadletter.>"
 DURABLE_OPTIMIZED = "submitter-optimized"
 DURABLE_REJECTED = "submitter-rejected"
 DURABLE_LAUNCH = "submitter-launch"
+DURABLE_EVENTS = "submitter-events"
 DURABLE_DEADLETTER = "submitter-deadletter"
 # The consumers a run's planning goes through: a message they gave up on strands the run.
 PLANNING_CONSUMERS = frozenset({"generator", "optimizer-requested", "optimizer-generated",
@@ -264,6 +269,18 @@ class _Handlers:
                  "" if created else " (already launched)")
 
 
+    async def triggered(self, event: Event[events_pb2.LaunchRequest]) -> None:
+        """``couler.event.<launcher>.<subject>``: launch what it triggers (see
+        :mod:`couler_submitter.triggers`)."""
+        try:
+            launcher, subject = event_publisher(event.subject)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        msg = event.message
+        key = msg.idempotency_key or event.event_id or f"seq-{event.stream_sequence}"
+        tenant = msg.tenant or event.headers.get(HEADER_TENANT, "")
+        await self._submitter.event(launcher, subject, dict(msg.parameters), key, tenant)
+
     async def deadletter(self, event: Event[events_pb2.DeadLetter]) -> None:
         letter = event.message
         log.error("dead letter from %s: %s seq %d (%d deliveries): %s", letter.durable,
@@ -282,7 +299,7 @@ def _issue(i: common_pb2.Issue) -> str:
 
 
 async def start_consumers(bus: Bus, submitter: Submitter, store: RunStore) -> None:
-    """Start the four durable consumers; ``bus.close()`` stops them."""
+    """Start the five durable consumers; ``bus.close()`` stops them."""
 
     async def record(rejection: Rejection) -> None:
         await asyncio.to_thread(store.record_rejection, rejection.durable, rejection.subject,
@@ -294,6 +311,8 @@ async def start_consumers(bus: Bus, submitter: Submitter, store: RunStore) -> No
     await bus.subscribe(REJECTED, DURABLE_REJECTED, events_pb2.WorkflowRejected,
                         handlers.rejected, on_reject=record)
     await bus.subscribe(LAUNCH, DURABLE_LAUNCH, events_pb2.LaunchRequest, handlers.launch,
+                        on_reject=record)
+    await bus.subscribe(EVENTS, DURABLE_EVENTS, events_pb2.LaunchRequest, handlers.triggered,
                         on_reject=record)
     await bus.subscribe(DEADLETTER, DURABLE_DEADLETTER, events_pb2.DeadLetter,
                         handlers.deadletter, on_reject=record)

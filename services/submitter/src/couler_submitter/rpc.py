@@ -31,14 +31,31 @@ from couler_runtime.rpc.records import (
     template_to_proto,
 )
 from couler_submitter.model import RunOptions
-from couler_submitter.service import NotRetryableError, Submitter, workflow_from_message
+from couler_submitter.service import (
+    NotRetryableError,
+    ScheduleView,
+    Submitter,
+    workflow_from_message,
+)
 
-__all__ = ["INLINE_WORKFLOW_BYTES", "SubmitterService"]
+__all__ = ["INLINE_WORKFLOW_BYTES", "SubmitterService", "schedule_to_proto"]
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
 #: A template's workflow larger than this (encoded) is answered by reference.
 INLINE_WORKFLOW_BYTES = 256 * 1024
+
+
+def schedule_to_proto(view: ScheduleView) -> pb.Schedule:
+    """The ``couler.v1.Schedule`` of ``view``."""
+    s, st = view.schedule, view.state
+    return pb.Schedule(
+        name=st.name, cron=s.schedule, timezone=s.timezone,
+        concurrency_policy=s.concurrency_policy.value,
+        starting_deadline_seconds=s.starting_deadline_seconds or 0, suspended=s.suspend,
+        paused=st.paused, next_tick_at=view.next_tick or 0.0, last_tick_at=st.last_tick,
+        last_outcome=st.last_outcome, last_run_id=st.last_run_id, last_reason=st.last_reason,
+        engine=view.engine)
 
 
 class SubmitterService:
@@ -62,14 +79,14 @@ class SubmitterService:
             encoded = request.workflow.SerializeToString()
             workflow = await offload.run(len(encoded), workflow_from_message,
                                          request.workflow, "submit: field 'workflow'")
-        run_id, created = await self._submitter.submit(
+        run_id, created, schedule = await self._submitter.submit_request(
             workflow=workflow, encoded=encoded,
             workflow_ref=blob_ref_from_proto(request.workflow_ref)
             if source == "workflow_ref" else None,
             text=request.text if source == "text" else None,
             template=request.template if source == "template" else "",
             options=options, idempotency_key=request.idempotency_key)
-        return pb.SubmitResponse(run_id=run_id, created=created)
+        return pb.SubmitResponse(run_id=run_id, created=created, schedule=schedule)
 
     async def UploadWorkflow(self, requests: AsyncIterator[pb.UploadWorkflowRequest],  # noqa: N802
                              context: Context) -> common_pb2.BlobRef:
@@ -154,6 +171,22 @@ class SubmitterService:
         """The bytes of a blob, in chunks."""
         async for data in self._submitter.blob_chunks(blob_ref_from_proto(request.ref)):
             yield pb.BlobChunk(data=data)
+
+    async def ListSchedules(self, request: pb.ListSchedulesRequest,  # noqa: N802
+                            context: Context) -> pb.ListSchedulesResponse:
+        """The cron schedules, by name."""
+        return pb.ListSchedulesResponse(
+            schedules=[schedule_to_proto(v) for v in await self._submitter.schedules()])
+
+    async def PauseSchedule(self, request: pb.ScheduleRequest,  # noqa: N802
+                            context: Context) -> pb.Schedule:
+        """Stop launching the schedule's runs."""
+        return schedule_to_proto(await self._submitter.pause_schedule(request.name, True))
+
+    async def ResumeSchedule(self, request: pb.ScheduleRequest,  # noqa: N802
+                             context: Context) -> pb.Schedule:
+        """Launch the schedule's runs again from its next tick."""
+        return schedule_to_proto(await self._submitter.pause_schedule(request.name, False))
 
     async def _template(self, template: Template) -> common_pb2.Template:
         """``template`` as the contract answers it: its workflow inline when small."""

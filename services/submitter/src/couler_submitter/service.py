@@ -130,7 +130,21 @@ from couler_submitter.chunks import ChunkedRun, chunk_run_id
 from couler_submitter.engines import KNOWN_ENGINES, RunHandle, Runner, not_configured
 from couler_submitter.model import DEFAULT_ENGINE, RunOptions, RunRequest
 from couler_submitter.reused import AllReused, keyed_by_plan, taken_out
-from couler_submitter.store import EventKind, Finish, OutboxEntry, RunStore, parse_page_token
+from couler_submitter.schedules import Scheduler, check_schedule, next_tick, tick_key
+from couler_submitter.store import (
+    EventKind,
+    Finish,
+    OutboxEntry,
+    RunStore,
+    ScheduleState,
+    parse_page_token,
+)
+from couler_submitter.triggers import (
+    allowed_launchers,
+    check_triggers,
+    filter_matches,
+    subject_matches,
+)
 from couler_submitter.unreported import unreported_steps
 
 __all__ = [
@@ -142,6 +156,7 @@ __all__ = [
     "Events",
     "NotRetryableError",
     "RunPage",
+    "ScheduleView",
     "Submitter",
 ]
 
@@ -249,6 +264,25 @@ class RunPage:
 
     runs: tuple[Run, ...]
     next_page_token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleView:
+    """A schedule as ``couler schedule ls`` shows it: its stored state, its template's
+    cron spec and engine, and its next tick (None while paused or suspended)."""
+
+    state: ScheduleState
+    schedule: ir.CronSchedule
+    engine: str
+    next_tick: float | None
+
+
+def _one_run(wf: ir.Workflow) -> ir.Workflow:
+    """``wf`` as one run of it: without its schedule and triggers (the submitter's own
+    business, not the engine's)."""
+    if wf.schedule is None and not wf.triggers:
+        return wf
+    return dataclasses.replace(wf, schedule=None, triggers=())
 
 
 @dataclass(eq=False)
@@ -439,7 +473,7 @@ class Submitter:
     def __init__(self, store: RunStore, events: Events, runners: Mapping[str, Runner], *,
                  blobs: Blobs | None, runs_dir: Path, outbox_interval: float = 5.0,
                  limits: SizeLimits = DEFAULT_LIMITS, cache: CacheEntries | None = None,
-                 metrics_interval: float = 5.0) -> None:
+                 metrics_interval: float = 5.0, schedule_poll: float = 1.0) -> None:
         self._store = store
         self._quick = store.quick
         self._events = events
@@ -473,6 +507,7 @@ class Submitter:
         self._samples_dropped: set[str] = set()  # runs whose buffer overflowed (said once)
         self._metrics_interval = metrics_interval
         self._metrics: asyncio.Task[None] | None = None
+        self._scheduler = Scheduler(store, self, poll=schedule_poll)
 
     @property
     def limits(self) -> SizeLimits:
@@ -490,6 +525,7 @@ class Submitter:
             log.info("outbox: %d accepted run(s) had no requested event queued; queued", queued)
         self._sender = asyncio.create_task(self._send_loop(), name="submitter-outbox")
         self._metrics = asyncio.create_task(self._metrics_loop(), name="submitter-metrics")
+        self._scheduler.start()
         for run in await self._call(self._store.runs_in, _ENGINE_SIDE):
             try:
                 await self._recover(run)
@@ -504,6 +540,7 @@ class Submitter:
         """Stop the runs and the sender; nothing is recorded about the runs (not failed,
         not cancelled): the next start resumes them. Queued events stay queued."""
         self._closing = True
+        await self._scheduler.close()
         for run_id, active in list(self._active.items()):
             if active.task is not None:
                 active.task.cancel()
@@ -886,8 +923,27 @@ class Submitter:
                      encoded: bytes | None = None) -> tuple[str, bool]:
         """Record a run (ACCEPTED) with its ``requested`` event; ``(run_id, created)``.
 
+        A workflow with a cron schedule starts no run: it is registered as a schedule
+        (``run_id`` is ""; :meth:`submit_request` also says its name).
+        """
+        run_id, created, _ = await self.submit_request(
+            workflow=workflow, text=text, template=template, options=options,
+            idempotency_key=idempotency_key, workflow_ref=workflow_ref, encoded=encoded)
+        return run_id, created
+
+    async def submit_request(self, *, workflow: ir.Workflow | None = None,
+                             text: str | None = None, template: str = "",
+                             options: RunOptions, idempotency_key: str = "",
+                             workflow_ref: BlobRef | None = None, encoded: bytes | None = None,
+                             tick: tuple[str, float] | None = None) -> tuple[str, bool, str]:
+        """Record a run (ACCEPTED) with its ``requested`` event; ``(run_id, created, "")``.
+
         ``workflow_ref`` names an uploaded workflow instead of ``workflow``; ``encoded`` is
-        ``workflow``'s protobuf encoding when the caller has it (stored as it is).
+        ``workflow``'s protobuf encoding when the caller has it (stored as it is). A
+        workflow with a cron schedule is registered as the template and schedule of its
+        name instead (:mod:`couler_submitter.schedules`): ``("", True, name)``. A
+        template's run is one run: its workflow without its schedule and triggers.
+        ``tick``: the run is that schedule's run of that tick (the tick's claim).
 
         Raises:
             UserError: No or several sources, an empty text, an unknown engine.
@@ -907,9 +963,13 @@ class Submitter:
             workflow = await asyncio.to_thread(decode_workflow, encoded,
                                                "submit: field 'workflow_ref'")
         engine = options.engine
+        if workflow is not None and not template and (workflow.schedule is not None
+                                                      or workflow.triggers):
+            name = await self._schedule_submitted(workflow, engine, encoded)
+            return "", True, name
         if template:
             tpl = await self._call(self._store.get_template, template)
-            workflow = tpl.workflow
+            workflow = _one_run(tpl.workflow)
             engine = engine or tpl.engine
             encoded = None
         engine = (engine or DEFAULT_ENGINE).strip().lower()
@@ -939,7 +999,8 @@ class Submitter:
         try:
             small = workflow is None or (encoded is not None and len(encoded) <= _QUICK_BYTES)
             run, created = await self._db(small, self._store.create_run, run_id, request,
-                                          idempotency_key=idempotency_key, encoded=encoded)
+                                          idempotency_key=idempotency_key, encoded=encoded,
+                                          tick=tick)
         except BaseException:
             self._requests.pop(run_id, None)
             raise
@@ -947,12 +1008,26 @@ class Submitter:
             self._requests.pop(run_id, None)
             log.info("submit: idempotency key %r is run %s; nothing started",
                      idempotency_key, run.run_id)
-            return run.run_id, False
+            return run.run_id, False, ""
         self._changed_here(run, new=True)
         self._wake.set()
         log.info("run %s: accepted (%s, engine %s)", run_id,
                  f"workflow {workflow.name!r}" if workflow is not None else "text", engine)
-        return run_id, True
+        return run_id, True, ""
+
+    async def _schedule_submitted(self, wf: ir.Workflow, engine: str,
+                                  encoded: bytes | None) -> str:
+        """Register a submitted workflow with a cron schedule or event triggers as the
+        template (and schedule, and subscriptions) of its name; the name."""
+        what = "a cron schedule" if wf.schedule is not None else "event triggers"
+        if not _LABEL.fullmatch(wf.name):
+            raise UserError(f"submit: workflow {wf.name[:80]!r} has {what}, so it is "
+                            "registered under its name, which must be a DNS-1123 label "
+                            "(lowercase letters, digits, '-', at most 63)")
+        await self.register_template(wf.name, wf, engine, encoded=encoded)
+        log.info("submit: workflow %r has %s: registered as template %r", wf.name, what,
+                 wf.name)
+        return wf.name
 
     def _check_submitted(self, wf: ir.Workflow, parameters: Mapping[str, str],
                          encoded_bytes: int | None, from_template: bool) -> None:
@@ -1156,11 +1231,95 @@ class Submitter:
         assert wf is not None  # one of the two was given (checked above)
         await asyncio.to_thread(self.check_workflow, wf,
                                 encoded_bytes=len(encoded) if encoded is not None else None)
-        return await self._call(self._store.put_template, name, wf, engine, encoded=encoded)
+        check_schedule(wf)
+        check_triggers(wf)
+        template = await self._call(self._store.put_template, name, wf, engine,
+                                    encoded=encoded)
+        if wf.schedule is not None:
+            await self._call(self._store.put_schedule, name)
+        else:
+            await self._call(self._store.drop_schedule, name)
+        self._scheduler.changed()
+        return template
 
     async def templates(self) -> Sequence[Template]:
         """The registered templates, by name."""
         return await self._call(self._store.templates)
+
+    async def template(self, name: str) -> Template:
+        """A registered template; NotFoundError when there is none."""
+        return await self._call(self._store.get_template, name)
+
+    # ------------------------------------------------------------------ schedules
+
+    async def launch_tick(self, name: str, tick: float, options: RunOptions
+                          ) -> tuple[str, bool]:
+        """Start schedule ``name``'s run of ``tick`` (its template, one run per tick: the
+        tick's row is the claim; ConflictError when the tick was skipped elsewhere)."""
+        run_id, created, _ = await self.submit_request(
+            template=name, options=options, idempotency_key=tick_key(name, tick),
+            tick=(name, tick))
+        return run_id, created
+
+    async def event(self, launcher: str, subject: str, fields: Mapping[str, str], key: str,
+                    tenant: str = "") -> tuple[str, ...]:
+        """An event from ``launcher`` on ``subject``: launch every template one of whose
+        triggers matches (subject and filter) and that ``launcher`` may launch
+        (:mod:`couler_submitter.triggers`); the runs started (one per event and template)."""
+        started: Sequence[str] = []
+        for tpl in await self.templates():
+            wf = tpl.workflow
+            hits = [t for t in wf.triggers if subject_matches(t.subject, subject)]
+            if not hits:
+                continue
+            allowed = allowed_launchers(wf)
+            if allowed is not None and launcher not in allowed:
+                log.warning("event on %r from launcher %r: not allowed to launch workflow %r "
+                            "(its %s: %s); nothing launched", subject, launcher, tpl.name,
+                            "couler.io/launchers", ", ".join(sorted(allowed)) or "none")
+                continue
+            if not any(filter_matches(t.filter, fields) for t in hits):
+                log.info("event on %r from launcher %r: no filter of workflow %r matches; "
+                         "nothing launched", subject, launcher, tpl.name)
+                continue
+            declared = {p.name for p in wf.parameters}
+            options = RunOptions(engine=tpl.engine, tenant=tenant or wf.tenant,
+                                 parameters={k: v for k, v in fields.items() if k in declared})
+            run_id, created, _ = await self.submit_request(
+                template=tpl.name, options=options,
+                idempotency_key=f"event.{tpl.name}.{launcher}.{key}"[:_MAX_KEY])
+            log.info("event on %r from launcher %r: workflow %r run %s%s", subject, launcher,
+                     tpl.name, run_id, "" if created else " (launched already)")
+            started = [*started, run_id]
+        return tuple(started)
+
+    async def schedules(self) -> Sequence[ScheduleView]:
+        """The schedules, by name (one whose template has no schedule any more is left
+        out)."""
+        views: Sequence[ScheduleView | None] = []
+        for state in await self._call(self._store.schedules):
+            with contextlib.suppress(NotFoundError):
+                views = [*views, await self._view(state)]
+        return tuple(v for v in views if v is not None)
+
+    async def _view(self, state: ScheduleState) -> ScheduleView | None:
+        tpl = await self.template(state.name)
+        sched = tpl.workflow.schedule
+        if sched is None:
+            return None
+        upcoming = None if state.paused or sched.suspend else \
+            next_tick(sched, max(state.last_tick, time.time()))
+        return ScheduleView(state, sched, tpl.engine or DEFAULT_ENGINE, upcoming)
+
+    async def pause_schedule(self, name: str, paused: bool = True) -> ScheduleView:
+        """Pause (or resume) schedule ``name``; NotFoundError for an unknown one."""
+        state = await self._call(self._store.set_paused, name, paused)
+        self._scheduler.changed()
+        view = await self._view(state)
+        if view is None:
+            raise NotFoundError(f"schedule {name!r} does not exist")
+        log.info("schedule %r: %s", name, "paused" if paused else "resumed")
+        return view
 
     async def launch(self, template: str, *, parameters: Mapping[str, str], key: str,
                      engine: str = "", tenant: str = "") -> tuple[str, bool]:

@@ -17,6 +17,10 @@ Tables (created by ``couler_submitter/migrations``, version table
   those that can never be published, with the reason.
 * ``submitter_templates`` -- registered templates (workflow protobuf, default engine).
 * ``submitter_rejections`` -- messages the consumers terminated, with the reason.
+* ``submitter_schedules`` -- the cron schedules (one per template whose workflow has one):
+  paused or not, and the last tick handled; ``submitter_schedule_ticks`` -- what became of
+  each tick, ``(schedule, tick)`` its primary key: the claim that keeps two submitters from
+  launching one tick twice (inserted in the transaction of the tick's run, or its skip).
 
 Records come back without their steps (:meth:`RunStore.header`) or with one page of them
 (:meth:`RunStore.run_page`, :meth:`RunStore.changed_steps`): nothing reads all the steps of
@@ -75,7 +79,7 @@ from couler_runtime.store import (
 from couler_submitter.model import RunOptions, RunRequest
 
 __all__ = ["MIGRATIONS", "SERVICE", "EventKind", "Finish", "OutboxEntry", "RunStore",
-           "parse_page_token"]
+           "ScheduleState", "parse_page_token"]
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SERVICE = "submitter"
@@ -199,6 +203,26 @@ class TemplateRow(Base):
     registered_at: Mapped[float] = mapped_column(Float)
 
 
+class ScheduleRow(Base):
+    __tablename__ = "submitter_schedules"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    last_tick: Mapped[float] = mapped_column(Float)
+    registered_at: Mapped[float] = mapped_column(Float)
+
+
+class TickRow(Base):
+    __tablename__ = "submitter_schedule_ticks"
+
+    schedule: Mapped[str] = mapped_column(String(63), primary_key=True)
+    tick: Mapped[float] = mapped_column(Float, primary_key=True)
+    outcome: Mapped[str] = mapped_column(String(16))
+    run_id: Mapped[str] = mapped_column(String(64), default="")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    at: Mapped[float] = mapped_column(Float)
+
+
 class RejectionRow(Base):
     __tablename__ = "submitter_rejections"
 
@@ -213,6 +237,7 @@ class RejectionRow(Base):
 _RUNS: sa.Table = RunRow.__table__  # type: ignore[assignment]
 _STEPS: sa.Table = StepRow.__table__  # type: ignore[assignment]
 _OUTBOX: sa.Table = OutboxRow.__table__  # type: ignore[assignment]
+_TICKS: sa.Table = TickRow.__table__  # type: ignore[assignment]
 # Core statements for what runs per event and per step change (built once, bound per
 # call): no unit of work, no identity map -- the ORM cost most of each transaction.
 _HEADER_COLUMNS = [c for c in _RUNS.columns if c.name not in ("request", "plan")]
@@ -256,6 +281,27 @@ _PENDING = (sa.select(_OUTBOX.c.id, _OUTBOX.c.run_id, _OUTBOX.c.kind, _OUTBOX.c.
                       _OUTBOX.c.attempts)
             .where(_OUTBOX.c.id > sa.bindparam("k_after")).order_by(_OUTBOX.c.id)
             .limit(sa.bindparam("k_limit")))
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleState:
+    """A schedule's stored state (its cron spec is its template's workflow's).
+
+    Attributes:
+        name: The template's name.
+        paused: Paused with ``couler schedule pause``.
+        last_tick: The last tick handled, seconds since the epoch.
+        last_outcome: What became of it ("launched", "skipped"; "" before the first).
+        last_run_id: The run it launched.
+        last_reason: Why it was skipped.
+    """
+
+    name: str
+    paused: bool
+    last_tick: float
+    last_outcome: str = ""
+    last_run_id: str = ""
+    last_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -571,14 +617,18 @@ class RunStore:
     # ------------------------------------------------------------------ runs
 
     def create_run(self, run_id: str, request: RunRequest, *, idempotency_key: str = "",
-                   now: float | None = None, encoded: bytes | None = None
-                   ) -> tuple[Run, bool]:
+                   now: float | None = None, encoded: bytes | None = None,
+                   tick: tuple[str, float] | None = None) -> tuple[Run, bool]:
         """Insert a run in state ACCEPTED, and its ``requested`` event; ``(run, created)``.
 
         ``encoded`` is the workflow's protobuf encoding when the caller has it (it is
         stored as given rather than encoded again). With an ``idempotency_key`` already
         used, the existing run and False: the UNIQUE constraint decides between
         concurrent submits, not a read before the write. The record has no steps.
+
+        ``tick``: the run is schedule ``tick[0]``'s run of tick ``tick[1]``; the tick's row
+        is inserted in the same transaction (ConflictError when the tick was handled
+        already and no run has the key: it was skipped).
         """
         wf = request.workflow
         if wf is not None and encoded is None:
@@ -599,6 +649,10 @@ class RunStore:
         row = SimpleNamespace(**values)
         try:
             with self._write() as conn:
+                if tick is not None:
+                    conn.execute(sa.insert(_TICKS), {
+                        "schedule": tick[0], "tick": tick[1], "outcome": "launched",
+                        "run_id": run_id, "reason": "", "at": at})
                 conn.execute(_INSERT_RUN, values)
                 self._emit(conn, row, EventKind.REQUESTED)
         except ConflictError:
@@ -1058,6 +1112,116 @@ class RunStore:
                 except UserError as exc:  # one damaged row must not hide the others
                     log.error("template %r: %s; left out of the list", row.name, exc)
             return found
+
+    # ------------------------------------------------------------------ schedules
+
+    def put_schedule(self, name: str, now: float | None = None) -> ScheduleState:
+        """Keep a schedule for template ``name``; a new one's first tick is after ``now``
+        (a schedule registered again keeps its state)."""
+        at = now or time.time()
+        try:
+            with session_scope(self._sessions) as session:
+                row = session.get(ScheduleRow, name)
+                if row is None:
+                    session.add(ScheduleRow(name=name, paused=False, last_tick=at,
+                                            registered_at=at))
+        except ConflictError:
+            pass  # another replica registered it at the same time
+        return self.schedule(name)
+
+    def drop_schedule(self, name: str) -> None:
+        """Forget the schedule of template ``name`` (its workflow has none any more)."""
+        with session_scope(self._sessions) as session:
+            row = session.get(ScheduleRow, name)
+            if row is not None:
+                session.delete(row)
+
+    def schedule(self, name: str) -> ScheduleState:
+        """A schedule's state; NotFoundError when there is none."""
+        found = [s for s in self.schedules() if s.name == name]
+        if not found:
+            raise NotFoundError(f"schedule {name!r} does not exist")
+        return found[0]
+
+    def schedules(self) -> list[ScheduleState]:
+        """Every schedule, by name, with its last tick's outcome."""
+        last = (sa.select(TickRow.schedule, sa.func.max(TickRow.tick).label("tick"))
+                .group_by(TickRow.schedule).subquery())
+        query = (sa.select(ScheduleRow.name, ScheduleRow.paused, ScheduleRow.last_tick,
+                           TickRow.outcome, TickRow.run_id, TickRow.reason)
+                 .select_from(ScheduleRow)
+                 .outerjoin(last, last.c.schedule == ScheduleRow.name)
+                 .outerjoin(TickRow, sa.and_(TickRow.schedule == last.c.schedule,
+                                             TickRow.tick == last.c.tick))
+                 .order_by(ScheduleRow.name))
+        with self._read() as conn:
+            return [ScheduleState(r.name, bool(r.paused), r.last_tick, r.outcome or "",
+                                  r.run_id or "", r.reason or "")
+                    for r in conn.execute(query)]
+
+    def set_paused(self, name: str, paused: bool, now: float | None = None) -> ScheduleState:
+        """Pause or resume a schedule; a resumed one's next tick is after ``now`` (the
+        ticks while it was paused are not caught up). NotFoundError for an unknown one."""
+        with session_scope(self._sessions) as session:
+            row = session.get(ScheduleRow, name, with_for_update=True)
+            if row is None:
+                raise NotFoundError(f"schedule {name!r} does not exist")
+            if row.paused and not paused:
+                row.last_tick = max(row.last_tick, now or time.time())
+            row.paused = paused
+        return self.schedule(name)
+
+    def advance(self, name: str, tick: float) -> None:
+        """The schedule's ticks up to ``tick`` are handled (never moves back)."""
+        with self._write() as conn:
+            conn.execute(sa.update(ScheduleRow).where(ScheduleRow.name == name,
+                                                      ScheduleRow.last_tick < tick)
+                         .values(last_tick=tick))
+
+    def skip_tick(self, name: str, tick: float, reason: str, now: float | None = None) -> bool:
+        """Record that tick ``tick`` of schedule ``name`` launches nothing, and why; False
+        when it was handled already (by another submitter)."""
+        try:
+            with self._write() as conn:
+                conn.execute(sa.insert(_TICKS), {
+                    "schedule": name, "tick": tick, "outcome": "skipped", "run_id": "",
+                    "reason": reason, "at": now or time.time()})
+        except ConflictError:
+            return False
+        return True
+
+    def ticks(self, name: str) -> list[tuple[float, str, str, str]]:
+        """``(tick, outcome, run_id, reason)`` of every tick of schedule ``name`` handled,
+        oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(sa.select(_TICKS.c.tick, _TICKS.c.outcome, _TICKS.c.run_id,
+                                          _TICKS.c.reason)
+                                .where(_TICKS.c.schedule == name).order_by(_TICKS.c.tick))
+            return [(r.tick, r.outcome, r.run_id, r.reason) for r in rows]
+
+    def template_runs(self, template: str, states: Iterable[RunState]) -> list[Run]:
+        """The runs of ``template`` in one of ``states``, newest first (without steps)."""
+        wanted = [s.value for s in states]
+        with self._read() as conn:
+            rows = conn.execute(sa.select(*_HEADER_COLUMNS).where(
+                _RUNS.c.template == template, _RUNS.c.state.in_(wanted))
+                .order_by(_RUNS.c.created_at.desc(), _RUNS.c.run_id.desc()))
+            return [_run_record(r) for r in rows]
+
+    def delete_runs(self, run_ids: Sequence[str]) -> None:
+        """Forget finished runs (a schedule's history limit): their records and steps."""
+        if not run_ids:
+            return
+        with self._write() as conn:
+            for start in range(0, len(run_ids), _IN_CHUNK):
+                # finished, and no event of theirs waiting to be published
+                chunk = conn.execute(sa.select(_RUNS.c.run_id).where(
+                    _RUNS.c.run_id.in_(list(run_ids[start:start + _IN_CHUNK])),
+                    _RUNS.c.state.in_([s.value for s in RunState if s.terminal]),
+                    _RUNS.c.run_id.not_in(sa.select(_OUTBOX.c.run_id)))).scalars().all()
+                if chunk:
+                    conn.execute(sa.delete(_STEPS).where(_STEPS.c.run_id.in_(chunk)))
+                    conn.execute(sa.delete(_RUNS).where(_RUNS.c.run_id.in_(chunk)))
 
     # ------------------------------------------------------------------ rejections
 

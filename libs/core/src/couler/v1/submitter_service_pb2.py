@@ -26,7 +26,7 @@ from couler.v1 import common_pb2 as couler_dot_v1_dot_common__pb2
 from couler.v1 import workflow_pb2 as couler_dot_v1_dot_workflow__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!couler/v1/submitter_service.proto\x12\tcouler.v1\x1a\x16\x63ouler/v1/common.proto\x1a\x18\x63ouler/v1/workflow.proto\"\x9e\x03\n\rSubmitRequest\x12\'\n\x08workflow\x18\x01 \x01(\x0b\x32\x13.couler.v1.WorkflowH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x12\n\x08template\x18\x03 \x01(\tH\x00\x12*\n\x0cworkflow_ref\x18\x0c \x01(\x0b\x32\x12.couler.v1.BlobRefH\x00\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12<\n\nparameters\x18\x05 \x03(\x0b\x32(.couler.v1.SubmitRequest.ParametersEntry\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x07 \x01(\x08\x12\x10\n\x08no_cache\x18\x08 \x01(\x08\x12\x13\n\x0b\x63onstraints\x18\t \x03(\t\x12(\n\nobjectives\x18\n \x03(\x0e\x32\x14.couler.v1.Objective\x12\x0e\n\x06tenant\x18\x0b \x01(\t\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06source\"1\n\x0eSubmitResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"I\n\x15UploadWorkflowRequest\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\"P\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0estep_page_size\x18\x02 \x01(\x05\x12\x17\n\x0fstep_page_token\x18\x03 \x01(\t\"9\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0estep_page_size\x18\x02 \x01(\x05\"=\n\x10WatchRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.couler.v1.Run\x12\x0c\n\x04more\x18\x02 \x01(\x08\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"!\n\x0fRetryRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"o\n\x0fListRunsRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12#\n\x06states\x18\x02 \x03(\x0e\x32\x13.couler.v1.RunState\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.couler.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x96\x01\n\x17RegisterTemplateRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\x08workflow\x18\x02 \x01(\x0b\x32\x13.couler.v1.WorkflowH\x00\x12*\n\x0cworkflow_ref\x18\x04 \x01(\x0b\x32\x12.couler.v1.BlobRefH\x00\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\tB\x08\n\x06source\"\x16\n\x14ListTemplatesRequest\"?\n\x15ListTemplatesResponse\x12&\n\ttemplates\x18\x01 \x03(\x0b\x32\x13.couler.v1.Template\"O\n\x0fStepLogsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x11\n\tmax_bytes\x18\x04 \x01(\x03\"3\n\x10StepLogsResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"6\n\x13\x44ownloadBlobRequest\x12\x1f\n\x03ref\x18\x01 \x01(\x0b\x32\x12.couler.v1.BlobRef\"\x19\n\tBlobChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x32\xe7\x05\n\x10SubmitterService\x12=\n\x06Submit\x12\x18.couler.v1.SubmitRequest\x1a\x19.couler.v1.SubmitResponse\x12H\n\x0eUploadWorkflow\x12 .couler.v1.UploadWorkflowRequest\x1a\x12.couler.v1.BlobRef(\x01\x12/\n\x03Get\x12\x18.couler.v1.GetRunRequest\x1a\x0e.couler.v1.Run\x12\x42\n\x05Watch\x12\x1a.couler.v1.WatchRunRequest\x1a\x1b.couler.v1.WatchRunResponse0\x01\x12\x35\n\x06\x43\x61ncel\x12\x1b.couler.v1.CancelRunRequest\x1a\x0e.couler.v1.Run\x12\x33\n\x05Retry\x12\x1a.couler.v1.RetryRunRequest\x1a\x0e.couler.v1.Run\x12?\n\x04List\x12\x1a.couler.v1.ListRunsRequest\x1a\x1b.couler.v1.ListRunsResponse\x12K\n\x10RegisterTemplate\x12\".couler.v1.RegisterTemplateRequest\x1a\x13.couler.v1.Template\x12R\n\rListTemplates\x12\x1f.couler.v1.ListTemplatesRequest\x1a .couler.v1.ListTemplatesResponse\x12?\n\x04Logs\x12\x1a.couler.v1.StepLogsRequest\x1a\x1b.couler.v1.StepLogsResponse\x12\x46\n\x0c\x44ownloadBlob\x12\x1e.couler.v1.DownloadBlobRequest\x1a\x14.couler.v1.BlobChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!couler/v1/submitter_service.proto\x12\tcouler.v1\x1a\x16\x63ouler/v1/common.proto\x1a\x18\x63ouler/v1/workflow.proto\"\x9e\x03\n\rSubmitRequest\x12\'\n\x08workflow\x18\x01 \x01(\x0b\x32\x13.couler.v1.WorkflowH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\x12\n\x08template\x18\x03 \x01(\tH\x00\x12*\n\x0cworkflow_ref\x18\x0c \x01(\x0b\x32\x12.couler.v1.BlobRefH\x00\x12\x0e\n\x06\x65ngine\x18\x04 \x01(\t\x12<\n\nparameters\x18\x05 \x03(\x0b\x32(.couler.v1.SubmitRequest.ParametersEntry\x12\x17\n\x0fidempotency_key\x18\x06 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x07 \x01(\x08\x12\x10\n\x08no_cache\x18\x08 \x01(\x08\x12\x13\n\x0b\x63onstraints\x18\t \x03(\t\x12(\n\nobjectives\x18\n \x03(\x0e\x32\x14.couler.v1.Objective\x12\x0e\n\x06tenant\x18\x0b \x01(\t\x1a\x31\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06source\"C\n\x0eSubmitResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\x12\x10\n\x08schedule\x18\x03 \x01(\t\"I\n\x15UploadWorkflowRequest\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x12\n\nsize_bytes\x18\x02 \x01(\x03\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\"P\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0estep_page_size\x18\x02 \x01(\x05\x12\x17\n\x0fstep_page_token\x18\x03 \x01(\t\"9\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0estep_page_size\x18\x02 \x01(\x05\"=\n\x10WatchRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.couler.v1.Run\x12\x0c\n\x04more\x18\x02 \x01(\x08\"2\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"!\n\x0fRetryRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"o\n\x0fListRunsRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12#\n\x06states\x18\x02 \x03(\x0e\x32\x13.couler.v1.RunState\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.couler.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x96\x01\n\x17RegisterTemplateRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\'\n\x08workflow\x18\x02 \x01(\x0b\x32\x13.couler.v1.WorkflowH\x00\x12*\n\x0cworkflow_ref\x18\x04 \x01(\x0b\x32\x12.couler.v1.BlobRefH\x00\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\tB\x08\n\x06source\"\x16\n\x14ListTemplatesRequest\"?\n\x15ListTemplatesResponse\x12&\n\ttemplates\x18\x01 \x03(\x0b\x32\x13.couler.v1.Template\"O\n\x0fStepLogsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x11\n\tmax_bytes\x18\x04 \x01(\x03\"3\n\x10StepLogsResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttruncated\x18\x02 \x01(\x08\"6\n\x13\x44ownloadBlobRequest\x12\x1f\n\x03ref\x18\x01 \x01(\x0b\x32\x12.couler.v1.BlobRef\"\x19\n\tBlobChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x16\n\x14ListSchedulesRequest\"?\n\x15ListSchedulesResponse\x12&\n\tschedules\x18\x01 \x03(\x0b\x32\x13.couler.v1.Schedule\"\x1f\n\x0fScheduleRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x96\x02\n\x08Schedule\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x63ron\x18\x02 \x01(\t\x12\x10\n\x08timezone\x18\x03 \x01(\t\x12\x1a\n\x12\x63oncurrency_policy\x18\x04 \x01(\t\x12!\n\x19starting_deadline_seconds\x18\x05 \x01(\x03\x12\x11\n\tsuspended\x18\x06 \x01(\x08\x12\x0e\n\x06paused\x18\x07 \x01(\x08\x12\x14\n\x0cnext_tick_at\x18\x08 \x01(\x01\x12\x14\n\x0clast_tick_at\x18\t \x01(\x01\x12\x14\n\x0clast_outcome\x18\n \x01(\t\x12\x13\n\x0blast_run_id\x18\x0b \x01(\t\x12\x13\n\x0blast_reason\x18\x0c \x01(\t\x12\x0e\n\x06\x65ngine\x18\r \x01(\t2\xc0\x07\n\x10SubmitterService\x12=\n\x06Submit\x12\x18.couler.v1.SubmitRequest\x1a\x19.couler.v1.SubmitResponse\x12H\n\x0eUploadWorkflow\x12 .couler.v1.UploadWorkflowRequest\x1a\x12.couler.v1.BlobRef(\x01\x12/\n\x03Get\x12\x18.couler.v1.GetRunRequest\x1a\x0e.couler.v1.Run\x12\x42\n\x05Watch\x12\x1a.couler.v1.WatchRunRequest\x1a\x1b.couler.v1.WatchRunResponse0\x01\x12\x35\n\x06\x43\x61ncel\x12\x1b.couler.v1.CancelRunRequest\x1a\x0e.couler.v1.Run\x12\x33\n\x05Retry\x12\x1a.couler.v1.RetryRunRequest\x1a\x0e.couler.v1.Run\x12?\n\x04List\x12\x1a.couler.v1.ListRunsRequest\x1a\x1b.couler.v1.ListRunsResponse\x12K\n\x10RegisterTemplate\x12\".couler.v1.RegisterTemplateRequest\x1a\x13.couler.v1.Template\x12R\n\rListTemplates\x12\x1f.couler.v1.ListTemplatesRequest\x1a .couler.v1.ListTemplatesResponse\x12?\n\x04Logs\x12\x1a.couler.v1.StepLogsRequest\x1a\x1b.couler.v1.StepLogsResponse\x12\x46\n\x0c\x44ownloadBlob\x12\x1e.couler.v1.DownloadBlobRequest\x1a\x14.couler.v1.BlobChunk0\x01\x12R\n\rListSchedules\x12\x1f.couler.v1.ListSchedulesRequest\x1a .couler.v1.ListSchedulesResponse\x12@\n\rPauseSchedule\x12\x1a.couler.v1.ScheduleRequest\x1a\x13.couler.v1.Schedule\x12\x41\n\x0eResumeSchedule\x12\x1a.couler.v1.ScheduleRequest\x1a\x13.couler.v1.Scheduleb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,37 +40,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITREQUEST_PARAMETERSENTRY']._serialized_start=454
   _globals['_SUBMITREQUEST_PARAMETERSENTRY']._serialized_end=503
   _globals['_SUBMITRESPONSE']._serialized_start=515
-  _globals['_SUBMITRESPONSE']._serialized_end=564
-  _globals['_UPLOADWORKFLOWREQUEST']._serialized_start=566
-  _globals['_UPLOADWORKFLOWREQUEST']._serialized_end=639
-  _globals['_GETRUNREQUEST']._serialized_start=641
-  _globals['_GETRUNREQUEST']._serialized_end=721
-  _globals['_WATCHRUNREQUEST']._serialized_start=723
-  _globals['_WATCHRUNREQUEST']._serialized_end=780
-  _globals['_WATCHRUNRESPONSE']._serialized_start=782
-  _globals['_WATCHRUNRESPONSE']._serialized_end=843
-  _globals['_CANCELRUNREQUEST']._serialized_start=845
-  _globals['_CANCELRUNREQUEST']._serialized_end=895
-  _globals['_RETRYRUNREQUEST']._serialized_start=897
-  _globals['_RETRYRUNREQUEST']._serialized_end=930
-  _globals['_LISTRUNSREQUEST']._serialized_start=932
-  _globals['_LISTRUNSREQUEST']._serialized_end=1043
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1045
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1118
-  _globals['_REGISTERTEMPLATEREQUEST']._serialized_start=1121
-  _globals['_REGISTERTEMPLATEREQUEST']._serialized_end=1271
-  _globals['_LISTTEMPLATESREQUEST']._serialized_start=1273
-  _globals['_LISTTEMPLATESREQUEST']._serialized_end=1295
-  _globals['_LISTTEMPLATESRESPONSE']._serialized_start=1297
-  _globals['_LISTTEMPLATESRESPONSE']._serialized_end=1360
-  _globals['_STEPLOGSREQUEST']._serialized_start=1362
-  _globals['_STEPLOGSREQUEST']._serialized_end=1441
-  _globals['_STEPLOGSRESPONSE']._serialized_start=1443
-  _globals['_STEPLOGSRESPONSE']._serialized_end=1494
-  _globals['_DOWNLOADBLOBREQUEST']._serialized_start=1496
-  _globals['_DOWNLOADBLOBREQUEST']._serialized_end=1550
-  _globals['_BLOBCHUNK']._serialized_start=1552
-  _globals['_BLOBCHUNK']._serialized_end=1577
-  _globals['_SUBMITTERSERVICE']._serialized_start=1580
-  _globals['_SUBMITTERSERVICE']._serialized_end=2323
+  _globals['_SUBMITRESPONSE']._serialized_end=582
+  _globals['_UPLOADWORKFLOWREQUEST']._serialized_start=584
+  _globals['_UPLOADWORKFLOWREQUEST']._serialized_end=657
+  _globals['_GETRUNREQUEST']._serialized_start=659
+  _globals['_GETRUNREQUEST']._serialized_end=739
+  _globals['_WATCHRUNREQUEST']._serialized_start=741
+  _globals['_WATCHRUNREQUEST']._serialized_end=798
+  _globals['_WATCHRUNRESPONSE']._serialized_start=800
+  _globals['_WATCHRUNRESPONSE']._serialized_end=861
+  _globals['_CANCELRUNREQUEST']._serialized_start=863
+  _globals['_CANCELRUNREQUEST']._serialized_end=913
+  _globals['_RETRYRUNREQUEST']._serialized_start=915
+  _globals['_RETRYRUNREQUEST']._serialized_end=948
+  _globals['_LISTRUNSREQUEST']._serialized_start=950
+  _globals['_LISTRUNSREQUEST']._serialized_end=1061
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1063
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1136
+  _globals['_REGISTERTEMPLATEREQUEST']._serialized_start=1139
+  _globals['_REGISTERTEMPLATEREQUEST']._serialized_end=1289
+  _globals['_LISTTEMPLATESREQUEST']._serialized_start=1291
+  _globals['_LISTTEMPLATESREQUEST']._serialized_end=1313
+  _globals['_LISTTEMPLATESRESPONSE']._serialized_start=1315
+  _globals['_LISTTEMPLATESRESPONSE']._serialized_end=1378
+  _globals['_STEPLOGSREQUEST']._serialized_start=1380
+  _globals['_STEPLOGSREQUEST']._serialized_end=1459
+  _globals['_STEPLOGSRESPONSE']._serialized_start=1461
+  _globals['_STEPLOGSRESPONSE']._serialized_end=1512
+  _globals['_DOWNLOADBLOBREQUEST']._serialized_start=1514
+  _globals['_DOWNLOADBLOBREQUEST']._serialized_end=1568
+  _globals['_BLOBCHUNK']._serialized_start=1570
+  _globals['_BLOBCHUNK']._serialized_end=1595
+  _globals['_LISTSCHEDULESREQUEST']._serialized_start=1597
+  _globals['_LISTSCHEDULESREQUEST']._serialized_end=1619
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_start=1621
+  _globals['_LISTSCHEDULESRESPONSE']._serialized_end=1684
+  _globals['_SCHEDULEREQUEST']._serialized_start=1686
+  _globals['_SCHEDULEREQUEST']._serialized_end=1717
+  _globals['_SCHEDULE']._serialized_start=1720
+  _globals['_SCHEDULE']._serialized_end=1998
+  _globals['_SUBMITTERSERVICE']._serialized_start=2001
+  _globals['_SUBMITTERSERVICE']._serialized_end=2961
 # @@protoc_insertion_point(module_scope)

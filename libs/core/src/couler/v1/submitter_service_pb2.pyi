@@ -44,12 +44,14 @@ class SubmitRequest(_message.Message):
     def __init__(self, workflow: _Optional[_Union[_workflow_pb2.Workflow, _Mapping]] = ..., text: _Optional[str] = ..., template: _Optional[str] = ..., workflow_ref: _Optional[_Union[_common_pb2.BlobRef, _Mapping]] = ..., engine: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., dry_run: _Optional[bool] = ..., no_cache: _Optional[bool] = ..., constraints: _Optional[_Iterable[str]] = ..., objectives: _Optional[_Iterable[_Union[_common_pb2.Objective, str]]] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class SubmitResponse(_message.Message):
-    __slots__ = ("run_id", "created")
+    __slots__ = ("run_id", "created", "schedule")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     created: bool
-    def __init__(self, run_id: _Optional[str] = ..., created: _Optional[bool] = ...) -> None: ...
+    schedule: str
+    def __init__(self, run_id: _Optional[str] = ..., created: _Optional[bool] = ..., schedule: _Optional[str] = ...) -> None: ...
 
 class UploadWorkflowRequest(_message.Message):
     __slots__ = ("data", "size_bytes", "digest")
@@ -174,3 +176,49 @@ class BlobChunk(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class ListSchedulesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSchedulesResponse(_message.Message):
+    __slots__ = ("schedules",)
+    SCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    schedules: _containers.RepeatedCompositeFieldContainer[Schedule]
+    def __init__(self, schedules: _Optional[_Iterable[_Union[Schedule, _Mapping]]] = ...) -> None: ...
+
+class ScheduleRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class Schedule(_message.Message):
+    __slots__ = ("name", "cron", "timezone", "concurrency_policy", "starting_deadline_seconds", "suspended", "paused", "next_tick_at", "last_tick_at", "last_outcome", "last_run_id", "last_reason", "engine")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CRON_FIELD_NUMBER: _ClassVar[int]
+    TIMEZONE_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_POLICY_FIELD_NUMBER: _ClassVar[int]
+    STARTING_DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDED_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TICK_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_TICK_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    LAST_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_REASON_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    cron: str
+    timezone: str
+    concurrency_policy: str
+    starting_deadline_seconds: int
+    suspended: bool
+    paused: bool
+    next_tick_at: float
+    last_tick_at: float
+    last_outcome: str
+    last_run_id: str
+    last_reason: str
+    engine: str
+    def __init__(self, name: _Optional[str] = ..., cron: _Optional[str] = ..., timezone: _Optional[str] = ..., concurrency_policy: _Optional[str] = ..., starting_deadline_seconds: _Optional[int] = ..., suspended: _Optional[bool] = ..., paused: _Optional[bool] = ..., next_tick_at: _Optional[float] = ..., last_tick_at: _Optional[float] = ..., last_outcome: _Optional[str] = ..., last_run_id: _Optional[str] = ..., last_reason: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...

@@ -97,6 +97,21 @@ class SubmitterServiceStub:
                 request_serializer=couler_dot_v1_dot_submitter__service__pb2.DownloadBlobRequest.SerializeToString,
                 response_deserializer=couler_dot_v1_dot_submitter__service__pb2.BlobChunk.FromString,
                 _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/couler.v1.SubmitterService/ListSchedules',
+                request_serializer=couler_dot_v1_dot_submitter__service__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=couler_dot_v1_dot_submitter__service__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
+        self.PauseSchedule = channel.unary_unary(
+                '/couler.v1.SubmitterService/PauseSchedule',
+                request_serializer=couler_dot_v1_dot_submitter__service__pb2.ScheduleRequest.SerializeToString,
+                response_deserializer=couler_dot_v1_dot_submitter__service__pb2.Schedule.FromString,
+                _registered_method=True)
+        self.ResumeSchedule = channel.unary_unary(
+                '/couler.v1.SubmitterService/ResumeSchedule',
+                request_serializer=couler_dot_v1_dot_submitter__service__pb2.ScheduleRequest.SerializeToString,
+                response_deserializer=couler_dot_v1_dot_submitter__service__pb2.Schedule.FromString,
+                _registered_method=True)
 
 
 class SubmitterServiceServicer:
@@ -210,6 +225,30 @@ class SubmitterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSchedules(self, request, context):
+        """The cron schedules the submitter keeps (workflows with a schedule,
+        submitted or registered as templates), by name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseSchedule(self, request, context):
+        """Stops launching the schedule's runs (runs going on are left alone).
+        NOT_FOUND for an unknown schedule.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSchedule(self, request, context):
+        """Launches the schedule's runs again from its next tick (ticks while it was
+        paused are not caught up). NOT_FOUND for an unknown schedule.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SubmitterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -267,6 +306,21 @@ def add_SubmitterServiceServicer_to_server(servicer, server):
                     servicer.DownloadBlob,
                     request_deserializer=couler_dot_v1_dot_submitter__service__pb2.DownloadBlobRequest.FromString,
                     response_serializer=couler_dot_v1_dot_submitter__service__pb2.BlobChunk.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=couler_dot_v1_dot_submitter__service__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=couler_dot_v1_dot_submitter__service__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'PauseSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSchedule,
+                    request_deserializer=couler_dot_v1_dot_submitter__service__pb2.ScheduleRequest.FromString,
+                    response_serializer=couler_dot_v1_dot_submitter__service__pb2.Schedule.SerializeToString,
+            ),
+            'ResumeSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSchedule,
+                    request_deserializer=couler_dot_v1_dot_submitter__service__pb2.ScheduleRequest.FromString,
+                    response_serializer=couler_dot_v1_dot_submitter__service__pb2.Schedule.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -573,6 +627,87 @@ class SubmitterService:
             '/couler.v1.SubmitterService/DownloadBlob',
             couler_dot_v1_dot_submitter__service__pb2.DownloadBlobRequest.SerializeToString,
             couler_dot_v1_dot_submitter__service__pb2.BlobChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/couler.v1.SubmitterService/ListSchedules',
+            couler_dot_v1_dot_submitter__service__pb2.ListSchedulesRequest.SerializeToString,
+            couler_dot_v1_dot_submitter__service__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/couler.v1.SubmitterService/PauseSchedule',
+            couler_dot_v1_dot_submitter__service__pb2.ScheduleRequest.SerializeToString,
+            couler_dot_v1_dot_submitter__service__pb2.Schedule.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/couler.v1.SubmitterService/ResumeSchedule',
+            couler_dot_v1_dot_submitter__service__pb2.ScheduleRequest.SerializeToString,
+            couler_dot_v1_dot_submitter__service__pb2.Schedule.FromString,
             options,
             channel_credentials,
             insecure,

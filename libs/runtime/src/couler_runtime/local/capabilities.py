@@ -65,9 +65,17 @@ CAPABILITIES: dict[Feature, Capability] = {
                                     "are rewritten"),
     Feature.SECRETS: Capability(_N, "resolved from the secrets mapping given to the engine"),
     Feature.DAEMON: Capability(_U, "daemon steps are not implemented by the local engine"),
-    Feature.CRON: Capability(_U, "a single run cannot be scheduled; the submitter schedules it"),
-    Feature.EVENT_TRIGGERS: Capability(_U, "a single run cannot wait for events; the submitter "
-                                           "triggers it"),
+    Feature.CRON: Capability(_R, "the embedded stack's submitter keeps the schedule and "
+                                 "launches each run on time (`couler submit` registers it; "
+                                 "`couler schedule ls|pause|resume`; timezone, concurrency "
+                                 "policy, suspend, starting deadline, history limits; after "
+                                 "downtime only the latest missed tick runs); a run of it "
+                                 "here (`couler run`) is one run, now"),
+    Feature.EVENT_TRIGGERS: Capability(_R, "the embedded stack's submitter subscribes the "
+                                           "workflow to couler.event.<launcher>.<subject> and "
+                                           "launches a run per event its filter takes, from "
+                                           "the launchers its couler.io/launchers annotation "
+                                           "allows; a run of it here is one run, now"),
     Feature.TUNE: Capability(_N, "the engine drives an optuna study (ask/tell) in RDB storage, "
                                  "trials as executions of the step, pruning from the values "
                                  "a trial reports"),
