@@ -558,6 +558,11 @@ def _comparison(text: str) -> tuple[str, str, str] | None:
     for phrase, op in _COMPARATORS:
         m = re.search(r"^(.*?)\s+" + phrase + r"\b(.*)$", text, re.I)
         if m is not None and m.group(1).strip():
+            # a baseline with its value: "beats the current production NDCG@10 of 0.512"
+            known = re.search(r"(?:\bof|\bat|=|:|\()\s*" + _VALUE + r"\s*\)?\s*\.?\s*$",
+                              m.group(2))
+            if known is not None:
+                return m.group(1), op, known.group(1).replace("%", "").strip()
             # compared with a baseline ("its WAPE is lower than production's")
             return m.group(1) + " " + m.group(2), op, ""
     return None
@@ -598,7 +603,7 @@ _EITHER = re.compile(r"^\s*(?:and\s+)?(?:either\s+way|in\s+both\s+cases|regardle
 # --------------------------------------------------------------------------- clauses
 
 _SPLIT = re.compile(
-    r"\s*(?:->|=>|\u2192)\s*|\s*;\s*|\s*:\s+|[,;]?\s*(?<![\w.])\(?(?:\d{1,2}|[a-h])\)\s+|\s+\d{1,2}\.\s+(?=[A-Za-z])|"
+    r"\s*(?:->|=>|\u2192)\s*|\s*;\s*|\s*,\s*(?=(?:else|otherwise)\b)|\s*:\s+|[,;]?\s*(?<![\w.])\(?(?:\d{1,2}|[a-h])\)\s+|\s+\d{1,2}\.\s+(?=[A-Za-z])|"
     r"\s*(?:^|\s)[-*\u2022]\s+|,?\s+and\s+then\s+|,\s*then\s+|\s+then\s+(?=[a-z])|"
     r",?\s+and\s+after\s+that,?\s+|,?\s+after\s+that,?\s+|\.?\s+afterwards,?\s+|"
     r",?\s+and\s+afterwards,?\s+|,?\s+and\s+finally,?\s+|,?\s+finally,?\s+",
@@ -695,6 +700,17 @@ def _participle(word: str) -> str:
     if len(w) > 4 and w.endswith("ed") and w[-3] == w[-4] and verb_form(w[:-3]):
         return w[:-3]
     return ""
+
+
+def _plausible_verb(text: str) -> tuple[str, str]:
+    """(word, rest) when ``text`` starts with a word that can only be read as a verb where
+    an action is expected (after a condition's value: "… over 15% throttle bids …")."""
+    first, _, rest = text.strip().partition(" ")
+    word = first.lower().strip(",.")
+    if (re.fullmatch(r"[a-z][a-z-]{2,}", word) and word not in _NOT_IMPERATIVE
+            and word not in _STOP and not word.endswith(("ing", "ed", "ly"))):
+        return word, rest
+    return "", text
 
 
 def _first_verb(text: str) -> tuple[str, str]:
@@ -1042,9 +1058,16 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
             return sentence_condition, scope
     condition: Condition | None = None
     either = False
+    expected_verb = False  # an action must follow (a bare condition's value came before)
     m = _ELSE.match(clause)
     if m is not None and m.group(0).strip() and state.last_condition is not None:
         clause = clause[m.end():]
+        if re.fullmatch(r"\s*(?:do\s+nothing|nothing|no\s+action|skip(?:\s+it)?|leave\s+it|"
+                        r"carry\s+on|stop|end)\s*[.!]?\s*", clause, re.I):
+            # "…, else do nothing": no else branch
+            out.notes.append(f"read {_unmask(m.group(0) + clause, kept).strip()!r} as: no "
+                             "step when the condition does not hold")
+            return sentence_condition, scope
         condition = _condition_text(state.last_condition, kept, otherwise=True)
     m = _EITHER.match(clause)
     if condition is None and m is not None and state.last_condition is not None:
@@ -1076,6 +1099,10 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
                                 r"pp))?)\s+(?:then\s+)?(\S.*)$", clause[start:], re.I)
                 if bare is not None and _first_verb(bare.group(3))[0]:
                     head, sep, action = bare.group(1), ",", bare.group(3)
+                elif (bare is not None and _plausible_verb(bare.group(3))[0]
+                      and _comparison(bare.group(1)) is not None):
+                    head, sep, action = bare.group(1), ",", bare.group(3)
+                    expected_verb = True
             comp = _comparison(head) if sep else None
             if comp is not None:
                 clause = action
@@ -1128,6 +1155,8 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     if keep is not None and _gerund_to_verb(keep.group(1)) in VERBS:
         clause = f"{_gerund_to_verb(keep.group(1))}{clause[keep.end():]}"
     verb, obj = _first_verb(clause)
+    if not verb and expected_verb:
+        verb, obj = _plausible_verb(clause)
     if not verb and mods.any() and out.tasks and re.search(
             r"\b(?:each|every|all|any)\s+(?:of\s+the\s+)?(?:steps?|tasks?|jobs?)\b", original,
             re.I):

@@ -292,7 +292,14 @@ class _Builder:
                 # a word read as a verb only by its place ("book a flight"): planned only
                 # when the catalog has a step about what it names
                 best = self.retriever.search(f"{task.verb} {task.obj}")[0]
-                if best[1] < _GUESSED_VERB_SCORE:
+                if best[1] < _GUESSED_VERB_SCORE and any(
+                        verb_form(t.verb) for t in parsed.tasks if t is not task):
+                    # an action among ML steps that no template does ("draft the launch
+                    # memo"): a command the user gives at submit time
+                    self.notes.append(f"{task.text.strip()[:80]!r}: no catalog step does "
+                                      "that; planned as a command to run")
+                    task.obj, task.verb = f"{task.verb} {task.obj}", "run"
+                elif best[1] < _GUESSED_VERB_SCORE:
                     raise UserError(f"generate: cannot plan {task.text.strip()[:100]!r}: no "
                                     "catalog step does that (the catalog covers data loading, "
                                     "processing, training, evaluation and delivery of ML work)")
