@@ -254,7 +254,9 @@ _ANCHORS = re.compile(
     r"\b(?:on\s+)?the\s+(?:\d{1,2}(?:st|nd|rd|th)|first|last)\s+(?:day\s+)?of\s+(?:every|each|"
     r"the)\s+(?:month|quarter)\b|\b(?:every|each|on)\s+" + _DAY + r"s?\b|\b" + _DAY + r"s\b|"
     r"\bat\s+midnight\b|\bscheduled\s+for\b|\b(?:a|an|the|our|this)\s+(?:daily|nightly|weekly|"
-    r"hourly|monthly)\s+(?=[\w-]+)", re.I)
+    r"hourly|monthly)\s+(?=(?:[\w-]+\s+)?(?:job|run|pipeline|workflow|retrain|retraining|refresh|"
+    r"rebuild|sync|export|import|backfill|build|training|scoring|score|update|ingestion|ingest|"
+    r"load|check|digest|rollup|report|batch|dag|task|process|evaluation|eval)\b)", re.I)
 _PART_OF_DAY = re.compile(r"\bat\s+(\d{1,2})(?::(\d{2}))?\s+(?:o'clock\s+)?in\s+the\s+(morning|"
                           r"afternoon|evening|night)\b|\b(morning|afternoon|evening|night)\s+at\s+"
                           r"(\d{1,2})(?::(\d{2}))?(?!\s*(?:am|pm|a\.m\.|p\.m\.|:))\b", re.I)
@@ -421,9 +423,9 @@ _RETRIES = [
 _MAX_PARALLEL = [
     re.compile(r"\b(?:in\s+)?(?:parallel\s+)?(?:batches|groups|waves)\s+of\s+" + _NUM + r"\b",
                re.I),
-    re.compile(r"\b(?:no\s+more\s+than|at\s+most|up\s+to|max(?:imum)?\s+(?:of\s+)?|limit(?:ed)?"
+    re.compile(r"\b(?:no\s+more\s+than|at\s+most|up\s+to|max(?:imum)?(?:\s+of)?|limit(?:ed)?"
                r"\s+to)\s+" + _NUM + r"\s+(?:\w+\s+){0,2}?(?:at\s+a\s+time|at\s+once|"
-               r"(?:running\s+|run\s+)?(?:concurrently|in\s+parallel|simultaneously|in\s+flight|"
+               r"(?:running\s+|run\s+)?(?:concurrently|in\s+parallel|simultaneously|in\s+flight|together|"
                r"concurrent(?:\s+\w+)?|parallel\s+\w+))\b", re.I),
     re.compile(r"\b" + _NUM + r"\s+(?:\w+\s+){0,2}?at\s+a\s+time\b", re.I),
 ]
@@ -779,12 +781,18 @@ def _clauses(sentence: str) -> list[str]:
     for part in _SPLIT.split(sentence):
         if not part or not part.strip(" ,"):
             continue
-        pieces = re.split(r"(,\s+and\s+|,\s+but\s+|,\s+|\s+and\s+|\s+but\s+)", part)
+        # a parenthesized list is one piece: "for each plant (A, B and C) resample …"
+        part = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(",", "\x02")
+                      .replace(" and ", " \x03 "), part)
+        pieces = [p.replace("\x02", ",").replace(" \x03 ", " and ") for p in
+                  re.split(r"(,\s+and\s+|,\s+but\s+|,\s+|\s+and\s+|\s+but\s+)", part)]
         current, waiting = "", False  # waiting: a subordinate clause wants its main clause
         for i in range(0, len(pieces), 2):
             piece = pieces[i]
             sep = pieces[i - 1] if i else ""
-            starts_sub = _SUBORDINATE.match(piece) is not None
+            # "for each plant (A, B) resample …": the phrase and its main clause in one piece
+            starts_sub = (_SUBORDINATE.match(piece) is not None
+                          and _scope_without_comma(piece) is None)
             verb, rest = _first_verb(piece)
             # "split it into train and test": a verb alone after a bare "and" is a noun
             starts_verb = bool(verb) and (bool(rest.strip()) or "," in sep)
@@ -933,6 +941,8 @@ class _State:
     condition_stage: int = -1
     carry: str = ""  # the object of a weak verb ("take Llama 3 8B and fine-tune it")
     loop: tuple[int, Condition | None] | None = None  # "repeat the following at most 6 times"
+    # items a clause named in parentheses: "by type (invoices, receipts, reports)"
+    named: dict[str, list[str]] = field(default_factory=dict)
 
 
 def parse_request(text: str) -> Request:
@@ -1016,6 +1026,10 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     """Parse one clause into tasks (appended to ``out``); returns the condition and the
     fan-out scope that later clauses of the sentence inherit."""
     original = _unmask(clause, kept)
+    for named in re.finditer(r"\b([a-z][\w-]*)\s*\(([^()]*,[^()]*)\)", clause, re.I):
+        listed = [_unmask(i, kept) for i in _split_list(named.group(2))]
+        if len(listed) >= 2 and all(len(i.split()) <= 3 for i in listed):
+            state.named[stem(named.group(1))] = listed
     found, clause = _scope_phrase(clause, state, kept)
     if found is not None:
         scope = found
@@ -1157,6 +1171,10 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     verb, obj = _first_verb(clause)
     if not verb and expected_verb:
         verb, obj = _plausible_verb(clause)
+    if verb in ("run", "do", "execute") and not re.sub(r"[\W_]+", "", obj):
+        # "run at most 2 plants at a time", "RAG ingestion, run daily:": nothing to run
+        # but the modifiers of the steps before it
+        verb = ""
     if not verb and mods.any() and out.tasks and re.search(
             r"\b(?:each|every|all|any)\s+(?:of\s+the\s+)?(?:steps?|tasks?|jobs?)\b", original,
             re.I):
@@ -1239,10 +1257,26 @@ _SCOPE = re.compile(
     r"(?:\(([^)]*)\))?\s*(?:,\s*|$)", re.I)
 
 
+_SCOPE_OPEN = re.compile(_SCOPE.pattern.replace(r"(?:,\s*|$)", r"(?:(?<=\))\s+|\s+(?=\w+\s))"),
+                         re.I)
+
+
+def _scope_without_comma(clause: str) -> re.Match[str] | None:
+    """A scope phrase the clause goes on from without a comma: "for each plant (A, B, C)
+    resample …", "for each type run …" -- it ends at its parenthesized list, or before a
+    verb."""
+    m = _SCOPE_OPEN.match(clause)
+    if m is None or not clause[m.end():].split():
+        return None
+    if not m.group(3) and not verb_form(clause[m.end():].split()[0]):
+        return None
+    return m
+
+
 def _scope_phrase(clause: str, state: _State, kept: list[str]) -> tuple[list[str] | None, str]:
     """Items of a leading "for each of the 7 call centers," / "across the three regions
     (NA, EMEA and APAC)," / "for every site," phrase, and the clause after it."""
-    m = _SCOPE.match(clause)
+    m = _SCOPE.match(clause) or _scope_without_comma(clause)
     if m is None or not re.match(r"^(?:for|in|across|over|on)\s+(?:each|every|all|the\s+\d|"
                                  r"the\s+(?:two|three|four|five|six|seven|eight|nine|ten)\b|"
                                  r"\w+(?:\s+\w+)*\s*\()", clause, re.I):
@@ -1264,6 +1298,8 @@ def _scope_phrase(clause: str, state: _State, kept: list[str]) -> tuple[list[str
     unit = stem(m.group(2).split()[-1])
     if unit in state.counts:
         return [f"{unit}-{i}" for i in range(1, state.counts[unit] + 1)], rest
+    if unit in state.named:
+        return list(state.named[unit]), rest
     return None, clause
 
 
@@ -1273,6 +1309,11 @@ def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods:
     if (mods.any() or loop_max) and out.tasks:
         target = _referenced(out.tasks, _unmask(f"{clause} {mods.about}", kept)) or out.tasks[-1]
         _apply(target, mods)
+        if mods.max_parallel and target.items:
+            # "run at most 2 plants at a time": every step fanned out over those items
+            for task in out.tasks:
+                if task.items == target.items:
+                    task.max_parallel = mods.max_parallel
         if loop_max:
             target.loop_max, target.loop_until = loop_max, loop_until
         return
@@ -1343,7 +1384,7 @@ def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trial
     items = _count(obj, state.counts, per)
     if not items and (mods.max_parallel or per is not None):
         # "the 200 recordings, 25 at a time", "the 6 regional models, one job per region"
-        many = re.search(r"\b(?:the|all|these|our|its|their|for)\s+(?:all\s+)?(\d[\d,]*|"
+        many = re.search(r"(?:\b(?:the|all|these|our|its|their|for)\s+(?:all\s+)?|\()(\d[\d,]*|"
                          + _NUM[1:-1] + r")\s+(?:[\w-]+\s+){0,3}?([a-z][\w-]*?)s\b", obj, re.I)
         n = _num(many.group(1).replace(",", "")) if many is not None else 0
         if many is not None and 2 <= n <= 1000:
