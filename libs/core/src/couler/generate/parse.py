@@ -782,10 +782,10 @@ def _clauses(sentence: str) -> list[str]:
         if not part or not part.strip(" ,"):
             continue
         # a parenthesized list is one piece: "for each plant (A, B and C) resample …"
-        part = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(",", "\x02")
-                      .replace(" and ", " \x03 "), part)
+        kept_lists = re.sub(r"\([^()]*\)", lambda m: m.group(0).replace(",", "\x02")
+                            .replace(" and ", " \x03 "), part)
         pieces = [p.replace("\x02", ",").replace(" \x03 ", " and ") for p in
-                  re.split(r"(,\s+and\s+|,\s+but\s+|,\s+|\s+and\s+|\s+but\s+)", part)]
+                  re.split(r"(,\s+and\s+|,\s+but\s+|,\s+|\s+and\s+|\s+but\s+)", kept_lists)]
         current, waiting = "", False  # waiting: a subordinate clause wants its main clause
         for i in range(0, len(pieces), 2):
             piece = pieces[i]
@@ -895,7 +895,8 @@ def _fanout_list(obj: str) -> tuple[list[str], str] | None:
     if m is None:
         return None
     items = _split_list(m.group(1))
-    if len(items) < 2 or any(_TOOLS.search(i) for i in items):
+    if len(items) < 2 or any(_TOOLS.search(i) or i.lower() in _STOP or i.lower() in _PREPS
+                             for i in items):
         return None
     return items, obj[: m.start()] + " " + obj[m.end():]
 
@@ -1268,7 +1269,7 @@ def _scope_without_comma(clause: str) -> re.Match[str] | None:
     m = _SCOPE_OPEN.match(clause)
     if m is None or not clause[m.end():].split():
         return None
-    if not m.group(3) and not verb_form(clause[m.end():].split()[0]):
+    if not m.group(3) and not verb_form(clause[m.end():].split(maxsplit=1)[0]):
         return None
     return m
 
@@ -1369,6 +1370,15 @@ def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trial
         return fan[0], fan[1], 0
     if verb in _AGGREGATE:
         return [], obj, 0  # "merge the shards", "collate the scores": one step over all
+    counted = re.match(r"^\s*(?:the\s+)?(\d+|" + _NUM[1:-1] + r")\s+(?:[\w-]+\s+){0,2}?(folds|"
+                       r"shards|partitions|chunks|batches|splits|replicas|seeds|copies|variants|"
+                       r"workers)\b", obj, re.I)
+    if counted is not None and (mods.parallel or re.search(r"\beach\b", obj, re.I)) \
+            and _num(counted.group(1)) >= 2:
+        # "train 5 cross-validation folds in parallel, each on 2 A100s"
+        n = _num(counted.group(1))
+        state.counts[stem(counted.group(2))] = n
+        return [f"{stem(counted.group(2))}-{i}" for i in range(1, n + 1)], obj, 0
     batches = re.search(r"\b(?:in|into|as|across)\s+(\d+|" + _NUM[1:-1] + r")\s+(?:[\w-]+\s+)?"
                         r"(batches|shards|workers|nodes|machines|pods|processes|executors|"
                         r"chunks|parts|partitions|waves|groups|pieces|folds|jobs|splits)\b",
