@@ -185,3 +185,54 @@ def test_frames_and_failure_hooks_in_other_words() -> None:
                           "then clusters them? If any of it fails, page the on-call.").tasks
     assert [(t.verb, t.hook) for t in tasks] == [("extract", ""), ("cluster", ""),
                                                  ("page", "failure")]
+
+
+@pytest.mark.parametrize(("text", "cron"), [
+    ("nightly 03:10: pull the clicks -> train the model -> push the weights", "10 3 * * *"),
+    ("twice a day at 9 and 21, pull the reviews and cluster them", "0 9,21 * * *"),
+    ("A weekly retrain (Mondays 04:00): extract the logs, then train the ranker.",
+     "0 4 * * 1"),
+    ("Every day at 6, score the table.", "0 6 * * *"),
+])
+def test_clock_times_next_to_a_schedule(text: str, cron: str) -> None:
+    assert parse_request(text).schedule == cron
+
+
+def test_a_daily_table_is_no_schedule() -> None:
+    assert parse_request("Backfill the daily user-embedding table for 2023.").schedule == ""
+
+
+def test_arrows_order_the_steps() -> None:
+    assert _tasks("pull clickstream from Kafka -> train a CTR model -> push weights to "
+                  "Aerospike") == [("pull", 0), ("train", 1), ("push", 2)]
+
+
+def test_else_do_nothing_is_no_branch() -> None:
+    request = parse_request("Forecast spend, and if projected overspend is over 15% throttle "
+                            "bids through the bidder API, else do nothing.")
+    assert [(t.verb, t.condition is not None) for t in request.tasks] == [
+        ("forecast", False), ("throttle", True)]
+    assert request.unplaced == []
+
+
+def test_a_baseline_with_its_value() -> None:
+    [_, ship] = parse_request("Evaluate the ranker on NDCG@10, and ship it to Vespa only if it "
+                              "beats the current production NDCG@10 of 0.512.").tasks
+    assert ship.condition is not None and ship.condition.value == "0.512"
+
+
+def test_a_scope_phrase_without_a_comma_and_a_limit_for_all_its_steps() -> None:
+    tasks = parse_request("For each plant (Monterrey, Pune, Gyor) resample the sensor data "
+                          "and fit an Isolation Forest on it; run at most 2 plants at a "
+                          "time.").tasks
+    assert [(t.verb, t.items, t.max_parallel) for t in tasks] == [
+        ("resample", ("Monterrey", "Pune", "Gyor"), 2), ("fit", ("Monterrey", "Pune", "Gyor"), 2)]
+    # a list named in parentheses earlier is what "for each type" goes over
+    tasks = parse_request("Split the PDFs by type (invoices, receipts, reports), then for each "
+                          "type run a Donut extractor.").tasks
+    assert tasks[1].items == ("invoices", "receipts", "reports")
+
+
+def test_counted_folds_in_parallel_fan_out() -> None:
+    [task] = parse_request("Train 5 cross-validation folds in parallel, each on 2 A100s.").tasks
+    assert len(task.items) == 5 and task.gpu == 2
