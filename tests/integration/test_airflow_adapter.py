@@ -145,6 +145,33 @@ def test_adapter_satisfies_the_protocol() -> None:
         AirflowAdapter("http://127.0.0.1:9", "/nonexistent", username="only-me")
 
 
+def test_a_busy_server_is_asked_again_only_for_requests_that_can_repeat(
+        server: AirflowServer, good_run: Submitted) -> None:
+    """Airflow answers 500 while its metadata database is locked; the adapter sends a GET
+    or PATCH again (twice here, then it passes through to the real server), never a POST."""
+    failures: dict[str, int] = {"GET": 2, "POST": 1}
+    sent: list[tuple[str, int]] = []
+
+    def busy(method: str, url: str, headers: Mapping[str, str], body: bytes | None,
+             timeout: float) -> tuple[int, bytes]:
+        if "/api/v2/" in url and failures.get(method, 0) > 0:
+            failures[method] -= 1
+            sent.append((method, 500))
+            return 500, b'{"reason": "Database error"}'
+        status, raw = urllib_transport(method, url, headers, body, timeout)
+        sent.append((method, status))
+        return status, raw
+
+    adapter = AirflowAdapter(server.url, server.dags, username=server.username,
+                             password=server.password, transport=busy)
+    status = adapter.status(good_run.run_id)
+    assert status.state is good_run.final.state
+    assert [c for c in sent if c[0] == "GET"][:3] == [("GET", 500), ("GET", 500), ("GET", 200)]
+    with pytest.raises(RetryableError, match="answered 500"):
+        adapter.submit(ir.Workflow(_name("busy"), (S("a", _sh("true")),)))
+    assert ("POST", 500) in sent and failures["POST"] == 0
+
+
 def test_unreachable_server_is_retryable(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     adapter = AirflowAdapter(f"http://127.0.0.1:{port}", tmp_path, username="u", password="p")

@@ -102,6 +102,8 @@ _IMPORT_TIMEOUT = "DagBag import timeout"
 __all__ = ["CANCEL_NOTE", "AirflowAdapter", "Transport", "run_status", "urllib_transport"]
 
 CANCEL_NOTE = "couler: cancelled"  # the DAG run note that tells a cancel from a failure
+_IDEMPOTENT = frozenset({"GET", "PATCH", "PUT", "DELETE"})
+_SERVER_ERROR_DELAYS = (0.5, 1.0, 2.0)  # seconds before each repeat of a request answered 5xx
 _PAGE = 100  # [api] maximum_page_limit default
 _KEY = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 _RUN_STATE = {
@@ -477,6 +479,13 @@ class AirflowAdapter:
         status, raw = self._authorized(method, url, data, action)
         if status == 401 and self._can_login:  # the JWT expired: log in again, once
             self._token = None
+            status, raw = self._authorized(method, url, data, action)
+        for delay in _SERVER_ERROR_DELAYS:
+            # Airflow answers 500 when its metadata database is busy ("database is locked"
+            # on SQLite): a request that can be repeated safely is sent again, briefly
+            if status not in (500, 502, 503, 504) or method not in _IDEMPOTENT:
+                break
+            time.sleep(delay)
             status, raw = self._authorized(method, url, data, action)
         if 200 <= status < 300:
             return _json(raw, action) if raw.strip() else {}
