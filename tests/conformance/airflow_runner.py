@@ -56,6 +56,8 @@ os.environ.update(
     AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING",
 )
 sys.path.insert(0, str(ROOT))
+# this checkout's couler, not the one .venv-airflow may have installed (editable, elsewhere)
+sys.path[:0] = sorted(str(p) for p in (ROOT / "libs").glob("*/src"))
 
 from couler import ir  # noqa: E402
 from couler.compilers import airflow as compiler  # noqa: E402

@@ -332,3 +332,35 @@ def test_loop_params_and_static_map(airflow_env: AirflowEnv, tmp_path: Path) -> 
     assert proc.returncode == 0, _tail(proc)
     assert counter.read_text() == "3"  # ran while result < 3
     assert sorted(out.read_text().splitlines()) == ["airflow 3 0.01", "airflow 3 0.1"]
+
+
+def test_depends_expressions(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    """Rule S5: and / or / not over upstream outcomes, evaluated by the step runner once
+    every named step has finished (trigger rule all_done)."""
+    F = ir.EdgeCondition
+
+    def mark(name: str, **kw: Any) -> ir.Step:
+        return S(name, _sh(f'echo {name} > "$1"', str(tmp_path / name)), **kw)
+
+    def deps(*names: str) -> tuple[ir.Dependency, ...]:
+        return tuple(ir.Dependency(n) for n in names)
+
+    broken, ok = S("broken", _sh("exit 3")), mark("ok")
+    # broken failed and ok succeeded: holds
+    handled = mark("handled", dependencies=deps("broken", "ok"), depends=ir.DependsAll((
+        ir.DependsTerm("broken", F.FAILED), ir.DependsTerm("ok", F.SUCCEEDED_ONLY))))
+    # neither term holds: not run
+    gated = mark("gated", dependencies=deps("broken", "ok"), depends=ir.DependsAny((
+        ir.DependsTerm("broken", F.SUCCEEDED), ir.DependsNot(ir.DependsTerm("ok")))))
+    # gated was not run (Omitted), which a plain edge would not accept
+    after = mark("after", dependencies=deps("gated"),
+                 depends=ir.DependsTerm("gated", F.OMITTED))
+    wf = ir.Workflow("couler-e2e-depends", (broken, ok, handled, gated, after))
+    proc = run_dag(airflow_env, wf)
+    # rule S7: broken's failure is handled by `handled`; `after` ran after the not-run
+    # `gated`, so no failure reaches a leaf
+    assert proc.returncode == 0, _tail(proc)
+    assert (tmp_path / "handled").read_text() == "handled\n"
+    assert not (tmp_path / "gated").exists()
+    assert (tmp_path / "after").read_text() == "after\n"
+    assert "its depends expression does not hold (broken failed, ok succeeded)" in proc.stdout

@@ -271,13 +271,28 @@ def test_mixed_edge_conditions_are_rejected() -> None:
     assert err.value.step == "c" and Feature.EDGE_CONDITIONS.value in str(err.value)
 
 
-def test_depends_expression_is_unsupported() -> None:
+def test_depends_expression_is_evaluated_by_the_runner() -> None:
     a, b = S("a", ctr("true")), S("b", ctr("true"))
     c = S("c", ctr("echo"), dependencies=(ir.Dependency("a"), ir.Dependency("b")),
-          depends=ir.DependsAny((ir.DependsTerm("a"), ir.DependsTerm("b"))))
+          depends=ir.DependsAny((ir.DependsTerm("a", ir.EdgeCondition.FAILED),
+                                 ir.DependsNot(ir.DependsTerm("b")))))
+    dag = compile_ok(wf_of(a, b, c))
+    # all_done: read once both have finished; the runner decides
+    assert dag.tasks["c"].kwargs["trigger_rule"] == "all_done"
+    assert {("a", "c"), ("b", "c")} <= set(dag.edges)
+    assert dag.steps["c"]["depends"] == ["any", [["term", "a", "failed"],
+                                                 ["not", ["term", "b", "succeeded"]]]]
+    assert dag.steps["c"]["edges"] == []  # the expression replaces the edge checks
+    assert airflow.EXIT_STATUS_TASK in dag.tasks  # a failure the expression handles
+
+
+def test_depends_expression_on_a_group_is_refused() -> None:
+    group = S("g", ir.SubWorkflowSpec("g", (S("inner", ctr("true")),)))
+    c = S("c", ctr("echo"), dependencies=(ir.Dependency("g"),),
+          depends=ir.DependsNot(ir.DependsTerm("g", ir.EdgeCondition.FAILED)))
     with pytest.raises(UnsupportedFeatureError) as err:
-        airflow.compile_workflow(wf_of(a, b, c))
-    assert err.value.step == "c" and Feature.DEPENDS_EXPRESSION.value in str(err.value)
+        airflow.compile_workflow(wf_of(group, c))
+    assert err.value.step == "c" and "TaskGroup" in str(err.value)
 
 
 def test_when_and_else() -> None:

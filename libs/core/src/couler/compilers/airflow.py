@@ -50,6 +50,12 @@ Shape of the generated file:
   from its leaf tasks, so a failed step whose failure such an edge handles
   would leave the run succeeded; the ``couler-exit-status`` watcher task
   (below) keeps it failed, as on the other engines.
+* **Depends expressions** (``and`` / ``or`` / ``not``, rule S5): the task's trigger
+  rule is ``all_done``, so it starts once every step the expression names has finished;
+  the runner then reads each named task's outcome (succeeded, failed, skipped by its
+  ``when`` = the when-skip mark, omitted; a mapped task's instances for AnySucceeded /
+  AllFailed) and evaluates the expression; false ends the task skipped without the
+  mark (not run, S2). A dynamic map's ``--items`` helper evaluates it first.
 * **when / else** are evaluated by the runner before the command starts; a
   false condition raises ``AirflowSkipException`` so the task ends *skipped*
   and ``none_failed`` dependents still run. Comparisons are numeric when both
@@ -176,8 +182,12 @@ CAPABILITIES: dict[Feature, Capability] = {
             "edges of a step must share one condition; a couler-exit-status task (one_failed) "
             "keeps the run failed when a handled step failed"),
     Feature.DEPENDS_EXPRESSION: Capability(
-        _U, "a trigger_rule is one quantifier over all upstream tasks; and/or/not over "
-            "individual task outcomes cannot be expressed"),
+        _R, "trigger_rule all_done (the expression is read once every step it names has "
+            "finished, rule S5), then the step runner evaluates and / or / not over the "
+            "upstream outcomes read from the run's task states and when-skip marks "
+            "(succeeded, failed, skipped by its when, omitted; a map's instances for "
+            "AnySucceeded / AllFailed); false = not run (skipped without the mark); Errored "
+            "is any failure (E4); terms naming a sub-workflow (TaskGroup) are refused"),
     Feature.WHEN: Capability(
         _R, "evaluated by the step runner on the upstream XComs before the command runs; "
             "false raises AirflowSkipException (task skipped, none_failed dependents run); "
@@ -390,7 +400,7 @@ def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str,
     gate = spec.get("status")
     if gate and spec.get("hook") and _couler_status() not in (gate, "Running"):
         raise AirflowSkipException(f"exit hook {step} did not fire: the run is not {gate}")
-    omitted = _couler_omitted(spec["edges"])
+    omitted = _couler_omitted(spec["edges"]) or _couler_depends(spec.get("depends"))
     if omitted:  # not run: no when-skip mark, so its own dependents do not run either
         raise AirflowSkipException(f"{step} not run: {omitted}")
     when = spec["when"]
@@ -440,22 +450,23 @@ def _couler_states(found: dict[str, Any]) -> dict[str, list[str]]:
     return states
 
 
-def _couler_omitted(edges: list[list[str]]) -> str:
-    """Why an upstream's outcome fails its edge although the trigger rule let this task start.
+def _couler_outcomes_of(names: list[str]) -> dict[str, tuple[str, list[str]]] | None:
+    """Each named upstream task's outcome (succeeded / failed / skipped by its when /
+    omitted) with its instances' states (a mapped task has one per instance); None when
+    the task SDK cannot tell the states.
 
     A trigger rule sees "skipped" for a step skipped by its own when and for one that was
     not run (Argo's Omitted), and counts upstream_failed as failed; the when-skip mark
-    (an XCom) tells them apart. "" when every edge holds.
+    (an XCom) tells them apart.
     """
-    if not edges:
-        return ""
     ti = get_current_context()["ti"]
     try:
         found = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id])
     except Exception:  # noqa: BLE001 - older task SDKs: the trigger rules alone decide
-        return ""
+        return None
     states = _couler_states(found.get(ti.run_id, {}) if isinstance(found, dict) else {})
-    for upstream, condition in edges:
+    out: dict[str, tuple[str, list[str]]] = {}
+    for upstream in names:
         mine = states.get(upstream, [])  # a mapped task: one state per instance
         if "failed" in mine:
             outcome = "failed"
@@ -466,9 +477,71 @@ def _couler_omitted(edges: list[list[str]]) -> str:
             outcome = "skipped" if marked else "omitted"
         else:  # upstream_failed, removed, or never scheduled: not run
             outcome = "omitted"
+        out[upstream] = (outcome, mine)
+    return out
+
+
+def _couler_omitted(edges: list[list[str]]) -> str:
+    """Why an upstream's outcome fails its edge although the trigger rule let this task
+    start; "" when every edge holds."""
+    if not edges:
+        return ""
+    outcomes = _couler_outcomes_of([upstream for upstream, _ in edges])
+    if outcomes is None:
+        return ""
+    for upstream, condition in edges:
+        outcome = outcomes[upstream][0]
         if outcome not in _ACCEPTS[condition]:
             return f"dependency {upstream!r} did not reach {condition} (it was {outcome})"
     return ""
+
+
+_TERM = {"succeeded": ("succeeded", "skipped"), "succeeded_only": ("succeeded",),
+         "failed": ("failed",), "errored": ("failed",), "skipped": ("skipped",),
+         "omitted": ("omitted",), "completed": ("succeeded", "failed")}
+
+
+def _couler_expr(expr: list[Any], outcomes: dict[str, tuple[str, list[str]]]) -> bool:
+    """Evaluate a depends expression (rule S5) over the upstream outcomes."""
+    kind = expr[0]
+    if kind == "all":
+        return all(_couler_expr(term, outcomes) for term in expr[1])
+    if kind == "any":
+        return any(_couler_expr(term, outcomes) for term in expr[1])
+    if kind == "not":
+        return not _couler_expr(expr[1], outcomes)
+    outcome, instances = outcomes[expr[1]]
+    condition = expr[2]
+    if condition == "any":
+        return True
+    if condition == "any_succeeded":
+        return "success" in instances
+    if condition == "all_failed":
+        return bool(instances) and all(state == "failed" for state in instances)
+    return outcome in _TERM[condition]
+
+
+def _couler_terms(expr: list[Any]) -> list[str]:
+    if expr[0] == "term":
+        return [expr[1]]
+    if expr[0] == "not":
+        return _couler_terms(expr[1])
+    return [name for term in expr[1] for name in _couler_terms(term)]
+
+
+def _couler_depends(expr: list[Any] | None) -> str:
+    """Why a depends expression does not hold ("" when it does or there is none). The
+    task's trigger rule is all_done, so every step the expression names has finished."""
+    if expr is None:
+        return ""
+    outcomes = _couler_outcomes_of(sorted(set(_couler_terms(expr))))
+    if outcomes is None:
+        raise RuntimeError("the task SDK cannot report upstream states: the depends "
+                           "expression cannot be evaluated")
+    if _couler_expr(expr, outcomes):
+        return ""
+    seen = ", ".join(f"{name} {outcome}" for name, (outcome, _) in sorted(outcomes.items()))
+    return f"its depends expression does not hold ({seen})"
 
 
 def _couler_outcomes() -> dict[str, str] | None:
@@ -526,8 +599,11 @@ def _couler_status() -> str:
     return "Failed" if leaves else "Succeeded"
 
 
-def _couler_items(value: Any = None, param: str = "") -> list[Any]:
+def _couler_items(value: Any = None, param: str = "", step: str = "") -> list[Any]:
     """The list a mapped step expands over: an upstream output or a workflow parameter."""
+    omitted = _couler_depends(STEPS[step].get("depends")) if step else ""
+    if omitted:  # the mapped task is skipped with its helper: not run
+        raise AirflowSkipException(f"{step} not run: {omitted}")
     if param:
         value = get_current_context()["params"].get(param)
     if isinstance(value, str):
@@ -723,8 +799,9 @@ class _Compiler:
 
     def _absorbs_failures(self) -> bool:
         """Whether a step can run after a failed upstream (a failed / skipped / any edge)."""
-        return any(d.condition is not ir.EdgeCondition.SUCCEEDED
-                   for s in ir.all_steps(self.wf.steps) for d in s.dependencies)
+        return any(s.depends is not None or any(
+            d.condition is not ir.EdgeCondition.SUCCEEDED for d in s.dependencies)
+            for s in ir.all_steps(self.wf.steps))
 
     def _render(self, hook_lines: list[str]) -> str:
         wf = self.wf
@@ -848,6 +925,8 @@ class _Compiler:
                                       f"t[{scope.key(step.name)!r}]")
 
     def _trigger_rule(self, step: ir.Step) -> str | None:
+        if step.depends is not None:  # the runner evaluates it once every upstream finished
+            return "all_done"
         conditions = {d.condition for d in step.dependencies}
         if not conditions:
             return None
@@ -861,6 +940,19 @@ class _Compiler:
                              f"Airflow has no trigger rule for {condition.value!r}: it does not "
                              "tell a task that was not run from one skipped by its when")
         return _RULE_OF_EDGE[condition]
+
+    def _depends(self, scope: _Scope, step: ir.Step, expr: ir.DependsExpr) -> list[Any]:
+        """A depends expression as nested lists the runner evaluates (``_couler_expr``)."""
+        if isinstance(expr, ir.DependsTerm):
+            if not _plain(scope.steps.get(expr.step)):
+                raise self._fail(step.name, Feature.DEPENDS_EXPRESSION,
+                                 f"the expression names the sub-workflow {expr.step!r}: a "
+                                 "TaskGroup has no single outcome the runner can read")
+            return ["term", scope.key(expr.step), expr.condition.value]
+        if isinstance(expr, ir.DependsNot):
+            return ["not", self._depends(scope, step, expr.term)]
+        kind = "all" if isinstance(expr, ir.DependsAll) else "any"
+        return [kind, [self._depends(scope, step, t) for t in expr.terms]]
 
     def _emit_group(self, scope: _Scope, step: ir.Step, indent: int, rule: str | None) -> None:
         body = step.body
@@ -941,7 +1033,10 @@ class _Compiler:
         spec["env"] = env
         # edges whose trigger rule also admits an upstream that was not run (see _RUNTIME)
         spec["edges"] = [[scope.key(d.step), d.condition.value] for d in step.dependencies
-                         if d.condition in _CHECKED_EDGES and _plain(scope.steps.get(d.step))]
+                         if d.condition in _CHECKED_EDGES and _plain(scope.steps.get(d.step))
+                         and step.depends is None]
+        if step.depends is not None:
+            spec["depends"] = self._depends(scope, step, step.depends)
         spec["when"] = None
         if step.when is not None:
             spec["when"] = {**self._condition(scope, step, step.when.condition, xcoms),
@@ -1004,6 +1099,8 @@ class _Compiler:
             else:
                 arg = f"param={src.name!r}"
             rule_arg = f", trigger_rule={rule!r}" if rule is not None else ""
+            if step.depends is not None:  # the helper runs first: it evaluates the expression
+                arg += f", step={key!r}"
             out.append(f"{pad}t[{helper!r}] = task(")
             out.append(f"{pad}    _couler_items, task_id={step.name + ITEMS_SUFFIX!r}{rule_arg},")
             out.append(f"{pad})({arg})")
