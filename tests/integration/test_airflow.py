@@ -364,3 +364,22 @@ def test_depends_expressions(airflow_env: AirflowEnv, tmp_path: Path) -> None:
     assert not (tmp_path / "gated").exists()
     assert (tmp_path / "after").read_text() == "after\n"
     assert "its depends expression does not hold (broken failed, ok succeeded)" in proc.stdout
+
+
+def test_retry_by_failure_class(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    """The step runner classifies each failed attempt (couler.failures' patterns): a
+    user error is not retried by a policy on transient / infra failures; an unknown exit
+    (transient) is."""
+    on = (ir.FailureClass.TRANSIENT, ir.FailureClass.INFRA)
+    tries_bug, tries_flaky = tmp_path / "bug", tmp_path / "flaky"
+    bug = S("bug", ir.ScriptSpec("python:3.12", f"open({str(tries_bug)!r}, 'a').write('x')\n"
+                                                "raise ValueError('bad input')\n"),
+            retry=ir.RetryPolicy(3, on=on))
+    flaky = S("flaky", _sh('echo x >> "$1"; [ "$(wc -l < "$1")" -ge 2 ] || exit 3',
+                           str(tries_flaky)), retry=ir.RetryPolicy(3, on=on))
+    proc = run_dag(airflow_env, ir.Workflow("couler-e2e-classes", (bug, flaky)))
+    assert proc.returncode != 0, _tail(proc)  # bug failed
+    assert tries_bug.read_text() == "x"  # one attempt: a user error is not retried
+    assert "user (python-exception: Python ValueError in the traceback); not retried" \
+        in proc.stdout
+    assert tries_flaky.read_text().split() == ["x", "x"]  # exit 3 seen once: transient

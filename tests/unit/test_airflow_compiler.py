@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from couler import ir
+from couler import failures, ir
 from couler.api.capture import capture_program
 from couler.compilers import airflow
+from couler.compilers.airflow.failures import classifier_source, pattern_table
 from couler.engines.base import Feature, first_unsupported
 from couler.errors import UnsupportedFeatureError
 
@@ -387,8 +388,6 @@ def test_retry_timeout_priority_and_defaults() -> None:
 
 
 @pytest.mark.parametrize(("step", "feature"), [
-    (S("s", ctr("x"), retry=ir.RetryPolicy(2, on=(ir.FailureClass.OOM,))),
-     Feature.RETRY_FAILURE_CLASSES),
     (S("s", ctr("x"), resources=ir.Resources(cpu_request="1")), Feature.RESOURCES),
     (S("s", ctr("x"), cache=ir.CachePolicy()), Feature.CACHE),
     (S("s", ir.JobSpec.of({"apiVersion": "batch/v1", "kind": "Job"})), Feature.JOB),
@@ -507,3 +506,82 @@ def test_generated_golden_files_are_lint_clean(tmp_path: Path) -> None:
                            "E,F,W,B", "--line-length", "120", str(tmp_path)],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- failure classes
+
+
+def _generated_classifier() -> Any:
+    namespace: dict[str, Any] = {}
+    exec("import re\nfrom typing import Any\n" + classifier_source(), namespace)
+    return namespace["_couler_classify"]
+
+
+TRACE = "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+CASES: list[dict[str, Any]] = [
+    {"exit_code": 1, "engine_reason": "OOMKilled"},
+    {"exit_code": None, "engine_reason": "The node was low on resource: Evicted"},
+    {"exit_code": None, "engine_reason": "node was lost"},
+    {"exit_code": None, "engine_reason": "Back-off pulling image: ImagePullBackOff"},
+    {"exit_code": None, "engine_reason": "Preempted by a spot reclaim"},
+    {"exit_code": None, "engine_reason": "DeadlineExceeded"},
+    {"exit_code": None, "engine_reason": "cannot start the process"},
+    {"exit_code": 137, "memory_evidence": True},
+    {"exit_code": 137, "log": "Killed: out of memory"},
+    {"exit_code": -9},
+    {"exit_code": 1, "log": TRACE + "MemoryError"},
+    {"exit_code": 1, "log": "fatal: cannot allocate memory"},
+    {"exit_code": None, "timed_out": True},
+    {"exit_code": 143},
+    {"exit_code": 1, "signal": 15},
+    {"exit_code": 1, "log": TRACE + "requests.exceptions.ConnectionError: boom"},
+    {"exit_code": 1, "log": TRACE + "socket.timeout: timed out"},
+    {"exit_code": 1, "log": TRACE + "RuntimeError: download failed: Connection reset by peer"},
+    {"exit_code": 1, "log": TRACE + "OSError: [Errno 28] No space left on device"},
+    {"exit_code": 1, "log": TRACE + "ValueError: bad input 42"},
+    {"exit_code": 1, "log": "curl: (6) Could not resolve host: example.org"},
+    {"exit_code": 1, "log": "HTTP 503 Service Unavailable"},
+    {"exit_code": 1, "log": "dial tcp: i/o timeout"},
+    {"exit_code": 1, "log": "write: broken pipe"},
+    {"exit_code": 1, "log": "read: Connection reset by peer"},
+    {"exit_code": 1, "log": "dial: connection refused"},
+    {"exit_code": 1, "log": "net/http: TLS handshake timeout"},
+    {"exit_code": 1, "log": "error: timed out while reading"},
+    {"exit_code": 1, "log": "cp: No space left on device"},
+    {"exit_code": 127, "log": "sh: foo: not found"},
+    {"exit_code": 2, "log": "usage: prog [-h]\nprog: error: unrecognized arguments"},
+    {"exit_code": 3, "log": "something odd 17"},
+    {"exit_code": 3, "log": "something odd 18",
+     "previous": [failures.Attempt(3, "something odd #")]},
+    {"exit_code": 3, "log": "other", "previous": [failures.Attempt(3, "something odd #")]},
+    {"exit_code": None},
+    {"exit_code": None, "engine_reason": "mystery"},
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_generated_classifier_matches_couler_failures(case: dict[str, Any]) -> None:
+    expected = failures.classify(**case)
+    previous = [[a.exit_code, a.error] for a in case.get("previous", ())]
+    got = _generated_classifier()(
+        case["exit_code"], case.get("signal"), case.get("engine_reason", ""),
+        case.get("log", ""), previous, memory=case.get("memory_evidence", False),
+        timed_out=case.get("timed_out", False))
+    assert got == (expected.failure_class.value, expected.pattern, expected.reason)
+
+
+def test_cases_reach_every_pattern() -> None:
+    reached = {failures.classify(**case).pattern for case in CASES}
+    names = {p.name for p in failures.PATTERNS}
+    assert names - reached == set()
+    assert {row[0] for row in pattern_table()} == names
+
+
+def test_retry_on_classes_is_in_the_step_table() -> None:
+    step = S("s", ctr("x"), retry=ir.RetryPolicy(2, on=(ir.FailureClass.TRANSIENT,
+                                                        ir.FailureClass.INFRA)))
+    dag = compile_ok(wf_of(step, S("t", ctr("y"), retry=ir.RetryPolicy(1))))
+    assert dag.steps["s"]["retry_on"] == ["transient", "infra"]
+    assert dag.tasks["s"].kwargs["retries"] == 2
+    assert "retry_on" not in dag.steps["t"]  # any failure: Airflow's retries alone
+    assert "def _couler_classify(" in dag.source

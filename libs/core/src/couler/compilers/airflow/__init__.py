@@ -114,6 +114,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from couler import ir
+from couler.compilers.airflow.failures import classifier_source
 from couler.engines.base import (
     Capability,
     Feature,
@@ -214,8 +215,12 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.RETRY_BACKOFF: Capability(
         _N, "retry_delay = base, retry_exponential_backoff = factor, max_retry_delay = cap"),
     Feature.RETRY_FAILURE_CLASSES: Capability(
-        _U, "every failure of the subprocess looks the same to Airflow (a non-zero exit); "
-            "transient / infra / OOM cannot be told apart"),
+        _R, "the step runner classifies each failed attempt with couler.failures' patterns "
+            "(generated into the DAG file from failures.PATTERNS: exit code, signal, stderr "
+            "tail, traceback, execution_timeout) and raises AirflowFailException (no retry) "
+            "for a class the policy does not retry; Airflow clears a task's XComs on each "
+            "try, so the attempts before are unknown and the same-error-twice rule does not "
+            "apply (an unknown exit stays transient, retried up to the limit)"),
     Feature.MEMORY_ESCALATION: Capability(
         _U, "tasks run as worker subprocesses without memory limits to raise"),
     Feature.TIMEOUT: Capability(
@@ -373,7 +378,7 @@ def _couler_once(step: str, spec: dict[str, Any], fill: Any,
         print(proc.stdout, end="", flush=True)
         print(proc.stderr, end="", file=sys.stderr, flush=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"step {step} exited with code {proc.returncode}")
+            _couler_failed(step, spec, proc.returncode, proc.stderr)
         outputs: dict[str, Any] = {}
         for out in spec["outputs"]:
             # stripped like the local engine: `echo x > FILE` gives "x", as print("x") does
@@ -389,6 +394,21 @@ def _couler_once(step: str, spec: dict[str, Any], fill: Any,
                     pass
             outputs[out["name"]] = value
         return outputs
+
+
+def _couler_failed(step: str, spec: dict[str, Any], exit_code: int | None, log: str, *,
+                   timed_out: bool = False) -> None:
+    """Fail the attempt, classified (couler.failures); without a retry when the step's
+    policy does not retry its class."""
+    failure, pattern, reason = _couler_classify(exit_code, log=log[-8192:],
+                                                timed_out=timed_out)
+    said = f"exited with code {exit_code}" if exit_code is not None else "failed"
+    message = f"step {step} {said}: {failure} ({pattern}: {reason})"
+    retry_on = spec.get("retry_on")
+    if retry_on is not None and failure not in retry_on:
+        raise AirflowFailException(f"{message}; not retried: its retry policy retries "
+                                   f"{', '.join(retry_on)} failures only")
+    raise RuntimeError(message)
 
 
 def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str, Any]:
@@ -429,10 +449,13 @@ def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str,
         env[var["name"]] = Variable.get(var["secret"]) if "secret" in var else fill(var["value"])
     loop = spec["loop"]
     outputs: dict[str, Any] = {}
-    for _ in range(loop["max_iterations"] if loop is not None else 1):
-        outputs = _couler_once(step, spec, fill, env)
-        if loop is None or not _couler_holds(loop, xcoms, item, outputs):
-            break
+    try:
+        for _ in range(loop["max_iterations"] if loop is not None else 1):
+            outputs = _couler_once(step, spec, fill, env)
+            if loop is None or not _couler_holds(loop, xcoms, item, outputs):
+                break
+    except AirflowTaskTimeout:  # execution_timeout: transient, like the step's timeout
+        _couler_failed(step, spec, None, "", timed_out=True)
     return outputs
 
 
@@ -833,7 +856,11 @@ class _Compiler:
             "from typing import Any",
             "",
             f"from airflow.sdk import {', '.join(sorted(imports))}",
-            "from airflow.sdk.exceptions import AirflowSkipException",
+            "from airflow.sdk.exceptions import (",
+            "    AirflowFailException,",
+            "    AirflowSkipException,",
+            "    AirflowTaskTimeout,",
+            ")",
             "",
             f"WORKFLOW_NAME = {wf.name!r}",
             f"WHEN_SKIP_KEY = {WHEN_SKIP_KEY!r}  # XCom of a task skipped by its own when",
@@ -857,7 +884,8 @@ class _Compiler:
         if self.edges:
             body += ["", "    # dependencies", *self.edges]
         body += hook_lines
-        return "\n".join(head) + "\n" + _RUNTIME + "\n".join(body) + "\n"
+        return ("\n".join(head) + "\n" + _RUNTIME + "\n\n" + classifier_source() + "\n\n"
+                + "\n".join(body) + "\n")
 
     def _dag_args(self) -> list[tuple[str, str]]:
         wf = self.wf
@@ -1032,6 +1060,9 @@ class _Compiler:
                 env.append({"name": var.name, "value": var.value})
         spec["env"] = env
         # edges whose trigger rule also admits an upstream that was not run (see _RUNTIME)
+        retry = step.retry if step.retry is not None else self.wf.defaults.retry
+        if retry is not None and ir.FailureClass.ANY not in retry.on:
+            spec["retry_on"] = [c.value for c in retry.on]
         spec["edges"] = [[scope.key(d.step), d.condition.value] for d in step.dependencies
                          if d.condition in _CHECKED_EDGES and _plain(scope.steps.get(d.step))
                          and step.depends is None]
