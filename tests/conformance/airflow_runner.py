@@ -239,6 +239,8 @@ def main(paths: list[Path]) -> dict[str, Any]:
     # programs/tune.py: its ask/tell/best tasks find the study's database in this secret
     # and run `python -m couler_runtime.tune`, which the main environment has (optuna)
     Variable.set("couler-tune/url", f"sqlite:///{WORK / 'tune.db'}")
+    # programs/artifacts.py: the artifact store, a local directory of this run
+    Variable.set(compiler.ARTIFACT_ROOT_VARIABLE, f"file://{WORK / 'artifacts'}")
     main_bin = ROOT / ".venv" / "bin"
     if main_bin.is_dir():
         os.environ["PATH"] = f"{main_bin}{os.pathsep}{os.environ.get('PATH', '')}"

@@ -383,3 +383,43 @@ def test_retry_by_failure_class(airflow_env: AirflowEnv, tmp_path: Path) -> None
     assert "user (python-exception: Python ValueError in the traceback); not retried" \
         in proc.stdout
     assert tries_flaky.read_text().split() == ["x", "x"]  # exit 3 seen once: transient
+
+
+def test_artifacts_through_object_storage(airflow_env: AirflowEnv, tmp_path: Path) -> None:
+    """Output artifacts are copied to the artifact store (the Airflow Variable
+    couler_artifact_root) under RUN_ID/STEP/NAME, input artifacts fetched to the path the
+    step reads; an explicit location is used as is."""
+    out, into, store = tmp_path / "out", tmp_path / "in", tmp_path / "store"
+    pinned = tmp_path / "pinned" / "p.txt"
+    producer = S(
+        "producer", _sh('mkdir -p "$1/tree" && echo report > "$1/report.txt" && '
+                        'echo one > "$1/tree/a" && echo two > "$1/tree/b" && '
+                        'echo pin > "$1/pin.txt"', str(out)),
+        output_artifacts=(
+            ir.OutputArtifact("report", str(out / "report.txt")),
+            ir.OutputArtifact("tree", str(out / "tree")),
+            ir.OutputArtifact("pin", str(out / "pin.txt"), location=ir.ArtifactLocation(
+                ir.StorageKind.LOCAL, key=str(pinned)))))
+    consumer = S(
+        "consumer", _sh('cat "$1/report.txt" "$1/tree/a" "$1/tree/b" "$1/pin.txt" > "$2"',
+                        str(into), str(tmp_path / "seen")),
+        input_artifacts=(
+            ir.InputArtifact("report", str(into / "report.txt"),
+                             ir.StepArtifactRef("producer", "report")),
+            ir.InputArtifact("tree", str(into / "tree"), ir.StepArtifactRef("producer", "tree")),
+            ir.InputArtifact("pin", str(into / "pin.txt"),
+                             ir.ArtifactLocation(ir.StorageKind.LOCAL, key=str(pinned)))),
+        dependencies=(ir.Dependency("producer"),))
+    wf = ir.Workflow("couler-e2e-artifacts", (producer, consumer))
+    (airflow_env.dags / "artifacts.py").write_text(airflow.compile_workflow(wf),
+                                                   encoding="utf-8")
+    env = {**airflow_env.env, "AIRFLOW_VAR_COULER_ARTIFACT_ROOT": f"file://{store}"}
+    proc = subprocess.run([str(AIRFLOW), "dags", "test", wf.name], env=env,
+                          cwd=airflow_env.home, text=True, timeout=300, check=False,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0, _tail(proc)
+    assert (tmp_path / "seen").read_text().split() == ["report", "one", "two", "pin"]
+    (run,) = store.iterdir()  # RUN_ID
+    assert (run / "producer" / "report").read_text() == "report\n"
+    assert sorted(p.name for p in (run / "producer" / "tree").iterdir()) == ["a", "b"]
+    assert pinned.read_text() == "pin\n"

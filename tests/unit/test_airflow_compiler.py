@@ -585,3 +585,38 @@ def test_retry_on_classes_is_in_the_step_table() -> None:
     assert dag.tasks["s"].kwargs["retries"] == 2
     assert "retry_on" not in dag.steps["t"]  # any failure: Airflow's retries alone
     assert "def _couler_classify(" in dag.source
+
+
+# --------------------------------------------------------------------------- artifacts
+
+
+def test_artifact_locations() -> None:
+    s3 = ir.ArtifactLocation(ir.StorageKind.S3, endpoint="minio:9000", bucket="b",
+                             key="data/x.csv", insecure=True,
+                             access_key=ir.SecretRef("s3", "id"),
+                             secret_key=ir.SecretRef("s3", "secret"))
+    make = S("make", ctr("true"), output_artifacts=(
+        ir.OutputArtifact("model", "/tmp/model"), ir.OutputArtifact("csv", "/tmp/x", s3)))
+    use = S("use", ctr("true"), dependencies=(ir.Dependency("make"),), input_artifacts=(
+        ir.InputArtifact("m", "/in/model", ir.StepArtifactRef("make", "model")),
+        ir.InputArtifact("c", "/in/x", ir.StepArtifactRef("make", "csv"))))
+    dag = compile_ok(wf_of(make, use))
+    assert dag.steps["make"]["output_artifacts"] == [
+        {"name": "model", "path": "/tmp/model", "to": {"key": "make/model"}},
+        {"name": "csv", "path": "/tmp/x", "to": {
+            "url": "s3://b/data/x.csv", "endpoint": "http://minio:9000",
+            "access_key": "s3/id", "secret_key": "s3/secret"}}]
+    assert [a["from"] for a in dag.steps["use"]["input_artifacts"]] == [
+        {"key": "make/model"}, dag.steps["make"]["output_artifacts"][1]["to"]]
+
+
+@pytest.mark.parametrize("step", [
+    S("s", ctr("true"), input_artifacts=(ir.InputArtifact("src", "/src", ir.ArtifactLocation(
+        ir.StorageKind.GIT, url="https://example.org/r.git")),)),
+    S("s", ctr("true"), output_artifacts=(ir.OutputArtifact("o", "/o"),),
+      foreach=ir.ForEach(items=(L(1), L(2)))),
+])
+def test_artifacts_object_storage_cannot_carry_are_refused(step: ir.Step) -> None:
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(step))
+    assert err.value.step == "s" and Feature.ARTIFACTS.value in str(err.value)

@@ -85,6 +85,16 @@ Shape of the generated file:
   rule from the task states and fails the run when it says so. Without hooks
   or such edges Airflow's own rule (a failed or ``upstream_failed`` leaf fails
   the run) is the same.
+* **Artifacts** go through Airflow's object storage (``ObjectStoragePath``): after the
+  command the runner copies each output artifact (a file or a directory tree) to the
+  artifact store -- the URL in the Airflow Variable ``couler_artifact_root`` (connection
+  id in ``couler_artifact_conn_id``; default a local directory) -- under
+  ``RUN_ID/STEP/NAME``, or to its own ``ArtifactLocation``; before the command it
+  fetches each input artifact to the path the step reads it from.
+* **Retry by failure class**: the runner classifies a failed attempt with a copy of
+  :func:`couler.failures.classify` generated from its ``PATTERNS``
+  (:mod:`couler.compilers.airflow.failures`) and raises ``AirflowFailException`` (no
+  further tries) for a class the step's policy does not retry.
 * **Policies**: retries → ``retries`` / ``retry_delay`` /
   ``retry_exponential_backoff`` (the factor) / ``max_retry_delay``; timeout →
   ``execution_timeout`` (workflow timeout → ``dagrun_timeout``); priority →
@@ -128,6 +138,8 @@ from couler.optimize.tune import expand_tune
 
 __all__ = [
     "AIRFLOW_VERSION",
+    "ARTIFACT_CONN_VARIABLE",
+    "ARTIFACT_ROOT_VARIABLE",
     "CAPABILITIES",
     "ENGINE",
     "EXIT_STATUS_TASK",
@@ -173,8 +185,15 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.WORKFLOW_PARAMETERS: Capability(
         _N, "DAG params (Param with default and JSON-schema type), read at run time"),
     Feature.ARTIFACTS: Capability(
-        _U, "Airflow passes values through XCom only; share files through object storage "
-            "or a shared volume instead"),
+        _R, "through Airflow object storage (ObjectStoragePath, providers-common-io): the "
+            "step runner copies an output artifact (file or directory) after the command to "
+            "the artifact store -- the Airflow Variable couler_artifact_root (e.g. "
+            "s3://bucket/prefix, with the connection in couler_artifact_conn_id; default a "
+            "local directory, enough for dag.test on one machine) under RUN_ID/STEP/NAME -- "
+            "and fetches an input artifact to the path the step reads it from before the "
+            "command; an ArtifactLocation (s3 / gcs / oss / hdfs bucket + key, http url, "
+            "endpoint and credential secrets as Variables) is used as is; git locations and "
+            "output artifacts of map steps are refused"),
     Feature.EDGE_CONDITIONS: Capability(
         _N, "the task's trigger_rule: failed/errored → all_failed, skipped → all_skipped, "
             "completed/any → all_done (succeeded → none_failed, succeeded_only → "
@@ -293,6 +312,11 @@ _PARAM_TYPE: dict[ir.ValueType, str] = {
 }
 _PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
 WHEN_SKIP_KEY = "couler_when_skipped"
+ARTIFACT_ROOT_VARIABLE = "couler_artifact_root"  # e.g. s3://bucket/prefix
+ARTIFACT_CONN_VARIABLE = "couler_artifact_conn_id"  # the object storage's connection
+# ArtifactLocation storage kinds -> URL scheme (bucket + key); http / local use url / key
+_SCHEMES = {ir.StorageKind.S3: "s3", ir.StorageKind.GCS: "gs", ir.StorageKind.OSS: "oss",
+            ir.StorageKind.HDFS: "hdfs"}
 # Edges whose trigger rule admits an upstream that was not run: none_failed and
 # all_skipped take any skip, all_failed counts upstream_failed, all_done takes both.
 _CHECKED_EDGES = frozenset({ir.EdgeCondition.SUCCEEDED, ir.EdgeCondition.SKIPPED,
@@ -396,6 +420,73 @@ def _couler_once(step: str, spec: dict[str, Any], fill: Any,
         return outputs
 
 
+def _couler_store(where: dict[str, Any]) -> Any:
+    """The object-storage path of an artifact: the artifact store (the Airflow Variable
+    ARTIFACT_ROOT_VARIABLE, default a local directory) under KEY, or its own location."""
+    from airflow.sdk import ObjectStoragePath
+
+    if "key" in where:
+        root = Variable.get(ARTIFACT_ROOT_VARIABLE, default=None) or (
+            "file://" + os.path.join(tempfile.gettempdir(), "couler-artifacts"))
+        conn_id = Variable.get(ARTIFACT_CONN_VARIABLE, default=None)
+        run_id = str(get_current_context()["run_id"])
+        return ObjectStoragePath(f"{root.rstrip('/')}/{run_id}/{where['key']}",
+                                 conn_id=conn_id)
+    options: dict[str, Any] = {}
+    if where.get("access_key"):
+        options["key"] = Variable.get(where["access_key"])
+    if where.get("secret_key"):
+        options["secret"] = Variable.get(where["secret_key"])
+    if where.get("endpoint"):
+        options["client_kwargs"] = {"endpoint_url": where["endpoint"]}
+    return ObjectStoragePath(where["url"], **options)
+
+
+def _couler_put(local: str, remote: Any) -> None:
+    """Copy a local file or directory tree to object storage."""
+    if os.path.isdir(local):
+        for name in sorted(os.listdir(local)):
+            _couler_put(os.path.join(local, name), remote / name)
+        return
+    remote.parent.mkdir(parents=True, exist_ok=True)
+    with open(local, "rb") as f:
+        remote.write_bytes(f.read())
+
+
+def _couler_get(remote: Any, local: str) -> None:
+    """Copy a file or directory tree from object storage to a local path."""
+    if remote.is_dir():
+        os.makedirs(local, exist_ok=True)
+        for child in remote.iterdir():
+            _couler_get(child, os.path.join(local, child.name))
+        return
+    os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+    with open(local, "wb") as f:
+        f.write(remote.read_bytes())
+
+
+def _couler_fetch_artifacts(step: str, spec: dict[str, Any]) -> None:
+    """Place the step's input artifacts at the paths it reads them from."""
+    for art in spec.get("input_artifacts", []):
+        remote = _couler_store(art["from"])
+        if not remote.exists():
+            raise RuntimeError(f"step {step}: input artifact {art['name']!r} is missing "
+                               f"at {remote}")
+        _couler_get(remote, art["path"])
+        print(f"couler: artifact {art['name']} fetched from {remote}", flush=True)
+
+
+def _couler_store_artifacts(step: str, spec: dict[str, Any]) -> None:
+    """Copy the step's output artifacts to the artifact store (or their locations)."""
+    for art in spec.get("output_artifacts", []):
+        if not os.path.exists(art["path"]):
+            raise RuntimeError(f"step {step}: output artifact {art['name']!r} was not "
+                               f"written at {art['path']}")
+        remote = _couler_store(art["to"])
+        _couler_put(art["path"], remote)
+        print(f"couler: artifact {art['name']} stored at {remote}", flush=True)
+
+
 def _couler_failed(step: str, spec: dict[str, Any], exit_code: int | None, log: str, *,
                    timed_out: bool = False) -> None:
     """Fail the attempt, classified (couler.failures); without a retry when the step's
@@ -444,6 +535,7 @@ def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str,
             return m.group(0)
         return _PLACEHOLDER.sub(sub, text)
 
+    _couler_fetch_artifacts(step, spec)
     env = dict(os.environ)
     for var in spec["env"]:
         env[var["name"]] = Variable.get(var["secret"]) if "secret" in var else fill(var["value"])
@@ -456,6 +548,7 @@ def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str,
                 break
     except AirflowTaskTimeout:  # execution_timeout: transient, like the step's timeout
         _couler_failed(step, spec, None, "", timed_out=True)
+    _couler_store_artifacts(step, spec)
     return outputs
 
 
@@ -864,6 +957,10 @@ class _Compiler:
             "",
             f"WORKFLOW_NAME = {wf.name!r}",
             f"WHEN_SKIP_KEY = {WHEN_SKIP_KEY!r}  # XCom of a task skipped by its own when",
+            "# Airflow Variables: the artifact store's base URL (default: a local directory)",
+            "# and the connection id its object storage uses",
+            f"ARTIFACT_ROOT_VARIABLE = {ARTIFACT_ROOT_VARIABLE!r}",
+            f"ARTIFACT_CONN_VARIABLE = {ARTIFACT_CONN_VARIABLE!r}",
             "# Each workflow task's upstream tasks (groups flattened), for the run's status.",
             f"GRAPH: dict[str, list[str]] = {_py(self._graph())}",
             "# Static description of every step, read by _couler_run on the worker.",
@@ -969,6 +1066,64 @@ class _Compiler:
                              "tell a task that was not run from one skipped by its when")
         return _RULE_OF_EDGE[condition]
 
+    def _location(self, step: ir.Step, loc: ir.ArtifactLocation, key: str) -> dict[str, Any]:
+        """Where an artifact lives: ``{"key": ...}`` in the artifact store, or a URL with
+        credentials (Variable names) for an explicit ArtifactLocation."""
+        if loc.storage is ir.StorageKind.DEFAULT:
+            return {"key": loc.key or key}
+        if loc.storage in _SCHEMES:
+            if not loc.bucket:
+                raise self._fail(step.name, Feature.ARTIFACTS,
+                                 f"a {loc.storage.value} artifact location needs a bucket")
+            url = f"{_SCHEMES[loc.storage]}://{loc.bucket}/{(loc.key or key).lstrip('/')}"
+        elif loc.storage is ir.StorageKind.HTTP and loc.url:
+            url = loc.url
+        elif loc.storage is ir.StorageKind.LOCAL and loc.key:
+            url = "file://" + loc.key
+        else:
+            raise self._fail(step.name, Feature.ARTIFACTS,
+                             f"object storage cannot read a {loc.storage.value} location "
+                             "(git repositories need a clone step)")
+        where: dict[str, Any] = {"url": url}
+        if loc.endpoint:
+            scheme = "http" if loc.insecure else "https"
+            where["endpoint"] = (loc.endpoint if "://" in loc.endpoint
+                                 else f"{scheme}://{loc.endpoint}")
+        for field_name in ("access_key", "secret_key"):
+            ref = getattr(loc, field_name)
+            if ref is not None:
+                where[field_name] = f"{ref.name}/{ref.key}"
+        return where
+
+    def _artifacts(self, scope: _Scope, step: ir.Step) -> dict[str, Any]:
+        """Input artifacts (fetched before the command) and output artifacts (stored after
+        it) of one step, keyed RUN_ID/STEP/NAME in the artifact store."""
+        key = scope.key(step.name)
+        if step.output_artifacts and step.foreach is not None:
+            raise self._fail(step.name, Feature.ARTIFACTS,
+                             "a map step's items would overwrite one another's artifacts")
+        outputs = [{"name": a.name, "path": a.path,
+                    "to": self._location(step, a.location or ir.ArtifactLocation(),
+                                         f"{key}/{a.name}")}
+                   for a in step.output_artifacts]
+        inputs = []
+        for a in step.input_artifacts:
+            src = a.source
+            if isinstance(src, ir.StepArtifactRef):
+                producer = scope.steps.get(src.step)
+                art = None if producer is None else next(
+                    (o for o in producer.output_artifacts if o.name == src.artifact), None)
+                if producer is None or art is None or not _plain(producer):
+                    raise self._fail(step.name, Feature.ARTIFACTS,
+                                     f"artifact {src.step}.{src.artifact} is not an output "
+                                     "of a step in this step's scope")
+                where = self._location(producer, art.location or ir.ArtifactLocation(),
+                                       f"{scope.key(src.step)}/{src.artifact}")
+            else:
+                where = self._location(step, src, f"{key}/{a.name}")
+            inputs.append({"name": a.name, "path": a.path, "from": where})
+        return {"input_artifacts": inputs, "output_artifacts": outputs}
+
     def _depends(self, scope: _Scope, step: ir.Step, expr: ir.DependsExpr) -> list[Any]:
         """A depends expression as nested lists the runner evaluates (``_couler_expr``)."""
         if isinstance(expr, ir.DependsTerm):
@@ -1059,6 +1214,8 @@ class _Compiler:
             else:
                 env.append({"name": var.name, "value": var.value})
         spec["env"] = env
+        if step.input_artifacts or step.output_artifacts:
+            spec.update(self._artifacts(scope, step))
         # edges whose trigger rule also admits an upstream that was not run (see _RUNTIME)
         retry = step.retry if step.retry is not None else self.wf.defaults.retry
         if retry is not None and ir.FailureClass.ANY not in retry.on:
