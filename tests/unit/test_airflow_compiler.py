@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
+import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ from couler import failures, ir
 from couler.api.capture import capture_program
 from couler.compilers import airflow
 from couler.compilers.airflow.failures import classifier_source, pattern_table
+from couler.compilers.airflow.pods import POD_RUNTIME
 from couler.engines.base import Feature, first_unsupported
 from couler.errors import UnsupportedFeatureError
 
@@ -76,7 +80,13 @@ def _literal(node: ast.expr) -> Any:
 
 
 def _task(value: ast.expr) -> tuple[Task, ast.Call]:
-    """Unwrap ``task(fn, **kw)(...)`` or ``task(fn, **kw).partial(...).expand(...)``."""
+    """Unwrap ``task(fn, **kw)(...)`` or ``task(fn, **kw).partial(...).expand(...)``, or
+    a pod step's ``_CoulerPod(**kw).output`` (fn ``_CoulerPod``)."""
+    if isinstance(value, ast.Attribute) and value.attr == "output":
+        pod = value.value
+        assert isinstance(pod, ast.Call) and ast.unparse(pod.func) == "_CoulerPod"
+        kwargs = {k.arg: ast.unparse(k.value) for k in pod.keywords if k.arg}
+        return Task("_CoulerPod", kwargs, kwargs), pod
     assert isinstance(value, ast.Call)
     expand = None
     call = value
@@ -196,7 +206,7 @@ def test_golden_outcomes() -> None:
             airflow.compile_workflow(wf)
         except UnsupportedFeatureError:
             rejected.add(program.stem)
-    assert rejected == {"job_apply", "policies", "resources"}
+    assert rejected == {"job_apply", "policies"}
 
 
 # --------------------------------------------------------------------------- structure
@@ -388,11 +398,9 @@ def test_retry_timeout_priority_and_defaults() -> None:
 
 
 @pytest.mark.parametrize(("step", "feature"), [
-    (S("s", ctr("x"), resources=ir.Resources(cpu_request="1")), Feature.RESOURCES),
     (S("s", ctr("x"), cache=ir.CachePolicy()), Feature.CACHE),
     (S("s", ir.JobSpec.of({"apiVersion": "batch/v1", "kind": "Job"})), Feature.JOB),
     (S("s", ctr("x"), daemon=True), Feature.DAEMON),
-    (S("s", ctr("x"), node_selector=(("a", "b"),)), Feature.NODE_SELECTOR),
 ])
 def test_unsupported_features_name_the_step(step: ir.Step, feature: Feature) -> None:
     with pytest.raises(UnsupportedFeatureError) as err:
@@ -620,3 +628,71 @@ def test_artifacts_object_storage_cannot_carry_are_refused(step: ir.Step) -> Non
     with pytest.raises(UnsupportedFeatureError) as err:
         airflow.compile_workflow(wf_of(step))
     assert err.value.step == "s" and Feature.ARTIFACTS.value in str(err.value)
+
+
+# --------------------------------------------------------------------------- pod steps
+
+
+def test_pod_output_wrapper_writes_json(tmp_path: Path) -> None:
+    """The shell wrapper of a pod step's outputs (run here with sh and this machine's awk)
+    writes stdout and a file's contents as one JSON object, escapes included."""
+    source = POD_RUNTIME[POD_RUNTIME.index("_COULER_AWK = "):POD_RUNTIME.index("class _Couler")]
+    namespace: dict[str, Any] = {"json": json, "os": os, "shlex": shlex, "Any": Any}
+    exec(source, namespace)
+    tricky = 'a "quoted" \\ back\tslash\nline2 $HOME `x` \'s\n'
+    out_file, target = tmp_path / "f.txt", tmp_path / "xcom" / "return.json"
+    script = namespace["_couler_wrapper"](
+        [{"name": "out", "source": "stdout", "path": ""},
+         {"name": "file", "source": "path", "path": str(out_file)}], str(target))
+    code = f"open({str(out_file)!r}, 'w').write({tricky!r}); print('hello \"w\"')"
+    proc = subprocess.run(["sh", "-c", script, "couler", sys.executable, "-c", code],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and proc.stdout == 'hello "w"\n', proc.stderr
+    assert json.loads(target.read_text()) == {"out": 'hello "w"', "file": tricky[:-1]}
+    failed = subprocess.run(["sh", "-c", script, "couler", "sh", "-c", "exit 7"],
+                            capture_output=True, text=True, check=False)
+    assert failed.returncode == 7
+
+
+def test_steps_with_resources_or_placement_become_pods() -> None:
+    train = S("train", ctr("python3", "-c", "print(1)"),
+              resources=ir.Resources(cpu_request="1", memory_limit="1Gi", gpu=1),
+              node_selector=(("pool", "gpu"),),
+              tolerations=(ir.Toleration("dedicated", "Equal", "ml", "NoSchedule"),),
+              env=(ir.EnvVar("TOKEN", secret=ir.SecretRef("creds", "token")),),
+              outputs=(ir.OutputParameter("out", ir.OutputSource.STDOUT),),
+              retry=ir.RetryPolicy(2, on=(ir.FailureClass.OOM,), memory_factor=2.0,
+                                   memory_ceiling="4Gi"))
+    report = S("report", ctr("echo", args=("{{inputs.v}}",)), dependencies=(
+        ir.Dependency("train"),), inputs=(ir.InputParameter("v", ir.StepOutputRef("train",
+                                                                                  "out")),))
+    source = airflow.compile_workflow(wf_of(train, report))
+    assert "class _CoulerPod(KubernetesPodOperator)" in source
+    assert "t['train'] = _CoulerPod(" in source and "t['report'] = task(" in source
+    dag = parse(source)
+    pod = dag.tasks["train"].kwargs
+    assert pod["container_resources"] == ("k8s.V1ResourceRequirements(requests={'cpu': '1'}, "
+                                          "limits={'memory': '1Gi', 'nvidia.com/gpu': '1'})")
+    assert pod["node_selector"] == "{'pool': 'gpu'}"
+    assert pod["tolerations"] == ("[k8s.V1Toleration(key='dedicated', operator='Equal', "
+                                  "value='ml', effect='NoSchedule')]")
+    assert pod["secrets"] == ("[Secret(deploy_type='env', deploy_target='TOKEN', "
+                              "secret='creds', key='token')]")
+    assert pod["cmds"] == "['python3']" and pod["arguments"] == "['-c', 'print(1)']"
+    assert pod["image"] == "'alpine:3.20'" and pod["do_xcom_push"] == "True"
+    assert pod["retries"] == "2"
+    assert dag.steps["train"]["memory"] == {"factor": 2.0, "ceiling": "4Gi"}
+    assert dag.steps["train"]["retry_on"] == ["oom"]
+    assert "{'x0': t['train']['out']}" in source  # the worker task reads the pod's XCom
+
+
+@pytest.mark.parametrize(("step", "feature"), [
+    (S("s", ctr("x"), resources=ir.Resources(cpu_request="1"),
+       foreach=ir.ForEach(items=(L(1),))), Feature.MAP_STATIC),
+    (S("s", ctr("x"), node_selector=(("a", "b"),),
+       output_artifacts=(ir.OutputArtifact("o", "/o"),)), Feature.ARTIFACTS),
+])
+def test_what_a_pod_step_cannot_carry_is_refused(step: ir.Step, feature: Feature) -> None:
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(step))
+    assert err.value.step == "s" and feature.value in str(err.value)

@@ -125,6 +125,7 @@ from typing import Any
 
 from couler import ir
 from couler.compilers.airflow.failures import classifier_source
+from couler.compilers.airflow.pods import POD_RUNTIME, needs_pod, pod_kwargs
 from couler.engines.base import (
     Capability,
     Feature,
@@ -241,23 +242,41 @@ CAPABILITIES: dict[Feature, Capability] = {
             "try, so the attempts before are unknown and the same-error-twice rule does not "
             "apply (an unknown exit stays transient, retried up to the limit)"),
     Feature.MEMORY_ESCALATION: Capability(
-        _U, "tasks run as worker subprocesses without memory limits to raise"),
+        _R, "on a pod step (one with memory resources): before each try the pod operator "
+            "counts this task's earlier pods the kubelet OOMKilled (failed pods are kept and "
+            "found by their labels) and multiplies the memory request and limit by "
+            "memory_factor per OOM, capped at memory_ceiling; a worker-subprocess step has "
+            "no memory limit to raise"),
     Feature.TIMEOUT: Capability(
         _N, "execution_timeout (the subprocess is killed); workflow timeout → dagrun_timeout"),
     Feature.RESOURCES: Capability(
-        _U, "worker subprocesses have no per-task CPU/memory requests or limits (that needs "
-            "the KubernetesExecutor pod_override)"),
-    Feature.GPU: Capability(_U, "worker subprocesses cannot request GPUs"),
+        _R, "the step runs as a KubernetesPodOperator task (_CoulerPod, provider "
+            "cncf-kubernetes) with container_resources; steps without resources or "
+            "placement stay worker subprocesses. The pod runs the step's image, the step "
+            "runner's gates and placeholders run before it, outputs come back through "
+            "/airflow/xcom/return.json (a sh wrapper: the image needs sh and awk); a pod "
+            "step cannot be mapped, looped or carry artifacts. Checked by DagBag import; "
+            "dag.test cannot start pods without a cluster"),
+    Feature.GPU: Capability(
+        _R, "a KubernetesPodOperator task whose container_resources limit the GPU resource "
+            "(nvidia.com/gpu by default); see resources"),
     Feature.CACHE: Capability(_U, "Airflow has no result caching / memoization of tasks"),
     Feature.PRIORITY: Capability(_N, "task priority_weight"),
     Feature.NODE_SELECTOR: Capability(
-        _U, "tasks run on any worker; node placement needs the KubernetesExecutor"),
+        _R, "a KubernetesPodOperator task with node_selector (the workflow's merged with "
+            "the step's; a workflow-level selector makes every step a pod); see resources"),
     Feature.TOLERATIONS: Capability(
-        _U, "tasks run on any worker; tolerations need the KubernetesExecutor"),
-    Feature.VOLUMES: Capability(_U, "worker subprocesses mount no volumes"),
+        _R, "a KubernetesPodOperator task with tolerations (V1Toleration; workflow-level "
+            "ones make every step a pod); see resources"),
+    Feature.VOLUMES: Capability(
+        _R, "a KubernetesPodOperator task mounting the volume: an existing claim, config "
+            "map, secret or emptyDir as is; a claim template as the pod's generic ephemeral "
+            "volume when one step mounts it (refused when several do: the pods would not "
+            "share it)"),
     Feature.SECRETS: Capability(
         _R, "env value read at run time with Variable.get('SECRET/KEY'): store it as an "
-            "Airflow Variable or serve it from a secrets backend"),
+            "Airflow Variable or serve it from a secrets backend; a pod step (resources / "
+            "placement) gets the Kubernetes secret itself (Secret('env', VAR, NAME, KEY))"),
     Feature.DAEMON: Capability(
         _U, "an Airflow task cannot keep serving other tasks while they run"),
     Feature.CRON: Capability(
@@ -488,10 +507,10 @@ def _couler_store_artifacts(step: str, spec: dict[str, Any]) -> None:
 
 
 def _couler_failed(step: str, spec: dict[str, Any], exit_code: int | None, log: str, *,
-                   timed_out: bool = False) -> None:
+                   timed_out: bool = False, reason: str = "") -> None:
     """Fail the attempt, classified (couler.failures); without a retry when the step's
     policy does not retry its class."""
-    failure, pattern, reason = _couler_classify(exit_code, log=log[-8192:],
+    failure, pattern, reason = _couler_classify(exit_code, reason=reason, log=log[-8192:],
                                                 timed_out=timed_out)
     said = f"exited with code {exit_code}" if exit_code is not None else "failed"
     message = f"step {step} {said}: {failure} ({pattern}: {reason})"
@@ -502,11 +521,9 @@ def _couler_failed(step: str, spec: dict[str, Any], exit_code: int | None, log: 
     raise RuntimeError(message)
 
 
-def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str, Any]:
-    """Run one step of STEPS on the worker; returns its outputs (one XCom each)."""
-    spec = STEPS[step]
-    if spec["items"] is not None:
-        item = spec["items"][item]
+def _couler_gate(step: str, spec: dict[str, Any], xcoms: dict[str, Any], item: Any) -> Any:
+    """Check whether the step runs (exit-hook status, edges, depends, when; skips it
+    otherwise) and return the function filling its placeholders."""
     inputs = {name: _couler_value(src, xcoms, item, {}) for name, src in spec["inputs"].items()}
     gate = spec.get("status")
     if gate and spec.get("hook") and _couler_status() not in (gate, "Running"):
@@ -534,7 +551,15 @@ def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str,
                 return spec.get("status") or _couler_status()
             return m.group(0)
         return _PLACEHOLDER.sub(sub, text)
+    return fill
 
+
+def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str, Any]:
+    """Run one step of STEPS on the worker; returns its outputs (one XCom each)."""
+    spec = STEPS[step]
+    if spec["items"] is not None:
+        item = spec["items"][item]
+    fill = _couler_gate(step, spec, xcoms, item)
     _couler_fetch_artifacts(step, spec)
     env = dict(os.environ)
     for var in spec["env"]:
@@ -833,6 +858,11 @@ class _Compiler:
         self.specs: dict[str, dict[str, Any]] = {}
         self.lines: list[str] = []
         self.edges: list[str] = []
+        self.pods = False  # a step runs as a KubernetesPodOperator (see .pods)
+        self.claim_users: dict[str, int] = {}  # steps mounting each workflow volume
+        for s in ir.all_steps([*wf.steps, *(h for hook in wf.exit_hooks for h in hook.steps)]):
+            for m in s.volume_mounts:
+                self.claim_users[m.name] = self.claim_users.get(m.name, 0) + 1
 
     def _fail(self, step: str, feature: Feature | str, detail: str) -> UnsupportedFeatureError:
         name = feature.value if isinstance(feature, Feature) else feature
@@ -928,6 +958,8 @@ class _Compiler:
             imports.append("TaskGroup")
         if wf.schedule is not None and wf.schedule.timezone:
             imports.append("CronTriggerTimetable")
+        if not any("task(" in line for line in [*self.lines, *hook_lines]):
+            imports.remove("task")  # every step is a pod
         head = [
             f'"""Airflow DAG of the Couler workflow {wf.name!r}.',
             "",
@@ -981,8 +1013,9 @@ class _Compiler:
         if self.edges:
             body += ["", "    # dependencies", *self.edges]
         body += hook_lines
-        return ("\n".join(head) + "\n" + _RUNTIME + "\n\n" + classifier_source() + "\n\n"
-                + "\n".join(body) + "\n")
+        pods = POD_RUNTIME if self.pods else ""
+        return ("\n".join(head) + "\n" + _RUNTIME + "\n\n" + classifier_source() + pods
+                + "\n\n" + "\n".join(body) + "\n")
 
     def _dag_args(self) -> list[tuple[str, str]]:
         wf = self.wf
@@ -1300,6 +1333,16 @@ class _Compiler:
         self.specs[key] = spec
         kwargs = self._task_kwargs(step, key, rule)
         xcom_arg = "{" + ", ".join(f"{k!r}: {v}" for k, v in xcoms.items()) + "}"
+        if needs_pod(self.wf, step):
+            self.pods = True
+            pod, extra = pod_kwargs(self.wf, step, self.claim_users, self._fail, pad + "    ")
+            spec.update(extra)
+            kwargs = [k for k in kwargs if k != "multiple_outputs=True"]
+            out.append(f"{pad}t[{key!r}] = _CoulerPod(")
+            out += [f"{pad}    {arg}," for arg in
+                    [*kwargs, f"couler_step={key!r}", f"couler_xcoms={xcom_arg}", *pod]]
+            out.append(f"{pad}).output")
+            return
         call = f"task(_couler_run, {', '.join(kwargs)})"
         if expand:
             tail = f".partial(step={key!r}, xcoms={xcom_arg}).expand(item={expand})"
