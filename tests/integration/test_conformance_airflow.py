@@ -140,6 +140,10 @@ POD_PROGRAMS: dict[str, dict[str, dict[str, Any]]] = {
         "retries": 2,
         "container_resources": {"limits": {"cpu": "1", "memory": "1Gi"},
                                 "requests": {"cpu": "1", "memory": "1Gi"}}}},
+    "resources_cache": {"compute": {
+        "container_resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
+                                "limits": {"cpu": "500m", "memory": "256Mi"}},
+        "do_xcom_push": True}},
     "placement": {"write": {
         "node_selector": {"pool": "cpu"},
         "tolerations": [{"effect": "NoSchedule", "key": "dedicated", "operator": "Equal",

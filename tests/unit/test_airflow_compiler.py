@@ -16,6 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace as Ns
 from typing import Any
 
 import pytest
@@ -206,7 +207,7 @@ def test_golden_outcomes() -> None:
             airflow.compile_workflow(wf)
         except UnsupportedFeatureError:
             rejected.add(program.stem)
-    assert rejected == {"job_apply", "policies"}
+    assert rejected == {"job_apply"}
 
 
 # --------------------------------------------------------------------------- structure
@@ -398,7 +399,6 @@ def test_retry_timeout_priority_and_defaults() -> None:
 
 
 @pytest.mark.parametrize(("step", "feature"), [
-    (S("s", ctr("x"), cache=ir.CachePolicy()), Feature.CACHE),
     (S("s", ir.JobSpec.of({"apiVersion": "batch/v1", "kind": "Job"})), Feature.JOB),
     (S("s", ctr("x"), daemon=True), Feature.DAEMON),
 ])
@@ -696,3 +696,67 @@ def test_what_a_pod_step_cannot_carry_is_refused(step: ir.Step, feature: Feature
     with pytest.raises(UnsupportedFeatureError) as err:
         airflow.compile_workflow(wf_of(step))
     assert err.value.step == "s" and feature.value in str(err.value)
+
+
+def test_cache_policy_in_the_step_table() -> None:
+    keyed = S("keyed", ctr("x"), cache=ir.CachePolicy(key="v1-{{inputs.n}}", name="c",
+                                                       max_age_seconds=60),
+              inputs=(ir.InputParameter("n", L(1)),))
+    plain = S("plain", ctr("x"), cache=ir.CachePolicy(salt="s"))
+    salted = S("plain", ctr("x"), cache=ir.CachePolicy(salt="t"))
+    dag = compile_ok(wf_of(keyed, plain))
+    assert dag.steps["keyed"]["cache"] == {"name": "c", "key": "v1-{{inputs.n}}",
+                                           "digest": dag.steps["keyed"]["cache"]["digest"],
+                                           "max_age": 60}
+    assert dag.steps["plain"]["cache"]["name"] == "plain"
+    assert dag.steps["plain"]["cache"]["max_age"] is None
+    # the salt changes the content digest
+    other = compile_ok(wf_of(salted)).steps["plain"]["cache"]["digest"]
+    assert other != dag.steps["plain"]["cache"]["digest"]
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(S("s", ctr("x"), cache=ir.CachePolicy(),
+                                         output_artifacts=(ir.OutputArtifact("o", "/o"),))))
+    assert Feature.CACHE.value in str(err.value)
+
+
+def _pod_helpers() -> dict[str, Any]:
+    """The pod runtime's quantity / earlier-tries / escalation helpers, without Airflow."""
+    source = POD_RUNTIME[POD_RUNTIME.index("_QUANTITY = "):POD_RUNTIME.index("# awk: ")]
+    namespace: dict[str, Any] = {"re": __import__("re"), "Any": Any}
+    exec(source, namespace)
+    return namespace
+
+
+def _fake_pod(try_number: int, reason: str, code: int) -> Any:
+    done = Ns(reason=reason, exit_code=code)
+    return Ns(metadata=Ns(name=f"pod-{try_number}", labels={"try_number": str(try_number)}),
+              status=Ns(container_statuses=[Ns(name="base", state=Ns(terminated=done))]))
+
+
+def test_pod_memory_escalates_after_oom_killed_tries() -> None:
+    helpers = _pod_helpers()
+    assert helpers["_couler_quantity"]("1Gi") == 2**30
+    assert helpers["_couler_quantity"]("500m") == 0.5
+    pods = [_fake_pod(2, "OOMKilled", 137), _fake_pod(1, "OOMKilled", 137),
+            _fake_pod(3, "Error", 1)]
+    seen: dict[str, str] = {}
+
+    def list_pods(namespace: str, label_selector: str) -> Any:
+        seen.update(namespace=namespace, selector=label_selector)
+        return Ns(items=pods)
+
+    op = Ns(_get_ti_pod_labels=lambda ctx, include_try_number: {"dag_id": "d", "task_id": "t"},
+            client=Ns(list_namespaced_pod=list_pods), namespace=None,
+            container_resources=Ns(requests={"memory": "1Gi"}, limits={"memory": "1Gi"}))
+    tries = helpers["_couler_pod_tries"](op, {})
+    assert tries == [("OOMKilled", 137, "pod-1"), ("OOMKilled", 137, "pod-2"),
+                     ("Error", 1, "pod-3")]
+    assert seen == {"namespace": "default", "selector": "dag_id=d,task_id=t"}
+    helpers["_couler_escalate"](op, {}, {"factor": 2.0, "ceiling": "3Gi"})
+    # two OOM kills: 1Gi * 2**2 = 4Gi, capped at the ceiling
+    assert op.container_resources.limits == {"memory": str(3 * 2**30)}
+    assert op.container_resources.requests == {"memory": str(3 * 2**30)}
+    pods[:] = [_fake_pod(1, "Error", 1)]
+    op.container_resources = Ns(requests=None, limits={"memory": "1Gi"})
+    helpers["_couler_escalate"](op, {}, {"factor": 2.0, "ceiling": ""})
+    assert op.container_resources.limits == {"memory": "1Gi"}  # no OOM: unchanged

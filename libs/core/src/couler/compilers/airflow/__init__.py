@@ -119,6 +119,8 @@ group-level policies on an inline sub-workflow, static maps longer than
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -260,7 +262,14 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.GPU: Capability(
         _R, "a KubernetesPodOperator task whose container_resources limit the GPU resource "
             "(nvidia.com/gpu by default); see resources"),
-    Feature.CACHE: Capability(_U, "Airflow has no result caching / memoization of tasks"),
+    Feature.CACHE: Capability(
+        _R, "Airflow has no memoization: the step runner keeps a step's outputs as JSON in "
+            "the artifact store (couler_artifact_root/cache/NAME/KEY.json, shared by every "
+            "run) under the policy's key (placeholders filled) or the step's content digest "
+            "(command, image, env, salt) with its input values and map item; an entry older "
+            "than max_age is a miss; a hit returns the outputs without running the command "
+            "(the task still ends success: Airflow has no cached state); steps with output "
+            "artifacts are refused"),
     Feature.PRIORITY: Capability(_N, "task priority_weight"),
     Feature.NODE_SELECTOR: Capability(
         _R, "a KubernetesPodOperator task with node_selector (the workflow's merged with "
@@ -444,10 +453,13 @@ def _couler_store(where: dict[str, Any]) -> Any:
     ARTIFACT_ROOT_VARIABLE, default a local directory) under KEY, or its own location."""
     from airflow.sdk import ObjectStoragePath
 
-    if "key" in where:
+    if "key" in where or "cache" in where:
         root = Variable.get(ARTIFACT_ROOT_VARIABLE, default=None) or (
             "file://" + os.path.join(tempfile.gettempdir(), "couler-artifacts"))
         conn_id = Variable.get(ARTIFACT_CONN_VARIABLE, default=None)
+        if "cache" in where:  # shared by every run of every workflow
+            return ObjectStoragePath(f"{root.rstrip('/')}/cache/{where['cache']}",
+                                     conn_id=conn_id)
         run_id = str(get_current_context()["run_id"])
         return ObjectStoragePath(f"{root.rstrip('/')}/{run_id}/{where['key']}",
                                  conn_id=conn_id)
@@ -560,6 +572,9 @@ def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str,
     if spec["items"] is not None:
         item = spec["items"][item]
     fill = _couler_gate(step, spec, xcoms, item)
+    cache = _couler_cache(step, spec, fill, item)
+    if cache is not None and cache.get("outputs") is not None:
+        return cache["outputs"]
     _couler_fetch_artifacts(step, spec)
     env = dict(os.environ)
     for var in spec["env"]:
@@ -574,7 +589,44 @@ def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str,
     except AirflowTaskTimeout:  # execution_timeout: transient, like the step's timeout
         _couler_failed(step, spec, None, "", timed_out=True)
     _couler_store_artifacts(step, spec)
+    _couler_cache_put(cache, outputs)
     return outputs
+
+
+def _couler_cache(step: str, spec: dict[str, Any], fill: Any, item: Any) -> dict[str, Any] | None:
+    """The step's cache entry: {"path": ..., "outputs": ... (None on a miss)}; None when
+    the step has no cache policy. The key is the user's (placeholders filled) or the
+    step's content digest with its input values and map item; entries older than the
+    policy's max age are misses."""
+    policy = spec.get("cache")
+    if policy is None:
+        return None
+    if policy["key"]:
+        key = fill(policy["key"])
+    else:
+        values = {name: fill("{{inputs.%s}}" % name) for name in spec["inputs"]}
+        key = policy["digest"] + json.dumps([values, item], sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    path = _couler_store({"cache": f"{policy['name']}/{digest}.json"})
+    entry: dict[str, Any] = {"path": path, "outputs": None}
+    try:
+        found = json.loads(path.read_text()) if path.exists() else None
+    except (OSError, ValueError):  # an unreadable entry is a miss
+        found = None
+    if found is not None:
+        age = time.time() - found["time"]
+        if policy["max_age"] is None or age <= policy["max_age"]:
+            print(f"couler: {step} reused its cached outputs ({int(age)} s old)", flush=True)
+            entry["outputs"] = found["outputs"]
+    return entry
+
+
+def _couler_cache_put(entry: dict[str, Any] | None, outputs: dict[str, Any]) -> None:
+    """Store a step's fresh outputs in its cache entry."""
+    if entry is None:
+        return
+    entry["path"].parent.mkdir(parents=True, exist_ok=True)
+    entry["path"].write_text(json.dumps({"outputs": outputs, "time": time.time()}))
 
 
 _ACCEPTS = {"succeeded": ("succeeded", "skipped"), "skipped": ("skipped",),
@@ -796,6 +848,10 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> str:
 # --------------------------------------------------------------------------- compiler
 
 
+def _json_text(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def _py(value: object, indent: int = 0) -> str:
     """A Python literal for ``value``: one dict key per line, short values inline."""
     flat = repr(value)
@@ -970,6 +1026,7 @@ class _Compiler:
             "from __future__ import annotations",
             "",
             "import datetime",
+            "import hashlib",
             "import json",
             "import operator",
             "import os",
@@ -978,6 +1035,7 @@ class _Compiler:
             "import subprocess",
             "import sys",
             "import tempfile",
+            "import time",
             "from typing import Any",
             "",
             f"from airflow.sdk import {', '.join(sorted(imports))}",
@@ -1249,6 +1307,20 @@ class _Compiler:
         spec["env"] = env
         if step.input_artifacts or step.output_artifacts:
             spec.update(self._artifacts(scope, step))
+        cache = step.cache if step.cache is not None else self.wf.defaults.cache
+        if cache is not None and cache.enabled:
+            if step.output_artifacts:
+                raise self._fail(step.name, Feature.CACHE, "the cache keeps a step's "
+                                 "parameters, not its output artifacts")
+            static = {k: spec.get(k) for k in ("kind", "command", "args", "source",
+                                               "interpreter", "working_dir", "outputs")}
+            static["image"] = getattr(body, "image", "")
+            static["env"] = [v for v in env if "secret" not in v]
+            content = _json_text(static) + cache.salt
+            spec["cache"] = {"name": cache.name or scope.key(step.name),
+                             "key": cache.key,
+                             "digest": hashlib.sha256(content.encode()).hexdigest()[:16],
+                             "max_age": cache.max_age_seconds}
         # edges whose trigger rule also admits an upstream that was not run (see _RUNTIME)
         retry = step.retry if step.retry is not None else self.wf.defaults.retry
         if retry is not None and ir.FailureClass.ANY not in retry.on:

@@ -311,6 +311,11 @@ class _CoulerPod(KubernetesPodOperator):
         for var in self.env_vars or []:
             if getattr(var, "value", None) is not None:
                 var.value = fill(var.value)
+        cache = _couler_cache(step, spec, fill, None)
+        if cache is not None and cache.get("outputs") is not None:
+            for name, value in cache["outputs"].items():
+                context["ti"].xcom_push(key=name, value=value)
+            return cache["outputs"]
         if spec.get("memory"):
             _couler_escalate(self, context, spec["memory"])
         try:
@@ -336,7 +341,7 @@ class _CoulerPod(KubernetesPodOperator):
                 raise
             except RuntimeError as failed:
                 raise failed from exc
-        ti = context["ti"]
+        outputs: dict[str, Any] = {}
         for out in spec["outputs"]:
             value = str((result or {}).get(out["name"], "")).strip()
             if out["type"] == "list":
@@ -344,6 +349,8 @@ class _CoulerPod(KubernetesPodOperator):
                     value = json.loads(value)
                 except ValueError:
                     pass
-            ti.xcom_push(key=out["name"], value=value)
+            outputs[out["name"]] = value
+            context["ti"].xcom_push(key=out["name"], value=value)
+        _couler_cache_put(cache, outputs)
         return result
 '''
