@@ -131,11 +131,13 @@ def _plain(value: Any) -> Any:
 
 POD_FIELDS = ("image", "cmds", "arguments", "container_resources", "node_selector",
               "tolerations", "volumes", "volume_mounts", "retries", "do_xcom_push")
+TRIGGER_FIELDS = ("trigger_dag_id", "wait_for_completion", "allowed_states", "failed_states")
 
 
 def pod_summary(dag_file: Path) -> dict[str, Any]:
-    """A DAG with Kubernetes pod steps, loaded by Airflow's DagBag (dag.test() cannot start
-    pods without a cluster): its import errors and each pod task's operator fields."""
+    """A DAG with Kubernetes pod steps or sub-workflow references, loaded by Airflow's
+    DagBag (dag.test() cannot start pods without a cluster, nor run a triggered DAG without
+    a scheduler): its import errors and each such task's operator fields."""
     from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(dag_file))
@@ -145,6 +147,8 @@ def pod_summary(dag_file: Path) -> dict[str, Any]:
     (dag,) = bag.dags.values()
     pods = {t.task_id: {f: _plain(getattr(t, f)) for f in POD_FIELDS}
             for t in dag.tasks if type(t).__name__ == "_CoulerPod"}
+    pods.update({t.task_id: {f: _plain(getattr(t, f)) for f in TRIGGER_FIELDS}
+                 for t in dag.tasks if type(t).__name__ == "_CoulerTrigger"})
     return {"state": "needs-cluster", "pods": pods,
             "tasks": sorted(t.task_id for t in dag.tasks)}
 
@@ -153,7 +157,7 @@ def run_one(name: str, wf: ir.Workflow, source: str) -> dict[str, Any]:
     """Run one compiled program with ``dag.test()`` in a fresh directory: its summary."""
     dag_file = WORK / "dags" / f"{name}.py"
     dag_file.write_text(source, encoding="utf-8")
-    if "= _CoulerPod(" in source:
+    if "= _CoulerPod(" in source or "= _CoulerTrigger(" in source:
         try:
             return pod_summary(dag_file)
         finally:

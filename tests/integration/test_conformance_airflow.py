@@ -127,10 +127,14 @@ def test_airflow_run_matches_expected(airflow_runs: dict[str, Any], program: str
     assert harness.matches(expected, actual) == [], json.dumps(actual, indent=1)
 
 
-# Programs whose steps ask for resources or placement: KubernetesPodOperator tasks, which
-# dag.test() cannot run without a cluster. The runner loads them with Airflow's DagBag;
+# Programs whose steps ask for resources or placement (KubernetesPodOperator tasks, which
+# dag.test() cannot run without a cluster) or run another workflow (a TriggerDagRunOperator
+# task: the triggered run needs a scheduler). The runner loads them with Airflow's DagBag;
 # these are the operator fields each must carry (a subset of what the runner reports).
 POD_PROGRAMS: dict[str, dict[str, dict[str, Any]]] = {
+    "subworkflow_ref": {"child": {
+        "trigger_dag_id": "conf-basic-steps", "wait_for_completion": True,
+        "allowed_states": ["success"], "failed_states": ["failed"]}},
     "gpu": {"train": {
         "image": "python:3.12-alpine", "cmds": ["python3"],
         "arguments": ["-c", "print('gpu')"],

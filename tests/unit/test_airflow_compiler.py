@@ -89,6 +89,9 @@ def _task(value: ast.expr) -> tuple[Task, ast.Call]:
         kwargs = {k.arg: ast.unparse(k.value) for k in pod.keywords if k.arg}
         return Task("_CoulerPod", kwargs, kwargs), pod
     assert isinstance(value, ast.Call)
+    if ast.unparse(value.func) == "_CoulerTrigger":  # a sub-workflow reference
+        kwargs = {k.arg: ast.unparse(k.value) for k in value.keywords if k.arg}
+        return Task("_CoulerTrigger", kwargs, kwargs), value
     expand = None
     call = value
     if isinstance(call.func, ast.Attribute) and call.func.attr == "expand":
@@ -760,3 +763,25 @@ def test_pod_memory_escalates_after_oom_killed_tries() -> None:
     op.container_resources = Ns(requests=None, limits={"memory": "1Gi"})
     helpers["_couler_escalate"](op, {}, {"factor": 2.0, "ceiling": ""})
     assert op.container_resources.limits == {"memory": "1Gi"}  # no OOM: unchanged
+
+
+def test_subworkflow_reference_triggers_the_dag() -> None:
+    prep = S("prep", ctr("echo", args=("x",)),
+             outputs=(ir.OutputParameter("out", ir.OutputSource.STDOUT),))
+    child = S("child", ir.SubWorkflowSpec("other-flow"), dependencies=(ir.Dependency("prep"),),
+              inputs=(ir.InputParameter("size", ir.StepOutputRef("prep", "out")),),
+              retry=ir.RetryPolicy(1))
+    after = S("after", ctr("true"), dependencies=(ir.Dependency("child"),))
+    dag = compile_ok(wf_of(prep, child, after))
+    kw = dag.tasks["child"].kwargs
+    assert dag.tasks["child"].fn == "_CoulerTrigger"
+    assert kw["trigger_dag_id"] == "'other-flow'" and kw["wait_for_completion"] == "True"
+    assert kw["couler_xcoms"] == "{'x0': t['prep']['out']}" and kw["retries"] == "1"
+    assert dag.steps["child"]["inputs"] == {"size": {"xcom": "x0"}}
+    assert ("child", "after") in dag.edges
+    assert "class _CoulerTrigger(TriggerDagRunOperator)" in dag.source
+    assert "class _CoulerPod" not in dag.source
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(S("c", ir.SubWorkflowSpec("other"), outputs=(
+            ir.OutputParameter("o", selector="/tmp/o"),))))
+    assert err.value.step == "c" and Feature.SUBWORKFLOW_REF.value in str(err.value)

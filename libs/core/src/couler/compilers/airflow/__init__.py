@@ -14,14 +14,14 @@ Shape of the generated file:
   one TaskFlow task ``task(_couler_run, task_id=STEP, multiple_outputs=True)``
   called with the step's name and its upstream values as ``XComArg``\\ s; no
   Jinja templates are involved, so literal ``{{`` in commands is safe.
-* **Execution.** The runner starts the step as a subprocess *on the Airflow
-  worker*: a container step runs ``command + args`` as an argv list (no shell,
-  no quoting issues), a script step writes its source to a temporary file and
-  runs it with the interpreter (the worker's own Python for ``python``). The
-  step's **image is ignored**: running it would need ``KubernetesPodOperator``
-  and a cluster; the worker-subprocess mapping keeps ``airflow dags test``
-  runnable anywhere. Untrusted code never runs inside the scheduler or the
-  DAG processor: parsing the file only builds the graph.
+* **Execution.** Unless it needs Kubernetes (below), the runner starts the step as
+  a subprocess *on the Airflow worker*: a container step runs ``command + args`` as
+  an argv list (no shell, no quoting issues), a script step writes its source to a
+  temporary file and runs it with the interpreter (the worker's own Python for
+  ``python``). The step's **image is ignored** (a pod step runs it; a plain step
+  keeps ``airflow dags test`` runnable anywhere, without a cluster). Untrusted code
+  never runs inside the scheduler or the DAG processor: parsing the file only builds
+  the graph.
 * **Parameters.** Placeholders ``{{inputs.NAME}}``, ``{{item}}``,
   ``{{item.KEY}}``, ``{{workflow.name}}`` (the DAG id), ``{{workflow.uid}}``
   (the run id) and ``{{workflow.status}}`` (fixed in succeeded/failed exit
@@ -91,6 +91,15 @@ Shape of the generated file:
   id in ``couler_artifact_conn_id``; default a local directory) -- under
   ``RUN_ID/STEP/NAME``, or to its own ``ArtifactLocation``; before the command it
   fetches each input artifact to the path the step reads it from.
+* **Kubernetes pod steps**: a step with resources, GPUs, a node selector, tolerations
+  or volumes (its own or the workflow's) is a ``_CoulerPod`` task, a
+  ``KubernetesPodOperator`` subclass running the step's image
+  (:mod:`couler.compilers.airflow.pods`); every other step stays a worker subprocess.
+* **Sub-workflow references** trigger the referenced workflow's own DAG and wait for
+  it (``_CoulerTrigger``, a ``TriggerDagRunOperator``; :mod:`couler.compilers.airflow.refs`).
+* **Cache policies**: the runner (and the pod operator) keeps a step's outputs in the
+  artifact store under ``cache/NAME/KEY.json`` and reuses them while younger than the
+  policy's max age.
 * **Retry by failure class**: the runner classifies a failed attempt with a copy of
   :func:`couler.failures.classify` generated from its ``PATTERNS``
   (:mod:`couler.compilers.airflow.failures`) and raises ``AirflowFailException`` (no
@@ -114,7 +123,10 @@ cron starting deadline / history limits. Labels become DAG ``tags``
 Rejected while compiling (:class:`~couler.errors.UnsupportedFeatureError`):
 mixed edge conditions on one step, dependencies between exit-hook steps,
 group-level policies on an inline sub-workflow, static maps longer than
-``max_map_length``, and cron ``replace`` concurrency.
+``max_map_length``, cron ``replace`` concurrency, depends terms naming a TaskGroup,
+git artifact locations, output artifacts of map steps, cached steps with output
+artifacts, pod steps with maps / loops / artifacts, claim templates mounted by several
+pod steps, and sub-workflow references that declare outputs.
 """
 
 from __future__ import annotations
@@ -128,6 +140,7 @@ from typing import Any
 from couler import ir
 from couler.compilers.airflow.failures import classifier_source
 from couler.compilers.airflow.pods import POD_RUNTIME, needs_pod, pod_kwargs
+from couler.compilers.airflow.refs import REF_RUNTIME, ref_kwargs
 from couler.engines.base import (
     Capability,
     Feature,
@@ -178,8 +191,12 @@ CAPABILITIES: dict[Feature, Capability] = {
         _N, "a TaskGroup (task ids GROUP.STEP); group outputs are forwarded from the inner "
             "step that declares them; group-level when/map/loop/policies are rejected"),
     Feature.SUBWORKFLOW_REF: Capability(
-        _U, "a referenced workflow would be a separate DAG (TriggerDagRunOperator) whose "
-            "outputs cannot be read back; not generated"),
+        _R, "the referenced workflow is its own DAG (deployed under its name); the step is "
+            "a TriggerDagRunOperator task (_CoulerTrigger, wait_for_completion: succeeds or "
+            "fails with the child run) passing the step's inputs as the child's conf, after "
+            "the step runner's gates; the child's outputs cannot be read back, so a "
+            "reference declaring outputs or artifacts is refused. Checked by DagBag import; "
+            "dag.test cannot run the triggered DAG (it needs a scheduler)"),
     Feature.PARAMETERS: Capability(
         _N, "outputs are XComs (multiple_outputs, one per output name; stdout = whole output, "
             "path = file contents read after the command, both stripped like the local "
@@ -353,8 +370,14 @@ _CHECKED_EDGES = frozenset({ir.EdgeCondition.SUCCEEDED, ir.EdgeCondition.SKIPPED
 
 
 def _plain(step: ir.Step | None) -> bool:
-    """A task (a mapped one included), not a group: its state is its task's states."""
-    return step is not None and not isinstance(step.body, ir.SubWorkflowSpec)
+    """A task (a mapped one or a sub-workflow reference included), not a group: its
+    state is its task's states."""
+    return step is not None and not _is_group(step)
+
+
+def _is_group(step: ir.Step) -> bool:
+    """An inline sub-workflow (a TaskGroup); a reference (no steps) is one task."""
+    return isinstance(step.body, ir.SubWorkflowSpec) and bool(step.body.steps)
 
 
 # The runner, copied verbatim into every generated file. It runs on the worker.
@@ -915,6 +938,7 @@ class _Compiler:
         self.lines: list[str] = []
         self.edges: list[str] = []
         self.pods = False  # a step runs as a KubernetesPodOperator (see .pods)
+        self.refs = False  # a step triggers another workflow's DAG (see .refs)
         self.claim_users: dict[str, int] = {}  # steps mounting each workflow volume
         for s in ir.all_steps([*wf.steps, *(h for hook in wf.exit_hooks for h in hook.steps)]):
             for m in s.volume_mounts:
@@ -1071,7 +1095,7 @@ class _Compiler:
         if self.edges:
             body += ["", "    # dependencies", *self.edges]
         body += hook_lines
-        pods = POD_RUNTIME if self.pods else ""
+        pods = (POD_RUNTIME if self.pods else "") + (REF_RUNTIME if self.refs else "")
         return ("\n".join(head) + "\n" + _RUNTIME + "\n\n" + classifier_source() + pods
                 + "\n\n" + "\n".join(body) + "\n")
 
@@ -1131,7 +1155,7 @@ class _Compiler:
             rule = self._trigger_rule(step)
             if rule is None and group_rule is not None:
                 rule = group_rule  # a root of a group inherits the group's edges
-            if isinstance(step.body, ir.SubWorkflowSpec):
+            if _is_group(step):
                 self._emit_group(scope, step, indent, rule)
             else:
                 self._emit_task(scope, step, self.lines, indent, rule=rule)
@@ -1293,6 +1317,8 @@ class _Compiler:
             interpreter = list(body.command) or [body.language.value]
             spec.update(kind="script", source=body.source, interpreter=interpreter,
                         args=list(body.args), working_dir=body.working_dir)
+        elif isinstance(body, ir.SubWorkflowSpec):
+            spec.update(kind="ref", workflow=body.name)
         else:  # pragma: no cover - rejected by check_capabilities
             raise self._fail(step.name, Feature.JOB, "not a container or script step")
         spec["inputs"] = {i.name: self._value(scope, step, i.value, xcoms) for i in step.inputs}
@@ -1405,6 +1431,15 @@ class _Compiler:
         self.specs[key] = spec
         kwargs = self._task_kwargs(step, key, rule)
         xcom_arg = "{" + ", ".join(f"{k!r}: {v}" for k, v in xcoms.items()) + "}"
+        if isinstance(step.body, ir.SubWorkflowSpec):  # a reference: trigger its DAG
+            self.refs = True
+            kwargs = [k for k in kwargs if k != "multiple_outputs=True"]
+            out.append(f"{pad}t[{key!r}] = _CoulerTrigger(")
+            out += [f"{pad}    {arg}," for arg in
+                    [*kwargs, f"couler_step={key!r}", f"couler_xcoms={xcom_arg}",
+                     *ref_kwargs(step, self._fail)]]
+            out.append(f"{pad})")
+            return
         if needs_pod(self.wf, step):
             self.pods = True
             pod, extra = pod_kwargs(self.wf, step, self.claim_users, self._fail, pad + "    ")
