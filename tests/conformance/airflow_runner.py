@@ -135,9 +135,10 @@ TRIGGER_FIELDS = ("trigger_dag_id", "wait_for_completion", "allowed_states", "fa
 
 
 def pod_summary(dag_file: Path) -> dict[str, Any]:
-    """A DAG with Kubernetes pod steps or sub-workflow references, loaded by Airflow's
-    DagBag (dag.test() cannot start pods without a cluster, nor run a triggered DAG without
-    a scheduler): its import errors and each such task's operator fields."""
+    """A DAG with Kubernetes pod or job steps or sub-workflow references, loaded by
+    Airflow's DagBag (dag.test() cannot start pods or create resources without a cluster,
+    nor run a triggered DAG without a scheduler): its import errors and each pod or
+    trigger task's operator fields."""
     from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(dag_file))
@@ -157,7 +158,8 @@ def run_one(name: str, wf: ir.Workflow, source: str) -> dict[str, Any]:
     """Run one compiled program with ``dag.test()`` in a fresh directory: its summary."""
     dag_file = WORK / "dags" / f"{name}.py"
     dag_file.write_text(source, encoding="utf-8")
-    if "= _CoulerPod(" in source or "= _CoulerTrigger(" in source:
+    if any(mark in source for mark in ("= _CoulerPod(", "= _CoulerTrigger(",
+                                        '_KINDS["job"] = _couler_job')):
         try:
             return pod_summary(dag_file)
         finally:

@@ -152,7 +152,7 @@ def test_golden_programs_load_in_dagbag(tmp_path: Path) -> None:
         (folder / f"{program.stem}.py").write_text(airflow.compile_workflow(wf),
                                                      encoding="utf-8")
         expected[program.stem] = (wf.name, _expected_tasks(wf))
-    assert len(expected) >= 20 and sorted(rejected) == ["job_apply"]
+    assert len(expected) >= 20 and rejected == []
 
     env = _env(tmp_path / "home", folder)
     proc = subprocess.run([str(PYTHON), "-c", DAGBAG_SCRIPT, str(folder)], env=env, text=True,

@@ -132,6 +132,7 @@ def test_airflow_run_matches_expected(airflow_runs: dict[str, Any], program: str
 # task: the triggered run needs a scheduler). The runner loads them with Airflow's DagBag;
 # these are the operator fields each must carry (a subset of what the runner reports).
 POD_PROGRAMS: dict[str, dict[str, dict[str, Any]]] = {
+    "job_step": {},  # a worker task creating the Job through the Kubernetes API
     "subworkflow_ref": {"child": {
         "trigger_dag_id": "conf-basic-steps", "wait_for_completion": True,
         "allowed_states": ["success"], "failed_states": ["failed"]}},
@@ -169,6 +170,8 @@ def test_pod_steps_load_with_their_kubernetes_fields(airflow_runs: dict[str, Any
     for task_id, fields in POD_PROGRAMS[program].items():
         pod = actual["pods"][task_id]
         assert {k: pod[k] for k in fields} == fields
+    if program == "job_step":
+        assert actual["tasks"] == ["k8s-job"] and actual["pods"] == {}
 
 
 @pytest.mark.parametrize("program", sorted(AIRFLOW_DIFFERENCES))

@@ -25,6 +25,7 @@ from couler import failures, ir
 from couler.api.capture import capture_program
 from couler.compilers import airflow
 from couler.compilers.airflow.failures import classifier_source, pattern_table
+from couler.compilers.airflow.jobs import JOB_RUNTIME
 from couler.compilers.airflow.pods import POD_RUNTIME
 from couler.engines.base import Feature, first_unsupported
 from couler.errors import UnsupportedFeatureError
@@ -210,7 +211,7 @@ def test_golden_outcomes() -> None:
             airflow.compile_workflow(wf)
         except UnsupportedFeatureError:
             rejected.add(program.stem)
-    assert rejected == {"job_apply"}
+    assert rejected == set()
 
 
 # --------------------------------------------------------------------------- structure
@@ -402,7 +403,8 @@ def test_retry_timeout_priority_and_defaults() -> None:
 
 
 @pytest.mark.parametrize(("step", "feature"), [
-    (S("s", ir.JobSpec.of({"apiVersion": "batch/v1", "kind": "Job"})), Feature.JOB),
+    (S("s", ir.JobSpec.of({"apiVersion": "batch/v1", "kind": "Job"},
+                          action=ir.JobAction.DELETE)), Feature.JOB),  # delete what?
     (S("s", ctr("x"), daemon=True), Feature.DAEMON),
 ])
 def test_unsupported_features_name_the_step(step: ir.Step, feature: Feature) -> None:
@@ -785,3 +787,56 @@ def test_subworkflow_reference_triggers_the_dag() -> None:
         airflow.compile_workflow(wf_of(S("c", ir.SubWorkflowSpec("other"), outputs=(
             ir.OutputParameter("o", selector="/tmp/o"),))))
     assert err.value.step == "c" and Feature.SUBWORKFLOW_REF.value in str(err.value)
+
+
+# --------------------------------------------------------------------------- job steps
+
+
+def _job_helpers() -> dict[str, Any]:
+    runtime = airflow._RUNTIME  # _couler_text comes from the step runner
+    text = runtime[runtime.index("def _couler_text"):runtime.index("def _couler_value")]
+    namespace: dict[str, Any] = {"re": __import__("re"), "json": json, "Any": Any,
+                                 "_KINDS": {}}
+    exec(text + JOB_RUNTIME, namespace)
+    return namespace
+
+
+JOB = {"metadata": {"name": "train-x7", "uid": "u-1", "labels": {"team": "ml"}},
+       "status": {"succeeded": 2, "failed": 0, "phase": "Running",
+                  "conditions": [{"type": "Complete"}]}}
+
+
+@pytest.mark.parametrize(("condition", "holds"), [
+    ("status.succeeded > 0", True),
+    ("status.succeeded > 2", False),
+    ("status.failed > 3", False),
+    ("status.succeeded > 0,status.phase == Running", True),
+    ("status.succeeded > 0, status.phase != Running", False),
+    ("status.phase in (Running, Succeeded)", True),
+    ("status.phase notin (Running, Succeeded)", False),
+    ("status.phase = Running", True),
+    ("status.conditions.0.type == Complete", True),
+    ("metadata.labels.team", True),
+    ("!metadata.deletionTimestamp", True),
+    ("!metadata.labels", False),
+    ("status.missing > 0", False),
+])
+def test_job_conditions_follow_argo(condition: str, holds: bool) -> None:
+    assert _job_helpers()["_couler_k8s_holds"](condition, JOB) is holds
+
+
+def test_job_outputs_are_fields_of_the_resource() -> None:
+    wf = capture_program(str(ROOT / "tests" / "conformance" / "programs" / "job_step.py"))[0]
+    dag = compile_ok(wf)
+    spec = dag.steps["k8s-job"]
+    assert spec["kind"] == "job" and spec["failure"] == "status.failed > 3"
+    assert spec["fields"] == {"job-name": "metadata.name", "job-id": "metadata.uid",
+                              "job-obj": ""}
+    outputs = _job_helpers()["_couler_job_outputs"](spec, JOB)
+    assert outputs["job-name"] == "train-x7" and outputs["job-id"] == "u-1"
+    assert json.loads(outputs["job-obj"]) == JOB
+    bad = S("j", ir.JobSpec.of({"apiVersion": "v1", "kind": "ConfigMap"}), outputs=(
+        ir.OutputParameter("x", ir.OutputSource.JQ, ".items[] | .name"),))
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(bad))
+    assert err.value.step == "j" and "field paths" in str(err.value)

@@ -139,6 +139,7 @@ from typing import Any
 
 from couler import ir
 from couler.compilers.airflow.failures import classifier_source
+from couler.compilers.airflow.jobs import JOB_RUNTIME, job_spec
 from couler.compilers.airflow.pods import POD_RUNTIME, needs_pod, pod_kwargs
 from couler.compilers.airflow.refs import REF_RUNTIME, ref_kwargs
 from couler.engines.base import (
@@ -185,8 +186,13 @@ CAPABILITIES: dict[Feature, Capability] = {
             "subprocess on the worker (python = the worker's Python); never exec'd in the "
             "scheduler; the image is ignored"),
     Feature.JOB: Capability(
-        _U, "no cluster-independent operator creates a Kubernetes resource and evaluates "
-            "Argo-style success/failure conditions"),
+        _R, "the step runner creates / applies / replaces / patches / deletes the manifest "
+            "through the Kubernetes dynamic client of the cncf-kubernetes provider "
+            "(KubernetesHook: the kubernetes_default connection) and polls the resource "
+            "until Argo-style success / failure conditions (PATH OP VALUE, in / notin, "
+            "exists) hold; no owner reference (Airflow has no workflow object to own it); "
+            "job outputs (JSON paths) are refused. Checked by DagBag import and the "
+            "condition evaluator's tests; dag.test cannot reach a cluster here"),
     Feature.SUBWORKFLOW_INLINE: Capability(
         _N, "a TaskGroup (task ids GROUP.STEP); group outputs are forwarded from the inner "
             "step that declares them; group-level when/map/loop/policies are rejected"),
@@ -383,6 +389,7 @@ def _is_group(step: ir.Step) -> bool:
 # The runner, copied verbatim into every generated file. It runs on the worker.
 _RUNTIME = '''
 _PLACEHOLDER = re.compile(r"\\{\\{\\s*([^}]*?)\\s*\\}\\}")
+_KINDS: dict[str, Any] = {}  # step kinds run by other code than a command (job)
 _OPS = {"==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt,
         ">=": operator.ge, "<=": operator.le}
 
@@ -604,8 +611,13 @@ def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str,
         env[var["name"]] = Variable.get(var["secret"]) if "secret" in var else fill(var["value"])
     loop = spec["loop"]
     outputs: dict[str, Any] = {}
+    run = _KINDS.get(spec["kind"])  # a job step: not a command (see JOB_RUNTIME)
     try:
+        if run is not None:
+            outputs, loop = run(step, spec, fill), None
         for _ in range(loop["max_iterations"] if loop is not None else 1):
+            if run is not None:
+                break
             outputs = _couler_once(step, spec, fill, env)
             if loop is None or not _couler_holds(loop, xcoms, item, outputs):
                 break
@@ -879,6 +891,9 @@ def _py(value: object, indent: int = 0) -> str:
     """A Python literal for ``value``: one dict key per line, short values inline."""
     flat = repr(value)
     pad = "    " * indent
+    if isinstance(value, str) and len(flat) + len(pad) > 88:  # adjacent literals
+        parts = [repr(value[i:i + 60]) for i in range(0, len(value), 60)]
+        return "(\n" + "".join(f"{pad}    {p}\n" for p in parts) + f"{pad})"
     if len(flat) + len(pad) <= 88 or not isinstance(value, (dict, list)) or not value:
         return flat
     if isinstance(value, dict):
@@ -939,6 +954,7 @@ class _Compiler:
         self.edges: list[str] = []
         self.pods = False  # a step runs as a KubernetesPodOperator (see .pods)
         self.refs = False  # a step triggers another workflow's DAG (see .refs)
+        self.jobs = False  # a step creates a Kubernetes resource (see .jobs)
         self.claim_users: dict[str, int] = {}  # steps mounting each workflow volume
         for s in ir.all_steps([*wf.steps, *(h for hook in wf.exit_hooks for h in hook.steps)]):
             for m in s.volume_mounts:
@@ -1095,7 +1111,8 @@ class _Compiler:
         if self.edges:
             body += ["", "    # dependencies", *self.edges]
         body += hook_lines
-        pods = (POD_RUNTIME if self.pods else "") + (REF_RUNTIME if self.refs else "")
+        pods = ((POD_RUNTIME if self.pods else "") + (REF_RUNTIME if self.refs else "")
+                + (JOB_RUNTIME if self.jobs else ""))
         return ("\n".join(head) + "\n" + _RUNTIME + "\n\n" + classifier_source() + pods
                 + "\n\n" + "\n".join(body) + "\n")
 
@@ -1319,6 +1336,9 @@ class _Compiler:
                         args=list(body.args), working_dir=body.working_dir)
         elif isinstance(body, ir.SubWorkflowSpec):
             spec.update(kind="ref", workflow=body.name)
+        elif isinstance(body, ir.JobSpec):
+            spec.update(job_spec(self.wf, step, self._fail))
+            self.jobs = True
         else:  # pragma: no cover - rejected by check_capabilities
             raise self._fail(step.name, Feature.JOB, "not a container or script step")
         spec["inputs"] = {i.name: self._value(scope, step, i.value, xcoms) for i in step.inputs}
