@@ -129,9 +129,29 @@ def _plain(value: Any) -> Any:
     return value
 
 
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: stub, cluster: {server: "https://127.0.0.1:9"}}]
+users: [{name: stub, user: {token: stub}}]
+contexts: [{name: stub, context: {cluster: stub, user: stub}}]
+current-context: stub
+"""
 POD_FIELDS = ("image", "cmds", "arguments", "container_resources", "node_selector",
               "tolerations", "volumes", "volume_mounts", "retries", "do_xcom_push")
 TRIGGER_FIELDS = ("trigger_dag_id", "wait_for_completion", "allowed_states", "failed_states")
+
+
+def _built(task: Any) -> dict[str, Any]:
+    """The pod the operator would create, built by the provider itself (no cluster call:
+    KUBECONFIG points at a stub): its placement and its base container."""
+    pod = task.build_pod_request_obj()
+    (base,) = [c for c in pod.spec.containers if c.name == "base"]
+    return {"node_selector": pod.spec.node_selector or {},
+            "tolerations": _plain(pod.spec.tolerations or []),
+            "volumes": sorted(v.name for v in pod.spec.volumes or []),
+            "image": base.image, "command": [*(base.command or []), *(base.args or [])],
+            "resources": _plain(base.resources) if base.resources else {},
+            "mounts": sorted(m.mount_path for m in base.volume_mounts or [])}
 
 
 def pod_summary(dag_file: Path) -> dict[str, Any]:
@@ -146,7 +166,8 @@ def pod_summary(dag_file: Path) -> dict[str, Any]:
         return {"state": "error", "error": json.dumps({str(k): str(v) for k, v in
                                                        bag.import_errors.items()})[-2000:]}
     (dag,) = bag.dags.values()
-    pods = {t.task_id: {f: _plain(getattr(t, f)) for f in POD_FIELDS}
+    pods = {t.task_id: {**{f: _plain(getattr(t, f)) for f in POD_FIELDS},
+                        "built": _built(t)}
             for t in dag.tasks if type(t).__name__ == "_CoulerPod"}
     pods.update({t.task_id: {f: _plain(getattr(t, f)) for f in TRIGGER_FIELDS}
                  for t in dag.tasks if type(t).__name__ == "_CoulerTrigger"})
@@ -284,6 +305,9 @@ def main(paths: list[Path]) -> dict[str, Any]:
     Variable.set("couler-tune/url", f"sqlite:///{WORK / 'tune.db'}")
     # programs/artifacts.py: the artifact store, a local directory of this run
     Variable.set(compiler.ARTIFACT_ROOT_VARIABLE, f"file://{WORK / 'artifacts'}")
+    # pod steps: the provider builds each pod request from a stub cluster (never contacted)
+    (WORK / "kubeconfig").write_text(KUBECONFIG, encoding="utf-8")
+    os.environ["KUBECONFIG"] = str(WORK / "kubeconfig")
     main_bin = ROOT / ".venv" / "bin"
     if main_bin.is_dir():
         os.environ["PATH"] = f"{main_bin}{os.pathsep}{os.environ.get('PATH', '')}"

@@ -174,6 +174,19 @@ def test_pod_steps_load_with_their_kubernetes_fields(airflow_runs: dict[str, Any
         assert actual["tasks"] == ["k8s-job"] and actual["pods"] == {}
 
 
+def test_pod_requests_are_built_by_the_provider(airflow_runs: dict[str, Any]) -> None:
+    """The provider's own build_pod_request_obj turns the operator fields into a pod (a
+    stub kube config, no cluster call): the placement reaches the pod spec."""
+    gpu = airflow_runs["gpu"]["pods"]["train"]["built"]
+    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert gpu["command"] == ["python3", "-c", "print('gpu')"]
+    write = airflow_runs["placement"]["pods"]["write"]["built"]
+    assert write["node_selector"] == {"pool": "cpu"}
+    assert [t["key"] for t in write["tolerations"]] == ["dedicated"]
+    assert write["volumes"] == ["workdir", "xcom"]  # xcom: the provider's sidecar volume
+    assert write["mounts"] == ["/airflow/xcom", "/mnt/work"]
+
+
 @pytest.mark.parametrize("program", sorted(AIRFLOW_DIFFERENCES))
 def test_listed_differences_still_differ(airflow_runs: dict[str, Any], program: str) -> None:
     assert harness.matches(EXPECTED[program], airflow_runs[program]) != []
