@@ -56,6 +56,8 @@ os.environ.update(
     AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING",
 )
 sys.path.insert(0, str(ROOT))
+# this checkout's couler, not the one .venv-airflow may have installed (editable, elsewhere)
+sys.path[:0] = sorted(str(p) for p in (ROOT / "libs").glob("*/src"))
 
 from couler import ir  # noqa: E402
 from couler.compilers import airflow as compiler  # noqa: E402
@@ -115,10 +117,74 @@ def summarize(wf: ir.Workflow, dag_run: Any) -> dict[str, Any]:
     return {"state": RUN_STATES.get(state, state), "steps": dict(sorted(steps.items()))}
 
 
+def _plain(value: Any) -> Any:
+    """A Kubernetes model (or a list of them) as plain JSON data, None fields left out."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        value = to_dict()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if v is not None}
+    return value
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: stub, cluster: {server: "https://127.0.0.1:9"}}]
+users: [{name: stub, user: {token: stub}}]
+contexts: [{name: stub, context: {cluster: stub, user: stub}}]
+current-context: stub
+"""
+POD_FIELDS = ("image", "cmds", "arguments", "container_resources", "node_selector",
+              "tolerations", "volumes", "volume_mounts", "retries", "do_xcom_push")
+TRIGGER_FIELDS = ("trigger_dag_id", "wait_for_completion", "allowed_states", "failed_states")
+
+
+def _built(task: Any) -> dict[str, Any]:
+    """The pod the operator would create, built by the provider itself (no cluster call:
+    KUBECONFIG points at a stub): its placement and its base container."""
+    pod = task.build_pod_request_obj()
+    (base,) = [c for c in pod.spec.containers if c.name == "base"]
+    return {"node_selector": pod.spec.node_selector or {},
+            "tolerations": _plain(pod.spec.tolerations or []),
+            "volumes": sorted(v.name for v in pod.spec.volumes or []),
+            "image": base.image, "command": [*(base.command or []), *(base.args or [])],
+            "resources": _plain(base.resources) if base.resources else {},
+            "mounts": sorted(m.mount_path for m in base.volume_mounts or [])}
+
+
+def pod_summary(dag_file: Path) -> dict[str, Any]:
+    """A DAG with Kubernetes pod or job steps or sub-workflow references, loaded by
+    Airflow's DagBag (dag.test() cannot start pods or create resources without a cluster,
+    nor run a triggered DAG without a scheduler): its import errors and each pod or
+    trigger task's operator fields."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(dag_file))
+    if bag.import_errors:
+        return {"state": "error", "error": json.dumps({str(k): str(v) for k, v in
+                                                       bag.import_errors.items()})[-2000:]}
+    (dag,) = bag.dags.values()
+    pods = {t.task_id: {**{f: _plain(getattr(t, f)) for f in POD_FIELDS},
+                        "built": _built(t)}
+            for t in dag.tasks if type(t).__name__ == "_CoulerPod"}
+    pods.update({t.task_id: {f: _plain(getattr(t, f)) for f in TRIGGER_FIELDS}
+                 for t in dag.tasks if type(t).__name__ == "_CoulerTrigger"})
+    return {"state": "needs-cluster", "pods": pods,
+            "tasks": sorted(t.task_id for t in dag.tasks)}
+
+
 def run_one(name: str, wf: ir.Workflow, source: str) -> dict[str, Any]:
     """Run one compiled program with ``dag.test()`` in a fresh directory: its summary."""
     dag_file = WORK / "dags" / f"{name}.py"
     dag_file.write_text(source, encoding="utf-8")
+    if any(mark in source for mark in ("= _CoulerPod(", "= _CoulerTrigger(",
+                                        '_KINDS["job"] = _couler_job')):
+        try:
+            return pod_summary(dag_file)
+        finally:
+            dag_file.unlink()
     cwd = WORK / "runs" / name
     cwd.mkdir(parents=True)
     os.chdir(cwd)  # programs write relative files (retry markers)
@@ -237,6 +303,11 @@ def main(paths: list[Path]) -> dict[str, Any]:
     # programs/tune.py: its ask/tell/best tasks find the study's database in this secret
     # and run `python -m couler_runtime.tune`, which the main environment has (optuna)
     Variable.set("couler-tune/url", f"sqlite:///{WORK / 'tune.db'}")
+    # programs/artifacts.py: the artifact store, a local directory of this run
+    Variable.set(compiler.ARTIFACT_ROOT_VARIABLE, f"file://{WORK / 'artifacts'}")
+    # pod steps: the provider builds each pod request from a stub cluster (never contacted)
+    (WORK / "kubeconfig").write_text(KUBECONFIG, encoding="utf-8")
+    os.environ["KUBECONFIG"] = str(WORK / "kubeconfig")
     main_bin = ROOT / ".venv" / "bin"
     if main_bin.is_dir():
         os.environ["PATH"] = f"{main_bin}{os.pathsep}{os.environ.get('PATH', '')}"

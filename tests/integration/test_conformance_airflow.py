@@ -100,6 +100,8 @@ def test_every_compiled_program_ran(airflow_runs: dict[str, Any]) -> None:
     compiled = sorted(n for n, p in PATHS.items() if harness.compile_one(
         "airflow", "couler.compilers.airflow", load_program(p)).status == "compiled")
     assert ran == compiled and len(ran) >= 14, ran
+    needs_cluster = sorted(n for n, r in airflow_runs.items() if r["state"] == "needs-cluster")
+    assert needs_cluster == sorted(POD_PROGRAMS)
 
 
 @pytest.mark.parametrize("program", sorted(PATHS))
@@ -114,8 +116,72 @@ def test_airflow_run_matches_expected(airflow_runs: dict[str, Any], program: str
                                       load_program(PATHS[program]))
         assert (outcome.status, outcome.feature) == ("unsupported", actual["feature"])
         return
+    if actual["state"] == "needs-cluster":
+        # Kubernetes pod steps: loaded by DagBag, their operator fields checked below
+        assert program in POD_PROGRAMS, actual
+        return
     expected = AIRFLOW_DIFFERENCES.get(program, EXPECTED[program])
     assert harness.matches(expected, actual) == [], json.dumps(actual, indent=1)
+
+
+# Programs whose steps ask for resources or placement (KubernetesPodOperator tasks, which
+# dag.test() cannot run without a cluster) or run another workflow (a TriggerDagRunOperator
+# task: the triggered run needs a scheduler). The runner loads them with Airflow's DagBag;
+# these are the operator fields each must carry (a subset of what the runner reports).
+POD_PROGRAMS: dict[str, dict[str, dict[str, Any]]] = {
+    "job_step": {},  # a worker task creating the Job through the Kubernetes API
+    "subworkflow_ref": {"child": {
+        "trigger_dag_id": "conf-basic-steps", "wait_for_completion": True,
+        "allowed_states": ["success"], "failed_states": ["failed"]}},
+    "gpu": {"train": {
+        "image": "python:3.12-alpine", "cmds": ["python3"],
+        "arguments": ["-c", "print('gpu')"],
+        "container_resources": {"limits": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"},
+                                "requests": {"cpu": "1", "memory": "1Gi"}}}},
+    "oom_policies": {"train": {
+        "retries": 2,
+        "container_resources": {"limits": {"cpu": "1", "memory": "1Gi"},
+                                "requests": {"cpu": "1", "memory": "1Gi"}}}},
+    "resources_cache": {"compute": {
+        "container_resources": {"requests": {"cpu": "500m", "memory": "256Mi"},
+                                "limits": {"cpu": "500m", "memory": "256Mi"}},
+        "do_xcom_push": True}},
+    "placement": {"write": {
+        "node_selector": {"pool": "cpu"},
+        "tolerations": [{"effect": "NoSchedule", "key": "dedicated", "operator": "Equal",
+                         "value": "ml"}],
+        # the claim template, mounted by this step only, is the pod's ephemeral volume
+        "volumes": [{"name": "workdir", "ephemeral": {"volume_claim_template": {"spec": {
+            "access_modes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}}}}}}],
+        "volume_mounts": [{"mount_path": "/mnt/work", "name": "workdir"}],
+        "do_xcom_push": True}},  # its output comes back through return.json
+}
+
+
+@pytest.mark.parametrize("program", sorted(POD_PROGRAMS))
+def test_pod_steps_load_with_their_kubernetes_fields(airflow_runs: dict[str, Any],
+                                                     program: str) -> None:
+    actual = airflow_runs[program]
+    assert actual["state"] == "needs-cluster", actual
+    for task_id, fields in POD_PROGRAMS[program].items():
+        pod = actual["pods"][task_id]
+        assert {k: pod[k] for k in fields} == fields
+    if program == "job_step":
+        assert actual["tasks"] == ["k8s-job"] and actual["pods"] == {}
+
+
+def test_pod_requests_are_built_by_the_provider(airflow_runs: dict[str, Any]) -> None:
+    """The provider's own build_pod_request_obj turns the operator fields into a pod (a
+    stub kube config, no cluster call): the placement reaches the pod spec."""
+    gpu = airflow_runs["gpu"]["pods"]["train"]["built"]
+    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert gpu["command"] == ["python3", "-c", "print('gpu')"]
+    write = airflow_runs["placement"]["pods"]["write"]["built"]
+    assert write["node_selector"] == {"pool": "cpu"}
+    assert [t["key"] for t in write["tolerations"]] == ["dedicated"]
+    assert write["volumes"] == ["workdir", "xcom"]  # xcom: the provider's sidecar volume
+    assert write["mounts"] == ["/airflow/xcom", "/mnt/work"]
 
 
 @pytest.mark.parametrize("program", sorted(AIRFLOW_DIFFERENCES))

@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
+import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace as Ns
 from typing import Any
 
 import pytest
 
-from couler import ir
+from couler import failures, ir
 from couler.api.capture import capture_program
 from couler.compilers import airflow
+from couler.compilers.airflow.failures import classifier_source, pattern_table
+from couler.compilers.airflow.jobs import JOB_RUNTIME
+from couler.compilers.airflow.pods import POD_RUNTIME
 from couler.engines.base import Feature, first_unsupported
 from couler.errors import UnsupportedFeatureError
 
@@ -75,8 +82,17 @@ def _literal(node: ast.expr) -> Any:
 
 
 def _task(value: ast.expr) -> tuple[Task, ast.Call]:
-    """Unwrap ``task(fn, **kw)(...)`` or ``task(fn, **kw).partial(...).expand(...)``."""
+    """Unwrap ``task(fn, **kw)(...)`` or ``task(fn, **kw).partial(...).expand(...)``, or
+    a pod step's ``_CoulerPod(**kw).output`` (fn ``_CoulerPod``)."""
+    if isinstance(value, ast.Attribute) and value.attr == "output":
+        pod = value.value
+        assert isinstance(pod, ast.Call) and ast.unparse(pod.func) == "_CoulerPod"
+        kwargs = {k.arg: ast.unparse(k.value) for k in pod.keywords if k.arg}
+        return Task("_CoulerPod", kwargs, kwargs), pod
     assert isinstance(value, ast.Call)
+    if ast.unparse(value.func) == "_CoulerTrigger":  # a sub-workflow reference
+        kwargs = {k.arg: ast.unparse(k.value) for k in value.keywords if k.arg}
+        return Task("_CoulerTrigger", kwargs, kwargs), value
     expand = None
     call = value
     if isinstance(call.func, ast.Attribute) and call.func.attr == "expand":
@@ -195,7 +211,7 @@ def test_golden_outcomes() -> None:
             airflow.compile_workflow(wf)
         except UnsupportedFeatureError:
             rejected.add(program.stem)
-    assert rejected == {"job_apply", "policies", "resources"}
+    assert rejected == set()
 
 
 # --------------------------------------------------------------------------- structure
@@ -271,13 +287,28 @@ def test_mixed_edge_conditions_are_rejected() -> None:
     assert err.value.step == "c" and Feature.EDGE_CONDITIONS.value in str(err.value)
 
 
-def test_depends_expression_is_unsupported() -> None:
+def test_depends_expression_is_evaluated_by_the_runner() -> None:
     a, b = S("a", ctr("true")), S("b", ctr("true"))
     c = S("c", ctr("echo"), dependencies=(ir.Dependency("a"), ir.Dependency("b")),
-          depends=ir.DependsAny((ir.DependsTerm("a"), ir.DependsTerm("b"))))
+          depends=ir.DependsAny((ir.DependsTerm("a", ir.EdgeCondition.FAILED),
+                                 ir.DependsNot(ir.DependsTerm("b")))))
+    dag = compile_ok(wf_of(a, b, c))
+    # all_done: read once both have finished; the runner decides
+    assert dag.tasks["c"].kwargs["trigger_rule"] == "all_done"
+    assert {("a", "c"), ("b", "c")} <= set(dag.edges)
+    assert dag.steps["c"]["depends"] == ["any", [["term", "a", "failed"],
+                                                 ["not", ["term", "b", "succeeded"]]]]
+    assert dag.steps["c"]["edges"] == []  # the expression replaces the edge checks
+    assert airflow.EXIT_STATUS_TASK in dag.tasks  # a failure the expression handles
+
+
+def test_depends_expression_on_a_group_is_refused() -> None:
+    group = S("g", ir.SubWorkflowSpec("g", (S("inner", ctr("true")),)))
+    c = S("c", ctr("echo"), dependencies=(ir.Dependency("g"),),
+          depends=ir.DependsNot(ir.DependsTerm("g", ir.EdgeCondition.FAILED)))
     with pytest.raises(UnsupportedFeatureError) as err:
-        airflow.compile_workflow(wf_of(a, b, c))
-    assert err.value.step == "c" and Feature.DEPENDS_EXPRESSION.value in str(err.value)
+        airflow.compile_workflow(wf_of(group, c))
+    assert err.value.step == "c" and "TaskGroup" in str(err.value)
 
 
 def test_when_and_else() -> None:
@@ -372,13 +403,9 @@ def test_retry_timeout_priority_and_defaults() -> None:
 
 
 @pytest.mark.parametrize(("step", "feature"), [
-    (S("s", ctr("x"), retry=ir.RetryPolicy(2, on=(ir.FailureClass.OOM,))),
-     Feature.RETRY_FAILURE_CLASSES),
-    (S("s", ctr("x"), resources=ir.Resources(cpu_request="1")), Feature.RESOURCES),
-    (S("s", ctr("x"), cache=ir.CachePolicy()), Feature.CACHE),
-    (S("s", ir.JobSpec.of({"apiVersion": "batch/v1", "kind": "Job"})), Feature.JOB),
+    (S("s", ir.JobSpec.of({"apiVersion": "batch/v1", "kind": "Job"},
+                          action=ir.JobAction.DELETE)), Feature.JOB),  # delete what?
     (S("s", ctr("x"), daemon=True), Feature.DAEMON),
-    (S("s", ctr("x"), node_selector=(("a", "b"),)), Feature.NODE_SELECTOR),
 ])
 def test_unsupported_features_name_the_step(step: ir.Step, feature: Feature) -> None:
     with pytest.raises(UnsupportedFeatureError) as err:
@@ -492,3 +519,324 @@ def test_generated_golden_files_are_lint_clean(tmp_path: Path) -> None:
                            "E,F,W,B", "--line-length", "120", str(tmp_path)],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- failure classes
+
+
+def _generated_classifier() -> Any:
+    namespace: dict[str, Any] = {}
+    exec("import re\nfrom typing import Any\n" + classifier_source(), namespace)
+    return namespace["_couler_classify"]
+
+
+TRACE = "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+CASES: list[dict[str, Any]] = [
+    {"exit_code": 1, "engine_reason": "OOMKilled"},
+    {"exit_code": None, "engine_reason": "The node was low on resource: Evicted"},
+    {"exit_code": None, "engine_reason": "node was lost"},
+    {"exit_code": None, "engine_reason": "Back-off pulling image: ImagePullBackOff"},
+    {"exit_code": None, "engine_reason": "Preempted by a spot reclaim"},
+    {"exit_code": None, "engine_reason": "DeadlineExceeded"},
+    {"exit_code": None, "engine_reason": "cannot start the process"},
+    {"exit_code": 137, "memory_evidence": True},
+    {"exit_code": 137, "log": "Killed: out of memory"},
+    {"exit_code": -9},
+    {"exit_code": 1, "log": TRACE + "MemoryError"},
+    {"exit_code": 1, "log": "fatal: cannot allocate memory"},
+    {"exit_code": None, "timed_out": True},
+    {"exit_code": 143},
+    {"exit_code": 1, "signal": 15},
+    {"exit_code": 1, "log": TRACE + "requests.exceptions.ConnectionError: boom"},
+    {"exit_code": 1, "log": TRACE + "socket.timeout: timed out"},
+    {"exit_code": 1, "log": TRACE + "RuntimeError: download failed: Connection reset by peer"},
+    {"exit_code": 1, "log": TRACE + "OSError: [Errno 28] No space left on device"},
+    {"exit_code": 1, "log": TRACE + "ValueError: bad input 42"},
+    {"exit_code": 1, "log": "curl: (6) Could not resolve host: example.org"},
+    {"exit_code": 1, "log": "HTTP 503 Service Unavailable"},
+    {"exit_code": 1, "log": "dial tcp: i/o timeout"},
+    {"exit_code": 1, "log": "write: broken pipe"},
+    {"exit_code": 1, "log": "read: Connection reset by peer"},
+    {"exit_code": 1, "log": "dial: connection refused"},
+    {"exit_code": 1, "log": "net/http: TLS handshake timeout"},
+    {"exit_code": 1, "log": "error: timed out while reading"},
+    {"exit_code": 1, "log": "cp: No space left on device"},
+    {"exit_code": 127, "log": "sh: foo: not found"},
+    {"exit_code": 2, "log": "usage: prog [-h]\nprog: error: unrecognized arguments"},
+    {"exit_code": 3, "log": "something odd 17"},
+    {"exit_code": 3, "log": "something odd 18",
+     "previous": [failures.Attempt(3, "something odd #")]},
+    {"exit_code": 3, "log": "other", "previous": [failures.Attempt(3, "something odd #")]},
+    {"exit_code": None},
+    {"exit_code": None, "engine_reason": "mystery"},
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_generated_classifier_matches_couler_failures(case: dict[str, Any]) -> None:
+    expected = failures.classify(**case)
+    previous = [[a.exit_code, a.error] for a in case.get("previous", ())]
+    got = _generated_classifier()(
+        case["exit_code"], case.get("signal"), case.get("engine_reason", ""),
+        case.get("log", ""), previous, memory=case.get("memory_evidence", False),
+        timed_out=case.get("timed_out", False))
+    assert got == (expected.failure_class.value, expected.pattern, expected.reason)
+
+
+def test_cases_reach_every_pattern() -> None:
+    reached = {failures.classify(**case).pattern for case in CASES}
+    names = {p.name for p in failures.PATTERNS}
+    assert names - reached == set()
+    assert {row[0] for row in pattern_table()} == names
+
+
+def test_retry_on_classes_is_in_the_step_table() -> None:
+    step = S("s", ctr("x"), retry=ir.RetryPolicy(2, on=(ir.FailureClass.TRANSIENT,
+                                                        ir.FailureClass.INFRA)))
+    dag = compile_ok(wf_of(step, S("t", ctr("y"), retry=ir.RetryPolicy(1))))
+    assert dag.steps["s"]["retry_on"] == ["transient", "infra"]
+    assert dag.tasks["s"].kwargs["retries"] == 2
+    assert "retry_on" not in dag.steps["t"]  # any failure: Airflow's retries alone
+    assert "def _couler_classify(" in dag.source
+
+
+# --------------------------------------------------------------------------- artifacts
+
+
+def test_artifact_locations() -> None:
+    s3 = ir.ArtifactLocation(ir.StorageKind.S3, endpoint="minio:9000", bucket="b",
+                             key="data/x.csv", insecure=True,
+                             access_key=ir.SecretRef("s3", "id"),
+                             secret_key=ir.SecretRef("s3", "secret"))
+    make = S("make", ctr("true"), output_artifacts=(
+        ir.OutputArtifact("model", "/tmp/model"), ir.OutputArtifact("csv", "/tmp/x", s3)))
+    use = S("use", ctr("true"), dependencies=(ir.Dependency("make"),), input_artifacts=(
+        ir.InputArtifact("m", "/in/model", ir.StepArtifactRef("make", "model")),
+        ir.InputArtifact("c", "/in/x", ir.StepArtifactRef("make", "csv"))))
+    dag = compile_ok(wf_of(make, use))
+    assert dag.steps["make"]["output_artifacts"] == [
+        {"name": "model", "path": "/tmp/model", "to": {"key": "make/model"}},
+        {"name": "csv", "path": "/tmp/x", "to": {
+            "url": "s3://b/data/x.csv", "endpoint": "http://minio:9000",
+            "access_key": "s3/id", "secret_key": "s3/secret"}}]
+    assert [a["from"] for a in dag.steps["use"]["input_artifacts"]] == [
+        {"key": "make/model"}, dag.steps["make"]["output_artifacts"][1]["to"]]
+
+
+@pytest.mark.parametrize("step", [
+    S("s", ctr("true"), input_artifacts=(ir.InputArtifact("src", "/src", ir.ArtifactLocation(
+        ir.StorageKind.GIT, url="https://example.org/r.git")),)),
+    S("s", ctr("true"), output_artifacts=(ir.OutputArtifact("o", "/o"),),
+      foreach=ir.ForEach(items=(L(1), L(2)))),
+])
+def test_artifacts_object_storage_cannot_carry_are_refused(step: ir.Step) -> None:
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(step))
+    assert err.value.step == "s" and Feature.ARTIFACTS.value in str(err.value)
+
+
+# --------------------------------------------------------------------------- pod steps
+
+
+def test_pod_output_wrapper_writes_json(tmp_path: Path) -> None:
+    """The shell wrapper of a pod step's outputs (run here with sh and this machine's awk)
+    writes stdout and a file's contents as one JSON object, escapes included."""
+    source = POD_RUNTIME[POD_RUNTIME.index("_COULER_AWK = "):POD_RUNTIME.index("class _Couler")]
+    namespace: dict[str, Any] = {"json": json, "os": os, "shlex": shlex, "Any": Any}
+    exec(source, namespace)
+    tricky = 'a "quoted" \\ back\tslash\nline2 $HOME `x` \'s\n'
+    out_file, target = tmp_path / "f.txt", tmp_path / "xcom" / "return.json"
+    script = namespace["_couler_wrapper"](
+        [{"name": "out", "source": "stdout", "path": ""},
+         {"name": "file", "source": "path", "path": str(out_file)}], str(target))
+    code = f"open({str(out_file)!r}, 'w').write({tricky!r}); print('hello \"w\"')"
+    proc = subprocess.run(["sh", "-c", script, "couler", sys.executable, "-c", code],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and proc.stdout == 'hello "w"\n', proc.stderr
+    assert json.loads(target.read_text()) == {"out": 'hello "w"', "file": tricky[:-1]}
+    failed = subprocess.run(["sh", "-c", script, "couler", "sh", "-c", "exit 7"],
+                            capture_output=True, text=True, check=False)
+    assert failed.returncode == 7
+
+
+def test_steps_with_resources_or_placement_become_pods() -> None:
+    train = S("train", ctr("python3", "-c", "print(1)"),
+              resources=ir.Resources(cpu_request="1", memory_limit="1Gi", gpu=1),
+              node_selector=(("pool", "gpu"),),
+              tolerations=(ir.Toleration("dedicated", "Equal", "ml", "NoSchedule"),),
+              env=(ir.EnvVar("TOKEN", secret=ir.SecretRef("creds", "token")),),
+              outputs=(ir.OutputParameter("out", ir.OutputSource.STDOUT),),
+              retry=ir.RetryPolicy(2, on=(ir.FailureClass.OOM,), memory_factor=2.0,
+                                   memory_ceiling="4Gi"))
+    report = S("report", ctr("echo", args=("{{inputs.v}}",)), dependencies=(
+        ir.Dependency("train"),), inputs=(ir.InputParameter("v", ir.StepOutputRef("train",
+                                                                                  "out")),))
+    source = airflow.compile_workflow(wf_of(train, report))
+    assert "class _CoulerPod(KubernetesPodOperator)" in source
+    assert "t['train'] = _CoulerPod(" in source and "t['report'] = task(" in source
+    dag = parse(source)
+    pod = dag.tasks["train"].kwargs
+    assert pod["container_resources"] == ("k8s.V1ResourceRequirements(requests={'cpu': '1'}, "
+                                          "limits={'memory': '1Gi', 'nvidia.com/gpu': '1'})")
+    assert pod["node_selector"] == "{'pool': 'gpu'}"
+    assert pod["tolerations"] == ("[k8s.V1Toleration(key='dedicated', operator='Equal', "
+                                  "value='ml', effect='NoSchedule')]")
+    assert pod["secrets"] == ("[Secret(deploy_type='env', deploy_target='TOKEN', "
+                              "secret='creds', key='token')]")
+    assert pod["cmds"] == "['python3']" and pod["arguments"] == "['-c', 'print(1)']"
+    assert pod["image"] == "'alpine:3.20'" and pod["do_xcom_push"] == "True"
+    assert pod["retries"] == "2"
+    assert dag.steps["train"]["memory"] == {"factor": 2.0, "ceiling": "4Gi"}
+    assert dag.steps["train"]["retry_on"] == ["oom"]
+    assert "{'x0': t['train']['out']}" in source  # the worker task reads the pod's XCom
+
+
+@pytest.mark.parametrize(("step", "feature"), [
+    (S("s", ctr("x"), resources=ir.Resources(cpu_request="1"),
+       foreach=ir.ForEach(items=(L(1),))), Feature.MAP_STATIC),
+    (S("s", ctr("x"), node_selector=(("a", "b"),),
+       output_artifacts=(ir.OutputArtifact("o", "/o"),)), Feature.ARTIFACTS),
+])
+def test_what_a_pod_step_cannot_carry_is_refused(step: ir.Step, feature: Feature) -> None:
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(step))
+    assert err.value.step == "s" and feature.value in str(err.value)
+
+
+def test_cache_policy_in_the_step_table() -> None:
+    keyed = S("keyed", ctr("x"), cache=ir.CachePolicy(key="v1-{{inputs.n}}", name="c",
+                                                       max_age_seconds=60),
+              inputs=(ir.InputParameter("n", L(1)),))
+    plain = S("plain", ctr("x"), cache=ir.CachePolicy(salt="s"))
+    salted = S("plain", ctr("x"), cache=ir.CachePolicy(salt="t"))
+    dag = compile_ok(wf_of(keyed, plain))
+    assert dag.steps["keyed"]["cache"] == {"name": "c", "key": "v1-{{inputs.n}}",
+                                           "digest": dag.steps["keyed"]["cache"]["digest"],
+                                           "max_age": 60}
+    assert dag.steps["plain"]["cache"]["name"] == "plain"
+    assert dag.steps["plain"]["cache"]["max_age"] is None
+    # the salt changes the content digest
+    other = compile_ok(wf_of(salted)).steps["plain"]["cache"]["digest"]
+    assert other != dag.steps["plain"]["cache"]["digest"]
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(S("s", ctr("x"), cache=ir.CachePolicy(),
+                                         output_artifacts=(ir.OutputArtifact("o", "/o"),))))
+    assert Feature.CACHE.value in str(err.value)
+
+
+def _pod_helpers() -> dict[str, Any]:
+    """The pod runtime's quantity / earlier-tries / escalation helpers, without Airflow."""
+    source = POD_RUNTIME[POD_RUNTIME.index("_QUANTITY = "):POD_RUNTIME.index("# awk: ")]
+    namespace: dict[str, Any] = {"re": __import__("re"), "Any": Any}
+    exec(source, namespace)
+    return namespace
+
+
+def _fake_pod(try_number: int, reason: str, code: int) -> Any:
+    done = Ns(reason=reason, exit_code=code)
+    return Ns(metadata=Ns(name=f"pod-{try_number}", labels={"try_number": str(try_number)}),
+              status=Ns(container_statuses=[Ns(name="base", state=Ns(terminated=done))]))
+
+
+def test_pod_memory_escalates_after_oom_killed_tries() -> None:
+    helpers = _pod_helpers()
+    assert helpers["_couler_quantity"]("1Gi") == 2**30
+    assert helpers["_couler_quantity"]("500m") == 0.5
+    pods = [_fake_pod(2, "OOMKilled", 137), _fake_pod(1, "OOMKilled", 137),
+            _fake_pod(3, "Error", 1)]
+    seen: dict[str, str] = {}
+
+    def list_pods(namespace: str, label_selector: str) -> Any:
+        seen.update(namespace=namespace, selector=label_selector)
+        return Ns(items=pods)
+
+    op = Ns(_get_ti_pod_labels=lambda ctx, include_try_number: {"dag_id": "d", "task_id": "t"},
+            client=Ns(list_namespaced_pod=list_pods), namespace=None,
+            container_resources=Ns(requests={"memory": "1Gi"}, limits={"memory": "1Gi"}))
+    tries = helpers["_couler_pod_tries"](op, {})
+    assert tries == [("OOMKilled", 137, "pod-1"), ("OOMKilled", 137, "pod-2"),
+                     ("Error", 1, "pod-3")]
+    assert seen == {"namespace": "default", "selector": "dag_id=d,task_id=t"}
+    helpers["_couler_escalate"](op, {}, {"factor": 2.0, "ceiling": "3Gi"})
+    # two OOM kills: 1Gi * 2**2 = 4Gi, capped at the ceiling
+    assert op.container_resources.limits == {"memory": str(3 * 2**30)}
+    assert op.container_resources.requests == {"memory": str(3 * 2**30)}
+    pods[:] = [_fake_pod(1, "Error", 1)]
+    op.container_resources = Ns(requests=None, limits={"memory": "1Gi"})
+    helpers["_couler_escalate"](op, {}, {"factor": 2.0, "ceiling": ""})
+    assert op.container_resources.limits == {"memory": "1Gi"}  # no OOM: unchanged
+
+
+def test_subworkflow_reference_triggers_the_dag() -> None:
+    prep = S("prep", ctr("echo", args=("x",)),
+             outputs=(ir.OutputParameter("out", ir.OutputSource.STDOUT),))
+    child = S("child", ir.SubWorkflowSpec("other-flow"), dependencies=(ir.Dependency("prep"),),
+              inputs=(ir.InputParameter("size", ir.StepOutputRef("prep", "out")),),
+              retry=ir.RetryPolicy(1))
+    after = S("after", ctr("true"), dependencies=(ir.Dependency("child"),))
+    dag = compile_ok(wf_of(prep, child, after))
+    kw = dag.tasks["child"].kwargs
+    assert dag.tasks["child"].fn == "_CoulerTrigger"
+    assert kw["trigger_dag_id"] == "'other-flow'" and kw["wait_for_completion"] == "True"
+    assert kw["couler_xcoms"] == "{'x0': t['prep']['out']}" and kw["retries"] == "1"
+    assert dag.steps["child"]["inputs"] == {"size": {"xcom": "x0"}}
+    assert ("child", "after") in dag.edges
+    assert "class _CoulerTrigger(TriggerDagRunOperator)" in dag.source
+    assert "class _CoulerPod" not in dag.source
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(S("c", ir.SubWorkflowSpec("other"), outputs=(
+            ir.OutputParameter("o", selector="/tmp/o"),))))
+    assert err.value.step == "c" and Feature.SUBWORKFLOW_REF.value in str(err.value)
+
+
+# --------------------------------------------------------------------------- job steps
+
+
+def _job_helpers() -> dict[str, Any]:
+    runtime = airflow._RUNTIME  # _couler_text comes from the step runner
+    text = runtime[runtime.index("def _couler_text"):runtime.index("def _couler_value")]
+    namespace: dict[str, Any] = {"re": __import__("re"), "json": json, "Any": Any,
+                                 "_KINDS": {}}
+    exec(text + JOB_RUNTIME, namespace)
+    return namespace
+
+
+JOB = {"metadata": {"name": "train-x7", "uid": "u-1", "labels": {"team": "ml"}},
+       "status": {"succeeded": 2, "failed": 0, "phase": "Running",
+                  "conditions": [{"type": "Complete"}]}}
+
+
+@pytest.mark.parametrize(("condition", "holds"), [
+    ("status.succeeded > 0", True),
+    ("status.succeeded > 2", False),
+    ("status.failed > 3", False),
+    ("status.succeeded > 0,status.phase == Running", True),
+    ("status.succeeded > 0, status.phase != Running", False),
+    ("status.phase in (Running, Succeeded)", True),
+    ("status.phase notin (Running, Succeeded)", False),
+    ("status.phase = Running", True),
+    ("status.conditions.0.type == Complete", True),
+    ("metadata.labels.team", True),
+    ("!metadata.deletionTimestamp", True),
+    ("!metadata.labels", False),
+    ("status.missing > 0", False),
+])
+def test_job_conditions_follow_argo(condition: str, holds: bool) -> None:
+    assert _job_helpers()["_couler_k8s_holds"](condition, JOB) is holds
+
+
+def test_job_outputs_are_fields_of_the_resource() -> None:
+    wf = capture_program(str(ROOT / "tests" / "conformance" / "programs" / "job_step.py"))[0]
+    dag = compile_ok(wf)
+    spec = dag.steps["k8s-job"]
+    assert spec["kind"] == "job" and spec["failure"] == "status.failed > 3"
+    assert spec["fields"] == {"job-name": "metadata.name", "job-id": "metadata.uid",
+                              "job-obj": ""}
+    outputs = _job_helpers()["_couler_job_outputs"](spec, JOB)
+    assert outputs["job-name"] == "train-x7" and outputs["job-id"] == "u-1"
+    assert json.loads(outputs["job-obj"]) == JOB
+    bad = S("j", ir.JobSpec.of({"apiVersion": "v1", "kind": "ConfigMap"}), outputs=(
+        ir.OutputParameter("x", ir.OutputSource.JQ, ".items[] | .name"),))
+    with pytest.raises(UnsupportedFeatureError) as err:
+        airflow.compile_workflow(wf_of(bad))
+    assert err.value.step == "j" and "field paths" in str(err.value)

@@ -6,6 +6,7 @@ import dataclasses
 
 from couler import ir
 from couler.compilers import airflow, argo_capabilities, tekton
+from couler.engines.base import Capability, Feature, Support
 from couler.optimize import DEFAULT_RETRY, Recommendation, optimize
 from couler.optimize.retry_fit import fit_retries
 
@@ -34,13 +35,21 @@ def test_a_step_seen_failing_transiently_keeps_retries_of_every_failure() -> Non
                               failure_class=ir.FailureClass.INFRA),
                Recommendation("fit", "b", "retry_limit", "2",  # OOM retries do not count
                               failure_class=ir.FailureClass.OOM)]
-    plan = optimize(WF, "airflow", capabilities=airflow.CAPABILITIES,
-                    recommendations=learned)
+    # an engine with back-off that cannot tell failure classes apart nor raise memory
+    # (Airflow's matrix without its step runner's classifier and pod steps)
+    none = Capability(Support.UNSUPPORTED, "not here")
+    caps = {**airflow.CAPABILITIES, Feature.RETRY_FAILURE_CLASSES: none,
+            Feature.MEMORY_ESCALATION: none}
+    plan = optimize(WF, "airflow", capabilities=caps, recommendations=learned)
     a, b, _ = plan.workflow.steps
     assert a.retry is not None and a.retry.limit == 3
     assert a.retry.on == (ir.FailureClass.ANY,) and a.retry.memory_factor is None
     assert a.retry.backoff == DEFAULT_RETRY.backoff  # Airflow has back-off
     assert b.retry is None
+    # Airflow's step runner classifies failures: the default policy is kept by class
+    plan = optimize(WF, "airflow", capabilities=airflow.CAPABILITIES)
+    assert plan.workflow.steps[0].retry is not None
+    assert plan.workflow.steps[0].retry.on == DEFAULT_RETRY.on
 
 
 def test_back_off_and_memory_escalation_are_dropped_where_missing() -> None:

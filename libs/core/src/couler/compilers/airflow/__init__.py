@@ -14,14 +14,14 @@ Shape of the generated file:
   one TaskFlow task ``task(_couler_run, task_id=STEP, multiple_outputs=True)``
   called with the step's name and its upstream values as ``XComArg``\\ s; no
   Jinja templates are involved, so literal ``{{`` in commands is safe.
-* **Execution.** The runner starts the step as a subprocess *on the Airflow
-  worker*: a container step runs ``command + args`` as an argv list (no shell,
-  no quoting issues), a script step writes its source to a temporary file and
-  runs it with the interpreter (the worker's own Python for ``python``). The
-  step's **image is ignored**: running it would need ``KubernetesPodOperator``
-  and a cluster; the worker-subprocess mapping keeps ``airflow dags test``
-  runnable anywhere. Untrusted code never runs inside the scheduler or the
-  DAG processor: parsing the file only builds the graph.
+* **Execution.** Unless it needs Kubernetes (below), the runner starts the step as
+  a subprocess *on the Airflow worker*: a container step runs ``command + args`` as
+  an argv list (no shell, no quoting issues), a script step writes its source to a
+  temporary file and runs it with the interpreter (the worker's own Python for
+  ``python``). The step's **image is ignored** (a pod step runs it; a plain step
+  keeps ``airflow dags test`` runnable anywhere, without a cluster). Untrusted code
+  never runs inside the scheduler or the DAG processor: parsing the file only builds
+  the graph.
 * **Parameters.** Placeholders ``{{inputs.NAME}}``, ``{{item}}``,
   ``{{item.KEY}}``, ``{{workflow.name}}`` (the DAG id), ``{{workflow.uid}}``
   (the run id) and ``{{workflow.status}}`` (fixed in succeeded/failed exit
@@ -50,6 +50,12 @@ Shape of the generated file:
   from its leaf tasks, so a failed step whose failure such an edge handles
   would leave the run succeeded; the ``couler-exit-status`` watcher task
   (below) keeps it failed, as on the other engines.
+* **Depends expressions** (``and`` / ``or`` / ``not``, rule S5): the task's trigger
+  rule is ``all_done``, so it starts once every step the expression names has finished;
+  the runner then reads each named task's outcome (succeeded, failed, skipped by its
+  ``when`` = the when-skip mark, omitted; a mapped task's instances for AnySucceeded /
+  AllFailed) and evaluates the expression; false ends the task skipped without the
+  mark (not run, S2). A dynamic map's ``--items`` helper evaluates it first.
 * **when / else** are evaluated by the runner before the command starts; a
   false condition raises ``AirflowSkipException`` so the task ends *skipped*
   and ``none_failed`` dependents still run. Comparisons are numeric when both
@@ -79,6 +85,25 @@ Shape of the generated file:
   rule from the task states and fails the run when it says so. Without hooks
   or such edges Airflow's own rule (a failed or ``upstream_failed`` leaf fails
   the run) is the same.
+* **Artifacts** go through Airflow's object storage (``ObjectStoragePath``): after the
+  command the runner copies each output artifact (a file or a directory tree) to the
+  artifact store -- the URL in the Airflow Variable ``couler_artifact_root`` (connection
+  id in ``couler_artifact_conn_id``; default a local directory) -- under
+  ``RUN_ID/STEP/NAME``, or to its own ``ArtifactLocation``; before the command it
+  fetches each input artifact to the path the step reads it from.
+* **Kubernetes pod steps**: a step with resources, GPUs, a node selector, tolerations
+  or volumes (its own or the workflow's) is a ``_CoulerPod`` task, a
+  ``KubernetesPodOperator`` subclass running the step's image
+  (:mod:`couler.compilers.airflow.pods`); every other step stays a worker subprocess.
+* **Sub-workflow references** trigger the referenced workflow's own DAG and wait for
+  it (``_CoulerTrigger``, a ``TriggerDagRunOperator``; :mod:`couler.compilers.airflow.refs`).
+* **Cache policies**: the runner (and the pod operator) keeps a step's outputs in the
+  artifact store under ``cache/NAME/KEY.json`` and reuses them while younger than the
+  policy's max age.
+* **Retry by failure class**: the runner classifies a failed attempt with a copy of
+  :func:`couler.failures.classify` generated from its ``PATTERNS``
+  (:mod:`couler.compilers.airflow.failures`) and raises ``AirflowFailException`` (no
+  further tries) for a class the step's policy does not retry.
 * **Policies**: retries → ``retries`` / ``retry_delay`` /
   ``retry_exponential_backoff`` (the factor) / ``max_retry_delay``; timeout →
   ``execution_timeout`` (workflow timeout → ``dagrun_timeout``); priority →
@@ -98,16 +123,25 @@ cron starting deadline / history limits. Labels become DAG ``tags``
 Rejected while compiling (:class:`~couler.errors.UnsupportedFeatureError`):
 mixed edge conditions on one step, dependencies between exit-hook steps,
 group-level policies on an inline sub-workflow, static maps longer than
-``max_map_length``, and cron ``replace`` concurrency.
+``max_map_length``, cron ``replace`` concurrency, depends terms naming a TaskGroup,
+git artifact locations, output artifacts of map steps, cached steps with output
+artifacts, pod steps with maps / loops / artifacts, claim templates mounted by several
+pod steps, and sub-workflow references that declare outputs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from couler import ir
+from couler.compilers.airflow.failures import classifier_source
+from couler.compilers.airflow.jobs import JOB_RUNTIME, job_spec
+from couler.compilers.airflow.pods import POD_RUNTIME, needs_pod, pod_kwargs
+from couler.compilers.airflow.refs import REF_RUNTIME, ref_kwargs
 from couler.engines.base import (
     Capability,
     Feature,
@@ -121,6 +155,8 @@ from couler.optimize.tune import expand_tune
 
 __all__ = [
     "AIRFLOW_VERSION",
+    "ARTIFACT_CONN_VARIABLE",
+    "ARTIFACT_ROOT_VARIABLE",
     "CAPABILITIES",
     "ENGINE",
     "EXIT_STATUS_TASK",
@@ -150,14 +186,23 @@ CAPABILITIES: dict[Feature, Capability] = {
             "subprocess on the worker (python = the worker's Python); never exec'd in the "
             "scheduler; the image is ignored"),
     Feature.JOB: Capability(
-        _U, "no cluster-independent operator creates a Kubernetes resource and evaluates "
-            "Argo-style success/failure conditions"),
+        _R, "the step runner creates / applies / replaces / patches / deletes the manifest "
+            "through the Kubernetes dynamic client of the cncf-kubernetes provider "
+            "(KubernetesHook: the kubernetes_default connection) and polls the resource "
+            "until Argo-style success / failure conditions (PATH OP VALUE, in / notin, "
+            "exists) hold; no owner reference (Airflow has no workflow object to own it); "
+            "job outputs (JSON paths) are refused. Checked by DagBag import and the "
+            "condition evaluator's tests; dag.test cannot reach a cluster here"),
     Feature.SUBWORKFLOW_INLINE: Capability(
         _N, "a TaskGroup (task ids GROUP.STEP); group outputs are forwarded from the inner "
             "step that declares them; group-level when/map/loop/policies are rejected"),
     Feature.SUBWORKFLOW_REF: Capability(
-        _U, "a referenced workflow would be a separate DAG (TriggerDagRunOperator) whose "
-            "outputs cannot be read back; not generated"),
+        _R, "the referenced workflow is its own DAG (deployed under its name); the step is "
+            "a TriggerDagRunOperator task (_CoulerTrigger, wait_for_completion: succeeds or "
+            "fails with the child run) passing the step's inputs as the child's conf, after "
+            "the step runner's gates; the child's outputs cannot be read back, so a "
+            "reference declaring outputs or artifacts is refused. Checked by DagBag import; "
+            "dag.test cannot run the triggered DAG (it needs a scheduler)"),
     Feature.PARAMETERS: Capability(
         _N, "outputs are XComs (multiple_outputs, one per output name; stdout = whole output, "
             "path = file contents read after the command, both stripped like the local "
@@ -166,8 +211,15 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.WORKFLOW_PARAMETERS: Capability(
         _N, "DAG params (Param with default and JSON-schema type), read at run time"),
     Feature.ARTIFACTS: Capability(
-        _U, "Airflow passes values through XCom only; share files through object storage "
-            "or a shared volume instead"),
+        _R, "through Airflow object storage (ObjectStoragePath, providers-common-io): the "
+            "step runner copies an output artifact (file or directory) after the command to "
+            "the artifact store -- the Airflow Variable couler_artifact_root (e.g. "
+            "s3://bucket/prefix, with the connection in couler_artifact_conn_id; default a "
+            "local directory, enough for dag.test on one machine) under RUN_ID/STEP/NAME -- "
+            "and fetches an input artifact to the path the step reads it from before the "
+            "command; an ArtifactLocation (s3 / gcs / oss / hdfs bucket + key, http url, "
+            "endpoint and credential secrets as Variables) is used as is; git locations and "
+            "output artifacts of map steps are refused"),
     Feature.EDGE_CONDITIONS: Capability(
         _N, "the task's trigger_rule: failed/errored → all_failed, skipped → all_skipped, "
             "completed/any → all_done (succeeded → none_failed, succeeded_only → "
@@ -176,8 +228,12 @@ CAPABILITIES: dict[Feature, Capability] = {
             "edges of a step must share one condition; a couler-exit-status task (one_failed) "
             "keeps the run failed when a handled step failed"),
     Feature.DEPENDS_EXPRESSION: Capability(
-        _U, "a trigger_rule is one quantifier over all upstream tasks; and/or/not over "
-            "individual task outcomes cannot be expressed"),
+        _R, "trigger_rule all_done (the expression is read once every step it names has "
+            "finished, rule S5), then the step runner evaluates and / or / not over the "
+            "upstream outcomes read from the run's task states and when-skip marks "
+            "(succeeded, failed, skipped by its when, omitted; a map's instances for "
+            "AnySucceeded / AllFailed); false = not run (skipped without the mark); Errored "
+            "is any failure (E4); terms naming a sub-workflow (TaskGroup) are refused"),
     Feature.WHEN: Capability(
         _R, "evaluated by the step runner on the upstream XComs before the command runs; "
             "false raises AirflowSkipException (task skipped, none_failed dependents run); "
@@ -204,26 +260,55 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.RETRY_BACKOFF: Capability(
         _N, "retry_delay = base, retry_exponential_backoff = factor, max_retry_delay = cap"),
     Feature.RETRY_FAILURE_CLASSES: Capability(
-        _U, "every failure of the subprocess looks the same to Airflow (a non-zero exit); "
-            "transient / infra / OOM cannot be told apart"),
+        _R, "the step runner classifies each failed attempt with couler.failures' patterns "
+            "(generated into the DAG file from failures.PATTERNS: exit code, signal, stderr "
+            "tail, traceback, execution_timeout) and raises AirflowFailException (no retry) "
+            "for a class the policy does not retry; Airflow clears a task's XComs on each "
+            "try, so the attempts before are unknown and the same-error-twice rule does not "
+            "apply (an unknown exit stays transient, retried up to the limit)"),
     Feature.MEMORY_ESCALATION: Capability(
-        _U, "tasks run as worker subprocesses without memory limits to raise"),
+        _R, "on a pod step (one with memory resources): before each try the pod operator "
+            "counts this task's earlier pods the kubelet OOMKilled (failed pods are kept and "
+            "found by their labels) and multiplies the memory request and limit by "
+            "memory_factor per OOM, capped at memory_ceiling; a worker-subprocess step has "
+            "no memory limit to raise"),
     Feature.TIMEOUT: Capability(
         _N, "execution_timeout (the subprocess is killed); workflow timeout → dagrun_timeout"),
     Feature.RESOURCES: Capability(
-        _U, "worker subprocesses have no per-task CPU/memory requests or limits (that needs "
-            "the KubernetesExecutor pod_override)"),
-    Feature.GPU: Capability(_U, "worker subprocesses cannot request GPUs"),
-    Feature.CACHE: Capability(_U, "Airflow has no result caching / memoization of tasks"),
+        _R, "the step runs as a KubernetesPodOperator task (_CoulerPod, provider "
+            "cncf-kubernetes) with container_resources; steps without resources or "
+            "placement stay worker subprocesses. The pod runs the step's image, the step "
+            "runner's gates and placeholders run before it, outputs come back through "
+            "/airflow/xcom/return.json (a sh wrapper: the image needs sh and awk); a pod "
+            "step cannot be mapped, looped or carry artifacts. Checked by DagBag import; "
+            "dag.test cannot start pods without a cluster"),
+    Feature.GPU: Capability(
+        _R, "a KubernetesPodOperator task whose container_resources limit the GPU resource "
+            "(nvidia.com/gpu by default); see resources"),
+    Feature.CACHE: Capability(
+        _R, "Airflow has no memoization: the step runner keeps a step's outputs as JSON in "
+            "the artifact store (couler_artifact_root/cache/NAME/KEY.json, shared by every "
+            "run) under the policy's key (placeholders filled) or the step's content digest "
+            "(command, image, env, salt) with its input values and map item; an entry older "
+            "than max_age is a miss; a hit returns the outputs without running the command "
+            "(the task still ends success: Airflow has no cached state); steps with output "
+            "artifacts are refused"),
     Feature.PRIORITY: Capability(_N, "task priority_weight"),
     Feature.NODE_SELECTOR: Capability(
-        _U, "tasks run on any worker; node placement needs the KubernetesExecutor"),
+        _R, "a KubernetesPodOperator task with node_selector (the workflow's merged with "
+            "the step's; a workflow-level selector makes every step a pod); see resources"),
     Feature.TOLERATIONS: Capability(
-        _U, "tasks run on any worker; tolerations need the KubernetesExecutor"),
-    Feature.VOLUMES: Capability(_U, "worker subprocesses mount no volumes"),
+        _R, "a KubernetesPodOperator task with tolerations (V1Toleration; workflow-level "
+            "ones make every step a pod); see resources"),
+    Feature.VOLUMES: Capability(
+        _R, "a KubernetesPodOperator task mounting the volume: an existing claim, config "
+            "map, secret or emptyDir as is; a claim template as the pod's generic ephemeral "
+            "volume when one step mounts it (refused when several do: the pods would not "
+            "share it)"),
     Feature.SECRETS: Capability(
         _R, "env value read at run time with Variable.get('SECRET/KEY'): store it as an "
-            "Airflow Variable or serve it from a secrets backend"),
+            "Airflow Variable or serve it from a secrets backend; a pod step (resources / "
+            "placement) gets the Kubernetes secret itself (Secret('env', VAR, NAME, KEY))"),
     Feature.DAEMON: Capability(
         _U, "an Airflow task cannot keep serving other tasks while they run"),
     Feature.CRON: Capability(
@@ -279,6 +364,11 @@ _PARAM_TYPE: dict[ir.ValueType, str] = {
 }
 _PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
 WHEN_SKIP_KEY = "couler_when_skipped"
+ARTIFACT_ROOT_VARIABLE = "couler_artifact_root"  # e.g. s3://bucket/prefix
+ARTIFACT_CONN_VARIABLE = "couler_artifact_conn_id"  # the object storage's connection
+# ArtifactLocation storage kinds -> URL scheme (bucket + key); http / local use url / key
+_SCHEMES = {ir.StorageKind.S3: "s3", ir.StorageKind.GCS: "gs", ir.StorageKind.OSS: "oss",
+            ir.StorageKind.HDFS: "hdfs"}
 # Edges whose trigger rule admits an upstream that was not run: none_failed and
 # all_skipped take any skip, all_failed counts upstream_failed, all_done takes both.
 _CHECKED_EDGES = frozenset({ir.EdgeCondition.SUCCEEDED, ir.EdgeCondition.SKIPPED,
@@ -287,13 +377,20 @@ _CHECKED_EDGES = frozenset({ir.EdgeCondition.SUCCEEDED, ir.EdgeCondition.SKIPPED
 
 
 def _plain(step: ir.Step | None) -> bool:
-    """A task (a mapped one included), not a group: its state is its task's states."""
-    return step is not None and not isinstance(step.body, ir.SubWorkflowSpec)
+    """A task (a mapped one or a sub-workflow reference included), not a group: its
+    state is its task's states."""
+    return step is not None and not _is_group(step)
+
+
+def _is_group(step: ir.Step) -> bool:
+    """An inline sub-workflow (a TaskGroup); a reference (no steps) is one task."""
+    return isinstance(step.body, ir.SubWorkflowSpec) and bool(step.body.steps)
 
 
 # The runner, copied verbatim into every generated file. It runs on the worker.
 _RUNTIME = '''
 _PLACEHOLDER = re.compile(r"\\{\\{\\s*([^}]*?)\\s*\\}\\}")
+_KINDS: dict[str, Any] = {}  # step kinds run by other code than a command (job)
 _OPS = {"==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt,
         ">=": operator.ge, "<=": operator.le}
 
@@ -364,7 +461,7 @@ def _couler_once(step: str, spec: dict[str, Any], fill: Any,
         print(proc.stdout, end="", flush=True)
         print(proc.stderr, end="", file=sys.stderr, flush=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"step {step} exited with code {proc.returncode}")
+            _couler_failed(step, spec, proc.returncode, proc.stderr)
         outputs: dict[str, Any] = {}
         for out in spec["outputs"]:
             # stripped like the local engine: `echo x > FILE` gives "x", as print("x") does
@@ -382,16 +479,99 @@ def _couler_once(step: str, spec: dict[str, Any], fill: Any,
         return outputs
 
 
-def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str, Any]:
-    """Run one step of STEPS on the worker; returns its outputs (one XCom each)."""
-    spec = STEPS[step]
-    if spec["items"] is not None:
-        item = spec["items"][item]
+def _couler_store(where: dict[str, Any]) -> Any:
+    """The object-storage path of an artifact: the artifact store (the Airflow Variable
+    ARTIFACT_ROOT_VARIABLE, default a local directory) under KEY, or its own location."""
+    from airflow.sdk import ObjectStoragePath
+
+    if "key" in where or "cache" in where:
+        root = Variable.get(ARTIFACT_ROOT_VARIABLE, default=None) or (
+            "file://" + os.path.join(tempfile.gettempdir(), "couler-artifacts"))
+        conn_id = Variable.get(ARTIFACT_CONN_VARIABLE, default=None)
+        if "cache" in where:  # shared by every run of every workflow
+            return ObjectStoragePath(f"{root.rstrip('/')}/cache/{where['cache']}",
+                                     conn_id=conn_id)
+        run_id = str(get_current_context()["run_id"])
+        return ObjectStoragePath(f"{root.rstrip('/')}/{run_id}/{where['key']}",
+                                 conn_id=conn_id)
+    options: dict[str, Any] = {}
+    if where.get("access_key"):
+        options["key"] = Variable.get(where["access_key"])
+    if where.get("secret_key"):
+        options["secret"] = Variable.get(where["secret_key"])
+    if where.get("endpoint"):
+        options["client_kwargs"] = {"endpoint_url": where["endpoint"]}
+    return ObjectStoragePath(where["url"], **options)
+
+
+def _couler_put(local: str, remote: Any) -> None:
+    """Copy a local file or directory tree to object storage."""
+    if os.path.isdir(local):
+        for name in sorted(os.listdir(local)):
+            _couler_put(os.path.join(local, name), remote / name)
+        return
+    remote.parent.mkdir(parents=True, exist_ok=True)
+    with open(local, "rb") as f:
+        remote.write_bytes(f.read())
+
+
+def _couler_get(remote: Any, local: str) -> None:
+    """Copy a file or directory tree from object storage to a local path."""
+    if remote.is_dir():
+        os.makedirs(local, exist_ok=True)
+        for child in remote.iterdir():
+            _couler_get(child, os.path.join(local, child.name))
+        return
+    os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+    with open(local, "wb") as f:
+        f.write(remote.read_bytes())
+
+
+def _couler_fetch_artifacts(step: str, spec: dict[str, Any]) -> None:
+    """Place the step's input artifacts at the paths it reads them from."""
+    for art in spec.get("input_artifacts", []):
+        remote = _couler_store(art["from"])
+        if not remote.exists():
+            raise RuntimeError(f"step {step}: input artifact {art['name']!r} is missing "
+                               f"at {remote}")
+        _couler_get(remote, art["path"])
+        print(f"couler: artifact {art['name']} fetched from {remote}", flush=True)
+
+
+def _couler_store_artifacts(step: str, spec: dict[str, Any]) -> None:
+    """Copy the step's output artifacts to the artifact store (or their locations)."""
+    for art in spec.get("output_artifacts", []):
+        if not os.path.exists(art["path"]):
+            raise RuntimeError(f"step {step}: output artifact {art['name']!r} was not "
+                               f"written at {art['path']}")
+        remote = _couler_store(art["to"])
+        _couler_put(art["path"], remote)
+        print(f"couler: artifact {art['name']} stored at {remote}", flush=True)
+
+
+def _couler_failed(step: str, spec: dict[str, Any], exit_code: int | None, log: str, *,
+                   timed_out: bool = False, reason: str = "") -> None:
+    """Fail the attempt, classified (couler.failures); without a retry when the step's
+    policy does not retry its class."""
+    failure, pattern, reason = _couler_classify(exit_code, reason=reason, log=log[-8192:],
+                                                timed_out=timed_out)
+    said = f"exited with code {exit_code}" if exit_code is not None else "failed"
+    message = f"step {step} {said}: {failure} ({pattern}: {reason})"
+    retry_on = spec.get("retry_on")
+    if retry_on is not None and failure not in retry_on:
+        raise AirflowFailException(f"{message}; not retried: its retry policy retries "
+                                   f"{', '.join(retry_on)} failures only")
+    raise RuntimeError(message)
+
+
+def _couler_gate(step: str, spec: dict[str, Any], xcoms: dict[str, Any], item: Any) -> Any:
+    """Check whether the step runs (exit-hook status, edges, depends, when; skips it
+    otherwise) and return the function filling its placeholders."""
     inputs = {name: _couler_value(src, xcoms, item, {}) for name, src in spec["inputs"].items()}
     gate = spec.get("status")
     if gate and spec.get("hook") and _couler_status() not in (gate, "Running"):
         raise AirflowSkipException(f"exit hook {step} did not fire: the run is not {gate}")
-    omitted = _couler_omitted(spec["edges"])
+    omitted = _couler_omitted(spec["edges"]) or _couler_depends(spec.get("depends"))
     if omitted:  # not run: no when-skip mark, so its own dependents do not run either
         raise AirflowSkipException(f"{step} not run: {omitted}")
     when = spec["when"]
@@ -414,17 +594,75 @@ def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str,
                 return spec.get("status") or _couler_status()
             return m.group(0)
         return _PLACEHOLDER.sub(sub, text)
+    return fill
 
+
+def _couler_run(step: str, xcoms: dict[str, Any], item: Any = None) -> dict[str, Any]:
+    """Run one step of STEPS on the worker; returns its outputs (one XCom each)."""
+    spec = STEPS[step]
+    if spec["items"] is not None:
+        item = spec["items"][item]
+    fill = _couler_gate(step, spec, xcoms, item)
+    cache = _couler_cache(step, spec, fill, item)
+    if cache is not None and cache.get("outputs") is not None:
+        return cache["outputs"]
+    _couler_fetch_artifacts(step, spec)
     env = dict(os.environ)
     for var in spec["env"]:
         env[var["name"]] = Variable.get(var["secret"]) if "secret" in var else fill(var["value"])
     loop = spec["loop"]
     outputs: dict[str, Any] = {}
-    for _ in range(loop["max_iterations"] if loop is not None else 1):
-        outputs = _couler_once(step, spec, fill, env)
-        if loop is None or not _couler_holds(loop, xcoms, item, outputs):
-            break
+    run = _KINDS.get(spec["kind"])  # a job step: not a command (see JOB_RUNTIME)
+    try:
+        if run is not None:
+            outputs, loop = run(step, spec, fill), None
+        for _ in range(loop["max_iterations"] if loop is not None else 1):
+            if run is not None:
+                break
+            outputs = _couler_once(step, spec, fill, env)
+            if loop is None or not _couler_holds(loop, xcoms, item, outputs):
+                break
+    except AirflowTaskTimeout:  # execution_timeout: transient, like the step's timeout
+        _couler_failed(step, spec, None, "", timed_out=True)
+    _couler_store_artifacts(step, spec)
+    _couler_cache_put(cache, outputs)
     return outputs
+
+
+def _couler_cache(step: str, spec: dict[str, Any], fill: Any, item: Any) -> dict[str, Any] | None:
+    """The step's cache entry: {"path": ..., "outputs": ... (None on a miss)}; None when
+    the step has no cache policy. The key is the user's (placeholders filled) or the
+    step's content digest with its input values and map item; entries older than the
+    policy's max age are misses."""
+    policy = spec.get("cache")
+    if policy is None:
+        return None
+    if policy["key"]:
+        key = fill(policy["key"])
+    else:
+        values = {name: fill("{{inputs.%s}}" % name) for name in spec["inputs"]}
+        key = policy["digest"] + json.dumps([values, item], sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    path = _couler_store({"cache": f"{policy['name']}/{digest}.json"})
+    entry: dict[str, Any] = {"path": path, "outputs": None}
+    try:
+        found = json.loads(path.read_text()) if path.exists() else None
+    except (OSError, ValueError):  # an unreadable entry is a miss
+        found = None
+    if found is not None:
+        age = time.time() - found["time"]
+        if policy["max_age"] is None or age <= policy["max_age"]:
+            print(f"couler: {step} reused its cached outputs ({int(age)} s old)", flush=True)
+            entry["outputs"] = found["outputs"]
+    return entry
+
+
+def _couler_cache_put(entry: dict[str, Any] | None, outputs: dict[str, Any]) -> None:
+    """Store a step's fresh outputs in its cache entry."""
+    if entry is None:
+        return
+    entry["path"].parent.mkdir(parents=True, exist_ok=True)
+    entry["path"].write_text(json.dumps({"outputs": outputs, "time": time.time()}))
 
 
 _ACCEPTS = {"succeeded": ("succeeded", "skipped"), "skipped": ("skipped",),
@@ -441,22 +679,23 @@ def _couler_states(found: dict[str, Any]) -> dict[str, list[str]]:
     return states
 
 
-def _couler_omitted(edges: list[list[str]]) -> str:
-    """Why an upstream's outcome fails its edge although the trigger rule let this task start.
+def _couler_outcomes_of(names: list[str]) -> dict[str, tuple[str, list[str]]] | None:
+    """Each named upstream task's outcome (succeeded / failed / skipped by its when /
+    omitted) with its instances' states (a mapped task has one per instance); None when
+    the task SDK cannot tell the states.
 
     A trigger rule sees "skipped" for a step skipped by its own when and for one that was
     not run (Argo's Omitted), and counts upstream_failed as failed; the when-skip mark
-    (an XCom) tells them apart. "" when every edge holds.
+    (an XCom) tells them apart.
     """
-    if not edges:
-        return ""
     ti = get_current_context()["ti"]
     try:
         found = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id])
     except Exception:  # noqa: BLE001 - older task SDKs: the trigger rules alone decide
-        return ""
+        return None
     states = _couler_states(found.get(ti.run_id, {}) if isinstance(found, dict) else {})
-    for upstream, condition in edges:
+    out: dict[str, tuple[str, list[str]]] = {}
+    for upstream in names:
         mine = states.get(upstream, [])  # a mapped task: one state per instance
         if "failed" in mine:
             outcome = "failed"
@@ -467,9 +706,71 @@ def _couler_omitted(edges: list[list[str]]) -> str:
             outcome = "skipped" if marked else "omitted"
         else:  # upstream_failed, removed, or never scheduled: not run
             outcome = "omitted"
+        out[upstream] = (outcome, mine)
+    return out
+
+
+def _couler_omitted(edges: list[list[str]]) -> str:
+    """Why an upstream's outcome fails its edge although the trigger rule let this task
+    start; "" when every edge holds."""
+    if not edges:
+        return ""
+    outcomes = _couler_outcomes_of([upstream for upstream, _ in edges])
+    if outcomes is None:
+        return ""
+    for upstream, condition in edges:
+        outcome = outcomes[upstream][0]
         if outcome not in _ACCEPTS[condition]:
             return f"dependency {upstream!r} did not reach {condition} (it was {outcome})"
     return ""
+
+
+_TERM = {"succeeded": ("succeeded", "skipped"), "succeeded_only": ("succeeded",),
+         "failed": ("failed",), "errored": ("failed",), "skipped": ("skipped",),
+         "omitted": ("omitted",), "completed": ("succeeded", "failed")}
+
+
+def _couler_expr(expr: list[Any], outcomes: dict[str, tuple[str, list[str]]]) -> bool:
+    """Evaluate a depends expression (rule S5) over the upstream outcomes."""
+    kind = expr[0]
+    if kind == "all":
+        return all(_couler_expr(term, outcomes) for term in expr[1])
+    if kind == "any":
+        return any(_couler_expr(term, outcomes) for term in expr[1])
+    if kind == "not":
+        return not _couler_expr(expr[1], outcomes)
+    outcome, instances = outcomes[expr[1]]
+    condition = expr[2]
+    if condition == "any":
+        return True
+    if condition == "any_succeeded":
+        return "success" in instances
+    if condition == "all_failed":
+        return bool(instances) and all(state == "failed" for state in instances)
+    return outcome in _TERM[condition]
+
+
+def _couler_terms(expr: list[Any]) -> list[str]:
+    if expr[0] == "term":
+        return [expr[1]]
+    if expr[0] == "not":
+        return _couler_terms(expr[1])
+    return [name for term in expr[1] for name in _couler_terms(term)]
+
+
+def _couler_depends(expr: list[Any] | None) -> str:
+    """Why a depends expression does not hold ("" when it does or there is none). The
+    task's trigger rule is all_done, so every step the expression names has finished."""
+    if expr is None:
+        return ""
+    outcomes = _couler_outcomes_of(sorted(set(_couler_terms(expr))))
+    if outcomes is None:
+        raise RuntimeError("the task SDK cannot report upstream states: the depends "
+                           "expression cannot be evaluated")
+    if _couler_expr(expr, outcomes):
+        return ""
+    seen = ", ".join(f"{name} {outcome}" for name, (outcome, _) in sorted(outcomes.items()))
+    return f"its depends expression does not hold ({seen})"
 
 
 def _couler_outcomes() -> dict[str, str] | None:
@@ -527,8 +828,11 @@ def _couler_status() -> str:
     return "Failed" if leaves else "Succeeded"
 
 
-def _couler_items(value: Any = None, param: str = "") -> list[Any]:
+def _couler_items(value: Any = None, param: str = "", step: str = "") -> list[Any]:
     """The list a mapped step expands over: an upstream output or a workflow parameter."""
+    omitted = _couler_depends(STEPS[step].get("depends")) if step else ""
+    if omitted:  # the mapped task is skipped with its helper: not run
+        raise AirflowSkipException(f"{step} not run: {omitted}")
     if param:
         value = get_current_context()["params"].get(param)
     if isinstance(value, str):
@@ -580,10 +884,17 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> str:
 # --------------------------------------------------------------------------- compiler
 
 
+def _json_text(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def _py(value: object, indent: int = 0) -> str:
     """A Python literal for ``value``: one dict key per line, short values inline."""
     flat = repr(value)
     pad = "    " * indent
+    if isinstance(value, str) and len(flat) + len(pad) > 88:  # adjacent literals
+        parts = [repr(value[i:i + 60]) for i in range(0, len(value), 60)]
+        return "(\n" + "".join(f"{pad}    {p}\n" for p in parts) + f"{pad})"
     if len(flat) + len(pad) <= 88 or not isinstance(value, (dict, list)) or not value:
         return flat
     if isinstance(value, dict):
@@ -642,6 +953,13 @@ class _Compiler:
         self.specs: dict[str, dict[str, Any]] = {}
         self.lines: list[str] = []
         self.edges: list[str] = []
+        self.pods = False  # a step runs as a KubernetesPodOperator (see .pods)
+        self.refs = False  # a step triggers another workflow's DAG (see .refs)
+        self.jobs = False  # a step creates a Kubernetes resource (see .jobs)
+        self.claim_users: dict[str, int] = {}  # steps mounting each workflow volume
+        for s in ir.all_steps([*wf.steps, *(h for hook in wf.exit_hooks for h in hook.steps)]):
+            for m in s.volume_mounts:
+                self.claim_users[m.name] = self.claim_users.get(m.name, 0) + 1
 
     def _fail(self, step: str, feature: Feature | str, detail: str) -> UnsupportedFeatureError:
         name = feature.value if isinstance(feature, Feature) else feature
@@ -724,8 +1042,9 @@ class _Compiler:
 
     def _absorbs_failures(self) -> bool:
         """Whether a step can run after a failed upstream (a failed / skipped / any edge)."""
-        return any(d.condition is not ir.EdgeCondition.SUCCEEDED
-                   for s in ir.all_steps(self.wf.steps) for d in s.dependencies)
+        return any(s.depends is not None or any(
+            d.condition is not ir.EdgeCondition.SUCCEEDED for d in s.dependencies)
+            for s in ir.all_steps(self.wf.steps))
 
     def _render(self, hook_lines: list[str]) -> str:
         wf = self.wf
@@ -736,6 +1055,8 @@ class _Compiler:
             imports.append("TaskGroup")
         if wf.schedule is not None and wf.schedule.timezone:
             imports.append("CronTriggerTimetable")
+        if not any("task(" in line for line in [*self.lines, *hook_lines]):
+            imports.remove("task")  # every step is a pod
         head = [
             f'"""Airflow DAG of the Couler workflow {wf.name!r}.',
             "",
@@ -746,6 +1067,7 @@ class _Compiler:
             "from __future__ import annotations",
             "",
             "import datetime",
+            "import hashlib",
             "import json",
             "import operator",
             "import os",
@@ -754,13 +1076,22 @@ class _Compiler:
             "import subprocess",
             "import sys",
             "import tempfile",
+            "import time",
             "from typing import Any",
             "",
             f"from airflow.sdk import {', '.join(sorted(imports))}",
-            "from airflow.sdk.exceptions import AirflowSkipException",
+            "from airflow.sdk.exceptions import (",
+            "    AirflowFailException,",
+            "    AirflowSkipException,",
+            "    AirflowTaskTimeout,",
+            ")",
             "",
             f"WORKFLOW_NAME = {wf.name!r}",
             f"WHEN_SKIP_KEY = {WHEN_SKIP_KEY!r}  # XCom of a task skipped by its own when",
+            "# Airflow Variables: the artifact store's base URL (default: a local directory)",
+            "# and the connection id its object storage uses",
+            f"ARTIFACT_ROOT_VARIABLE = {ARTIFACT_ROOT_VARIABLE!r}",
+            f"ARTIFACT_CONN_VARIABLE = {ARTIFACT_CONN_VARIABLE!r}",
             "# Each workflow task's upstream tasks (groups flattened), for the run's status.",
             f"GRAPH: dict[str, list[str]] = {_py(self._graph())}",
             "# Static description of every step, read by _couler_run on the worker.",
@@ -781,7 +1112,10 @@ class _Compiler:
         if self.edges:
             body += ["", "    # dependencies", *self.edges]
         body += hook_lines
-        return "\n".join(head) + "\n" + _RUNTIME + "\n".join(body) + "\n"
+        pods = ((POD_RUNTIME if self.pods else "") + (REF_RUNTIME if self.refs else "")
+                + (JOB_RUNTIME if self.jobs else ""))
+        return ("\n".join(head) + "\n" + _RUNTIME + "\n\n" + classifier_source() + pods
+                + "\n\n" + "\n".join(body) + "\n")
 
     def _dag_args(self) -> list[tuple[str, str]]:
         wf = self.wf
@@ -839,7 +1173,7 @@ class _Compiler:
             rule = self._trigger_rule(step)
             if rule is None and group_rule is not None:
                 rule = group_rule  # a root of a group inherits the group's edges
-            if isinstance(step.body, ir.SubWorkflowSpec):
+            if _is_group(step):
                 self._emit_group(scope, step, indent, rule)
             else:
                 self._emit_task(scope, step, self.lines, indent, rule=rule)
@@ -849,6 +1183,8 @@ class _Compiler:
                                       f"t[{scope.key(step.name)!r}]")
 
     def _trigger_rule(self, step: ir.Step) -> str | None:
+        if step.depends is not None:  # the runner evaluates it once every upstream finished
+            return "all_done"
         conditions = {d.condition for d in step.dependencies}
         if not conditions:
             return None
@@ -862,6 +1198,77 @@ class _Compiler:
                              f"Airflow has no trigger rule for {condition.value!r}: it does not "
                              "tell a task that was not run from one skipped by its when")
         return _RULE_OF_EDGE[condition]
+
+    def _location(self, step: ir.Step, loc: ir.ArtifactLocation, key: str) -> dict[str, Any]:
+        """Where an artifact lives: ``{"key": ...}`` in the artifact store, or a URL with
+        credentials (Variable names) for an explicit ArtifactLocation."""
+        if loc.storage is ir.StorageKind.DEFAULT:
+            return {"key": loc.key or key}
+        if loc.storage in _SCHEMES:
+            if not loc.bucket:
+                raise self._fail(step.name, Feature.ARTIFACTS,
+                                 f"a {loc.storage.value} artifact location needs a bucket")
+            url = f"{_SCHEMES[loc.storage]}://{loc.bucket}/{(loc.key or key).lstrip('/')}"
+        elif loc.storage is ir.StorageKind.HTTP and loc.url:
+            url = loc.url
+        elif loc.storage is ir.StorageKind.LOCAL and loc.key:
+            url = "file://" + loc.key
+        else:
+            raise self._fail(step.name, Feature.ARTIFACTS,
+                             f"object storage cannot read a {loc.storage.value} location "
+                             "(git repositories need a clone step)")
+        where: dict[str, Any] = {"url": url}
+        if loc.endpoint:
+            scheme = "http" if loc.insecure else "https"
+            where["endpoint"] = (loc.endpoint if "://" in loc.endpoint
+                                 else f"{scheme}://{loc.endpoint}")
+        for field_name in ("access_key", "secret_key"):
+            ref = getattr(loc, field_name)
+            if ref is not None:
+                where[field_name] = f"{ref.name}/{ref.key}"
+        return where
+
+    def _artifacts(self, scope: _Scope, step: ir.Step) -> dict[str, Any]:
+        """Input artifacts (fetched before the command) and output artifacts (stored after
+        it) of one step, keyed RUN_ID/STEP/NAME in the artifact store."""
+        key = scope.key(step.name)
+        if step.output_artifacts and step.foreach is not None:
+            raise self._fail(step.name, Feature.ARTIFACTS,
+                             "a map step's items would overwrite one another's artifacts")
+        outputs = [{"name": a.name, "path": a.path,
+                    "to": self._location(step, a.location or ir.ArtifactLocation(),
+                                         f"{key}/{a.name}")}
+                   for a in step.output_artifacts]
+        inputs = []
+        for a in step.input_artifacts:
+            src = a.source
+            if isinstance(src, ir.StepArtifactRef):
+                producer = scope.steps.get(src.step)
+                art = None if producer is None else next(
+                    (o for o in producer.output_artifacts if o.name == src.artifact), None)
+                if producer is None or art is None or not _plain(producer):
+                    raise self._fail(step.name, Feature.ARTIFACTS,
+                                     f"artifact {src.step}.{src.artifact} is not an output "
+                                     "of a step in this step's scope")
+                where = self._location(producer, art.location or ir.ArtifactLocation(),
+                                       f"{scope.key(src.step)}/{src.artifact}")
+            else:
+                where = self._location(step, src, f"{key}/{a.name}")
+            inputs.append({"name": a.name, "path": a.path, "from": where})
+        return {"input_artifacts": inputs, "output_artifacts": outputs}
+
+    def _depends(self, scope: _Scope, step: ir.Step, expr: ir.DependsExpr) -> list[Any]:
+        """A depends expression as nested lists the runner evaluates (``_couler_expr``)."""
+        if isinstance(expr, ir.DependsTerm):
+            if not _plain(scope.steps.get(expr.step)):
+                raise self._fail(step.name, Feature.DEPENDS_EXPRESSION,
+                                 f"the expression names the sub-workflow {expr.step!r}: a "
+                                 "TaskGroup has no single outcome the runner can read")
+            return ["term", scope.key(expr.step), expr.condition.value]
+        if isinstance(expr, ir.DependsNot):
+            return ["not", self._depends(scope, step, expr.term)]
+        kind = "all" if isinstance(expr, ir.DependsAll) else "any"
+        return [kind, [self._depends(scope, step, t) for t in expr.terms]]
 
     def _emit_group(self, scope: _Scope, step: ir.Step, indent: int, rule: str | None) -> None:
         body = step.body
@@ -928,6 +1335,11 @@ class _Compiler:
             interpreter = list(body.command) or [body.language.value]
             spec.update(kind="script", source=body.source, interpreter=interpreter,
                         args=list(body.args), working_dir=body.working_dir)
+        elif isinstance(body, ir.SubWorkflowSpec):
+            spec.update(kind="ref", workflow=body.name)
+        elif isinstance(body, ir.JobSpec):
+            spec.update(job_spec(self.wf, step, self._fail))
+            self.jobs = True
         else:  # pragma: no cover - rejected by check_capabilities
             raise self._fail(step.name, Feature.JOB, "not a container or script step")
         spec["inputs"] = {i.name: self._value(scope, step, i.value, xcoms) for i in step.inputs}
@@ -940,9 +1352,31 @@ class _Compiler:
             else:
                 env.append({"name": var.name, "value": var.value})
         spec["env"] = env
+        if step.input_artifacts or step.output_artifacts:
+            spec.update(self._artifacts(scope, step))
+        cache = step.cache if step.cache is not None else self.wf.defaults.cache
+        if cache is not None and cache.enabled:
+            if step.output_artifacts:
+                raise self._fail(step.name, Feature.CACHE, "the cache keeps a step's "
+                                 "parameters, not its output artifacts")
+            static = {k: spec.get(k) for k in ("kind", "command", "args", "source",
+                                               "interpreter", "working_dir", "outputs")}
+            static["image"] = getattr(body, "image", "")
+            static["env"] = [v for v in env if "secret" not in v]
+            content = _json_text(static) + cache.salt
+            spec["cache"] = {"name": cache.name or scope.key(step.name),
+                             "key": cache.key,
+                             "digest": hashlib.sha256(content.encode()).hexdigest()[:16],
+                             "max_age": cache.max_age_seconds}
         # edges whose trigger rule also admits an upstream that was not run (see _RUNTIME)
+        retry = step.retry if step.retry is not None else self.wf.defaults.retry
+        if retry is not None and ir.FailureClass.ANY not in retry.on:
+            spec["retry_on"] = [c.value for c in retry.on]
         spec["edges"] = [[scope.key(d.step), d.condition.value] for d in step.dependencies
-                         if d.condition in _CHECKED_EDGES and _plain(scope.steps.get(d.step))]
+                         if d.condition in _CHECKED_EDGES and _plain(scope.steps.get(d.step))
+                         and step.depends is None]
+        if step.depends is not None:
+            spec["depends"] = self._depends(scope, step, step.depends)
         spec["when"] = None
         if step.when is not None:
             spec["when"] = {**self._condition(scope, step, step.when.condition, xcoms),
@@ -1005,6 +1439,8 @@ class _Compiler:
             else:
                 arg = f"param={src.name!r}"
             rule_arg = f", trigger_rule={rule!r}" if rule is not None else ""
+            if step.depends is not None:  # the helper runs first: it evaluates the expression
+                arg += f", step={key!r}"
             out.append(f"{pad}t[{helper!r}] = task(")
             out.append(f"{pad}    _couler_items, task_id={step.name + ITEMS_SUFFIX!r}{rule_arg},")
             out.append(f"{pad})({arg})")
@@ -1016,6 +1452,25 @@ class _Compiler:
         self.specs[key] = spec
         kwargs = self._task_kwargs(step, key, rule)
         xcom_arg = "{" + ", ".join(f"{k!r}: {v}" for k, v in xcoms.items()) + "}"
+        if isinstance(step.body, ir.SubWorkflowSpec):  # a reference: trigger its DAG
+            self.refs = True
+            kwargs = [k for k in kwargs if k != "multiple_outputs=True"]
+            out.append(f"{pad}t[{key!r}] = _CoulerTrigger(")
+            out += [f"{pad}    {arg}," for arg in
+                    [*kwargs, f"couler_step={key!r}", f"couler_xcoms={xcom_arg}",
+                     *ref_kwargs(step, self._fail)]]
+            out.append(f"{pad})")
+            return
+        if needs_pod(self.wf, step):
+            self.pods = True
+            pod, extra = pod_kwargs(self.wf, step, self.claim_users, self._fail, pad + "    ")
+            spec.update(extra)
+            kwargs = [k for k in kwargs if k != "multiple_outputs=True"]
+            out.append(f"{pad}t[{key!r}] = _CoulerPod(")
+            out += [f"{pad}    {arg}," for arg in
+                    [*kwargs, f"couler_step={key!r}", f"couler_xcoms={xcom_arg}", *pod]]
+            out.append(f"{pad}).output")
+            return
         call = f"task(_couler_run, {', '.join(kwargs)})"
         if expand:
             tail = f".partial(step={key!r}, xcoms={xcom_arg}).expand(item={expand})"
