@@ -283,9 +283,9 @@ def test_defaults_apply() -> None:
     assert (task["retries"], task["timeout"]) == (2, "5s")
 
 
-def test_retry_backoff_is_rejected() -> None:
-    step = S("t", ctr("x"), retry=ir.RetryPolicy(limit=3, backoff=ir.Backoff()))
-    with pytest.raises(UnsupportedFeatureError, match=r"'t'.*retry back-off"):
+def test_memory_escalation_is_rejected() -> None:
+    step = S("t", ctr("x"), retry=ir.RetryPolicy(limit=3, memory_factor=2.0))
+    with pytest.raises(UnsupportedFeatureError, match=r"'t'.*memory escalation"):
         tekton.compile_workflow(wf_of(step))
 
 

@@ -23,6 +23,11 @@ Shape of the output:
   each file output to its result file; a stdout output is captured to a file,
   echoed back to the log and stored with trailing newlines removed (like
   Argo's ``outputs.result``). The step fails if an output file is missing.
+* A retry policy with back-off or failure classes runs the step through the
+  retry wrapper of :mod:`couler.compilers.entrypoint` (inside the step's
+  ``/bin/sh`` script; the task gets no ``retries``), which also writes the
+  ``couler-attempts`` and ``couler-failure`` results; a plain retry limit is
+  the task's ``retries``.
 * Dependencies become ``runAfter``. Tekton skips only the task whose ``when``
   is false; tasks ordered after it by ``runAfter`` still run, which is the IR's
   "succeeded (or skipped by its own when)" edge. A task that *reads a result*
@@ -66,7 +71,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from couler import ir
-from couler.compilers import emit
+from couler.compilers import emit, entrypoint
 from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
 from couler.engines.base import (
     Capability,
@@ -95,6 +100,8 @@ MAX_UNROLL = 8  # longest loop unrolled into guarded iterations
 MAX_MATRIX_COMBINATIONS = 256  # Tekton's default-max-matrix-combinations-count
 TTL_ANNOTATION = "couler.io/ttl-seconds"
 ITEM_PARAM = "couler-item"
+ATTEMPTS_RESULT = "couler-attempts"  # written by the retry wrapper: attempts made
+FAILURE_RESULT = "couler-failure"  # written by the retry wrapper: the last failure's class
 
 Doc = dict[str, Any]
 
@@ -149,10 +156,20 @@ CAPABILITIES: dict[Feature, Capability] = {
         _N, "finally tasks guarded by a when expression on $(tasks.status) (succeeded → "
             "Succeeded/Completed, failed and error → Failed); hook steps cannot depend on each "
             "other"),
-    Feature.RETRY: Capability(_N, "pipeline task `retries`"),
-    Feature.RETRY_BACKOFF: Capability(_U, "Tekton retries immediately; no back-off setting"),
+    Feature.RETRY: Capability(
+        _N, "pipeline task `retries` (a new pod per attempt); with back-off or failure "
+            "classes the step's retry wrapper retries instead"),
+    Feature.RETRY_BACKOFF: Capability(
+        _R, "Tekton retries immediately, so the step runs through a /bin/sh retry wrapper "
+            "(couler.compilers.entrypoint) that sleeps base*factor**n (capped) between "
+            "attempts in the same container; the task has no `retries`, so a pod the "
+            "platform loses is not retried; results couler-attempts / couler-failure"),
     Feature.RETRY_FAILURE_CLASSES: Capability(
-        _U, "Tekton retries every failure; it cannot select failures by cause"),
+        _R, "Tekton retries every failure, so the step's /bin/sh retry wrapper classifies "
+            "each failed attempt with couler.failures' patterns (exit code, cgroup oom_kill "
+            "count, the traceback's last exception, log lines, the same error twice) and "
+            "retries only the policy's classes; engine-reported causes (eviction, "
+            "OOMKilled of the whole pod, the task timeout) are not seen from inside"),
     Feature.MEMORY_ESCALATION: Capability(
         _U, "a retry reuses the same task spec; Tekton cannot raise memory per attempt"),
     Feature.TIMEOUT: Capability(_N, "pipeline task `timeout` (Ns); workflow timeout → "
@@ -288,6 +305,12 @@ def _item_text(item: object, key: str) -> str:
         else:
             value = None
     return ir.Literal.of(value).text
+
+
+def _retry_feature(policy: ir.RetryPolicy | None) -> Feature:
+    if policy is not None and set(policy.on) != {ir.FailureClass.ANY}:
+        return Feature.RETRY_FAILURE_CLASSES
+    return Feature.RETRY_BACKOFF
 
 
 def _heredoc_marker(source: str) -> str:
@@ -683,8 +706,8 @@ class _Compiler:
             task["when"] = [self._when_expr(step.name, step.when.condition, step.when.expect,
                                             feature)]
         retry = step.retry or d.retry
-        if retry is not None:
-            task["retries"] = retry.limit
+        if retry is not None and not entrypoint.needs_wrapper(retry):
+            task["retries"] = retry.limit  # else the wrapper retries inside the step
         timeout = step.timeout_seconds if step.timeout_seconds is not None else d.timeout_seconds
         if timeout is not None:
             task["timeout"] = _duration(timeout)
@@ -756,6 +779,9 @@ class _Compiler:
             tstep["imagePullPolicy"] = body.image_pull_policy
         if body.working_dir:
             tstep["workingDir"] = self._translate(body.working_dir, items)
+        retry = step.retry or d.retry
+        policy = retry if entrypoint.needs_wrapper(retry) else None
+        wrapped = bool(step.outputs) or policy is not None
         file_outputs = [o for o in step.outputs if o.source is ir.OutputSource.PATH]
         stdout = [o for o in step.outputs if o.source is ir.OutputSource.STDOUT]
         other = [o for o in step.outputs if o.source not in (ir.OutputSource.PATH,
@@ -767,12 +793,14 @@ class _Compiler:
         if isinstance(body, ir.ContainerSpec):
             command = [self._translate(c, items) for c in body.command]
             args = [self._translate(a, items) for a in body.args]
-            if step.outputs:
+            if wrapped:
                 if not command:
-                    raise self._fail(step.name, Feature.PARAMETERS,
-                                     "outputs of a container that runs its image's entrypoint "
-                                     "need a command to wrap on Tekton")
-                tstep["script"] = self._wrapper('"$@"', file_outputs, stdout)
+                    feature = Feature.PARAMETERS if step.outputs else _retry_feature(policy)
+                    raise self._fail(step.name, feature,
+                                     "outputs or retries by class / back-off of a container "
+                                     "that runs its image's entrypoint need a command to wrap "
+                                     "on Tekton")
+                tstep["script"] = self._wrapper('"$@"', file_outputs, stdout, policy=policy)
                 tstep["args"] = command + args
             else:
                 if command:
@@ -783,7 +811,7 @@ class _Compiler:
             source = self._translate(body.source, items)
             interp = list(body.command) or list(_INTERPRETER[body.language])
             args = [self._translate(a, items) for a in body.args]
-            if step.outputs or len(interp) != 1:
+            if wrapped or len(interp) != 1:
                 marker = _heredoc_marker(source)
                 path = "/tmp/couler-script"
                 run = " ".join(shlex.quote(w) for w in interp) + f' {path} "$@"'
@@ -791,7 +819,8 @@ class _Compiler:
                 if not source.endswith("\n"):
                     prologue += "\n"
                 prologue += marker + "\n"
-                tstep["script"] = self._wrapper(run, file_outputs, stdout, prologue)
+                tstep["script"] = self._wrapper(run, file_outputs, stdout, prologue,
+                                                policy=policy)
             else:
                 shebang = interp[0] if interp[0].startswith("/") else "/usr/bin/env " + interp[0]
                 tstep["script"] = f"#!{shebang}\n{source}"
@@ -821,11 +850,14 @@ class _Compiler:
             _item_param(k) for k in items if _item_param(k) not in {i.name for i in step.inputs})
         if param_names:
             spec["params"] = [{"name": n, "type": "string"} for n in param_names]
-        if step.outputs:
-            spec["results"] = [
-                {"name": o.name,
-                 "type": "array" if (step.name, o.name) in self.array_outputs else "string"}
-                for o in step.outputs]
+        results = [{"name": o.name,
+                    "type": "array" if (step.name, o.name) in self.array_outputs else "string"}
+                   for o in step.outputs]
+        if policy is not None:
+            results += [{"name": ATTEMPTS_RESULT, "type": "string"},
+                        {"name": FAILURE_RESULT, "type": "string"}]
+        if results:
+            spec["results"] = results
         if step.volume_mounts:
             seen: set[str] = set()
             ws = []
@@ -845,11 +877,23 @@ class _Compiler:
 
     @staticmethod
     def _wrapper(run: str, files: Sequence[ir.OutputParameter],
-                 stdout: Sequence[ir.OutputParameter], prologue: str = "") -> str:
-        """A /bin/sh script that runs ``run`` and writes the step's result files."""
+                 stdout: Sequence[ir.OutputParameter], prologue: str = "", *,
+                 policy: ir.RetryPolicy | None = None) -> str:
+        """A /bin/sh script that runs ``run`` (retried under ``policy`` by the
+        :mod:`~couler.compilers.entrypoint` wrapper) and writes the step's result files."""
         lines = ["#!/bin/sh", prologue.rstrip("\n")] if prologue else ["#!/bin/sh"]
-        if stdout:
-            out = "/tmp/couler-stdout"
+        out = "/tmp/couler-stdout"
+        if policy is not None:
+            status = "/tmp/couler-retry-status"
+            lines += [entrypoint.fragment(policy, run, status_path=status,
+                                          stdout_path=out if stdout else "").rstrip("\n"),
+                      "rc=$couler_rc"]
+            if stdout:
+                lines.append(f"cat {out}")
+            for key, result in (("attempts", ATTEMPTS_RESULT), ("class", FAILURE_RESULT)):
+                lines.append(f"sed -n 's/^{key}=//p' {status} | tr -d '\\n' > "
+                             f'"$(results.{result}.path)"')
+        elif stdout:
             lines += [f"{run} > {out}", "rc=$?", f"cat {out}"]
         else:
             lines += [run, "rc=$?"]
