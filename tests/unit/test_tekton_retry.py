@@ -15,6 +15,7 @@ from typing import Any
 
 from couler import ir
 from couler.compilers import tekton
+from couler.errors import UnsupportedFeatureError
 from tests.conformance.loader import load_program, program_paths
 from tests.unit.test_tekton_compiler import compile_ok, ctr, tasks, wf_of
 
@@ -100,7 +101,7 @@ def test_entrypoint_container_cannot_be_wrapped() -> None:
     step = S("t", ir.ContainerSpec("alpine"), retry=ir.RetryPolicy(limit=1, on=(C.OOM,)))
     try:
         tekton.compile_workflow(wf_of(step))
-    except tekton.UnsupportedFeatureError as e:
+    except UnsupportedFeatureError as e:
         assert e.step == "t" and e.feature == "retry by failure class"
     else:
         raise AssertionError("compiled a wrapper around an unknown entrypoint")

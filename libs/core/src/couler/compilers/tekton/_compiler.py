@@ -1,66 +1,4 @@
-"""Compile a Couler IR workflow into Tekton ``Pipeline`` + ``PipelineRun`` documents (plain data).
-
-:func:`compile_workflow` turns an :class:`couler.ir.Workflow` into two
-``tekton.dev/v1`` documents, a ``Pipeline`` and a ``PipelineRun`` that runs it
-by reference; :func:`to_yaml` renders them as one multi-document YAML text.
-The compiler is a pure function: no cluster, no network. :data:`CAPABILITIES`
-and :data:`LIMITS` are Tekton's capability matrix and limits table; the
-compiler checks the matrix (:func:`couler.engines.base.check_capabilities`)
-before building anything.
-
-Shape of the output:
-
-* One pipeline task per step, each with an embedded ``taskSpec`` holding one
-  Tekton step. Step inputs become task ``params`` (``{{inputs.NAME}}`` →
-  ``$(params.NAME)``, also inside script sources, as the Argo compiler does);
-  an input fed by another step's output is ``$(tasks.STEP.results.OUT)``,
-  by a workflow parameter ``$(params.NAME)``.
-* Outputs become task ``results``. Tekton reads a result from the file
-  ``$(results.NAME.path)``, so a step with outputs runs through a ``/bin/sh``
-  wrapper ``script`` (the image must have ``/bin/sh``): it runs the command
-  (its words are passed as the script's ``args``) or the script source (written
-  to a file by a quoted here-document and run with the interpreter), then copies
-  each file output to its result file; a stdout output is captured to a file,
-  echoed back to the log and stored with trailing newlines removed (like
-  Argo's ``outputs.result``). The step fails if an output file is missing.
-* A retry policy with back-off or failure classes runs the step through the
-  retry wrapper of :mod:`couler.compilers.entrypoint` (inside the step's
-  ``/bin/sh`` script; the task gets no ``retries``), which also writes the
-  ``couler-attempts`` and ``couler-failure`` results; a plain retry limit is
-  the task's ``retries``.
-* Dependencies become ``runAfter``. Tekton skips only the task whose ``when``
-  is false; tasks ordered after it by ``runAfter`` still run, which is the IR's
-  "succeeded (or skipped by its own when)" edge. A task that *reads a result*
-  of a skipped task is skipped too (Tekton's resource dependency).
-* ``when`` with ``==`` / ``!=`` becomes a when expression ``in`` / ``notin``;
-  the else branch uses the negated operator. Ordering comparisons are rejected.
-* A map becomes a ``matrix``: static items as explicit ``include``
-  combinations (one per item, so items are zipped, not crossed), an upstream
-  list as a matrix param fed by a whole array result
-  ``$(tasks.STEP.results.OUT[*])`` (the result is declared ``type: array``).
-* A loop is unrolled (at most :data:`MAX_UNROLL` iterations): iteration *k*
-  is task ``STEP-iterK`` guarded by the loop condition on iteration *k-1*'s
-  results, so once the condition fails every later iteration is skipped.
-* An inline sub-workflow is flattened: its steps become tasks named
-  ``GROUP-STEP``, its roots run after the group's dependencies and the group's
-  dependents run after all of its steps.
-* Exit hooks become ``finally`` tasks guarded by ``$(tasks.status)``.
-* Workflow parameters become pipeline ``params`` (list-typed ones ``type:
-  array``) and are passed again by the ``PipelineRun`` when they have defaults.
-* Volumes become pipeline ``workspaces`` bound by the ``PipelineRun``; pod
-  settings (node selector, tolerations, service account, pull secrets, DNS,
-  security context) go to the run's ``taskRunTemplate.podTemplate`` or, per
-  step, to ``taskRunSpecs``.
-
-What Tekton cannot express raises :class:`~couler.errors.UnsupportedFeatureError`
-(see :data:`CAPABILITIES` for the features and why), plus, found while
-compiling: ordering comparisons in conditions, loops longer than
-:data:`MAX_UNROLL`, maps larger than the matrix limit, reading the output of a
-mapped or looped step, group-level policies on an inline sub-workflow,
-dependencies between exit-hook steps, and a workflow-wide parallelism bound.
-A ``ttl_seconds`` has no Tekton field; it is recorded in the
-``couler.io/ttl-seconds`` annotation for an external pruner.
-"""
+"""The IR -> Tekton compiler (see :mod:`couler.compilers.tekton` for the output's shape)."""
 
 from __future__ import annotations
 
@@ -73,152 +11,23 @@ from typing import Any
 from couler import ir
 from couler.compilers import emit, entrypoint
 from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
-from couler.engines.base import (
-    Capability,
-    Feature,
-    Limit,
-    Support,
-    check_capabilities,
-    plain_edges,
+from couler.compilers.tekton.capabilities import (
+    API_VERSION,
+    ATTEMPTS_RESULT,
+    CAPABILITIES,
+    ENGINE,
+    FAILURE_RESULT,
+    ITEM_PARAM,
+    MAX_MATRIX_COMBINATIONS,
+    MAX_UNROLL,
+    TTL_ANNOTATION,
 )
+from couler.engines.base import Feature, check_capabilities, plain_edges
 from couler.errors import UnsupportedFeatureError
 
-__all__ = [
-    "API_VERSION",
-    "CAPABILITIES",
-    "ENGINE",
-    "LIMITS",
-    "MAX_MATRIX_COMBINATIONS",
-    "MAX_UNROLL",
-    "compile_workflow",
-    "to_yaml",
-]
-
-ENGINE = "tekton"
-API_VERSION = "tekton.dev/v1"
-MAX_UNROLL = 8  # longest loop unrolled into guarded iterations
-MAX_MATRIX_COMBINATIONS = 256  # Tekton's default-max-matrix-combinations-count
-TTL_ANNOTATION = "couler.io/ttl-seconds"
-ITEM_PARAM = "couler-item"
-ATTEMPTS_RESULT = "couler-attempts"  # written by the retry wrapper: attempts made
-FAILURE_RESULT = "couler-failure"  # written by the retry wrapper: the last failure's class
+__all__ = ["compile_workflow", "to_yaml"]
 
 Doc = dict[str, Any]
-
-_N, _R, _U = Support.NATIVE, Support.REWRITTEN, Support.UNSUPPORTED
-
-CAPABILITIES: dict[Feature, Capability] = {
-    Feature.CONTAINER: Capability(_N, "a pipeline task with an embedded taskSpec of one step"),
-    Feature.SCRIPT: Capability(
-        _N, "step `script` with a shebang for the interpreter (a /bin/sh wrapper when the "
-            "step has outputs or a multi-word interpreter command)"),
-    Feature.JOB: Capability(
-        _U, "Tekton Pipelines has no resource step (Argo `resource` template); a kubectl task "
-            "could create the object but not evaluate Argo-style success/failure conditions"),
-    Feature.SUBWORKFLOW_INLINE: Capability(
-        _R, "flattened: inner steps become tasks GROUP-STEP, roots run after the group's "
-            "dependencies, dependents run after every inner step; group-level when/map/loop/"
-            "policies are rejected"),
-    Feature.SUBWORKFLOW_REF: Capability(
-        _U, "PipelineTask.pipelineRef exists in the v1 schema but pipelines-in-pipelines "
-            "(TEP-0056) is not implemented by the Tekton controller"),
-    Feature.PARAMETERS: Capability(
-        _R, "inputs are task params; outputs are task results, written to $(results.NAME.path) "
-            "by a /bin/sh wrapper script that copies file outputs and captures stdout "
-            "(trailing newlines trimmed); references are $(tasks.STEP.results.NAME)"),
-    Feature.WORKFLOW_PARAMETERS: Capability(
-        _N, "pipeline params with defaults (list → type array), passed by the PipelineRun"),
-    Feature.ARTIFACTS: Capability(
-        _U, "Tekton v1 has no artifact passing between tasks (task artifacts are provenance "
-            "metadata only); share files through volumes (workspaces) instead"),
-    Feature.EDGE_CONDITIONS: Capability(
-        _U, "a Tekton task runs only after its runAfter tasks succeed (or are skipped); a "
-            "failed task fails the run, and only finally tasks can react to failures"),
-    Feature.DEPENDS_EXPRESSION: Capability(
-        _U, "runAfter is a plain conjunction; Tekton has no or / not over task outcomes"),
-    Feature.WHEN: Capability(
-        _N, "when expression `in` (==) / `notin` (!=); ordering comparisons (>, <, >=, <=) are "
-            "rejected because CEL when expressions are alpha-gated"),
-    Feature.ELSE: Capability(_N, "when expression with the negated operator (`notin` / `in`)"),
-    Feature.MAP_STATIC: Capability(
-        _N, "matrix with one explicit `include` combination per item (zipped, not crossed); "
-            "at most 256 items (default-max-matrix-combinations-count)"),
-    Feature.MAP_DYNAMIC: Capability(
-        _N, "matrix param fed by a whole array result $(tasks.STEP.results.OUT[*]); items "
-            "must be strings, keyed items (item.KEY) are rejected"),
-    Feature.MAP_PARALLELISM: Capability(
-        _U, "a matrix has no concurrency bound of its own in Tekton"),
-    Feature.LOOP: Capability(
-        _R, "Tekton has no dynamic loops: unrolled into at most 8 iterations STEP-iterK, each "
-            "guarded by the condition on the previous one's results; reading a loop's outputs "
-            "downstream is rejected"),
-    Feature.EXIT_HOOKS: Capability(
-        _N, "finally tasks guarded by a when expression on $(tasks.status) (succeeded → "
-            "Succeeded/Completed, failed and error → Failed); hook steps cannot depend on each "
-            "other"),
-    Feature.RETRY: Capability(
-        _N, "pipeline task `retries` (a new pod per attempt); with back-off or failure "
-            "classes the step's retry wrapper retries instead"),
-    Feature.RETRY_BACKOFF: Capability(
-        _R, "Tekton retries immediately, so the step runs through a /bin/sh retry wrapper "
-            "(couler.compilers.entrypoint) that sleeps base*factor**n (capped) between "
-            "attempts in the same container; the task has no `retries`, so a pod the "
-            "platform loses is not retried; results couler-attempts / couler-failure"),
-    Feature.RETRY_FAILURE_CLASSES: Capability(
-        _R, "Tekton retries every failure, so the step's /bin/sh retry wrapper classifies "
-            "each failed attempt with couler.failures' patterns (exit code, cgroup oom_kill "
-            "count, the traceback's last exception, log lines, the same error twice) and "
-            "retries only the policy's classes; engine-reported causes (eviction, "
-            "OOMKilled of the whole pod, the task timeout) are not seen from inside"),
-    Feature.MEMORY_ESCALATION: Capability(
-        _U, "a retry reuses the same task spec; Tekton cannot raise memory per attempt"),
-    Feature.TIMEOUT: Capability(_N, "pipeline task `timeout` (Ns); workflow timeout → "
-                                    "PipelineRun timeouts.pipeline"),
-    Feature.RESOURCES: Capability(_N, "step computeResources requests / limits"),
-    Feature.GPU: Capability(_N, "step computeResources limit on the GPU resource name"),
-    Feature.CACHE: Capability(_U, "Tekton Pipelines has no result caching / memoization"),
-    Feature.PRIORITY: Capability(
-        _U, "an integer priority has no Tekton field; the pod template only takes a "
-            "priorityClassName"),
-    Feature.NODE_SELECTOR: Capability(
-        _N, "PipelineRun taskRunTemplate.podTemplate (workflow) or taskRunSpecs (step)"),
-    Feature.TOLERATIONS: Capability(
-        _N, "PipelineRun taskRunTemplate.podTemplate (workflow) or taskRunSpecs (step)"),
-    Feature.VOLUMES: Capability(
-        _N, "pipeline workspaces bound by the PipelineRun (PVC, volumeClaimTemplate, emptyDir, "
-            "configMap, secret); mounts are task workspaces with mountPath / subPath"),
-    Feature.SECRETS: Capability(_N, "step env valueFrom.secretKeyRef"),
-    Feature.DAEMON: Capability(
-        _U, "Tekton sidecars live inside one task; nothing outlives a task to serve others"),
-    Feature.CRON: Capability(
-        _U, "Tekton Pipelines has no schedules; use a Kubernetes CronJob or Tekton Triggers "
-            "(a separate project)"),
-    Feature.EVENT_TRIGGERS: Capability(
-        _U, "event triggers belong to Tekton Triggers (EventListener), a separate project"),
-    Feature.TUNE: Capability(
-        _U, "the trials' map reads keyed items (one per parameter) and is bounded by a "
-            "parallelism, neither of which a Tekton matrix expresses"),
-}
-
-_TEKTON_DOCS = "https://tekton.dev/docs/pipelines/"
-LIMITS: tuple[Limit, ...] = (
-    Limit("Kubernetes object size (etcd request, --max-request-bytes default)", 1572864,
-          "bytes", "https://etcd.io/docs/v3.5/dev-guide/limit/ (Pipeline / PipelineRun are "
-                   "stored in etcd like any object)"),
-    Limit("Kubernetes object size (practical, leaving room for status)", 1048576, "bytes",
-          "https://etcd.io/docs/v3.5/dev-guide/limit/; " + _TEKTON_DOCS + "pipelineruns/"),
-    Limit("matrix combinations per pipeline task (default-max-matrix-combinations-count)",
-          MAX_MATRIX_COMBINATIONS, "combinations",
-          _TEKTON_DOCS + "matrix/ (Configuring a Matrix) and config/config-defaults.yaml"),
-    Limit("task result size (results via termination message, max-result-size default)", 4096,
-          "bytes", _TEKTON_DOCS + "tasks/#emitting-results (results-from: termination-message)"),
-    Limit("all results of one task (container termination message)", 4096, "bytes",
-          _TEKTON_DOCS + "tasks/#emitting-results"),
-    Limit("loop iterations unrolled by Couler", MAX_UNROLL, "iterations",
-          _TEKTON_DOCS + "pipelines/ (no dynamic loops; Couler unrolls, couler.compilers.tekton)"),
-    Limit("pipeline task name length (DNS-1123 label)", 63, "characters",
-          _TEKTON_DOCS + "pipelines/#adding-tasks-to-the-pipeline"),
-)
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
 _NOT_PARAM_CHAR = re.compile(r"[^-a-zA-Z0-9_.]+")

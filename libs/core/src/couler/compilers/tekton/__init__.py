@@ -1,0 +1,86 @@
+"""Compile a Couler IR workflow into Tekton ``Pipeline`` + ``PipelineRun`` documents (plain data).
+
+:func:`compile_workflow` turns an :class:`couler.ir.Workflow` into two
+``tekton.dev/v1`` documents, a ``Pipeline`` and a ``PipelineRun`` that runs it
+by reference; :func:`to_yaml` renders them as one multi-document YAML text.
+The compiler is a pure function: no cluster, no network. :data:`CAPABILITIES`
+and :data:`LIMITS` are Tekton's capability matrix and limits table; the
+compiler checks the matrix (:func:`couler.engines.base.check_capabilities`)
+before building anything.
+
+Shape of the output:
+
+* One pipeline task per step, each with an embedded ``taskSpec`` holding one
+  Tekton step. Step inputs become task ``params`` (``{{inputs.NAME}}`` →
+  ``$(params.NAME)``, also inside script sources, as the Argo compiler does);
+  an input fed by another step's output is ``$(tasks.STEP.results.OUT)``,
+  by a workflow parameter ``$(params.NAME)``.
+* Outputs become task ``results``. Tekton reads a result from the file
+  ``$(results.NAME.path)``, so a step with outputs runs through a ``/bin/sh``
+  wrapper ``script`` (the image must have ``/bin/sh``): it runs the command
+  (its words are passed as the script's ``args``) or the script source (written
+  to a file by a quoted here-document and run with the interpreter), then copies
+  each file output to its result file; a stdout output is captured to a file,
+  echoed back to the log and stored with trailing newlines removed (like
+  Argo's ``outputs.result``). The step fails if an output file is missing.
+* A retry policy with back-off or failure classes runs the step through the
+  retry wrapper of :mod:`couler.compilers.entrypoint` (inside the step's
+  ``/bin/sh`` script; the task gets no ``retries``), which also writes the
+  ``couler-attempts`` and ``couler-failure`` results; a plain retry limit is
+  the task's ``retries``.
+* Dependencies become ``runAfter``. Tekton skips only the task whose ``when``
+  is false; tasks ordered after it by ``runAfter`` still run, which is the IR's
+  "succeeded (or skipped by its own when)" edge. A task that *reads a result*
+  of a skipped task is skipped too (Tekton's resource dependency).
+* ``when`` with ``==`` / ``!=`` becomes a when expression ``in`` / ``notin``;
+  the else branch uses the negated operator. Ordering comparisons are rejected.
+* A map becomes a ``matrix``: static items as explicit ``include``
+  combinations (one per item, so items are zipped, not crossed), an upstream
+  list as a matrix param fed by a whole array result
+  ``$(tasks.STEP.results.OUT[*])`` (the result is declared ``type: array``).
+* A loop is unrolled (at most :data:`MAX_UNROLL` iterations): iteration *k*
+  is task ``STEP-iterK`` guarded by the loop condition on iteration *k-1*'s
+  results, so once the condition fails every later iteration is skipped.
+* An inline sub-workflow is flattened: its steps become tasks named
+  ``GROUP-STEP``, its roots run after the group's dependencies and the group's
+  dependents run after all of its steps.
+* Exit hooks become ``finally`` tasks guarded by ``$(tasks.status)``.
+* Workflow parameters become pipeline ``params`` (list-typed ones ``type:
+  array``) and are passed again by the ``PipelineRun`` when they have defaults.
+* Volumes become pipeline ``workspaces`` bound by the ``PipelineRun``; pod
+  settings (node selector, tolerations, service account, pull secrets, DNS,
+  security context) go to the run's ``taskRunTemplate.podTemplate`` or, per
+  step, to ``taskRunSpecs``.
+
+What Tekton cannot express raises :class:`~couler.errors.UnsupportedFeatureError`
+(see :data:`CAPABILITIES` for the features and why), plus, found while
+compiling: ordering comparisons in conditions, loops longer than
+:data:`MAX_UNROLL`, maps larger than the matrix limit, reading the output of a
+mapped or looped step, group-level policies on an inline sub-workflow,
+dependencies between exit-hook steps, and a workflow-wide parallelism bound.
+A ``ttl_seconds`` has no Tekton field; it is recorded in the
+``couler.io/ttl-seconds`` annotation for an external pruner.
+"""
+
+from __future__ import annotations
+
+from couler.compilers.tekton._compiler import compile_workflow, to_yaml
+from couler.compilers.tekton.capabilities import (
+    API_VERSION,
+    CAPABILITIES,
+    ENGINE,
+    LIMITS,
+    MAX_MATRIX_COMBINATIONS,
+    MAX_UNROLL,
+)
+
+__all__ = [
+    "API_VERSION",
+    "CAPABILITIES",
+    "ENGINE",
+    "LIMITS",
+    "MAX_MATRIX_COMBINATIONS",
+    "MAX_UNROLL",
+    "compile_workflow",
+    "to_yaml",
+]
