@@ -67,7 +67,13 @@ E_ERRORED = Exception_(
     "an errored edge fires on any failure: Airflow does not tell a platform error from the "
     "command's own failure")
 
-EXCEPTIONS: tuple[Exception_, ...] = (E_FAIL_FAST, E_GROUP_EDGES, E_GATED_HOOKS, E_ERRORED)
+E_ERRORED_NEVER = Exception_(
+    "E5", ("tekton",), "S4",
+    "an errored edge never fires: a platform error (eviction, node loss, the task's "
+    "timeout) fails the TaskRun itself, which ends the PipelineRun")
+
+EXCEPTIONS: tuple[Exception_, ...] = (E_FAIL_FAST, E_GROUP_EDGES, E_GATED_HOOKS, E_ERRORED,
+                                      E_ERRORED_NEVER)
 
 # Edges whose Airflow trigger rule admits an upstream that was not run (checked by the
 # step runner only for single-task upstreams; see couler.compilers.airflow).
@@ -132,11 +138,12 @@ def differences(wf: ir.Workflow, engine: str) -> list[Warning_]:
                  for s in h.steps]
         if gated:
             add(E_GATED_HOOKS, gated)
-    if engine in E_ERRORED.engines:
-        errored = [s.name for s in ir.all_steps(wf.steps)
-                   if any(d.condition is ir.EdgeCondition.ERRORED for d in s.dependencies)]
-        if errored:
-            add(E_ERRORED, errored)
+    for exc in (E_ERRORED, E_ERRORED_NEVER):
+        if engine in exc.engines:
+            errored = [s.name for s in ir.all_steps(wf.steps)
+                       if any(d.condition is ir.EdgeCondition.ERRORED for d in s.dependencies)]
+            if errored:
+                add(exc, errored)
     return found
 
 

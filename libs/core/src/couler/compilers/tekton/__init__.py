@@ -28,7 +28,13 @@ Shape of the output:
   ``/bin/sh`` script; the task gets no ``retries``), which also writes the
   ``couler-attempts`` and ``couler-failure`` results; a plain retry limit is
   the task's ``retries``.
-* Dependencies become ``runAfter``. Tekton skips only the task whose ``when``
+* Dependencies become ``runAfter``. A workflow with an edge other than the
+  default one (``failed``, ``any``, ...) or a depends expression is compiled by
+  the step-status rewrite (:mod:`couler.compilers.tekton._status`): each step's
+  script tests its edges and ``when`` on its upstreams' ``couler-status``
+  results and records its own, with ``onError: continue``, and a
+  ``couler-run-status`` task fails the PipelineRun when a failure reaches a
+  leaf (docs/semantics.md S7). Tekton skips only the task whose ``when``
   is false; tasks ordered after it by ``runAfter`` still run, which is the IR's
   "succeeded (or skipped by its own when)" edge. A task that *reads a result*
   of a skipped task is skipped too (Tekton's resource dependency).

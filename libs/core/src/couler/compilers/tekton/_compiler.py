@@ -11,6 +11,7 @@ from typing import Any
 from couler import ir
 from couler.compilers import emit, entrypoint
 from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
+from couler.compilers.tekton import _status
 from couler.compilers.tekton.capabilities import (
     API_VERSION,
     ATTEMPTS_RESULT,
@@ -131,6 +132,20 @@ def _heredoc_marker(source: str) -> str:
     return marker
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _StatusPlan:
+    """Status mode for one task (see :mod:`._status`): its upstreams, edge test, when test."""
+
+    ups: tuple[_status.Upstream, ...]
+    gate: str
+    when: str  # "" = no when
+
+
+_UP_PARAM = "couler-up-{}"
+_BRANCH_PARAM = "couler-br-{}"
+_WHEN_PARAMS = ("couler-when-l", "couler-when-r")
+
+
 @dataclasses.dataclass(slots=True)
 class _Info:
     """How the pipeline sees one step after rewrites."""
@@ -147,6 +162,8 @@ class _Compiler:
         self.array_outputs: set[tuple[str, str]] = set()
         self.task_pods: list[Doc] = []
         self.group_outputs: dict[str, dict[str, str]] = {}
+        self.status = False  # status mode: edge conditions / depends expressions
+        self.by_name: dict[str, ir.Step] = {}
 
     # ------------------------------------------------------------------ errors
 
@@ -167,9 +184,15 @@ class _Compiler:
                 src = step.foreach.source
                 if isinstance(src, ir.StepOutputRef):
                     self.array_outputs.add((src.step, src.output))
+        self.by_name = {s.name: s for s in steps}
+        self.status = _status.needed(steps)
+        if self.status:
+            self._check_status_mode(steps)
         tasks: list[Doc] = []
         for step in steps:
             tasks.extend(self._step_tasks(step))
+        if self.status:
+            tasks.append(self._run_status_task(steps))
         finally_tasks: list[Doc] = []
         for hook in wf.exit_hooks:
             for step in hook.steps:
@@ -186,6 +209,75 @@ class _Compiler:
         pipeline: Doc = {"apiVersion": API_VERSION, "kind": "Pipeline",
                          "metadata": {"name": wf.name, **meta}, "spec": pipeline_spec}
         return [pipeline, self._pipeline_run(meta)]
+
+    def _check_status_mode(self, steps: Sequence[ir.Step]) -> None:
+        edged = next(s for s in steps if s.depends is not None or any(
+            d.condition is not ir.EdgeCondition.SUCCEEDED for d in s.dependencies))
+        feature = (Feature.DEPENDS_EXPRESSION if edged.depends is not None
+                   else Feature.EDGE_CONDITIONS)
+        for top in self.wf.steps:
+            if isinstance(top.body, ir.SubWorkflowSpec) or top.loop is not None:
+                raise self._fail(edged.name, feature,
+                                 "edge conditions are compiled by the step-status rewrite, "
+                                 f"which does not cover the inline sub-workflow or loop "
+                                 f"{top.name!r} of this workflow")
+        if _status.RUN_STATUS_TASK in self.by_name:
+            raise self._fail(_status.RUN_STATUS_TASK, feature,
+                             f"the step name {_status.RUN_STATUS_TASK!r} is reserved for the "
+                             "run-status task of the step-status rewrite")
+
+    def _run_status_task(self, steps: Sequence[ir.Step]) -> Doc:
+        """``couler-run-status``: after the leaves, fails when a failure reached one (S7)."""
+        has_child = {d.step for s in steps for d in s.dependencies}
+        leaves = [s for s in steps if s.name not in has_child]
+        ups = [_status.Upstream(s.name, i, s.foreach is not None) for i, s in enumerate(leaves)]
+        params = [{"name": _BRANCH_PARAM.format(u.index),
+                   "value": _task_ref(u.step, _status.BRANCH_RESULT, array=u.is_map)}
+                  for u in ups]
+        args: list[str] = []
+        for u in ups:
+            args += [f"$(params.{_BRANCH_PARAM.format(u.index)}{'[*]' if u.is_map else ''})",
+                     _status.END]
+        spec: Doc = {
+            "params": [{"name": _BRANCH_PARAM.format(u.index),
+                        "type": "array" if u.is_map else "string"} for u in ups],
+            "steps": [{"name": "main", "image": _status.STATUS_IMAGE,
+                       "script": _status.run_status_script([(u.step, u) for u in ups]),
+                       "args": args}]}
+        return {"name": _status.RUN_STATUS_TASK, "runAfter": [u.step for u in ups],
+                "params": params, "taskSpec": spec}
+
+    def _status_plan(self, step: ir.Step) -> tuple[_StatusPlan, list[Doc]]:
+        """The status-mode plan of ``step`` and the task params it needs."""
+        names = list(dict.fromkeys(d.step for d in step.dependencies))
+        ups = tuple(_status.Upstream(n, i, self.by_name[n].foreach is not None)
+                    for i, n in enumerate(names))
+        feature = Feature.DEPENDS_EXPRESSION if step.depends is not None else \
+            Feature.EDGE_CONDITIONS
+        try:
+            gate = _status.gate_test(step, {u.step: u for u in ups})
+        except ValueError as e:
+            raise self._fail(step.name, feature, str(e)) from e
+        params: list[Doc] = []
+        for u in ups:
+            params.append({"name": _UP_PARAM.format(u.index),
+                           "value": _task_ref(u.step, _status.STATUS_RESULT, array=u.is_map)})
+            params.append({"name": _BRANCH_PARAM.format(u.index),
+                           "value": _task_ref(u.step, _status.BRANCH_RESULT, array=u.is_map)})
+        when = ""
+        if step.when is not None:
+            w = step.when
+            wfeature = Feature.WHEN if w.expect else Feature.ELSE
+            op = w.condition.op if w.expect else w.condition.op.negated()
+            try:
+                when = _status.when_test(op)
+            except ValueError as e:
+                raise self._fail(step.name, wfeature, str(e)) from e
+            for name, v in zip(_WHEN_PARAMS, (w.condition.left, w.condition.right),
+                               strict=True):
+                params.append({"name": name,
+                               "value": self._value(step.name, v, feature=wfeature)})
+        return _StatusPlan(ups, gate, when), params
 
     def _metadata(self) -> Doc:
         wf = self.wf
@@ -501,7 +593,11 @@ class _Compiler:
                 item_inputs[inp.name] = inp.value.key
             else:
                 params.append({"name": inp.name, "value": self._value(step.name, inp.value)})
-        spec = self._task_spec(step, items)
+        plan: _StatusPlan | None = None
+        if self.status:
+            plan, status_params = self._status_plan(step)
+            params += status_params
+        spec = self._task_spec(step, items, plan)
         matrix = self._matrix(step, item_inputs, items)
         run_after = list(dict.fromkeys(d.step for d in step.dependencies))
         if run_after:
@@ -510,12 +606,12 @@ class _Compiler:
             task["params"] = params
         if matrix:
             task["matrix"] = matrix
-        if step.when is not None:
+        if step.when is not None and plan is None:  # status mode: the script tests it
             feature = Feature.WHEN if step.when.expect else Feature.ELSE
             task["when"] = [self._when_expr(step.name, step.when.condition, step.when.expect,
                                             feature)]
         retry = step.retry or d.retry
-        if retry is not None and not entrypoint.needs_wrapper(retry):
+        if retry is not None and not entrypoint.needs_wrapper(retry) and plan is None:
             task["retries"] = retry.limit  # else the wrapper retries inside the step
         timeout = step.timeout_seconds if step.timeout_seconds is not None else d.timeout_seconds
         if timeout is not None:
@@ -577,7 +673,8 @@ class _Compiler:
         (name,) = names
         return {"params": [{"name": name, "value": ref}]}
 
-    def _task_spec(self, step: ir.Step, items: set[str]) -> Doc:
+    def _task_spec(self, step: ir.Step, items: set[str], plan: _StatusPlan | None = None
+                   ) -> Doc:
         d = self.wf.defaults
         body = step.body
         if not isinstance(body, (ir.ContainerSpec, ir.ScriptSpec)):
@@ -589,8 +686,11 @@ class _Compiler:
         if body.working_dir:
             tstep["workingDir"] = self._translate(body.working_dir, items)
         retry = step.retry or d.retry
-        policy = retry if entrypoint.needs_wrapper(retry) else None
-        wrapped = bool(step.outputs) or policy is not None
+        # in status mode the step always exits 0 to Tekton (onError: continue), so Tekton's
+        # retries never fire: every policy goes through the wrapper
+        policy = retry if entrypoint.needs_wrapper(retry) or plan is not None else None
+        wrapped = bool(step.outputs) or policy is not None or plan is not None
+        lead = (_status.args(plan.ups, _UP_PARAM, _BRANCH_PARAM) if plan is not None else [])
         file_outputs = [o for o in step.outputs if o.source is ir.OutputSource.PATH]
         stdout = [o for o in step.outputs if o.source is ir.OutputSource.STDOUT]
         other = [o for o in step.outputs if o.source not in (ir.OutputSource.PATH,
@@ -604,13 +704,15 @@ class _Compiler:
             args = [self._translate(a, items) for a in body.args]
             if wrapped:
                 if not command:
-                    feature = Feature.PARAMETERS if step.outputs else _retry_feature(policy)
+                    feature = (Feature.PARAMETERS if step.outputs else _retry_feature(policy)
+                               if plan is None else Feature.EDGE_CONDITIONS)
                     raise self._fail(step.name, feature,
-                                     "outputs or retries by class / back-off of a container "
-                                     "that runs its image's entrypoint need a command to wrap "
-                                     "on Tekton")
-                tstep["script"] = self._wrapper('"$@"', file_outputs, stdout, policy=policy)
-                tstep["args"] = command + args
+                                     "outputs, retries by class / back-off or edge conditions "
+                                     "of a container that runs its image's entrypoint need a "
+                                     "command to wrap on Tekton")
+                tstep["script"] = self._wrapper(step, '"$@"', file_outputs, stdout,
+                                                policy=policy, plan=plan)
+                tstep["args"] = lead + command + args
             else:
                 if command:
                     tstep["command"] = command
@@ -628,13 +730,13 @@ class _Compiler:
                 if not source.endswith("\n"):
                     prologue += "\n"
                 prologue += marker + "\n"
-                tstep["script"] = self._wrapper(run, file_outputs, stdout, prologue,
-                                                policy=policy)
+                tstep["script"] = self._wrapper(step, run, file_outputs, stdout, prologue,
+                                                policy=policy, plan=plan)
             else:
                 shebang = interp[0] if interp[0].startswith("/") else "/usr/bin/env " + interp[0]
                 tstep["script"] = f"#!{shebang}\n{source}"
-            if args:
-                tstep["args"] = args
+            if lead or args:
+                tstep["args"] = lead + args
         env = []
         for e in step.env:
             if e.secret is not None:
@@ -642,8 +744,13 @@ class _Compiler:
                     "name": e.secret.name, "key": e.secret.key}}})
             else:
                 env.append({"name": e.name, "value": self._translate(e.value, items)})
+        if plan is not None and plan.when:
+            env += [{"name": f"COULER_WHEN_{side}", "value": f"$(params.{name})"}
+                    for side, name in zip("LR", _WHEN_PARAMS, strict=True)]
         if env:
             tstep["env"] = env
+        if plan is not None:
+            tstep["onError"] = "continue"
         res = step.resources or d.resources
         if res is not None:
             compute = resource_requirements(res)
@@ -657,14 +764,25 @@ class _Compiler:
             spec["metadata"] = meta
         param_names = [i.name for i in step.inputs] + sorted(
             _item_param(k) for k in items if _item_param(k) not in {i.name for i in step.inputs})
-        if param_names:
-            spec["params"] = [{"name": n, "type": "string"} for n in param_names]
+        spec_params = [{"name": n, "type": "string"} for n in param_names]
+        if plan is not None:
+            for u in plan.ups:
+                kind = "array" if u.is_map else "string"
+                spec_params += [{"name": _UP_PARAM.format(u.index), "type": kind},
+                                {"name": _BRANCH_PARAM.format(u.index), "type": kind}]
+            if plan.when:
+                spec_params += [{"name": n, "type": "string"} for n in _WHEN_PARAMS]
+        if spec_params:
+            spec["params"] = spec_params
         results = [{"name": o.name,
                     "type": "array" if (step.name, o.name) in self.array_outputs else "string"}
                    for o in step.outputs]
         if policy is not None:
             results += [{"name": ATTEMPTS_RESULT, "type": "string"},
                         {"name": FAILURE_RESULT, "type": "string"}]
+        if plan is not None:
+            results += [{"name": _status.STATUS_RESULT, "type": "string"},
+                        {"name": _status.BRANCH_RESULT, "type": "string"}]
         if results:
             spec["results"] = results
         if step.volume_mounts:
@@ -684,13 +802,22 @@ class _Compiler:
         spec["steps"] = [tstep]
         return spec
 
-    @staticmethod
-    def _wrapper(run: str, files: Sequence[ir.OutputParameter],
+    def _wrapper(self, step: ir.Step, run: str, files: Sequence[ir.OutputParameter],
                  stdout: Sequence[ir.OutputParameter], prologue: str = "", *,
-                 policy: ir.RetryPolicy | None = None) -> str:
+                 policy: ir.RetryPolicy | None = None, plan: _StatusPlan | None = None) -> str:
         """A /bin/sh script that runs ``run`` (retried under ``policy`` by the
-        :mod:`~couler.compilers.entrypoint` wrapper) and writes the step's result files."""
-        lines = ["#!/bin/sh", prologue.rstrip("\n")] if prologue else ["#!/bin/sh"]
+        :mod:`~couler.compilers.entrypoint` wrapper) and writes the step's result files;
+        in status mode (``plan``) it tests the step's edges and when first and records the
+        outcome (:mod:`._status`)."""
+        lines = ["#!/bin/sh"]
+        if plan is not None:
+            declared = [(o.name, (step.name, o.name) in self.array_outputs)
+                        for o in step.outputs]
+            if policy is not None:
+                declared += [(ATTEMPTS_RESULT, False), (FAILURE_RESULT, False)]
+            lines += _status.prologue(plan.ups, plan.gate, plan.when, declared)
+        if prologue:
+            lines.append(prologue.rstrip("\n"))
         out = "/tmp/couler-stdout"
         if policy is not None:
             status = "/tmp/couler-retry-status"
@@ -706,9 +833,17 @@ class _Compiler:
             lines += [f"{run} > {out}", "rc=$?", f"cat {out}"]
         else:
             lines += [run, "rc=$?"]
-        lines.append('[ "$rc" -eq 0 ] || exit "$rc"')
-        for o in stdout:
-            lines.append(f"printf '%s' \"$(cat {out})\" > \"$(results.{o.name}.path)\"")
-        for o in files:
-            lines.append(f"cp {shlex.quote(o.selector)} \"$(results.{o.name}.path)\" || exit 1")
+        copies = [f"printf '%s' \"$(cat {out})\" > \"$(results.{o.name}.path)\""
+                  for o in stdout]
+        copies += [f"cp {shlex.quote(o.selector)} \"$(results.{o.name}.path)\""
+                   for o in files]
+        if plan is None:
+            lines.append('[ "$rc" -eq 0 ] || exit "$rc"')
+            lines += [c + " || exit 1" if c.startswith("cp ") else c for c in copies]
+        else:  # a missing output file fails the step, as outside status mode
+            if copies:
+                lines.append('if [ "$rc" -eq 0 ]; then')
+                lines += [f"  {c} || rc=1" for c in copies]
+                lines.append("fi")
+            lines += _status.epilogue()
         return "\n".join(lines) + "\n"

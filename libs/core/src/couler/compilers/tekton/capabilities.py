@@ -59,10 +59,16 @@ CAPABILITIES: dict[Feature, Capability] = {
         _U, "Tekton v1 has no artifact passing between tasks (task artifacts are provenance "
             "metadata only); share files through volumes (workspaces) instead"),
     Feature.EDGE_CONDITIONS: Capability(
-        _U, "a Tekton task runs only after its runAfter tasks succeed (or are skipped); a "
-            "failed task fails the run, and only finally tasks can react to failures"),
+        _R, "step-status rewrite (only finally tasks may read $(tasks.X.status)): every "
+            "step runs as a /bin/sh script with onError: continue that writes results "
+            "couler-status (Succeeded / Failed / Skipped / Omitted) and couler-branch, tests "
+            "its edges on its upstreams' statuses (passed as params; a map's as arrays) and "
+            "its when in the script, and a couler-run-status task fails the PipelineRun when "
+            "a failure reaches a leaf (S7); an errored edge never holds (E5); not with inline "
+            "sub-workflows or loops in the same workflow"),
     Feature.DEPENDS_EXPRESSION: Capability(
-        _U, "runAfter is a plain conjunction; Tekton has no or / not over task outcomes"),
+        _R, "the step-status rewrite (see edge conditions): the expression's and / or / not "
+            "become an sh test over the upstreams' couler-status results"),
     Feature.WHEN: Capability(
         _N, "when expression `in` (==) / `notin` (!=); ordering comparisons (>, <, >=, <=) are "
             "rejected because CEL when expressions are alpha-gated"),

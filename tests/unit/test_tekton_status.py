@@ -1,0 +1,149 @@
+"""Edge conditions and depends expressions on Tekton: the step-status rewrite, run.
+
+The conformance programs are compiled, schema-checked and run by a stand-in for the
+Tekton controller (:mod:`tests.unit.tekton_sim`, /bin/sh on this machine); each step's
+outcome (its ``couler-status`` result) and the PipelineRun's status must be the local
+engine's (tests/conformance/expected.json).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from couler import ir
+from couler.compilers import tekton
+from couler.engines.base import Feature
+from couler.errors import UnsupportedFeatureError
+from tests.conformance.loader import load_program, program_paths
+from tests.unit.tekton_sim import PipelineRun, run_pipeline
+from tests.unit.test_tekton_compiler import compile_ok, ctr, tasks, wf_of
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPECTED: dict[str, Any] = json.loads(
+    (ROOT / "tests" / "conformance" / "expected.json").read_text(encoding="utf-8"))
+S = ir.Step
+F = ir.EdgeCondition
+STATE = {"Succeeded": "succeeded", "Failed": "failed", "Skipped": "skipped",
+         "Omitted": "skipped"}  # Couler records a step that was not run as skipped
+EDGE_PROGRAMS = ["edge_conditions", "omitted_upstream", "strict_succeeded", "depends_expr",
+                 "map_outcomes", "unusual_edges"]
+
+
+def _program(stem: str) -> ir.Workflow:
+    (path,) = [p for p in program_paths() if p.stem == stem]
+    return load_program(path)
+
+
+def _outcome(status: Any) -> str:
+    if isinstance(status, list):  # a map: its items'
+        for s in ("Failed", "Succeeded", "Skipped"):
+            if s in status:
+                return STATE[s]
+        return "skipped"
+    return STATE[status]
+
+
+def _compare(expected: dict[str, Any], run: PipelineRun) -> list[str]:
+    problems = []
+    if run.status.lower() != expected["state"]:
+        problems.append(f"run {run.status} != {expected['state']}")
+    for name, want in expected["steps"].items():
+        got = run.tasks[name]
+        state = _outcome(got.results["couler-status"])
+        if state != want["state"]:
+            problems.append(f"{name}: {state} != {want['state']}")
+        for out, value in want.get("outputs", {}).items():
+            if str(got.results.get(out, "")).rstrip("\n") != value:
+                problems.append(f"{name}.{out}: {got.results.get(out)!r} != {value!r}")
+    return problems
+
+
+@pytest.mark.parametrize("program", EDGE_PROGRAMS)
+def test_edge_program_runs_as_on_the_local_engine(program: str, tmp_path: Path) -> None:
+    docs = compile_ok(_program(program))
+    run = run_pipeline(docs, tmp_path)
+    assert _compare(EXPECTED[program], run) == []
+    # the TaskRuns of steps never fail: a failure is a status, and only S7 ends the run
+    steps = {s.name for s in _program(program).steps}
+    assert all(run.tasks[n].state == "succeeded" for n in steps)
+    assert run.tasks["couler-run-status"].state == ("failed" if run.status == "Failed"
+                                                    else "succeeded")
+
+
+def test_an_unhandled_failure_on_one_branch_lets_the_other_finish(tmp_path: Path) -> None:
+    # S7 without fail-fast: `slow-branch` starts after `broken` failed and still runs
+    wf = wf_of(S("broken", ctr("sh", "-c", "exit 2")),
+               S("handler", ctr("sh", "-c", "true"), dependencies=(ir.Dependency("broken",
+                                                                              F.FAILED),)),
+               S("first", ctr("sh", "-c", "true")),
+               S("slow-branch", ctr("sh", "-c", "true"), dependencies=(ir.Dependency("first"),)),
+               S("after-broken", ctr("sh", "-c", "true"),
+                 dependencies=(ir.Dependency("broken"),)))
+    run = run_pipeline(compile_ok(wf), tmp_path)
+    status = {n: r.results.get("couler-status") for n, r in run.tasks.items()}
+    assert status["slow-branch"] == "Succeeded" and status["handler"] == "Succeeded"
+    assert status["after-broken"] == "Omitted"
+    assert run.status == "Failed"  # after-broken, a leaf, carries broken's failure
+
+
+def test_when_is_tested_in_the_script_and_skipped_is_not_omitted(tmp_path: Path) -> None:
+    out = ir.OutputParameter("out", ir.OutputSource.STDOUT)
+    yes = ir.Condition(ir.StepOutputRef("check", "out"), ir.CompareOp.EQ, ir.Literal.of("yes"))
+    wf = wf_of(S("check", ctr("echo", "yes"), outputs=(out,)),
+               S("ship", ctr("true"), dependencies=(ir.Dependency("check"),),
+                 when=ir.When(yes, expect=False)),
+               S("strict", ctr("true"), dependencies=(ir.Dependency("ship", F.SUCCEEDED_ONLY),)),
+               S("skipped-only", ctr("true"), dependencies=(ir.Dependency("ship", F.SKIPPED),)))
+    docs = compile_ok(wf)
+    assert "when" not in tasks(docs)["ship"]  # no Tekton when: it would make `ship` absent
+    run = run_pipeline(docs, tmp_path)
+    status = {n: r.results.get("couler-status") for n, r in run.tasks.items()}
+    assert (status["ship"], status["strict"], status["skipped-only"]) == (
+        "Skipped", "Omitted", "Succeeded")
+    assert run.status == "Succeeded"
+
+
+def test_retry_policy_in_status_mode_goes_through_the_wrapper(tmp_path: Path) -> None:
+    flaky = ("if [ -e /tmp/seen ]; then exit 0; fi; touch /tmp/seen; exit 5")
+    wf = wf_of(S("flaky", ctr("sh", "-c", flaky), retry=ir.RetryPolicy(limit=2)),
+               S("any", ctr("true"), dependencies=(ir.Dependency("flaky", F.ANY),)))
+    docs = compile_ok(wf)
+    assert "retries" not in tasks(docs)["flaky"]  # the step exits 0 to Tekton: no retries
+    run = run_pipeline(docs, tmp_path)
+    flaky_run = run.tasks["flaky"]
+    assert flaky_run.results["couler-status"] == "Succeeded"
+    assert flaky_run.results["couler-attempts"] == "2"
+
+
+def test_workflows_without_edge_conditions_compile_as_before() -> None:
+    docs = compile_ok(_program("skip_propagation"))
+    assert "couler-run-status" not in tasks(docs)
+    assert all("onError" not in t["taskSpec"]["steps"][0] for t in docs[0]["spec"]["tasks"])
+
+
+def test_edges_with_a_loop_in_the_workflow_are_refused() -> None:
+    loop = ir.Loop(ir.Condition(ir.Literal.of(1), ir.CompareOp.EQ, ir.Literal.of(2)), 2)
+    wf = wf_of(S("a", ctr("true"), loop=loop),
+               S("b", ctr("true"), dependencies=(ir.Dependency("a", F.ANY),)))
+    with pytest.raises(UnsupportedFeatureError) as err:
+        tekton.compile_workflow(wf)
+    assert err.value.step == "b" and Feature.EDGE_CONDITIONS.value in str(err.value)
+
+
+def test_the_run_status_task_name_is_reserved() -> None:
+    wf = wf_of(S("couler-run-status", ctr("true")),
+               S("b", ctr("true"), dependencies=(ir.Dependency("couler-run-status", F.ANY),)))
+    with pytest.raises(UnsupportedFeatureError, match="reserved"):
+        tekton.compile_workflow(wf)
+
+
+def test_sim_reproduces_tekton_fail_fast_outside_status_mode(tmp_path: Path) -> None:
+    # the stand-in is faithful where Tekton is strict: E1 (docs/semantics.md)
+    wf = wf_of(S("broken", ctr("sh", "-c", "exit 1")),
+               S("after", ctr("true"), dependencies=(ir.Dependency("broken"),)))
+    run = run_pipeline(compile_ok(wf), tmp_path)
+    assert run.status == "Failed" and "after" not in run.tasks
