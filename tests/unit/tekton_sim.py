@@ -24,6 +24,8 @@ from typing import Any
 
 _TASK_REF = re.compile(r"\$\(tasks\.([-a-z0-9]+)\.results\.([-a-zA-Z0-9_]+)(\[\*\])?\)")
 _PARAM = re.compile(r"\$\(params\.([-a-zA-Z0-9_.]+)\)")
+_WORKSPACE = re.compile(r"\$\(workspaces\.([-a-zA-Z0-9_]+)\.path\)")
+_WS = "<workspaces>"  # the params key holding the run's workspace root
 
 
 class _MissingResultError(Exception):
@@ -70,7 +72,9 @@ def _subst(text: str, params: dict[str, Any], tmp: str) -> str:
         v = params.get(m.group(1))
         return m.group(0) if v is None or isinstance(v, list) else str(v)
 
-    return _PARAM.sub(sub, text).replace("/tmp/", tmp + "/")
+    text = _PARAM.sub(sub, text).replace("/tmp/", tmp + "/")
+    # every workspace of the run is one directory (Tekton mounts the bound volume)
+    return _WORKSPACE.sub(lambda m: f"{params[_WS]}/{m.group(1)}", text)
 
 
 def _run_one(spec: dict[str, Any], params: dict[str, Any], work: Path,
@@ -143,7 +147,11 @@ def _run_task(task: dict[str, Any], done: dict[str, TaskRun], work: Path,
 def run_pipeline(docs: list[dict[str, Any]], work: Path) -> PipelineRun:
     """Run a compiled ``[Pipeline, PipelineRun]`` and report what every task did."""
     spec = docs[0]["spec"]
-    run_params = {p["name"]: p["value"] for p in docs[1]["spec"].get("params", [])}
+    run_params: dict[str, Any] = {p["name"]: p["value"]
+                                  for p in docs[1]["spec"].get("params", [])}
+    run_params[_WS] = str(work / "workspaces")
+    for w in docs[1]["spec"].get("workspaces", []):
+        (work / "workspaces" / w["name"]).mkdir(parents=True)
     pending = list(spec["tasks"])
     done: dict[str, TaskRun] = {}
     stopped = False

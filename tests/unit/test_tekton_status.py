@@ -147,3 +147,67 @@ def test_sim_reproduces_tekton_fail_fast_outside_status_mode(tmp_path: Path) -> 
                S("after", ctr("true"), dependencies=(ir.Dependency("broken"),)))
     run = run_pipeline(compile_ok(wf), tmp_path)
     assert run.status == "Failed" and "after" not in run.tasks
+
+
+# --------------------------------------------------------------------------- artifacts
+
+
+def test_artifacts_program_passes_the_file_through_the_workspace(tmp_path: Path) -> None:
+    docs = compile_ok(_program("artifacts"))
+    binding = {w["name"]: w for w in docs[1]["spec"]["workspaces"]}["couler-artifacts"]
+    assert binding["volumeClaimTemplate"]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    run = run_pipeline(docs, tmp_path)
+    assert run.status == "Succeeded"
+    assert run.tasks["consumer"].results["seen"].rstrip("\n") == \
+        EXPECTED["artifacts"]["steps"]["consumer"]["outputs"]["seen"]
+    stored = tmp_path / "workspaces" / "couler-artifacts" / "producer" / "report"
+    assert stored.read_text() == "artifact-payload\n"
+
+
+def _art_step(name: str, script: str, **kw: Any) -> ir.Step:
+    return S(name, ctr("sh", "-c", script), **kw)
+
+
+def test_a_directory_artifact_and_a_missing_one(tmp_path: Path) -> None:
+    out = ir.OutputArtifact("data", "/tmp/data")
+    src = ir.StepArtifactRef("make", "data")
+    wf = wf_of(_art_step("make", "mkdir -p /tmp/data/sub && echo x > /tmp/data/sub/f",
+                         output_artifacts=(out,)),
+               _art_step("use", "test \"$(cat /tmp/in/sub/f)\" = x",
+                         input_artifacts=(ir.InputArtifact("data", "/tmp/in", src),),
+                         dependencies=(ir.Dependency("make"),)),
+               _art_step("broken", "exit 1", output_artifacts=(ir.OutputArtifact(
+                   "lost", "/tmp/lost"),)),
+               _art_step("late", "true", input_artifacts=(ir.InputArtifact(
+                   "lost", "/tmp/lost", ir.StepArtifactRef("broken", "lost")),),
+                   dependencies=(ir.Dependency("broken", F.ANY),)))
+    run = run_pipeline(compile_ok(wf), tmp_path)
+    status = {n: r.results.get("couler-status") for n, r in run.tasks.items()}
+    assert status["use"] == "Succeeded"  # the directory arrived whole
+    assert status["late"] == "Failed"  # its input was never stored: a failure, recorded
+    assert run.status == "Failed"
+
+
+def test_artifacts_from_object_stores_and_mapped_steps_are_refused() -> None:
+    s3 = ir.ArtifactLocation(ir.StorageKind.S3, bucket="b", key="k")
+    with pytest.raises(UnsupportedFeatureError, match="s3 storage"):
+        tekton.compile_workflow(wf_of(_art_step("a", "true", input_artifacts=(
+            ir.InputArtifact("x", "/tmp/x", s3),))))
+    mapped = _art_step("m", "true", output_artifacts=(ir.OutputArtifact("x", "/tmp/x"),),
+                       inputs=(ir.InputParameter("i", ir.ItemRef()),),
+                       foreach=ir.ForEach(items=(ir.Literal.of(1),)))
+    with pytest.raises(UnsupportedFeatureError, match="mapped or looped"):
+        tekton.compile_workflow(wf_of(mapped))
+
+
+def test_artifacts_inside_an_inline_sub_workflow_follow_the_renamed_steps(tmp_path: Path,
+                                                                          ) -> None:
+    inner = (_art_step("w", "echo hi > /tmp/a", output_artifacts=(ir.OutputArtifact(
+                 "a", "/tmp/a"),)),
+             _art_step("r", "cat /tmp/b > /tmp/o", input_artifacts=(ir.InputArtifact(
+                 "a", "/tmp/b", ir.StepArtifactRef("w", "a")),),
+                 outputs=(ir.OutputParameter("o", ir.OutputSource.PATH, "/tmp/o"),),
+                 dependencies=(ir.Dependency("w"),)))
+    group = S("grp", ir.SubWorkflowSpec(name="grp", steps=inner))
+    run = run_pipeline(compile_ok(wf_of(group)), tmp_path)
+    assert run.status == "Succeeded" and run.tasks["grp-r"].results["o"] == "hi\n"

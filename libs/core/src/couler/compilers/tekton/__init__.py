@@ -50,6 +50,10 @@ Shape of the output:
 * An inline sub-workflow is flattened: its steps become tasks named
   ``GROUP-STEP``, its roots run after the group's dependencies and the group's
   dependents run after all of its steps.
+* Artifacts pass through the workspace ``couler-artifacts`` (a
+  ``volumeClaimTemplate`` bound by the PipelineRun): the producer's script
+  copies each output artifact to ``STEP/ARTIFACT`` there after its command
+  succeeds, the consumer's copies it to its path before its command.
 * Exit hooks become ``finally`` tasks guarded by ``$(tasks.status)``.
 * Workflow parameters become pipeline ``params`` (list-typed ones ``type:
   array``) and are passed again by the ``PipelineRun`` when they have defaults.

@@ -14,6 +14,8 @@ from couler.compilers.kube import dns_settings, resource_requirements, se_linux_
 from couler.compilers.tekton import _status
 from couler.compilers.tekton.capabilities import (
     API_VERSION,
+    ARTIFACTS_SIZE,
+    ARTIFACTS_WORKSPACE,
     ATTEMPTS_RESULT,
     CAPABILITIES,
     ENGINE,
@@ -163,6 +165,7 @@ class _Compiler:
         self.task_pods: list[Doc] = []
         self.group_outputs: dict[str, dict[str, str]] = {}
         self.status = False  # status mode: edge conditions / depends expressions
+        self.artifacts = False  # the shared artifacts workspace is used
         self.by_name: dict[str, ir.Step] = {}
 
     # ------------------------------------------------------------------ errors
@@ -200,8 +203,15 @@ class _Compiler:
         pipeline_spec: Doc = {}
         if wf.parameters:
             pipeline_spec["params"] = [self._pipeline_param(p) for p in wf.parameters]
-        if wf.volumes:
-            pipeline_spec["workspaces"] = [{"name": v.name} for v in wf.volumes]
+        workspaces = [{"name": v.name} for v in wf.volumes]
+        if self.artifacts:
+            if any(v.name == ARTIFACTS_WORKSPACE for v in wf.volumes):
+                raise self._fail("", Feature.ARTIFACTS,
+                                 f"the volume name {ARTIFACTS_WORKSPACE!r} is reserved for the "
+                                 "workspace artifacts are passed through")
+            workspaces.append({"name": ARTIFACTS_WORKSPACE})
+        if workspaces:
+            pipeline_spec["workspaces"] = workspaces
         pipeline_spec["tasks"] = tasks
         if finally_tasks:
             pipeline_spec["finally"] = finally_tasks
@@ -315,8 +325,13 @@ class _Compiler:
                   for p in wf.parameters if p.default is not None]
         if params:
             spec["params"] = params
-        if wf.volumes:
-            spec["workspaces"] = [self._workspace_binding(v) for v in wf.volumes]
+        bindings = [self._workspace_binding(v) for v in wf.volumes]
+        if self.artifacts:
+            bindings.append({"name": ARTIFACTS_WORKSPACE, "volumeClaimTemplate": {"spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": ARTIFACTS_SIZE}}}}})
+        if bindings:
+            spec["workspaces"] = bindings
         template: Doc = {}
         if wf.service_account:
             template["serviceAccountName"] = wf.service_account
@@ -446,9 +461,17 @@ class _Compiler:
         when = step.when
         if when is not None:
             when = ir.When(cond(when.condition), when.expect)
+        def artifact(a: ir.InputArtifact) -> ir.InputArtifact:
+            src = a.source
+            if not isinstance(src, ir.StepArtifactRef) or src.step not in renames:
+                return a
+            return dataclasses.replace(a, source=ir.StepArtifactRef(renames[src.step],
+                                                                    src.artifact))
+
         return dataclasses.replace(
             step, name=name, foreach=fe, loop=loop, when=when,
-            inputs=tuple(dataclasses.replace(i, value=value(i.value)) for i in step.inputs))
+            inputs=tuple(dataclasses.replace(i, value=value(i.value)) for i in step.inputs),
+            input_artifacts=tuple(artifact(a) for a in step.input_artifacts))
 
     def _check_group(self, step: ir.Step) -> None:
         bad = [label for label, present in (
@@ -577,6 +600,46 @@ class _Compiler:
             task["when"] = [guard, *task.get("when", [])]
         return task
 
+    def _artifact_moves(self, step: ir.Step) -> tuple[list[str], list[str]]:
+        """sh lines that copy input artifacts from the artifacts workspace before the
+        command, and output artifacts into it (under STEP/ARTIFACT) after it."""
+        if not (step.input_artifacts or step.output_artifacts):
+            return [], []
+        if step.foreach is not None or step.loop is not None:
+            raise self._fail(step.name, Feature.ARTIFACTS,
+                             "artifacts of a mapped or looped step would share one place in "
+                             "the artifacts workspace on Tekton")
+        self.artifacts = True
+        root = f"$(workspaces.{ARTIFACTS_WORKSPACE}.path)"
+        fetch = []
+        for a in step.input_artifacts:
+            src = a.source
+            if not isinstance(src, ir.StepArtifactRef):
+                raise self._fail(step.name, Feature.ARTIFACTS,
+                                 f"input artifact {a.name!r} reads {src.storage.value} storage; "
+                                 "Tekton passes only artifacts written by other steps (through "
+                                 "a workspace)")
+            up = self.by_name.get(src.step)
+            if up is None or up.foreach is not None or up.loop is not None:
+                raise self._fail(step.name, Feature.ARTIFACTS,
+                                 f"input artifact {a.name!r} comes from {src.step!r}, which is "
+                                 "not a single container or script step")
+            dest = shlex.quote(a.path)
+            fetch.append(f'mkdir -p "$(dirname {dest})" && rm -rf {dest} && '
+                         f'cp -R "{root}/{src.step}/{src.artifact}" {dest} || '
+                         f"couler_missing {shlex.quote(a.name)}")
+        store = []
+        for o in step.output_artifacts:
+            if o.location is not None and o.location.storage not in (ir.StorageKind.DEFAULT,
+                                                                     ir.StorageKind.LOCAL):
+                raise self._fail(step.name, Feature.ARTIFACTS,
+                                 f"output artifact {o.name!r} goes to {o.location.storage.value} "
+                                 "storage; Tekton keeps artifacts in a workspace only")
+            dest = f'"{root}/{step.name}/{o.name}"'
+            store.append(f'mkdir -p "{root}/{step.name}" && rm -rf {dest} && '
+                         f"cp -R {shlex.quote(o.path)} {dest}")
+        return fetch, store
+
     def _add_task_pod(self, step: ir.Step, task_name: str) -> None:
         pod = self._pod_template(step.node_selector, step.tolerations)
         if pod:
@@ -622,6 +685,8 @@ class _Compiler:
             if m.sub_path:
                 binding["subPath"] = m.sub_path
             workspaces.append(binding)
+        if step.input_artifacts or step.output_artifacts:
+            workspaces.append({"name": ARTIFACTS_WORKSPACE, "workspace": ARTIFACTS_WORKSPACE})
         if workspaces:
             task["workspaces"] = workspaces
         task["taskSpec"] = spec
@@ -689,7 +754,9 @@ class _Compiler:
         # in status mode the step always exits 0 to Tekton (onError: continue), so Tekton's
         # retries never fire: every policy goes through the wrapper
         policy = retry if entrypoint.needs_wrapper(retry) or plan is not None else None
-        wrapped = bool(step.outputs) or policy is not None or plan is not None
+        moves = self._artifact_moves(step)
+        wrapped = bool(step.outputs) or policy is not None or plan is not None or moves != ([],
+                                                                                         [])
         lead = (_status.args(plan.ups, _UP_PARAM, _BRANCH_PARAM) if plan is not None else [])
         file_outputs = [o for o in step.outputs if o.source is ir.OutputSource.PATH]
         stdout = [o for o in step.outputs if o.source is ir.OutputSource.STDOUT]
@@ -704,14 +771,16 @@ class _Compiler:
             args = [self._translate(a, items) for a in body.args]
             if wrapped:
                 if not command:
-                    feature = (Feature.PARAMETERS if step.outputs else _retry_feature(policy)
-                               if plan is None else Feature.EDGE_CONDITIONS)
+                    feature = (Feature.PARAMETERS if step.outputs else
+                               Feature.EDGE_CONDITIONS if plan is not None else
+                               Feature.ARTIFACTS if moves != ([], []) else
+                               _retry_feature(policy))
                     raise self._fail(step.name, feature,
                                      "outputs, retries by class / back-off or edge conditions "
                                      "of a container that runs its image's entrypoint need a "
                                      "command to wrap on Tekton")
                 tstep["script"] = self._wrapper(step, '"$@"', file_outputs, stdout,
-                                                policy=policy, plan=plan)
+                                                policy=policy, plan=plan, moves=moves)
                 tstep["args"] = lead + command + args
             else:
                 if command:
@@ -731,7 +800,7 @@ class _Compiler:
                     prologue += "\n"
                 prologue += marker + "\n"
                 tstep["script"] = self._wrapper(step, run, file_outputs, stdout, prologue,
-                                                policy=policy, plan=plan)
+                                                policy=policy, plan=plan, moves=moves)
             else:
                 shebang = interp[0] if interp[0].startswith("/") else "/usr/bin/env " + interp[0]
                 tstep["script"] = f"#!{shebang}\n{source}"
@@ -785,9 +854,12 @@ class _Compiler:
                         {"name": _status.BRANCH_RESULT, "type": "string"}]
         if results:
             spec["results"] = results
-        if step.volume_mounts:
+        if step.volume_mounts or moves != ([], []):
             seen: set[str] = set()
             ws = []
+            if moves != ([], []):
+                ws.append({"name": ARTIFACTS_WORKSPACE})  # at /workspace/couler-artifacts
+                seen.add(ARTIFACTS_WORKSPACE)
             for m in step.volume_mounts:
                 if m.name in seen:
                     raise self._fail(step.name, Feature.VOLUMES,
@@ -804,7 +876,8 @@ class _Compiler:
 
     def _wrapper(self, step: ir.Step, run: str, files: Sequence[ir.OutputParameter],
                  stdout: Sequence[ir.OutputParameter], prologue: str = "", *,
-                 policy: ir.RetryPolicy | None = None, plan: _StatusPlan | None = None) -> str:
+                 policy: ir.RetryPolicy | None = None, plan: _StatusPlan | None = None,
+                 moves: tuple[list[str], list[str]] = ([], [])) -> str:
         """A /bin/sh script that runs ``run`` (retried under ``policy`` by the
         :mod:`~couler.compilers.entrypoint` wrapper) and writes the step's result files;
         in status mode (``plan``) it tests the step's edges and when first and records the
@@ -816,6 +889,12 @@ class _Compiler:
             if policy is not None:
                 declared += [(ATTEMPTS_RESULT, False), (FAILURE_RESULT, False)]
             lines += _status.prologue(plan.ups, plan.gate, plan.when, declared)
+        fetch, store = moves
+        if fetch:
+            finish = "couler_finish Failed failed; " if plan is not None else ""
+            lines.append(f"couler_missing() {{ echo \"couler: input artifact $1 is missing\" "
+                         f">&2; {finish}exit 1; }}")
+        lines += fetch
         if prologue:
             lines.append(prologue.rstrip("\n"))
         out = "/tmp/couler-stdout"
@@ -837,9 +916,10 @@ class _Compiler:
                   for o in stdout]
         copies += [f"cp {shlex.quote(o.selector)} \"$(results.{o.name}.path)\""
                    for o in files]
+        copies += store
         if plan is None:
             lines.append('[ "$rc" -eq 0 ] || exit "$rc"')
-            lines += [c + " || exit 1" if c.startswith("cp ") else c for c in copies]
+            lines += [c + " || exit 1" for c in copies]
         else:  # a missing output file fails the step, as outside status mode
             if copies:
                 lines.append('if [ "$rc" -eq 0 ]; then')

@@ -11,6 +11,8 @@ from couler.engines.base import Capability, Feature, Limit, Support
 
 __all__ = [
     "API_VERSION",
+    "ARTIFACTS_SIZE",
+    "ARTIFACTS_WORKSPACE",
     "ATTEMPTS_RESULT",
     "CAPABILITIES",
     "ENGINE",
@@ -30,6 +32,8 @@ TTL_ANNOTATION = "couler.io/ttl-seconds"
 ITEM_PARAM = "couler-item"
 ATTEMPTS_RESULT = "couler-attempts"  # written by the retry wrapper: attempts made
 FAILURE_RESULT = "couler-failure"  # written by the retry wrapper: the last failure's class
+ARTIFACTS_WORKSPACE = "couler-artifacts"  # the workspace artifacts are passed through
+ARTIFACTS_SIZE = "1Gi"  # its claim's size (a volumeClaimTemplate per PipelineRun)
 
 
 _N, _R, _U = Support.NATIVE, Support.REWRITTEN, Support.UNSUPPORTED
@@ -56,8 +60,13 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.WORKFLOW_PARAMETERS: Capability(
         _N, "pipeline params with defaults (list → type array), passed by the PipelineRun"),
     Feature.ARTIFACTS: Capability(
-        _U, "Tekton v1 has no artifact passing between tasks (task artifacts are provenance "
-            "metadata only); share files through volumes (workspaces) instead"),
+        _R, "Tekton v1 has no artifact passing (task artifacts are provenance metadata), so "
+            "artifacts go through a workspace couler-artifacts, a volumeClaimTemplate (1Gi, "
+            "ReadWriteOnce; Tekton's affinity assistant keeps the run's pods on one node) "
+            "bound by the PipelineRun: the producer's script copies each output artifact to "
+            "STEP/ARTIFACT there after its command succeeds, the consumer's copies it to its "
+            "path before its command; artifacts from or to object stores, and of mapped or "
+            "looped steps, are rejected"),
     Feature.EDGE_CONDITIONS: Capability(
         _R, "step-status rewrite (only finally tasks may read $(tasks.X.status)): every "
             "step runs as a /bin/sh script with onError: continue that writes results "
