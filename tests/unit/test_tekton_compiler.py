@@ -116,7 +116,7 @@ def test_golden_outcomes() -> None:
             compiled.add(program.stem)
         except UnsupportedFeatureError:
             rejected.add(program.stem)
-    assert rejected == {"cron", "job_apply", "map_static", "policies", "when_else",
+    assert rejected == {"cron", "job_apply", "policies", "when_else",
                         "while_loop"}
     assert "concurrent_subtasks" in compiled and "map_upstream" in compiled
 

@@ -211,3 +211,60 @@ def test_artifacts_inside_an_inline_sub_workflow_follow_the_renamed_steps(tmp_pa
     group = S("grp", ir.SubWorkflowSpec(name="grp", steps=inner))
     run = run_pipeline(compile_ok(wf_of(group)), tmp_path)
     assert run.status == "Succeeded" and run.tasks["grp-r"].results["o"] == "hi\n"
+
+
+# --------------------------------------------------------------------------- bounded maps
+
+
+def test_map_static_runs_in_batches_of_its_parallelism(tmp_path: Path) -> None:
+    docs = compile_ok(_program("map_static"))
+    by_name = tasks(docs)
+    assert list(by_name) == ["square", "square-batch2"]
+    assert by_name["square-batch2"]["runAfter"] == ["square"]  # at most 2 at once
+    items = [[p["value"] for p in inc["params"]] for t in by_name.values()
+             for inc in t["matrix"]["include"]]
+    assert items == [["1"], ["2"], ["3"]]  # every item once, in order
+    run = run_pipeline(docs, tmp_path)
+    assert run.status == "Succeeded"
+    squares = run.tasks["square"].results["square"] + run.tasks["square-batch2"].results["square"]
+    assert squares == json.loads(EXPECTED["map_static"]["steps"]["square"]["outputs"]["square"])
+
+
+def test_edges_from_a_bounded_map_read_every_batch(tmp_path: Path) -> None:
+    mixed = S("mixed", ctr("sh", "-c", "exit {{inputs.code}}"),
+              inputs=(ir.InputParameter("code", ir.ItemRef()),),
+              foreach=ir.ForEach(items=(ir.Literal.of(1), ir.Literal.of(1), ir.Literal.of(0)),
+                                 parallelism=2))
+    wf = wf_of(mixed,
+               S("salvage", ctr("true"), dependencies=(ir.Dependency("mixed", F.ANY_SUCCEEDED),)),
+               S("give-up", ctr("true"), dependencies=(ir.Dependency("mixed", F.ALL_FAILED),)))
+    docs = compile_ok(wf)
+    assert tasks(docs)["salvage"]["runAfter"] == ["mixed", "mixed-batch2"]
+    run = run_pipeline(docs, tmp_path)
+    status = {n: r.results.get("couler-status") for n, r in run.tasks.items()}
+    # only the second batch's item succeeded: salvage sees it, give-up does not run
+    assert (status["salvage"], status["give-up"]) == ("Succeeded", "Omitted")
+    assert run.tasks["couler-run-status"].state == "failed"  # give-up carries the failure
+
+
+def test_a_bounded_map_over_an_upstream_list_is_refused() -> None:
+    out = ir.OutputParameter("xs", ir.OutputSource.STDOUT, type=ir.ValueType.LIST)
+    wf = wf_of(S("list", ctr("echo", "[1]"), outputs=(out,)),
+               S("each", ctr("echo", "{{item}}"), dependencies=(ir.Dependency("list"),),
+                 foreach=ir.ForEach(source=ir.StepOutputRef("list", "xs"), parallelism=2)))
+    with pytest.raises(UnsupportedFeatureError) as err:
+        tekton.compile_workflow(wf)
+    assert err.value.step == "each" and err.value.feature == Feature.MAP_PARALLELISM.value
+
+
+def test_exit_hooks_see_the_status_the_run_status_task_decides(tmp_path: Path) -> None:
+    wf = wf_of(S("broken", ctr("sh", "-c", "exit 1")),
+               S("after", ctr("true"), dependencies=(ir.Dependency("broken"),)),
+               S("cleanup", ctr("true"), dependencies=(ir.Dependency("broken", F.ANY),)),
+               exit_hooks=(ir.ExitHook(ir.RunStatus.FAILED, (S("alert", ctr("true")),)),
+                           ir.ExitHook(ir.RunStatus.SUCCEEDED, (S("party", ctr("true")),))))
+    docs = compile_ok(wf)
+    assert "onError" not in tasks(docs, "finally")["alert"]["taskSpec"]["steps"][0]
+    run = run_pipeline(docs, tmp_path)
+    assert run.status == "Failed"  # `after`, a leaf, was not run because broken failed
+    assert (run.tasks["alert"].state, run.tasks["party"].state) == ("succeeded", "skipped")

@@ -143,8 +143,6 @@ class _StatusPlan:
     when: str  # "" = no when
 
 
-_UP_PARAM = "couler-up-{}"
-_BRANCH_PARAM = "couler-br-{}"
 _WHEN_PARAMS = ("couler-when-l", "couler-when-r")
 
 
@@ -167,6 +165,7 @@ class _Compiler:
         self.status = False  # status mode: edge conditions / depends expressions
         self.artifacts = False  # the shared artifacts workspace is used
         self.by_name: dict[str, ir.Step] = {}
+        self.edges: dict[str, tuple[ir.Dependency, ...]] = {}
 
     # ------------------------------------------------------------------ errors
 
@@ -181,7 +180,10 @@ class _Compiler:
         if wf.parallelism is not None:
             raise self._fail("", "workflow parallelism",
                              "Tekton has no bound on the tasks of a PipelineRun running at once")
-        steps = self._resolve(self._flatten(wf.steps, prefix="", outer_deps=()))
+        flat = self._flatten(wf.steps, prefix="", outer_deps=())
+        # status mode reads edges step by step, before they point at a map's batches
+        self.edges = {s.name: s.dependencies for s in flat}
+        steps = self._resolve(flat)
         for step in steps:
             if step.foreach is not None and step.foreach.source is not None:
                 src = step.foreach.source
@@ -238,42 +240,35 @@ class _Compiler:
 
     def _run_status_task(self, steps: Sequence[ir.Step]) -> Doc:
         """``couler-run-status``: after the leaves, fails when a failure reached one (S7)."""
-        has_child = {d.step for s in steps for d in s.dependencies}
+        has_child = {d.step for s in steps for d in self.edges[s.name]}
         leaves = [s for s in steps if s.name not in has_child]
-        ups = [_status.Upstream(s.name, i, s.foreach is not None) for i, s in enumerate(leaves)]
-        params = [{"name": _BRANCH_PARAM.format(u.index),
-                   "value": _task_ref(u.step, _status.BRANCH_RESULT, array=u.is_map)}
-                  for u in ups]
-        args: list[str] = []
-        for u in ups:
-            args += [f"$(params.{_BRANCH_PARAM.format(u.index)}{'[*]' if u.is_map else ''})",
-                     _status.END]
+        ups = [self._upstream(s.name, i) for i, s in enumerate(leaves)]
         spec: Doc = {
-            "params": [{"name": _BRANCH_PARAM.format(u.index),
-                        "type": "array" if u.is_map else "string"} for u in ups],
+            "params": _status.spec_params(ups, ("branch",)),
             "steps": [{"name": "main", "image": _status.STATUS_IMAGE,
                        "script": _status.run_status_script([(u.step, u) for u in ups]),
-                       "args": args}]}
-        return {"name": _status.RUN_STATUS_TASK, "runAfter": [u.step for u in ups],
-                "params": params, "taskSpec": spec}
+                       "args": _status.args(ups, ("branch",))}]}
+        return {"name": _status.RUN_STATUS_TASK,
+                "runAfter": [t for u in ups for t in u.task_names],
+                "params": _status.task_params(ups, ("branch",)), "taskSpec": spec}
+
+    def _upstream(self, name: str, index: int) -> _status.Upstream:
+        step = self.by_name[name]
+        return _status.Upstream(name, index, step.foreach is not None,
+                                tuple(self.infos[name].after))
 
     def _status_plan(self, step: ir.Step) -> tuple[_StatusPlan, list[Doc]]:
         """The status-mode plan of ``step`` and the task params it needs."""
+        step = dataclasses.replace(step, dependencies=self.edges[step.name])
         names = list(dict.fromkeys(d.step for d in step.dependencies))
-        ups = tuple(_status.Upstream(n, i, self.by_name[n].foreach is not None)
-                    for i, n in enumerate(names))
+        ups = tuple(self._upstream(n, i) for i, n in enumerate(names))
         feature = Feature.DEPENDS_EXPRESSION if step.depends is not None else \
             Feature.EDGE_CONDITIONS
         try:
             gate = _status.gate_test(step, {u.step: u for u in ups})
         except ValueError as e:
             raise self._fail(step.name, feature, str(e)) from e
-        params: list[Doc] = []
-        for u in ups:
-            params.append({"name": _UP_PARAM.format(u.index),
-                           "value": _task_ref(u.step, _status.STATUS_RESULT, array=u.is_map)})
-            params.append({"name": _BRANCH_PARAM.format(u.index),
-                           "value": _task_ref(u.step, _status.BRANCH_RESULT, array=u.is_map)})
+        params: list[Doc] = list(_status.task_params(ups))
         when = ""
         if step.when is not None:
             w = step.when
@@ -501,7 +496,7 @@ class _Compiler:
                                                "executed iteration of an unrolled loop"))
         if step.foreach is not None:
             feature = Feature.MAP_STATIC if step.foreach.items else Feature.MAP_DYNAMIC
-            return _Info(task="", after=[step.name],
+            return _Info(task="", after=self._batch_names(step),
                          reason=(feature, "reading the outputs of a mapped step is not "
                                           "supported on Tekton"))
         return _Info(task=step.name, after=[step.name])
@@ -554,10 +549,47 @@ class _Compiler:
 
     # ------------------------------------------------------------------ tasks
 
+    def _batch_names(self, step: ir.Step) -> list[str]:
+        """The tasks of a map: one, or one per batch of ``parallelism`` items."""
+        fe = step.foreach
+        if fe is None or fe.parallelism is None:
+            return [step.name]
+        if not fe.items:
+            raise self._fail(step.name, Feature.MAP_PARALLELISM,
+                             "a Tekton matrix has no concurrency bound, and the items of an "
+                             "upstream list cannot be split into batches at compile time")
+        n = -(-len(fe.items) // fe.parallelism)
+        names = [step.name] + [f"{step.name}-batch{k}" for k in range(2, n + 1)]
+        for name in names[1:]:
+            if name in self.by_name or name in self.infos:
+                raise self._fail(step.name, Feature.MAP_PARALLELISM,
+                                 f"batch task name {name!r} is taken by another step")
+        return names
+
+    def _batches(self, step: ir.Step, task: Doc) -> list[Doc]:
+        """A bounded static map as batches of ``parallelism`` items, each after the one
+        before: at most ``parallelism`` items run at once (rule S10)."""
+        fe = step.foreach
+        names = self._batch_names(step)
+        if fe is None or len(names) == 1:
+            return [task]
+        assert fe.parallelism is not None
+        include = task["matrix"]["include"]
+        out = []
+        for k, name in enumerate(names):
+            part = dict(task)
+            part["name"] = name
+            part["matrix"] = {"include": include[k * fe.parallelism:(k + 1) * fe.parallelism]}
+            if k:
+                part["runAfter"] = [*task.get("runAfter", []), names[k - 1]]
+                self._add_task_pod(step, name)
+            out.append(part)
+        return out
+
     def _step_tasks(self, step: ir.Step) -> list[Doc]:
         task = self._task(step)
         if step.loop is None:
-            return [task]
+            return self._batches(step, task)
         loop = step.loop
         tasks = [task]
         prev = step.name
@@ -593,7 +625,7 @@ class _Compiler:
         if isinstance(step.body, ir.SubWorkflowSpec) or step.loop is not None:
             raise self._fail(step.name, Feature.EXIT_HOOKS,
                              "an exit hook must be a single container or script step on Tekton")
-        task = self._task(step)
+        task = self._task(step, hook=True)
         status = _EXIT_STATUS.get(hook.on)
         if status is not None:
             guard = {"input": "$(tasks.status)", "operator": "in", "values": status}
@@ -645,7 +677,7 @@ class _Compiler:
         if pod:
             self.task_pods.append({"pipelineTaskName": task_name, "podTemplate": pod})
 
-    def _task(self, step: ir.Step) -> Doc:
+    def _task(self, step: ir.Step, *, hook: bool = False) -> Doc:
         d = self.wf.defaults
         items: set[str] = set()
         task: Doc = {"name": step.name}
@@ -657,7 +689,7 @@ class _Compiler:
             else:
                 params.append({"name": inp.name, "value": self._value(step.name, inp.value)})
         plan: _StatusPlan | None = None
-        if self.status:
+        if self.status and not hook:  # a finally task has no edges to test
             plan, status_params = self._status_plan(step)
             params += status_params
         spec = self._task_spec(step, items, plan)
@@ -757,7 +789,7 @@ class _Compiler:
         moves = self._artifact_moves(step)
         wrapped = bool(step.outputs) or policy is not None or plan is not None or moves != ([],
                                                                                          [])
-        lead = (_status.args(plan.ups, _UP_PARAM, _BRANCH_PARAM) if plan is not None else [])
+        lead = _status.args(plan.ups) if plan is not None else []
         file_outputs = [o for o in step.outputs if o.source is ir.OutputSource.PATH]
         stdout = [o for o in step.outputs if o.source is ir.OutputSource.STDOUT]
         other = [o for o in step.outputs if o.source not in (ir.OutputSource.PATH,
@@ -835,10 +867,7 @@ class _Compiler:
             _item_param(k) for k in items if _item_param(k) not in {i.name for i in step.inputs})
         spec_params = [{"name": n, "type": "string"} for n in param_names]
         if plan is not None:
-            for u in plan.ups:
-                kind = "array" if u.is_map else "string"
-                spec_params += [{"name": _UP_PARAM.format(u.index), "type": kind},
-                                {"name": _BRANCH_PARAM.format(u.index), "type": kind}]
+            spec_params += _status.spec_params(plan.ups)
             if plan.when:
                 spec_params += [{"name": n, "type": "string"} for n in _WHEN_PARAMS]
         if spec_params:

@@ -52,10 +52,13 @@ __all__ = [
     "STATUS_IMAGE",
     "STATUS_RESULT",
     "Upstream",
+    "args",
     "gate_test",
     "needed",
     "prologue",
     "run_status_script",
+    "spec_params",
+    "task_params",
 ]
 
 STATUS_RESULT = "couler-status"  # Succeeded / Failed / Skipped / Omitted
@@ -88,11 +91,19 @@ def needed(steps: Sequence[ir.Step]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Upstream:
-    """One upstream of a task in status mode: where its status lands in the script."""
+    """One upstream of a task in status mode: where its status lands in the script.
+
+    ``tasks`` are the pipeline tasks that run it: one, or a bounded map's batches.
+    """
 
     step: str
     index: int
     is_map: bool
+    tasks: tuple[str, ...] = ()
+
+    @property
+    def task_names(self) -> tuple[str, ...]:
+        return self.tasks or (self.step,)
 
     @property
     def status_var(self) -> str:
@@ -149,14 +160,40 @@ def _take(var: str) -> str:
             "shift; done; shift")
 
 
-def args(ups: Sequence[Upstream], status_param: str, branch_param: str) -> list[str]:
-    """The step's leading arguments: each upstream's statuses and branches, each list ended
-    by :data:`END` (``status_param`` / ``branch_param`` are format strings of the index)."""
+_KINDS = {"status": ("couler-up", STATUS_RESULT), "branch": ("couler-br", BRANCH_RESULT)}
+BOTH = ("status", "branch")
+
+
+def _params(up: Upstream, kind: str) -> list[tuple[str, str]]:
+    """(param name, task) pairs carrying ``up``'s ``kind`` result, one per task."""
+    prefix = _KINDS[kind][0]
+    tasks = up.task_names
+    if len(tasks) == 1:
+        return [(f"{prefix}-{up.index}", tasks[0])]
+    return [(f"{prefix}-{up.index}-{j}", t) for j, t in enumerate(tasks)]
+
+
+def task_params(ups: Sequence[Upstream], kinds: Sequence[str] = BOTH) -> list[dict[str, str]]:
+    """The pipeline task's params: each upstream task's status / branch result."""
+    star = {True: "[*]", False: ""}
+    return [{"name": name, "value": f"$(tasks.{task}.results.{_KINDS[k][1]}{star[u.is_map]})"}
+            for u in ups for k in kinds for name, task in _params(u, k)]
+
+
+def spec_params(ups: Sequence[Upstream], kinds: Sequence[str] = BOTH) -> list[dict[str, str]]:
+    """The taskSpec's declarations of :func:`task_params` (a map's are arrays)."""
+    return [{"name": name, "type": "array" if u.is_map else "string"}
+            for u in ups for k in kinds for name, _ in _params(u, k)]
+
+
+def args(ups: Sequence[Upstream], kinds: Sequence[str] = BOTH) -> list[str]:
+    """The step's leading arguments: per upstream and kind, the values of all its tasks,
+    the list ended by :data:`END`."""
     out: list[str] = []
-    for up in ups:
-        star = "[*]" if up.is_map else ""
-        out += [f"$(params.{status_param.format(up.index)}{star})", END,
-                f"$(params.{branch_param.format(up.index)}{star})", END]
+    for u in ups:
+        for k in kinds:
+            out += [f"$(params.{name}{'[*]' if u.is_map else ''})" for name, _ in _params(u, k)]
+            out.append(END)
     return out
 
 

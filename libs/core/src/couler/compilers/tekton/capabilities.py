@@ -89,7 +89,11 @@ CAPABILITIES: dict[Feature, Capability] = {
         _N, "matrix param fed by a whole array result $(tasks.STEP.results.OUT[*]); items "
             "must be strings, keyed items (item.KEY) are rejected"),
     Feature.MAP_PARALLELISM: Capability(
-        _U, "a matrix has no concurrency bound of its own in Tekton"),
+        _R, "a matrix has no concurrency bound, so a static map is split into batches of "
+            "`parallelism` items (tasks STEP, STEP-batch2, ...), each running after the one "
+            "before: at most that many at once, though a batch waits for the slowest item "
+            "of the last; an upstream list's items cannot be split at compile time and are "
+            "rejected"),
     Feature.LOOP: Capability(
         _R, "Tekton has no dynamic loops: unrolled into at most 8 iterations STEP-iterK, each "
             "guarded by the condition on the previous one's results; reading a loop's outputs "
