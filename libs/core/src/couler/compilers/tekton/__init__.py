@@ -75,10 +75,13 @@ A ``ttl_seconds`` has no Tekton field; it is recorded in the
 from __future__ import annotations
 
 from couler.compilers.tekton._compiler import compile_workflow, to_yaml
+from couler.compilers.tekton._status import BRANCH_RESULT, RUN_STATUS_TASK, STATUS_RESULT
 from couler.compilers.tekton.capabilities import (
     API_VERSION,
+    ATTEMPTS_RESULT,
     CAPABILITIES,
     ENGINE,
+    FAILURE_RESULT,
     LIMITS,
     MAX_MATRIX_COMBINATIONS,
     MAX_UNROLL,
@@ -86,11 +89,16 @@ from couler.compilers.tekton.capabilities import (
 
 __all__ = [
     "API_VERSION",
+    "ATTEMPTS_RESULT",
+    "BRANCH_RESULT",
     "CAPABILITIES",
     "ENGINE",
+    "FAILURE_RESULT",
     "LIMITS",
     "MAX_MATRIX_COMBINATIONS",
     "MAX_UNROLL",
+    "RUN_STATUS_TASK",
+    "STATUS_RESULT",
     "compile_workflow",
     "to_yaml",
 ]
