@@ -683,3 +683,17 @@ def test_a_bounded_maps_batches_are_one_step_keyed_by_item() -> None:
            task_run("r", "sq-batch2", "r-sq-batch2-0")]
     st = run_status(run, trs)
     assert sorted((s.step, s.key) for s in st.steps) == [("sq", "0"), ("sq", "1"), ("sq", "2")]
+
+
+def test_memory_escalation_attempt_tasks_are_one_step() -> None:
+    run = {"metadata": {"name": "r"}, "status": {
+        "conditions": [condition("Unknown", "Running")],
+        "pipelineSpec": {"tasks": [{"name": "train"}, {"name": "train-mem2"},
+                                   {"name": "train-mem3"}]},
+        "childReferences": [child("r", "train"), child("r", "train-mem2")]}}
+    trs = [task_run("r", "train", status="True", reason="Succeeded", exit_code=137,
+                    results={"couler-attempts": "1", "couler-failure": "oom",
+                             "couler-exit": "137"}),
+           task_run("r", "train-mem2", status="Unknown", reason="Running")]
+    (step,) = run_status(run, trs).steps
+    assert (step.step, step.key, step.state) == ("train", "", StepState.RUNNING)

@@ -26,6 +26,7 @@ _TASK_REF = re.compile(r"\$\(tasks\.([-a-z0-9]+)\.results\.([-a-zA-Z0-9_]+)(\[\*
 _PARAM = re.compile(r"\$\(params\.([-a-zA-Z0-9_.]+)\)")
 _WORKSPACE = re.compile(r"\$\(workspaces\.([-a-zA-Z0-9_]+)\.path\)")
 _WS = "<workspaces>"  # the params key holding the run's workspace root
+_SHARED = "<shared>"  # the params key holding a directory every task sees as it is
 
 
 class _MissingResultError(Exception):
@@ -72,7 +73,10 @@ def _subst(text: str, params: dict[str, Any], tmp: str) -> str:
         v = params.get(m.group(1))
         return m.group(0) if v is None or isinstance(v, list) else str(v)
 
-    text = _PARAM.sub(sub, text).replace("/tmp/", tmp + "/")
+    # /tmp/ of each pod is its own; a path under params[_SHARED] is the test's, left alone
+    shared = params.get(_SHARED, "")
+    keep = f"(?!{re.escape(shared.removeprefix('/tmp/'))})" if shared.startswith("/tmp/") else ""
+    text = re.sub("/tmp/" + keep, tmp + "/", _PARAM.sub(sub, text))
     # every workspace of the run is one directory (Tekton mounts the bound volume)
     return _WORKSPACE.sub(lambda m: f"{params[_WS]}/{m.group(1)}", text)
 
@@ -144,12 +148,18 @@ def _run_task(task: dict[str, Any], done: dict[str, TaskRun], work: Path,
     return TaskRun("failed" if failed else "succeeded", merged, codes)
 
 
-def run_pipeline(docs: list[dict[str, Any]], work: Path) -> PipelineRun:
-    """Run a compiled ``[Pipeline, PipelineRun]`` and report what every task did."""
+def run_pipeline(docs: list[dict[str, Any]], work: Path, *, shared: Path | None = None,
+                 ) -> PipelineRun:
+    """Run a compiled ``[Pipeline, PipelineRun]`` and report what every task did.
+
+    ``shared`` is a directory the tasks' commands see as it is (state kept across tasks
+    by a test, e.g. a marker of the first attempt).
+    """
     spec = docs[0]["spec"]
     run_params: dict[str, Any] = {p["name"]: p["value"]
                                   for p in docs[1]["spec"].get("params", [])}
     run_params[_WS] = str(work / "workspaces")
+    run_params[_SHARED] = str(shared or "")
     for w in docs[1]["spec"].get("workspaces", []):
         (work / "workspaces" / w["name"]).mkdir(parents=True)
     pending = list(spec["tasks"])

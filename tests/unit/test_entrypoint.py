@@ -220,3 +220,19 @@ def test_argv_runs_the_command(tmp_path: Path) -> None:
 
 def test_exception_line_endings_match_failures() -> None:
     assert f"(?:{entrypoint._SUFFIXES}))" in failures._EXCEPTION_LINE.pattern
+
+
+def test_stop_on_ends_the_attempts_here_even_under_any(tmp_path: Path) -> None:
+    oom = tmp_path / "memory.events"
+    oom.touch()
+    status = tmp_path / "status"
+    text = entrypoint.script(ir.RetryPolicy(limit=3), status_path=str(status),
+                             work_dir=str(tmp_path / "w"), oom_files=(str(oom),),
+                             stop_on=(C.OOM,), attempts_before="BEFORE")
+    proc = subprocess.run(["/bin/sh", "-c", text, "x", "sh", "-c",
+                           f'echo "oom_kill 1" >> {oom}; exit 137'],
+                          env={**os.environ, "BEFORE": "1"}, capture_output=True, check=False)
+    assert proc.returncode == 137
+    fields = dict(line.split("=", 1) for line in status.read_text().splitlines())
+    # counted after the one attempt made before; stopped at the OOM though ANY retries it
+    assert (fields["attempts"], fields["class"]) == ("2", "oom")

@@ -18,11 +18,12 @@ def _step(name: str, after: str = "", retry: ir.RetryPolicy | None = None) -> ir
 
 OWN = ir.RetryPolicy(limit=1)  # every failure, at once: every engine expresses it
 WF = ir.Workflow(name="fit", steps=(_step("a"), _step("b", "a"), _step("c", "b", OWN)))
-# Tekton as it was before its retry wrapper: no back-off, no classes (an engine that
-# retries every failure at once)
+# Tekton as it was before its retry wrapper: no back-off, no classes, no memory escalation
+# (an engine that retries every failure at once, with the same memory)
 AT_ONCE = {**tekton.CAPABILITIES,
            Feature.RETRY_BACKOFF: Capability(Support.UNSUPPORTED, "retried at once"),
-           Feature.RETRY_FAILURE_CLASSES: Capability(Support.UNSUPPORTED, "every failure")}
+           Feature.RETRY_FAILURE_CLASSES: Capability(Support.UNSUPPORTED, "every failure"),
+           Feature.MEMORY_ESCALATION: Capability(Support.UNSUPPORTED, "same memory")}
 
 
 def test_an_engine_that_cannot_tell_classes_apart_gets_no_blanket_retries() -> None:
@@ -59,12 +60,10 @@ def test_back_off_and_memory_escalation_are_dropped_where_missing() -> None:
                      "on a"]
 
 
-def test_tekton_keeps_back_off_and_classes_but_not_memory_escalation() -> None:
+def test_tekton_keeps_back_off_classes_and_memory_escalation() -> None:
     plan = optimize(WF, "tekton", capabilities=tekton.CAPABILITIES)
     a = plan.workflow.steps[0]
-    assert a.retry is not None
-    assert (a.retry.backoff, a.retry.on) == (DEFAULT_RETRY.backoff, DEFAULT_RETRY.on)
-    assert a.retry.memory_factor is None  # Tekton cannot raise memory per attempt
+    assert a.retry == DEFAULT_RETRY  # the retry wrapper and attempt tasks express it all
     assert "kind: Pipeline" in plan.document
 
 

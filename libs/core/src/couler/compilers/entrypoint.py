@@ -38,7 +38,7 @@ Pure: builds text, runs nothing.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from couler import failures, ir
 
@@ -204,7 +204,8 @@ END { f = s ? s : NR - 2; if (f < 1) f = 1; e = ""
 
 def fragment(policy: ir.RetryPolicy, run: str = '"$@"', *, status_path: str,
              stdout_path: str = "", work_dir: str = "/tmp/couler-entrypoint",
-             oom_files: Sequence[str] = DEFAULT_OOM_FILES) -> str:
+             oom_files: Sequence[str] = DEFAULT_OOM_FILES,
+             stop_on: Collection[ir.FailureClass] = (), attempts_before: str = "") -> str:
     """sh lines that run ``run`` under ``policy`` and leave its exit code in ``$couler_rc``.
 
     Args:
@@ -214,6 +215,10 @@ def fragment(policy: ir.RetryPolicy, run: str = '"$@"', *, status_path: str,
         stdout_path: where each attempt's stdout goes ("" = the wrapper's stdout).
         work_dir: a scratch directory for the log and the exit code.
         oom_files: cgroup files whose ``oom_kill`` counter is memory evidence.
+        stop_on: classes that end the attempts here whatever ``policy.on`` says (an
+            engine that escalates memory runs the next attempt elsewhere on ``oom``).
+        attempts_before: a shell variable holding the attempts already made elsewhere
+            (they count against the limit and index the back-off delays); "" = none.
     """
     retry_all = ir.FailureClass.ANY in policy.on
     classes = " ".join(sorted(c.value for c in policy.on))
@@ -225,7 +230,7 @@ def fragment(policy: ir.RetryPolicy, run: str = '"$@"', *, status_path: str,
         'mkdir -p "$couler_d"',
         f"couler_delays={_q(sleep)}",
         f"couler_on={_q(classes)}",
-        "couler_attempt=0",
+        f"couler_attempt=${{{attempts_before}:-0}}" if attempts_before else "couler_attempt=0",
         "couler_prev=",
         "couler_oomkills() { "
         f"cat {oom} 2>/dev/null | awk '$1 == \"oom_kill\" {{ n += $2 }} END {{ print n + 0 }}'; }}",
@@ -265,6 +270,9 @@ def fragment(policy: ir.RetryPolicy, run: str = '"$@"', *, status_path: str,
         ' ($couler_pattern)" >&2',
         f"  [ \"$couler_attempt\" -gt {policy.limit} ] && break",
     ]
+    if stop_on:
+        stop = " ".join(sorted(c.value for c in stop_on))
+        lines.append(f'  case " {stop} " in *" $couler_class "*) break;; esac')
     if not retry_all:
         lines.append('  case " $couler_on " in *" $couler_class "*) ;; *) break;; esac')
     lines += [
@@ -279,10 +287,12 @@ def fragment(policy: ir.RetryPolicy, run: str = '"$@"', *, status_path: str,
 
 def script(policy: ir.RetryPolicy, run: str = '"$@"', *, status_path: str,
            stdout_path: str = "", work_dir: str = "/tmp/couler-entrypoint",
-           oom_files: Sequence[str] = DEFAULT_OOM_FILES) -> str:
+           oom_files: Sequence[str] = DEFAULT_OOM_FILES,
+           stop_on: Collection[ir.FailureClass] = (), attempts_before: str = "") -> str:
     """A whole ``#!/bin/sh`` script: :func:`fragment`, then exit with the last exit code."""
     body = fragment(policy, run, status_path=status_path, stdout_path=stdout_path,
-                    work_dir=work_dir, oom_files=oom_files)
+                    work_dir=work_dir, oom_files=oom_files, stop_on=stop_on,
+                    attempts_before=attempts_before)
     return "#!/bin/sh\n" + body + 'exit "$couler_rc"\n'
 
 

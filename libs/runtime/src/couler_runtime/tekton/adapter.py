@@ -44,7 +44,9 @@ shortened the position in ``childReferences`` (creation order) is used. The comp
 unrolls a loop into tasks ``STEP``, ``STEP-iter2``, ... ``STEP-iterN``; they are
 reported as step ``STEP`` with keys ``"0"`` ... ``"N-1"`` (the local engine's iteration
 numbers); a bounded map's batches ``STEP``, ``STEP-batch2``, ... are step ``STEP``, keyed
-by the item's position in the whole map. Attempts are ``len(status.retriesStatus)`` plus
+by the item's position in the whole map; a memory-escalating step's attempt tasks
+``STEP``, ``STEP-mem2``, ... are step ``STEP``, reported by the latest one started (its
+``couler-attempts`` counts the attempts of all). Attempts are ``len(status.retriesStatus)`` plus
 the current one once it started; outputs are the TaskRun's ``status.results`` (array and
 object results as JSON text); the exit code is the ``main`` step's ``terminated.exitCode``.
 
@@ -145,6 +147,7 @@ WATCH_RECONNECT_SECONDS = 30  # also bounds how long a watcher thread outlives i
 
 _ITER = re.compile(r"^(?P<step>.+)-iter(?P<n>[0-9]+)$")
 _BATCH = re.compile(r"^(?P<step>.+)-batch(?P<n>[0-9]+)$")
+_RUNG = re.compile(r"^(?P<step>.+)-mem(?P<n>[0-9]+)$")
 _INTERNAL_RESULTS = frozenset({STATUS_RESULT, BRANCH_RESULT, ATTEMPTS_RESULT, FAILURE_RESULT})
 _RECORDED = {"Succeeded": (StepState.SUCCEEDED, ""), "Failed": (StepState.FAILED, ""),
              "Skipped": (StepState.SKIPPED, "skipped: its when is false"),
@@ -614,8 +617,21 @@ def _children(run: Mapping[str, Any], task_runs: Iterable[Mapping[str, Any]]
         if task != RUN_STATUS_TASK:  # the step-status rewrite's verdict, not a step
             per_task.setdefault(task, []).append(tr_name)
     batches = _batch_offsets(run)
+    # a memory-escalating step's attempt tasks S, S-mem2, ...: the latest started is S
+    latest: dict[str, tuple[int, str]] = {}
+    for task in per_task:
+        m = _RUNG.match(task)
+        step_name, n = (m["step"], int(m["n"])) if m and m["step"] in names else (task, 1)
+        if step_name not in latest or n > latest[step_name][0]:
+            latest[step_name] = (n, task)
+    rungs = {task: step_name for step_name, (_, task) in latest.items()}
     out: list[tuple[str, str, dict[str, Any] | None, str]] = []
     for task, tr_names in per_task.items():
+        if task not in rungs:
+            continue  # an earlier attempt task of a memory-escalating step
+        if rungs[task] != task:
+            out += [(rungs[task], "", by_name.get(tr_name), "") for tr_name in tr_names]
+            continue
         step, key = _loop_step(task, names)
         step, offset = batches.get(task, (step, 0))
         for position, tr_name in enumerate(tr_names):

@@ -28,6 +28,11 @@ Shape of the output:
   ``/bin/sh`` script; the task gets no ``retries``), which also writes the
   ``couler-attempts`` and ``couler-failure`` results; a plain retry limit is
   the task's ``retries``.
+* Memory escalation on an out-of-memory kill becomes attempt tasks ``STEP``,
+  ``STEP-mem2``, ... with more memory each, run one after another; a task runs
+  the command again only when the attempts before ended out of memory, and
+  otherwise passes their results on, so the last task's results are the
+  step's.
 * Dependencies become ``runAfter``. A workflow with an edge other than the
   default one (``failed``, ``any``, ...) or a depends expression is compiled by
   the step-status rewrite (:mod:`couler.compilers.tekton._status`): each step's
@@ -44,6 +49,8 @@ Shape of the output:
   combinations (one per item, so items are zipped, not crossed), an upstream
   list as a matrix param fed by a whole array result
   ``$(tasks.STEP.results.OUT[*])`` (the result is declared ``type: array``).
+  A static map with a ``parallelism`` bound runs as batches of that many
+  items (``STEP``, ``STEP-batch2``, ...), each after the one before.
 * A loop is unrolled (at most :data:`MAX_UNROLL` iterations): iteration *k*
   is task ``STEP-iterK`` guarded by the loop condition on iteration *k-1*'s
   results, so once the condition fails every later iteration is skipped.
@@ -67,7 +74,11 @@ What Tekton cannot express raises :class:`~couler.errors.UnsupportedFeatureError
 compiling: ordering comparisons in conditions, loops longer than
 :data:`MAX_UNROLL`, maps larger than the matrix limit, reading the output of a
 mapped or looped step, group-level policies on an inline sub-workflow,
-dependencies between exit-hook steps, and a workflow-wide parallelism bound.
+dependencies between exit-hook steps, a workflow-wide parallelism bound, a
+parallelism bound on a map over an upstream list, edge conditions in a
+workflow with an inline sub-workflow or a loop, memory escalation of a mapped
+or looped step or together with edge conditions, and artifacts from or to
+object stores or of mapped or looped steps.
 A ``ttl_seconds`` has no Tekton field; it is recorded in the
 ``couler.io/ttl-seconds`` annotation for an external pruner.
 """

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from couler import ir
@@ -19,6 +21,7 @@ from couler.compilers.tekton.capabilities import (
     ATTEMPTS_RESULT,
     CAPABILITIES,
     ENGINE,
+    EXIT_RESULT,
     FAILURE_RESULT,
     ITEM_PARAM,
     MAX_MATRIX_COMBINATIONS,
@@ -27,6 +30,7 @@ from couler.compilers.tekton.capabilities import (
 )
 from couler.engines.base import Feature, check_capabilities, plain_edges
 from couler.errors import UnsupportedFeatureError
+from couler.ir import parse_quantity
 
 __all__ = ["compile_workflow", "to_yaml"]
 
@@ -494,6 +498,9 @@ class _Compiler:
             return _Info(task="", after=names,
                          reason=(Feature.LOOP, "Tekton cannot select the results of the last "
                                                "executed iteration of an unrolled loop"))
+        rungs = self._rung_names(step)
+        if len(rungs) > 1:
+            return _Info(task=rungs[-1], after=[rungs[-1]])
         if step.foreach is not None:
             feature = Feature.MAP_STATIC if step.foreach.items else Feature.MAP_DYNAMIC
             return _Info(task="", after=self._batch_names(step),
@@ -586,8 +593,115 @@ class _Compiler:
             out.append(part)
         return out
 
+    def _memory_levels(self, step: ir.Step) -> list[Doc]:
+        """The compute resources of each attempt task of a memory-escalating step (one per
+        distinct memory, at most limit + 1), or [] when the step does not escalate."""
+        retry = step.retry or self.wf.defaults.retry
+        res = step.resources or self.wf.defaults.resources
+        if retry is None or retry.memory_factor is None or res is None or not (
+                res.memory_limit or res.memory_request):
+            return []  # nothing to multiply: every attempt has the same memory
+        if step.foreach is not None or step.loop is not None:
+            raise self._fail(step.name, Feature.MEMORY_ESCALATION,
+                             "attempt tasks with more memory are not built for a mapped or "
+                             "looped step on Tekton")
+        factor = Decimal(str(retry.memory_factor))
+        ceiling = parse_quantity(retry.memory_ceiling) if retry.memory_ceiling else None
+
+        def series(quantity: str) -> list[int]:
+            value, out = parse_quantity(quantity), []
+            for _ in range(retry.limit + 1):
+                capped = value if ceiling is None else min(value, max(ceiling,
+                                                                      parse_quantity(quantity)))
+                out.append(int(capped.to_integral_value(ROUND_CEILING)))
+                value *= factor
+            return out
+
+        limits = series(res.memory_limit) if res.memory_limit else []
+        requests = series(res.memory_request) if res.memory_request else []
+        if limits and requests:
+            requests = [min(a, b) for a, b in zip(requests, limits, strict=True)]
+        levels: list[Doc] = [resource_requirements(res)]  # the first: as written
+        for k in range(1, retry.limit + 1):
+            if (limits[k:k + 1], requests[k:k + 1]) == (limits[k - 1:k], requests[k - 1:k]):
+                break  # the ceiling is reached: later attempts run in the last task
+            compute = resource_requirements(res)
+            if limits:
+                compute.setdefault("limits", {})["memory"] = str(limits[k])
+            if requests:
+                compute.setdefault("requests", {})["memory"] = str(requests[k])
+            levels.append(compute)
+        return levels if len(levels) > 1 else []
+
+    def _rung_names(self, step: ir.Step) -> list[str]:
+        n = len(self._memory_levels(step))
+        return [step.name] + [f"{step.name}-mem{k}" for k in range(2, n + 1)]
+
+    def _rungs(self, step: ir.Step, task: Doc) -> list[Doc]:
+        """A memory-escalating step as attempt tasks STEP, STEP-mem2, ...: each runs after
+        the one before, with more memory, and runs the command only when the attempts
+        before ended out of memory (else it passes their results on); the last one's
+        results are the step's."""
+        levels = self._memory_levels(step)
+        names = self._rung_names(step)
+        retry = step.retry or self.wf.defaults.retry
+        assert retry is not None
+        delays = " ".join(f"{d:g}" for d in entrypoint.delays(retry))
+        base = task["taskSpec"]
+        results = [r["name"] for r in base["results"]]
+        rungs = []
+        for k, (name, compute) in enumerate(zip(names, levels, strict=True)):
+            if k and (name in self.by_name or name in self.infos):
+                raise self._fail(step.name, Feature.MEMORY_ESCALATION,
+                                 f"attempt task name {name!r} is taken by another step")
+            spec = copy.deepcopy(base)
+            tstep = spec["steps"][0]
+            tstep["computeResources"] = compute
+            if k == len(names) - 1:
+                tstep.pop("onError", None)  # the last attempt's failure is the step's
+            rung = dict(task)
+            rung["name"] = name
+            if k:
+                prev = names[k - 1]
+                rung.pop("when", None)  # skipped with the first task (its results are missing)
+                rung["runAfter"] = [prev]
+                prev_params = [(f"couler-prev-{i}", r) for i, r in enumerate(results)]
+                rung["params"] = [*task.get("params", []), *(
+                    {"name": p, "value": _task_ref(prev, r)} for p, r in prev_params)]
+                spec["params"] = [*spec.get("params", []), *(
+                    {"name": p, "type": "string"} for p, _ in prev_params)]
+                env = {r: f"COULER_PREV_{i}" for i, r in enumerate(results)}
+                tstep["env"] = [*tstep.get("env", []), *(
+                    {"name": env[r], "value": f"$(params.{p})"} for p, r in prev_params)]
+                forward = [f"  printf '%s' \"${env[r]}\" > \"$(results.{r}.path)\""
+                           for r in results]
+                ex, fail = f'"${env[EXIT_RESULT]}"', f'"${env[FAILURE_RESULT]}"'
+                att_var = env[ATTEMPTS_RESULT]
+                att = f'"${att_var}"'
+                memory = (compute.get("limits") or compute.get("requests") or {}).get("memory")
+                head = [
+                    "#!/bin/sh",
+                    f'if [ {ex} = 0 ] || [ {fail} != oom ] || [ {att} -gt {retry.limit} ]; then',
+                    *forward,
+                    f"  exit {ex}",
+                    "fi",
+                    f'echo "couler: out of memory: attempt $(({att_var} + 1)) with memory '
+                    f'{memory}" >&2',
+                    f"COULER_ATTEMPTS_BEFORE={att}",
+                ]
+                if retry.backoff is not None:
+                    head.append(f"sleep \"$(echo {shlex.quote(delays)} | cut -d ' ' -f {att})\"")
+                tstep["script"] = "\n".join(head) + "\n" + tstep["script"].split("\n", 1)[1]
+            rung["taskSpec"] = spec
+            if k:
+                self._add_task_pod(step, name)
+            rungs.append(rung)
+        return rungs
+
     def _step_tasks(self, step: ir.Step) -> list[Doc]:
         task = self._task(step)
+        if len(self._rung_names(step)) > 1:
+            return self._rungs(step, task)
         if step.loop is None:
             return self._batches(step, task)
         loop = step.loop
@@ -706,7 +820,8 @@ class _Compiler:
             task["when"] = [self._when_expr(step.name, step.when.condition, step.when.expect,
                                             feature)]
         retry = step.retry or d.retry
-        if retry is not None and not entrypoint.needs_wrapper(retry) and plan is None:
+        if retry is not None and not entrypoint.needs_wrapper(retry) and plan is None \
+                and not self._memory_levels(step):
             task["retries"] = retry.limit  # else the wrapper retries inside the step
         timeout = step.timeout_seconds if step.timeout_seconds is not None else d.timeout_seconds
         if timeout is not None:
@@ -785,7 +900,13 @@ class _Compiler:
         retry = step.retry or d.retry
         # in status mode the step always exits 0 to Tekton (onError: continue), so Tekton's
         # retries never fire: every policy goes through the wrapper
-        policy = retry if entrypoint.needs_wrapper(retry) or plan is not None else None
+        ladder = bool(self._memory_levels(step))
+        if ladder and plan is not None:
+            raise self._fail(step.name, Feature.MEMORY_ESCALATION,
+                             "attempt tasks with more memory are not combined with the "
+                             "step-status rewrite (edge conditions) on Tekton")
+        policy = retry if entrypoint.needs_wrapper(retry) or plan is not None or ladder \
+            else None
         moves = self._artifact_moves(step)
         wrapped = bool(step.outputs) or policy is not None or plan is not None or moves != ([],
                                                                                          [])
@@ -812,7 +933,8 @@ class _Compiler:
                                      "of a container that runs its image's entrypoint need a "
                                      "command to wrap on Tekton")
                 tstep["script"] = self._wrapper(step, '"$@"', file_outputs, stdout,
-                                                policy=policy, plan=plan, moves=moves)
+                                                policy=policy, plan=plan, moves=moves,
+                                                ladder=ladder)
                 tstep["args"] = lead + command + args
             else:
                 if command:
@@ -832,7 +954,8 @@ class _Compiler:
                     prologue += "\n"
                 prologue += marker + "\n"
                 tstep["script"] = self._wrapper(step, run, file_outputs, stdout, prologue,
-                                                policy=policy, plan=plan, moves=moves)
+                                                policy=policy, plan=plan, moves=moves,
+                                                ladder=ladder)
             else:
                 shebang = interp[0] if interp[0].startswith("/") else "/usr/bin/env " + interp[0]
                 tstep["script"] = f"#!{shebang}\n{source}"
@@ -850,8 +973,8 @@ class _Compiler:
                     for side, name in zip("LR", _WHEN_PARAMS, strict=True)]
         if env:
             tstep["env"] = env
-        if plan is not None:
-            tstep["onError"] = "continue"
+        if plan is not None or ladder:
+            tstep["onError"] = "continue"  # a ladder's last task drops it (_rungs)
         res = step.resources or d.resources
         if res is not None:
             compute = resource_requirements(res)
@@ -878,6 +1001,8 @@ class _Compiler:
         if policy is not None:
             results += [{"name": ATTEMPTS_RESULT, "type": "string"},
                         {"name": FAILURE_RESULT, "type": "string"}]
+        if ladder:
+            results.append({"name": EXIT_RESULT, "type": "string"})
         if plan is not None:
             results += [{"name": _status.STATUS_RESULT, "type": "string"},
                         {"name": _status.BRANCH_RESULT, "type": "string"}]
@@ -906,7 +1031,7 @@ class _Compiler:
     def _wrapper(self, step: ir.Step, run: str, files: Sequence[ir.OutputParameter],
                  stdout: Sequence[ir.OutputParameter], prologue: str = "", *,
                  policy: ir.RetryPolicy | None = None, plan: _StatusPlan | None = None,
-                 moves: tuple[list[str], list[str]] = ([], [])) -> str:
+                 moves: tuple[list[str], list[str]] = ([], []), ladder: bool = False) -> str:
         """A /bin/sh script that runs ``run`` (retried under ``policy`` by the
         :mod:`~couler.compilers.entrypoint` wrapper) and writes the step's result files;
         in status mode (``plan``) it tests the step's edges and when first and records the
@@ -918,6 +1043,10 @@ class _Compiler:
             if policy is not None:
                 declared += [(ATTEMPTS_RESULT, False), (FAILURE_RESULT, False)]
             lines += _status.prologue(plan.ups, plan.gate, plan.when, declared)
+        elif ladder:  # the next attempt task reads every result, even after a failure
+            for o in step.outputs:
+                empty = "[]" if (step.name, o.name) in self.array_outputs else ""
+                lines.append(f"printf '{empty}' > \"$(results.{o.name}.path)\"")
         fetch, store = moves
         if fetch:
             finish = "couler_finish Failed failed; " if plan is not None else ""
@@ -929,9 +1058,16 @@ class _Compiler:
         out = "/tmp/couler-stdout"
         if policy is not None:
             status = "/tmp/couler-retry-status"
+            extra: dict[str, Any] = {}
+            if ladder:  # out of memory: the next attempt task, with more memory, goes on
+                extra = {"stop_on": (ir.FailureClass.OOM,),
+                         "attempts_before": "COULER_ATTEMPTS_BEFORE"}
             lines += [entrypoint.fragment(policy, run, status_path=status,
-                                          stdout_path=out if stdout else "").rstrip("\n"),
+                                          stdout_path=out if stdout else "",
+                                          **extra).rstrip("\n"),
                       "rc=$couler_rc"]
+            if ladder:
+                lines.append(f"printf '%s' \"$rc\" > \"$(results.{EXIT_RESULT}.path)\"")
             if stdout:
                 lines.append(f"cat {out}")
             for key, result in (("attempts", ATTEMPTS_RESULT), ("class", FAILURE_RESULT)):

@@ -16,6 +16,7 @@ __all__ = [
     "ATTEMPTS_RESULT",
     "CAPABILITIES",
     "ENGINE",
+    "EXIT_RESULT",
     "FAILURE_RESULT",
     "ITEM_PARAM",
     "LIMITS",
@@ -32,6 +33,7 @@ TTL_ANNOTATION = "couler.io/ttl-seconds"
 ITEM_PARAM = "couler-item"
 ATTEMPTS_RESULT = "couler-attempts"  # written by the retry wrapper: attempts made
 FAILURE_RESULT = "couler-failure"  # written by the retry wrapper: the last failure's class
+EXIT_RESULT = "couler-exit"  # an attempt task's last exit code (memory escalation)
 ARTIFACTS_WORKSPACE = "couler-artifacts"  # the workspace artifacts are passed through
 ARTIFACTS_SIZE = "1Gi"  # its claim's size (a volumeClaimTemplate per PipelineRun)
 
@@ -117,7 +119,13 @@ CAPABILITIES: dict[Feature, Capability] = {
             "retries only the policy's classes; engine-reported causes (eviction, "
             "OOMKilled of the whole pod, the task timeout) are not seen from inside"),
     Feature.MEMORY_ESCALATION: Capability(
-        _U, "a retry reuses the same task spec; Tekton cannot raise memory per attempt"),
+        _R, "a Tekton retry reuses the task spec, so the step becomes attempt tasks STEP, "
+            "STEP-mem2, ... (one per memory level up to the ceiling), each after the one "
+            "before with memory x factor; the retry wrapper stops at an out-of-memory kill "
+            "(the cgroup's oom_kill count) and the next task runs the command again, while "
+            "one that finds the attempts before succeeded or failed otherwise passes their "
+            "results on (a pod that exits at once); the last task's results are the step's; "
+            "not for mapped or looped steps, nor with edge conditions in the workflow"),
     Feature.TIMEOUT: Capability(_N, "pipeline task `timeout` (Ns); workflow timeout → "
                                     "PipelineRun timeouts.pipeline"),
     Feature.RESOURCES: Capability(_N, "step computeResources requests / limits"),
