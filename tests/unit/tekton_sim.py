@@ -9,15 +9,19 @@ array param); a ``when`` (``in`` / ``notin``) false, or a result reference to a 
 did not produce it, skips the task; each step's ``script`` runs with /bin/sh and its
 ``args`` (``/tmp/`` is redirected to a directory per task); a non-zero exit fails the task
 unless ``onError: continue``; a failed task stops new tasks from starting and fails the
-run; ``finally`` tasks run last with ``$(tasks.status)``. Images are ignored: the commands
-run on this machine, so programs whose commands exist here (sh, python3) are runnable.
+run; ``finally`` tasks run last with ``$(tasks.status)``; secret env values come from
+``secrets``. Images are ignored: the commands run on this machine, so programs whose
+commands exist here (sh, python3) are runnable. Not modelled: Tekton's own ``retries``
+(a new pod), volumes mounted at fixed paths, tasks running at the same time.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ _PARAM = re.compile(r"\$\(params\.([-a-zA-Z0-9_.]+)\)")
 _WORKSPACE = re.compile(r"\$\(workspaces\.([-a-zA-Z0-9_]+)\.path\)")
 _WS = "<workspaces>"  # the params key holding the run's workspace root
 _SHARED = "<shared>"  # the params key holding a directory every task sees as it is
+_SECRETS = "<secrets>"  # the params key holding {(secret, key): value}
 
 
 class _MissingResultError(Exception):
@@ -96,9 +101,14 @@ def _run_one(spec: dict[str, Any], params: dict[str, Any], work: Path,
     for a in step.get("args", []):
         m = re.fullmatch(r"\$\(params\.([-a-zA-Z0-9_.]+)\[\*\]\)", a)
         args += [str(x) for x in params[m.group(1)]] if m else [_subst(a, params, tmp)]
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     env.update({e["name"]: _subst(e["value"], params, tmp) for e in step.get("env", [])
                 if "value" in e})
+    secrets = params.get(_SECRETS, {})
+    for e in step.get("env", []):
+        ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+        if ref and (ref["name"], ref["key"]) in secrets:
+            env[e["name"]] = secrets[(ref["name"], ref["key"])]
     path = work / "script.sh"
     path.write_text(script)
     proc = subprocess.run(["/bin/sh", str(path), *args], cwd=work, env=env,
@@ -107,10 +117,22 @@ def _run_one(spec: dict[str, Any], params: dict[str, Any], work: Path,
     return proc.returncode, results
 
 
-def _when_holds(when: list[dict[str, Any]], done: dict[str, TaskRun], status: str) -> bool:
+def _pipeline_params(value: Any, run_params: dict[str, Any]) -> Any:
+    """``$(params.X)`` of the pipeline in a task's param value (``[*]``: the whole array)."""
+    if not isinstance(value, str):
+        return value
+    m = re.fullmatch(r"\$\(params\.([-a-zA-Z0-9_.]+)\[\*\]\)", value)
+    if m:
+        return run_params[m.group(1)]
+    return _PARAM.sub(lambda m: str(run_params.get(m.group(1), m.group(0))), value)
+
+
+def _when_holds(when: list[dict[str, Any]], done: dict[str, TaskRun], status: str,
+                run_params: dict[str, Any]) -> bool:
     for w in when:
-        value = status if w["input"] == "$(tasks.status)" else _value(w["input"], done)
-        values = [_value(v, done) for v in w["values"]]
+        value = status if w["input"] == "$(tasks.status)" else _value(
+            _pipeline_params(w["input"], run_params), done)
+        values = [_value(_pipeline_params(v, run_params), done) for v in w["values"]]
         flat = [x for v in values for x in (v if isinstance(v, list) else [v])]
         if (value in flat) != (w["operator"] == "in"):
             return False
@@ -120,8 +142,9 @@ def _when_holds(when: list[dict[str, Any]], done: dict[str, TaskRun], status: st
 def _run_task(task: dict[str, Any], done: dict[str, TaskRun], work: Path,
               extra: dict[str, Any], status: str = "") -> TaskRun:
     try:
-        params = {p["name"]: _value(p["value"], done) for p in task.get("params", [])}
-        if not _when_holds(task.get("when", []), done, status):
+        params = {p["name"]: _value(_pipeline_params(p["value"], extra), done)
+                  for p in task.get("params", [])}
+        if not _when_holds(task.get("when", []), done, status, extra):
             return TaskRun("skipped")
         combos: list[dict[str, Any]] = [{}]
         matrix = task.get("matrix")
@@ -129,7 +152,8 @@ def _run_task(task: dict[str, Any], done: dict[str, TaskRun], work: Path,
             combos = [{p["name"]: p["value"] for p in inc.get("params", [])}
                       for inc in matrix["include"]]
         elif matrix:
-            ((name, items),) = [(p["name"], _value(p["value"], done)) for p in matrix["params"]]
+            ((name, items),) = [(p["name"], _value(_pipeline_params(p["value"], extra), done))
+                                for p in matrix["params"]]
             combos = [{name: str(i)} for i in items]
     except _MissingResultError:
         return TaskRun("skipped")
@@ -149,7 +173,7 @@ def _run_task(task: dict[str, Any], done: dict[str, TaskRun], work: Path,
 
 
 def run_pipeline(docs: list[dict[str, Any]], work: Path, *, shared: Path | None = None,
-                 ) -> PipelineRun:
+                 secrets: Mapping[tuple[str, str], str] | None = None) -> PipelineRun:
     """Run a compiled ``[Pipeline, PipelineRun]`` and report what every task did.
 
     ``shared`` is a directory the tasks' commands see as it is (state kept across tasks
@@ -160,16 +184,19 @@ def run_pipeline(docs: list[dict[str, Any]], work: Path, *, shared: Path | None 
                                   for p in docs[1]["spec"].get("params", [])}
     run_params[_WS] = str(work / "workspaces")
     run_params[_SHARED] = str(shared or "")
+    run_params[_SECRETS] = dict(secrets or {})
     for w in docs[1]["spec"].get("workspaces", []):
         (work / "workspaces" / w["name"]).mkdir(parents=True)
     pending = list(spec["tasks"])
     done: dict[str, TaskRun] = {}
+    ended: set[str] = set()  # run, skipped or never started (after a failure)
     stopped = False
     while pending:
-        ready = [t for t in pending if all(a in done for a in t.get("runAfter", []))]
+        ready = [t for t in pending if all(a in ended for a in t.get("runAfter", []))]
         assert ready, "a runAfter cycle"
         for task in ready:
             pending.remove(task)
+            ended.add(task["name"])
             if stopped:
                 continue  # a failed task stops new tasks from starting
             run = _run_task(task, done, work, run_params)
