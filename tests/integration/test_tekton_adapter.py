@@ -697,3 +697,12 @@ def test_memory_escalation_attempt_tasks_are_one_step() -> None:
            task_run("r", "train-mem2", status="Unknown", reason="Running")]
     (step,) = run_status(run, trs).steps
     assert (step.step, step.key, step.state) == ("train", "", StepState.RUNNING)
+
+
+def test_a_step_whose_results_came_from_the_cache_is_cached() -> None:
+    run: dict[str, Any] = {"metadata": {"name": "r"}}
+    set_run("True", "Succeeded", children=[child("r", "t")])(run)
+    tr = task_run("r", "t", status="True", reason="Succeeded", exit_code=0,
+                  results={"n": "42", "couler-cached": "true"})
+    (step,) = run_status(run, [tr]).steps
+    assert (step.state, step.outputs) == (StepState.CACHED, {"n": "42"})

@@ -173,11 +173,13 @@ def _run_task(task: dict[str, Any], done: dict[str, TaskRun], work: Path,
 
 
 def run_pipeline(docs: list[dict[str, Any]], work: Path, *, shared: Path | None = None,
-                 secrets: Mapping[tuple[str, str], str] | None = None) -> PipelineRun:
+                 secrets: Mapping[tuple[str, str], str] | None = None,
+                 claims: Path | None = None) -> PipelineRun:
     """Run a compiled ``[Pipeline, PipelineRun]`` and report what every task did.
 
     ``shared`` is a directory the tasks' commands see as it is (state kept across tasks
-    by a test, e.g. a marker of the first attempt).
+    by a test, e.g. a marker of the first attempt); ``claims`` holds one directory per
+    PersistentVolumeClaim, kept from run to run.
     """
     spec = docs[0]["spec"]
     run_params: dict[str, Any] = {p["name"]: p["value"]
@@ -185,8 +187,14 @@ def run_pipeline(docs: list[dict[str, Any]], work: Path, *, shared: Path | None 
     run_params[_WS] = str(work / "workspaces")
     run_params[_SHARED] = str(shared or "")
     run_params[_SECRETS] = dict(secrets or {})
+    (work / "workspaces").mkdir(parents=True)
     for w in docs[1]["spec"].get("workspaces", []):
-        (work / "workspaces" / w["name"]).mkdir(parents=True)
+        claim = (w.get("persistentVolumeClaim") or {}).get("claimName")
+        if claim and claims is not None:
+            (claims / claim).mkdir(parents=True, exist_ok=True)
+            (work / "workspaces" / w["name"]).symlink_to(claims / claim)
+        else:
+            (work / "workspaces" / w["name"]).mkdir()
     pending = list(spec["tasks"])
     done: dict[str, TaskRun] = {}
     ended: set[str] = set()  # run, skipped or never started (after a failure)

@@ -54,7 +54,8 @@ The compiler's own results decide over the TaskRun's condition where present: th
 step-status rewrite's ``couler-status`` (a TaskRun that succeeded with ``Failed`` is a
 failed step, ``Skipped`` / ``Omitted`` a skipped one: the step's script exits with
 ``onError: continue``), the retry wrapper's ``couler-attempts`` and ``couler-failure``
-(attempts and failure class). They are not reported as outputs, and the run-status task
+(attempts and failure class), the cache's ``couler-cached`` (``true``: the step is
+``CACHED``). They are not reported as outputs, and the run-status task
 ``couler-run-status`` is not a step.
 
 Logs (:meth:`TektonAdapter.logs`) are read from the TaskRun's pod (``status.podName``,
@@ -92,6 +93,7 @@ from couler.api.handles import SecretMaterial
 from couler.compilers.tekton import (
     ATTEMPTS_RESULT,
     BRANCH_RESULT,
+    CACHED_RESULT,
     FAILURE_RESULT,
     RUN_STATUS_TASK,
     STATUS_RESULT,
@@ -148,7 +150,8 @@ WATCH_RECONNECT_SECONDS = 30  # also bounds how long a watcher thread outlives i
 _ITER = re.compile(r"^(?P<step>.+)-iter(?P<n>[0-9]+)$")
 _BATCH = re.compile(r"^(?P<step>.+)-batch(?P<n>[0-9]+)$")
 _RUNG = re.compile(r"^(?P<step>.+)-mem(?P<n>[0-9]+)$")
-_INTERNAL_RESULTS = frozenset({STATUS_RESULT, BRANCH_RESULT, ATTEMPTS_RESULT, FAILURE_RESULT})
+_INTERNAL_RESULTS = frozenset({STATUS_RESULT, BRANCH_RESULT, ATTEMPTS_RESULT, FAILURE_RESULT,
+                               CACHED_RESULT})
 _RECORDED = {"Succeeded": (StepState.SUCCEEDED, ""), "Failed": (StepState.FAILED, ""),
              "Skipped": (StepState.SKIPPED, "skipped: its when is false"),
              "Omitted": (StepState.SKIPPED, "not run: its dependencies did not hold")}
@@ -687,6 +690,8 @@ def _step_status(step: str, key: str, task_run: Mapping[str, Any] | None, skip: 
     recorded = _RECORDED.get(results.get(STATUS_RESULT, ""))
     if recorded is not None and state is StepState.SUCCEEDED:
         state, message = recorded
+    if results.get(CACHED_RESULT) == "true" and state is StepState.SUCCEEDED:
+        state, message = StepState.CACHED, "results reused from the cache"
     if results.get(ATTEMPTS_RESULT, "").isdigit():
         attempts = int(results[ATTEMPTS_RESULT])
     failure = results.get(FAILURE_RESULT, "") if state is StepState.FAILED else ""

@@ -61,6 +61,9 @@ Shape of the output:
   ``volumeClaimTemplate`` bound by the PipelineRun): the producer's script
   copies each output artifact to ``STEP/ARTIFACT`` there after its command
   succeeds, the consumer's copies it to its path before its command.
+* A cache policy memoizes the step's results on a PersistentVolumeClaim (the
+  policy's name, default ``couler-cache``), keyed by the step's definition and
+  input values (:mod:`couler.compilers.tekton._cache`).
 * Exit hooks become ``finally`` tasks guarded by ``$(tasks.status)``.
 * Workflow parameters become pipeline ``params`` (list-typed ones ``type:
   array``) and are passed again by the ``PipelineRun`` when they have defaults.
@@ -85,6 +88,7 @@ A ``ttl_seconds`` has no Tekton field; it is recorded in the
 
 from __future__ import annotations
 
+from couler.compilers.tekton._cache import CACHED_RESULT
 from couler.compilers.tekton._compiler import compile_workflow, to_yaml
 from couler.compilers.tekton._status import BRANCH_RESULT, RUN_STATUS_TASK, STATUS_RESULT
 from couler.compilers.tekton.capabilities import (
@@ -102,6 +106,7 @@ __all__ = [
     "API_VERSION",
     "ATTEMPTS_RESULT",
     "BRANCH_RESULT",
+    "CACHED_RESULT",
     "CAPABILITIES",
     "ENGINE",
     "FAILURE_RESULT",

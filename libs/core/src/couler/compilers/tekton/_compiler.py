@@ -13,7 +13,7 @@ from typing import Any
 from couler import ir
 from couler.compilers import emit, entrypoint
 from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
-from couler.compilers.tekton import _status
+from couler.compilers.tekton import _cache, _status
 from couler.compilers.tekton.capabilities import (
     API_VERSION,
     ARTIFACTS_SIZE,
@@ -168,6 +168,7 @@ class _Compiler:
         self.group_outputs: dict[str, dict[str, str]] = {}
         self.status = False  # status mode: edge conditions / depends expressions
         self.artifacts = False  # the shared artifacts workspace is used
+        self.caches: dict[str, str] = {}  # cache workspace -> its claim
         self.by_name: dict[str, ir.Step] = {}
         self.edges: dict[str, tuple[ir.Dependency, ...]] = {}
 
@@ -216,6 +217,11 @@ class _Compiler:
                                  f"the volume name {ARTIFACTS_WORKSPACE!r} is reserved for the "
                                  "workspace artifacts are passed through")
             workspaces.append({"name": ARTIFACTS_WORKSPACE})
+        clash = {v.name for v in wf.volumes} & set(self.caches)
+        if clash:
+            raise self._fail("", Feature.CACHE, f"the volume name {min(clash)!r} is reserved "
+                                                "for a cache workspace")
+        workspaces += [{"name": ws} for ws in self.caches]
         if workspaces:
             pipeline_spec["workspaces"] = workspaces
         pipeline_spec["tasks"] = tasks
@@ -329,6 +335,8 @@ class _Compiler:
             bindings.append({"name": ARTIFACTS_WORKSPACE, "volumeClaimTemplate": {"spec": {
                 "accessModes": ["ReadWriteOnce"],
                 "resources": {"requests": {"storage": ARTIFACTS_SIZE}}}}})
+        bindings += [{"name": ws, "persistentVolumeClaim": {"claimName": claim}}
+                     for ws, claim in self.caches.items()]
         if bindings:
             spec["workspaces"] = bindings
         template: Doc = {}
@@ -786,6 +794,21 @@ class _Compiler:
                          f"cp -R {shlex.quote(o.path)} {dest}")
         return fetch, store
 
+    def _cache_plan(self, step: ir.Step, items: set[str], ladder: bool
+                    ) -> _cache.CachePlan | None:
+        cache = step.cache or self.wf.defaults.cache
+        if cache is None or not cache.enabled:
+            return None
+        if step.output_artifacts or ladder:
+            raise self._fail(step.name, Feature.CACHE,
+                             "the Tekton cache keeps results only: not output artifacts, nor "
+                             "the attempt tasks of memory escalation")
+        inputs = [i.name for i in step.inputs] + sorted(_item_param(k) for k in items)
+        plan = _cache.plan_for(step, self.wf.name, cache, self._translate(cache.key, items),
+                               list(dict.fromkeys(inputs)))
+        self.caches[plan.workspace] = plan.claim
+        return plan
+
     def _add_task_pod(self, step: ir.Step, task_name: str) -> None:
         pod = self._pod_template(step.node_selector, step.tolerations)
         if pod:
@@ -834,6 +857,9 @@ class _Compiler:
             workspaces.append(binding)
         if step.input_artifacts or step.output_artifacts:
             workspaces.append({"name": ARTIFACTS_WORKSPACE, "workspace": ARTIFACTS_WORKSPACE})
+        cache_ws = spec.get("workspaces", [])
+        workspaces += [{"name": w["name"], "workspace": w["name"]} for w in cache_ws
+                       if w["name"] in self.caches]
         if workspaces:
             task["workspaces"] = workspaces
         task["taskSpec"] = spec
@@ -908,8 +934,10 @@ class _Compiler:
         policy = retry if entrypoint.needs_wrapper(retry) or plan is not None or ladder \
             else None
         moves = self._artifact_moves(step)
+        cache = self._cache_plan(step, items, ladder)
         wrapped = bool(step.outputs) or policy is not None or plan is not None or moves != ([],
-                                                                                         [])
+                                                                                         []) \
+            or cache is not None
         lead = _status.args(plan.ups) if plan is not None else []
         file_outputs = [o for o in step.outputs if o.source is ir.OutputSource.PATH]
         stdout = [o for o in step.outputs if o.source is ir.OutputSource.STDOUT]
@@ -927,6 +955,7 @@ class _Compiler:
                     feature = (Feature.PARAMETERS if step.outputs else
                                Feature.EDGE_CONDITIONS if plan is not None else
                                Feature.ARTIFACTS if moves != ([], []) else
+                               Feature.CACHE if cache is not None else
                                _retry_feature(policy))
                     raise self._fail(step.name, feature,
                                      "outputs, retries by class / back-off or edge conditions "
@@ -934,7 +963,7 @@ class _Compiler:
                                      "command to wrap on Tekton")
                 tstep["script"] = self._wrapper(step, '"$@"', file_outputs, stdout,
                                                 policy=policy, plan=plan, moves=moves,
-                                                ladder=ladder)
+                                                ladder=ladder, cache=cache)
                 tstep["args"] = lead + command + args
             else:
                 if command:
@@ -955,7 +984,7 @@ class _Compiler:
                 prologue += marker + "\n"
                 tstep["script"] = self._wrapper(step, run, file_outputs, stdout, prologue,
                                                 policy=policy, plan=plan, moves=moves,
-                                                ladder=ladder)
+                                                ladder=ladder, cache=cache)
             else:
                 shebang = interp[0] if interp[0].startswith("/") else "/usr/bin/env " + interp[0]
                 tstep["script"] = f"#!{shebang}\n{source}"
@@ -971,6 +1000,8 @@ class _Compiler:
         if plan is not None and plan.when:
             env += [{"name": f"COULER_WHEN_{side}", "value": f"$(params.{name})"}
                     for side, name in zip("LR", _WHEN_PARAMS, strict=True)]
+        if cache is not None:
+            env.append({"name": "COULER_CACHE_KEY", "value": cache.key_material})
         if env:
             tstep["env"] = env
         if plan is not None or ladder:
@@ -1003,17 +1034,22 @@ class _Compiler:
                         {"name": FAILURE_RESULT, "type": "string"}]
         if ladder:
             results.append({"name": EXIT_RESULT, "type": "string"})
+        if cache is not None:
+            results.append({"name": _cache.CACHED_RESULT, "type": "string"})
         if plan is not None:
             results += [{"name": _status.STATUS_RESULT, "type": "string"},
                         {"name": _status.BRANCH_RESULT, "type": "string"}]
         if results:
             spec["results"] = results
-        if step.volume_mounts or moves != ([], []):
+        if step.volume_mounts or moves != ([], []) or cache is not None:
             seen: set[str] = set()
             ws = []
             if moves != ([], []):
                 ws.append({"name": ARTIFACTS_WORKSPACE})  # at /workspace/couler-artifacts
                 seen.add(ARTIFACTS_WORKSPACE)
+            if cache is not None:
+                ws.append({"name": cache.workspace})
+                seen.add(cache.workspace)
             for m in step.volume_mounts:
                 if m.name in seen:
                     raise self._fail(step.name, Feature.VOLUMES,
@@ -1031,7 +1067,8 @@ class _Compiler:
     def _wrapper(self, step: ir.Step, run: str, files: Sequence[ir.OutputParameter],
                  stdout: Sequence[ir.OutputParameter], prologue: str = "", *,
                  policy: ir.RetryPolicy | None = None, plan: _StatusPlan | None = None,
-                 moves: tuple[list[str], list[str]] = ([], []), ladder: bool = False) -> str:
+                 moves: tuple[list[str], list[str]] = ([], []), ladder: bool = False,
+                 cache: _cache.CachePlan | None = None) -> str:
         """A /bin/sh script that runs ``run`` (retried under ``policy`` by the
         :mod:`~couler.compilers.entrypoint` wrapper) and writes the step's result files;
         in status mode (``plan``) it tests the step's edges and when first and records the
@@ -1056,6 +1093,7 @@ class _Compiler:
         if prologue:
             lines.append(prologue.rstrip("\n"))
         out = "/tmp/couler-stdout"
+        run_lines_at = len(lines)
         if policy is not None:
             status = "/tmp/couler-retry-status"
             extra: dict[str, Any] = {}
@@ -1082,6 +1120,19 @@ class _Compiler:
         copies += [f"cp {shlex.quote(o.selector)} \"$(results.{o.name}.path)\""
                    for o in files]
         copies += store
+        if cache is not None:  # a hit restores the results instead of running
+            cached = [o.name for o in step.outputs]
+            hit = cache.restore(cached)
+            if policy is not None:
+                hit += [f"printf 0 > \"$(results.{ATTEMPTS_RESULT}.path)\"",
+                        f"printf '' > \"$(results.{FAILURE_RESULT}.path)\""]
+            run_part = lines[run_lines_at:]
+            lines[run_lines_at:] = [*cache.lookup(), 'if [ -n "$couler_hit" ]; then',
+                                    *(f"  {h}" for h in hit), "  rc=0", "else",
+                                    *(f"  {r}" for r in "\n".join(run_part).split("\n")),
+                                    "fi"]
+            copies = [f'[ -n "$couler_hit" ] || {c}' for c in copies]
+            copies.append(f'[ -n "$couler_hit" ] || {{ {" ; ".join(cache.store(cached))} ; }}')
         if plan is None:
             lines.append('[ "$rc" -eq 0 ] || exit "$rc"')
             lines += [c + " || exit 1" for c in copies]

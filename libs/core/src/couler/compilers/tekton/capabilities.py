@@ -130,7 +130,13 @@ CAPABILITIES: dict[Feature, Capability] = {
                                     "PipelineRun timeouts.pipeline"),
     Feature.RESOURCES: Capability(_N, "step computeResources requests / limits"),
     Feature.GPU: Capability(_N, "step computeResources limit on the GPU resource name"),
-    Feature.CACHE: Capability(_U, "Tekton Pipelines has no result caching / memoization"),
+    Feature.CACHE: Capability(
+        _R, "Tekton has no result cache, so the step's script memoizes its results on a "
+            "PersistentVolumeClaim that must exist (named by the policy's name, default "
+            "couler-cache), keyed by SHA-256 of the policy's key or of the step's definition "
+            "and input values; a fresh entry (max_age) is copied to the results and the "
+            "command is not run (result couler-cached); results only: output artifacts and "
+            "memory escalation are rejected"),
     Feature.PRIORITY: Capability(
         _U, "an integer priority has no Tekton field; the pod template only takes a "
             "priorityClassName"),
