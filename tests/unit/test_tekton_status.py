@@ -311,6 +311,8 @@ def test_exit_hooks_see_the_status_the_run_status_task_decides(tmp_path: Path) -
 # Programs the stand-in cannot run as the local engine does, and why (not Tekton's doing).
 NOT_RUN_HERE = {
     "gpu": "the local engine refuses GPU steps: there is no expected run",
+    "job_step": "the local engine refuses job steps: there is no expected run "
+                "(test_tekton_job.py runs its script against a fake kubectl)",
     "placement": "its volume is mounted at a fixed path the stand-in cannot mount",
     "retry_timeout": "a Tekton retry is a new pod: the marker file the program leaves in "
                      "its working directory for the next attempt is gone (the stand-in does "

@@ -64,6 +64,8 @@ Shape of the output:
 * A cache policy memoizes the step's results on a PersistentVolumeClaim (the
   policy's name, default ``couler-cache``), keyed by the step's definition and
   input values (:mod:`couler.compilers.tekton._cache`).
+* A job step is a kubectl step that acts on the manifest and polls the
+  object's success / failure conditions (:mod:`couler.compilers.tekton._job`).
 * Exit hooks become ``finally`` tasks guarded by ``$(tasks.status)``.
 * Workflow parameters become pipeline ``params`` (list-typed ones ``type:
   array``) and are passed again by the ``PipelineRun`` when they have defaults.

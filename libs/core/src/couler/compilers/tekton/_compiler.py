@@ -13,7 +13,7 @@ from typing import Any
 from couler import ir
 from couler.compilers import emit, entrypoint
 from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
-from couler.compilers.tekton import _cache, _status
+from couler.compilers.tekton import _cache, _job, _status
 from couler.compilers.tekton.capabilities import (
     API_VERSION,
     ARTIFACTS_SIZE,
@@ -794,6 +794,43 @@ class _Compiler:
                          f"cp -R {shlex.quote(o.path)} {dest}")
         return fetch, store
 
+    def _job_spec(self, step: ir.Step, job: ir.JobSpec, items: set[str],
+                  plan: _StatusPlan | None) -> Doc:
+        """A job step: one kubectl step that acts on the manifest and waits (:mod:`._job`)."""
+        retry = step.retry or self.wf.defaults.retry
+        cache = step.cache or self.wf.defaults.cache
+        bad = [label for label, present in (
+            ("edge conditions in the workflow", plan is not None),
+            ("retries by class or with back-off", entrypoint.needs_wrapper(retry)),
+            ("a cache policy", cache is not None and cache.enabled),
+            ("artifacts", bool(step.input_artifacts or step.output_artifacts)),
+            ("a map or loop", step.foreach is not None or step.loop is not None)) if present]
+        if bad:
+            raise self._fail(step.name, Feature.JOB,
+                             "a Tekton job step is a kubectl step without Couler's script "
+                             "wrapper; it cannot carry " + ", ".join(bad))
+        outputs = []
+        for o in step.outputs:
+            whole = o.source is ir.OutputSource.JQ and o.selector.strip() == _job.WHOLE_OBJECT
+            if o.source is not ir.OutputSource.JSON_PATH and not whole:
+                raise self._fail(step.name, Feature.JOB,
+                                 f"output {o.name!r} of a job step must be a JSONPath on "
+                                 f"Tekton (the kubectl image has no jq), not "
+                                 f"{o.source.value} {o.selector!r}")
+            outputs.append((o.name, o.selector))
+        try:
+            text = _job.script(job, outputs)
+        except ValueError as e:
+            raise self._fail(step.name, Feature.JOB, str(e)) from e
+        spec: Doc = {}
+        if step.inputs:
+            spec["params"] = [{"name": i.name, "type": "string"} for i in step.inputs]
+        if outputs:
+            spec["results"] = [{"name": n, "type": "string"} for n, _ in outputs]
+        spec["steps"] = [{"name": "main", "image": _job.JOB_IMAGE,
+                          "script": self._translate(text, items)}]
+        return spec
+
     def _cache_plan(self, step: ir.Step, items: set[str], ladder: bool
                     ) -> _cache.CachePlan | None:
         cache = step.cache or self.wf.defaults.cache
@@ -915,9 +952,10 @@ class _Compiler:
                    ) -> Doc:
         d = self.wf.defaults
         body = step.body
+        if isinstance(body, ir.JobSpec):
+            return self._job_spec(step, body, items, plan)
         if not isinstance(body, (ir.ContainerSpec, ir.ScriptSpec)):
-            raise self._fail(step.name, Feature.JOB if isinstance(body, ir.JobSpec)
-                             else Feature.SUBWORKFLOW_REF, "not expressible on Tekton")
+            raise self._fail(step.name, Feature.SUBWORKFLOW_REF, "not expressible on Tekton")
         tstep: Doc = {"name": "main", "image": body.image}
         if body.image_pull_policy:
             tstep["imagePullPolicy"] = body.image_pull_policy

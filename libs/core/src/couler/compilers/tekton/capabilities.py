@@ -46,8 +46,13 @@ CAPABILITIES: dict[Feature, Capability] = {
         _N, "step `script` with a shebang for the interpreter (a /bin/sh wrapper when the "
             "step has outputs or a multi-word interpreter command)"),
     Feature.JOB: Capability(
-        _U, "Tekton Pipelines has no resource step (Argo `resource` template); a kubectl task "
-            "could create the object but not evaluate Argo-style success/failure conditions"),
+        _R, "Tekton has no resource step, so a job step is a kubectl step (bitnami/kubectl, "
+            "under the run's service account, which needs rights on the resource) that "
+            "writes the manifest (owned by the TaskRun), runs the action and polls the "
+            "object every 5 s: Argo-style success / failure conditions (==, !=, >, <, in, "
+            "notin, exists) read with kubectl get -o jsonpath; JSONPath outputs and jq `.` "
+            "(the whole object) only; "
+            "no retry wrapper, cache, artifacts or edge conditions on it"),
     Feature.SUBWORKFLOW_INLINE: Capability(
         _R, "flattened: inner steps become tasks GROUP-STEP, roots run after the group's "
             "dependencies, dependents run after every inner step; group-level when/map/loop/"
