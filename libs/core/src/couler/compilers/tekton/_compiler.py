@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from couler import ir
 from couler.compilers import emit, entrypoint
 from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
-from couler.compilers.tekton import _cache, _job, _status
+from couler.compilers.tekton import _cache, _job, _ladder, _script, _status
 from couler.compilers.tekton.capabilities import (
     API_VERSION,
     ARTIFACTS_SIZE,
@@ -30,7 +28,6 @@ from couler.compilers.tekton.capabilities import (
 )
 from couler.engines.base import Feature, check_capabilities, plain_edges
 from couler.errors import UnsupportedFeatureError
-from couler.ir import parse_quantity
 
 __all__ = ["compile_workflow", "to_yaml"]
 
@@ -602,109 +599,29 @@ class _Compiler:
         return out
 
     def _memory_levels(self, step: ir.Step) -> list[Doc]:
-        """The compute resources of each attempt task of a memory-escalating step (one per
-        distinct memory, at most limit + 1), or [] when the step does not escalate."""
+        """The compute resources of each attempt task of a memory-escalating step, or []."""
         retry = step.retry or self.wf.defaults.retry
         res = step.resources or self.wf.defaults.resources
-        if retry is None or retry.memory_factor is None or res is None or not (
-                res.memory_limit or res.memory_request):
-            return []  # nothing to multiply: every attempt has the same memory
-        if step.foreach is not None or step.loop is not None:
+        levels = _ladder.memory_levels(retry, res)
+        if levels and (step.foreach is not None or step.loop is not None):
             raise self._fail(step.name, Feature.MEMORY_ESCALATION,
                              "attempt tasks with more memory are not built for a mapped or "
                              "looped step on Tekton")
-        factor = Decimal(str(retry.memory_factor))
-        ceiling = parse_quantity(retry.memory_ceiling) if retry.memory_ceiling else None
-
-        def series(quantity: str) -> list[int]:
-            value, out = parse_quantity(quantity), []
-            for _ in range(retry.limit + 1):
-                capped = value if ceiling is None else min(value, max(ceiling,
-                                                                      parse_quantity(quantity)))
-                out.append(int(capped.to_integral_value(ROUND_CEILING)))
-                value *= factor
-            return out
-
-        limits = series(res.memory_limit) if res.memory_limit else []
-        requests = series(res.memory_request) if res.memory_request else []
-        if limits and requests:
-            requests = [min(a, b) for a, b in zip(requests, limits, strict=True)]
-        levels: list[Doc] = [resource_requirements(res)]  # the first: as written
-        for k in range(1, retry.limit + 1):
-            if (limits[k:k + 1], requests[k:k + 1]) == (limits[k - 1:k], requests[k - 1:k]):
-                break  # the ceiling is reached: later attempts run in the last task
-            compute = resource_requirements(res)
-            if limits:
-                compute.setdefault("limits", {})["memory"] = str(limits[k])
-            if requests:
-                compute.setdefault("requests", {})["memory"] = str(requests[k])
-            levels.append(compute)
-        return levels if len(levels) > 1 else []
+        return levels
 
     def _rung_names(self, step: ir.Step) -> list[str]:
-        n = len(self._memory_levels(step))
-        return [step.name] + [f"{step.name}-mem{k}" for k in range(2, n + 1)]
+        return _ladder.rung_names(step.name, len(self._memory_levels(step)))
 
     def _rungs(self, step: ir.Step, task: Doc) -> list[Doc]:
-        """A memory-escalating step as attempt tasks STEP, STEP-mem2, ...: each runs after
-        the one before, with more memory, and runs the command only when the attempts
-        before ended out of memory (else it passes their results on); the last one's
-        results are the step's."""
-        levels = self._memory_levels(step)
         names = self._rung_names(step)
-        retry = step.retry or self.wf.defaults.retry
-        assert retry is not None
-        delays = " ".join(f"{d:g}" for d in entrypoint.delays(retry))
-        base = task["taskSpec"]
-        results = [r["name"] for r in base["results"]]
-        rungs = []
-        for k, (name, compute) in enumerate(zip(names, levels, strict=True)):
-            if k and (name in self.by_name or name in self.infos):
+        for name in names[1:]:
+            if name in self.by_name or name in self.infos:
                 raise self._fail(step.name, Feature.MEMORY_ESCALATION,
                                  f"attempt task name {name!r} is taken by another step")
-            spec = copy.deepcopy(base)
-            tstep = spec["steps"][0]
-            tstep["computeResources"] = compute
-            if k == len(names) - 1:
-                tstep.pop("onError", None)  # the last attempt's failure is the step's
-            rung = dict(task)
-            rung["name"] = name
-            if k:
-                prev = names[k - 1]
-                rung.pop("when", None)  # skipped with the first task (its results are missing)
-                rung["runAfter"] = [prev]
-                prev_params = [(f"couler-prev-{i}", r) for i, r in enumerate(results)]
-                rung["params"] = [*task.get("params", []), *(
-                    {"name": p, "value": _task_ref(prev, r)} for p, r in prev_params)]
-                spec["params"] = [*spec.get("params", []), *(
-                    {"name": p, "type": "string"} for p, _ in prev_params)]
-                env = {r: f"COULER_PREV_{i}" for i, r in enumerate(results)}
-                tstep["env"] = [*tstep.get("env", []), *(
-                    {"name": env[r], "value": f"$(params.{p})"} for p, r in prev_params)]
-                forward = [f"  printf '%s' \"${env[r]}\" > \"$(results.{r}.path)\""
-                           for r in results]
-                ex, fail = f'"${env[EXIT_RESULT]}"', f'"${env[FAILURE_RESULT]}"'
-                att_var = env[ATTEMPTS_RESULT]
-                att = f'"${att_var}"'
-                memory = (compute.get("limits") or compute.get("requests") or {}).get("memory")
-                head = [
-                    "#!/bin/sh",
-                    f'if [ {ex} = 0 ] || [ {fail} != oom ] || [ {att} -gt {retry.limit} ]; then',
-                    *forward,
-                    f"  exit {ex}",
-                    "fi",
-                    f'echo "couler: out of memory: attempt $(({att_var} + 1)) with memory '
-                    f'{memory}" >&2',
-                    f"COULER_ATTEMPTS_BEFORE={att}",
-                ]
-                if retry.backoff is not None:
-                    head.append(f"sleep \"$(echo {shlex.quote(delays)} | cut -d ' ' -f {att})\"")
-                tstep["script"] = "\n".join(head) + "\n" + tstep["script"].split("\n", 1)[1]
-            rung["taskSpec"] = spec
-            if k:
-                self._add_task_pod(step, name)
-            rungs.append(rung)
-        return rungs
+            self._add_task_pod(step, name)
+        retry = step.retry or self.wf.defaults.retry
+        assert retry is not None
+        return _ladder.rungs(task, self._memory_levels(step), names, retry)
 
     def _step_tasks(self, step: ir.Step) -> list[Doc]:
         task = self._task(step)
@@ -793,6 +710,14 @@ class _Compiler:
             store.append(f'mkdir -p "{root}/{step.name}" && rm -rf {dest} && '
                          f"cp -R {shlex.quote(o.path)} {dest}")
         return fetch, store
+
+    def _arrays(self, step: ir.Step) -> set[str]:
+        return {o.name for o in step.outputs if (step.name, o.name) in self.array_outputs}
+
+    @staticmethod
+    def _status_parts(plan: _StatusPlan | None
+                      ) -> tuple[Sequence[_status.Upstream], str, str] | None:
+        return None if plan is None else (plan.ups, plan.gate, plan.when)
 
     def _job_spec(self, step: ir.Step, job: ir.JobSpec, items: set[str],
                   plan: _StatusPlan | None) -> Doc:
@@ -999,9 +924,10 @@ class _Compiler:
                                      "outputs, retries by class / back-off or edge conditions "
                                      "of a container that runs its image's entrypoint need a "
                                      "command to wrap on Tekton")
-                tstep["script"] = self._wrapper(step, '"$@"', file_outputs, stdout,
-                                                policy=policy, plan=plan, moves=moves,
-                                                ladder=ladder, cache=cache)
+                tstep["script"] = _script.step_script(
+                    step, '"$@"', file_outputs, stdout, arrays=self._arrays(step),
+                    policy=policy, status=self._status_parts(plan), moves=moves,
+                    ladder=ladder, cache=cache)
                 tstep["args"] = lead + command + args
             else:
                 if command:
@@ -1020,9 +946,10 @@ class _Compiler:
                 if not source.endswith("\n"):
                     prologue += "\n"
                 prologue += marker + "\n"
-                tstep["script"] = self._wrapper(step, run, file_outputs, stdout, prologue,
-                                                policy=policy, plan=plan, moves=moves,
-                                                ladder=ladder, cache=cache)
+                tstep["script"] = _script.step_script(
+                    step, run, file_outputs, stdout, prologue, arrays=self._arrays(step),
+                    policy=policy, status=self._status_parts(plan), moves=moves,
+                    ladder=ladder, cache=cache)
             else:
                 shebang = interp[0] if interp[0].startswith("/") else "/usr/bin/env " + interp[0]
                 tstep["script"] = f"#!{shebang}\n{source}"
@@ -1101,83 +1028,3 @@ class _Compiler:
             spec["workspaces"] = ws
         spec["steps"] = [tstep]
         return spec
-
-    def _wrapper(self, step: ir.Step, run: str, files: Sequence[ir.OutputParameter],
-                 stdout: Sequence[ir.OutputParameter], prologue: str = "", *,
-                 policy: ir.RetryPolicy | None = None, plan: _StatusPlan | None = None,
-                 moves: tuple[list[str], list[str]] = ([], []), ladder: bool = False,
-                 cache: _cache.CachePlan | None = None) -> str:
-        """A /bin/sh script that runs ``run`` (retried under ``policy`` by the
-        :mod:`~couler.compilers.entrypoint` wrapper) and writes the step's result files;
-        in status mode (``plan``) it tests the step's edges and when first and records the
-        outcome (:mod:`._status`)."""
-        lines = ["#!/bin/sh"]
-        if plan is not None:
-            declared = [(o.name, (step.name, o.name) in self.array_outputs)
-                        for o in step.outputs]
-            if policy is not None:
-                declared += [(ATTEMPTS_RESULT, False), (FAILURE_RESULT, False)]
-            lines += _status.prologue(plan.ups, plan.gate, plan.when, declared)
-        elif ladder:  # the next attempt task reads every result, even after a failure
-            for o in step.outputs:
-                empty = "[]" if (step.name, o.name) in self.array_outputs else ""
-                lines.append(f"printf '{empty}' > \"$(results.{o.name}.path)\"")
-        fetch, store = moves
-        if fetch:
-            finish = "couler_finish Failed failed; " if plan is not None else ""
-            lines.append(f"couler_missing() {{ echo \"couler: input artifact $1 is missing\" "
-                         f">&2; {finish}exit 1; }}")
-        lines += fetch
-        if prologue:
-            lines.append(prologue.rstrip("\n"))
-        out = "/tmp/couler-stdout"
-        run_lines_at = len(lines)
-        if policy is not None:
-            status = "/tmp/couler-retry-status"
-            extra: dict[str, Any] = {}
-            if ladder:  # out of memory: the next attempt task, with more memory, goes on
-                extra = {"stop_on": (ir.FailureClass.OOM,),
-                         "attempts_before": "COULER_ATTEMPTS_BEFORE"}
-            lines += [entrypoint.fragment(policy, run, status_path=status,
-                                          stdout_path=out if stdout else "",
-                                          **extra).rstrip("\n"),
-                      "rc=$couler_rc"]
-            if ladder:
-                lines.append(f"printf '%s' \"$rc\" > \"$(results.{EXIT_RESULT}.path)\"")
-            if stdout:
-                lines.append(f"cat {out}")
-            for key, result in (("attempts", ATTEMPTS_RESULT), ("class", FAILURE_RESULT)):
-                lines.append(f"sed -n 's/^{key}=//p' {status} | tr -d '\\n' > "
-                             f'"$(results.{result}.path)"')
-        elif stdout:
-            lines += [f"{run} > {out}", "rc=$?", f"cat {out}"]
-        else:
-            lines += [run, "rc=$?"]
-        copies = [f"printf '%s' \"$(cat {out})\" > \"$(results.{o.name}.path)\""
-                  for o in stdout]
-        copies += [f"cp {shlex.quote(o.selector)} \"$(results.{o.name}.path)\""
-                   for o in files]
-        copies += store
-        if cache is not None:  # a hit restores the results instead of running
-            cached = [o.name for o in step.outputs]
-            hit = cache.restore(cached)
-            if policy is not None:
-                hit += [f"printf 0 > \"$(results.{ATTEMPTS_RESULT}.path)\"",
-                        f"printf '' > \"$(results.{FAILURE_RESULT}.path)\""]
-            run_part = lines[run_lines_at:]
-            lines[run_lines_at:] = [*cache.lookup(), 'if [ -n "$couler_hit" ]; then',
-                                    *(f"  {h}" for h in hit), "  rc=0", "else",
-                                    *(f"  {r}" for r in "\n".join(run_part).split("\n")),
-                                    "fi"]
-            copies = [f'[ -n "$couler_hit" ] || {c}' for c in copies]
-            copies.append(f'[ -n "$couler_hit" ] || {{ {" ; ".join(cache.store(cached))} ; }}')
-        if plan is None:
-            lines.append('[ "$rc" -eq 0 ] || exit "$rc"')
-            lines += [c + " || exit 1" for c in copies]
-        else:  # a missing output file fails the step, as outside status mode
-            if copies:
-                lines.append('if [ "$rc" -eq 0 ]; then')
-                lines += [f"  {c} || rc=1" for c in copies]
-                lines.append("fi")
-            lines += _status.epilogue()
-        return "\n".join(lines) + "\n"
