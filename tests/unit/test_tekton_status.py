@@ -18,6 +18,7 @@ from couler import ir
 from couler.compilers import tekton
 from couler.engines.base import Feature
 from couler.errors import UnsupportedFeatureError
+from couler.semantics import differences
 from tests.conformance.harness import LOCAL_SECRETS
 from tests.conformance.loader import load_program, program_paths
 from tests.unit.tekton_sim import PipelineRun, run_pipeline
@@ -353,3 +354,12 @@ def test_every_compiled_program_runs_as_on_the_local_engine(program: str, tmp_pa
         assert run.status.lower() == EXPECTED[program]["state"] == "failed"
         return
     assert problems == []
+
+
+def test_fail_fast_is_warned_only_where_the_step_status_rewrite_is_not_used() -> None:
+    def ids(program: str) -> set[str]:
+        return {w.exception.id for w in differences(_program(program), "tekton")}
+
+    assert "E1" not in ids("edge_conditions")  # independent branches run to completion
+    assert "E1" in ids("skip_propagation") and "E1" in ids("sibling_whens")
+    assert "E5" in ids("unusual_edges")

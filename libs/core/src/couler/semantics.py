@@ -124,7 +124,7 @@ def differences(wf: ir.Workflow, engine: str) -> list[Warning_]:
     def add(exc: Exception_, steps: Iterable[str]) -> None:
         found.append(Warning_(exc, engine, wf.name, tuple(steps)))
 
-    if engine in E_FAIL_FAST.engines:
+    if engine in E_FAIL_FAST.engines and not (engine == "tekton" and _status_rewrite(wf)):
         branched = [name for steps in _scopes(wf) for name in _independent(steps)]
         if branched:
             add(E_FAIL_FAST, branched)
@@ -145,6 +145,23 @@ def differences(wf: ir.Workflow, engine: str) -> list[Warning_]:
             if errored:
                 add(exc, errored)
     return found
+
+
+def _status_rewrite(wf: ir.Workflow) -> bool:
+    """Whether Tekton compiles ``wf`` with its step-status rewrite, under which a failed
+    step does not stop the run (couler.compilers.tekton._status): an edge other than the
+    default one -- a strict edge from a step without a when is the default one there --
+    or a depends expression."""
+    by_name = {s.name: s for s in wf.steps}
+
+    def plain(d: ir.Dependency) -> bool:
+        up = by_name.get(d.step)
+        return d.condition is ir.EdgeCondition.SUCCEEDED or (
+            d.condition is ir.EdgeCondition.SUCCEEDED_ONLY and up is not None
+            and up.when is None)
+
+    return any(s.depends is not None or not all(plain(d) for d in s.dependencies)
+               for s in wf.steps)
 
 
 def _scopes(wf: ir.Workflow) -> list[Sequence[ir.Step]]:
