@@ -100,3 +100,17 @@ def test_a_disabled_cache_changes_nothing() -> None:
     docs = compile_ok(wf_of(S("s", ctr("true"), cache=ir.CachePolicy(enabled=False))))
     assert "workspaces" not in docs[1]["spec"] and "script" not in tasks(docs)["s"][
         "taskSpec"]["steps"][0]
+
+
+def test_a_cache_hit_in_the_step_status_rewrite_is_a_success(tmp_path: Path) -> None:
+    F = ir.EdgeCondition
+    wf = wf_of(S("count", ctr("sh", "-c", _counting(tmp_path)), outputs=(OUT,),
+                 cache=ir.CachePolicy()),
+               S("always", ctr("true"), dependencies=(ir.Dependency("count", F.ANY),)))
+    docs = compile_ok(wf)
+    runs = [run_pipeline(docs, tmp_path / f"r{i}", shared=tmp_path, claims=tmp_path / "c")
+            for i in range(2)]
+    second = runs[1].tasks["count"].results
+    assert (second["couler-status"], second["couler-cached"], second["n"]) == (
+        "Succeeded", "true", "run-1")
+    assert runs[1].status == "Succeeded"
