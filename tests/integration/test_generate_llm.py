@@ -203,10 +203,10 @@ def test_the_cli_flags_win_and_engine_errors_are_repaired(
     monkeypatch.setenv("COULER_LLM_API_KEY", API_KEY)
     fake.say(answer(), answer())
     code, _, err = cli(REQUEST, "--llm-url", fake.url, "--llm-model", "fake-2", "--engine",
-                       "tekton", "--llm-rounds", "2", "-o", str(tmp_path / "wf.yaml"))
+                       "kfp", "--llm-rounds", "2", "-o", str(tmp_path / "wf.yaml"))
     assert code == 2
     assert "no valid workflow after 2 rounds" in err
-    assert "engine 'tekton' does not support artifacts" in last_user(fake.seen()[1])
+    assert "engine 'kfp' does not support artifacts" in last_user(fake.seen()[1])
     assert not (tmp_path / "wf.yaml").exists()
 
 

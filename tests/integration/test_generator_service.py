@@ -239,8 +239,8 @@ class TestOffline:
     def test_engine_capabilities_are_checked(self, offline_client: CoulerClient) -> None:
         assert offline_client.generator.generate(TWO_MODELS, engine="argo").workflow.steps
         with pytest.raises(UnsupportedFeatureError) as caught:
-            offline_client.generator.generate(TWO_MODELS, engine="tekton")
-        assert (caught.value.engine, caught.value.feature) == ("tekton", "artifacts")
+            offline_client.generator.generate(TWO_MODELS, engine="kfp")
+        assert (caught.value.engine, caught.value.feature) == ("kfp", "artifacts")
         with pytest.raises(UserError, match="unknown engine 'nomad'"):
             offline_client.generator.generate(TWO_MODELS, engine="nomad")
 
@@ -409,10 +409,10 @@ class TestLLM:
     def test_engine_check_errors_go_back_for_repair(self, llm_client: CoulerClient,
                                                     fake_llm: FakeOpenAI) -> None:
         fake_llm.say(spec(), spec())
-        with pytest.raises(UserError, match="engine 'tekton' does not support artifacts"):
-            llm_client.generator.generate(TWO_MODELS, engine="tekton")
+        with pytest.raises(UserError, match="engine 'kfp' does not support artifacts"):
+            llm_client.generator.generate(TWO_MODELS, engine="kfp")
         repair = user_messages(fake_llm.seen()[1])[-1]
-        assert "engine 'tekton' does not support artifacts" in repair
+        assert "engine 'kfp' does not support artifacts" in repair
 
     def test_endpoint_down_is_unavailable(self, llm_client: CoulerClient,
                                           fake_llm: FakeOpenAI) -> None:

@@ -358,7 +358,15 @@ class TestOptimize:
         changed, notes = report(plan, "default_retry")
         assert changed and "s0, s1, s2" in notes[0]
 
-    @pytest.mark.parametrize("engine", ["tekton", "airflow"])
+    def test_tekton_keeps_the_default_retries_by_failure_class(self, optimizer: Optimizer,
+                                                               ) -> None:
+        # Tekton's steps retry by class through the retry wrapper (couler.compilers.tekton)
+        plan = optimizer.optimize(chain(2), "tekton")
+        assert plan.compiled and all(s.retry is not None and s.retry.on != (
+            ir.FailureClass.ANY,) for s in plan.workflow.steps)
+        assert "couler_class" in plan.compiled
+
+    @pytest.mark.parametrize("engine", ["airflow"])
     def test_engines_without_failure_classes_get_a_plan_without_blanket_retries(
             self, optimizer: Optimizer, engine: str) -> None:
         # The default retries by failure class; these engines retry every failure alike,

@@ -640,3 +640,69 @@ def test_utilization_reads_the_pod_metrics_of_running_taskruns(kube: FakeKube,
     # No metrics API in the cluster: no samples, not an error.
     kube.metrics_api = 404
     assert adapter_for(kube).utilization(name) == []
+
+
+def test_the_step_status_rewrite_decides_the_step_state() -> None:
+    # A compiled workflow with edge conditions: each step's TaskRun succeeds (onError:
+    # continue); its couler-status result says what happened, couler-run-status is no step.
+    run: dict[str, Any] = {"metadata": {"name": "r"}}
+    names = ["broken", "handler", "after", "couler-run-status"]
+    set_run("False", "Failed", children=[child("r", n) for n in names])(run)
+    done = {"status": "True", "reason": "Succeeded", "exit_code": 0}
+    trs = [task_run("r", "broken", **{**done, "exit_code": 3}, results={
+               "couler-status": "Failed", "couler-branch": "failed",
+               "couler-attempts": "2", "couler-failure": "user", "out": ""}),
+           task_run("r", "handler", **done, results={"couler-status": "Succeeded",
+                                                     "couler-branch": "ok", "out": "fixed"}),
+           task_run("r", "after", **done, results={"couler-status": "Omitted",
+                                                   "couler-branch": "failed"}),
+           task_run("r", "couler-run-status", status="False", reason="Failed")]
+    st = run_status(run, trs)
+    steps = {s.step: s for s in st.steps}
+    assert set(steps) == {"broken", "handler", "after"}
+    broken = steps["broken"]
+    assert (broken.state, broken.attempts, broken.failure, broken.exit_code) == (
+        StepState.FAILED, 2, "user", 3)
+    assert broken.outputs == {"out": ""}  # the compiler's own results are not outputs
+    assert (steps["handler"].state, steps["handler"].outputs) == (StepState.SUCCEEDED,
+                                                                  {"out": "fixed"})
+    assert (steps["after"].state, steps["after"].message) == (
+        StepState.SKIPPED, "not run: its dependencies did not hold")
+    assert st.state is RunState.FAILED
+
+
+def test_a_bounded_maps_batches_are_one_step_keyed_by_item() -> None:
+    include = [{"name": f"item-{i}"} for i in range(3)]
+    run = {"metadata": {"name": "r"}, "status": {
+        "conditions": [condition("Unknown", "Running")],
+        "pipelineSpec": {"tasks": [{"name": "sq", "matrix": {"include": include[:2]}},
+                                   {"name": "sq-batch2", "matrix": {"include": include[2:]}}]},
+        "childReferences": [child("r", "sq", "r-sq-0"), child("r", "sq", "r-sq-1"),
+                            child("r", "sq-batch2", "r-sq-batch2-0")]}}
+    trs = [task_run("r", "sq", "r-sq-0"), task_run("r", "sq", "r-sq-1"),
+           task_run("r", "sq-batch2", "r-sq-batch2-0")]
+    st = run_status(run, trs)
+    assert sorted((s.step, s.key) for s in st.steps) == [("sq", "0"), ("sq", "1"), ("sq", "2")]
+
+
+def test_memory_escalation_attempt_tasks_are_one_step() -> None:
+    run = {"metadata": {"name": "r"}, "status": {
+        "conditions": [condition("Unknown", "Running")],
+        "pipelineSpec": {"tasks": [{"name": "train"}, {"name": "train-mem2"},
+                                   {"name": "train-mem3"}]},
+        "childReferences": [child("r", "train"), child("r", "train-mem2")]}}
+    trs = [task_run("r", "train", status="True", reason="Succeeded", exit_code=137,
+                    results={"couler-attempts": "1", "couler-failure": "oom",
+                             "couler-exit": "137"}),
+           task_run("r", "train-mem2", status="Unknown", reason="Running")]
+    (step,) = run_status(run, trs).steps
+    assert (step.step, step.key, step.state) == ("train", "", StepState.RUNNING)
+
+
+def test_a_step_whose_results_came_from_the_cache_is_cached() -> None:
+    run: dict[str, Any] = {"metadata": {"name": "r"}}
+    set_run("True", "Succeeded", children=[child("r", "t")])(run)
+    tr = task_run("r", "t", status="True", reason="Succeeded", exit_code=0,
+                  results={"n": "42", "couler-cached": "true"})
+    (step,) = run_status(run, [tr]).steps
+    assert (step.state, step.outputs) == (StepState.CACHED, {"n": "42"})

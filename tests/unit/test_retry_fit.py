@@ -18,10 +18,16 @@ def _step(name: str, after: str = "", retry: ir.RetryPolicy | None = None) -> ir
 
 OWN = ir.RetryPolicy(limit=1)  # every failure, at once: every engine expresses it
 WF = ir.Workflow(name="fit", steps=(_step("a"), _step("b", "a"), _step("c", "b", OWN)))
+# Tekton as it was before its retry wrapper: no back-off, no classes, no memory escalation
+# (an engine that retries every failure at once, with the same memory)
+AT_ONCE = {**tekton.CAPABILITIES,
+           Feature.RETRY_BACKOFF: Capability(Support.UNSUPPORTED, "retried at once"),
+           Feature.RETRY_FAILURE_CLASSES: Capability(Support.UNSUPPORTED, "every failure"),
+           Feature.MEMORY_ESCALATION: Capability(Support.UNSUPPORTED, "same memory")}
 
 
 def test_an_engine_that_cannot_tell_classes_apart_gets_no_blanket_retries() -> None:
-    plan = optimize(WF, "tekton", capabilities=tekton.CAPABILITIES)
+    plan = optimize(WF, "tekton", capabilities=AT_ONCE)
     a, b, c = plan.workflow.steps
     assert a.retry is None and b.retry is None  # a user error would be retried
     assert c.retry == OWN  # the program's own policy: the capability check speaks for it
@@ -55,11 +61,18 @@ def test_a_step_seen_failing_transiently_keeps_retries_of_every_failure() -> Non
 def test_back_off_and_memory_escalation_are_dropped_where_missing() -> None:
     on_any = dataclasses.replace(DEFAULT_RETRY, on=(ir.FailureClass.ANY,))
     wf = dataclasses.replace(WF, steps=(dataclasses.replace(WF.steps[0], retry=on_any),))
-    out, notes = fit_retries(wf, "tekton", tekton.CAPABILITIES, written=(), flaky=())
+    out, notes = fit_retries(wf, "tekton", AT_ONCE, written=(), flaky=())
     assert out.steps[0].retry == ir.RetryPolicy(limit=2, on=(ir.FailureClass.ANY,))
     assert notes == ["tekton has no retry back-off: retried at once on a",
                      "tekton cannot raise memory per attempt: retried with the same memory "
                      "on a"]
+
+
+def test_tekton_keeps_back_off_classes_and_memory_escalation() -> None:
+    plan = optimize(WF, "tekton", capabilities=tekton.CAPABILITIES)
+    a = plan.workflow.steps[0]
+    assert a.retry == DEFAULT_RETRY  # the retry wrapper and attempt tasks express it all
+    assert "kind: Pipeline" in plan.document
 
 
 def test_an_engine_that_expresses_everything_is_left_alone() -> None:

@@ -97,6 +97,16 @@ class Pattern:
     why: str
     match: Callable[[_Facts], str | None]  # the matched text, or None
 
+    @property
+    def regex(self) -> str:
+        """The log regex of a log pattern (matched case-insensitively per line), else ""."""
+        return self.match.regex if isinstance(self.match, _LogMatch) else ""
+
+    @property
+    def exceptions(self) -> frozenset[str]:
+        """The exception names of a traceback pattern (full or last dotted part), else empty."""
+        return self.match.names if isinstance(self.match, _ExceptionMatch) else frozenset()
+
 
 def describe(failure_class: ir.FailureClass, reason: str) -> str:
     """``"user error: Python ValueError in the traceback"``: the class in words and why."""
@@ -117,22 +127,39 @@ def _reason(*words: str) -> Callable[[_Facts], str | None]:
     return match
 
 
-def _log(regex: str, label: str) -> Callable[[_Facts], str | None]:
-    compiled = re.compile(regex, re.IGNORECASE | re.MULTILINE)
+@dataclass(frozen=True, slots=True)
+class _LogMatch:
+    """A log regex (case-insensitive, multi-line); couler.compilers.entrypoint reads it."""
 
-    def match(f: _Facts) -> str | None:
-        return label if compiled.search(f.log) else None
-    return match
+    regex: str
+    label: str
+
+    def __call__(self, f: _Facts) -> str | None:
+        return self.label if re.search(self.regex, f.log, re.IGNORECASE | re.MULTILINE) else None
 
 
-def _exception(names: frozenset[str], label: str) -> Callable[[_Facts], str | None]:
-    def match(f: _Facts) -> str | None:
+@dataclass(frozen=True, slots=True)
+class _ExceptionMatch:
+    """A set of exception names; read by couler.compilers.entrypoint too."""
+
+    names: frozenset[str]
+    label: str
+
+    def __call__(self, f: _Facts) -> str | None:
         if f.exception is None:
             return None
         full = f.exception[0]
         short = full.rsplit(".", 1)[-1]
-        return f"Python {full} {label}" if full in names or short in names else None
-    return match
+        return f"Python {full} {self.label}" if full in self.names or short in self.names \
+            else None
+
+
+def _log(regex: str, label: str) -> Callable[[_Facts], str | None]:
+    return _LogMatch(regex, label)
+
+
+def _exception(names: frozenset[str], label: str) -> Callable[[_Facts], str | None]:
+    return _ExceptionMatch(names, label)
 
 
 _MEMORY_LOG = re.compile(r"out of memory|oom[-_ ]?kill|memory cgroup|cannot allocate memory"

@@ -67,7 +67,13 @@ E_ERRORED = Exception_(
     "an errored edge fires on any failure: Airflow does not tell a platform error from the "
     "command's own failure")
 
-EXCEPTIONS: tuple[Exception_, ...] = (E_FAIL_FAST, E_GROUP_EDGES, E_GATED_HOOKS, E_ERRORED)
+E_ERRORED_NEVER = Exception_(
+    "E5", ("tekton",), "S4",
+    "an errored edge never fires: a platform error (eviction, node loss, the task's "
+    "timeout) fails the TaskRun itself, which ends the PipelineRun")
+
+EXCEPTIONS: tuple[Exception_, ...] = (E_FAIL_FAST, E_GROUP_EDGES, E_GATED_HOOKS, E_ERRORED,
+                                      E_ERRORED_NEVER)
 
 # Edges whose Airflow trigger rule admits an upstream that was not run (checked by the
 # step runner only for single-task upstreams; see couler.compilers.airflow).
@@ -118,7 +124,7 @@ def differences(wf: ir.Workflow, engine: str) -> list[Warning_]:
     def add(exc: Exception_, steps: Iterable[str]) -> None:
         found.append(Warning_(exc, engine, wf.name, tuple(steps)))
 
-    if engine in E_FAIL_FAST.engines:
+    if engine in E_FAIL_FAST.engines and not (engine == "tekton" and _status_rewrite(wf)):
         branched = [name for steps in _scopes(wf) for name in _independent(steps)]
         if branched:
             add(E_FAIL_FAST, branched)
@@ -132,12 +138,30 @@ def differences(wf: ir.Workflow, engine: str) -> list[Warning_]:
                  for s in h.steps]
         if gated:
             add(E_GATED_HOOKS, gated)
-    if engine in E_ERRORED.engines:
-        errored = [s.name for s in ir.all_steps(wf.steps)
-                   if any(d.condition is ir.EdgeCondition.ERRORED for d in s.dependencies)]
-        if errored:
-            add(E_ERRORED, errored)
+    for exc in (E_ERRORED, E_ERRORED_NEVER):
+        if engine in exc.engines:
+            errored = [s.name for s in ir.all_steps(wf.steps)
+                       if any(d.condition is ir.EdgeCondition.ERRORED for d in s.dependencies)]
+            if errored:
+                add(exc, errored)
     return found
+
+
+def _status_rewrite(wf: ir.Workflow) -> bool:
+    """Whether Tekton compiles ``wf`` with its step-status rewrite, under which a failed
+    step does not stop the run (couler.compilers.tekton._status): an edge other than the
+    default one -- a strict edge from a step without a when is the default one there --
+    or a depends expression."""
+    by_name = {s.name: s for s in wf.steps}
+
+    def plain(d: ir.Dependency) -> bool:
+        up = by_name.get(d.step)
+        return d.condition is ir.EdgeCondition.SUCCEEDED or (
+            d.condition is ir.EdgeCondition.SUCCEEDED_ONLY and up is not None
+            and up.when is None)
+
+    return any(s.depends is not None or not all(plain(d) for d in s.dependencies)
+               for s in wf.steps)
 
 
 def _scopes(wf: ir.Workflow) -> list[Sequence[ir.Step]]:

@@ -43,9 +43,20 @@ combination index: Tekton names them ``{run}-{task}-{index}``, and when the name
 shortened the position in ``childReferences`` (creation order) is used. The compiler
 unrolls a loop into tasks ``STEP``, ``STEP-iter2``, ... ``STEP-iterN``; they are
 reported as step ``STEP`` with keys ``"0"`` ... ``"N-1"`` (the local engine's iteration
-numbers). Attempts are ``len(status.retriesStatus)`` plus the current one once it
-started; outputs are the TaskRun's ``status.results`` (array and object results as
-JSON text); the exit code is the ``main`` step's ``terminated.exitCode``.
+numbers); a bounded map's batches ``STEP``, ``STEP-batch2``, ... are step ``STEP``, keyed
+by the item's position in the whole map; a memory-escalating step's attempt tasks
+``STEP``, ``STEP-mem2``, ... are step ``STEP``, reported by the latest one started (its
+``couler-attempts`` counts the attempts of all). Attempts are ``len(status.retriesStatus)`` plus
+the current one once it started; outputs are the TaskRun's ``status.results`` (array and
+object results as JSON text); the exit code is the ``main`` step's ``terminated.exitCode``.
+
+The compiler's own results decide over the TaskRun's condition where present: the
+step-status rewrite's ``couler-status`` (a TaskRun that succeeded with ``Failed`` is a
+failed step, ``Skipped`` / ``Omitted`` a skipped one: the step's script exits with
+``onError: continue``), the retry wrapper's ``couler-attempts`` and ``couler-failure``
+(attempts and failure class), the cache's ``couler-cached`` (``true``: the step is
+``CACHED``). They are not reported as outputs, and the run-status task
+``couler-run-status`` is not a step.
 
 Logs (:meth:`TektonAdapter.logs`) are read from the TaskRun's pod (``status.podName``,
 the latest attempt), container ``step-main`` (the container Tekton names
@@ -79,7 +90,15 @@ from kubernetes import client as k8s_client
 
 from couler import ir
 from couler.api.handles import SecretMaterial
-from couler.compilers.tekton import compile_workflow
+from couler.compilers.tekton import (
+    ATTEMPTS_RESULT,
+    BRANCH_RESULT,
+    CACHED_RESULT,
+    FAILURE_RESULT,
+    RUN_STATUS_TASK,
+    STATUS_RESULT,
+    compile_workflow,
+)
 from couler.engines.base import (
     EngineAdapter,
     RunState,
@@ -129,6 +148,13 @@ MAIN_STEP = "main"  # the one step of every task the compiler emits
 WATCH_RECONNECT_SECONDS = 30  # also bounds how long a watcher thread outlives its watch
 
 _ITER = re.compile(r"^(?P<step>.+)-iter(?P<n>[0-9]+)$")
+_BATCH = re.compile(r"^(?P<step>.+)-batch(?P<n>[0-9]+)$")
+_RUNG = re.compile(r"^(?P<step>.+)-mem(?P<n>[0-9]+)$")
+_INTERNAL_RESULTS = frozenset({STATUS_RESULT, BRANCH_RESULT, ATTEMPTS_RESULT, FAILURE_RESULT,
+                               CACHED_RESULT})
+_RECORDED = {"Succeeded": (StepState.SUCCEEDED, ""), "Failed": (StepState.FAILED, ""),
+             "Skipped": (StepState.SKIPPED, "skipped: its when is false"),
+             "Omitted": (StepState.SKIPPED, "not run: its dependencies did not hold")}
 _CANCELLED_RUN = {"Cancelled", "PipelineRunCancelled", "CancelledRunFinally",
                   "StoppedRunFinally"}
 _CANCELLED_TASK = {"TaskRunCancelled", "Cancelled"}
@@ -528,6 +554,21 @@ def _task_state(task_run: Mapping[str, Any] | None, run_cancelled: bool) -> Step
     return StepState.PENDING if reason in ("", "Pending", "Started") else StepState.RUNNING
 
 
+def _batch_offsets(run: Mapping[str, Any]) -> dict[str, tuple[str, int]]:
+    """Batch task ``S-batchK`` of a bounded map -> (``S``, items in the batches before)."""
+    spec = (run.get("status") or {}).get("pipelineSpec") or {}
+    sizes = {str(t.get("name")): len((t.get("matrix") or {}).get("include") or ())
+             for t in spec.get("tasks") or () if isinstance(t, Mapping)}
+    out: dict[str, tuple[str, int]] = {}
+    for task in sizes:
+        m = _BATCH.match(task)
+        if m and m["step"] in sizes:
+            n = int(m["n"])
+            before = [m["step"], *(f"{m['step']}-batch{k}" for k in range(2, n))]
+            out[task] = (m["step"], sum(sizes.get(b, 0) for b in before))
+    return out
+
+
 def _task_names(run: Mapping[str, Any]) -> tuple[set[str], set[str]]:
     """The run's pipeline task names and, among them, the matrixed ones."""
     status = run.get("status") or {}
@@ -576,15 +617,31 @@ def _children(run: Mapping[str, Any], task_runs: Iterable[Mapping[str, Any]]
             refs.append((str(task), tr_name))
     per_task: dict[str, list[str]] = {}
     for task, tr_name in refs:
-        per_task.setdefault(task, []).append(tr_name)
+        if task != RUN_STATUS_TASK:  # the step-status rewrite's verdict, not a step
+            per_task.setdefault(task, []).append(tr_name)
+    batches = _batch_offsets(run)
+    # a memory-escalating step's attempt tasks S, S-mem2, ...: the latest started is S
+    latest: dict[str, tuple[int, str]] = {}
+    for task in per_task:
+        m = _RUNG.match(task)
+        step_name, n = (m["step"], int(m["n"])) if m and m["step"] in names else (task, 1)
+        if step_name not in latest or n > latest[step_name][0]:
+            latest[step_name] = (n, task)
+    rungs = {task: step_name for step_name, (_, task) in latest.items()}
     out: list[tuple[str, str, dict[str, Any] | None, str]] = []
     for task, tr_names in per_task.items():
+        if task not in rungs:
+            continue  # an earlier attempt task of a memory-escalating step
+        if rungs[task] != task:
+            out += [(rungs[task], "", by_name.get(tr_name), "") for tr_name in tr_names]
+            continue
         step, key = _loop_step(task, names)
+        step, offset = batches.get(task, (step, 0))
         for position, tr_name in enumerate(tr_names):
             item_key = key
             if len(tr_names) > 1 or task in matrixed:
                 m = re.fullmatch(re.escape(f"{name}-{task}-") + r"([0-9]+)", tr_name)
-                item_key = m[1] if m else str(position)
+                item_key = str(offset + (int(m[1]) if m else position))
             out.append((step, item_key, by_name.get(tr_name), ""))
     for skipped in status.get("skippedTasks") or ():
         if isinstance(skipped, Mapping) and skipped.get("name"):
@@ -626,8 +683,18 @@ def _step_status(step: str, key: str, task_run: Mapping[str, Any] | None, skip: 
     state = _task_state(task_run, run_cancelled)
     started = bool(status.get("podName") or status.get("startTime"))
     attempts = len(status.get("retriesStatus") or ()) + (1 if started else 0)
-    outputs = {str(r["name"]): _result_text(r["value"]) for r in status.get("results") or ()
+    results = {str(r["name"]): _result_text(r["value"]) for r in status.get("results") or ()
                if isinstance(r, Mapping) and "name" in r and "value" in r}
+    outputs = {k: v for k, v in results.items() if k not in _INTERNAL_RESULTS}
+    message = ""
+    recorded = _RECORDED.get(results.get(STATUS_RESULT, ""))
+    if recorded is not None and state is StepState.SUCCEEDED:
+        state, message = recorded
+    if results.get(CACHED_RESULT) == "true" and state is StepState.SUCCEEDED:
+        state, message = StepState.CACHED, "results reused from the cache"
+    if results.get(ATTEMPTS_RESULT, "").isdigit():
+        attempts = int(results[ATTEMPTS_RESULT])
+    failure = results.get(FAILURE_RESULT, "") if state is StepState.FAILED else ""
     exit_code: int | None = None
     terminated = _main_step(task_run or {}).get("terminated") or {}
     with contextlib.suppress(TypeError, ValueError):
@@ -636,7 +703,7 @@ def _step_status(step: str, key: str, task_run: Mapping[str, Any] | None, skip: 
     return StepStatus(step=step, state=state, key=key, attempts=attempts, exit_code=exit_code,
                       started_at=parse_time(status.get("startTime")),
                       finished_at=parse_time(status.get("completionTime")), outputs=outputs,
-                      message=str(cond.get("message") or ""))
+                      message=message or str(cond.get("message") or ""), failure=failure)
 
 
 def run_status(run: Mapping[str, Any], task_runs: Iterable[Mapping[str, Any]]) -> RunStatus:

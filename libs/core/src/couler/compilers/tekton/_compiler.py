@@ -1,61 +1,4 @@
-"""Compile a Couler IR workflow into Tekton ``Pipeline`` + ``PipelineRun`` documents (plain data).
-
-:func:`compile_workflow` turns an :class:`couler.ir.Workflow` into two
-``tekton.dev/v1`` documents, a ``Pipeline`` and a ``PipelineRun`` that runs it
-by reference; :func:`to_yaml` renders them as one multi-document YAML text.
-The compiler is a pure function: no cluster, no network. :data:`CAPABILITIES`
-and :data:`LIMITS` are Tekton's capability matrix and limits table; the
-compiler checks the matrix (:func:`couler.engines.base.check_capabilities`)
-before building anything.
-
-Shape of the output:
-
-* One pipeline task per step, each with an embedded ``taskSpec`` holding one
-  Tekton step. Step inputs become task ``params`` (``{{inputs.NAME}}`` →
-  ``$(params.NAME)``, also inside script sources, as the Argo compiler does);
-  an input fed by another step's output is ``$(tasks.STEP.results.OUT)``,
-  by a workflow parameter ``$(params.NAME)``.
-* Outputs become task ``results``. Tekton reads a result from the file
-  ``$(results.NAME.path)``, so a step with outputs runs through a ``/bin/sh``
-  wrapper ``script`` (the image must have ``/bin/sh``): it runs the command
-  (its words are passed as the script's ``args``) or the script source (written
-  to a file by a quoted here-document and run with the interpreter), then copies
-  each file output to its result file; a stdout output is captured to a file,
-  echoed back to the log and stored with trailing newlines removed (like
-  Argo's ``outputs.result``). The step fails if an output file is missing.
-* Dependencies become ``runAfter``. Tekton skips only the task whose ``when``
-  is false; tasks ordered after it by ``runAfter`` still run, which is the IR's
-  "succeeded (or skipped by its own when)" edge. A task that *reads a result*
-  of a skipped task is skipped too (Tekton's resource dependency).
-* ``when`` with ``==`` / ``!=`` becomes a when expression ``in`` / ``notin``;
-  the else branch uses the negated operator. Ordering comparisons are rejected.
-* A map becomes a ``matrix``: static items as explicit ``include``
-  combinations (one per item, so items are zipped, not crossed), an upstream
-  list as a matrix param fed by a whole array result
-  ``$(tasks.STEP.results.OUT[*])`` (the result is declared ``type: array``).
-* A loop is unrolled (at most :data:`MAX_UNROLL` iterations): iteration *k*
-  is task ``STEP-iterK`` guarded by the loop condition on iteration *k-1*'s
-  results, so once the condition fails every later iteration is skipped.
-* An inline sub-workflow is flattened: its steps become tasks named
-  ``GROUP-STEP``, its roots run after the group's dependencies and the group's
-  dependents run after all of its steps.
-* Exit hooks become ``finally`` tasks guarded by ``$(tasks.status)``.
-* Workflow parameters become pipeline ``params`` (list-typed ones ``type:
-  array``) and are passed again by the ``PipelineRun`` when they have defaults.
-* Volumes become pipeline ``workspaces`` bound by the ``PipelineRun``; pod
-  settings (node selector, tolerations, service account, pull secrets, DNS,
-  security context) go to the run's ``taskRunTemplate.podTemplate`` or, per
-  step, to ``taskRunSpecs``.
-
-What Tekton cannot express raises :class:`~couler.errors.UnsupportedFeatureError`
-(see :data:`CAPABILITIES` for the features and why), plus, found while
-compiling: ordering comparisons in conditions, loops longer than
-:data:`MAX_UNROLL`, maps larger than the matrix limit, reading the output of a
-mapped or looped step, group-level policies on an inline sub-workflow,
-dependencies between exit-hook steps, and a workflow-wide parallelism bound.
-A ``ttl_seconds`` has no Tekton field; it is recorded in the
-``couler.io/ttl-seconds`` annotation for an external pruner.
-"""
+"""The IR -> Tekton compiler (see :mod:`couler.compilers.tekton` for the output's shape)."""
 
 from __future__ import annotations
 
@@ -66,142 +9,29 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from couler import ir
-from couler.compilers import emit
+from couler.compilers import emit, entrypoint
 from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
-from couler.engines.base import (
-    Capability,
-    Feature,
-    Limit,
-    Support,
-    check_capabilities,
-    plain_edges,
+from couler.compilers.tekton import _cache, _job, _ladder, _script, _status
+from couler.compilers.tekton.capabilities import (
+    API_VERSION,
+    ARTIFACTS_SIZE,
+    ARTIFACTS_WORKSPACE,
+    ATTEMPTS_RESULT,
+    CAPABILITIES,
+    ENGINE,
+    EXIT_RESULT,
+    FAILURE_RESULT,
+    ITEM_PARAM,
+    MAX_MATRIX_COMBINATIONS,
+    MAX_UNROLL,
+    TTL_ANNOTATION,
 )
+from couler.engines.base import Feature, check_capabilities, plain_edges
 from couler.errors import UnsupportedFeatureError
 
-__all__ = [
-    "API_VERSION",
-    "CAPABILITIES",
-    "ENGINE",
-    "LIMITS",
-    "MAX_MATRIX_COMBINATIONS",
-    "MAX_UNROLL",
-    "compile_workflow",
-    "to_yaml",
-]
-
-ENGINE = "tekton"
-API_VERSION = "tekton.dev/v1"
-MAX_UNROLL = 8  # longest loop unrolled into guarded iterations
-MAX_MATRIX_COMBINATIONS = 256  # Tekton's default-max-matrix-combinations-count
-TTL_ANNOTATION = "couler.io/ttl-seconds"
-ITEM_PARAM = "couler-item"
+__all__ = ["compile_workflow", "to_yaml"]
 
 Doc = dict[str, Any]
-
-_N, _R, _U = Support.NATIVE, Support.REWRITTEN, Support.UNSUPPORTED
-
-CAPABILITIES: dict[Feature, Capability] = {
-    Feature.CONTAINER: Capability(_N, "a pipeline task with an embedded taskSpec of one step"),
-    Feature.SCRIPT: Capability(
-        _N, "step `script` with a shebang for the interpreter (a /bin/sh wrapper when the "
-            "step has outputs or a multi-word interpreter command)"),
-    Feature.JOB: Capability(
-        _U, "Tekton Pipelines has no resource step (Argo `resource` template); a kubectl task "
-            "could create the object but not evaluate Argo-style success/failure conditions"),
-    Feature.SUBWORKFLOW_INLINE: Capability(
-        _R, "flattened: inner steps become tasks GROUP-STEP, roots run after the group's "
-            "dependencies, dependents run after every inner step; group-level when/map/loop/"
-            "policies are rejected"),
-    Feature.SUBWORKFLOW_REF: Capability(
-        _U, "PipelineTask.pipelineRef exists in the v1 schema but pipelines-in-pipelines "
-            "(TEP-0056) is not implemented by the Tekton controller"),
-    Feature.PARAMETERS: Capability(
-        _R, "inputs are task params; outputs are task results, written to $(results.NAME.path) "
-            "by a /bin/sh wrapper script that copies file outputs and captures stdout "
-            "(trailing newlines trimmed); references are $(tasks.STEP.results.NAME)"),
-    Feature.WORKFLOW_PARAMETERS: Capability(
-        _N, "pipeline params with defaults (list → type array), passed by the PipelineRun"),
-    Feature.ARTIFACTS: Capability(
-        _U, "Tekton v1 has no artifact passing between tasks (task artifacts are provenance "
-            "metadata only); share files through volumes (workspaces) instead"),
-    Feature.EDGE_CONDITIONS: Capability(
-        _U, "a Tekton task runs only after its runAfter tasks succeed (or are skipped); a "
-            "failed task fails the run, and only finally tasks can react to failures"),
-    Feature.DEPENDS_EXPRESSION: Capability(
-        _U, "runAfter is a plain conjunction; Tekton has no or / not over task outcomes"),
-    Feature.WHEN: Capability(
-        _N, "when expression `in` (==) / `notin` (!=); ordering comparisons (>, <, >=, <=) are "
-            "rejected because CEL when expressions are alpha-gated"),
-    Feature.ELSE: Capability(_N, "when expression with the negated operator (`notin` / `in`)"),
-    Feature.MAP_STATIC: Capability(
-        _N, "matrix with one explicit `include` combination per item (zipped, not crossed); "
-            "at most 256 items (default-max-matrix-combinations-count)"),
-    Feature.MAP_DYNAMIC: Capability(
-        _N, "matrix param fed by a whole array result $(tasks.STEP.results.OUT[*]); items "
-            "must be strings, keyed items (item.KEY) are rejected"),
-    Feature.MAP_PARALLELISM: Capability(
-        _U, "a matrix has no concurrency bound of its own in Tekton"),
-    Feature.LOOP: Capability(
-        _R, "Tekton has no dynamic loops: unrolled into at most 8 iterations STEP-iterK, each "
-            "guarded by the condition on the previous one's results; reading a loop's outputs "
-            "downstream is rejected"),
-    Feature.EXIT_HOOKS: Capability(
-        _N, "finally tasks guarded by a when expression on $(tasks.status) (succeeded → "
-            "Succeeded/Completed, failed and error → Failed); hook steps cannot depend on each "
-            "other"),
-    Feature.RETRY: Capability(_N, "pipeline task `retries`"),
-    Feature.RETRY_BACKOFF: Capability(_U, "Tekton retries immediately; no back-off setting"),
-    Feature.RETRY_FAILURE_CLASSES: Capability(
-        _U, "Tekton retries every failure; it cannot select failures by cause"),
-    Feature.MEMORY_ESCALATION: Capability(
-        _U, "a retry reuses the same task spec; Tekton cannot raise memory per attempt"),
-    Feature.TIMEOUT: Capability(_N, "pipeline task `timeout` (Ns); workflow timeout → "
-                                    "PipelineRun timeouts.pipeline"),
-    Feature.RESOURCES: Capability(_N, "step computeResources requests / limits"),
-    Feature.GPU: Capability(_N, "step computeResources limit on the GPU resource name"),
-    Feature.CACHE: Capability(_U, "Tekton Pipelines has no result caching / memoization"),
-    Feature.PRIORITY: Capability(
-        _U, "an integer priority has no Tekton field; the pod template only takes a "
-            "priorityClassName"),
-    Feature.NODE_SELECTOR: Capability(
-        _N, "PipelineRun taskRunTemplate.podTemplate (workflow) or taskRunSpecs (step)"),
-    Feature.TOLERATIONS: Capability(
-        _N, "PipelineRun taskRunTemplate.podTemplate (workflow) or taskRunSpecs (step)"),
-    Feature.VOLUMES: Capability(
-        _N, "pipeline workspaces bound by the PipelineRun (PVC, volumeClaimTemplate, emptyDir, "
-            "configMap, secret); mounts are task workspaces with mountPath / subPath"),
-    Feature.SECRETS: Capability(_N, "step env valueFrom.secretKeyRef"),
-    Feature.DAEMON: Capability(
-        _U, "Tekton sidecars live inside one task; nothing outlives a task to serve others"),
-    Feature.CRON: Capability(
-        _U, "Tekton Pipelines has no schedules; use a Kubernetes CronJob or Tekton Triggers "
-            "(a separate project)"),
-    Feature.EVENT_TRIGGERS: Capability(
-        _U, "event triggers belong to Tekton Triggers (EventListener), a separate project"),
-    Feature.TUNE: Capability(
-        _U, "the trials' map reads keyed items (one per parameter) and is bounded by a "
-            "parallelism, neither of which a Tekton matrix expresses"),
-}
-
-_TEKTON_DOCS = "https://tekton.dev/docs/pipelines/"
-LIMITS: tuple[Limit, ...] = (
-    Limit("Kubernetes object size (etcd request, --max-request-bytes default)", 1572864,
-          "bytes", "https://etcd.io/docs/v3.5/dev-guide/limit/ (Pipeline / PipelineRun are "
-                   "stored in etcd like any object)"),
-    Limit("Kubernetes object size (practical, leaving room for status)", 1048576, "bytes",
-          "https://etcd.io/docs/v3.5/dev-guide/limit/; " + _TEKTON_DOCS + "pipelineruns/"),
-    Limit("matrix combinations per pipeline task (default-max-matrix-combinations-count)",
-          MAX_MATRIX_COMBINATIONS, "combinations",
-          _TEKTON_DOCS + "matrix/ (Configuring a Matrix) and config/config-defaults.yaml"),
-    Limit("task result size (results via termination message, max-result-size default)", 4096,
-          "bytes", _TEKTON_DOCS + "tasks/#emitting-results (results-from: termination-message)"),
-    Limit("all results of one task (container termination message)", 4096, "bytes",
-          _TEKTON_DOCS + "tasks/#emitting-results"),
-    Limit("loop iterations unrolled by Couler", MAX_UNROLL, "iterations",
-          _TEKTON_DOCS + "pipelines/ (no dynamic loops; Couler unrolls, couler.compilers.tekton)"),
-    Limit("pipeline task name length (DNS-1123 label)", 63, "characters",
-          _TEKTON_DOCS + "pipelines/#adding-tasks-to-the-pipeline"),
-)
 
 _PLACEHOLDER = re.compile(r"\{\{\s*([^}]*?)\s*\}\}")
 _NOT_PARAM_CHAR = re.compile(r"[^-a-zA-Z0-9_.]+")
@@ -290,6 +120,12 @@ def _item_text(item: object, key: str) -> str:
     return ir.Literal.of(value).text
 
 
+def _retry_feature(policy: ir.RetryPolicy | None) -> Feature:
+    if policy is not None and set(policy.on) != {ir.FailureClass.ANY}:
+        return Feature.RETRY_FAILURE_CLASSES
+    return Feature.RETRY_BACKOFF
+
+
 def _heredoc_marker(source: str) -> str:
     marker, n = "COULER_SCRIPT_EOF", 0
     lines = set(source.splitlines())
@@ -297,6 +133,18 @@ def _heredoc_marker(source: str) -> str:
         n += 1
         marker = f"COULER_SCRIPT_EOF_{n}"
     return marker
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _StatusPlan:
+    """Status mode for one task (see :mod:`._status`): its upstreams, edge test, when test."""
+
+    ups: tuple[_status.Upstream, ...]
+    gate: str
+    when: str  # "" = no when
+
+
+_WHEN_PARAMS = ("couler-when-l", "couler-when-r")
 
 
 @dataclasses.dataclass(slots=True)
@@ -315,6 +163,11 @@ class _Compiler:
         self.array_outputs: set[tuple[str, str]] = set()
         self.task_pods: list[Doc] = []
         self.group_outputs: dict[str, dict[str, str]] = {}
+        self.status = False  # status mode: edge conditions / depends expressions
+        self.artifacts = False  # the shared artifacts workspace is used
+        self.caches: dict[str, str] = {}  # cache workspace -> its claim
+        self.by_name: dict[str, ir.Step] = {}
+        self.edges: dict[str, tuple[ir.Dependency, ...]] = {}
 
     # ------------------------------------------------------------------ errors
 
@@ -329,15 +182,24 @@ class _Compiler:
         if wf.parallelism is not None:
             raise self._fail("", "workflow parallelism",
                              "Tekton has no bound on the tasks of a PipelineRun running at once")
-        steps = self._resolve(self._flatten(wf.steps, prefix="", outer_deps=()))
+        flat = self._flatten(wf.steps, prefix="", outer_deps=())
+        # status mode reads edges step by step, before they point at a map's batches
+        self.edges = {s.name: s.dependencies for s in flat}
+        steps = self._resolve(flat)
         for step in steps:
             if step.foreach is not None and step.foreach.source is not None:
                 src = step.foreach.source
                 if isinstance(src, ir.StepOutputRef):
                     self.array_outputs.add((src.step, src.output))
+        self.by_name = {s.name: s for s in steps}
+        self.status = _status.needed(steps)
+        if self.status:
+            self._check_status_mode(steps)
         tasks: list[Doc] = []
         for step in steps:
             tasks.extend(self._step_tasks(step))
+        if self.status:
+            tasks.append(self._run_status_task(steps))
         finally_tasks: list[Doc] = []
         for hook in wf.exit_hooks:
             for step in hook.steps:
@@ -345,8 +207,20 @@ class _Compiler:
         pipeline_spec: Doc = {}
         if wf.parameters:
             pipeline_spec["params"] = [self._pipeline_param(p) for p in wf.parameters]
-        if wf.volumes:
-            pipeline_spec["workspaces"] = [{"name": v.name} for v in wf.volumes]
+        workspaces = [{"name": v.name} for v in wf.volumes]
+        if self.artifacts:
+            if any(v.name == ARTIFACTS_WORKSPACE for v in wf.volumes):
+                raise self._fail("", Feature.ARTIFACTS,
+                                 f"the volume name {ARTIFACTS_WORKSPACE!r} is reserved for the "
+                                 "workspace artifacts are passed through")
+            workspaces.append({"name": ARTIFACTS_WORKSPACE})
+        clash = {v.name for v in wf.volumes} & set(self.caches)
+        if clash:
+            raise self._fail("", Feature.CACHE, f"the volume name {min(clash)!r} is reserved "
+                                                "for a cache workspace")
+        workspaces += [{"name": ws} for ws in self.caches]
+        if workspaces:
+            pipeline_spec["workspaces"] = workspaces
         pipeline_spec["tasks"] = tasks
         if finally_tasks:
             pipeline_spec["finally"] = finally_tasks
@@ -354,6 +228,68 @@ class _Compiler:
         pipeline: Doc = {"apiVersion": API_VERSION, "kind": "Pipeline",
                          "metadata": {"name": wf.name, **meta}, "spec": pipeline_spec}
         return [pipeline, self._pipeline_run(meta)]
+
+    def _check_status_mode(self, steps: Sequence[ir.Step]) -> None:
+        edged = next(s for s in steps if s.depends is not None or any(
+            d.condition is not ir.EdgeCondition.SUCCEEDED for d in s.dependencies))
+        feature = (Feature.DEPENDS_EXPRESSION if edged.depends is not None
+                   else Feature.EDGE_CONDITIONS)
+        for top in self.wf.steps:
+            if isinstance(top.body, ir.SubWorkflowSpec) or top.loop is not None:
+                raise self._fail(edged.name, feature,
+                                 "edge conditions are compiled by the step-status rewrite, "
+                                 f"which does not cover the inline sub-workflow or loop "
+                                 f"{top.name!r} of this workflow")
+        if _status.RUN_STATUS_TASK in self.by_name:
+            raise self._fail(_status.RUN_STATUS_TASK, feature,
+                             f"the step name {_status.RUN_STATUS_TASK!r} is reserved for the "
+                             "run-status task of the step-status rewrite")
+
+    def _run_status_task(self, steps: Sequence[ir.Step]) -> Doc:
+        """``couler-run-status``: after the leaves, fails when a failure reached one (S7)."""
+        has_child = {d.step for s in steps for d in self.edges[s.name]}
+        leaves = [s for s in steps if s.name not in has_child]
+        ups = [self._upstream(s.name, i) for i, s in enumerate(leaves)]
+        spec: Doc = {
+            "params": _status.spec_params(ups, ("branch",)),
+            "steps": [{"name": "main", "image": _status.STATUS_IMAGE,
+                       "script": _status.run_status_script([(u.step, u) for u in ups]),
+                       "args": _status.args(ups, ("branch",))}]}
+        return {"name": _status.RUN_STATUS_TASK,
+                "runAfter": [t for u in ups for t in u.task_names],
+                "params": _status.task_params(ups, ("branch",)), "taskSpec": spec}
+
+    def _upstream(self, name: str, index: int) -> _status.Upstream:
+        step = self.by_name[name]
+        return _status.Upstream(name, index, step.foreach is not None,
+                                tuple(self.infos[name].after))
+
+    def _status_plan(self, step: ir.Step) -> tuple[_StatusPlan, list[Doc]]:
+        """The status-mode plan of ``step`` and the task params it needs."""
+        step = dataclasses.replace(step, dependencies=self.edges[step.name])
+        names = list(dict.fromkeys(d.step for d in step.dependencies))
+        ups = tuple(self._upstream(n, i) for i, n in enumerate(names))
+        feature = Feature.DEPENDS_EXPRESSION if step.depends is not None else \
+            Feature.EDGE_CONDITIONS
+        try:
+            gate = _status.gate_test(step, {u.step: u for u in ups})
+        except ValueError as e:
+            raise self._fail(step.name, feature, str(e)) from e
+        params: list[Doc] = list(_status.task_params(ups))
+        when = ""
+        if step.when is not None:
+            w = step.when
+            wfeature = Feature.WHEN if w.expect else Feature.ELSE
+            op = w.condition.op if w.expect else w.condition.op.negated()
+            try:
+                when = _status.when_test(op)
+            except ValueError as e:
+                raise self._fail(step.name, wfeature, str(e)) from e
+            for name, v in zip(_WHEN_PARAMS, (w.condition.left, w.condition.right),
+                               strict=True):
+                params.append({"name": name,
+                               "value": self._value(step.name, v, feature=wfeature)})
+        return _StatusPlan(ups, gate, when), params
 
     def _metadata(self) -> Doc:
         wf = self.wf
@@ -391,8 +327,15 @@ class _Compiler:
                   for p in wf.parameters if p.default is not None]
         if params:
             spec["params"] = params
-        if wf.volumes:
-            spec["workspaces"] = [self._workspace_binding(v) for v in wf.volumes]
+        bindings = [self._workspace_binding(v) for v in wf.volumes]
+        if self.artifacts:
+            bindings.append({"name": ARTIFACTS_WORKSPACE, "volumeClaimTemplate": {"spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": ARTIFACTS_SIZE}}}}})
+        bindings += [{"name": ws, "persistentVolumeClaim": {"claimName": claim}}
+                     for ws, claim in self.caches.items()]
+        if bindings:
+            spec["workspaces"] = bindings
         template: Doc = {}
         if wf.service_account:
             template["serviceAccountName"] = wf.service_account
@@ -522,9 +465,17 @@ class _Compiler:
         when = step.when
         if when is not None:
             when = ir.When(cond(when.condition), when.expect)
+        def artifact(a: ir.InputArtifact) -> ir.InputArtifact:
+            src = a.source
+            if not isinstance(src, ir.StepArtifactRef) or src.step not in renames:
+                return a
+            return dataclasses.replace(a, source=ir.StepArtifactRef(renames[src.step],
+                                                                    src.artifact))
+
         return dataclasses.replace(
             step, name=name, foreach=fe, loop=loop, when=when,
-            inputs=tuple(dataclasses.replace(i, value=value(i.value)) for i in step.inputs))
+            inputs=tuple(dataclasses.replace(i, value=value(i.value)) for i in step.inputs),
+            input_artifacts=tuple(artifact(a) for a in step.input_artifacts))
 
     def _check_group(self, step: ir.Step) -> None:
         bad = [label for label, present in (
@@ -552,9 +503,12 @@ class _Compiler:
             return _Info(task="", after=names,
                          reason=(Feature.LOOP, "Tekton cannot select the results of the last "
                                                "executed iteration of an unrolled loop"))
+        rungs = self._rung_names(step)
+        if len(rungs) > 1:
+            return _Info(task=rungs[-1], after=[rungs[-1]])
         if step.foreach is not None:
             feature = Feature.MAP_STATIC if step.foreach.items else Feature.MAP_DYNAMIC
-            return _Info(task="", after=[step.name],
+            return _Info(task="", after=self._batch_names(step),
                          reason=(feature, "reading the outputs of a mapped step is not "
                                           "supported on Tekton"))
         return _Info(task=step.name, after=[step.name])
@@ -607,10 +561,74 @@ class _Compiler:
 
     # ------------------------------------------------------------------ tasks
 
+    def _batch_names(self, step: ir.Step) -> list[str]:
+        """The tasks of a map: one, or one per batch of ``parallelism`` items."""
+        fe = step.foreach
+        if fe is None or fe.parallelism is None:
+            return [step.name]
+        if not fe.items:
+            raise self._fail(step.name, Feature.MAP_PARALLELISM,
+                             "a Tekton matrix has no concurrency bound, and the items of an "
+                             "upstream list cannot be split into batches at compile time")
+        n = -(-len(fe.items) // fe.parallelism)
+        names = [step.name] + [f"{step.name}-batch{k}" for k in range(2, n + 1)]
+        for name in names[1:]:
+            if name in self.by_name or name in self.infos:
+                raise self._fail(step.name, Feature.MAP_PARALLELISM,
+                                 f"batch task name {name!r} is taken by another step")
+        return names
+
+    def _batches(self, step: ir.Step, task: Doc) -> list[Doc]:
+        """A bounded static map as batches of ``parallelism`` items, each after the one
+        before: at most ``parallelism`` items run at once (rule S10)."""
+        fe = step.foreach
+        names = self._batch_names(step)
+        if fe is None or len(names) == 1:
+            return [task]
+        assert fe.parallelism is not None
+        include = task["matrix"]["include"]
+        out = []
+        for k, name in enumerate(names):
+            part = dict(task)
+            part["name"] = name
+            part["matrix"] = {"include": include[k * fe.parallelism:(k + 1) * fe.parallelism]}
+            if k:
+                part["runAfter"] = [*task.get("runAfter", []), names[k - 1]]
+                self._add_task_pod(step, name)
+            out.append(part)
+        return out
+
+    def _memory_levels(self, step: ir.Step) -> list[Doc]:
+        """The compute resources of each attempt task of a memory-escalating step, or []."""
+        retry = step.retry or self.wf.defaults.retry
+        res = step.resources or self.wf.defaults.resources
+        levels = _ladder.memory_levels(retry, res)
+        if levels and (step.foreach is not None or step.loop is not None):
+            raise self._fail(step.name, Feature.MEMORY_ESCALATION,
+                             "attempt tasks with more memory are not built for a mapped or "
+                             "looped step on Tekton")
+        return levels
+
+    def _rung_names(self, step: ir.Step) -> list[str]:
+        return _ladder.rung_names(step.name, len(self._memory_levels(step)))
+
+    def _rungs(self, step: ir.Step, task: Doc) -> list[Doc]:
+        names = self._rung_names(step)
+        for name in names[1:]:
+            if name in self.by_name or name in self.infos:
+                raise self._fail(step.name, Feature.MEMORY_ESCALATION,
+                                 f"attempt task name {name!r} is taken by another step")
+            self._add_task_pod(step, name)
+        retry = step.retry or self.wf.defaults.retry
+        assert retry is not None
+        return _ladder.rungs(task, self._memory_levels(step), names, retry)
+
     def _step_tasks(self, step: ir.Step) -> list[Doc]:
         task = self._task(step)
+        if len(self._rung_names(step)) > 1:
+            return self._rungs(step, task)
         if step.loop is None:
-            return [task]
+            return self._batches(step, task)
         loop = step.loop
         tasks = [task]
         prev = step.name
@@ -646,19 +664,119 @@ class _Compiler:
         if isinstance(step.body, ir.SubWorkflowSpec) or step.loop is not None:
             raise self._fail(step.name, Feature.EXIT_HOOKS,
                              "an exit hook must be a single container or script step on Tekton")
-        task = self._task(step)
+        task = self._task(step, hook=True)
         status = _EXIT_STATUS.get(hook.on)
         if status is not None:
             guard = {"input": "$(tasks.status)", "operator": "in", "values": status}
             task["when"] = [guard, *task.get("when", [])]
         return task
 
+    def _artifact_moves(self, step: ir.Step) -> tuple[list[str], list[str]]:
+        """sh lines that copy input artifacts from the artifacts workspace before the
+        command, and output artifacts into it (under STEP/ARTIFACT) after it."""
+        if not (step.input_artifacts or step.output_artifacts):
+            return [], []
+        if step.foreach is not None or step.loop is not None:
+            raise self._fail(step.name, Feature.ARTIFACTS,
+                             "artifacts of a mapped or looped step would share one place in "
+                             "the artifacts workspace on Tekton")
+        self.artifacts = True
+        root = f"$(workspaces.{ARTIFACTS_WORKSPACE}.path)"
+        fetch = []
+        for a in step.input_artifacts:
+            src = a.source
+            if not isinstance(src, ir.StepArtifactRef):
+                raise self._fail(step.name, Feature.ARTIFACTS,
+                                 f"input artifact {a.name!r} reads {src.storage.value} storage; "
+                                 "Tekton passes only artifacts written by other steps (through "
+                                 "a workspace)")
+            up = self.by_name.get(src.step)
+            if up is None or up.foreach is not None or up.loop is not None:
+                raise self._fail(step.name, Feature.ARTIFACTS,
+                                 f"input artifact {a.name!r} comes from {src.step!r}, which is "
+                                 "not a single container or script step")
+            dest = shlex.quote(a.path)
+            fetch.append(f'mkdir -p "$(dirname {dest})" && rm -rf {dest} && '
+                         f'cp -R "{root}/{src.step}/{src.artifact}" {dest} || '
+                         f"couler_missing {shlex.quote(a.name)}")
+        store = []
+        for o in step.output_artifacts:
+            if o.location is not None and o.location.storage not in (ir.StorageKind.DEFAULT,
+                                                                     ir.StorageKind.LOCAL):
+                raise self._fail(step.name, Feature.ARTIFACTS,
+                                 f"output artifact {o.name!r} goes to {o.location.storage.value} "
+                                 "storage; Tekton keeps artifacts in a workspace only")
+            dest = f'"{root}/{step.name}/{o.name}"'
+            store.append(f'mkdir -p "{root}/{step.name}" && rm -rf {dest} && '
+                         f"cp -R {shlex.quote(o.path)} {dest}")
+        return fetch, store
+
+    def _arrays(self, step: ir.Step) -> set[str]:
+        return {o.name for o in step.outputs if (step.name, o.name) in self.array_outputs}
+
+    @staticmethod
+    def _status_parts(plan: _StatusPlan | None
+                      ) -> tuple[Sequence[_status.Upstream], str, str] | None:
+        return None if plan is None else (plan.ups, plan.gate, plan.when)
+
+    def _job_spec(self, step: ir.Step, job: ir.JobSpec, items: set[str],
+                  plan: _StatusPlan | None) -> Doc:
+        """A job step: one kubectl step that acts on the manifest and waits (:mod:`._job`)."""
+        retry = step.retry or self.wf.defaults.retry
+        cache = step.cache or self.wf.defaults.cache
+        bad = [label for label, present in (
+            ("edge conditions in the workflow", plan is not None),
+            ("retries by class or with back-off", entrypoint.needs_wrapper(retry)),
+            ("a cache policy", cache is not None and cache.enabled),
+            ("artifacts", bool(step.input_artifacts or step.output_artifacts)),
+            ("a map or loop", step.foreach is not None or step.loop is not None)) if present]
+        if bad:
+            raise self._fail(step.name, Feature.JOB,
+                             "a Tekton job step is a kubectl step without Couler's script "
+                             "wrapper; it cannot carry " + ", ".join(bad))
+        outputs = []
+        for o in step.outputs:
+            whole = o.source is ir.OutputSource.JQ and o.selector.strip() == _job.WHOLE_OBJECT
+            if o.source is not ir.OutputSource.JSON_PATH and not whole:
+                raise self._fail(step.name, Feature.JOB,
+                                 f"output {o.name!r} of a job step must be a JSONPath on "
+                                 f"Tekton (the kubectl image has no jq), not "
+                                 f"{o.source.value} {o.selector!r}")
+            outputs.append((o.name, o.selector))
+        try:
+            text = _job.script(job, outputs)
+        except ValueError as e:
+            raise self._fail(step.name, Feature.JOB, str(e)) from e
+        spec: Doc = {}
+        if step.inputs:
+            spec["params"] = [{"name": i.name, "type": "string"} for i in step.inputs]
+        if outputs:
+            spec["results"] = [{"name": n, "type": "string"} for n, _ in outputs]
+        spec["steps"] = [{"name": "main", "image": _job.JOB_IMAGE,
+                          "script": self._translate(text, items)}]
+        return spec
+
+    def _cache_plan(self, step: ir.Step, items: set[str], ladder: bool
+                    ) -> _cache.CachePlan | None:
+        cache = step.cache or self.wf.defaults.cache
+        if cache is None or not cache.enabled:
+            return None
+        if step.output_artifacts or ladder:
+            raise self._fail(step.name, Feature.CACHE,
+                             "the Tekton cache keeps results only: not output artifacts, nor "
+                             "the attempt tasks of memory escalation")
+        inputs = [i.name for i in step.inputs] + sorted(_item_param(k) for k in items)
+        plan = _cache.plan_for(step, self.wf.name, cache, self._translate(cache.key, items),
+                               list(dict.fromkeys(inputs)))
+        self.caches[plan.workspace] = plan.claim
+        return plan
+
     def _add_task_pod(self, step: ir.Step, task_name: str) -> None:
         pod = self._pod_template(step.node_selector, step.tolerations)
         if pod:
             self.task_pods.append({"pipelineTaskName": task_name, "podTemplate": pod})
 
-    def _task(self, step: ir.Step) -> Doc:
+    def _task(self, step: ir.Step, *, hook: bool = False) -> Doc:
         d = self.wf.defaults
         items: set[str] = set()
         task: Doc = {"name": step.name}
@@ -669,7 +787,11 @@ class _Compiler:
                 item_inputs[inp.name] = inp.value.key
             else:
                 params.append({"name": inp.name, "value": self._value(step.name, inp.value)})
-        spec = self._task_spec(step, items)
+        plan: _StatusPlan | None = None
+        if self.status and not hook:  # a finally task has no edges to test
+            plan, status_params = self._status_plan(step)
+            params += status_params
+        spec = self._task_spec(step, items, plan)
         matrix = self._matrix(step, item_inputs, items)
         run_after = list(dict.fromkeys(d.step for d in step.dependencies))
         if run_after:
@@ -678,13 +800,14 @@ class _Compiler:
             task["params"] = params
         if matrix:
             task["matrix"] = matrix
-        if step.when is not None:
+        if step.when is not None and plan is None:  # status mode: the script tests it
             feature = Feature.WHEN if step.when.expect else Feature.ELSE
             task["when"] = [self._when_expr(step.name, step.when.condition, step.when.expect,
                                             feature)]
         retry = step.retry or d.retry
-        if retry is not None:
-            task["retries"] = retry.limit
+        if retry is not None and not entrypoint.needs_wrapper(retry) and plan is None \
+                and not self._memory_levels(step):
+            task["retries"] = retry.limit  # else the wrapper retries inside the step
         timeout = step.timeout_seconds if step.timeout_seconds is not None else d.timeout_seconds
         if timeout is not None:
             task["timeout"] = _duration(timeout)
@@ -694,6 +817,11 @@ class _Compiler:
             if m.sub_path:
                 binding["subPath"] = m.sub_path
             workspaces.append(binding)
+        if step.input_artifacts or step.output_artifacts:
+            workspaces.append({"name": ARTIFACTS_WORKSPACE, "workspace": ARTIFACTS_WORKSPACE})
+        cache_ws = spec.get("workspaces", [])
+        workspaces += [{"name": w["name"], "workspace": w["name"]} for w in cache_ws
+                       if w["name"] in self.caches]
         if workspaces:
             task["workspaces"] = workspaces
         task["taskSpec"] = spec
@@ -745,17 +873,35 @@ class _Compiler:
         (name,) = names
         return {"params": [{"name": name, "value": ref}]}
 
-    def _task_spec(self, step: ir.Step, items: set[str]) -> Doc:
+    def _task_spec(self, step: ir.Step, items: set[str], plan: _StatusPlan | None = None
+                   ) -> Doc:
         d = self.wf.defaults
         body = step.body
+        if isinstance(body, ir.JobSpec):
+            return self._job_spec(step, body, items, plan)
         if not isinstance(body, (ir.ContainerSpec, ir.ScriptSpec)):
-            raise self._fail(step.name, Feature.JOB if isinstance(body, ir.JobSpec)
-                             else Feature.SUBWORKFLOW_REF, "not expressible on Tekton")
+            raise self._fail(step.name, Feature.SUBWORKFLOW_REF, "not expressible on Tekton")
         tstep: Doc = {"name": "main", "image": body.image}
         if body.image_pull_policy:
             tstep["imagePullPolicy"] = body.image_pull_policy
         if body.working_dir:
             tstep["workingDir"] = self._translate(body.working_dir, items)
+        retry = step.retry or d.retry
+        # in status mode the step always exits 0 to Tekton (onError: continue), so Tekton's
+        # retries never fire: every policy goes through the wrapper
+        ladder = bool(self._memory_levels(step))
+        if ladder and plan is not None:
+            raise self._fail(step.name, Feature.MEMORY_ESCALATION,
+                             "attempt tasks with more memory are not combined with the "
+                             "step-status rewrite (edge conditions) on Tekton")
+        policy = retry if entrypoint.needs_wrapper(retry) or plan is not None or ladder \
+            else None
+        moves = self._artifact_moves(step)
+        cache = self._cache_plan(step, items, ladder)
+        wrapped = bool(step.outputs) or policy is not None or plan is not None or moves != ([],
+                                                                                         []) \
+            or cache is not None
+        lead = _status.args(plan.ups) if plan is not None else []
         file_outputs = [o for o in step.outputs if o.source is ir.OutputSource.PATH]
         stdout = [o for o in step.outputs if o.source is ir.OutputSource.STDOUT]
         other = [o for o in step.outputs if o.source not in (ir.OutputSource.PATH,
@@ -767,13 +913,22 @@ class _Compiler:
         if isinstance(body, ir.ContainerSpec):
             command = [self._translate(c, items) for c in body.command]
             args = [self._translate(a, items) for a in body.args]
-            if step.outputs:
+            if wrapped:
                 if not command:
-                    raise self._fail(step.name, Feature.PARAMETERS,
-                                     "outputs of a container that runs its image's entrypoint "
-                                     "need a command to wrap on Tekton")
-                tstep["script"] = self._wrapper('"$@"', file_outputs, stdout)
-                tstep["args"] = command + args
+                    feature = (Feature.PARAMETERS if step.outputs else
+                               Feature.EDGE_CONDITIONS if plan is not None else
+                               Feature.ARTIFACTS if moves != ([], []) else
+                               Feature.CACHE if cache is not None else
+                               _retry_feature(policy))
+                    raise self._fail(step.name, feature,
+                                     "outputs, retries by class / back-off or edge conditions "
+                                     "of a container that runs its image's entrypoint need a "
+                                     "command to wrap on Tekton")
+                tstep["script"] = _script.step_script(
+                    step, '"$@"', file_outputs, stdout, arrays=self._arrays(step),
+                    policy=policy, status=self._status_parts(plan), moves=moves,
+                    ladder=ladder, cache=cache)
+                tstep["args"] = lead + command + args
             else:
                 if command:
                     tstep["command"] = command
@@ -783,7 +938,7 @@ class _Compiler:
             source = self._translate(body.source, items)
             interp = list(body.command) or list(_INTERPRETER[body.language])
             args = [self._translate(a, items) for a in body.args]
-            if step.outputs or len(interp) != 1:
+            if wrapped or len(interp) != 1:
                 marker = _heredoc_marker(source)
                 path = "/tmp/couler-script"
                 run = " ".join(shlex.quote(w) for w in interp) + f' {path} "$@"'
@@ -791,12 +946,15 @@ class _Compiler:
                 if not source.endswith("\n"):
                     prologue += "\n"
                 prologue += marker + "\n"
-                tstep["script"] = self._wrapper(run, file_outputs, stdout, prologue)
+                tstep["script"] = _script.step_script(
+                    step, run, file_outputs, stdout, prologue, arrays=self._arrays(step),
+                    policy=policy, status=self._status_parts(plan), moves=moves,
+                    ladder=ladder, cache=cache)
             else:
                 shebang = interp[0] if interp[0].startswith("/") else "/usr/bin/env " + interp[0]
                 tstep["script"] = f"#!{shebang}\n{source}"
-            if args:
-                tstep["args"] = args
+            if lead or args:
+                tstep["args"] = lead + args
         env = []
         for e in step.env:
             if e.secret is not None:
@@ -804,8 +962,15 @@ class _Compiler:
                     "name": e.secret.name, "key": e.secret.key}}})
             else:
                 env.append({"name": e.name, "value": self._translate(e.value, items)})
+        if plan is not None and plan.when:
+            env += [{"name": f"COULER_WHEN_{side}", "value": f"$(params.{name})"}
+                    for side, name in zip("LR", _WHEN_PARAMS, strict=True)]
+        if cache is not None:
+            env.append({"name": "COULER_CACHE_KEY", "value": cache.key_material})
         if env:
             tstep["env"] = env
+        if plan is not None or ladder:
+            tstep["onError"] = "continue"  # a ladder's last task drops it (_rungs)
         res = step.resources or d.resources
         if res is not None:
             compute = resource_requirements(res)
@@ -819,16 +984,37 @@ class _Compiler:
             spec["metadata"] = meta
         param_names = [i.name for i in step.inputs] + sorted(
             _item_param(k) for k in items if _item_param(k) not in {i.name for i in step.inputs})
-        if param_names:
-            spec["params"] = [{"name": n, "type": "string"} for n in param_names]
-        if step.outputs:
-            spec["results"] = [
-                {"name": o.name,
-                 "type": "array" if (step.name, o.name) in self.array_outputs else "string"}
-                for o in step.outputs]
-        if step.volume_mounts:
+        spec_params = [{"name": n, "type": "string"} for n in param_names]
+        if plan is not None:
+            spec_params += _status.spec_params(plan.ups)
+            if plan.when:
+                spec_params += [{"name": n, "type": "string"} for n in _WHEN_PARAMS]
+        if spec_params:
+            spec["params"] = spec_params
+        results = [{"name": o.name,
+                    "type": "array" if (step.name, o.name) in self.array_outputs else "string"}
+                   for o in step.outputs]
+        if policy is not None:
+            results += [{"name": ATTEMPTS_RESULT, "type": "string"},
+                        {"name": FAILURE_RESULT, "type": "string"}]
+        if ladder:
+            results.append({"name": EXIT_RESULT, "type": "string"})
+        if cache is not None:
+            results.append({"name": _cache.CACHED_RESULT, "type": "string"})
+        if plan is not None:
+            results += [{"name": _status.STATUS_RESULT, "type": "string"},
+                        {"name": _status.BRANCH_RESULT, "type": "string"}]
+        if results:
+            spec["results"] = results
+        if step.volume_mounts or moves != ([], []) or cache is not None:
             seen: set[str] = set()
             ws = []
+            if moves != ([], []):
+                ws.append({"name": ARTIFACTS_WORKSPACE})  # at /workspace/couler-artifacts
+                seen.add(ARTIFACTS_WORKSPACE)
+            if cache is not None:
+                ws.append({"name": cache.workspace})
+                seen.add(cache.workspace)
             for m in step.volume_mounts:
                 if m.name in seen:
                     raise self._fail(step.name, Feature.VOLUMES,
@@ -842,20 +1028,3 @@ class _Compiler:
             spec["workspaces"] = ws
         spec["steps"] = [tstep]
         return spec
-
-    @staticmethod
-    def _wrapper(run: str, files: Sequence[ir.OutputParameter],
-                 stdout: Sequence[ir.OutputParameter], prologue: str = "") -> str:
-        """A /bin/sh script that runs ``run`` and writes the step's result files."""
-        lines = ["#!/bin/sh", prologue.rstrip("\n")] if prologue else ["#!/bin/sh"]
-        if stdout:
-            out = "/tmp/couler-stdout"
-            lines += [f"{run} > {out}", "rc=$?", f"cat {out}"]
-        else:
-            lines += [run, "rc=$?"]
-        lines.append('[ "$rc" -eq 0 ] || exit "$rc"')
-        for o in stdout:
-            lines.append(f"printf '%s' \"$(cat {out})\" > \"$(results.{o.name}.path)\"")
-        for o in files:
-            lines.append(f"cp {shlex.quote(o.selector)} \"$(results.{o.name}.path)\" || exit 1")
-        return "\n".join(lines) + "\n"
