@@ -366,15 +366,18 @@ class TestOptimize:
             ir.FailureClass.ANY,) for s in plan.workflow.steps)
         assert "couler_class" in plan.compiled
 
-    @pytest.mark.parametrize("engine", ["airflow"])
-    def test_engines_without_failure_classes_get_a_plan_without_blanket_retries(
-            self, optimizer: Optimizer, engine: str) -> None:
-        # The default retries by failure class; these engines retry every failure alike,
-        # so the optimizer fits its policy to them instead of failing the plan.
-        plan = optimizer.optimize(chain(2), engine)
-        assert plan.compiled and all(s.retry is None for s in plan.workflow.steps)
+    def test_airflow_keeps_the_default_retries_by_failure_class(self, optimizer: Optimizer
+                                                                ) -> None:
+        # Airflow's step runner classifies each failed try (couler.compilers.airflow.failures)
+        # and fails without another try for a class the policy does not retry
+        plan = optimizer.optimize(chain(2), "airflow")
+        assert all(s.retry is not None and set(s.retry.on) == {
+            ir.FailureClass.TRANSIENT, ir.FailureClass.INFRA, ir.FailureClass.OOM}
+            for s in plan.workflow.steps)
+        assert "def _couler_classify" in plan.compiled
+        assert "'retry_on': ['transient', 'infra', 'oom']" in plan.compiled
         changed, notes = report(plan, "default_retry")
-        assert changed and any(f"{engine} retries every failure alike" in n for n in notes)
+        assert changed and not any("retries every failure alike" in n for n in notes)
 
     def test_local_runs_the_ir_itself(self, optimizer: Optimizer) -> None:
         plan = optimizer.optimize(chain(2), "")

@@ -51,11 +51,11 @@ def pattern_table() -> list[list[Any]]:
         if qual.startswith("_reason."):
             data: dict[str, Any] = {"words": list(free["words"])}
             kind = "reason"
-        elif qual.startswith("_log."):
-            data = {"regex": free["compiled"].pattern, "label": free["label"]}
+        elif p.regex:  # a log pattern (couler.failures.Pattern.regex)
+            data = {"regex": p.regex, "label": getattr(fn, "label", "")}
             kind = "log"
-        elif qual.startswith("_exception."):
-            data = {"names": sorted(free["names"]), "label": free["label"]}
+        elif p.exceptions:  # a traceback pattern (couler.failures.Pattern.exceptions)
+            data = {"names": sorted(p.exceptions), "label": getattr(fn, "label", "")}
             kind = "exception"
         elif p.name in BUILTIN_PATTERNS:
             data, kind = {}, "builtin"
