@@ -7,7 +7,9 @@ are grpc-gateway bodies ``{"error", "code", "message", "details"}``):
 
 * ``GET /apis/v2beta1/healthz``: ``{"multi_user": false}`` (``kfp.Client()`` asks it).
 * ``POST /apis/v2beta1/runs``: creates a run (400 without ``display_name`` or without
-  ``pipeline_spec`` / ``pipeline_version_reference``, or when the spec has no ``root``);
+  ``pipeline_spec`` / ``pipeline_version_reference``, or when the spec has no ``root``;
+  ``pipeline_spec`` is a PipelineSpec or, as ``kfp.Client`` sends a pipeline with platform
+  settings, ``{"pipeline_spec": ..., "platform_spec": ...}``);
   the server fills ``run_id``, ``experiment_id`` (the default experiment unless given),
   ``created_at``, ``state: PENDING`` and ``storage_state: AVAILABLE``.
 * ``GET /apis/v2beta1/runs/{run_id}`` (404 when unknown).
@@ -131,6 +133,13 @@ class FakeKfp:
         if spec is None and not body.get("pipeline_version_reference"):
             raise HttpError(400, "Invalid input error: Failed to create a run due to missing "
                             "pipeline spec or pipeline version reference")
+        if isinstance(spec, dict) and "pipeline_spec" in spec:
+            # kfp.Client's form for a pipeline with a PlatformSpec (kfp-kubernetes settings)
+            if set(spec) - {"pipeline_spec", "platform_spec"} or not isinstance(
+                    spec.get("platform_spec", {}), dict):
+                raise HttpError(400, "Invalid input error: Failed to create a run: invalid "
+                                "pipeline spec and platform spec")
+            spec = spec["pipeline_spec"]
         if spec is not None and (not isinstance(spec, dict) or "root" not in spec):
             raise HttpError(400, "Invalid input error: Failed to create a run: the pipeline "
                             "spec has no root")

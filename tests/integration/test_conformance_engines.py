@@ -32,9 +32,10 @@ PATHS = {p.stem: p for p in program_paths()}
 # "skipped". Also
 # the accelerators the container-mode pipeline requests (executor → accelerator).
 KFP_RUN_HELPER = r'''
-import json, re, sys
+import json, os, re, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
+from tests.conformance.harness import LOCAL_SECRETS
 from tests.conformance.loader import load_program
 from couler.compilers import kfp as K
 from couler.errors import UnsupportedFeatureError
@@ -43,8 +44,11 @@ out = {}
 for path in sys.argv[3:]:
     name, wf = Path(path).stem, load_program(Path(path))
     failed = []
+    cwd = root.parent / "cwd" / name
+    cwd.mkdir(parents=True)
+    os.chdir(cwd)  # programs write relative files (retry markers): one directory each
     try:
-        runs = K.run_locally(wf, str(root / name))
+        runs = K.run_locally(wf, str(root / name), secrets=LOCAL_SECRETS)
     except UnsupportedFeatureError as exc:
         out[name] = {"state": "unsupported", "feature": exc.feature}
         continue
@@ -89,9 +93,12 @@ print(json.dumps(out))
 
 # Every program the KFP compiler accepts runs on kfp.local (test_conformance checks how
 # the others are rejected).
+# Local mode applies no Kubernetes settings (kfp.local ignores them): secrets come from
+# run_locally(secrets=...) (the local engine's LOCAL_SECRETS) and volume mounts are host
+# directories; test_kfp.py checks the settings in the compiled platform spec.
 KFP_RUN = ["basic_steps", "exit_hooks", "gpu", "interpolation", "map_static", "map_upstream",
-           "resources_cache", "retry_backoff", "sibling_whens", "skip_propagation",
-           "when_else", "workflow_params"]
+           "placement", "resources_cache", "retry_backoff", "retry_timeout", "secrets",
+           "sibling_whens", "skip_propagation", "when_else", "workflow_params"]
 
 # Where kfp.local differs from expected.json (the local engine's results).
 KFP_DIFFERENCES: dict[str, dict[str, Any]] = {

@@ -54,14 +54,13 @@ SUPPORTED = [
     "dag_conditional",
     "exit_handlers", "implicit_parameter_passing", "input_bare_string", "input_from_script",
     "input_two_calls", "input_two_params", "map_static", "map_upstream", "multiple_outputs",
-    "producer_consumer", "resources", "when_else", "workflow_parameters",
+    "producer_consumer", "resources", "secrets", "when_else", "workflow_parameters",
 ]
 UNSUPPORTED = {  # program → (step, feature)
     "concurrent_subtasks": ("concurrent-task", "inline sub-workflow"),
     "cron": ("", "cron schedule"),
     "job_apply": ("mnist", "job step (Kubernetes resource)"),
     "policies": ("train", "retry by failure class"),
-    "secrets": ("first", "secret references"),
     "while_loop": ("flip-coin", "bounded loop"),
 }
 
@@ -380,3 +379,133 @@ def test_a_resubmitted_pipeline_leaves_its_reused_steps_out(tmp_path: Path) -> N
     assert all(f"exec-{n}:" in whole for n in ("prep", "train", "report"))
     assert "exec-report:" in reused and "31337" in reused
     assert "exec-prep:" not in reused and "exec-train:" not in reused
+
+
+def test_secret_references_become_secret_env_vars(compiled: dict[str, Any]) -> None:
+    """Both steps read the created secret's keys as env vars (kfp-kubernetes secretAsEnv)."""
+    from couler.api.capture import capture_program
+
+    wf = capture_program(str(GOLDEN / "secrets.py"))[0]
+    executors = compiled["secrets"]["spec"]["platforms"]["kubernetes"]["deploymentSpec"][
+        "executors"]
+    assert sorted(executors) == ["exec-first", "exec-second"]
+    for step in wf.steps:
+        (entry,) = executors[f"exec-{step.name}"]["secretAsEnv"]
+        refs = [e.secret for e in step.env if e.secret is not None]
+        assert {r.name for r in refs} == {entry["secretName"]}
+        assert sorted((k["secretKey"], k["envVar"]) for k in entry["keyToEnv"]) == sorted(
+            (r.key, e.name) for e in step.env for r in [e.secret] if r is not None)
+        assert entry["optional"] is False  # a missing secret fails the pod, as on Argo
+
+
+# Kubernetes settings through kfp-kubernetes: every volume kind, node selectors and
+# tolerations (the step's replace the workflow's), timeouts, labels, pull policy, security
+# context; then what the extension cannot say.
+PLATFORM = r"""
+import json, sys
+from couler import ir
+from couler.compilers import kfp as K
+from couler.errors import UnsupportedFeatureError
+
+def step(name, mounts=(), **kw):
+    return ir.Step(name=name, body=ir.ContainerSpec(image="alpine", command=("true",),
+                                                    image_pull_policy=kw.pop("pull", "")),
+                   volume_mounts=tuple(ir.VolumeMount(*m) for m in mounts), **kw)
+
+V = ir.VolumeKind
+volumes = (ir.Volume("data", V.PVC, claim_name="shared-data"),
+           ir.Volume("work", V.CLAIM_TEMPLATE, size="2Gi", access_modes=("ReadWriteMany",),
+                     storage_class="fast"),
+           ir.Volume("scratch", V.EMPTY_DIR),
+           ir.Volume("conf", V.CONFIG_MAP, claim_name="app-config"),
+           ir.Volume("keys", V.SECRET, claim_name="tls-keys"))
+tol = ir.Toleration(key="gpu", operator="Exists", effect="NoSchedule")
+wf = ir.Workflow(
+    name="platform", volumes=volumes, node_selector=(("pool", "cpu"),), tolerations=(tol,),
+    image_pull_secrets=("regcred",), security_context=ir.SecurityContext(run_as_user=1000),
+    defaults=ir.StepDefaults(timeout_seconds=300),
+    steps=(step("write", [("data", "/data", False, "sub"), ("work", "/work")],
+                labels=(("team", "ml"),), pull="Always"),
+           step("read", [("work", "/work"), ("scratch", "/tmp/s"), ("conf", "/etc/app"),
+                         ("keys", "/etc/keys")],
+                dependencies=(ir.Dependency("write"),), node_selector=(("pool", "gpu"),),
+                timeout_seconds=60)))
+out = {"spec": K.compile_workflow(wf)}
+# what kfp.Client sends: both halves parse into kfp's protos, executor configs strictly
+from google.protobuf import json_format
+from kfp.kubernetes import kubernetes_executor_config_pb2 as kpb
+from kfp.pipeline_spec import pipeline_spec_pb2 as pb
+spec, platform = K.split_platform_spec(out["spec"])
+assert "platforms" not in spec and list(platform) == ["platforms"]
+json_format.ParseDict(spec, pb.PipelineSpec())
+json_format.ParseDict(platform, pb.PlatformSpec())
+for cfg in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].values():
+    json_format.ParseDict(cfg, kpb.KubernetesExecutorConfig())
+refusals = {}
+for name, bad in {
+    "read-only pvc": ir.Workflow(name="ro", volumes=volumes[:1],
+                                 steps=(step("a", [("data", "/d", True)]),)),
+    "claim in exit hook": ir.Workflow(
+        name="hook", volumes=volumes[1:2], steps=(step("a"),),
+        exit_hooks=(ir.ExitHook(ir.RunStatus.ANY, (step("h", [("work", "/w")]),)),)),
+    "fs group": ir.Workflow(name="fsg", steps=(step("a"),),
+                            security_context=ir.SecurityContext(fs_group=1)),
+}.items():
+    try:
+        K.compile_workflow(bad)
+        refusals[name] = None
+    except UnsupportedFeatureError as exc:
+        refusals[name] = [exc.step, exc.feature, str(exc)]
+out["refusals"] = refusals
+print(json.dumps(out))
+"""
+
+
+def test_kubernetes_settings_reach_the_platform_spec(tmp_path: Path) -> None:
+    script = tmp_path / "kfp_platform_check.py"  # not platform.py: it would shadow the stdlib
+    script.write_text(PLATFORM)
+    proc = subprocess.run([kfp_python(), str(script)], capture_output=True, text=True,
+                          check=False, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    spec = out["spec"]
+    tasks = spec["root"]["dag"]["tasks"]
+    assert sorted(tasks) == ["createpvc", "deletepvc", "read", "write"]
+    # the claim template: made before its users, deleted after them
+    assert tasks["write"]["dependentTasks"] == ["createpvc"]
+    assert sorted(tasks["read"]["dependentTasks"]) == ["createpvc", "write"]
+    assert sorted(tasks["deletepvc"]["dependentTasks"]) == ["createpvc", "read", "write"]
+    create = tasks["createpvc"]["inputs"]["parameters"]
+    assert create["size"]["runtimeValue"]["constant"] == "2Gi"
+    assert create["access_modes"]["runtimeValue"]["constant"] == ["ReadWriteMany"]
+    assert create["storage_class_name"]["runtimeValue"]["constant"] == "fast"
+    assert create["pvc_name_suffix"]["runtimeValue"]["constant"] == "-work"
+    k8s = spec["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    write, read = k8s["exec-write"], k8s["exec-read"]
+    claim = {"taskOutputParameter": {"outputParameterKey": "name", "producerTask": "createpvc"}}
+    assert [(m["mountPath"], m.get("subPath", "")) for m in write["pvcMount"]] == [
+        ("/data", "sub"), ("/work", "")]
+    assert write["pvcMount"][0]["pvcNameParameter"]["runtimeValue"]["constant"] == "shared-data"
+    assert write["pvcMount"][1]["pvcNameParameter"] == claim
+    assert read["pvcMount"][0]["pvcNameParameter"] == claim
+    assert read["emptyDirMounts"] == [{"volumeName": "scratch", "mountPath": "/tmp/s"}]
+    assert read["configMapAsVolume"][0]["configMapName"] == "app-config"
+    assert read["configMapAsVolume"][0]["mountPath"] == "/etc/app"
+    assert read["secretAsVolume"][0]["secretName"] == "tls-keys"
+    # the step's node selector replaces the workflow's; tolerations come from the workflow
+    assert write["nodeSelector"] == {"labels": {"pool": "cpu"}}
+    assert read["nodeSelector"] == {"labels": {"pool": "gpu"}}
+    assert write["tolerations"] == read["tolerations"] == [
+        {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    # the step's timeout, else the default one
+    assert (write["activeDeadlineSeconds"], read["activeDeadlineSeconds"]) == ("300", "60")
+    assert write["podMetadata"]["labels"] == {"team": "ml"}
+    assert write["imagePullPolicy"] == "Always" and "imagePullPolicy" not in read
+    assert [p["secretName"] for p in write["imagePullSecret"]] == ["regcred"]
+    assert read["imagePullSecret"] == write["imagePullSecret"]
+    assert write["securityContext"] == {"runAsUser": "1000"}
+    refusals = out["refusals"]
+    assert refusals["read-only pvc"][:2] == ["a", "volumes"]
+    assert "readOnly" in refusals["read-only pvc"][2]
+    assert refusals["claim in exit hook"][:2] == ["h", "volumes"]
+    assert refusals["fs group"][:2] == ["", "security context"]

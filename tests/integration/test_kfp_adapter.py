@@ -205,6 +205,21 @@ with FakeKfp(token="T") as kfp, FakeKube(token="K") as kube:
     out["secrets"] = error(lambda: adapter.submit(wf, [secret]))
     out["secrets_created_runs"] = len(kfp.runs) - runs
 
+    # Kubernetes settings (an existing secret as env, a timeout): the PlatformSpec goes
+    # along, in kfp.Client's {"pipeline_spec", "platform_spec"} form
+    env = (ir.EnvVar("TOKEN", secret=ir.SecretRef("creds", "token")),)
+    k8s_wf = ir.Workflow(name="k8s", steps=(ir.Step(
+        name="use", body=ir.ContainerSpec(image="alpine", command=("true",)), env=env,
+        timeout_seconds=90),))
+    sent = kfp.get(adapter.submit(k8s_wf))["pipeline_spec"]
+    compiled = compile_workflow(k8s_wf)
+    out["platform_run"] = {
+        "keys": sorted(sent),
+        "spec_is_compiled": sent["pipeline_spec"] == {k: v for k, v in compiled.items()
+                                                      if k != "platforms"},
+        "executor": sent["platform_spec"]["platforms"]["kubernetes"]["deploymentSpec"][
+            "executors"]["exec-use"]}
+
 print(json.dumps(out))
 '''
 
@@ -404,3 +419,13 @@ def test_map_items_are_keyed_in_creation_order_and_structure_is_hidden() -> None
     del run["pipeline_spec"]
     assert [(s.step, s.key) for s in run_status(run).steps] == [
         ("fan", "0"), ("fan", "1"), ("extract", "")]
+
+
+def test_kubernetes_settings_are_sent_as_the_platform_spec(seen: dict[str, Any]) -> None:
+    run = seen["platform_run"]
+    assert run["keys"] == ["pipeline_spec", "platform_spec"]
+    assert run["spec_is_compiled"]
+    assert run["executor"]["activeDeadlineSeconds"] == "90"
+    (env,) = run["executor"]["secretAsEnv"]
+    assert env["secretName"] == "creds"
+    assert env["keyToEnv"] == [{"secretKey": "token", "envVar": "TOKEN"}]

@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import keyword
 import os
 import re
@@ -112,13 +113,15 @@ __all__ = [
     "build_pipeline",
     "compile_workflow",
     "run_locally",
+    "split_platform_spec",
 ]
 
 ENGINE = "kfp"
 LOCAL_DIR_ENV = "COULER_KFP_LOCAL_DIR"
+LOCAL_SECRETS_ENV = "COULER_KFP_LOCAL_SECRETS"  # local mode: {"SECRET/KEY": value} as JSON
 
 _N, _R, _U = Support.NATIVE, Support.REWRITTEN, Support.UNSUPPORTED
-_KK = "needs the kfp-kubernetes extension (not part of core kfp; not emitted)"
+_KK = "the kfp-kubernetes extension (kfp.kubernetes, platforms.kubernetes in the spec)"
 
 CAPABILITIES: dict[Feature, Capability] = {
     Feature.CONTAINER: Capability(_N, "a container component (dsl.ContainerSpec) per step"),
@@ -177,8 +180,8 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.MEMORY_ESCALATION: Capability(
         _U, "a retry reuses the same task spec; KFP cannot raise memory per attempt"),
     Feature.TIMEOUT: Capability(
-        _U, "per-task timeout " + _KK + " (kubernetes.set_timeout); a workflow timeout maps to "
-            "PipelineConfig.active_deadline_seconds"),
+        _N, "kubernetes.set_timeout (pod activeDeadlineSeconds, per attempt) through " + _KK
+            + "; a workflow timeout maps to PipelineConfig.active_deadline_seconds"),
     Feature.RESOURCES: Capability(
         _N, "set_cpu_request / set_cpu_limit / set_memory_request / set_memory_limit"),
     Feature.GPU: Capability(_N, "set_accelerator_type(resource name) + set_accelerator_limit"),
@@ -186,10 +189,22 @@ CAPABILITIES: dict[Feature, Capability] = {
         _R, "set_caching_options(True) (KFP's own content key; salt / max age / key are not "
             "expressible); steps without a policy get set_caching_options(False)"),
     Feature.PRIORITY: Capability(_U, "no task priority in KFP"),
-    Feature.NODE_SELECTOR: Capability(_U, "node selectors " + _KK),
-    Feature.TOLERATIONS: Capability(_U, "tolerations " + _KK),
-    Feature.VOLUMES: Capability(_U, "PVC mounts " + _KK),
-    Feature.SECRETS: Capability(_U, "secret env vars " + _KK + " (use_secret_as_env)"),
+    Feature.NODE_SELECTOR: Capability(
+        _N, "kubernetes.add_node_selector through " + _KK + "; a step's node selector "
+            "replaces the workflow's, as on Argo"),
+    Feature.TOLERATIONS: Capability(
+        _N, "kubernetes.add_toleration through " + _KK + "; a step's tolerations replace the "
+            "workflow's, as on Argo"),
+    Feature.VOLUMES: Capability(
+        _R, "through " + _KK + ": an existing claim → mount_pvc; a claim template → a "
+            "CreatePVC task before the steps mounting it (each mounts its name output and "
+            "runs after it) and a DeletePVC task after them (a failed run leaves the claim: "
+            "DeletePVC runs only after its upstream succeed); empty dir → empty_dir_mount; "
+            "config map / secret volumes → use_config_map_as_volume / use_secret_as_volume; "
+            "read-only PVC mounts, sub paths on non-PVC mounts and claim templates in exit "
+            "tasks or sub-pipelines are rejected"),
+    Feature.SECRETS: Capability(
+        _N, "kubernetes.use_secret_as_env (secret key → env var) through " + _KK),
     Feature.DAEMON: Capability(_U, "no daemon / sidecar tasks in KFP v2"),
     Feature.CRON: Capability(
         _U, "recurring runs are created through the KFP API server (client."
@@ -257,6 +272,13 @@ def _import(module: str) -> Any:
 def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> dict[str, Any]:
     """Compile ``wf`` into a KFP ``PipelineSpec`` (plain data) with the KFP SDK.
 
+    When a step uses the kfp-kubernetes extension (node selectors, tolerations,
+    volumes, secrets, timeouts...), kfp writes a second YAML document, the
+    ``PlatformSpec`` (``{"platforms": {"kubernetes": ...}}``); it is returned
+    under the top-level key ``platforms`` of the same dict. :func:`split_platform_spec`
+    separates the two again (KFP's API takes them as ``pipeline_spec`` /
+    ``platform_spec``, a package file as two YAML documents).
+
     Raises:
         couler.errors.UserError: kfp is not installed.
         couler.errors.ValidationError: the workflow is invalid.
@@ -271,10 +293,24 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> dict[str, Any
         path = os.path.join(tmp, "pipeline.yaml")
         compiler.Compiler().compile(pipeline_func=pipeline, package_path=path)
         with open(path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh)
+            docs = list(yaml.safe_load_all(fh))
+    doc = docs[0] if docs else None
     if not isinstance(doc, dict):
         raise UserError(f"workflow {wf.name!r}: kfp produced no pipeline spec")
+    for extra in docs[1:]:  # the PlatformSpec: {"platforms": {"kubernetes": ...}}
+        if isinstance(extra, dict):
+            doc.update(extra)
     return doc
+
+
+def split_platform_spec(doc: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split :func:`compile_workflow`'s result into ``(pipeline_spec, platform_spec)``.
+
+    ``platform_spec`` is ``{}`` when the pipeline sets no platform configuration,
+    else ``{"platforms": {...}}`` (the second document of a kfp package file).
+    """
+    spec = {k: v for k, v in doc.items() if k != "platforms"}
+    return spec, ({"platforms": doc["platforms"]} if "platforms" in doc else {})
 
 
 def build_pipeline(wf: ir.Workflow, *, validate: bool = True, local: bool = False,
@@ -293,8 +329,13 @@ def build_pipeline(wf: ir.Workflow, *, validate: bool = True, local: bool = Fals
     return _Builder(wf, local=local, workdir=workdir).build()
 
 
-def run_locally(wf: ir.Workflow, pipeline_root: str) -> dict[str, list[str]]:
+def run_locally(wf: ir.Workflow, pipeline_root: str, *,
+                secrets: Mapping[tuple[str, str], str] | None = None) -> dict[str, list[str]]:
     """Run ``wf`` with ``kfp.local`` (SubprocessRunner, no venv) in local mode.
+
+    ``secrets`` gives the values of the secret references (``(secret, key)`` →
+    value) that a cluster would take from Kubernetes secrets; a step reading one
+    not given fails.
 
     Returns, per step that ran, the standard output of each of its executions
     (one per map item), sorted.
@@ -309,8 +350,10 @@ def run_locally(wf: ir.Workflow, pipeline_root: str) -> dict[str, list[str]]:
     pipeline = build_pipeline(wf, local=True, workdir=logdir)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=pipeline_root,
                raise_on_error=True)
-    old = os.environ.get(LOCAL_DIR_ENV)
+    saved = {name: os.environ.get(name) for name in (LOCAL_DIR_ENV, LOCAL_SECRETS_ENV)}
     os.environ[LOCAL_DIR_ENV] = logdir
+    os.environ[LOCAL_SECRETS_ENV] = json.dumps(
+        {f"{name}/{key}": value for (name, key), value in (secrets or {}).items()})
     try:
         pipeline()
     except Exception as exc:
@@ -320,10 +363,11 @@ def run_locally(wf: ir.Workflow, pipeline_root: str) -> dict[str, list[str]]:
         raise LocalRunError(str(exc), {s: o for s, o in runs.items() if s not in failed},
                             failed) from exc
     finally:
-        if old is None:
-            os.environ.pop(LOCAL_DIR_ENV, None)
-        else:
-            os.environ[LOCAL_DIR_ENV] = old
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return _local_runs(logdir)[0]
 
 
@@ -350,6 +394,19 @@ def _local_runs(logdir: str) -> tuple[dict[str, list[str]], list[str]]:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _mount_rewriter(step: ir.Step, root: str) -> Callable[[str], str]:
+    """Local mode: map each mount path (and what is below it) to ``root/VOLUME[/SUB]``,
+    a host directory shared by the run's steps (as the local engine does)."""
+    mounts = sorted(step.volume_mounts, key=lambda m: -len(m.mount_path))
+    if not mounts:
+        return lambda text: text
+    pattern = re.compile("|".join(f"(?<![\\w/.]){re.escape(m.mount_path.rstrip('/'))}(?![\\w.-])"
+                                  for m in mounts))
+    hosts = {m.mount_path.rstrip("/"): os.path.join(root, m.name, m.sub_path).rstrip("/")
+             for m in mounts}
+    return lambda text: pattern.sub(lambda match: hosts[match.group(0)], text)
 
 
 def _ident(name: str, taken: set[str]) -> str:
@@ -416,6 +473,8 @@ class _Builder:
         self.output_types: dict[tuple[str, str], ir.ValueType] = {}
         self.plans: dict[str, _StepPlan] = {}
         self.param_ids: dict[str, str] = {}
+        self.claims: dict[str, Any] = {}  # claim template → its CreatePVC task
+        self.claim_users: dict[str, list[Any]] = {}  # claim template → tasks mounting it
 
     def _fail(self, step: str, feature: Feature | str, detail: str) -> UnsupportedFeatureError:
         name = feature.value if isinstance(feature, Feature) else feature
@@ -427,10 +486,16 @@ class _Builder:
         wf = self.wf
         for attr, what in (("parallelism", "workflow parallelism"),
                            ("service_account", "service account"),
-                           ("image_pull_secrets", "image pull secrets"),
-                           ("dns", "DNS config"), ("security_context", "security context")):
+                           ("dns", "DNS config")):
             if getattr(wf, attr):
-                raise self._fail("", what, "not expressible in a core KFP PipelineSpec")
+                raise self._fail("", what, "not expressible in a KFP PipelineSpec (neither "
+                                           "core kfp nor the kfp-kubernetes extension sets it)")
+        sc = wf.security_context
+        if sc is not None and (sc.fs_group is not None or sc.se_linux_options is not None):
+            raise self._fail("", "security context",
+                             "kfp-kubernetes set_security_context sets run_as_user, "
+                             "run_as_group and run_as_non_root only (no fsGroup / SELinux)")
+        self._check_volumes()
         for hook in wf.exit_hooks:
             if hook.on is ir.RunStatus.SUCCEEDED:
                 self.hooks_ok.extend(hook.steps)
@@ -444,11 +509,7 @@ class _Builder:
                              "takes exactly one exit task and exit handlers do not nest")
         by_name = {s.name: s for s in wf.steps}
         for step in [*wf.steps, *self.hooks_exit, *self.hooks_ok]:
-            if step.labels:
-                raise self._fail(step.name, "step labels", _KK)
-            body = step.body
-            if isinstance(body, (ir.ContainerSpec, ir.ScriptSpec)) and body.image_pull_policy:
-                raise self._fail(step.name, "image pull policy", _KK)
+            self._check_mounts(step, outside=self._driven(step) or step in self.hooks_exit)
             for e in step.env:
                 if e.secret is None and _PLACEHOLDER.search(e.value):
                     raise self._fail(step.name, "env from a run-time value",
@@ -482,6 +543,41 @@ class _Builder:
                 raise self._fail(step.name, Feature.EXIT_HOOKS,
                                  "the exit task is created before the tasks it would read")
         return self._order(wf.steps)
+
+    def _check_volumes(self) -> None:
+        for v in self.wf.volumes:
+            if v.kind is ir.VolumeKind.CLAIM_TEMPLATE and not v.size:
+                raise self._fail("", Feature.VOLUMES,
+                                 f"claim template {v.name!r} has no size (CreatePVC needs one)")
+            if v.kind in (ir.VolumeKind.PVC, ir.VolumeKind.CONFIG_MAP,
+                          ir.VolumeKind.SECRET) and not v.claim_name:
+                raise self._fail("", Feature.VOLUMES, f"volume {v.name!r} names no claim, "
+                                                      "config map or secret")
+
+    def _check_mounts(self, step: ir.Step, *, outside: bool) -> None:
+        """Mounts kfp-kubernetes can express; ``outside``: the step is built outside the
+        main DAG scope (an exit task, a sub-pipeline), where no claim template is made."""
+        volumes = {v.name: v for v in self.wf.volumes}
+        for m in step.volume_mounts:
+            v = volumes.get(m.name)
+            if v is None:
+                raise self._fail(step.name, Feature.VOLUMES,
+                                 f"mounts {m.name!r}, which is not a workflow volume")
+            if m.read_only and v.kind in (ir.VolumeKind.PVC, ir.VolumeKind.CLAIM_TEMPLATE,
+                                          ir.VolumeKind.EMPTY_DIR):
+                raise self._fail(step.name, Feature.VOLUMES,
+                                 f"read-only mount of {m.name!r}: kfp-kubernetes mount_pvc / "
+                                 "empty_dir_mount have no readOnly")
+            if m.sub_path and v.kind is not ir.VolumeKind.PVC \
+                    and v.kind is not ir.VolumeKind.CLAIM_TEMPLATE:
+                raise self._fail(step.name, Feature.VOLUMES,
+                                 f"sub_path on {m.name!r}: kfp-kubernetes sets a sub path on "
+                                 "PVC mounts only")
+            if outside and v.kind is ir.VolumeKind.CLAIM_TEMPLATE:
+                raise self._fail(step.name, Feature.VOLUMES,
+                                 f"claim template {m.name!r} in an exit task or a sub-pipeline"
+                                 ": the claim is made by a CreatePVC task in the main DAG, "
+                                 "which that task cannot depend on")
 
     def _order(self, steps: Sequence[ir.Step]) -> list[ir.Step]:
         names = {s.name for s in steps}
@@ -610,7 +706,9 @@ class _Builder:
         return dsl.container_component(fn)
 
     def _local_component(self, step: ir.Step, plan: _StepPlan) -> Any:
-        argv = self._argv(step, plan)
+        workdir = self.workdir or tempfile.mkdtemp(prefix="couler-kfp-")
+        host = _mount_rewriter(step, os.path.join(workdir, "volumes"))
+        argv = [host(w) for w in self._argv(step, plan)]
         body = step.body
         assert isinstance(body, (ir.ContainerSpec, ir.ScriptSpec))
         params = self._signature(step, plan)
@@ -627,9 +725,12 @@ class _Builder:
             f"{p.name}: {_annotation_src(p.annotation)}" for p in params)
         stdout_outs = [plan.outputs[o.name] for o in step.outputs
                        if o.source is ir.OutputSource.STDOUT]
-        file_outs = [(plan.outputs[o.name], o.selector) for o in step.outputs
+        file_outs = [(plan.outputs[o.name], host(o.selector)) for o in step.outputs
                      if o.source is ir.OutputSource.PATH]
-        env = {e.name: e.value for e in step.env if e.secret is None}
+        env = {e.name: host(e.value) for e in step.env if e.secret is None}
+        secrets = {e.name: f"{e.secret.name}/{e.secret.key}" for e in step.env
+                   if e.secret is not None}
+        dirs = sorted({host(m.mount_path) for m in step.volume_mounts})
         fname = _ident(step.name, set())
         lines = [f"def {fname}({sig}):"]
         if step.name in self.gated:  # a failed / error hook: nothing to do after a success
@@ -638,11 +739,19 @@ class _Builder:
                       for ident in [*stdout_outs, *(i for i, _ in file_outs)]]
             lines.append("        return")
         lines += [
-            "    import os, subprocess, sys, uuid",
+            "    import json, os, subprocess, sys, uuid",
             f"    argv = [{', '.join(exprs)}]",
             f"    env = dict(os.environ, **{env!r})",
+            f"    known = json.loads(os.environ.get({LOCAL_SECRETS_ENV!r}) or '{{}}')",
+            f"    for var, ref in {secrets!r}.items():",
+            "        if ref not in known:",
+            f"            raise RuntimeError({step.name!r} + ': secret ' + ref + ' is not given"
+            " to run_locally')",
+            "        env[var] = known[ref]",
+            f"    for d in {dirs!r}:",
+            "        os.makedirs(d, exist_ok=True)",
             f"    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env, "
-            f"cwd={body.working_dir or None!r})",
+            f"cwd={host(body.working_dir) or None!r})",
             "    sys.stdout.write(proc.stdout)",
             f"    logdir = os.environ.get({LOCAL_DIR_ENV!r})",
             "    if logdir:",
@@ -660,7 +769,6 @@ class _Builder:
             lines += [f"    with open({selector!r}) as src, open({ident}, 'w') as fh:",
                       "        fh.write(src.read().rstrip('\\n'))"]
         source = "from kfp import dsl\n\n\n" + "\n".join(lines) + "\n"
-        workdir = self.workdir or tempfile.mkdtemp(prefix="couler-kfp-")
         path = os.path.join(workdir, f"couler_kfp_step_{fname}.py")
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(source)
@@ -733,6 +841,16 @@ class _Builder:
     def _add_main(self, steps: Sequence[ir.Step], components: Mapping[str, Any],
                   tasks: dict[str, Any], channels: Mapping[str, Any]) -> None:
         """The workflow's steps, then its ``succeeded`` hook steps after all of them."""
+        claims = [] if self.local else self._claim_templates()
+        k8s: Any = _import("kfp.kubernetes") if claims else None
+        for v in claims:
+            # a claim per run, like an Argo volumeClaimTemplate (access modes default RWO)
+            kw = {"storage_class_name": v.storage_class} if v.storage_class else {}
+            self.claims[v.name] = k8s.CreatePVC(
+                pvc_name_suffix=f"-{v.name}", size=v.size,
+                access_modes=list(v.access_modes or ("ReadWriteOnce",)), **kw)
+            self.claims[v.name].set_display_name(f"couler-create-{v.name}")
+            self.claims[v.name].set_caching_options(enable_caching=False)
         for step in steps:
             self._add(step, components, tasks, channels)
         main = [tasks[s.name] for s in steps]
@@ -740,6 +858,18 @@ class _Builder:
             task = self._task(step, components, tasks, channels)
             for t in main:
                 task.after(t)
+        for name, claim in self.claims.items():
+            delete = k8s.DeletePVC(pvc_name=claim.outputs["name"])
+            delete.set_display_name(f"couler-delete-{name}")
+            delete.set_caching_options(enable_caching=False)
+            for user in self.claim_users.get(name, []):
+                delete.after(user)
+
+    def _claim_templates(self) -> list[ir.Volume]:
+        """The workflow's claim templates some step mounts."""
+        mounted = {m.name for s in [*self.wf.steps, *self.hooks_ok] for m in s.volume_mounts}
+        return [v for v in self.wf.volumes
+                if v.kind is ir.VolumeKind.CLAIM_TEMPLATE and v.name in mounted]
 
     @staticmethod
     def _driven(step: ir.Step) -> bool:
@@ -906,6 +1036,62 @@ class _Builder:
         for e in step.env:
             if e.secret is None:
                 task.set_env_variable(e.name, e.value)
+        if not self.local:  # kfp.local ignores platform config (local mode: see the docstring)
+            self._kubernetes(step, task)
+
+    def _kubernetes(self, step: ir.Step, task: Any) -> None:
+        """Pod settings through the kfp-kubernetes extension (``platforms.kubernetes``)."""
+        wf, d = self.wf, self.wf.defaults
+        k8s = _import("kfp.kubernetes")
+        timeout = step.timeout_seconds if step.timeout_seconds is not None else d.timeout_seconds
+        if timeout is not None:
+            k8s.set_timeout(task, timeout)
+        # like Argo: the step's own node selector / tolerations replace the workflow's
+        for key, value in step.node_selector or wf.node_selector:
+            k8s.add_node_selector(task, key, value)
+        for t in step.tolerations or wf.tolerations:
+            k8s.add_toleration(task, key=t.key or None, operator=t.operator or None,
+                               value=t.value or None, effect=t.effect or None,
+                               toleration_seconds=t.toleration_seconds)
+        secrets: dict[str, dict[str, str]] = {}
+        for e in step.env:
+            if e.secret is not None:
+                secrets.setdefault(e.secret.name, {})[e.secret.key] = e.name
+        for name, keys in secrets.items():
+            k8s.use_secret_as_env(task, secret_name=name, secret_key_to_env=keys)
+        volumes = {v.name: v for v in wf.volumes}
+        for m in step.volume_mounts:
+            v = volumes[m.name]
+            if v.kind is ir.VolumeKind.PVC:
+                k8s.mount_pvc(task, pvc_name=v.claim_name, mount_path=m.mount_path,
+                              sub_path=m.sub_path)
+            elif v.kind is ir.VolumeKind.CLAIM_TEMPLATE:
+                claim = self.claims[v.name]
+                k8s.mount_pvc(task, pvc_name=claim.outputs["name"], mount_path=m.mount_path,
+                              sub_path=m.sub_path)
+                task.after(claim)
+                self.claim_users.setdefault(v.name, []).append(task)
+            elif v.kind is ir.VolumeKind.EMPTY_DIR:
+                k8s.empty_dir_mount(task, volume_name=v.name, mount_path=m.mount_path)
+            elif v.kind is ir.VolumeKind.CONFIG_MAP:
+                k8s.use_config_map_as_volume(task, config_map_name=v.claim_name,
+                                             mount_path=m.mount_path)
+            else:
+                k8s.use_secret_as_volume(task, secret_name=v.claim_name,
+                                         mount_path=m.mount_path)
+        for key, value in step.labels:
+            k8s.add_pod_label(task, key, value)
+        body = step.body
+        if isinstance(body, (ir.ContainerSpec, ir.ScriptSpec)) and body.image_pull_policy:
+            k8s.set_image_pull_policy(task, body.image_pull_policy)
+        if wf.image_pull_secrets:
+            k8s.set_image_pull_secrets(task, list(wf.image_pull_secrets))
+        sc = wf.security_context
+        if sc is not None and (sc.run_as_user is not None or sc.run_as_group is not None
+                               or sc.run_as_non_root is not None):
+            k8s.set_security_context(task, run_as_user=sc.run_as_user,
+                                     run_as_group=sc.run_as_group,
+                                     run_as_non_root=sc.run_as_non_root)
 
 
 _SWAPPED = {

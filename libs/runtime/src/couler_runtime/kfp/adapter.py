@@ -87,7 +87,7 @@ import urllib3
 
 from couler import ir
 from couler.api.handles import SecretMaterial
-from couler.compilers.kfp import compile_workflow
+from couler.compilers.kfp import compile_workflow, split_platform_spec
 from couler.compilers.wire import json_size
 from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, StepStatus
 from couler.errors import (
@@ -204,17 +204,17 @@ class KfpAdapter:
 
         Raises:
             ValidationError, UnsupportedFeatureError: the workflow cannot be compiled
-                (secret references among them: Couler's KFP pipelines cannot use them).
+                (unsupported features are named in couler.compilers.kfp.CAPABILITIES).
             UserError: secrets to create were given (this adapter creates no Kubernetes
                 objects), or the API server rejected the run.
             RetryableError: server-side or connection trouble.
         """
-        spec = compile_workflow(wf)
+        spec = _run_spec(compile_workflow(wf))
         to_create = [s.name for s in secrets if s.should_create]
         if to_create:
             raise UserError(f"workflow {wf.name!r}: the KFP adapter creates no secrets "
-                            f"({', '.join(to_create)}); Couler's KFP pipelines cannot "
-                            "reference Kubernetes secrets")
+                            f"({', '.join(to_create)}); create them in the run's namespace "
+                            "first (the pipeline references existing Kubernetes secrets)")
         description = ""
         if idempotency_key is not None:
             description = IDEMPOTENCY_PREFIX + idempotency_key
@@ -526,3 +526,11 @@ def run_status(run: Mapping[str, Any]) -> RunStatus:
 def _conforms(adapter: KfpAdapter) -> EngineAdapter:
     """Never called: mypy checks here that the adapter follows the EngineAdapter protocol."""
     return adapter
+
+
+def _run_spec(doc: dict[str, Any]) -> dict[str, Any]:
+    """The run's ``pipeline_spec`` field: the PipelineSpec alone, or, when the pipeline sets
+    Kubernetes settings (kfp-kubernetes), ``{"pipeline_spec", "platform_spec"}`` as
+    ``kfp.Client`` sends a two-document package."""
+    spec, platform = split_platform_spec(doc)
+    return {"pipeline_spec": spec, "platform_spec": platform} if platform else spec
