@@ -509,3 +509,93 @@ def test_kubernetes_settings_reach_the_platform_spec(tmp_path: Path) -> None:
     assert "readOnly" in refusals["read-only pvc"][2]
     assert refusals["claim in exit hook"][:2] == ["h", "volumes"]
     assert refusals["fs group"][:2] == ["", "security context"]
+
+
+# Edge conditions: a handler on one failed / completed / any edge, then what KFP cannot say.
+EDGES = r"""
+import json
+from couler import ir
+from couler.compilers import kfp as K
+from couler.errors import UnsupportedFeatureError
+
+F = ir.EdgeCondition
+def step(name, *deps, **kw):
+    out = (ir.OutputParameter("out", ir.OutputSource.STDOUT),)
+    return ir.Step(name=name, body=ir.ContainerSpec(image="alpine", command=("echo", name)),
+                   dependencies=tuple(ir.Dependency(*d) for d in deps), outputs=out, **kw)
+
+wf = ir.Workflow(name="edges", steps=(
+    step("train"), step("on-fail", ("train", F.FAILED)), step("done", ("train", F.COMPLETED)),
+    step("always", ("train", F.ANY))))
+out = {"spec": K.compile_workflow(wf), "refusals": {}}
+for name, steps in {
+    "dependent": (step("a"), step("h", ("a", F.FAILED)), step("after", ("h",))),
+    "two edges": (step("a"), step("b"), step("h", ("a", F.FAILED), ("b",))),
+    "errored": (step("a"), step("h", ("a", F.ERRORED))),
+    "mapped upstream": (step("a", foreach=ir.ForEach(items=(ir.Literal.of(1),))),
+                        step("h", ("a", F.COMPLETED))),
+    "depends": (step("a"), step("b"), step("h", ("a",), ("b",), depends=ir.DependsAny((
+        ir.DependsTerm("a"), ir.DependsNot(ir.DependsTerm("b", F.FAILED)))))),
+}.items():
+    try:
+        K.compile_workflow(ir.Workflow(name="bad", steps=steps))
+        out["refusals"][name] = None
+    except UnsupportedFeatureError as exc:
+        out["refusals"][name] = [exc.step, exc.feature, str(exc)]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def edges(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    script = tmp_path_factory.mktemp("edges") / "kfp_edges_check.py"
+    script.write_text(EDGES)
+    proc = subprocess.run([kfp_python(), str(script)], capture_output=True, text=True,
+                          check=False, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_edge_handlers_ignore_upstream_failure(edges: dict[str, Any]) -> None:
+    tasks = edges["spec"]["root"]["dag"]["tasks"]
+    for name in ("on-fail", "done", "always"):
+        assert tasks[name]["dependentTasks"] == ["train"]
+        assert tasks[name]["triggerPolicy"] == {"strategy": "ALL_UPSTREAM_TASKS_COMPLETED"}
+    for name in ("on-fail", "done"):  # they read train's final status
+        assert tasks[name]["inputs"]["parameters"]["couler_status"] == {
+            "taskFinalStatus": {"producerTask": "train"}}
+    assert "couler_status" not in tasks["always"].get("inputs", {}).get("parameters", {})
+    assert "triggerPolicy" not in tasks["train"]
+
+
+@pytest.mark.parametrize(("handler", "state", "runs"), [
+    ("on-fail", "FAILED", True), ("on-fail", "SUCCEEDED", False),
+    ("on-fail", "CANCELLED", False),
+    ("done", "SUCCEEDED", True), ("done", "FAILED", True), ("done", "CANCELLED", False),
+])
+def test_edge_handler_runs_its_command_only_on_the_edge_states(
+        edges: dict[str, Any], tmp_path: Path, handler: str, state: str, runs: bool) -> None:
+    executor = edges["spec"]["deploymentSpec"]["executors"][f"exec-{handler}"]["container"]
+    target = tmp_path / "out"
+    status = json.dumps({"state": state, "pipelineTaskName": "train"})
+    out = _run_container(executor, {
+        "{{$.inputs.parameters['couler_status']}}": status,
+        "{{$.outputs.parameters['out'].output_file}}": str(target)})
+    assert out == (f"{handler}\n" if runs else "")
+    assert target.read_text() == (handler if runs else "")  # empty outputs when skipped
+
+
+@pytest.mark.parametrize(("case", "step", "feature", "reason"), [
+    ("dependent", "h", "edge conditions (failed / any)", "'after' depends on it"),
+    ("two edges", "h", "edge conditions (failed / any)", "more than one edge"),
+    ("errored", "h", "edge conditions (failed / any)", "platform error"),
+    ("mapped upstream", "h", "edge conditions (failed / any)", "conditional or mapped"),
+    ("depends", "h", "depends expression (and / or / not)", "one upstream task only"),
+])
+def test_edges_kfp_cannot_express_are_refused_with_the_reason(
+        edges: dict[str, Any], case: str, step: str, feature: str, reason: str) -> None:
+    refusal = edges["refusals"][case]
+    assert refusal is not None, case
+    assert refusal[:2] == [step, feature]
+    assert reason in refusal[2]

@@ -64,6 +64,22 @@ Shape of the output (the faithful, container mode):
   and handlers do not nest. ``succeeded`` hook steps are tasks after every
   workflow step, inside the handler when there is one (KFP forbids
   dependencies into it): a run that fails never reaches them.
+* Edge conditions: a step on one ``failed`` / ``completed`` / ``any`` edge runs
+  after its upstream whatever its outcome (``.ignore_upstream_failure()``); a
+  ``failed`` / ``completed`` one also reads the upstream's
+  ``PipelineTaskFinalStatus`` and runs the command only on ``FAILED`` (failed) or
+  ``SUCCEEDED`` / ``FAILED`` (completed), like the gated exit hook above. The KFP
+  backend runs such a task as an Argo exit hook of its upstream task, outside the
+  DAG: it must have that one edge and no dependents, and its upstream must be a
+  plain task (docs/semantics.md E3, E5, E6). Other outcomes and ``depends``
+  expressions are rejected.
+* Kubernetes settings go through the kfp-kubernetes extension (``kfp.kubernetes``;
+  the ``PlatformSpec``, returned under ``platforms``): node selectors and
+  tolerations (the step's replace the workflow's), secret env vars, volumes (an
+  existing claim, a claim template made by a ``CreatePVC`` task and removed by a
+  ``DeletePVC`` task after its users, empty dirs, config map and secret volumes),
+  step timeouts (pod ``activeDeadlineSeconds``), pod labels, image pull policy and
+  secrets, run-as user / group / non-root.
 * Workflow parameters become pipeline parameters; a workflow timeout and TTL go
   to ``dsl.PipelineConfig`` (``active_deadline_seconds``,
   ``ttl_seconds_after_finished``).
@@ -77,7 +93,12 @@ component whose body runs the step's command on the host in a subprocess
 ``-c SOURCE``; container steps: the command and args as-is, so they must be
 host commands such as ``echo`` or ``sh``), then writes the outputs like the
 wrapper above. The image is not used. Graph, conditions, maps, exit hooks,
-retries and parameters are the same as in container mode.
+retries and parameters are the same as in container mode. Kubernetes settings
+are not applied (kfp.local ignores them): secret values come from
+:func:`run_locally`'s ``secrets``, and each volume mount path is rewritten to a
+host directory shared by the run's steps (as the local engine does). An edge
+handler also skips when its upstream never ran (kfp.local reports such a task
+FAILED; the KFP backend never starts the handler).
 """
 
 from __future__ import annotations
@@ -121,6 +142,10 @@ LOCAL_DIR_ENV = "COULER_KFP_LOCAL_DIR"
 LOCAL_SECRETS_ENV = "COULER_KFP_LOCAL_SECRETS"  # local mode: {"SECRET/KEY": value} as JSON
 
 _N, _R, _U = Support.NATIVE, Support.REWRITTEN, Support.UNSUPPORTED
+_NO_DEPENDS_NOTE = (
+    "a depends expression needs the outcomes of several steps; a KFP task reads the final "
+    "status of one upstream task only (ignore_upstream_failure + PipelineTaskFinalStatus), "
+    "and dependentTasks is a plain conjunction")
 _KK = "the kfp-kubernetes extension (kfp.kubernetes, platforms.kubernetes in the spec)"
 
 CAPABILITIES: dict[Feature, Capability] = {
@@ -146,10 +171,17 @@ CAPABILITIES: dict[Feature, Capability] = {
         _U, "not mapped yet: KFP artifacts (dsl.Input/Output[Artifact]) are stored in the "
             "pipeline root, not at IR artifact locations"),
     Feature.EDGE_CONDITIONS: Capability(
-        _U, "a KFP task runs only after its upstream tasks succeed; only the ExitHandler exit "
-            "task runs after failures"),
-    Feature.DEPENDS_EXPRESSION: Capability(
-        _U, "dependentTasks is a plain conjunction; no or / not over task outcomes"),
+        _R, "a step on one failed / completed / any edge → .after(upstream)."
+            "ignore_upstream_failure(); failed / completed ones read the upstream's "
+            "PipelineTaskFinalStatus and run the command only on FAILED (failed) or "
+            "SUCCEEDED / FAILED (completed), else exit 0 at once (reported succeeded); the "
+            "KFP backend runs such a task as an exit hook of its upstream, so it must be a "
+            "leaf with that one edge, the upstream neither conditional nor mapped; the run "
+            "still fails when the upstream fails (semantics E5); errored (no platform-error "
+            "status), skipped / succeeded-only from a conditional step (no dependencies into "
+            "a dsl.If), omitted (no task runs after a task not run), any-succeeded / "
+            "all-failed (no per-item outcomes) are rejected"),
+    Feature.DEPENDS_EXPRESSION: Capability(_U, _NO_DEPENDS_NOTE),
     Feature.WHEN: Capability(
         _N, "dsl.If on the upstream output (==, !=, <, >, <=, >=; a string output compared "
             "with a number is declared float), in a sub-pipeline taking the output as an "
@@ -466,7 +498,11 @@ class _Builder:
         self.workdir = workdir
         self.dsl: Any = _import("kfp.dsl")
         self.hooks_exit: list[ir.Step] = []  # any / failed / error: the ExitHandler exit task
-        self.gated: set[str] = set()  # exit steps that run only when the run did not succeed
+        # steps reading a PipelineTaskFinalStatus: name → (run when the state matches?,
+        # states); a failed / error exit hook skips on SUCCEEDED, an edge handler runs on
+        # its edge's states
+        self.gated: dict[str, tuple[bool, tuple[str, ...]]] = {}
+        self.handlers: dict[str, ir.Dependency] = {}  # edge handler → its one edge
         self.hooks_ok: list[ir.Step] = []
         self.scope: dict[ir.ValueSource, Any] = {}  # values bound to sub-pipeline inputs
         self.subs: dict[str, tuple[Any, list[ir.ValueSource]]] = {}  # step → (sub, inputs)
@@ -502,12 +538,13 @@ class _Builder:
                 continue
             self.hooks_exit.extend(hook.steps)
             if hook.on is not ir.RunStatus.ANY:
-                self.gated.update(s.name for s in hook.steps)
+                self.gated.update((s.name, (False, ("SUCCEEDED",))) for s in hook.steps)
         if len(self.hooks_exit) > 1:
             raise self._fail(self.hooks_exit[1].name, Feature.EXIT_HOOKS,
                              "more than one any / failed / error hook step: dsl.ExitHandler "
                              "takes exactly one exit task and exit handlers do not nest")
         by_name = {s.name: s for s in wf.steps}
+        self._check_handlers(by_name)
         for step in [*wf.steps, *self.hooks_exit, *self.hooks_ok]:
             self._check_mounts(step, outside=self._driven(step) or step in self.hooks_exit)
             for e in step.env:
@@ -543,6 +580,58 @@ class _Builder:
                 raise self._fail(step.name, Feature.EXIT_HOOKS,
                                  "the exit task is created before the tasks it would read")
         return self._order(wf.steps)
+
+    def _check_handlers(self, by_name: Mapping[str, ir.Step]) -> None:
+        """Steps on a failed / completed / any edge: KFP's ``ignore_upstream_failure``.
+
+        Such a task runs once its one upstream task has finished, whatever its outcome; a
+        failed / completed one also reads the upstream's ``PipelineTaskFinalStatus`` and
+        runs its command only on the edge's states. The KFP backend runs it as an Argo
+        exit hook of the upstream task, outside the DAG, so it takes exactly one edge and
+        nothing may depend on it.
+        """
+        runs_on = {ir.EdgeCondition.FAILED: ("FAILED",),
+                   ir.EdgeCondition.COMPLETED: ("SUCCEEDED", "FAILED")}
+        readers: dict[str, list[str]] = {}
+        for step in [*self.wf.steps, *self.hooks_ok]:
+            ups = {d.step for d in step.dependencies}
+            ups |= {i.value.step for i in step.inputs if isinstance(i.value, ir.StepOutputRef)}
+            for name in ups:
+                readers.setdefault(name, []).append(step.name)
+        for step in self.wf.steps:
+            if step.depends is not None:
+                raise self._fail(step.name, Feature.DEPENDS_EXPRESSION, _NO_DEPENDS)
+            odd = [d for d in step.dependencies if d.condition is not ir.EdgeCondition.SUCCEEDED]
+            if not odd:
+                continue
+            dep = odd[0]
+            why = _EDGE_REFUSED.get(dep.condition)
+            if why is not None:
+                raise self._fail(step.name, Feature.EDGE_CONDITIONS,
+                                 f"{dep.step}.{dep.condition.value}: {why}")
+            up = by_name.get(dep.step)
+            problem = ""
+            if len(step.dependencies) > 1:
+                problem = "it has more than one edge (KFP gives a task the final status of one " \
+                          "upstream task only)"
+            elif up is None or up.when is not None or up.foreach is not None or \
+                    self._driven(up):
+                problem = f"{dep.step!r} is conditional or mapped (a dsl.If / ParallelFor " \
+                          "group, not one task)"
+            elif step.when is not None or step.foreach is not None:
+                problem = "the handler itself is conditional or mapped"
+            elif any(isinstance(i.value, ir.StepOutputRef) for i in step.inputs):
+                problem = "it reads a step's output (a failed step has none)"
+            elif readers.get(step.name):
+                problem = (f"{readers[step.name][0]!r} depends on it: the KFP backend runs it "
+                           "as an exit hook of its upstream task, outside the DAG")
+            if problem:
+                raise self._fail(step.name, Feature.EDGE_CONDITIONS,
+                                 f"{dep.step}.{dep.condition.value} becomes "
+                                 f"ignore_upstream_failure(), which cannot hold here: {problem}")
+            self.handlers[step.name] = dep
+            if dep.condition in runs_on:
+                self.gated[step.name] = (True, runs_on[dep.condition])
 
     def _check_volumes(self) -> None:
         for v in self.wf.volumes:
@@ -677,8 +766,8 @@ class _Builder:
         params = self._signature(step, plan)
         body = step.body
         assert isinstance(body, (ir.ContainerSpec, ir.ScriptSpec))
-        gate = step.name in self.gated
-        wrap = bool(step.outputs) or bool(body.working_dir) or gate
+        gate = self.gated.get(step.name)
+        wrap = bool(step.outputs) or bool(body.working_dir) or gate is not None
 
         def fn(*args: Any) -> Any:
             values = {p.name: str(a) for p, a in zip(params, args, strict=True)}
@@ -691,7 +780,7 @@ class _Builder:
             if not wrap:
                 return dsl.ContainerSpec(image=body.image, command=words)
             outs = [values[plan.outputs[o.name]] for o in step.outputs]
-            if gate:
+            if gate is not None:
                 outs.insert(0, values[plan.status_input()])
             script = _wrapper(step.outputs, body.working_dir, gate=gate)
             return dsl.ContainerSpec(image=body.image,
@@ -733,8 +822,17 @@ class _Builder:
         dirs = sorted({host(m.mount_path) for m in step.volume_mounts})
         fname = _ident(step.name, set())
         lines = [f"def {fname}({sig}):"]
-        if step.name in self.gated:  # a failed / error hook: nothing to do after a success
-            lines.append(f"    if {plan.status_input()}.state == 'SUCCEEDED':")
+        if step.name in self.gated:  # a gated hook / edge handler: nothing to do
+            run_on, states = self.gated[step.name]
+            test = "not in" if run_on else "in"
+            skip = f"{plan.status_input()}.state {test} {states!r}"
+            if step.name in self.handlers:
+                # kfp.local reports an upstream that was not run as FAILED; the KFP backend
+                # never starts the handler (an exit hook of a task that never ran): skip it
+                up = self.handlers[step.name].step + "."
+                skip += (f" or not any(n.startswith({up!r}) for n in "
+                         f"__import__('os').listdir(__import__('os').environ[{LOCAL_DIR_ENV!r}]))")
+            lines.append(f"    if {skip}:")
             lines += [f"        open({ident}, 'w').close()"
                       for ident in [*stdout_outs, *(i for i, _ in file_outs)]]
             lines.append("        return")
@@ -1005,6 +1103,8 @@ class _Builder:
         for dep in step.dependencies:
             if dep.step in tasks:
                 task.after(tasks[dep.step])
+        if step.name in self.handlers:
+            task.ignore_upstream_failure()
         self._policies(step, task)
         tasks[step.name] = task
         return task
@@ -1094,6 +1194,19 @@ class _Builder:
                                      run_as_non_root=sc.run_as_non_root)
 
 
+_NO_DEPENDS = _NO_DEPENDS_NOTE
+_EDGE_REFUSED = {
+    ir.EdgeCondition.ERRORED: "KFP's task final status does not tell a platform error from "
+                              "the command's own failure",
+    ir.EdgeCondition.SKIPPED: "a task inside a dsl.If reports no status to tasks outside it",
+    ir.EdgeCondition.OMITTED: "KFP runs no task after an upstream that was not run",
+    ir.EdgeCondition.SUCCEEDED_ONLY: "KFP forbids dependencies into a dsl.If from outside it",
+    ir.EdgeCondition.ANY_SUCCEEDED: "a ParallelFor reports no per-item outcomes to a task "
+                                    "after it",
+    ir.EdgeCondition.ALL_FAILED: "a ParallelFor reports no per-item outcomes to a task "
+                                 "after it",
+}
+
 _SWAPPED = {
     ir.CompareOp.EQ: ir.CompareOp.EQ, ir.CompareOp.NE: ir.CompareOp.NE,
     ir.CompareOp.GT: ir.CompareOp.LT, ir.CompareOp.LT: ir.CompareOp.GT,
@@ -1127,25 +1240,30 @@ def _annotation_src(annotation: Any) -> str:
 
 
 def _wrapper(outputs: Sequence[ir.OutputParameter], working_dir: str, *,
-             gate: bool = False) -> str:
+             gate: tuple[bool, tuple[str, ...]] | None = None) -> str:
     """The ``/bin/sh -c`` script: $1..$k are the output files, then the command.
 
-    With ``gate`` (a ``failed`` / ``error`` exit hook) $1 is the
-    ``PipelineTaskFinalStatus`` JSON first: when its state is ``SUCCEEDED`` the
-    script writes empty outputs and exits 0 without running the command.
+    With ``gate`` (a ``failed`` / ``error`` exit hook, an edge handler) $1 is the
+    ``PipelineTaskFinalStatus`` JSON first; ``gate`` is (run when the state is one of
+    ``states``?, states): when the step is not to run, the script writes empty outputs
+    and exits 0 without running the command.
     """
     lines = ["set -u"]
-    if gate:
+    if gate is not None:
         lines.append('couler_status="$1"; shift')
     for k in range(len(outputs)):
         lines.append(f'o{k}="$1"; shift')
-    if gate:
+    if gate is not None:
+        run_on, states = gate
         # protojson puts a space after the colon or not (deliberately unstable): match both
         empty = "".join(f'mkdir -p "$(dirname "$o{k}")"; : > "$o{k}"; '
                         for k in range(len(outputs)))
+        patterns = "|".join(f"""*'"state":"{st}"'*|*'"state": "{st}"'*""" for st in states)
         lines += ['case "$couler_status" in',
-                  f"""  *'"state":"SUCCEEDED"'*|*'"state": "SUCCEEDED"'*) {empty}exit 0;;""",
-                  "esac"]
+                  f"  {patterns}) {':' if run_on else empty + 'exit 0'};;"]
+        if run_on:
+            lines.append(f"  *) {empty}exit 0;;")
+        lines.append("esac")
     if working_dir:
         lines.append(f"cd {shlex.quote(working_dir)} || exit 1")
     stdout = any(o.source is ir.OutputSource.STDOUT for o in outputs)
