@@ -66,9 +66,9 @@ for path in sys.argv[3:]:
             steps[step.name] = {"state": "failed", "outputs": {}}
             continue
         if step.name not in runs:
-            # a conditional step or a hook that did not fire, or any step after a failure
-            if step.when is not None or step.name in hooks or failed:
-                steps[step.name] = {"state": "skipped", "outputs": {}, "attempts": 0}
+            # a conditional step, a step not reached (its guards), a hook or an edge
+            # handler that did not fire, or any step after a failure
+            steps[step.name] = {"state": "skipped", "outputs": {}, "attempts": 0}
             continue
         outputs = {}
         for o in step.outputs:
@@ -98,8 +98,8 @@ print(json.dumps(out))
 # directories; test_kfp.py checks the settings in the compiled platform spec.
 KFP_RUN = ["basic_steps", "edge_conditions", "exit_hooks", "gpu", "interpolation", "map_static",
            "map_upstream", "omitted_upstream", "placement", "resources_cache", "retry_backoff",
-           "retry_timeout", "secrets", "sibling_whens", "skip_propagation", "when_else",
-           "workflow_params"]
+           "retry_timeout", "secrets", "sibling_whens", "skip_propagation", "strict_succeeded",
+           "when_else", "workflow_params"]
 
 # Where kfp.local differs from expected.json (the local engine's results).
 KFP_DIFFERENCES: dict[str, dict[str, Any]] = {

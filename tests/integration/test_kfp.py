@@ -211,9 +211,9 @@ def test_unsupported_program_names_step_and_feature(name: str,
     assert "engine 'kfp' does not support" in result["message"]
 
 
-def test_a_dependency_the_user_never_wrote_is_said_where_it_came_from(tmp_path: Path) -> None:
-    """A step written after a conditional step runs after it (steps run in sequence), and
-    KFP cannot depend on a task that may not run: the refusal says where it came from."""
+def test_a_step_after_a_conditional_step_follows_its_sub_pipeline(tmp_path: Path) -> None:
+    """A step written after a conditional step runs after it, skipped or not (rule S1): the
+    conditional step sits in a sub-pipeline, which KFP lets a task outside depend on."""
     program = tmp_path / "after_when.py"
     program.write_text(
         "import couler.argo as couler\n"
@@ -221,9 +221,53 @@ def test_a_dependency_the_user_never_wrote_is_said_where_it_came_from(tmp_path: 
         "couler.when(couler.equal(out, '1'), lambda: couler.run_container(\n"
         "    image='alpine', command=['true'], step_name='maybe'))\n"
         "couler.run_container(image='alpine', command=['true'], step_name='after')\n")
+    spec = helper(tmp_path, "compile", str(program))[str(program)]["spec"]
+    root = spec["root"]["dag"]["tasks"]
+    assert sorted(root) == ["after", "couler-maybe", "gate"]
+    assert root["after"]["dependentTasks"] == ["couler-maybe"]
+    inner = spec["components"]["comp-couler-maybe"]["dag"]["tasks"]
+    assert inner["condition-1"]["triggerPolicy"]["condition"] == (
+        "inputs.parameter_values['pipelinechannel--couler_in_0'] == '1'")
+
+
+def test_reading_a_conditional_steps_output_is_refused(tmp_path: Path) -> None:
+    program = tmp_path / "read_when.py"
+    program.write_text(
+        "import couler.argo as couler\n"
+        "out = couler.run_script(image='python:3.12', source='print(1)', step_name='gate')\n"
+        "got = couler.when(couler.equal(out, '1'), lambda: couler.run_script(\n"
+        "    image='python:3.12', source='print(2)', step_name='maybe'))\n"
+        "couler.run_container(image='alpine', command=['echo', got], step_name='after')\n")
     result = helper(tmp_path, "compile", str(program))[str(program)]
-    assert (result["step"], result["feature"]) == ("after", "dependency on a conditional step")
-    assert "steps written one after another run in sequence" in result["message"]
+    assert (result["step"], result["feature"]) == ("after", "reading a conditional step's output")
+    assert "dsl.OneOf is not mapped" in result["message"]
+
+
+def test_succeeded_only_edge_from_a_conditional_step_guards_its_branch(tmp_path: Path) -> None:
+    """strict_succeeded: audit (ship.Succeeded) and archive (after audit) run under ship's
+    condition, notify (a bare edge) after ship whatever it did."""
+    program = ROOT / "tests" / "conformance" / "programs" / "strict_succeeded.py"
+    script = tmp_path / "strict.py"
+    script.write_text(
+        "import json, sys\nfrom pathlib import Path\nsys.path.insert(0, '.')\n"
+        "from tests.conformance.loader import load_program\n"
+        "from couler.compilers import kfp as K\n"
+        f"print(json.dumps(K.compile_workflow(load_program(Path({str(program)!r})))))\n")
+    proc = subprocess.run([kfp_python(), str(script)], capture_output=True, text=True,
+                          check=False, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    spec = json.loads(proc.stdout.strip().splitlines()[-1])
+    root = spec["root"]["dag"]["tasks"]
+    assert root["notify"]["dependentTasks"] == ["couler-ship"]
+    assert sorted(root["couler-audit"]["dependentTasks"]) == ["check", "couler-ship"]
+    assert sorted(root["couler-archive"]["dependentTasks"]) == ["check", "couler-audit"]
+    for name in ("audit", "archive"):  # each reads check's output to test ship's condition
+        assert root[f"couler-{name}"]["inputs"]["parameters"]["couler_in_0"] == {
+            "taskOutputParameter": {"outputParameterKey": "out", "producerTask": "check"}}
+        inner = spec["components"][f"comp-couler-{name}"]["dag"]["tasks"]
+        (cond,) = [t for t in inner.values() if "triggerPolicy" in t]
+        assert cond["triggerPolicy"]["condition"] == (
+            "inputs.parameter_values['pipelinechannel--couler_in_0'] == 'yes'")
 
 
 def test_run_locally_script_stdout_feeds_next_step(tmp_path: Path) -> None:

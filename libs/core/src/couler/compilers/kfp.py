@@ -30,9 +30,13 @@ Shape of the output (the faithful, container mode):
   the command fails or an output file is missing. A
   ``working_dir`` also uses the wrapper (``cd DIR``), since the KFP container
   spec has no working directory.
-* Dependencies become ``.after()``. A task that depends on (or reads) a step
-  guarded by ``when`` is rejected: KFP forbids dependencies into a ``dsl.If``
-  from outside it.
+* Dependencies become ``.after()``. KFP forbids dependencies into a ``dsl.If``
+  from outside it, so a conditional step that others depend on sits in a
+  sub-pipeline (below), which they follow whether it ran or was skipped (rule
+  S1). A step reached only if a conditional step ran (a succeeded-only edge from
+  it, and the plain dependents after such a step: rule S2) runs under that
+  condition too, as a nested ``dsl.If`` in its own sub-pipeline. Reading the
+  output of a conditional step is rejected (no ``dsl.OneOf`` mapping).
 * ``when`` becomes ``dsl.If`` on the upstream output (``==``, ``!=``, ``<``,
   ``>``, ``<=``, ``>=``); the else branch is a ``dsl.If`` with the negated
   operator (equivalent to ``dsl.Else`` and independent of step order). A string
@@ -41,14 +45,14 @@ Shape of the output (the faithful, container mode):
 * A map becomes ``dsl.ParallelFor`` over static items (leaf values rendered as
   text) or over an upstream list output (declared ``list``), with
   ``parallelism``. Reading a mapped step's outputs downstream is rejected.
-* A step whose map or condition an upstream task output drives sits in a
-  sub-pipeline (task ``couler-STEP``): the values the step reads become the
-  sub-pipeline's inputs (``couler_in_0``, ...) and its ``ParallelFor`` / ``If``
-  iterates over / compares an input. kfp.local (2.17.3) resolves loop items and
-  condition operands over a task output only when that output is named
-  ``Output`` (a Python component's return value), so the flat form does not
-  run there (the map fails, the condition is silently false); the
-  sub-pipeline runs the same on kfp.local and on a KFP backend.
+* A step whose map or condition an upstream task output drives, and a conditional or
+  guarded step (above), sits in a sub-pipeline (task ``couler-STEP``): the values the
+  step reads (and its conditions compare) become the sub-pipeline's inputs
+  (``couler_in_0``, ...) and its ``ParallelFor`` / ``If`` iterates over / compares an
+  input. kfp.local (2.17.3) resolves loop items and condition operands over a task
+  output only when that output is named ``Output`` (a Python component's return
+  value), so the flat form does not run there (the map fails, the condition is
+  silently false); the sub-pipeline runs the same on kfp.local and on a KFP backend.
 * Retries → ``set_retry`` (back-off base / factor / cap), resources →
   ``set_cpu_request`` / ``set_cpu_limit`` / ``set_memory_*`` /
   ``set_accelerator_*``, env literals → ``set_env_variable``. KFP caches every
@@ -103,6 +107,7 @@ FAILED; the KFP backend never starts the handler).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
@@ -177,16 +182,19 @@ CAPABILITIES: dict[Feature, Capability] = {
             "SUCCEEDED / FAILED (completed), else exit 0 at once (reported succeeded); the "
             "KFP backend runs such a task as an exit hook of its upstream, so it must be a "
             "leaf with that one edge, the upstream neither conditional nor mapped; the run "
-            "still fails when the upstream fails (semantics E5); errored (no platform-error "
-            "status), skipped / succeeded-only from a conditional step (no dependencies into "
-            "a dsl.If), omitted (no task runs after a task not run), any-succeeded / "
-            "all-failed (no per-item outcomes) are rejected"),
+            "still fails when the upstream fails (semantics E5); a succeeded-only edge from "
+            "a conditional step → the step and its plain dependents run under that "
+            "condition too (nested dsl.If in a sub-pipeline); errored (no platform-error "
+            "status), skipped (a task inside a dsl.If reports no status out of it), omitted "
+            "(no task runs after a task not run), any-succeeded / all-failed (no per-item "
+            "outcomes) are rejected"),
     Feature.DEPENDS_EXPRESSION: Capability(_U, _NO_DEPENDS_NOTE),
     Feature.WHEN: Capability(
         _N, "dsl.If on the upstream output (==, !=, <, >, <=, >=; a string output compared "
             "with a number is declared float), in a sub-pipeline taking the output as an "
-            "input; dependents of a conditional step are rejected (KFP forbids dependencies "
-            "into a dsl.If from outside)"),
+            "input when an output drives it or other steps depend on the step (KFP forbids "
+            "dependencies into a dsl.If, not into a sub-pipeline task); reading a "
+            "conditional step's output is rejected (dsl.OneOf is not mapped)"),
     Feature.ELSE: Capability(_R, "dsl.If with the negated operator (equivalent to dsl.Else)"),
     Feature.MAP_STATIC: Capability(
         _N, "dsl.ParallelFor over the static items (leaf values rendered as text)"),
@@ -503,6 +511,8 @@ class _Builder:
         # its edge's states
         self.gated: dict[str, tuple[bool, tuple[str, ...]]] = {}
         self.handlers: dict[str, ir.Dependency] = {}  # edge handler → its one edge
+        self.guards: dict[str, list[ir.When]] = {}  # step → conditions to be reached
+        self.has_dependents: set[str] = set()
         self.hooks_ok: list[ir.Step] = []
         self.scope: dict[ir.ValueSource, Any] = {}  # values bound to sub-pipeline inputs
         self.subs: dict[str, tuple[Any, list[ir.ValueSource]]] = {}  # step → (sub, inputs)
@@ -544,9 +554,14 @@ class _Builder:
                              "more than one any / failed / error hook step: dsl.ExitHandler "
                              "takes exactly one exit task and exit handlers do not nest")
         by_name = {s.name: s for s in wf.steps}
+        self.guards = self._guards(self._order(wf.steps))
+        self.has_dependents = {d.step for s in [*wf.steps, *self.hooks_ok]
+                               for d in s.dependencies}
+        if self.hooks_ok:
+            self.has_dependents |= {s.name for s in wf.steps}
         self._check_handlers(by_name)
         for step in [*wf.steps, *self.hooks_exit, *self.hooks_ok]:
-            self._check_mounts(step, outside=self._driven(step) or step in self.hooks_exit)
+            self._check_mounts(step, outside=self._nested(step) or step in self.hooks_exit)
             for e in step.env:
                 if e.secret is None and _PLACEHOLDER.search(e.value):
                     raise self._fail(step.name, "env from a run-time value",
@@ -559,16 +574,12 @@ class _Builder:
                 up = by_name.get(name)
                 if up is None:
                     continue
-                if up.when is not None:
-                    reads = any(isinstance(i.value, ir.StepOutputRef) and i.value.step == name
-                                for i in step.inputs)
-                    hint = "" if reads else (
-                        f"; {step.name!r} only runs after {name!r} (steps written one after "
-                        "another run in sequence): build them with couler.dag / "
-                        "set_dependencies so it depends on what it needs")
-                    raise self._fail(step.name, "dependency on a conditional step",
-                                     f"{name!r} runs under dsl.If; KFP forbids dependencies "
-                                     f"into a dsl.If from outside it{hint}")
+                reads = any(isinstance(i.value, ir.StepOutputRef) and i.value.step == name
+                            for i in step.inputs)
+                if reads and (up.when is not None or self.guards.get(name)):
+                    raise self._fail(step.name, "reading a conditional step's output",
+                                     f"{name!r} runs under dsl.If (in a sub-pipeline); KFP "
+                                     "passes no output out of it (dsl.OneOf is not mapped)")
             for i in step.inputs:
                 if isinstance(i.value, ir.StepOutputRef):
                     up = by_name.get(i.value.step)
@@ -601,7 +612,8 @@ class _Builder:
         for step in self.wf.steps:
             if step.depends is not None:
                 raise self._fail(step.name, Feature.DEPENDS_EXPRESSION, _NO_DEPENDS)
-            odd = [d for d in step.dependencies if d.condition is not ir.EdgeCondition.SUCCEEDED]
+            odd = [d for d in step.dependencies
+                   if d.condition is not ir.EdgeCondition.SUCCEEDED and not self._guarding(d)]
             if not odd:
                 continue
             dep = odd[0]
@@ -615,7 +627,7 @@ class _Builder:
                 problem = "it has more than one edge (KFP gives a task the final status of one " \
                           "upstream task only)"
             elif up is None or up.when is not None or up.foreach is not None or \
-                    self._driven(up):
+                    self._nested(up):
                 problem = f"{dep.step!r} is conditional or mapped (a dsl.If / ParallelFor " \
                           "group, not one task)"
             elif step.when is not None or step.foreach is not None:
@@ -632,6 +644,41 @@ class _Builder:
             self.handlers[step.name] = dep
             if dep.condition in runs_on:
                 self.gated[step.name] = (True, runs_on[dep.condition])
+
+    def _guarding(self, dep: ir.Dependency) -> bool:
+        """A succeeded-only edge from a step with a ``when``: a guard (see :meth:`_guards`)."""
+        up = next((s for s in self.wf.steps if s.name == dep.step), None)
+        return (dep.condition is ir.EdgeCondition.SUCCEEDED_ONLY and up is not None
+                and up.when is not None)
+
+    def _guards(self, steps: Sequence[ir.Step]) -> dict[str, list[ir.When]]:
+        """Per step, the conditions under which it is reached (not "not run", rule S2).
+
+        A plain edge passes the upstream's guards on (a skip by the upstream's own
+        ``when`` lets its dependents run, S1); a succeeded-only edge from a step with a
+        ``when`` adds that ``when`` (the upstream must have run, S3). A step runs iff its
+        guards and its own ``when`` hold; it is compiled under nested ``dsl.If`` in a
+        sub-pipeline, which its dependents can follow from outside.
+        """
+        by_name = {s.name: s for s in steps}
+        out: dict[str, list[ir.When]] = {}
+        for step in steps:
+            acc: list[ir.When] = []
+            for d in step.dependencies:
+                up = by_name.get(d.step)
+                if up is None:
+                    continue
+                more = list(out.get(up.name, ()))
+                if d.condition is ir.EdgeCondition.SUCCEEDED_ONLY and up.when is not None:
+                    more.append(up.when)
+                acc += [w for w in more if w not in acc]
+            out[step.name] = acc
+        return out
+
+    def _nested(self, step: ir.Step) -> bool:
+        """Whether the step is built in its own sub-pipeline (task ``couler-STEP``)."""
+        return (self._driven(step) or bool(self.guards.get(step.name))
+                or (step.when is not None and step.name in self.has_dependents))
 
     def _check_volumes(self) -> None:
         for v in self.wf.volumes:
@@ -929,7 +976,7 @@ class _Builder:
         try:
             # built before the pipeline: kfp allows one pipeline context at a time
             self.subs = {s.name: self._sub_pipeline(s, components) for s in steps
-                         if self._driven(s)}
+                         if self._nested(s)}
             return dsl.pipeline(name=wf.name, pipeline_config=config)(body)
         except UnsupportedFeatureError:
             raise
@@ -993,8 +1040,8 @@ class _Builder:
         sources = [i.value for i in step.inputs]
         if step.foreach is not None and step.foreach.source is not None:
             sources.append(step.foreach.source)
-        if step.when is not None:
-            sources += [step.when.condition.left, step.when.condition.right]
+        for when in [*self.guards.get(step.name, ()), *([step.when] if step.when else [])]:
+            sources += [when.condition.left, when.condition.right]
         for v in sources:
             if isinstance(v, (ir.StepOutputRef, ir.WorkflowParamRef)) and v not in values:
                 values.append(v)
@@ -1005,7 +1052,11 @@ class _Builder:
         def sub(*args: Any) -> None:
             self.scope = dict(zip(values, args, strict=True))
             try:
-                self._add(step, components, {}, {}, nested=True)
+                with contextlib.ExitStack() as stack:
+                    for k, when in enumerate(self.guards.get(step.name, ())):
+                        expr = self._condition(step, when, {}, {}, None)
+                        stack.enter_context(self.dsl.If(expr, name=f"{step.name}-guard-{k}"))
+                    self._add(step, components, {}, {}, nested=True)
             finally:
                 self.scope = {}
 
@@ -1048,8 +1099,15 @@ class _Builder:
         if step.when is None:
             self._task(step, components, tasks, channels, item)
             return
-        cond = step.when.condition
-        op = cond.op if step.when.expect else cond.op.negated()
+        expr = self._condition(step, step.when, tasks, channels, item)
+        with self.dsl.If(expr, name=f"{step.name}-when"):
+            self._task(step, components, tasks, channels, item)
+
+    def _condition(self, step: ir.Step, when: ir.When, tasks: Mapping[str, Any],
+                   channels: Mapping[str, Any], item: Any) -> Any:
+        """The ``dsl.If`` expression of ``when`` (its operands bound in this scope)."""
+        cond = when.condition
+        op = cond.op if when.expect else cond.op.negated()
         left = self._operand(step, cond.left, tasks, channels, item)
         right = self._operand(step, cond.right, tasks, channels, item)
         if not _is_channel(left):
@@ -1057,9 +1115,7 @@ class _Builder:
                 raise self._fail(step.name, Feature.WHEN, "a condition between two constants")
             left, right = right, left
             op = _SWAPPED[op]
-        expr = _compare(left, op, right)
-        with self.dsl.If(expr, name=f"{step.name}-when"):
-            self._task(step, components, tasks, channels, item)
+        return _compare(left, op, right)
 
     def _operand(self, step: ir.Step, v: ir.ValueSource, tasks: Mapping[str, Any],
                  channels: Mapping[str, Any], item: Any) -> Any:
@@ -1200,7 +1256,6 @@ _EDGE_REFUSED = {
                               "the command's own failure",
     ir.EdgeCondition.SKIPPED: "a task inside a dsl.If reports no status to tasks outside it",
     ir.EdgeCondition.OMITTED: "KFP runs no task after an upstream that was not run",
-    ir.EdgeCondition.SUCCEEDED_ONLY: "KFP forbids dependencies into a dsl.If from outside it",
     ir.EdgeCondition.ANY_SUCCEEDED: "a ParallelFor reports no per-item outcomes to a task "
                                     "after it",
     ir.EdgeCondition.ALL_FAILED: "a ParallelFor reports no per-item outcomes to a task "
