@@ -96,10 +96,10 @@ print(json.dumps(out))
 # Local mode applies no Kubernetes settings (kfp.local ignores them): secrets come from
 # run_locally(secrets=...) (the local engine's LOCAL_SECRETS) and volume mounts are host
 # directories; test_kfp.py checks the settings in the compiled platform spec.
-KFP_RUN = ["basic_steps", "edge_conditions", "exit_hooks", "gpu", "interpolation", "map_static",
-           "map_upstream", "omitted_upstream", "placement", "resources_cache", "retry_backoff",
-           "retry_timeout", "secrets", "sibling_whens", "skip_propagation", "strict_succeeded",
-           "when_else", "workflow_params"]
+KFP_RUN = ["artifacts", "basic_steps", "edge_conditions", "exit_hooks", "gpu", "interpolation",
+           "map_static", "map_upstream", "omitted_upstream", "placement", "resources_cache",
+           "retry_backoff", "retry_timeout", "secrets", "sibling_whens", "skip_propagation",
+           "strict_succeeded", "when_else", "workflow_params"]
 
 # Where kfp.local differs from expected.json (the local engine's results).
 KFP_DIFFERENCES: dict[str, dict[str, Any]] = {

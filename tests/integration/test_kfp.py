@@ -643,3 +643,79 @@ def test_edges_kfp_cannot_express_are_refused_with_the_reason(
     assert refusal is not None, case
     assert refusal[:2] == [step, feature]
     assert reason in refusal[2]
+
+
+ARTIFACTS = r"""
+import json, sys
+from couler import ir
+from couler.compilers import kfp as K
+from couler.errors import UnsupportedFeatureError
+
+tmp = sys.argv[1]
+def sh(name, script, **kw):
+    return ir.Step(name=name, body=ir.ContainerSpec(image="alpine", command=("sh", "-c", script)),
+                   **kw)
+producer = sh("producer", f"mkdir -p {tmp}/p/model && echo w1 > {tmp}/p/model/weights && "
+                          f"echo payload > {tmp}/p/report.txt",
+              output_artifacts=(ir.OutputArtifact("report", f"{tmp}/p/report.txt"),
+                                ir.OutputArtifact("model", f"{tmp}/p/model")))
+consumer = sh("consumer", f"cat {tmp}/c/in.txt {tmp}/c/model/weights",
+              input_artifacts=(ir.InputArtifact("report", f"{tmp}/c/in.txt",
+                                                ir.StepArtifactRef("producer", "report")),
+                               ir.InputArtifact("model", f"{tmp}/c/model",
+                                                ir.StepArtifactRef("producer", "model"))),
+              dependencies=(ir.Dependency("producer"),))
+out = {"spec": K.compile_workflow(ir.Workflow(name="arts", steps=(producer, consumer))),
+       "refusals": {}}
+s3 = ir.ArtifactLocation(storage=ir.StorageKind.S3, bucket="b", key="k")
+for name, steps in {
+    "location": (sh("a", "true", output_artifacts=(ir.OutputArtifact("x", "/x", s3),)),),
+    "from storage": (sh("a", "true", input_artifacts=(ir.InputArtifact("x", "/x", s3),)),),
+}.items():
+    try:
+        K.compile_workflow(ir.Workflow(name="bad", steps=steps))
+        out["refusals"][name] = None
+    except UnsupportedFeatureError as exc:
+        out["refusals"][name] = [exc.step, exc.feature, str(exc)]
+print(json.dumps(out))
+"""
+
+
+def test_artifacts_are_kfp_artifacts_copied_in_and_out(tmp_path: Path) -> None:
+    script = tmp_path / "kfp_artifacts_check.py"
+    script.write_text(ARTIFACTS)
+    proc = subprocess.run([kfp_python(), str(script), str(tmp_path)], capture_output=True,
+                          text=True, check=False, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    spec = out["spec"]
+    outs = spec["components"]["comp-producer"]["outputDefinitions"]["artifacts"]
+    assert {n: a["artifactType"]["schemaTitle"] for n, a in outs.items()} == {
+        "report": "system.Artifact", "model": "system.Artifact"}
+    consumer = spec["root"]["dag"]["tasks"]["consumer"]
+    assert consumer["inputs"]["artifacts"]["model"] == {
+        "taskOutputArtifact": {"outputArtifactKey": "model", "producerTask": "producer"}}
+    execs = spec["deploymentSpec"]["executors"]
+    store = tmp_path / "store"
+    _run_container(execs["exec-producer"]["container"], {
+        "{{$.outputs.artifacts['report'].path}}": str(store / "report"),
+        "{{$.outputs.artifacts['model'].path}}": str(store / "model")})
+    assert (store / "report").read_text() == "payload\n"
+    assert (store / "model" / "weights").read_text() == "w1\n"  # a directory artifact
+    shown = _run_container(execs["exec-consumer"]["container"], {
+        "{{$.inputs.artifacts['report'].path}}": str(store / "report"),
+        "{{$.inputs.artifacts['model'].path}}": str(store / "model")})
+    assert shown == "payload\nw1\n"
+    (tmp_path / "p" / "report.txt").unlink()  # a missing output artifact fails the step
+    words = [w.replace("echo payload > ", "true ") for w in
+             [*execs["exec-producer"]["container"]["command"],
+              *execs["exec-producer"]["container"]["args"]]]
+    words = [w.replace("{{$.outputs.artifacts['report'].path}}", str(tmp_path / "r2"))
+             .replace("{{$.outputs.artifacts['model'].path}}", str(tmp_path / "m2"))
+             for w in words]
+    failed = subprocess.run(words, capture_output=True, text=True, check=False, timeout=30)
+    assert failed.returncode != 0 and "is missing" in failed.stderr
+    refusals = out["refusals"]
+    assert refusals["location"][:2] == ["a", "artifacts"]
+    assert "pipeline root" in refusals["location"][2]
+    assert refusals["from storage"][:2] == ["a", "artifacts"]

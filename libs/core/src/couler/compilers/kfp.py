@@ -68,6 +68,12 @@ Shape of the output (the faithful, container mode):
   and handlers do not nest. ``succeeded`` hook steps are tasks after every
   workflow step, inside the handler when there is one (KFP forbids
   dependencies into it): a run that fails never reaches them.
+* Artifacts are KFP artifacts (``system.Artifact``): an output artifact is a
+  ``dsl.Output[dsl.Artifact]`` the wrapper fills by copying the step's path into
+  ``{{$.outputs.artifacts['X'].path}}`` after the command (a missing one fails the
+  step); an input artifact from a step is a ``dsl.Input[dsl.Artifact]`` fed by that
+  step's output and copied to the step's path before the command. In local mode
+  the output is moved into the artifact (a container's files end with it).
 * Edge conditions: a step on one ``failed`` / ``completed`` / ``any`` edge runs
   after its upstream whatever its outcome (``.ignore_upstream_failure()``); a
   ``failed`` / ``completed`` one also reads the upstream's
@@ -173,8 +179,13 @@ CAPABILITIES: dict[Feature, Capability] = {
             "content, trailing newlines trimmed); parameter names become identifiers"),
     Feature.WORKFLOW_PARAMETERS: Capability(_N, "pipeline parameters with defaults and types"),
     Feature.ARTIFACTS: Capability(
-        _U, "not mapped yet: KFP artifacts (dsl.Input/Output[Artifact]) are stored in the "
-            "pipeline root, not at IR artifact locations"),
+        _R, "KFP artifacts (system.Artifact): an output artifact → dsl.Output[dsl.Artifact], "
+            "copied from the step's path into {{$.outputs.artifacts['X'].path}} after the "
+            "command (missing: the step fails); an input artifact from a step → "
+            "dsl.Input[dsl.Artifact] fed by that step's output, copied to the step's path "
+            "before the command; KFP stores them under the pipeline root, so output "
+            "artifacts at a chosen location or as workflow outputs, and input artifacts "
+            "from a storage location, are rejected"),
     Feature.EDGE_CONDITIONS: Capability(
         _R, "a step on one failed / completed / any edge → .after(upstream)."
             "ignore_upstream_failure(); failed / completed ones read the upstream's "
@@ -436,6 +447,12 @@ def _local_runs(logdir: str) -> tuple[dict[str, list[str]], list[str]]:
 # --------------------------------------------------------------------------- helpers
 
 
+def _artifact_sources(step: ir.Step) -> set[str]:
+    """The steps whose output artifacts ``step`` reads."""
+    return {a.source.step for a in step.input_artifacts
+            if isinstance(a.source, ir.StepArtifactRef)}
+
+
 def _mount_rewriter(step: ir.Step, root: str) -> Callable[[str], str]:
     """Local mode: map each mount path (and what is below it) to ``root/VOLUME[/SUB]``,
     a host directory shared by the run's steps (as the local engine does)."""
@@ -483,6 +500,8 @@ class _StepPlan:
         self.outputs: dict[str, str] = {o.name: _ident(o.name, taken) for o in step.outputs}
         for i in step.inputs:
             self.inputs[i.name] = _ident(i.name, taken)
+        self.in_artifacts = {a.name: _ident(a.name, taken) for a in step.input_artifacts}
+        self.out_artifacts = {a.name: _ident(a.name, taken) for a in step.output_artifacts}
         self.item_keys: dict[str, str] = {}  # item key ("" = whole item) → identifier
         self.taken = taken
         self.status: str | None = None
@@ -514,8 +533,10 @@ class _Builder:
         self.guards: dict[str, list[ir.When]] = {}  # step → conditions to be reached
         self.has_dependents: set[str] = set()
         self.hooks_ok: list[ir.Step] = []
-        self.scope: dict[ir.ValueSource, Any] = {}  # values bound to sub-pipeline inputs
-        self.subs: dict[str, tuple[Any, list[ir.ValueSource]]] = {}  # step → (sub, inputs)
+        # values (and artifacts) bound to sub-pipeline inputs
+        self.scope: dict[ir.ValueSource | ir.StepArtifactRef, Any] = {}
+        # step → (sub-pipeline, what its inputs carry)
+        self.subs: dict[str, tuple[Any, list[ir.ValueSource | ir.StepArtifactRef]]] = {}
         self.output_types: dict[tuple[str, str], ir.ValueType] = {}
         self.plans: dict[str, _StepPlan] = {}
         self.param_ids: dict[str, str] = {}
@@ -568,14 +589,16 @@ class _Builder:
                                      f"env {e.name!r}: KFP sets environment variables to "
                                      "literal values only (PipelineTask.set_env_variable); "
                                      "pass the value as an argument instead")
-            upstream = {d.step for d in step.dependencies}
+            self._check_artifacts(step, by_name)
+            upstream = {d.step for d in step.dependencies} | _artifact_sources(step)
             upstream |= {i.value.step for i in step.inputs if isinstance(i.value, ir.StepOutputRef)}
             for name in sorted(upstream):
                 up = by_name.get(name)
                 if up is None:
                     continue
-                reads = any(isinstance(i.value, ir.StepOutputRef) and i.value.step == name
-                            for i in step.inputs)
+                reads = name in _artifact_sources(step) or any(
+                    isinstance(i.value, ir.StepOutputRef) and i.value.step == name
+                    for i in step.inputs)
                 if reads and (up.when is not None or self.guards.get(name)):
                     raise self._fail(step.name, "reading a conditional step's output",
                                      f"{name!r} runs under dsl.If (in a sub-pipeline); KFP "
@@ -605,7 +628,7 @@ class _Builder:
                    ir.EdgeCondition.COMPLETED: ("SUCCEEDED", "FAILED")}
         readers: dict[str, list[str]] = {}
         for step in [*self.wf.steps, *self.hooks_ok]:
-            ups = {d.step for d in step.dependencies}
+            ups = {d.step for d in step.dependencies} | _artifact_sources(step)
             ups |= {i.value.step for i in step.inputs if isinstance(i.value, ir.StepOutputRef)}
             for name in ups:
                 readers.setdefault(name, []).append(step.name)
@@ -632,7 +655,8 @@ class _Builder:
                           "group, not one task)"
             elif step.when is not None or step.foreach is not None:
                 problem = "the handler itself is conditional or mapped"
-            elif any(isinstance(i.value, ir.StepOutputRef) for i in step.inputs):
+            elif any(isinstance(i.value, ir.StepOutputRef) for i in step.inputs) or \
+                    _artifact_sources(step):
                 problem = "it reads a step's output (a failed step has none)"
             elif readers.get(step.name):
                 problem = (f"{readers[step.name][0]!r} depends on it: the KFP backend runs it "
@@ -680,6 +704,34 @@ class _Builder:
         return (self._driven(step) or bool(self.guards.get(step.name))
                 or (step.when is not None and step.name in self.has_dependents))
 
+    def _check_artifacts(self, step: ir.Step, by_name: Mapping[str, ir.Step]) -> None:
+        for out in step.output_artifacts:
+            if out.location is not None and out.location.storage is not ir.StorageKind.DEFAULT:
+                raise self._fail(step.name, Feature.ARTIFACTS,
+                                 f"output artifact {out.name!r} at a chosen location: KFP "
+                                 "stores output artifacts under the pipeline root")
+            if out.global_name:
+                raise self._fail(step.name, Feature.ARTIFACTS,
+                                 f"output artifact {out.name!r} as a workflow output: a KFP "
+                                 "pipeline built by Couler declares no outputs")
+        for a in step.input_artifacts:
+            src = a.source
+            if not isinstance(src, ir.StepArtifactRef):
+                raise self._fail(step.name, Feature.ARTIFACTS,
+                                 f"input artifact {a.name!r} from a storage location: not "
+                                 "mapped (dsl.importer could express s3:// / gs:// URIs)")
+            up = by_name.get(src.step)
+            if up is None or src.artifact not in {o.name for o in up.output_artifacts}:
+                raise self._fail(step.name, Feature.ARTIFACTS,
+                                 f"input artifact {a.name!r} reads {src.step}.{src.artifact}, "
+                                 "which is not an output artifact of a workflow step")
+            if up.foreach is not None:
+                raise self._fail(step.name, "reading a mapped step's output",
+                                 "needs dsl.Collected, not mapped")
+        if step in self.hooks_exit and step.input_artifacts:
+            raise self._fail(step.name, Feature.EXIT_HOOKS,
+                             "the exit task is created before the tasks it would read")
+
     def _check_volumes(self) -> None:
         for v in self.wf.volumes:
             if v.kind is ir.VolumeKind.CLAIM_TEMPLATE and not v.size:
@@ -723,7 +775,7 @@ class _Builder:
         while pending:
             progressed = False
             for step in list(pending):
-                ups = {d.step for d in step.dependencies}
+                ups = {d.step for d in step.dependencies} | _artifact_sources(step)
                 ups |= {i.value.step for i in step.inputs
                         if isinstance(i.value, ir.StepOutputRef)}
                 if step.foreach is not None and isinstance(step.foreach.source,
@@ -802,6 +854,12 @@ class _Builder:
             plan.outputs[o.name], kind,
             annotation=dsl.OutputPath(_PY_TYPE[self.output_types[(step.name, o.name)]]))
             for o in step.outputs]
+        params += [inspect.Parameter(plan.in_artifacts[a.name], kind,
+                                     annotation=dsl.Input[dsl.Artifact])
+                   for a in step.input_artifacts]
+        params += [inspect.Parameter(plan.out_artifacts[a.name], kind,
+                                     annotation=dsl.Output[dsl.Artifact])
+                   for a in step.output_artifacts]
         if step.name in self.gated:
             params.append(inspect.Parameter(plan.status_input(), kind,
                                             annotation=dsl.PipelineTaskFinalStatus))
@@ -814,10 +872,13 @@ class _Builder:
         body = step.body
         assert isinstance(body, (ir.ContainerSpec, ir.ScriptSpec))
         gate = self.gated.get(step.name)
-        wrap = bool(step.outputs) or bool(body.working_dir) or gate is not None
+        wrap = (bool(step.outputs) or bool(body.working_dir) or gate is not None
+                or bool(step.input_artifacts) or bool(step.output_artifacts))
 
         def fn(*args: Any) -> Any:
-            values = {p.name: str(a) for p, a in zip(params, args, strict=True)}
+            # an artifact's channel gives its local path ({{$.inputs.artifacts['X'].path}})
+            values = {p.name: str(getattr(a, "path", a)) for p, a in zip(params, args,
+                                                                          strict=True)}
 
             def fill(word: str) -> str:
                 parts = word.split("\0")
@@ -827,9 +888,13 @@ class _Builder:
             if not wrap:
                 return dsl.ContainerSpec(image=body.image, command=words)
             outs = [values[plan.outputs[o.name]] for o in step.outputs]
+            outs += [values[plan.in_artifacts[a.name]] for a in step.input_artifacts]
+            outs += [values[plan.out_artifacts[a.name]] for a in step.output_artifacts]
             if gate is not None:
                 outs.insert(0, values[plan.status_input()])
-            script = _wrapper(step.outputs, body.working_dir, gate=gate)
+            script = _wrapper(step.outputs, body.working_dir, gate=gate,
+                              inputs_art=[a.path for a in step.input_artifacts],
+                              outputs_art=[a.path for a in step.output_artifacts])
             return dsl.ContainerSpec(image=body.image,
                                      command=["/bin/sh", "-c", script, "couler-step"],
                                      args=[*outs, *words])
@@ -867,6 +932,10 @@ class _Builder:
         secrets = {e.name: f"{e.secret.name}/{e.secret.key}" for e in step.env
                    if e.secret is not None}
         dirs = sorted({host(m.mount_path) for m in step.volume_mounts})
+        arts_in = "[" + "".join(f"({plan.in_artifacts[a.name]}, {host(a.path)!r}), "
+                                for a in step.input_artifacts) + "]"
+        arts_out = "[" + "".join(f"({host(a.path)!r}, {plan.out_artifacts[a.name]}), "
+                                 for a in step.output_artifacts) + "]"
         fname = _ident(step.name, set())
         lines = [f"def {fname}({sig}):"]
         if step.name in self.gated:  # a gated hook / edge handler: nothing to do
@@ -895,6 +964,13 @@ class _Builder:
             "        env[var] = known[ref]",
             f"    for d in {dirs!r}:",
             "        os.makedirs(d, exist_ok=True)",
+            "    import shutil",
+            f"    for art, dest in {arts_in}:",
+            "        os.makedirs(os.path.dirname(dest) or '.', exist_ok=True)",
+            "        if os.path.isdir(art.path):",
+            "            shutil.copytree(art.path, dest, dirs_exist_ok=True)",
+            "        else:",
+            "            shutil.copyfile(art.path, dest)",
             f"    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env, "
             f"cwd={host(body.working_dir) or None!r})",
             "    sys.stdout.write(proc.stdout)",
@@ -907,6 +983,14 @@ class _Builder:
             "    if proc.returncode:",
             f"        raise RuntimeError({step.name!r} + ' exited with ' + str(proc.returncode))",
         ]
+        # moved, not copied: a container's files end with it, so the reader must get the
+        # artifact through KFP (as it would on a cluster)
+        lines += [f"    for src, art in {arts_out}:",
+                  "        if not os.path.exists(src):",
+                  f"            raise RuntimeError({step.name!r} + ': output artifact ' + src"
+                  " + ' is missing')",
+                  "        os.makedirs(os.path.dirname(art.path), exist_ok=True)",
+                  "        shutil.move(src, art.path)"]
         for ident in stdout_outs:
             lines += [f"    with open({ident}, 'w') as fh:",
                       "        fh.write(proc.stdout.rstrip('\\n'))"]
@@ -1036,7 +1120,7 @@ class _Builder:
         over a task output only when the output is named ``Output`` (a Python
         component's return value); over a pipeline input it resolves them always.
         """
-        values: list[ir.ValueSource] = []
+        values: list[ir.ValueSource | ir.StepArtifactRef] = []
         sources = [i.value for i in step.inputs]
         if step.foreach is not None and step.foreach.source is not None:
             sources.append(step.foreach.source)
@@ -1045,9 +1129,13 @@ class _Builder:
         for v in sources:
             if isinstance(v, (ir.StepOutputRef, ir.WorkflowParamRef)) and v not in values:
                 values.append(v)
-        params = [inspect.Parameter(f"couler_in_{k}", inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                    annotation=self._input_type(v))
-                  for k, v in enumerate(values)]
+        values += [a.source for a in step.input_artifacts
+                   if isinstance(a.source, ir.StepArtifactRef)]
+        params = [inspect.Parameter(
+            f"couler_in_{k}", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            annotation=(self.dsl.Input[self.dsl.Artifact] if isinstance(v, ir.StepArtifactRef)
+                        else self._input_type(v)))
+            for k, v in enumerate(values)]
 
         def sub(*args: Any) -> None:
             self.scope = dict(zip(values, args, strict=True))
@@ -1069,8 +1157,11 @@ class _Builder:
         dsl = self.dsl
         if not nested and step.name in self.subs:
             sub, values = self.subs[step.name]
-            task = sub(**{f"couler_in_{k}": self._value(step, v, tasks, channels, None)
-                          for k, v in enumerate(values)})
+            task = sub(**{f"couler_in_{k}": (
+                self._artifact(step, ir.InputArtifact("", "", v), tasks)
+                if isinstance(v, ir.StepArtifactRef)
+                else self._value(step, v, tasks, channels, None))
+                for k, v in enumerate(values)})
             cache = step.cache or self.wf.defaults.cache  # kfp caches tasks unless told
             task.set_caching_options(enable_caching=cache is not None and cache.enabled)
             for dep in step.dependencies:
@@ -1154,6 +1245,8 @@ class _Builder:
                   for i in step.inputs}
         for key, ident in plan.item_keys.items():
             kwargs[ident] = self._value(step, ir.ItemRef(key), tasks, channels, item)
+        for a in step.input_artifacts:
+            kwargs[plan.in_artifacts[a.name]] = self._artifact(step, a, tasks)
         task = components[step.name](**kwargs)
         task.set_display_name(step.name)
         for dep in step.dependencies:
@@ -1164,6 +1257,17 @@ class _Builder:
         self._policies(step, task)
         tasks[step.name] = task
         return task
+
+    def _artifact(self, step: ir.Step, a: ir.InputArtifact, tasks: Mapping[str, Any]) -> Any:
+        src = a.source
+        assert isinstance(src, ir.StepArtifactRef)  # _check refuses storage locations
+        if src in self.scope:
+            return self.scope[src]
+        up = tasks.get(src.step)
+        if up is None:
+            raise self._fail(step.name, Feature.ARTIFACTS,
+                             f"reads {src.step}.{src.artifact}, which is not a task here")
+        return up.outputs[self.plans[src.step].out_artifacts[src.artifact]]
 
     def _policies(self, step: ir.Step, task: Any) -> None:
         d = self.wf.defaults
@@ -1287,6 +1391,10 @@ def _is_channel(value: object) -> bool:
 
 
 def _annotation_src(annotation: Any) -> str:
+    origin = getattr(annotation, "__metadata__", None)  # dsl.Input / dsl.Output[Artifact]
+    if origin:
+        kind = "Output" if "output" in repr(origin).lower() else "Input"
+        return f"dsl.{kind}[dsl.Artifact]"
     if isinstance(annotation, type):
         builtin = annotation.__module__ == "builtins"
         return annotation.__name__ if builtin else f"dsl.{annotation.__name__}"
@@ -1295,8 +1403,14 @@ def _annotation_src(annotation: Any) -> str:
 
 
 def _wrapper(outputs: Sequence[ir.OutputParameter], working_dir: str, *,
-             gate: tuple[bool, tuple[str, ...]] | None = None) -> str:
-    """The ``/bin/sh -c`` script: $1..$k are the output files, then the command.
+             gate: tuple[bool, tuple[str, ...]] | None = None,
+             inputs_art: Sequence[str] = (), outputs_art: Sequence[str] = ()) -> str:
+    """The ``/bin/sh -c`` script: $1..$k are the output files, then the local paths of
+    the input and of the output artifacts, then the command.
+
+    An input artifact is copied to the path the step reads it at before the command
+    runs; an output artifact is copied from the path the step wrote it at after the
+    command succeeded (missing: the step fails, as on Argo).
 
     With ``gate`` (a ``failed`` / ``error`` exit hook, an edge handler) $1 is the
     ``PipelineTaskFinalStatus`` JSON first; ``gate`` is (run when the state is one of
@@ -1308,6 +1422,10 @@ def _wrapper(outputs: Sequence[ir.OutputParameter], working_dir: str, *,
         lines.append('couler_status="$1"; shift')
     for k in range(len(outputs)):
         lines.append(f'o{k}="$1"; shift')
+    for k in range(len(inputs_art)):
+        lines.append(f'i{k}="$1"; shift')
+    for k in range(len(outputs_art)):
+        lines.append(f'a{k}="$1"; shift')
     if gate is not None:
         run_on, states = gate
         # protojson puts a space after the colon or not (deliberately unstable): match both
@@ -1319,6 +1437,9 @@ def _wrapper(outputs: Sequence[ir.OutputParameter], working_dir: str, *,
         if run_on:
             lines.append(f"  *) {empty}exit 0;;")
         lines.append("esac")
+    for k, path in enumerate(inputs_art):
+        q = shlex.quote(path)
+        lines.append(f'mkdir -p "$(dirname {q})" && cp -R "$i{k}" {q} || exit 1')
     if working_dir:
         lines.append(f"cd {shlex.quote(working_dir)} || exit 1")
     stdout = any(o.source is ir.OutputSource.STDOUT for o in outputs)
@@ -1327,6 +1448,10 @@ def _wrapper(outputs: Sequence[ir.OutputParameter], working_dir: str, *,
                   '[ "$rc" -eq 0 ] || exit "$rc"']
     else:
         lines.append('"$@" || exit $?')
+    for k, path in enumerate(outputs_art):
+        q = shlex.quote(path)
+        lines += [f'[ -e {q} ] || {{ echo "couler: output artifact {q} is missing" >&2; exit 1; }}',
+                  f'mkdir -p "$(dirname "$a{k}")" && cp -R {q} "$a{k}" || exit 1']
     for k, o in enumerate(outputs):
         lines.append(f'mkdir -p "$(dirname "$o{k}")"')
         if o.source is ir.OutputSource.STDOUT:
