@@ -719,3 +719,44 @@ def test_artifacts_are_kfp_artifacts_copied_in_and_out(tmp_path: Path) -> None:
     assert refusals["location"][:2] == ["a", "artifacts"]
     assert "pipeline root" in refusals["location"][2]
     assert refusals["from storage"][:2] == ["a", "artifacts"]
+
+
+SUB_ARTIFACT = r"""
+import json, os, sys
+from couler import ir
+from couler.compilers import kfp as K
+
+tmp = sys.argv[1]
+def sh(name, script, **kw):
+    return ir.Step(name=name, body=ir.ContainerSpec(image="alpine", command=("sh", "-c", script)),
+                   **kw)
+flag = ir.Condition(ir.StepOutputRef("producer", "flag"), ir.CompareOp.EQ, ir.Literal.of("yes"))
+wf = ir.Workflow(name="subart", steps=(
+    sh("producer", f"echo payload > {tmp}/r.txt; echo yes",
+       outputs=(ir.OutputParameter("flag", ir.OutputSource.STDOUT),),
+       output_artifacts=(ir.OutputArtifact("report", f"{tmp}/r.txt"),)),
+    sh("consumer", f"cat {tmp}/in.txt", dependencies=(ir.Dependency("producer"),),
+       input_artifacts=(ir.InputArtifact("report", f"{tmp}/in.txt",
+                                         ir.StepArtifactRef("producer", "report")),),
+       when=ir.When(flag))))
+spec = K.compile_workflow(wf)
+os.chdir(tmp)
+print(json.dumps({"inputs": spec["root"]["dag"]["tasks"]["couler-consumer"]["inputs"],
+                  "runs": K.run_locally(wf, f"{tmp}/root")}))
+"""
+
+
+def test_an_artifact_reaches_a_step_in_a_sub_pipeline(tmp_path: Path) -> None:
+    """A conditional reader gets the artifact as an input of its sub-pipeline; on kfp.local
+    the producer's file is moved into the artifact, so the reader sees it only through KFP."""
+    script = tmp_path / "kfp_sub_artifact.py"
+    script.write_text(SUB_ARTIFACT)
+    proc = subprocess.run([kfp_python(), str(script), str(tmp_path)], capture_output=True,
+                          text=True, check=False, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    (art,) = out["inputs"]["artifacts"].values()
+    assert art == {"taskOutputArtifact": {"outputArtifactKey": "report",
+                                          "producerTask": "producer"}}
+    assert out["runs"] == {"producer": ["yes\n"], "consumer": ["payload\n"]}
+    assert not (tmp_path / "r.txt").exists()  # moved into the artifact store
