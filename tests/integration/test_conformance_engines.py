@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from tests.conformance.harness import LOCAL_SECRETS
 from tests.conformance.loader import load_program
+from couler import ir
 from couler.compilers import kfp as K
 from couler.errors import UnsupportedFeatureError
 root = Path(sys.argv[2])
@@ -62,6 +63,17 @@ for path in sys.argv[3:]:
     steps = {}
     hooks = {s.name for hook in wf.exit_hooks for s in hook.steps}
     for step in [*wf.steps, *(s for hook in wf.exit_hooks for s in hook.steps)]:
+        if isinstance(step.body, ir.SubWorkflowSpec):  # a nested pipeline: GROUP/STEP runs
+            inner = [f"{step.name}/{s.name}" for s in step.body.steps]
+            for key in inner:
+                state = ("failed" if key in failed else
+                         "succeeded" if key in runs else "skipped")
+                steps[key] = {"state": state, "outputs": {}}
+            states = {steps[key]["state"] for key in inner}
+            steps[step.name] = {"state": "failed" if "failed" in states else
+                                "succeeded" if "succeeded" in states else "skipped",
+                                "outputs": {}}
+            continue
         if step.name in failed:
             steps[step.name] = {"state": "failed", "outputs": {}}
             continue
@@ -99,7 +111,7 @@ print(json.dumps(out))
 KFP_RUN = ["artifacts", "basic_steps", "edge_conditions", "exit_hooks", "gpu", "interpolation",
            "map_static", "map_upstream", "omitted_upstream", "placement", "resources_cache",
            "retry_backoff", "retry_timeout", "secrets", "sibling_whens", "skip_propagation",
-           "strict_succeeded", "when_else", "workflow_params"]
+           "strict_succeeded", "subworkflows", "when_else", "workflow_params"]
 
 # Where kfp.local differs from expected.json (the local engine's results).
 KFP_DIFFERENCES: dict[str, dict[str, Any]] = {

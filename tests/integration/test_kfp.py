@@ -50,14 +50,13 @@ print(json.dumps(out))
 '''
 
 SUPPORTED = [
-    "coin_flip", "concurrent", "dag_diamond", "dag_linear", "dag_linear_set_dependencies",
-    "dag_conditional",
+    "coin_flip", "concurrent", "concurrent_subtasks", "dag_diamond", "dag_linear",
+    "dag_linear_set_dependencies", "dag_conditional",
     "exit_handlers", "implicit_parameter_passing", "input_bare_string", "input_from_script",
     "input_two_calls", "input_two_params", "map_static", "map_upstream", "multiple_outputs",
     "producer_consumer", "resources", "secrets", "when_else", "workflow_parameters",
 ]
 UNSUPPORTED = {  # program → (step, feature)
-    "concurrent_subtasks": ("concurrent-task", "inline sub-workflow"),
     "cron": ("", "cron schedule"),
     "job_apply": ("mnist", "job step (Kubernetes resource)"),
     "policies": ("train", "retry by failure class"),
@@ -117,6 +116,10 @@ def test_supported_program_compiles_to_pipeline_spec(name: str,
         task = tasks[step.name]
         assert task["taskInfo"]["name"] == step.name
         comp = spec["components"][task["componentRef"]["name"]]
+        if isinstance(step.body, ir.SubWorkflowSpec):  # a nested pipeline of its steps
+            assert sorted(comp["dag"]["tasks"]) == sorted(s.name for s in step.body.steps)
+            assert set(task.get("dependentTasks", [])) == {d.step for d in step.dependencies}
+            continue
         executor = spec["deploymentSpec"]["executors"][comp["executorLabel"]]["container"]
         assert isinstance(step.body, (ir.ContainerSpec, ir.ScriptSpec))
         assert executor["image"] == step.body.image
@@ -760,3 +763,42 @@ def test_an_artifact_reaches_a_step_in_a_sub_pipeline(tmp_path: Path) -> None:
                                           "producerTask": "producer"}}
     assert out["runs"] == {"producer": ["yes\n"], "consumer": ["payload\n"]}
     assert not (tmp_path / "r.txt").exists()  # moved into the artifact store
+
+
+GROUPS = r"""
+import json
+from couler import ir
+from couler.compilers import kfp as K
+from couler.errors import UnsupportedFeatureError
+
+def step(name, **kw):
+    return ir.Step(name=name, body=ir.ContainerSpec(image="alpine", command=("echo", name)), **kw)
+inner = ir.SubWorkflowSpec(name="grp", steps=(step("a"),
+                                              step("b", dependencies=(ir.Dependency("a"),))))
+out = {}
+for name, group in {"ok": step("grp"), "retry": step("grp", retry=ir.RetryPolicy(limit=2))}.items():
+    wf = ir.Workflow(name="groups", steps=(ir.Step(name="grp", body=inner, retry=group.retry),
+                                           step("after", dependencies=(ir.Dependency("grp"),))))
+    try:
+        out[name] = {"spec": K.compile_workflow(wf)}
+    except UnsupportedFeatureError as exc:
+        out[name] = {"refused": [exc.step, exc.feature, str(exc)]}
+print(json.dumps(out))
+"""
+
+
+def test_an_inline_sub_workflow_is_a_nested_pipeline(tmp_path: Path) -> None:
+    script = tmp_path / "kfp_groups_check.py"
+    script.write_text(GROUPS)
+    proc = subprocess.run([kfp_python(), str(script)], capture_output=True, text=True,
+                          check=False, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    spec = out["ok"]["spec"]
+    root = spec["root"]["dag"]["tasks"]
+    assert root["after"]["dependentTasks"] == ["grp"]
+    inner = spec["components"][root["grp"]["componentRef"]["name"]]["dag"]["tasks"]
+    assert sorted(inner) == ["a", "b"] and inner["b"]["dependentTasks"] == ["a"]
+    refused = out["retry"]["refused"]
+    assert refused[:2] == ["grp", "inline sub-workflow"]
+    assert "no group-level retry" in refused[2]

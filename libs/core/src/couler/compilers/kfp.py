@@ -74,6 +74,9 @@ Shape of the output (the faithful, container mode):
   step); an input artifact from a step is a ``dsl.Input[dsl.Artifact]`` fed by that
   step's output and copied to the step's path before the command. In local mode
   the output is moved into the artifact (a container's files end with it).
+* An inline sub-workflow is a nested ``@dsl.pipeline`` (a sub-DAG task named
+  after the step) of its steps, built by a builder of its own; group-level
+  settings on it are rejected (set them on its steps).
 * Edge conditions: a step on one ``failed`` / ``completed`` / ``any`` edge runs
   after its upstream whatever its outcome (``.ignore_upstream_failure()``); a
   ``failed`` / ``completed`` one also reads the upstream's
@@ -169,7 +172,9 @@ CAPABILITIES: dict[Feature, Capability] = {
         _U, "KFP v2 has no resource step (v1 ResourceOp was dropped); use a component that "
             "talks to the Kubernetes API"),
     Feature.SUBWORKFLOW_INLINE: Capability(
-        _U, "not implemented for KFP yet (a nested @dsl.pipeline could express it)"),
+        _N, "a nested @dsl.pipeline (a sub-DAG task) of the inner steps, built like the "
+            "workflow's own; group-level settings (when, map, loop, retry, resources, edge "
+            "conditions, outputs...) and claim templates mounted inside are rejected"),
     Feature.SUBWORKFLOW_REF: Capability(
         _U, "KFP compiles one pipeline at a time; a reference to another workflow is not "
             "resolved"),
@@ -436,6 +441,7 @@ def _local_runs(logdir: str) -> tuple[dict[str, list[str]], list[str]]:
     failed: set[str] = set()
     for name in sorted(os.listdir(logdir)):
         step, _, end = name.rsplit(".", 2) if name.count(".") >= 2 else (name, "", "")
+        step = step.replace("~", "/")
         if end == "failed":
             failed.add(step)
         if end in ("failed", "out"):  # every execution, a retried attempt included
@@ -445,6 +451,11 @@ def _local_runs(logdir: str) -> tuple[dict[str, list[str]], list[str]]:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _log_name(step: str) -> str:
+    """A step's name in local-mode log file names ("/" of inner steps is not a file name)."""
+    return step.replace("/", "~")
 
 
 def _artifact_sources(step: ir.Step) -> set[str]:
@@ -519,10 +530,12 @@ class _StepPlan:
 
 
 class _Builder:
-    def __init__(self, wf: ir.Workflow, *, local: bool, workdir: str | None) -> None:
+    def __init__(self, wf: ir.Workflow, *, local: bool, workdir: str | None,
+                 prefix: str = "") -> None:
         self.wf = wf
         self.local = local
         self.workdir = workdir
+        self.prefix = prefix  # "GROUP/" for the steps of an inline sub-workflow
         self.dsl: Any = _import("kfp.dsl")
         self.hooks_exit: list[ir.Step] = []  # any / failed / error: the ExitHandler exit task
         # steps reading a PipelineTaskFinalStatus: name → (run when the state matches?,
@@ -582,7 +595,8 @@ class _Builder:
             self.has_dependents |= {s.name for s in wf.steps}
         self._check_handlers(by_name)
         for step in [*wf.steps, *self.hooks_exit, *self.hooks_ok]:
-            self._check_mounts(step, outside=self._nested(step) or step in self.hooks_exit)
+            self._check_mounts(step, outside=(self._nested(step) or step in self.hooks_exit
+                                              or bool(self.prefix)))
             for e in step.env:
                 if e.secret is None and _PLACEHOLDER.search(e.value):
                     raise self._fail(step.name, "env from a run-time value",
@@ -590,6 +604,8 @@ class _Builder:
                                      "literal values only (PipelineTask.set_env_variable); "
                                      "pass the value as an argument instead")
             self._check_artifacts(step, by_name)
+            if isinstance(step.body, ir.SubWorkflowSpec):
+                self._check_group(step)
             upstream = {d.step for d in step.dependencies} | _artifact_sources(step)
             upstream |= {i.value.step for i in step.inputs if isinstance(i.value, ir.StepOutputRef)}
             for name in sorted(upstream):
@@ -650,7 +666,7 @@ class _Builder:
                 problem = "it has more than one edge (KFP gives a task the final status of one " \
                           "upstream task only)"
             elif up is None or up.when is not None or up.foreach is not None or \
-                    self._nested(up):
+                    self._nested(up) or isinstance(up.body, ir.SubWorkflowSpec):
                 problem = f"{dep.step!r} is conditional or mapped (a dsl.If / ParallelFor " \
                           "group, not one task)"
             elif step.when is not None or step.foreach is not None:
@@ -703,6 +719,27 @@ class _Builder:
         """Whether the step is built in its own sub-pipeline (task ``couler-STEP``)."""
         return (self._driven(step) or bool(self.guards.get(step.name))
                 or (step.when is not None and step.name in self.has_dependents))
+
+    def _check_group(self, step: ir.Step) -> None:
+        d = self.wf.defaults
+        group_level = [name for name, used in (
+            ("when", step.when is not None), ("map", step.foreach is not None),
+            ("loop", step.loop is not None), ("retry", (step.retry or d.retry) is not None),
+            ("timeout", step.timeout_seconds is not None), ("resources", step.resources),
+            ("cache", step.cache), ("priority", step.priority is not None),
+            ("node selector", step.node_selector), ("tolerations", step.tolerations),
+            ("volume mounts", step.volume_mounts), ("env", step.env), ("labels", step.labels),
+            ("inputs", step.inputs), ("outputs", step.outputs),
+            ("artifacts", step.input_artifacts or step.output_artifacts),
+            ("edge conditions", step.name in self.handlers or any(
+                d.condition is not ir.EdgeCondition.SUCCEEDED for d in step.dependencies)),
+        ) if used]
+        if step in self.hooks_exit or step in self.hooks_ok:
+            group_level.append("exit hook")
+        if group_level:
+            raise self._fail(step.name, Feature.SUBWORKFLOW_INLINE,
+                             "a nested pipeline (a sub-DAG task) here carries no group-level "
+                             + ", ".join(group_level) + "; set them on its steps")
 
     def _check_artifacts(self, step: ir.Step, by_name: Mapping[str, ir.Step]) -> None:
         for out in step.output_artifacts:
@@ -945,7 +982,7 @@ class _Builder:
             if step.name in self.handlers:
                 # kfp.local reports an upstream that was not run as FAILED; the KFP backend
                 # never starts the handler (an exit hook of a task that never ran): skip it
-                up = self.handlers[step.name].step + "."
+                up = _log_name(self.prefix + self.handlers[step.name].step) + "."
                 skip += (f" or not any(n.startswith({up!r}) for n in "
                          f"__import__('os').listdir(__import__('os').environ[{LOCAL_DIR_ENV!r}]))")
             lines.append(f"    if {skip}:")
@@ -977,7 +1014,8 @@ class _Builder:
             f"    logdir = os.environ.get({LOCAL_DIR_ENV!r})",
             "    if logdir:",
             "        end = '.failed' if proc.returncode else '.out'",
-            f"        name = os.path.join(logdir, {step.name!r} + '.' + uuid.uuid4().hex + end)",
+            f"        name = os.path.join(logdir, {_log_name(self.prefix + step.name)!r} + '.' "
+            "+ uuid.uuid4().hex + end)",
             "        with open(name, 'w') as fh:",
             "            fh.write(proc.stdout)",
             "    if proc.returncode:",
@@ -998,10 +1036,11 @@ class _Builder:
             lines += [f"    with open({selector!r}) as src, open({ident}, 'w') as fh:",
                       "        fh.write(src.read().rstrip('\\n'))"]
         source = "from kfp import dsl\n\n\n" + "\n".join(lines) + "\n"
-        path = os.path.join(workdir, f"couler_kfp_step_{fname}.py")
+        module_name = f"couler_kfp_step_{_ident(self.prefix, set())}_{fname}"
+        path = os.path.join(workdir, f"{module_name}.py")
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(source)
-        spec = importlib.util.spec_from_file_location(f"couler_kfp_step_{fname}", path)
+        spec = importlib.util.spec_from_file_location(module_name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
@@ -1021,6 +1060,9 @@ class _Builder:
         for step in [*steps, *self.hooks_exit, *self.hooks_ok]:
             plan = _StepPlan(step)
             self.plans[step.name] = plan
+            if isinstance(step.body, ir.SubWorkflowSpec):
+                components[step.name] = self._group(step, step.body)
+                continue
             self._argv(step, plan)  # registers item placeholders
             make = self._local_component if self.local else self._container_component
             components[step.name] = make(step, plan)
@@ -1066,6 +1108,23 @@ class _Builder:
             raise
         except Exception as exc:  # kfp's own checks (topology, types)
             raise self._fail("", "this graph", f"kfp rejected it: {exc}") from exc
+
+    def _group(self, step: ir.Step, body: ir.SubWorkflowSpec) -> Any:
+        """An inline sub-workflow: a nested pipeline (a graph component) of its steps.
+
+        Built by a builder of its own, before the enclosing pipeline (kfp allows one
+        pipeline context at a time); its steps see only each other, and the enclosing
+        workflow's volumes, placement and step defaults.
+        """
+        wf = self.wf
+        inner = ir.Workflow(name=step.name, steps=body.steps,  # the task's name
+                            volumes=wf.volumes, node_selector=wf.node_selector,
+                            tolerations=wf.tolerations,
+                            image_pull_secrets=wf.image_pull_secrets,
+                            security_context=wf.security_context, defaults=wf.defaults)
+        child = _Builder(inner, local=self.local, workdir=self.workdir,
+                         prefix=f"{self.prefix}{step.name}/")
+        return child.build()
 
     def _add_main(self, steps: Sequence[ir.Step], components: Mapping[str, Any],
                   tasks: dict[str, Any], channels: Mapping[str, Any]) -> None:
@@ -1254,7 +1313,10 @@ class _Builder:
                 task.after(tasks[dep.step])
         if step.name in self.handlers:
             task.ignore_upstream_failure()
-        self._policies(step, task)
+        if isinstance(step.body, ir.SubWorkflowSpec):
+            task.set_caching_options(enable_caching=False)  # its tasks decide for themselves
+        else:
+            self._policies(step, task)
         tasks[step.name] = task
         return task
 
