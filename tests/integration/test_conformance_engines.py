@@ -111,7 +111,7 @@ print(json.dumps(out))
 KFP_RUN = ["artifacts", "basic_steps", "edge_conditions", "exit_hooks", "gpu", "interpolation",
            "map_static", "map_upstream", "omitted_upstream", "placement", "resources_cache",
            "retry_backoff", "retry_timeout", "secrets", "sibling_whens", "skip_propagation",
-           "strict_succeeded", "subworkflows", "when_else", "workflow_params"]
+           "strict_succeeded", "subworkflows", "when_else", "while_loop", "workflow_params"]
 
 # Where kfp.local differs from expected.json (the local engine's results).
 KFP_DIFFERENCES: dict[str, dict[str, Any]] = {

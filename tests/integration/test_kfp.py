@@ -802,3 +802,58 @@ def test_an_inline_sub_workflow_is_a_nested_pipeline(tmp_path: Path) -> None:
     refused = out["retry"]["refused"]
     assert refused[:2] == ["grp", "inline sub-workflow"]
     assert "no group-level retry" in refused[2]
+
+
+LOOP = r"""
+import json, os, sys
+from couler import ir
+from couler.compilers import kfp as K
+from couler.errors import UnsupportedFeatureError
+
+tmp = sys.argv[1]
+count = f"{tmp}/count"
+# says "again" on its first two runs, then "done"
+source = (f"import pathlib\np = pathlib.Path({count!r})\nn = int(p.read_text()) if p.exists() "
+          "else 0\np.write_text(str(n + 1))\nprint('again' if n < 2 else 'done')\n")
+again = ir.Condition(ir.StepOutputRef("poll", "result"), ir.CompareOp.EQ, ir.Literal.of("again"))
+poll = ir.Step(name="poll", body=ir.ScriptSpec(image="python:3.12", source=source),
+               outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT),),
+               loop=ir.Loop(again, max_iterations=5))
+after = ir.Step(name="after", body=ir.ContainerSpec(image="alpine", command=("echo", "after")),
+                dependencies=(ir.Dependency("poll"),))
+wf = ir.Workflow(name="loop", steps=(poll, after))
+spec = K.compile_workflow(wf)
+os.chdir(tmp)
+out = {"spec": spec, "runs": K.run_locally(wf, f"{tmp}/root")}
+reader = ir.Step(name="reader",
+                 body=ir.ContainerSpec(image="alpine", command=("echo", "{{inputs.x}}")),
+                 inputs=(ir.InputParameter("x", ir.StepOutputRef("poll", "result")),),
+                 dependencies=(ir.Dependency("poll"),))
+try:
+    K.compile_workflow(ir.Workflow(name="loop", steps=(poll, reader)))
+    out["refused"] = None
+except UnsupportedFeatureError as exc:
+    out["refused"] = [exc.step, exc.feature, str(exc)]
+print(json.dumps(out))
+"""
+
+
+def test_a_bounded_loop_is_unrolled_into_guarded_nested_pipelines(tmp_path: Path) -> None:
+    script = tmp_path / "kfp_loop_check.py"
+    script.write_text(LOOP)
+    proc = subprocess.run([kfp_python(), str(script), str(tmp_path)], capture_output=True,
+                          text=True, check=False, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    spec = out["spec"]
+    root = spec["root"]["dag"]["tasks"]
+    assert root["after"]["dependentTasks"] == ["couler-poll-iter2"]  # after the last
+    assert root["couler-poll-iter2"]["inputs"]["parameters"]["couler_prev_0"] == {
+        "taskOutputParameter": {"outputParameterKey": "result", "producerTask": "poll"}}
+    nested = [n for n in spec["components"] if n.startswith("comp-couler-poll-iter")]
+    assert len(nested) == 4  # iterations 2..5
+    # three runs: again, again, done; the loop stops there, then `after` runs
+    assert out["runs"] == {"poll": ["again\n", "again\n", "done\n"], "after": ["after\n"]}
+    refused = out["refused"]
+    assert refused[:2] == ["reader", "bounded loop"]
+    assert "last executed iteration" in refused[2]

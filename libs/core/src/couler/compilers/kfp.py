@@ -77,6 +77,11 @@ Shape of the output (the faithful, container mode):
 * An inline sub-workflow is a nested ``@dsl.pipeline`` (a sub-DAG task named
   after the step) of its steps, built by a builder of its own; group-level
   settings on it are rejected (set them on its steps).
+* A bounded loop is unrolled (at most :data:`MAX_UNROLL` iterations): the first
+  iteration is the step's task; iteration k (2..N) sits in a nested pipeline
+  ``couler-STEP-iterK`` taking iteration k-1's outputs, running the step under
+  ``dsl.If`` (the loop condition) and then iteration k+1. Dependents run after the
+  whole chain; reading a looped step's outputs is rejected.
 * Edge conditions: a step on one ``failed`` / ``completed`` / ``any`` edge runs
   after its upstream whatever its outcome (``.ignore_upstream_failure()``); a
   ``failed`` / ``completed`` one also reads the upstream's
@@ -220,8 +225,12 @@ CAPABILITIES: dict[Feature, Capability] = {
             "(dsl.Collected) is rejected"),
     Feature.MAP_PARALLELISM: Capability(_N, "dsl.ParallelFor(parallelism=N) (iteratorPolicy)"),
     Feature.LOOP: Capability(
-        _U, "KFP v2 dropped recursive graph components (v1 @dsl.graph_component); no "
-            "while loop (kubeflow/pipelines#10748)"),
+        _R, "KFP v2 has no loops (kubeflow/pipelines#10748): unrolled into at most 16 "
+            "iterations, iteration k in a nested pipeline couler-STEP-iterK that runs the "
+            "step under dsl.If(the condition on iteration k-1's outputs), then iteration "
+            "k+1; dependents run after the last; reading a looped step's outputs, and "
+            "looped steps that are mapped, conditional, in a sub-workflow or carry "
+            "artifacts, are rejected"),
     Feature.EXIT_HOOKS: Capability(
         _R, "one `any` / `failed` / `error` hook step → the dsl.ExitHandler exit task (failed "
             "/ error: it reads dsl.PipelineTaskFinalStatus and runs the step only when the "
@@ -273,6 +282,7 @@ CAPABILITIES: dict[Feature, Capability] = {
 }
 
 _KFP_DOCS = "https://www.kubeflow.org/docs/components/pipelines/"
+MAX_UNROLL = 16  # longest bounded loop unrolled into nested guarded pipelines
 LIMITS: tuple[Limit, ...] = (
     Limit("Argo Workflow object size the compiled pipeline runs as (Kubernetes/etcd request, "
           "--max-request-bytes default)", 1572864, "bytes",
@@ -286,6 +296,8 @@ LIMITS: tuple[Limit, ...] = (
     Limit("ParallelFor parallelism (iteratorPolicy.parallelismLimit, int32)", 2147483647,
           "tasks", _KFP_DOCS + "user-guides/core-functions/control-flow/#parallel-looping-"
                    "dslparallelfor (0 = unbounded)"),
+    Limit("loop iterations unrolled by Couler", MAX_UNROLL, "iterations",
+          "couler.compilers.kfp (KFP v2 has no loops: kubeflow/pipelines#10748)"),
     Limit("output parameter size (read back by the launcher; stored in MLMD)", 524288, "bytes",
           "https://github.com/kubeflow/pipelines/issues/4545 (large parameters; use "
           "artifacts)"),
@@ -553,6 +565,9 @@ class _Builder:
         self.output_types: dict[tuple[str, str], ir.ValueType] = {}
         self.plans: dict[str, _StepPlan] = {}
         self.param_ids: dict[str, str] = {}
+        # looped step → (its iteration 2 pipeline, the outputs / values that pipeline takes)
+        self.loops: dict[str, tuple[Any, list[ir.StepOutputRef],
+                                    list[ir.ValueSource | ir.StepArtifactRef]]] = {}
         self.claims: dict[str, Any] = {}  # claim template → its CreatePVC task
         self.claim_users: dict[str, list[Any]] = {}  # claim template → tasks mounting it
 
@@ -604,6 +619,7 @@ class _Builder:
                                      "literal values only (PipelineTask.set_env_variable); "
                                      "pass the value as an argument instead")
             self._check_artifacts(step, by_name)
+            self._check_loop(step, by_name)
             if isinstance(step.body, ir.SubWorkflowSpec):
                 self._check_group(step)
             upstream = {d.step for d in step.dependencies} | _artifact_sources(step)
@@ -719,6 +735,32 @@ class _Builder:
         """Whether the step is built in its own sub-pipeline (task ``couler-STEP``)."""
         return (self._driven(step) or bool(self.guards.get(step.name))
                 or (step.when is not None and step.name in self.has_dependents))
+
+    def _check_loop(self, step: ir.Step, by_name: Mapping[str, ir.Step]) -> None:
+        loop = step.loop
+        if loop is None:
+            return
+        problem = ""
+        if loop.max_iterations > MAX_UNROLL:
+            problem = (f"KFP has no loops and Couler unrolls at most {MAX_UNROLL} iterations; "
+                       f"this loop allows {loop.max_iterations}")
+        elif loop.max_iterations < 2:
+            problem = ""
+        elif step.foreach is not None or step.when is not None or self._nested(step):
+            problem = "a looped step that is also mapped, conditional or guarded"
+        elif step.input_artifacts or step.output_artifacts:
+            problem = "a looped step with artifacts"
+        elif self.prefix or step in self.hooks_exit or step in self.hooks_ok:
+            problem = "a looped step in a sub-workflow or an exit hook"
+        if problem:
+            raise self._fail(step.name, Feature.LOOP, problem)
+        for other in [*self.wf.steps, *self.hooks_ok, *self.hooks_exit]:
+            if any(isinstance(i.value, ir.StepOutputRef) and i.value.step == step.name
+                   for i in other.inputs):
+                raise self._fail(other.name, Feature.LOOP,
+                                 f"reads an output of the looped step {step.name!r}: KFP "
+                                 "cannot select the last executed iteration's outputs "
+                                 "(dsl.OneOf is not mapped)")
 
     def _check_group(self, step: ir.Step) -> None:
         d = self.wf.defaults
@@ -837,8 +879,8 @@ class _Builder:
             if step.foreach is not None and isinstance(step.foreach.source, ir.StepOutputRef):
                 src = step.foreach.source
                 self.output_types[(src.step, src.output)] = ir.ValueType.LIST
-            if step.when is not None:
-                cond = step.when.condition
+            conds = [w.condition for w in (step.when, step.loop) if w is not None]
+            for cond in conds:
                 if cond.op in _ORDERING:
                     for a, b in ((cond.left, cond.right), (cond.right, cond.left)):
                         key = (a.step, a.output) if isinstance(a, ir.StepOutputRef) else None
@@ -1103,6 +1145,8 @@ class _Builder:
             # built before the pipeline: kfp allows one pipeline context at a time
             self.subs = {s.name: self._sub_pipeline(s, components) for s in steps
                          if self._nested(s)}
+            self.loops = {s.name: self._loop(s, components) for s in steps
+                          if s.loop is not None and s.loop.max_iterations > 1}
             return dsl.pipeline(name=wf.name, pipeline_config=config)(body)
         except UnsupportedFeatureError:
             raise
@@ -1125,6 +1169,54 @@ class _Builder:
         child = _Builder(inner, local=self.local, workdir=self.workdir,
                          prefix=f"{self.prefix}{step.name}/")
         return child.build()
+
+    def _loop(self, step: ir.Step, components: Mapping[str, Any]
+              ) -> tuple[Any, list[ir.StepOutputRef], list[ir.ValueSource | ir.StepArtifactRef]]:
+        """A bounded loop, unrolled: iteration k (2..N) in pipeline ``couler-STEP-iterK``.
+
+        Iteration k's pipeline takes the outputs of iteration k-1 the loop condition
+        reads, and the values the step reads; under ``dsl.If(condition)`` it runs the
+        step, then iteration k+1's pipeline. Built innermost first (a pipeline must be
+        defined before another calls it), before the enclosing pipeline.
+        """
+        assert step.loop is not None
+        cond = step.loop.condition
+        prev: list[ir.StepOutputRef] = []
+        for v in (cond.left, cond.right):
+            if isinstance(v, ir.StepOutputRef) and v.step == step.name and v not in prev:
+                prev.append(v)
+        values: list[ir.ValueSource | ir.StepArtifactRef] = []
+        for v in [*(i.value for i in step.inputs), cond.left, cond.right]:
+            if isinstance(v, (ir.StepOutputRef, ir.WorkflowParamRef)) and v not in prev \
+                    and v not in values:
+                values.append(v)
+        plan = self.plans[step.name]
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        params = [inspect.Parameter(f"couler_prev_{j}", kind, annotation=self._input_type(v))
+                  for j, v in enumerate(prev)]
+        params += [inspect.Parameter(f"couler_in_{j}", kind, annotation=self._input_type(v))
+                   for j, v in enumerate(values) if not isinstance(v, ir.StepArtifactRef)]
+        inner: Any = None
+        for k in range(step.loop.max_iterations, 1, -1):
+            def body(*args: Any, k: int = k, then: Any = inner) -> None:
+                self.scope = dict(zip([*prev, *values], args, strict=True))
+                try:
+                    expr = self._condition(step, ir.When(cond), {}, {}, None)
+                    with self.dsl.If(expr, name=f"{step.name}-iter{k}"):
+                        task = self._task(step, components, {}, {})
+                        if then is not None:
+                            nxt = then(**{f"couler_prev_{j}": task.outputs[plan.outputs[v.output]]
+                                          for j, v in enumerate(prev)},
+                                       **{f"couler_in_{j}": self.scope[v]
+                                          for j, v in enumerate(values)})
+                            nxt.set_caching_options(enable_caching=False)
+                finally:
+                    self.scope = {}
+
+            body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+            body.__name__ = _ident(f"couler_{step.name}_iter{k}", set())
+            inner = self.dsl.pipeline(name=f"couler-{step.name}-iter{k}")(body)
+        return inner, prev, values
 
     def _add_main(self, steps: Sequence[ir.Step], components: Mapping[str, Any],
                   tasks: dict[str, Any], channels: Mapping[str, Any]) -> None:
@@ -1227,6 +1319,17 @@ class _Builder:
                 if dep.step in tasks:
                     task.after(tasks[dep.step])
             tasks[step.name] = task
+            return
+        if step.name in self.loops:
+            first = self._task(step, components, tasks, channels)
+            then, prev, values = self.loops[step.name]
+            args = {f"couler_prev_{j}": first.outputs[self.plans[step.name].outputs[v.output]]
+                    for j, v in enumerate(prev)}
+            args |= {f"couler_in_{j}": self._value(step, v, tasks, channels, None)
+                     for j, v in enumerate(values) if not isinstance(v, ir.StepArtifactRef)}
+            rest = then(**args)
+            rest.set_caching_options(enable_caching=False)
+            tasks[step.name] = rest  # dependents run after the last iteration
             return
         item: Any = None
         if step.foreach is not None:
