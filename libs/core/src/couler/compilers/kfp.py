@@ -98,6 +98,8 @@ Shape of the output (the faithful, container mode):
   ``DeletePVC`` task after its users, empty dirs, config map and secret volumes),
   step timeouts (pod ``activeDeadlineSeconds``), pod labels, image pull policy and
   secrets, run-as user / group / non-root.
+* A cron schedule is not part of a PipelineSpec: :func:`recurring_schedule` gives
+  the KFP recurring-run settings the KFP adapter creates the recurring run with.
 * Workflow parameters become pipeline parameters; a workflow timeout and TTL go
   to ``dsl.PipelineConfig`` (``active_deadline_seconds``,
   ``ttl_seconds_after_finished``).
@@ -152,6 +154,7 @@ __all__ = [
     "LocalRunError",
     "build_pipeline",
     "compile_workflow",
+    "recurring_schedule",
     "run_locally",
     "split_platform_spec",
 ]
@@ -272,8 +275,12 @@ CAPABILITIES: dict[Feature, Capability] = {
         _N, "kubernetes.use_secret_as_env (secret key → env var) through " + _KK),
     Feature.DAEMON: Capability(_U, "no daemon / sidecar tasks in KFP v2"),
     Feature.CRON: Capability(
-        _U, "recurring runs are created through the KFP API server (client."
-            "create_recurring_run), not in the PipelineSpec"),
+        _R, "a KFP recurring run, created by the KFP adapter (KfpAdapter.submit) through the "
+            "API server's RecurringRunService with the compiled PipelineSpec (the spec itself "
+            "carries no schedule): a cron trigger with a seconds field ('0 ' + the schedule), "
+            "Forbid → max_concurrency 1, Allow → 10 (the API's maximum), suspend → mode "
+            "DISABLE; Replace, a time zone other than UTC, a starting deadline and history "
+            "limits are rejected (KFP has none of them)"),
     Feature.EVENT_TRIGGERS: Capability(_U, "KFP has no event triggers"),
     Feature.TUNE: Capability(
         _U, "not compiled for KFP yet: the tell step reads the mapped trials' outputs, which "
@@ -369,6 +376,43 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> dict[str, Any
         if isinstance(extra, dict):
             doc.update(extra)
     return doc
+
+
+def recurring_schedule(wf: ir.Workflow) -> dict[str, Any] | None:
+    """The KFP recurring-run settings of ``wf``'s cron schedule (None without one).
+
+    ``{"cron": six-field cron, "max_concurrency": int, "enabled": bool}``; KFP's cron
+    (robfig/cron) has a seconds field first and runs in UTC.
+
+    Raises:
+        couler.errors.UnsupportedFeatureError: a schedule setting KFP cannot express.
+    """
+    sched = wf.schedule
+    if sched is None:
+        return None
+
+    def refuse(detail: str) -> UnsupportedFeatureError:
+        return UnsupportedFeatureError(ENGINE, wf.name, "", Feature.CRON.value, detail)
+
+    if sched.timezone not in ("", "UTC", "Etc/UTC"):
+        raise refuse(f"time zone {sched.timezone!r}: KFP recurring runs follow UTC")
+    if sched.concurrency_policy is ir.ConcurrencyPolicy.REPLACE:
+        raise refuse("concurrency policy Replace: a KFP recurring run cannot stop the "
+                     "previous run (max_concurrency only bounds)")
+    if sched.starting_deadline_seconds is not None:
+        raise refuse("a starting deadline: a KFP recurring run catches up every missed "
+                     "interval or none (no_catchup)")
+    if sched.successful_history_limit is not None or sched.failed_history_limit is not None:
+        raise refuse("history limits: KFP keeps every run of a recurring run")
+    fields = sched.schedule.split()
+    if sched.schedule.startswith("@"):
+        cron = sched.schedule
+    elif len(fields) == 5:
+        cron = "0 " + " ".join(fields)
+    else:
+        raise refuse(f"cron schedule {sched.schedule!r}: expected five fields")
+    allow = sched.concurrency_policy is ir.ConcurrencyPolicy.ALLOW
+    return {"cron": cron, "max_concurrency": 10 if allow else 1, "enabled": not sched.suspend}
 
 
 def split_platform_spec(doc: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -591,6 +635,7 @@ class _Builder:
                              "kfp-kubernetes set_security_context sets run_as_user, "
                              "run_as_group and run_as_non_root only (no fsGroup / SELinux)")
         self._check_volumes()
+        recurring_schedule(wf)  # refuses what a KFP recurring run cannot express
         for hook in wf.exit_hooks:
             if hook.on is ir.RunStatus.SUCCEEDED:
                 self.hooks_ok.extend(hook.steps)
