@@ -579,13 +579,15 @@ for name, steps in {
     "dependent": (step("a"), step("h", ("a", F.FAILED)), step("after", ("h",))),
     "two edges": (step("a"), step("b"), step("h", ("a", F.FAILED), ("b",))),
     "errored": (step("a"), step("h", ("a", F.ERRORED))),
+    "succeeded hook": (step("a"), step("h", ("a", F.ANY))),
     "mapped upstream": (step("a", foreach=ir.ForEach(items=(ir.Literal.of(1),))),
                         step("h", ("a", F.COMPLETED))),
     "depends": (step("a"), step("b"), step("h", ("a",), ("b",), depends=ir.DependsAny((
         ir.DependsTerm("a"), ir.DependsNot(ir.DependsTerm("b", F.FAILED)))))),
 }.items():
+    hooks = (ir.ExitHook(ir.RunStatus.SUCCEEDED, (step("yay"),)),) if "hook" in name else ()
     try:
-        K.compile_workflow(ir.Workflow(name="bad", steps=steps))
+        K.compile_workflow(ir.Workflow(name="bad", steps=steps, exit_hooks=hooks))
         out["refusals"][name] = None
     except UnsupportedFeatureError as exc:
         out["refusals"][name] = [exc.step, exc.feature, str(exc)]
@@ -637,6 +639,7 @@ def test_edge_handler_runs_its_command_only_on_the_edge_states(
     ("dependent", "h", "edge conditions (failed / any)", "'after' depends on it"),
     ("two edges", "h", "edge conditions (failed / any)", "more than one edge"),
     ("errored", "h", "edge conditions (failed / any)", "platform error"),
+    ("succeeded hook", "h", "edge conditions (failed / any)", "a succeeded exit hook"),
     ("mapped upstream", "h", "edge conditions (failed / any)", "conditional or mapped"),
     ("depends", "h", "depends expression (and / or / not)", "one upstream task only"),
 ])
@@ -675,8 +678,9 @@ for name, steps in {
     "location": (sh("a", "true", output_artifacts=(ir.OutputArtifact("x", "/x", s3),)),),
     "from storage": (sh("a", "true", input_artifacts=(ir.InputArtifact("x", "/x", s3),)),),
 }.items():
+    hooks = (ir.ExitHook(ir.RunStatus.SUCCEEDED, (step("yay"),)),) if "hook" in name else ()
     try:
-        K.compile_workflow(ir.Workflow(name="bad", steps=steps))
+        K.compile_workflow(ir.Workflow(name="bad", steps=steps, exit_hooks=hooks))
         out["refusals"][name] = None
     except UnsupportedFeatureError as exc:
         out["refusals"][name] = [exc.step, exc.feature, str(exc)]

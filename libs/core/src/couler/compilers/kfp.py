@@ -735,9 +735,11 @@ class _Builder:
             elif any(isinstance(i.value, ir.StepOutputRef) for i in step.inputs) or \
                     _artifact_sources(step):
                 problem = "it reads a step's output (a failed step has none)"
-            elif readers.get(step.name):
-                problem = (f"{readers[step.name][0]!r} depends on it: the KFP backend runs it "
-                           "as an exit hook of its upstream task, outside the DAG")
+            elif readers.get(step.name) or self.hooks_ok:
+                who = (repr(readers[step.name][0]) if readers.get(step.name)
+                       else "a succeeded exit hook (it runs after every step)")
+                problem = (f"{who} depends on it: the KFP backend runs it as an exit hook of "
+                           "its upstream task, outside the DAG")
             if problem:
                 raise self._fail(step.name, Feature.EDGE_CONDITIONS,
                                  f"{dep.step}.{dep.condition.value} becomes "
