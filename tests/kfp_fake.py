@@ -7,7 +7,9 @@ are grpc-gateway bodies ``{"error", "code", "message", "details"}``):
 
 * ``GET /apis/v2beta1/healthz``: ``{"multi_user": false}`` (``kfp.Client()`` asks it).
 * ``POST /apis/v2beta1/runs``: creates a run (400 without ``display_name`` or without
-  ``pipeline_spec`` / ``pipeline_version_reference``, or when the spec has no ``root``);
+  ``pipeline_spec`` / ``pipeline_version_reference``, or when the spec has no ``root``;
+  ``pipeline_spec`` is a PipelineSpec or, as ``kfp.Client`` sends a pipeline with platform
+  settings, ``{"pipeline_spec": ..., "platform_spec": ...}``);
   the server fills ``run_id``, ``experiment_id`` (the default experiment unless given),
   ``created_at``, ``state: PENDING`` and ``storage_state: AVAILABLE``.
 * ``GET /apis/v2beta1/runs/{run_id}`` (404 when unknown).
@@ -17,6 +19,12 @@ are grpc-gateway bodies ``{"error", "code", "message", "details"}``):
   (``created_at`` [``desc``]), ``page_size`` / ``page_token``.
 * ``POST /apis/v2beta1/runs/{run_id}:terminate``: the run goes ``CANCELING`` (404 when
   unknown).
+* ``POST /apis/v2beta1/recurringruns``: creates a recurring run, checked as the API
+  server does (a pipeline spec as for a run; a trigger with a cron schedule of six fields,
+  robfig/cron with seconds, or an ``@`` descriptor; ``max_concurrency`` 1..10; ``mode``
+  ``ENABLE`` / ``DISABLE``); the server fills ``recurring_run_id``, ``created_at``,
+  ``status`` (``ENABLED`` / ``DISABLED``). ``GET /apis/v2beta1/recurringruns`` lists them
+  with the same ``filter`` / ``experiment_id`` handling as runs.
 
 Every request needs ``Authorization: Bearer <token>`` (401 otherwise). The tests play
 the KFP backend (persistence agent) with :meth:`FakeKfp.update`, which changes a stored
@@ -74,6 +82,7 @@ class FakeKfp:
         self.token = token
         self.lock = threading.Lock()
         self.runs: dict[str, Obj] = {}
+        self.recurring_runs: dict[str, Obj] = {}
         self.requests: list[Request] = []
         self._ids = itertools.count(1)
         fake = self
@@ -131,6 +140,13 @@ class FakeKfp:
         if spec is None and not body.get("pipeline_version_reference"):
             raise HttpError(400, "Invalid input error: Failed to create a run due to missing "
                             "pipeline spec or pipeline version reference")
+        if isinstance(spec, dict) and "pipeline_spec" in spec:
+            # kfp.Client's form for a pipeline with a PlatformSpec (kfp-kubernetes settings)
+            if set(spec) - {"pipeline_spec", "platform_spec"} or not isinstance(
+                    spec.get("platform_spec", {}), dict):
+                raise HttpError(400, "Invalid input error: Failed to create a run: invalid "
+                                "pipeline spec and platform spec")
+            spec = spec["pipeline_spec"]
         if spec is not None and (not isinstance(spec, dict) or "root" not in spec):
             raise HttpError(400, "Invalid input error: Failed to create a run: the pipeline "
                             "spec has no root")
@@ -146,6 +162,46 @@ class FakeKfp:
             run["state_history"] = [{"update_time": run["created_at"], "state": "PENDING"}]
             self.runs[run["run_id"]] = run
             return copy.deepcopy(run)
+
+    def _create_recurring(self, body: Any) -> Obj:
+        if not isinstance(body, dict) or not body.get("display_name"):
+            raise HttpError(400, "Invalid input error: The recurring run name is empty")
+        spec = body.get("pipeline_spec")
+        if isinstance(spec, dict) and "pipeline_spec" in spec:
+            spec = spec["pipeline_spec"]
+        if not isinstance(spec, dict) or "root" not in spec:
+            raise HttpError(400, "Invalid input error: Failed to create a recurring run: the "
+                            "pipeline spec has no root")
+        cron = ((body.get("trigger") or {}).get("cron_schedule") or {}).get("cron", "")
+        if not (cron.startswith("@") or len(cron.split()) == 6):
+            raise HttpError(400, f"Invalid input error: invalid cron schedule {cron!r} (six "
+                            "fields, seconds first)")
+        concurrency = int(body.get("max_concurrency") or 1)
+        if not 1 <= concurrency <= 10:
+            raise HttpError(400, "Invalid input error: max concurrency of a recurring run "
+                            "must be at least 1 and at most 10")
+        mode = body.get("mode", "ENABLE")
+        if mode not in ("ENABLE", "DISABLE"):
+            raise HttpError(400, f"Invalid input error: invalid mode {mode!r}")
+        with self.lock:
+            n = next(self._ids)
+            rec = copy.deepcopy(body)
+            rec["recurring_run_id"] = f"5e1f0000-0000-4000-8000-{n:012d}"
+            rec["experiment_id"] = body.get("experiment_id") or DEFAULT_EXPERIMENT
+            rec["created_at"] = f"2024-05-01T10:{n // 60:02d}:{n % 60:02d}Z"
+            rec["status"] = "ENABLED" if mode == "ENABLE" else "DISABLED"
+            self.recurring_runs[rec["recurring_run_id"]] = rec
+            return copy.deepcopy(rec)
+
+    def _list_recurring(self, query: dict[str, str]) -> Obj:
+        predicates = list(json.loads(query["filter"]).get("predicates") or ()) \
+            if query.get("filter") else []
+        with self.lock:
+            found = [copy.deepcopy(r) for r in self.recurring_runs.values()
+                     if all(_matches(r, p) for p in predicates)
+                     and (not query.get("experiment_id")
+                          or r.get("experiment_id") == query["experiment_id"])]
+        return {"recurringRuns": found, "total_size": len(found)}
 
     def _list(self, query: dict[str, str]) -> Obj:
         predicates: list[Obj] = []
@@ -231,6 +287,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(200, fake._create(body, query))
             if method == "GET":
                 return self._send(200, fake._list(query))
+        if path == "/apis/v2beta1/recurringruns":
+            if method == "POST":
+                return self._send(200, fake._create_recurring(body))
+            if method == "GET":
+                return self._send(200, fake._list_recurring(query))
         if m := _RUN.match(path):
             run_id, terminate = m.groups()
             with fake.lock:

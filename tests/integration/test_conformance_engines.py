@@ -32,10 +32,12 @@ PATHS = {p.stem: p for p in program_paths()}
 # "skipped". Also
 # the accelerators the container-mode pipeline requests (executor → accelerator).
 KFP_RUN_HELPER = r'''
-import json, re, sys
+import json, os, re, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
+from tests.conformance.harness import LOCAL_SECRETS
 from tests.conformance.loader import load_program
+from couler import ir
 from couler.compilers import kfp as K
 from couler.errors import UnsupportedFeatureError
 root = Path(sys.argv[2])
@@ -43,8 +45,11 @@ out = {}
 for path in sys.argv[3:]:
     name, wf = Path(path).stem, load_program(Path(path))
     failed = []
+    cwd = root.parent / "cwd" / name
+    cwd.mkdir(parents=True)
+    os.chdir(cwd)  # programs write relative files (retry markers): one directory each
     try:
-        runs = K.run_locally(wf, str(root / name))
+        runs = K.run_locally(wf, str(root / name), secrets=LOCAL_SECRETS)
     except UnsupportedFeatureError as exc:
         out[name] = {"state": "unsupported", "feature": exc.feature}
         continue
@@ -58,13 +63,24 @@ for path in sys.argv[3:]:
     steps = {}
     hooks = {s.name for hook in wf.exit_hooks for s in hook.steps}
     for step in [*wf.steps, *(s for hook in wf.exit_hooks for s in hook.steps)]:
+        if isinstance(step.body, ir.SubWorkflowSpec):  # a nested pipeline: GROUP/STEP runs
+            inner = [f"{step.name}/{s.name}" for s in step.body.steps]
+            for key in inner:
+                state = ("failed" if key in failed else
+                         "succeeded" if key in runs else "skipped")
+                steps[key] = {"state": state, "outputs": {}}
+            states = {steps[key]["state"] for key in inner}
+            steps[step.name] = {"state": "failed" if "failed" in states else
+                                "succeeded" if "succeeded" in states else "skipped",
+                                "outputs": {}}
+            continue
         if step.name in failed:
             steps[step.name] = {"state": "failed", "outputs": {}}
             continue
         if step.name not in runs:
-            # a conditional step or a hook that did not fire, or any step after a failure
-            if step.when is not None or step.name in hooks or failed:
-                steps[step.name] = {"state": "skipped", "outputs": {}, "attempts": 0}
+            # a conditional step, a step not reached (its guards), a hook or an edge
+            # handler that did not fire, or any step after a failure
+            steps[step.name] = {"state": "skipped", "outputs": {}, "attempts": 0}
             continue
         outputs = {}
         for o in step.outputs:
@@ -89,9 +105,14 @@ print(json.dumps(out))
 
 # Every program the KFP compiler accepts runs on kfp.local (test_conformance checks how
 # the others are rejected).
-KFP_RUN = ["basic_steps", "exit_hooks", "gpu", "interpolation", "map_static", "map_upstream",
-           "resources_cache", "retry_backoff", "sibling_whens", "skip_propagation",
-           "when_else", "workflow_params"]
+# Local mode applies no Kubernetes settings (kfp.local ignores them): secrets come from
+# run_locally(secrets=...) (the local engine's LOCAL_SECRETS) and volume mounts are host
+# directories; test_kfp.py checks the settings in the compiled platform spec.
+KFP_RUN = ["artifacts", "basic_steps", "cron", "edge_conditions", "exit_hooks", "gpu",
+           "interpolation", "map_static", "map_upstream", "omitted_upstream", "placement",
+           "resources_cache", "retry_backoff", "retry_timeout", "secrets", "sibling_whens",
+           "skip_propagation", "strict_succeeded", "subworkflows", "when_else", "while_loop",
+           "workflow_params"]
 
 # Where kfp.local differs from expected.json (the local engine's results).
 KFP_DIFFERENCES: dict[str, dict[str, Any]] = {
@@ -100,6 +121,13 @@ KFP_DIFFERENCES: dict[str, dict[str, Any]] = {
     # SubprocessRunner ignores it and runs the step on the host.
     "gpu": {"state": "succeeded",
             "steps": {"train": {"state": "succeeded", "attempts": 1, "outputs": {}}}},
+    # The schedule is the KFP API server's (a recurring run the adapter creates, tested in
+    # test_kfp_adapter.py); kfp.local runs the pipeline once. The local engine refuses cron.
+    "cron": {"state": "succeeded",
+             "steps": {"tick": {"state": "succeeded", "attempts": 1, "outputs": {}}}},
+    # E6 (docs/semantics.md): `broken` fails and its failed / any edges run their handlers
+    # (ignore_upstream_failure), but KFP fails a run one of whose tasks failed.
+    "edge_conditions": {**EXPECTED["edge_conditions"], "state": "failed"},
 }
 # Fail-fast (docs/semantics.md, exception E1): kfp.local stops the whole run at the first
 # failed task, so an independent step runs only if kfp.local happened to run it first (its

@@ -205,6 +205,40 @@ with FakeKfp(token="T") as kfp, FakeKube(token="K") as kube:
     out["secrets"] = error(lambda: adapter.submit(wf, [secret]))
     out["secrets_created_runs"] = len(kfp.runs) - runs
 
+    # Kubernetes settings (an existing secret as env, a timeout): the PlatformSpec goes
+    # along, in kfp.Client's {"pipeline_spec", "platform_spec"} form
+    env = (ir.EnvVar("TOKEN", secret=ir.SecretRef("creds", "token")),)
+    k8s_wf = ir.Workflow(name="k8s", steps=(ir.Step(
+        name="use", body=ir.ContainerSpec(image="alpine", command=("true",)), env=env,
+        timeout_seconds=90),))
+    # a cron schedule: a recurring run of the compiled spec
+    cron_wf = ir.Workflow(name="nightly", steps=workflow().steps, schedule=ir.CronSchedule(
+        "*/30 * * * *", concurrency_policy=ir.ConcurrencyPolicy.FORBID))
+    runs_before = len(kfp.runs)
+    rec_id = adapter.submit(cron_wf)
+    again = adapter.submit(cron_wf, idempotency_key="nightly-1")
+    same = adapter.submit(cron_wf, idempotency_key="nightly-1")
+    rec = kfp.recurring_runs[rec_id]
+    replace = ir.Workflow(name="nightly", steps=workflow().steps, schedule=ir.CronSchedule(
+        "0 2 * * *", concurrency_policy=ir.ConcurrencyPolicy.REPLACE))
+    out["recurring"] = {
+        "id": rec_id, "again": again, "same": same, "count": len(kfp.recurring_runs),
+        "runs_created": len(kfp.runs) - runs_before,
+        "cron": rec["trigger"]["cron_schedule"]["cron"],
+        "max_concurrency": rec["max_concurrency"], "mode": rec["mode"],
+        "status": rec["status"], "display_name": rec["display_name"],
+        "spec_is_compiled": rec["pipeline_spec"] == compile_workflow(cron_wf),
+        "replace": error(lambda: adapter.submit(replace))}
+
+    sent = kfp.get(adapter.submit(k8s_wf))["pipeline_spec"]
+    compiled = compile_workflow(k8s_wf)
+    out["platform_run"] = {
+        "keys": sorted(sent),
+        "spec_is_compiled": sent["pipeline_spec"] == {k: v for k, v in compiled.items()
+                                                      if k != "platforms"},
+        "executor": sent["platform_spec"]["platforms"]["kubernetes"]["deploymentSpec"][
+            "executors"]["exec-use"]}
+
 print(json.dumps(out))
 '''
 
@@ -404,3 +438,26 @@ def test_map_items_are_keyed_in_creation_order_and_structure_is_hidden() -> None
     del run["pipeline_spec"]
     assert [(s.step, s.key) for s in run_status(run).steps] == [
         ("fan", "0"), ("fan", "1"), ("extract", "")]
+
+
+def test_kubernetes_settings_are_sent_as_the_platform_spec(seen: dict[str, Any]) -> None:
+    run = seen["platform_run"]
+    assert run["keys"] == ["pipeline_spec", "platform_spec"]
+    assert run["spec_is_compiled"]
+    assert run["executor"]["activeDeadlineSeconds"] == "90"
+    (env,) = run["executor"]["secretAsEnv"]
+    assert env["secretName"] == "creds"
+    assert env["keyToEnv"] == [{"secretKey": "token", "envVar": "TOKEN"}]
+
+
+def test_a_cron_workflow_becomes_a_recurring_run(seen: dict[str, Any]) -> None:
+    rec = seen["recurring"]
+    assert rec["cron"] == "0 */30 * * * *"  # KFP's cron has a seconds field first
+    assert rec["max_concurrency"] == "1"  # Forbid
+    assert (rec["mode"], rec["status"]) == ("ENABLE", "ENABLED")
+    assert rec["display_name"] == "nightly" and rec["spec_is_compiled"]
+    assert rec["runs_created"] == 0  # no one-off run
+    assert rec["again"] != rec["id"] and rec["same"] == rec["again"]  # idempotency key
+    assert rec["count"] == 2
+    assert rec["replace"]["type"] == "UnsupportedFeatureError"
+    assert "Replace" in rec["replace"]["message"]

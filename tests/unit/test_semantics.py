@@ -88,6 +88,18 @@ def test_status_gated_exit_hooks_are_warned_on_kfp() -> None:
     assert warning.exception.id == "E3" and warning.steps == ("mourn",)
 
 
+def test_edge_handlers_are_warned_on_kfp() -> None:
+    """E3: a failed / completed handler that does not fire reports succeeded; E6: the run
+    fails although the failure is handled; E7: an any edge from a step that may not run."""
+    warned = {w.exception.id: w.steps for w in differences(PROGRAMS["omitted_upstream"],
+                                                           "kfp")}
+    assert warned["E3"] == ("on-eval-failure", "after-eval")
+    assert warned["E6"] == ("on-eval-failure", "after-eval", "always")
+    assert warned["E7"] == ("always",)  # evaluate runs only after train
+    edges = {w.exception.id: w.steps for w in differences(PROGRAMS["edge_conditions"], "kfp")}
+    assert edges["E6"] == ("on-failure", "always") and "E7" not in edges  # broken always runs
+
+
 @pytest.mark.parametrize(("engine", "warned"), [("tekton", True), ("argo", False)])
 def test_couler_compile_prints_the_warning(tmp_path: Path, engine: str, warned: bool) -> None:
     program = tmp_path / "branches.py"

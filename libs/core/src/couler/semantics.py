@@ -59,8 +59,9 @@ E_GROUP_EDGES = Exception_(
     "not run may still run")
 E_GATED_HOOKS = Exception_(
     "E3", ("kfp",), "S8",
-    "an exit hook on failed/error runs as a task that exits at once after a successful "
-    "run, so KFP reports it succeeded where other engines report it skipped")
+    "an exit hook on failed/error, or a step on a failed/completed edge, runs as a task that "
+    "exits at once when the status it reads does not match, so KFP reports it succeeded "
+    "where other engines report it skipped")
 
 E_ERRORED = Exception_(
     "E4", ("airflow",), "S4",
@@ -72,8 +73,20 @@ E_ERRORED_NEVER = Exception_(
     "an errored edge never fires: a platform error (eviction, node loss, the task's "
     "timeout) fails the TaskRun itself, which ends the PipelineRun")
 
+E_HANDLED_FAILS = Exception_(
+    "E6", ("kfp",), "S7",
+    "a failed step fails the run even when a failed / completed / any edge handles it: the "
+    "handler runs, and KFP still fails a run one of whose tasks failed")
+
+E_ANY_NOT_RUN = Exception_(
+    "E7", ("kfp",), "S4",
+    "a step on an any edge from a step that was not run is not run either: the KFP backend "
+    "runs it as an exit hook of that step, which never started")
+
 EXCEPTIONS: tuple[Exception_, ...] = (E_FAIL_FAST, E_GROUP_EDGES, E_GATED_HOOKS, E_ERRORED,
-                                      E_ERRORED_NEVER)
+                                      E_ERRORED_NEVER, E_HANDLED_FAILS, E_ANY_NOT_RUN)
+_STATUS_EDGES = frozenset({ir.EdgeCondition.FAILED, ir.EdgeCondition.COMPLETED,
+                           ir.EdgeCondition.ANY})
 
 # Edges whose Airflow trigger rule admits an upstream that was not run (checked by the
 # step runner only for single-task upstreams; see couler.compilers.airflow).
@@ -136,8 +149,23 @@ def differences(wf: ir.Workflow, engine: str) -> list[Warning_]:
         gated = [s.name for h in wf.exit_hooks if h.on in (ir.RunStatus.FAILED,
                                                            ir.RunStatus.ERROR)
                  for s in h.steps]
+        gated += [s.name for s in ir.all_steps(wf.steps)
+                  if any(d.condition in (ir.EdgeCondition.FAILED, ir.EdgeCondition.COMPLETED)
+                         for d in s.dependencies)]
         if gated:
             add(E_GATED_HOOKS, gated)
+    if engine in E_HANDLED_FAILS.engines:
+        handled = [s.name for s in ir.all_steps(wf.steps)
+                   if any(d.condition in _STATUS_EDGES for d in s.dependencies)]
+        if handled:
+            add(E_HANDLED_FAILS, handled)
+    if engine in E_ANY_NOT_RUN.engines:
+        by_name = {s.name: s for s in ir.all_steps(wf.steps)}
+        may_not_run = [s.name for s in by_name.values() if any(
+            d.condition is ir.EdgeCondition.ANY and d.step in by_name
+            and by_name[d.step].dependencies for d in s.dependencies)]
+        if may_not_run:
+            add(E_ANY_NOT_RUN, may_not_run)
     for exc in (E_ERRORED, E_ERRORED_NEVER):
         if engine in exc.engines:
             errored = [s.name for s in ir.all_steps(wf.steps)

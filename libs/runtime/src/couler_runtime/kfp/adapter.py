@@ -87,7 +87,7 @@ import urllib3
 
 from couler import ir
 from couler.api.handles import SecretMaterial
-from couler.compilers.kfp import compile_workflow
+from couler.compilers.kfp import compile_workflow, recurring_schedule, split_platform_spec
 from couler.compilers.wire import json_size
 from couler.engines.base import EngineAdapter, RunState, RunStatus, StepState, StepStatus
 from couler.errors import (
@@ -198,24 +198,30 @@ class KfpAdapter:
                idempotency_key: str | None = None) -> str:
         """Compile ``wf`` and create a KFP run of its pipeline spec; return the run id.
 
+        A workflow with a cron schedule becomes a KFP recurring run instead (see
+        :func:`couler.compilers.kfp.recurring_schedule`); its id is returned.
+
         With ``idempotency_key``, the run's description is ``couler.io/idempotency-key=KEY``
         and a submit whose key matches an existing run returns that run's id and creates
         nothing (see the module docstring).
 
         Raises:
             ValidationError, UnsupportedFeatureError: the workflow cannot be compiled
-                (secret references among them: Couler's KFP pipelines cannot use them).
+                (unsupported features are named in couler.compilers.kfp.CAPABILITIES).
             UserError: secrets to create were given (this adapter creates no Kubernetes
                 objects), or the API server rejected the run.
             RetryableError: server-side or connection trouble.
         """
-        spec = compile_workflow(wf)
+        spec = _run_spec(compile_workflow(wf))
         to_create = [s.name for s in secrets if s.should_create]
         if to_create:
             raise UserError(f"workflow {wf.name!r}: the KFP adapter creates no secrets "
-                            f"({', '.join(to_create)}); Couler's KFP pipelines cannot "
-                            "reference Kubernetes secrets")
+                            f"({', '.join(to_create)}); create them in the run's namespace "
+                            "first (the pipeline references existing Kubernetes secrets)")
         description = ""
+        schedule = recurring_schedule(wf)
+        if schedule is not None:
+            return self._create_recurring(wf, spec, schedule, idempotency_key)
         if idempotency_key is not None:
             description = IDEMPOTENCY_PREFIX + idempotency_key
             found = self._find_run(description, wf.name)
@@ -241,6 +247,40 @@ class KfpAdapter:
                 "kfp", wf.name, json_size(spec), refusal,
                 sent_bytes=len(json.dumps(spec).encode())) from exc
         return str(run.run_id)
+
+    def _create_recurring(self, wf: ir.Workflow, spec: dict[str, Any],
+                          schedule: dict[str, Any], idempotency_key: str | None) -> str:
+        """A cron workflow: a KFP recurring run of the spec; return its id.
+
+        With ``idempotency_key`` it is found again by its description, as a run is.
+        """
+        api = self._server_api
+        description = ""
+        if idempotency_key is not None:
+            description = IDEMPOTENCY_PREFIX + idempotency_key
+            query = json.dumps({"predicates": [
+                {"operation": "EQUALS", "key": "description", "stringValue": description}]})
+            with self._boundary(f"looking up the recurring run of workflow {wf.name!r} by "
+                                "idempotency key"):
+                page = self._client.recurring_runs.recurring_run_service_list_recurring_runs(
+                    filter=query, experiment_id=self.experiment_id, namespace=self.namespace,
+                    page_size=_LOOKUP_PAGE)
+            for found in page.recurring_runs or ():
+                if found.description == description:
+                    return str(found.recurring_run_id)
+        body = api.V2beta1RecurringRun(
+            display_name=wf.name, description=description or None, pipeline_spec=spec,
+            runtime_config=api.V2beta1RuntimeConfig(parameters={}),
+            service_account=wf.service_account or None, experiment_id=self.experiment_id,
+            max_concurrency=str(schedule["max_concurrency"]),
+            trigger=api.V2beta1Trigger(cron_schedule=api.V2beta1CronSchedule(
+                cron=schedule["cron"])),
+            mode=api.RecurringRunMode.ENABLE if schedule["enabled"]
+            else api.RecurringRunMode.DISABLE)
+        with self._boundary(f"creating the recurring run of workflow {wf.name!r}"):
+            created = self._client.recurring_runs.recurring_run_service_create_recurring_run(
+                recurring_run=body)
+        return str(created.recurring_run_id)
 
     def _find_run(self, description: str, workflow: str) -> str | None:
         query = json.dumps({"predicates": [
@@ -526,3 +566,11 @@ def run_status(run: Mapping[str, Any]) -> RunStatus:
 def _conforms(adapter: KfpAdapter) -> EngineAdapter:
     """Never called: mypy checks here that the adapter follows the EngineAdapter protocol."""
     return adapter
+
+
+def _run_spec(doc: dict[str, Any]) -> dict[str, Any]:
+    """The run's ``pipeline_spec`` field: the PipelineSpec alone, or, when the pipeline sets
+    Kubernetes settings (kfp-kubernetes), ``{"pipeline_spec", "platform_spec"}`` as
+    ``kfp.Client`` sends a two-document package."""
+    spec, platform = split_platform_spec(doc)
+    return {"pipeline_spec": spec, "platform_spec": platform} if platform else spec

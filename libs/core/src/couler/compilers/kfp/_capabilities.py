@@ -1,0 +1,159 @@
+"""What the KFP compiler expresses (CAPABILITIES) and the limits it meets (LIMITS)."""
+
+from __future__ import annotations
+
+from couler.engines.base import (
+    Capability,
+    Feature,
+    Limit,
+    Support,
+)
+
+ENGINE = "kfp"
+
+_N, _R, _U = Support.NATIVE, Support.REWRITTEN, Support.UNSUPPORTED
+_NO_DEPENDS_NOTE = (
+    "a depends expression needs the outcomes of several steps; a KFP task reads the final "
+    "status of one upstream task only (ignore_upstream_failure + PipelineTaskFinalStatus), "
+    "and dependentTasks is a plain conjunction")
+_KK = "the kfp-kubernetes extension (kfp.kubernetes, platforms.kubernetes in the spec)"
+
+CAPABILITIES: dict[Feature, Capability] = {
+    Feature.CONTAINER: Capability(_N, "a container component (dsl.ContainerSpec) per step"),
+    Feature.SCRIPT: Capability(
+        _R, "a container component running the interpreter on the source (python -c SOURCE, "
+            "bash -c / sh -c); in local mode a lightweight Python component running it in a "
+            "subprocess"),
+    Feature.JOB: Capability(
+        _U, "KFP v2 has no resource step (v1 ResourceOp was dropped); use a component that "
+            "talks to the Kubernetes API"),
+    Feature.SUBWORKFLOW_INLINE: Capability(
+        _N, "a nested @dsl.pipeline (a sub-DAG task) of the inner steps, built like the "
+            "workflow's own; group-level settings (when, map, loop, retry, resources, edge "
+            "conditions, outputs...) and claim templates mounted inside are rejected"),
+    Feature.SUBWORKFLOW_REF: Capability(
+        _U, "KFP compiles one pipeline at a time; a reference to another workflow is not "
+            "resolved"),
+    Feature.PARAMETERS: Capability(
+        _R, "component input parameters ({{$.inputs.parameters['X']}}); outputs are "
+            "dsl.OutputPath outputs written by a /bin/sh -c wrapper (stdout or the file's "
+            "content, trailing newlines trimmed); parameter names become identifiers"),
+    Feature.WORKFLOW_PARAMETERS: Capability(_N, "pipeline parameters with defaults and types"),
+    Feature.ARTIFACTS: Capability(
+        _R, "KFP artifacts (system.Artifact): an output artifact → dsl.Output[dsl.Artifact], "
+            "copied from the step's path into {{$.outputs.artifacts['X'].path}} after the "
+            "command (missing: the step fails); an input artifact from a step → "
+            "dsl.Input[dsl.Artifact] fed by that step's output, copied to the step's path "
+            "before the command; KFP stores them under the pipeline root, so output "
+            "artifacts at a chosen location or as workflow outputs, and input artifacts "
+            "from a storage location, are rejected"),
+    Feature.EDGE_CONDITIONS: Capability(
+        _R, "a step on one failed / completed / any edge → .after(upstream)."
+            "ignore_upstream_failure(); failed / completed ones read the upstream's "
+            "PipelineTaskFinalStatus and run the command only on FAILED (failed) or "
+            "SUCCEEDED / FAILED (completed), else exit 0 at once (reported succeeded); the "
+            "KFP backend runs such a task as an exit hook of its upstream, so it must be a "
+            "leaf with that one edge, the upstream neither conditional nor mapped; the run "
+            "still fails when the upstream fails (semantics E6); a succeeded-only edge from "
+            "a conditional step → the step and its plain dependents run under that "
+            "condition too (nested dsl.If in a sub-pipeline); errored (no platform-error "
+            "status), skipped (a task inside a dsl.If reports no status out of it), omitted "
+            "(no task runs after a task not run), any-succeeded / all-failed (no per-item "
+            "outcomes) are rejected"),
+    Feature.DEPENDS_EXPRESSION: Capability(_U, _NO_DEPENDS_NOTE),
+    Feature.WHEN: Capability(
+        _N, "dsl.If on the upstream output (==, !=, <, >, <=, >=; a string output compared "
+            "with a number is declared float), in a sub-pipeline taking the output as an "
+            "input when an output drives it or other steps depend on the step (KFP forbids "
+            "dependencies into a dsl.If, not into a sub-pipeline task); reading a "
+            "conditional step's output is rejected (dsl.OneOf is not mapped)"),
+    Feature.ELSE: Capability(_R, "dsl.If with the negated operator (equivalent to dsl.Else)"),
+    Feature.MAP_STATIC: Capability(
+        _N, "dsl.ParallelFor over the static items (leaf values rendered as text)"),
+    Feature.MAP_DYNAMIC: Capability(
+        _N, "dsl.ParallelFor over an upstream output declared as a list (in a sub-pipeline "
+            "taking the list as an input); reading a mapped step's outputs downstream "
+            "(dsl.Collected) is rejected"),
+    Feature.MAP_PARALLELISM: Capability(_N, "dsl.ParallelFor(parallelism=N) (iteratorPolicy)"),
+    Feature.LOOP: Capability(
+        _R, "KFP v2 has no loops (kubeflow/pipelines#10748): unrolled into at most 16 "
+            "iterations, iteration k in a nested pipeline couler-STEP-iterK that runs the "
+            "step under dsl.If(the condition on iteration k-1's outputs), then iteration "
+            "k+1; dependents run after the last; reading a looped step's outputs, and "
+            "looped steps that are mapped, conditional, in a sub-workflow or carry "
+            "artifacts, are rejected"),
+    Feature.EXIT_HOOKS: Capability(
+        _R, "one `any` / `failed` / `error` hook step → the dsl.ExitHandler exit task (failed "
+            "/ error: it reads dsl.PipelineTaskFinalStatus and runs the step only when the "
+            "state is not SUCCEEDED; error = any failure); `succeeded` hook steps → tasks "
+            "after every step; a second any / failed / error hook step is rejected (one exit "
+            "task per handler, handlers do not nest)"),
+    Feature.RETRY: Capability(_N, "task.set_retry(num_retries)"),
+    Feature.RETRY_BACKOFF: Capability(
+        _N, "set_retry(backoff_duration, backoff_factor, backoff_max_duration)"),
+    Feature.RETRY_FAILURE_CLASSES: Capability(
+        _U, "KFP retries every failure; it cannot select failures by cause"),
+    Feature.MEMORY_ESCALATION: Capability(
+        _U, "a retry reuses the same task spec; KFP cannot raise memory per attempt"),
+    Feature.TIMEOUT: Capability(
+        _N, "kubernetes.set_timeout (pod activeDeadlineSeconds, per attempt) through " + _KK
+            + "; a workflow timeout maps to PipelineConfig.active_deadline_seconds"),
+    Feature.RESOURCES: Capability(
+        _N, "set_cpu_request / set_cpu_limit / set_memory_request / set_memory_limit"),
+    Feature.GPU: Capability(_N, "set_accelerator_type(resource name) + set_accelerator_limit"),
+    Feature.CACHE: Capability(
+        _R, "set_caching_options(True) (KFP's own content key; salt / max age / key are not "
+            "expressible); steps without a policy get set_caching_options(False)"),
+    Feature.PRIORITY: Capability(_U, "no task priority in KFP"),
+    Feature.NODE_SELECTOR: Capability(
+        _N, "kubernetes.add_node_selector through " + _KK + "; a step's node selector "
+            "replaces the workflow's, as on Argo"),
+    Feature.TOLERATIONS: Capability(
+        _N, "kubernetes.add_toleration through " + _KK + "; a step's tolerations replace the "
+            "workflow's, as on Argo"),
+    Feature.VOLUMES: Capability(
+        _R, "through " + _KK + ": an existing claim → mount_pvc; a claim template → a "
+            "CreatePVC task before the steps mounting it (each mounts its name output and "
+            "runs after it) and a DeletePVC task after them (a failed run leaves the claim: "
+            "DeletePVC runs only after its upstream succeed); empty dir → empty_dir_mount; "
+            "config map / secret volumes → use_config_map_as_volume / use_secret_as_volume; "
+            "read-only PVC mounts, sub paths on non-PVC mounts and claim templates in exit "
+            "tasks or sub-pipelines are rejected"),
+    Feature.SECRETS: Capability(
+        _N, "kubernetes.use_secret_as_env (secret key → env var) through " + _KK),
+    Feature.DAEMON: Capability(_U, "no daemon / sidecar tasks in KFP v2"),
+    Feature.CRON: Capability(
+        _R, "a KFP recurring run, created by the KFP adapter (KfpAdapter.submit) through the "
+            "API server's RecurringRunService with the compiled PipelineSpec (the spec itself "
+            "carries no schedule): a cron trigger with a seconds field ('0 ' + the schedule), "
+            "Forbid → max_concurrency 1, Allow → 10 (the API's maximum), suspend → mode "
+            "DISABLE; Replace, a time zone other than UTC, a starting deadline and history "
+            "limits are rejected (KFP has none of them)"),
+    Feature.EVENT_TRIGGERS: Capability(_U, "KFP has no event triggers"),
+    Feature.TUNE: Capability(
+        _U, "not compiled for KFP yet: the tell step reads the mapped trials' outputs, which "
+            "KFP v2 collects only for dsl.Collected artifacts (use Katib, the local engine, Ray "
+            "or Argo)"),
+}
+
+_KFP_DOCS = "https://www.kubeflow.org/docs/components/pipelines/"
+MAX_UNROLL = 16  # longest bounded loop unrolled into nested guarded pipelines
+LIMITS: tuple[Limit, ...] = (
+    Limit("Argo Workflow object size the compiled pipeline runs as (Kubernetes/etcd request, "
+          "--max-request-bytes default)", 1572864, "bytes",
+          "https://etcd.io/docs/v3.5/dev-guide/limit/ (the KFP backend turns a run into an "
+          "Argo Workflow object)"),
+    Limit("KFP API server gRPC message size (pipeline upload / run creation)", 4194304, "bytes",
+          "gRPC default max receive message size, used by the KFP API server "
+          "(backend/src/apiserver/main.go)"),
+    Limit("pipeline / task name length (DNS-1123 label, Kubernetes object names)", 63,
+          "characters", _KFP_DOCS + "user-guides/core-functions/ and Kubernetes names"),
+    Limit("ParallelFor parallelism (iteratorPolicy.parallelismLimit, int32)", 2147483647,
+          "tasks", _KFP_DOCS + "user-guides/core-functions/control-flow/#parallel-looping-"
+                   "dslparallelfor (0 = unbounded)"),
+    Limit("loop iterations unrolled by Couler", MAX_UNROLL, "iterations",
+          "couler.compilers.kfp (KFP v2 has no loops: kubeflow/pipelines#10748)"),
+    Limit("output parameter size (read back by the launcher; stored in MLMD)", 524288, "bytes",
+          "https://github.com/kubeflow/pipelines/issues/4545 (large parameters; use "
+          "artifacts)"),
+)
