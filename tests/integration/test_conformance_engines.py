@@ -121,10 +121,6 @@ KFP_DIFFERENCES: dict[str, dict[str, Any]] = {
     # SubprocessRunner ignores it and runs the step on the host.
     "gpu": {"state": "succeeded",
             "steps": {"train": {"state": "succeeded", "attempts": 1, "outputs": {}}}},
-    # The schedule is the KFP API server's (a recurring run the adapter creates, tested in
-    # test_kfp_adapter.py); kfp.local runs the pipeline once. The local engine refuses cron.
-    "cron": {"state": "succeeded",
-             "steps": {"tick": {"state": "succeeded", "attempts": 1, "outputs": {}}}},
     # E6 (docs/semantics.md): `broken` fails and its failed / any edges run their handlers
     # (ignore_upstream_failure), but KFP fails a run one of whose tasks failed.
     "edge_conditions": {**EXPECTED["edge_conditions"], "state": "failed"},

@@ -56,6 +56,8 @@ TWO_MODELS = ("Load s3://data/churn.csv, train an XGBoost model and a LightGBM m
 PIPELINE = "Load s3://data/sales.csv, train a random forest and evaluate its accuracy"
 FANOUT = "Split s3://logs/events.parquet into 6 shards and clean each shard, at most 2 at a time"
 UNPLANNABLE = "book me a flight to Paris next Tuesday"
+# a cron schedule: Tekton has none (it would take Triggers and a CronJob)
+NIGHTLY = "Every night at 2am, load s3://data/sales.csv, train a random forest and evaluate it"
 
 
 def spec(**changes: dict[str, Any]) -> str:
@@ -237,10 +239,10 @@ class TestOffline:
         assert cause.code() is grpc.StatusCode.INVALID_ARGUMENT
 
     def test_engine_capabilities_are_checked(self, offline_client: CoulerClient) -> None:
-        assert offline_client.generator.generate(TWO_MODELS, engine="argo").workflow.steps
+        assert offline_client.generator.generate(NIGHTLY, engine="argo").workflow.steps
         with pytest.raises(UnsupportedFeatureError) as caught:
-            offline_client.generator.generate(TWO_MODELS, engine="kfp")
-        assert (caught.value.engine, caught.value.feature) == ("kfp", "artifacts")
+            offline_client.generator.generate(NIGHTLY, engine="tekton")
+        assert (caught.value.engine, caught.value.feature) == ("tekton", "cron schedule")
         with pytest.raises(UserError, match="unknown engine 'nomad'"):
             offline_client.generator.generate(TWO_MODELS, engine="nomad")
 
@@ -293,19 +295,19 @@ class TestOffline:
 
     def test_unsupported_engine_is_rejected(self, nats_server: NatsServer,
                                             offline: ServiceThread) -> None:
-        # the fan-out reads an s3 artifact: an engine whose matrix refuses the plan (the
-        # engines' gaps close over time, so it is looked up, not named)
-        wf, _ = plan(FANOUT)
+        # an engine whose matrix refuses the plan (the engines' gaps close over time, so
+        # it is looked up, not named)
+        wf, _ = plan(NIGHTLY)
         refusals = {}
         for engine in ("tekton", "kfp", "airflow"):
             try:
                 check_engine(engine, wf)
             except UnsupportedFeatureError as exc:
                 refusals[engine] = f"engine {engine!r} does not support {exc.feature}"
-        assert refusals, "every engine expresses the fan-out: pick another request"
+        assert refusals, "every engine expresses the request: pick another one"
         engine, reason = next(iter(refusals.items()))
         rid = run_id()
-        got = asyncio.run(exchange(nats_server, [text_request(rid, FANOUT, engine=engine)],
+        got = asyncio.run(exchange(nats_server, [text_request(rid, NIGHTLY, engine=engine)],
                                    {rid}))
         [(subject, body, _)] = got.answers[rid]
         assert subject == REJECTED
@@ -408,11 +410,12 @@ class TestLLM:
 
     def test_engine_check_errors_go_back_for_repair(self, llm_client: CoulerClient,
                                                     fake_llm: FakeOpenAI) -> None:
-        fake_llm.say(spec(), spec())
-        with pytest.raises(UserError, match="engine 'kfp' does not support artifacts"):
-            llm_client.generator.generate(TWO_MODELS, engine="kfp")
+        nightly = json.dumps({**json.loads(spec()), "schedule": "0 2 * * *"})
+        fake_llm.say(nightly, nightly)
+        with pytest.raises(UserError, match="engine 'tekton' does not support cron schedule"):
+            llm_client.generator.generate(TWO_MODELS, engine="tekton")
         repair = user_messages(fake_llm.seen()[1])[-1]
-        assert "engine 'kfp' does not support artifacts" in repair
+        assert "engine 'tekton' does not support cron schedule" in repair
 
     def test_endpoint_down_is_unavailable(self, llm_client: CoulerClient,
                                           fake_llm: FakeOpenAI) -> None:
