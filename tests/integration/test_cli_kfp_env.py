@@ -108,6 +108,26 @@ def test_output_file_and_a_chosen_kfp_environment(program: Path) -> None:
     assert names == ["kfp-env-check", "kfp-env-second"]
 
 
+def test_kubernetes_settings_follow_their_pipeline_as_its_platform_document(
+        tmp_path: Path) -> None:
+    """As kfp writes a package: the PipelineSpec, then its PlatformSpec."""
+    path = tmp_path / "placed.py"
+    path.write_text(textwrap.dedent("""
+        import couler.argo as couler
+        couler.config_workflow(name="placed")
+        couler.run_container(image="alpine:3.20", command=["echo", "hi"], step_name="a",
+                             node_selector={"disk": "ssd"})
+    """), encoding="utf-8")
+    proc = couler("compile", str(path), "--engine", "kfp", cwd=tmp_path,
+                  kfp_python=str(KFP_PYTHON))
+    assert proc.returncode == 0, proc.stderr
+    pipeline, platform = list(yaml.safe_load_all(proc.stdout))
+    assert pipeline["pipelineInfo"] == {"name": "placed"} and "platforms" not in pipeline
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    [config] = executors.values()
+    assert config["nodeSelector"]["labels"] == {"disk": "ssd"}
+
+
 def test_what_kfp_cannot_express_is_a_user_error(tmp_path: Path) -> None:
     proc = couler("compile", str(ROOT / "examples" / "exec_while.py"), "--engine", "kfp",
                   cwd=tmp_path)

@@ -109,7 +109,14 @@ def _compile_kfp(workflows: Sequence[ir.Workflow]) -> str:
 
         specs = kfp_env.compile_workflows(
             kfp_env.locate(os.environ, Path(sys.prefix)), workflows)
-    return "---\n".join(emit.to_yaml(spec) for spec in specs)
+    # a pipeline with Kubernetes settings is two documents, as kfp writes a package: the
+    # PipelineSpec, then its PlatformSpec ({"platforms": {"kubernetes": ...}})
+    docs: list[object] = []
+    for spec in specs:
+        docs.append({k: v for k, v in spec.items() if k != "platforms"})
+        if "platforms" in spec:
+            docs.append({"platforms": spec["platforms"]})
+    return "---\n".join(emit.to_yaml(doc) for doc in docs)
 
 
 def _compile_ir(workflows: Sequence[ir.Workflow]) -> str:
