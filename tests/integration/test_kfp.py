@@ -71,14 +71,19 @@ def kfp_python() -> str:
     return str(KFP_PYTHON)
 
 
-def helper(tmp_path: Path, *args: str, timeout: float = 300) -> Any:
-    script = tmp_path / "kfp_helper.py"
-    script.write_text(HELPER)
+def run_in_kfp(directory: Path, name: str, source: str, *args: str,
+               timeout: float = 300) -> Any:
+    """Run ``source`` as ``directory/name`` in .venv-kfp; the JSON its last line prints."""
+    script = directory / name
+    script.write_text(source)
     proc = subprocess.run([kfp_python(), str(script), *args], capture_output=True, text=True,
-                          check=False,
-                          timeout=timeout, cwd=ROOT)
+                          check=False, timeout=timeout, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def helper(tmp_path: Path, *args: str, timeout: float = 300) -> Any:
+    return run_in_kfp(tmp_path, "kfp_helper.py", HELPER, *args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -509,12 +514,8 @@ print(json.dumps(out))
 
 
 def test_kubernetes_settings_reach_the_platform_spec(tmp_path: Path) -> None:
-    script = tmp_path / "kfp_platform_check.py"  # not platform.py: it would shadow the stdlib
-    script.write_text(PLATFORM)
-    proc = subprocess.run([kfp_python(), str(script)], capture_output=True, text=True,
-                          check=False, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # not platform.py: it would shadow the stdlib
+    out = run_in_kfp(tmp_path, "kfp_platform_check.py", PLATFORM)
     spec = out["spec"]
     tasks = spec["root"]["dag"]["tasks"]
     assert sorted(tasks) == ["createpvc", "deletepvc", "read", "write"]
@@ -597,12 +598,8 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def edges(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    script = tmp_path_factory.mktemp("edges") / "kfp_edges_check.py"
-    script.write_text(EDGES)
-    proc = subprocess.run([kfp_python(), str(script)], capture_output=True, text=True,
-                          check=False, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out: dict[str, Any] = run_in_kfp(tmp_path_factory.mktemp("edges"), "kfp_edges_check.py",
+                                     EDGES)
     return out
 
 
@@ -689,12 +686,7 @@ print(json.dumps(out))
 
 
 def test_artifacts_are_kfp_artifacts_copied_in_and_out(tmp_path: Path) -> None:
-    script = tmp_path / "kfp_artifacts_check.py"
-    script.write_text(ARTIFACTS)
-    proc = subprocess.run([kfp_python(), str(script), str(tmp_path)], capture_output=True,
-                          text=True, check=False, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_in_kfp(tmp_path, "kfp_artifacts_check.py", ARTIFACTS, str(tmp_path))
     spec = out["spec"]
     outs = spec["components"]["comp-producer"]["outputDefinitions"]["artifacts"]
     assert {n: a["artifactType"]["schemaTitle"] for n, a in outs.items()} == {
@@ -756,12 +748,7 @@ print(json.dumps({"inputs": spec["root"]["dag"]["tasks"]["couler-consumer"]["inp
 def test_an_artifact_reaches_a_step_in_a_sub_pipeline(tmp_path: Path) -> None:
     """A conditional reader gets the artifact as an input of its sub-pipeline; on kfp.local
     the producer's file is moved into the artifact, so the reader sees it only through KFP."""
-    script = tmp_path / "kfp_sub_artifact.py"
-    script.write_text(SUB_ARTIFACT)
-    proc = subprocess.run([kfp_python(), str(script), str(tmp_path)], capture_output=True,
-                          text=True, check=False, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_in_kfp(tmp_path, "kfp_sub_artifact.py", SUB_ARTIFACT, str(tmp_path))
     (art,) = out["inputs"]["artifacts"].values()
     assert art == {"taskOutputArtifact": {"outputArtifactKey": "report",
                                           "producerTask": "producer"}}
@@ -792,12 +779,7 @@ print(json.dumps(out))
 
 
 def test_an_inline_sub_workflow_is_a_nested_pipeline(tmp_path: Path) -> None:
-    script = tmp_path / "kfp_groups_check.py"
-    script.write_text(GROUPS)
-    proc = subprocess.run([kfp_python(), str(script)], capture_output=True, text=True,
-                          check=False, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_in_kfp(tmp_path, "kfp_groups_check.py", GROUPS)
     spec = out["ok"]["spec"]
     root = spec["root"]["dag"]["tasks"]
     assert root["after"]["dependentTasks"] == ["grp"]
@@ -843,12 +825,7 @@ print(json.dumps(out))
 
 
 def test_a_bounded_loop_is_unrolled_into_guarded_nested_pipelines(tmp_path: Path) -> None:
-    script = tmp_path / "kfp_loop_check.py"
-    script.write_text(LOOP)
-    proc = subprocess.run([kfp_python(), str(script), str(tmp_path)], capture_output=True,
-                          text=True, check=False, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_in_kfp(tmp_path, "kfp_loop_check.py", LOOP, str(tmp_path), timeout=600)
     spec = out["spec"]
     root = spec["root"]["dag"]["tasks"]
     assert root["after"]["dependentTasks"] == ["couler-poll-iter2"]  # after the last
