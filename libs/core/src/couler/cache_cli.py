@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from couler.cli_format import human_bytes, human_seconds, parse_bytes
 from couler.errors import UserError
-from couler.service_cli import service_client
+from couler.service_cli import add_connection_arguments, service_client
 
 __all__ = ["add_cache_commands"]
 
@@ -197,13 +197,7 @@ def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _connection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--home", help="the stack's directory (default $COULER_HOME or ~/.couler)")
-    p.add_argument("--address", help="the cache service's host:port (default "
-                                     "$COULER_CACHE_ADDRESS, $COULER_ADDRESS, or the stack's)")
-    p.add_argument("--token", default=None, help="the gRPC auth token (default "
-                                                 "$COULER_AUTH_TOKEN or the stack's)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
-    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    add_connection_arguments(p, "cache", "the cache service")
 
 
 def add_cache_commands(sub: Any) -> None:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from couler.service_cli import service_client
+from couler.service_cli import add_connection_arguments, service_client
 
 __all__ = ["add_schedule_commands"]
 
@@ -98,14 +98,7 @@ def cmd_resume(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _connection(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--home", help="the stack's directory (default $COULER_HOME or ~/.couler)")
-    p.add_argument("--address", help="the submitter's host:port (default "
-                                     "$COULER_SUBMITTER_ADDRESS, $COULER_ADDRESS, or the "
-                                     "stack's)")
-    p.add_argument("--token", default=None, help="the gRPC auth token (default "
-                                                 "$COULER_AUTH_TOKEN or the stack's)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
-    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    add_connection_arguments(p, "submitter", "the submitter")
 
 
 def add_schedule_commands(sub: Any) -> None:

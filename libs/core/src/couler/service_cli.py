@@ -17,7 +17,20 @@ from typing import Any
 
 from couler.errors import RetryableError, UserError
 
-__all__ = ["service_address", "service_client"]
+__all__ = ["add_connection_arguments", "service_address", "service_client"]
+
+
+def add_connection_arguments(p: argparse.ArgumentParser, service: str, what: str) -> None:
+    """``--home --address --token --timeout --json`` of a command that talks to ``service``
+    (``what`` names it in the help: "the submitter")."""
+    p.add_argument("--home", help="the stack's directory (default $COULER_HOME or ~/.couler)")
+    p.add_argument("--address", help=f"{what}'s host:port (default "
+                                     f"$COULER_{service.upper()}_ADDRESS, $COULER_ADDRESS, "
+                                     "or the stack's)")
+    p.add_argument("--token", default=None, help="the gRPC auth token (default "
+                                                 "$COULER_AUTH_TOKEN or the stack's)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
 
 
 def service_address(args: argparse.Namespace, service: str) -> tuple[str, str | None]:
