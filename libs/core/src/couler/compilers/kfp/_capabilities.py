@@ -32,8 +32,10 @@ CAPABILITIES: dict[Feature, Capability] = {
             "object every 5 s: Argo-style success / failure conditions (==, !=, >, <, in, "
             "notin, exists) read with kubectl get -o jsonpath; JSONPath outputs and jq `.` "
             "(the whole object) only, as KFP output parameters. The pod runs under the run's "
-            "service account (set when the run is created; kfp-kubernetes 2.17 sets none per "
-            "task), which needs RBAC on the resource (its action, get). Artifacts and "
+            "service account (kfp-kubernetes 2.17 sets none per task; a workflow service "
+            "account is rejected, so it is the API server's default, pipeline-runner, or "
+            "default-editor in multi-user mode), which needs RBAC on the resource (the "
+            "job's action, get). Artifacts and "
             "failed / completed edges or failed / error exit hooks on it (Couler's wrapper) "
             "are rejected; kfp.local cannot run it (no cluster)"),
     Feature.SUBWORKFLOW_INLINE: Capability(
