@@ -107,12 +107,15 @@ print(json.dumps(out))
 # the others are rejected).
 # Local mode applies no Kubernetes settings (kfp.local ignores them): secrets come from
 # run_locally(secrets=...) (the local engine's LOCAL_SECRETS) and volume mounts are host
-# directories; test_kfp.py checks the settings in the compiled platform spec.
+# directories; test_kfp.py checks the settings in the compiled platform spec. A job step
+# needs a cluster (its kubectl script talks to the Kubernetes API): run_locally refuses it,
+# as the local engine does (expected.json), and test_kfp_job.py runs its compiled script
+# against a fake kubectl.
 KFP_RUN = ["artifacts", "basic_steps", "cron", "edge_conditions", "exit_hooks", "gpu",
-           "interpolation", "map_static", "map_upstream", "omitted_upstream", "placement",
-           "resources_cache", "retry_backoff", "retry_timeout", "secrets", "sibling_whens",
-           "skip_propagation", "strict_succeeded", "subworkflows", "when_else", "while_loop",
-           "workflow_params"]
+           "interpolation", "job_step", "map_static", "map_upstream", "omitted_upstream",
+           "placement", "resources_cache", "retry_backoff", "retry_timeout", "secrets",
+           "sibling_whens", "skip_propagation", "strict_succeeded", "subworkflows", "when_else",
+           "while_loop", "workflow_params"]
 
 # Where kfp.local differs from expected.json (the local engine's results).
 KFP_DIFFERENCES: dict[str, dict[str, Any]] = {
@@ -159,6 +162,13 @@ def kfp_runs(kfp_outcomes: dict[str, harness.Outcome],
 
 def test_kfp_runs_the_compiled_programs(kfp_runs: dict[str, Any]) -> None:
     assert sorted(kfp_runs) == KFP_RUN
+
+
+def test_kfp_local_refuses_the_compiled_job_step(kfp_outcomes: dict[str, harness.Outcome],
+                                                 kfp_runs: dict[str, Any]) -> None:
+    assert kfp_outcomes["job_step"].status == "compiled"  # for a KFP backend
+    assert kfp_runs["job_step"] == {"state": "unsupported",
+                                    "feature": "job step (Kubernetes resource)"}
 
 
 def test_kfp_local_gpu_difference_is_real(kfp_runs: dict[str, Any]) -> None:

@@ -22,7 +22,9 @@ def test_every_feature_has_a_capability_with_a_note() -> None:
         assert cap.note, feature
     assert kfp.CAPABILITIES[Feature.LOOP].support is Support.REWRITTEN  # unrolled
     assert "10748" in kfp.CAPABILITIES[Feature.LOOP].note
-    assert kfp.CAPABILITIES[Feature.JOB].support is Support.UNSUPPORTED
+    job = kfp.CAPABILITIES[Feature.JOB]
+    assert job.support is Support.REWRITTEN  # a kubectl container component
+    assert "service account" in job.note and "RBAC" in job.note
     assert "kfp-kubernetes" in kfp.CAPABILITIES[Feature.SECRETS].note
 
 

@@ -98,6 +98,14 @@ Shape of the output (the faithful, container mode):
   ``DeletePVC`` task after its users, empty dirs, config map and secret volumes),
   step timeouts (pod ``activeDeadlineSeconds``), pod labels, image pull policy and
   secrets, run-as user / group / non-root.
+* A job step (KFP v2 has no resource step) is a container component of
+  ``bitnami/kubectl`` running :mod:`couler.compilers.kube_job`'s script, the one
+  Tekton's job step runs: it writes the manifest (owned by the step's pod, whose name
+  and uid come from the downward API, ``kubernetes.use_field_path_as_env``), runs the
+  action, polls the success / failure conditions and writes the outputs (JSONPath, jq
+  ``.``) to the component's output parameters (the script's arguments). The pod runs
+  under the run's service account, which needs RBAC on the resource; kfp-kubernetes
+  sets no service account per task. Local mode refuses it (it needs a cluster).
 * A cron schedule is not part of a PipelineSpec: :func:`recurring_schedule` gives
   the KFP recurring-run settings the KFP adapter creates the recurring run with.
 * Workflow parameters become pipeline parameters; a workflow timeout and TTL go

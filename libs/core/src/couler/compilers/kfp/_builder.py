@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from couler import ir
+from couler.compilers import kube_job
 from couler.engines.base import Feature
 from couler.errors import UnsupportedFeatureError
 
@@ -41,6 +42,12 @@ from ._helpers import (
     _wrapper,
     recurring_schedule,
 )
+
+# a job step's resource is owned by the step's pod: its name and uid come from the
+# downward API (kfp-kubernetes use_field_path_as_env) and replace these marks at run time
+_POD_ENV = (("@COULER_POD_NAME@", "COULER_POD_NAME"), ("@COULER_POD_UID@", "COULER_POD_UID"))
+_POD_OWNER = {"apiVersion": "v1", "kind": "Pod", "name": "@COULER_POD_NAME@",
+              "uid": "@COULER_POD_UID@"}
 
 
 class _StepPlan:
@@ -451,6 +458,8 @@ class _Builder:
 
         if isinstance(body, ir.ContainerSpec):
             return [mark(w) for w in (*body.command, *body.args)]
+        if isinstance(body, ir.JobSpec):
+            return ["/bin/sh", "-c", mark(self._job_script(step, body)), "couler-job"]
         assert isinstance(body, ir.ScriptSpec)
         interp = body.command or _INTERPRETER[body.language]
         return [*interp, "-c", mark(body.source), *(mark(a) for a in body.args)]
@@ -518,7 +527,67 @@ class _Builder:
         fn.__doc__ = f"Couler step {step.name!r}."
         return dsl.container_component(fn)
 
+    def _job_script(self, step: ir.Step, job: ir.JobSpec) -> str:
+        """A job step's kubectl script (:mod:`couler.compilers.kube_job`): output k goes to
+        the file ``$k`` (the component's output paths are the script's arguments); the
+        resource is owned by the step's pod, whose name and uid the pod's environment
+        gives (:data:`_POD_ENV`, set in :meth:`_kubernetes`)."""
+        bad = [label for label, present in (
+            ("a failed / completed edge or a failed / error exit hook (it reads the "
+             "upstream's final status in Couler's wrapper)", step.name in self.gated),
+            ("artifacts", bool(step.input_artifacts or step.output_artifacts))) if present]
+        if bad:
+            raise self._fail(step.name, Feature.JOB,
+                             "a KFP job step is a kubectl container without Couler's script "
+                             "wrapper; it cannot carry " + ", ".join(bad))
+        outputs = []
+        for o in step.outputs:
+            whole = (o.source is ir.OutputSource.JQ
+                     and o.selector.strip() == kube_job.WHOLE_OBJECT)
+            if o.source is not ir.OutputSource.JSON_PATH and not whole:
+                raise self._fail(step.name, Feature.JOB,
+                                 f"output {o.name!r} of a job step must be a JSONPath (the "
+                                 f"kubectl image has no jq), not {o.source.value} "
+                                 f"{o.selector!r}")
+            outputs.append((o.name, o.selector))
+        numbers = {o.name: k for k, o in enumerate(step.outputs, start=1)}
+        try:
+            return kube_job.script(
+                job, outputs, result_file=lambda name: f'"${numbers[name]}"',
+                owner=_POD_OWNER, substitutions={mark: f"${var}" for mark, var in _POD_ENV})
+        except ValueError as e:
+            raise self._fail(step.name, Feature.JOB, str(e)) from e
+
+    def _job_component(self, step: ir.Step, plan: _StepPlan) -> Any:
+        """A job step: a container component of :data:`kube_job.JOB_IMAGE` running the
+        step's kubectl script, whose outputs are the component's output parameters."""
+        dsl = self.dsl
+        command = self._argv(step, plan)
+        params = self._signature(step, plan)
+
+        def fn(*args: Any) -> Any:
+            values = {p.name: str(a) for p, a in zip(params, args, strict=True)}
+
+            def fill(word: str) -> str:
+                parts = word.split("\0")
+                return "".join(values[p] if k % 2 else p for k, p in enumerate(parts))
+
+            return dsl.ContainerSpec(image=kube_job.JOB_IMAGE,
+                                     command=[fill(w) for w in command],
+                                     args=[values[plan.outputs[o.name]] for o in step.outputs])
+
+        fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            params, return_annotation=dsl.ContainerSpec)
+        fn.__name__ = step.name
+        fn.__qualname__ = step.name
+        fn.__doc__ = f"Couler job step {step.name!r}."
+        return dsl.container_component(fn)
+
     def _local_component(self, step: ir.Step, plan: _StepPlan) -> Any:
+        if isinstance(step.body, ir.JobSpec):
+            raise self._fail(step.name, Feature.JOB,
+                             "kfp.local runs no job step: its kubectl script needs a "
+                             "Kubernetes cluster (compile it for a KFP backend)")
         workdir = self.workdir or tempfile.mkdtemp(prefix="couler-kfp-")
         host = _mount_rewriter(step, os.path.join(workdir, "volumes"))
         argv = [host(w) for w in self._argv(step, plan)]
@@ -639,7 +708,9 @@ class _Builder:
                 components[step.name] = self._group(step, step.body)
                 continue
             self._argv(step, plan)  # registers item placeholders
-            make = self._local_component if self.local else self._container_component
+            make = (self._local_component if self.local else
+                    self._job_component if isinstance(step.body, ir.JobSpec) else
+                    self._container_component)
             components[step.name] = make(step, plan)
             components[step.name].name = step.name
 
@@ -1040,6 +1111,11 @@ class _Builder:
         for key, value in step.labels:
             k8s.add_pod_label(task, key, value)
         body = step.body
+        if isinstance(body, ir.JobSpec) and body.set_owner_reference and body.action in (
+                ir.JobAction.CREATE, ir.JobAction.APPLY):  # the resource's owner: the pod
+            for var, field in (("COULER_POD_NAME", "metadata.name"),
+                               ("COULER_POD_UID", "metadata.uid")):
+                k8s.use_field_path_as_env(task, env_name=var, field_path=field)
         if isinstance(body, (ir.ContainerSpec, ir.ScriptSpec)) and body.image_pull_policy:
             k8s.set_image_pull_policy(task, body.image_pull_policy)
         if wf.image_pull_secrets:

@@ -25,8 +25,19 @@ CAPABILITIES: dict[Feature, Capability] = {
             "bash -c / sh -c); in local mode a lightweight Python component running it in a "
             "subprocess"),
     Feature.JOB: Capability(
-        _U, "KFP v2 has no resource step (v1 ResourceOp was dropped); use a component that "
-            "talks to the Kubernetes API"),
+        _R, "KFP v2 has no resource step (v1 ResourceOp was dropped), so a job step is a "
+            "container component running kubectl (bitnami/kubectl; the script Tekton's job "
+            "step runs) that writes the manifest (owned by the step's pod, whose name and uid "
+            "come from the downward API through " + _KK + "), runs the action and polls the "
+            "object every 5 s: Argo-style success / failure conditions (==, !=, >, <, in, "
+            "notin, exists) read with kubectl get -o jsonpath; JSONPath outputs and jq `.` "
+            "(the whole object) only, as KFP output parameters. The pod runs under the run's "
+            "service account (kfp-kubernetes 2.17 sets none per task; a workflow service "
+            "account is rejected, so it is the API server's default, pipeline-runner, or "
+            "default-editor in multi-user mode), which needs RBAC on the resource (the "
+            "job's action, get). Artifacts and "
+            "failed / completed edges or failed / error exit hooks on it (Couler's wrapper) "
+            "are rejected; kfp.local cannot run it (no cluster)"),
     Feature.SUBWORKFLOW_INLINE: Capability(
         _N, "a nested @dsl.pipeline (a sub-DAG task) of the inner steps, built like the "
             "workflow's own; group-level settings (when, map, loop, retry, resources, edge "
