@@ -203,6 +203,47 @@ sys.exit("the daemon's failure was never journaled")
     assert leftovers(token) == []
 
 
+def test_a_crashed_daemon_is_restarted_by_its_retry_policy_for_the_steps_waiting_on_it(
+        tmp_path: Path) -> None:
+    token, port = uuid.uuid4().hex, free_port()
+    # first attempt: leaves a mark and exits 1; the retry serves
+    flaky = r'''
+import os, sys
+mark = os.path.join(sys.argv[2], "crashed-once")
+if not os.path.exists(mark):
+    open(mark, "w").close()
+    sys.exit(1)
+exec(sys.argv[4])
+'''
+    # `gate` ends once the engine journaled the daemon waiting for its retry, so `client`
+    # (after both) is decided while the daemon restarts
+    watch = r'''
+import json, os, sys, time
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    for line in open(os.path.join(sys.argv[1], "run.journal")):
+        rec = json.loads(line)["record"]
+        if rec["step"] == "server" and rec["state"] == "retrying":
+            sys.exit(0)
+    time.sleep(0.02)
+sys.exit("the daemon never waited for a retry")
+'''
+    run_dir = tmp_path / "runs" / "flaky"
+    server = py("server", flaky, str(port), str(tmp_path), token, SERVER, daemon=True,
+                retry=ir.RetryPolicy(limit=1, backoff=ir.Backoff(base_seconds=1.0)))
+    gate = py("gate", watch, str(run_dir))
+    client = py("client", CLIENT, str(port), dependencies=after("server", "gate"),
+                outputs=(ir.OutputParameter("got", ir.OutputSource.STDOUT),))
+    status = LocalEngine(tmp_path / "runs").start(
+        ir.Workflow(name="flaky", steps=(server, gate, client)), run_id="flaky").wait(120)
+
+    assert status.state is RunState.SUCCEEDED, status.message
+    srv = by_name(status, "server")
+    assert (srv.state, srv.attempts) == (StepState.SUCCEEDED, 2)
+    assert by_name(status, "client").outputs == {"got": "pong"}
+    assert leftovers(token) == []
+
+
 def test_cancelling_the_run_stops_the_daemon(tmp_path: Path) -> None:
     token = uuid.uuid4().hex
     server = py("server", FOREVER, str(tmp_path), token, daemon=True)
