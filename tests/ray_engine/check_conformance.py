@@ -37,7 +37,10 @@ RAY_EXPECTED: dict[str, dict[str, Any]] = {
 # Programs the local engine runs (so expected.json records a success) whose features the
 # Ray executor does not implement yet: Ray must reject them up front, naming the feature.
 RAY_UNSUPPORTED: dict[str, str] = {"subworkflows": "inline sub-workflow",
-                                   "subworkflow_ref": "sub-workflow reference"}
+                                   "subworkflow_ref": "sub-workflow reference",
+                                   "daemon": "daemon step",
+                                   "cron": "cron schedule",
+                                   "event_trigger": "event triggers"}
 
 
 def ray_supports(name: str) -> bool:

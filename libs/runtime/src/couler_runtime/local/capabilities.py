@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from couler import ir
 from couler.engines.base import Capability, Feature, Limit, Support, check_capabilities
+from couler.errors import UnsupportedFeatureError
 
 __all__ = ["CAPABILITIES", "ENGINE", "LIMITS", "check_workflow"]
 
@@ -64,7 +65,13 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.VOLUMES: Capability(_R, "each volume is a directory under the run dir; mount paths "
                                     "are rewritten"),
     Feature.SECRETS: Capability(_N, "resolved from the secrets mapping given to the engine"),
-    Feature.DAEMON: Capability(_U, "daemon steps are not implemented by the local engine"),
+    Feature.DAEMON: Capability(_R, "the step's process is started on this machine, outside "
+                                   "the max_workers bound, and counts as succeeded for its "
+                                   "dependents once started (they reach it on 127.0.0.1); it "
+                                   "is stopped (SIGTERM to its process group, SIGKILL after "
+                                   "5 s) when the other steps of its graph have finished; a "
+                                   "failure after it started fails the run (rule S7); a daemon "
+                                   "map, loop or sub-workflow is refused"),
     Feature.CRON: Capability(_R, "the embedded stack's submitter keeps the schedule and "
                                  "launches each run on time (`couler submit` registers it; "
                                  "`couler schedule ls|pause|resume`; timezone, concurrency "
@@ -96,3 +103,13 @@ def check_workflow(wf: ir.Workflow) -> None:
     """Refuse, before anything runs, a workflow that is invalid or needs what this engine lacks."""
     ir.validate(wf)
     check_capabilities(ENGINE, CAPABILITIES, wf)
+    hooks = [s for hook in wf.exit_hooks for s in hook.steps]
+    for step in ir.all_steps([*wf.steps, *hooks]):
+        if not step.daemon:
+            continue
+        what = ("a map" if step.foreach is not None else "a loop" if step.loop is not None
+                else "a sub-workflow" if isinstance(step.body, ir.SubWorkflowSpec) else "")
+        if what:
+            raise UnsupportedFeatureError(
+                ENGINE, wf.name, step.name, Feature.DAEMON.value,
+                f"a daemon step runs one process; {what} is refused")

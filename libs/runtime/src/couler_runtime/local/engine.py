@@ -77,6 +77,26 @@ Execution rules:
   PRUNED. The step's outputs are the best trial's (``best_params``, ``best_value``, each
   parameter); it fails when no trial completed. A resumed run reopens the same study:
   finished trials are not run again, those the crash interrupted are.
+* **Daemon steps** (``daemon=True``, a plain container or script step: a daemon map,
+  loop or sub-workflow is refused, as on Argo for the latter): the step's process is
+  started on a thread of its own, outside the ``max_workers`` bound (it would hold a
+  slot for the whole run); once its process was started (the IR has no readiness
+  probe: a dependent retries its first connection) the step counts as succeeded for its
+  dependents, which start (it stays RUNNING, "running as a daemon"), and serves them on
+  this machine: they reach it on 127.0.0.1. It is stopped -- SIGTERM to its process
+  group, SIGKILL after ``STOP_GRACE_SECONDS`` -- when every other step of its graph (the
+  run's main steps, or the sub-workflow it is in) has finished, before the exit hooks;
+  then it is SUCCEEDED, "daemon stopped at the end of the run" (CANCELLED when the run
+  was cancelled, FAILED when a workflow or sub-workflow timeout stopped it, as any
+  running step). A daemon that exits by itself before that is an ordinary attempt:
+  exit 0 = SUCCEEDED (outputs read), otherwise failed and retried by its policy (the
+  process started again; steps still waiting for it wait while it retries). A daemon
+  that fails after it had started counts as a failure reaching a leaf (rule S7): every
+  edge from it was decided while it was running, so nothing can handle it and the run
+  (or sub-workflow) fails, naming it. Daemons are never reused by :meth:`LocalEngine.retry`
+  / :meth:`LocalEngine.resume`: a daemon that was running when the engine's process died
+  was killed with it (the death signal, as every step) and is started again, counting
+  its attempts on, when its conditions hold again.
 * Exit hooks run after the main graph with its final status (not after a
   cancellation). A failing hook fails the run.
 * ``cancel()`` kills running processes and marks everything else CANCELLED.
@@ -138,7 +158,14 @@ from .capabilities import CAPABILITIES, ENGINE, check_workflow
 from .journal import _DONE_OK, _load, _logs, _Record, _top
 from .nested import attempt_nested, resolve_references
 from .prepare import _StepError, prepare_step, read_outputs
-from .process import SAMPLE_SECONDS, SERIES_SECONDS, ProcessSample, run_process
+from .process import (
+    SAMPLE_SECONDS,
+    SERIES_SECONDS,
+    STOP_GRACE_SECONDS,
+    ProcessResult,
+    ProcessSample,
+    run_process,
+)
 from .reuse import Reuse, part_hits, usable_hits
 from .tune import TrialCtl, run_tune
 
@@ -148,6 +175,7 @@ EventCallback = Callable[[StepStatus], None]
 SampleCallback = Callable[[StepSample], None]
 
 _BY_WHEN = "its when"  # how the reason of a step skipped by its own when begins
+_SERVING = "running as a daemon: its dependents start"
 
 
 def skipped_without_running(decision: str) -> bool:
@@ -293,6 +321,11 @@ class LocalRun:
         self._journal: TextIO | None = None
         # tuning trials running now, by record: where they report, how to stop them
         self._trials: dict[tuple[str, str], TrialCtl] = {}
+        # daemon steps by record name: started (their stop events), serving now, and those
+        # that were serving at some point (a later failure of one fails the run, rule S7)
+        self._daemons: dict[str, _Daemon] = {}
+        self._serving: set[str] = set()
+        self._served: set[str] = set()
         self._thread = threading.Thread(target=self._main, name=f"couler-local-{self.run_id}",
                                         daemon=True)
 
@@ -385,7 +418,11 @@ class LocalRun:
     def _state_of(self, step: str) -> StepState:
         with self._lock:
             rec = self._records.get((self._name(step), ""))
-            return rec.state if rec is not None else StepState.PENDING
+            if rec is None:
+                return StepState.PENDING
+            if rec.step in self._serving and rec.state is StepState.RUNNING:
+                return StepState.SUCCEEDED  # a daemon serving: done, for its dependents
+            return rec.state
 
     def _record(self, step: str) -> _Record | None:
         with self._lock:
@@ -442,7 +479,7 @@ class LocalRun:
             if timer is not None:
                 timer.cancel()
             failed = [r for r in main_steps if r.state is StepState.FAILED]
-            unhandled = failed_leaves(self.workflow.steps, self._outcome) if failed else []
+            unhandled = self._unhandled(self.workflow.steps) if failed else []
             if self._user_cancel:
                 final = RunState.CANCELLED
                 message = "cancelled"
@@ -514,6 +551,18 @@ class LocalRun:
     # ------------------------------------------------------------------ scheduling
 
     def _graph(self, steps: Sequence[ir.Step], *, reuse: bool) -> None:
+        daemons: list[_Daemon] = []  # started by this graph: stopped when it ends
+        try:
+            self._run_graph(steps, reuse=reuse, daemons=daemons)
+        finally:
+            for daemon in daemons:
+                daemon.stop.set()
+            for daemon in daemons:
+                if daemon.thread is not None:
+                    daemon.thread.join()
+
+    def _run_graph(self, steps: Sequence[ir.Step], *, reuse: bool,
+                   daemons: list[_Daemon]) -> None:
         pending = {s.name: s for s in steps}
         futures: dict[Future[None], tuple[ir.Step, int | None]] = {}
         maps: dict[str, _MapState] = {}
@@ -544,7 +593,9 @@ class LocalRun:
                                          finished_at=time.time(),
                                          omitted=skipped_without_running(decision))
                             continue
-                        prev = self._reuse.get(self._name(name)) if reuse else None
+                        # a daemon runs again: the steps that run again need its service
+                        prev = (self._reuse.get(self._name(name)) if reuse and not step.daemon
+                                else None)
                         if prev is not None:
                             self._update(rec, **{k: getattr(prev, k) for k in (
                                 "state", "attempts", "exit_code", "started_at", "finished_at",
@@ -561,6 +612,10 @@ class LocalRun:
                                 continue
                             maps[name] = _MapState(step, items)
                             self._update(rec, state=StepState.RUNNING, started_at=time.time())
+                        elif step.daemon:  # done (for the loop) once it serves
+                            daemon = self._start_daemon(step)
+                            daemons.append(daemon)
+                            futures[pool.submit(daemon.settled)] = (step, None)
                         else:
                             futures[pool.submit(self._run_step, step)] = (step, None)
                 map_finished = False
@@ -577,6 +632,10 @@ class LocalRun:
                 if not futures:
                     if map_finished:
                         continue  # its dependents may be ready now: look at them again
+                    restarting = [d for d in daemons if not d.up.is_set()]
+                    if restarting:  # a daemon that failed is about to be retried
+                        restarting[0].up.wait(SAMPLE_SECONDS)
+                        continue
                     if pending and not maps:  # cannot happen for a validated graph
                         for name in list(pending):
                             rec = self._record(name) or _Record(self._name(name))
@@ -649,6 +708,17 @@ class LocalRun:
         if state in _DONE_OK:
             return "succeeded"
         return "skipped" if state is StepState.SKIPPED else "failed"
+
+    def _unhandled(self, steps: Sequence[ir.Step]) -> list[str]:
+        """The failed steps of ``steps`` that fail their run or sub-workflow (rule S7): the
+        failures reaching a leaf, and daemons that failed after they had started serving
+        (every edge from one was decided while it ran: nothing handled its failure)."""
+        leaves = failed_leaves(steps, self._outcome)
+        with self._lock:
+            crashed = [s.name for s in steps if s.daemon and s.name not in leaves
+                       and self._name(s.name) in self._served
+                       and self._state_of(s.name) is StepState.FAILED]
+        return [*leaves, *crashed]
 
     def _item_states(self, step: str) -> list[StepState]:
         """The states of a map step's items (empty before it ran or when it was cached whole)."""
@@ -776,6 +846,44 @@ class LocalRun:
                      peak_memory_bytes=max((r.peak_memory_bytes or 0 for r in iterations),
                                            default=None))
 
+    def _start_daemon(self, step: ir.Step) -> _Daemon:
+        """Run daemon step ``step`` on a thread of its own (see the module docstring)."""
+        daemon = _Daemon()
+        with self._lock:
+            self._daemons[self._name(step.name)] = daemon
+        daemon.thread = threading.Thread(target=self._run_daemon, args=(step, daemon),
+                                         name=f"couler-daemon-{self._name(step.name)}",
+                                         daemon=True)
+        daemon.thread.start()
+        return daemon
+
+    def _run_daemon(self, step: ir.Step, daemon: _Daemon) -> None:
+        try:
+            self._run_step(step)
+        except Exception as exc:  # an engine bug must still leave a final record
+            rec = self._record(step.name) or _Record(self._name(step.name))
+            self._update(rec, state=StepState.FAILED, finished_at=time.time(),
+                         message=f"local engine error: {exc!r}")
+        finally:
+            with self._lock:
+                self._serving.discard(self._name(step.name))
+            daemon.up.set()
+
+    def _daemon_started(self, rec: _Record, daemon: _Daemon) -> None:
+        """A daemon's process started: it serves, and counts as succeeded for its
+        dependents."""
+        with self._lock:
+            self._serving.add(rec.step)
+            self._served.add(rec.step)
+        self._update(rec, message=_SERVING)
+        daemon.up.set()
+
+    def _daemon_ended(self, rec: _Record, daemon: _Daemon) -> None:
+        """A daemon's process ended: it no longer serves (until a retry starts it again)."""
+        daemon.up.clear()  # before it stops counting as succeeded: the graph waits for it
+        with self._lock:
+            self._serving.discard(rec.step)
+
     def _reuse_cached(self, step: ir.Step, rec: _Record, hit: Reuse) -> None:
         """Record ``step`` as CACHED with ``hit``'s outputs and artifacts; nothing runs."""
         now = time.time()
@@ -870,6 +978,7 @@ class LocalRun:
         resources = step.resources or wf.defaults.resources
         memory_limit = _quantity(resources.memory_limit) if resources else None
         ceiling = _quantity(policy.memory_ceiling) if policy else None
+        daemon = self._daemons.get(rec.step) if step.daemon else None
         done = self._root._resumed_attempts.pop((rec.step, rec.key), 0)
         self._update(rec, state=StepState.RUNNING, started_at=time.time(), attempts=done)
         retries = 0
@@ -877,7 +986,17 @@ class LocalRun:
         while True:
             self._update(rec, attempts=rec.attempts + 1, state=StepState.RUNNING)
             failure = self._attempt(step, rec, label, item, timeout=timeout,
-                                    memory_limit=memory_limit, previous=previous)
+                                    memory_limit=memory_limit, previous=previous,
+                                    daemon=daemon)
+            if failure == "stopped":  # a daemon stopped by the end of its graph
+                if self._cancel.is_set():
+                    self._update(rec, state=self._stopped_state(), finished_at=time.time(),
+                                 message=self._stop_message())
+                else:
+                    self._update(rec, state=StepState.SUCCEEDED, finished_at=time.time(),
+                                 failure="", failure_reason="",
+                                 message="daemon stopped at the end of the run")
+                return
             if failure is None:
                 self._update(rec, state=StepState.SUCCEEDED, finished_at=time.time(),
                              failure="", failure_reason="")
@@ -909,15 +1028,33 @@ class LocalRun:
                     memory_limit = min(memory_limit, ceiling)
             retries += 1
             self._update(rec, state=StepState.RETRYING, failure=failure)
-            if self._cancel.wait(delay):
+            if self._stopped_during(delay, daemon):
+                if daemon is not None and not self._cancel.is_set():
+                    # its graph ended while the daemon waited to start again: it failed
+                    self._update(rec, state=StepState.FAILED, finished_at=time.time())
+                    return
                 self._update(rec, state=self._stopped_state(), message=self._stop_message(),
                              finished_at=time.time())
                 return
 
+    def _stopped_during(self, delay: float, daemon: _Daemon | None) -> bool:
+        """Wait ``delay`` seconds; True when the run (or, for a daemon, its graph) stopped."""
+        if daemon is None:
+            return self._cancel.wait(delay)
+        end = time.monotonic() + delay
+        while not (daemon.stop.is_set() or self._cancel.is_set()):
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            daemon.stop.wait(min(left, SAMPLE_SECONDS))
+        return True
+
     def _attempt(self, step: ir.Step, rec: _Record, label: str, item: object, *,
                  timeout: int | None, memory_limit: int | None,
-                 previous: list[failures.Attempt] | None = None) -> str | None:
-        """Run one attempt; None on success, else the failure class, "fatal" or "cancelled".
+                 previous: list[failures.Attempt] | None = None,
+                 daemon: _Daemon | None = None) -> str | None:
+        """Run one attempt; None on success, else the failure class, "fatal", "cancelled"
+        or (a ``daemon``'s) "stopped".
 
         A failed attempt is classified by :func:`couler.failures.classify` (its stderr's tail
         as the log, ``previous`` for the repeat rule, to which it is appended); the class's
@@ -942,19 +1079,21 @@ class LocalRun:
             env[tuning.REPORT_ENV] = str(trial.report)
             env[tuning.TRIAL_ENV] = rec.key
             cancel = trial.stop
-        # Sub-workflows nest thread pools: the slots keep max_workers processes in all.
-        while not self._slots.acquire(timeout=SAMPLE_SECONDS):
-            if self._cancel.is_set():
-                self._update(rec, message=self._stop_message())
-                return "cancelled"
-        try:
+        if daemon is not None:  # outside the worker bound, stopped by its graph
             result = run_process(argv, cwd=cwd, env=env, stdout_path=exec_dir / "stdout",
                                  stderr_path=exec_dir / "stderr", timeout_seconds=timeout,
-                                 memory_limit_bytes=memory_limit, cancel=cancel,
+                                 memory_limit_bytes=memory_limit, stop=daemon.stop,
+                                 grace_seconds=STOP_GRACE_SECONDS,
+                                 on_start=partial(self._daemon_started, rec, daemon),
                                  on_sample=self._sampling(rec),
                                  series_seconds=self.engine.series_seconds)
-        finally:
-            self._slots.release()
+            self._daemon_ended(rec, daemon)
+        else:
+            ran = self._run_in_slot(argv, cwd, env, exec_dir, rec, timeout=timeout,
+                                    memory_limit=memory_limit, cancel=cancel)
+            if ran is None:
+                return "cancelled"
+            result = ran
         where = f"workflow {wf.name!r}, step {step.name!r}"
         changes: dict[str, object] = {
             "exit_code": result.exit_code,
@@ -968,6 +1107,9 @@ class LocalRun:
         if result.cancelled:
             self._update(rec, message=self._stop_message(), **changes)
             return "cancelled"
+        if result.stopped:
+            self._update(rec, **changes)
+            return "stopped"
         if not result.started:
             found = failures.classify(None, engine_reason="cannot start the process")
             self._update(rec, message=f"{where}: cannot start the process: {result.error}",
@@ -1006,6 +1148,26 @@ class LocalRun:
                     self._store.put(f"{rec.step}[{rec.key}]", art.name, paths.host(art.path))
         self._update(rec, message="", **changes)
         return None
+
+    def _run_in_slot(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str],
+                     exec_dir: Path, rec: _Record, *, timeout: int | None,
+                     memory_limit: int | None, cancel: threading.Event
+                     ) -> ProcessResult | None:
+        """Run a step's process in one of the max_workers slots (None: the run was stopped
+        while it waited for one)."""
+        # Sub-workflows nest thread pools: the slots keep max_workers processes in all.
+        while not self._slots.acquire(timeout=SAMPLE_SECONDS):
+            if self._cancel.is_set():
+                self._update(rec, message=self._stop_message())
+                return None
+        try:
+            return run_process(argv, cwd=cwd, env=env, stdout_path=exec_dir / "stdout",
+                               stderr_path=exec_dir / "stderr", timeout_seconds=timeout,
+                               memory_limit_bytes=memory_limit, cancel=cancel,
+                               on_sample=self._sampling(rec),
+                               series_seconds=self.engine.series_seconds)
+        finally:
+            self._slots.release()
 
     def _cache_key(self, step: ir.Step, paths: PathMap) -> str | None:
         """The lineage key of a plain top-level step as it just ran (None: not cacheable):
@@ -1107,6 +1269,20 @@ class LocalRun:
                                  key=key, attempt=attempt, interval_seconds=s.interval_seconds))
 
         return emit
+
+
+@dataclass
+class _Daemon:
+    """A daemon step's thread: ``up`` is set while it serves and once it ended (cleared
+    while a failed one waits for its retry); ``stop`` ends it."""
+
+    up: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def settled(self) -> None:
+        """Wait until the daemon serves or ended."""
+        self.up.wait()
 
 
 @dataclass

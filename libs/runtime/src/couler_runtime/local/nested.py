@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 from couler import failures, ir
 from couler.engines.base import Feature, RunState, StepState
 from couler.errors import InvalidWorkflowError, UnsupportedFeatureError
-from couler.semantics import failed_leaves
 
 from .artifacts import copy_path
 from .capabilities import ENGINE, check_workflow
@@ -63,7 +62,7 @@ def attempt_nested(run: LocalRun, step: ir.Step, rec: _Record, exec_dir: Path, i
         child._graph(steps, reuse=True)
         inner = [r for r in (child._record(s.name) for s in steps) if r is not None]
         failed = [r for r in inner if r.state is StepState.FAILED]
-        if failed and not failed_leaves(steps, child._outcome):
+        if failed and not child._unhandled(steps):
             failed = []  # every failure was handled inside (rule S7): the group succeeded
         bad: list[str] = []
         if hooks_of is not None and not child._cancel.is_set():

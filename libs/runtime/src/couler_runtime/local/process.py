@@ -8,6 +8,10 @@ interrupted step again as a new attempt instead of losing a result it never saw.
 ``SAMPLE_SECONDS`` the tree's CPU (in cores) and resident memory are sampled
 with psutil; the peaks are returned with the exit code.
 
+A process given a ``stop`` event (a daemon step, stopped when the run no longer needs it) is
+stopped gracefully when the event is set: SIGTERM to its process group, SIGKILL to what is
+left once it exited or after ``grace_seconds``. ``on_start`` is called once it was started.
+
 While the process runs, ``on_sample`` (when given) receives a :class:`ProcessSample` about
 every ``series_seconds``, and once more when it ends (for the rest of the time): the
 *average* cores the tree used over the interval since the previous sample (the CPU time
@@ -41,13 +45,15 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
-__all__ = ["SAMPLE_SECONDS", "SERIES_SECONDS", "ProcessResult", "ProcessSample", "run_process"]
+__all__ = ["SAMPLE_SECONDS", "SERIES_SECONDS", "STOP_GRACE_SECONDS", "ProcessResult",
+           "ProcessSample", "run_process"]
 
 log = logging.getLogger(__name__)
 
 SAMPLE_SECONDS = 0.05
 FIRST_SAMPLE_SECONDS = 0.004  # doubled up to SAMPLE_SECONDS
 SERIES_SECONDS = 1.0  # the interval of the time series passed to on_sample, by default
+STOP_GRACE_SECONDS = 5.0  # between SIGTERM and SIGKILL when a stopped process goes on
 
 _PR_SET_PDEATHSIG = 1
 
@@ -105,6 +111,7 @@ class ProcessResult:
         timed_out: The process was killed because it exceeded its timeout.
         oom_killed: The process tree was killed for exceeding its memory limit.
         cancelled: The process was killed because the run was cancelled.
+        stopped: The process was stopped by its ``stop`` event (SIGTERM, then SIGKILL).
         peak_cpu: Peak CPU use of the tree, in cores.
         peak_memory_bytes: Peak resident memory of the tree, in bytes.
         error: Why the process could not start, if it did not.
@@ -115,6 +122,7 @@ class ProcessResult:
     timed_out: bool = False
     oom_killed: bool = False
     cancelled: bool = False
+    stopped: bool = False
     peak_cpu: float = 0.0
     peak_memory_bytes: int = 0
     error: str = ""
@@ -283,6 +291,9 @@ def run_process(
     cancel: threading.Event | None = None,
     on_sample: OnSample | None = None,
     series_seconds: float = SERIES_SECONDS,
+    stop: threading.Event | None = None,
+    grace_seconds: float = STOP_GRACE_SECONDS,
+    on_start: Callable[[], None] | None = None,
 ) -> ProcessResult:
     """Run ``argv`` to completion, sampling it and enforcing the limits.
 
@@ -298,6 +309,10 @@ def run_process(
         on_sample: Receives the tree's time series while it runs (see the module
             docstring); called on this thread, so it must be quick.
         series_seconds: The interval of that series.
+        stop: Stop the tree gracefully as soon as this event is set: SIGTERM to its
+            process group, SIGKILL after ``grace_seconds`` (or once the process exited).
+        grace_seconds: How long a stopped process may take to exit.
+        on_start: Called (on this thread) once the process was started.
 
     Returns:
         The exit code, the peaks, and why the process was killed, if it was.
@@ -314,11 +329,13 @@ def run_process(
             )
         except OSError as exc:
             return ProcessResult(exit_code=None, started=False, error=f"{argv[0]!r}: {exc}")
+        if on_start is not None:
+            on_start()
         sampler = _Sampler(proc.pid, argv)
         series = (_Series(on_sample, series_seconds, time.monotonic())
                   if on_sample is not None else None)
         deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
-        timed_out = oom = cancelled = False
+        timed_out = oom = cancelled = stopped = False
         interval = FIRST_SAMPLE_SECONDS
         while True:
             rss = sampler.sample()
@@ -329,6 +346,15 @@ def run_process(
                 break
             if cancel is not None and cancel.is_set():
                 cancelled = True
+            elif stop is not None and stop.is_set():
+                stopped = True
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=grace_seconds)
+                _kill_tree(proc)
+                code = proc.wait()
+                break
             elif deadline is not None and time.monotonic() >= deadline:
                 timed_out = True
             elif memory_limit_bytes is not None and rss > memory_limit_bytes:
@@ -349,5 +375,6 @@ def run_process(
             series.finish()
     return ProcessResult(
         exit_code=code, timed_out=timed_out, oom_killed=oom, cancelled=cancelled,
+        stopped=stopped,
         peak_cpu=sampler.peak_cpu, peak_memory_bytes=sampler.peak_rss,
     )
