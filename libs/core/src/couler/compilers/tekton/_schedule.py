@@ -1,0 +1,312 @@
+"""Cron schedules and event triggers for Tekton: a Kubernetes CronJob and Tekton Triggers objects.
+
+Tekton Pipelines has neither, so a scheduled or triggered workflow compiles to its
+``Pipeline`` plus objects that create its ``PipelineRun``:
+
+* **Cron** (:func:`cron_documents`): a ``ConfigMap`` ``WORKFLOW-pipelinerun`` holding the
+  PipelineRun manifest (``generateName``, so every tick is a new run, labelled
+  ``couler.io/scheduled-by: WORKFLOW``) and a ``batch/v1`` ``CronJob`` ``WORKFLOW`` with
+  the schedule's fields whose Job runs ``kubectl`` (:data:`LAUNCHER_IMAGE`) under the
+  service account :data:`LAUNCHER_ACCOUNT`. A CronJob's concurrency policy applies to its
+  Jobs, which end as soon as the run is created, so the Job applies the policy to the
+  PipelineRuns itself: ``forbid`` creates nothing while a run it started has no
+  ``completionTime``; ``replace`` cancels those runs (``spec.status: Cancelled``) first.
+  The Job has ``backoffLimit: 0``: a retried Job could create a second run for one tick.
+* **Event triggers** (:func:`trigger_documents`): a ``TriggerBinding`` and a
+  ``TriggerTemplate`` ``WORKFLOW`` (``triggers.tekton.dev/v1beta1``) -- the template's
+  resource is the PipelineRun, its string parameters bound from the event -- and an
+  ``EventListener`` ``WORKFLOW`` (service ``el-WORKFLOW``, port 8080) with one trigger per
+  ``ir.EventTrigger`` whose CEL interceptor tests the subject (header ``Couler-Subject``,
+  NATS wildcards as a regular expression), the launchers the ``couler.io/launchers``
+  annotation allows (header ``Couler-Launcher``) and the filter (:func:`cel_filter`).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shlex
+from typing import Any
+
+from couler import ir
+from couler.compilers import emit
+from couler.compilers.tekton._job import JOB_IMAGE
+from couler.engines.base import Feature
+from couler.errors import UnsupportedFeatureError
+
+__all__ = [
+    "LAUNCHERS_ANNOTATION",
+    "LAUNCHER_ACCOUNT",
+    "LAUNCHER_HEADER",
+    "LAUNCHER_IMAGE",
+    "SCHEDULED_BY",
+    "SUBJECT_HEADER",
+    "TRIGGERS_API",
+    "cel_filter",
+    "cron_documents",
+    "trigger_documents",
+]
+
+Doc = dict[str, Any]
+
+LAUNCHER_ACCOUNT = "couler-tekton-launcher"  # creates PipelineRuns (CronJob, EventListener)
+LAUNCHER_IMAGE = JOB_IMAGE
+SCHEDULED_BY = "couler.io/scheduled-by"  # label of the runs a CronJob creates
+LAUNCHERS_ANNOTATION = "couler.io/launchers"  # the launchers whose events may launch
+SUBJECT_HEADER = "Couler-Subject"
+LAUNCHER_HEADER = "Couler-Launcher"
+TRIGGERS_API = "triggers.tekton.dev/v1beta1"
+_MOUNT = "/etc/couler"
+_MANIFEST = "pipelinerun.yaml"
+_CONCURRENCY = {
+    ir.ConcurrencyPolicy.ALLOW: "Allow",
+    ir.ConcurrencyPolicy.FORBID: "Forbid",
+    ir.ConcurrencyPolicy.REPLACE: "Replace",
+}
+_FALSY = '["", "0", "false", "no"]'  # the submitter's false strings
+_CEL_OPS: dict[type[ast.cmpop], str] = {
+    ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
+}
+
+
+def _fail(wf: ir.Workflow, feature: Feature, detail: str) -> UnsupportedFeatureError:
+    return UnsupportedFeatureError("tekton", wf.name, "", feature.value, detail)
+
+
+# --------------------------------------------------------------------------- cron
+
+
+def _launch_script(name: str, policy: ir.ConcurrencyPolicy) -> str:
+    """The Job's /bin/sh script: apply the concurrency policy, then create the run."""
+    create = f"kubectl create -f {_MOUNT}/{_MANIFEST}"
+    if policy is ir.ConcurrencyPolicy.ALLOW:
+        return create
+    running = (f"kubectl get pipelineruns -l {shlex.quote(f'{SCHEDULED_BY}={name}')} -o "
+               "jsonpath='{range .items[*]}{.metadata.name} {.status.completionTime}"
+               "{\"\\n\"}{end}' | awk 'NF == 1 {print $1}'")
+    lines = ["set -eu", f"running=$({running})"]
+    if policy is ir.ConcurrencyPolicy.FORBID:
+        lines += ['if [ -n "$running" ]; then',
+                  '  echo "a run is still going ($running): this tick is skipped"; exit 0',
+                  "fi"]
+    else:
+        lines += ["for run in $running; do",
+                  "  kubectl patch pipelinerun \"$run\" --type merge "
+                  "-p '{\"spec\":{\"status\":\"Cancelled\"}}'",
+                  "done"]
+    return "\n".join([*lines, create])
+
+
+def cron_documents(wf: ir.Workflow, run: Doc, meta: Doc) -> list[Doc]:
+    """``[ConfigMap, CronJob]`` creating ``run`` (the compiled PipelineRun) on ``wf``'s
+    schedule; ``meta`` is the metadata (namespace, labels, annotations) of every object."""
+    s = wf.schedule
+    assert s is not None
+    run_meta = dict(run["metadata"])
+    run_meta["labels"] = {**run_meta.get("labels", {}), SCHEDULED_BY: wf.name}
+    manifest = {**run, "metadata": run_meta}
+    config_name = f"{wf.name}-pipelinerun"
+    config: Doc = {"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": config_name, **meta},
+                   "data": {_MANIFEST: emit.to_yaml(manifest)}}
+    pod: Doc = {
+        "serviceAccountName": LAUNCHER_ACCOUNT,
+        "restartPolicy": "Never",
+        "containers": [{
+            "name": "create-pipelinerun",
+            "image": LAUNCHER_IMAGE,
+            "command": ["/bin/sh", "-c", _launch_script(wf.name, s.concurrency_policy)],
+            "volumeMounts": [{"name": "pipelinerun", "mountPath": _MOUNT, "readOnly": True}],
+        }],
+        "volumes": [{"name": "pipelinerun", "configMap": {"name": config_name}}],
+    }
+    spec: Doc = {"schedule": s.schedule}
+    if s.timezone:
+        spec["timeZone"] = s.timezone
+    spec["concurrencyPolicy"] = _CONCURRENCY[s.concurrency_policy]
+    if s.starting_deadline_seconds is not None:
+        spec["startingDeadlineSeconds"] = s.starting_deadline_seconds
+    if s.successful_history_limit is not None:
+        spec["successfulJobsHistoryLimit"] = s.successful_history_limit
+    if s.failed_history_limit is not None:
+        spec["failedJobsHistoryLimit"] = s.failed_history_limit
+    if s.suspend:
+        spec["suspend"] = True
+    spec["jobTemplate"] = {"spec": {"backoffLimit": 0, "template": {"spec": pod}}}
+    cron: Doc = {"apiVersion": "batch/v1", "kind": "CronJob",
+                 "metadata": {"name": wf.name, **meta}, "spec": spec}
+    return [config, cron]
+
+
+# --------------------------------------------------------------------------- triggers
+
+
+def _field(node: ast.AST, fields: set[str]) -> str | None:
+    """``body['NAME']`` for a field read (recorded in ``fields``), else None."""
+    name: str | None = None
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+            and node.value.id == "body":
+        name = node.attr
+    elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+            and node.value.id == "body" and isinstance(node.slice, ast.Constant) \
+            and isinstance(node.slice.value, str):
+        name = node.slice.value
+    if name is None:
+        return None
+    fields.add(name)
+    return f"body[{json.dumps(name)}]"
+
+
+def _const(value: object) -> str:
+    if isinstance(value, bool):
+        return json.dumps(str(value))
+    if isinstance(value, int | float):
+        return f"double({json.dumps(float(value))})"
+    return json.dumps(value)
+
+
+def _is_number(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, int | float) \
+        and not isinstance(node.value, bool)
+
+
+def _operand(node: ast.AST, fields: set[str], numeric: bool) -> str:
+    field = _field(node, fields)
+    if field is not None:
+        return f"double({field})" if numeric else f"string({field})"
+    if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float | bool):
+        if numeric:
+            return _const(node.value)
+        return json.dumps(str(node.value) if not isinstance(node.value, str) else node.value)
+    raise ValueError(f"{type(node).__name__} cannot be compared")
+
+
+def _cel(node: ast.AST, fields: set[str]) -> str:
+    if isinstance(node, ast.Expression):
+        return _cel(node.body, fields)
+    if isinstance(node, ast.BoolOp):
+        joiner = " && " if isinstance(node.op, ast.And) else " || "
+        return "(" + joiner.join(_cel(v, fields) for v in node.values) + ")"
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return f"!{_cel(node.operand, fields)}"
+    if isinstance(node, ast.Compare):
+        parts = []
+        left = node.left
+        for op, right in zip(node.ops, node.comparators, strict=True):
+            if isinstance(op, ast.In | ast.NotIn):
+                if not isinstance(right, ast.Tuple | ast.List) or not all(
+                        isinstance(e, ast.Constant) for e in right.elts):
+                    raise ValueError("`in` takes a list of constants")
+                items = ", ".join(json.dumps(str(e.value)) for e in right.elts
+                                  if isinstance(e, ast.Constant))
+                test = f"{_operand(left, fields, False)} in [{items}]"
+                parts.append(test if isinstance(op, ast.In) else f"!({test})")
+            elif type(op) in _CEL_OPS:
+                numeric = _is_number(left) or _is_number(right)
+                parts.append(f"{_operand(left, fields, numeric)} {_CEL_OPS[type(op)]} "
+                             f"{_operand(right, fields, numeric)}")
+            else:
+                raise ValueError(f"{type(op).__name__} is not a comparison of the filter")
+            left = right
+        return "(" + " && ".join(parts) + ")"
+    field = _field(node, fields)
+    if field is not None:
+        return f"!(string({field}).lowerAscii().trim() in {_FALSY})"
+    if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float | bool):
+        truth = node.value.strip().lower() not in ("", "0", "false", "no") \
+            if isinstance(node.value, str) else bool(node.value)
+        return "true" if truth else "false"
+    raise ValueError(f"{type(node).__name__} is not part of the filter language")
+
+
+def cel_filter(expr: str, required: tuple[str, ...] = ()) -> str:
+    """The CEL expression (Tekton Triggers' CEL interceptor, over the JSON ``body``) of a
+    Couler event filter (the submitter's language: comparisons, ``and`` / ``or`` / ``not``,
+    ``body.NAME`` / ``body['NAME']``). Every field it reads, and every name of
+    ``required``, must be in the body (a missing field makes the filter false); a
+    comparison with a number compares numbers (``double(...)``), others compare strings.
+    ValueError for a filter outside the language."""
+    fields: set[str] = set(required)
+    body = "true"
+    if expr.strip():
+        try:
+            tree = ast.parse(expr.strip(), mode="eval")
+        except SyntaxError as exc:
+            raise ValueError(f"does not parse: {exc.msg}") from None
+        body = _cel(tree, fields)
+    present = [f"{json.dumps(f)} in body" for f in sorted(fields)]
+    return " && ".join([*present, body]) if present else body
+
+
+def _nats_regex(subject: str) -> str:
+    """A regular expression matching the subjects of NATS pattern ``subject``."""
+    parts = []
+    for token in subject.split("."):
+        parts.append("[^.]+" if token == "*" else ".+" if token == ">" else re.escape(token))
+    return "^" + r"\.".join(parts) + "$"
+
+
+def trigger_documents(wf: ir.Workflow, run: Doc, meta: Doc) -> list[Doc]:
+    """``[TriggerBinding, TriggerTemplate, EventListener]`` creating ``run`` (the compiled
+    PipelineRun) for each of ``wf``'s triggers; ``meta`` as for :func:`cron_documents`."""
+    strings = [p for p in wf.parameters if p.type is not ir.ValueType.LIST]
+    required = tuple(p.name for p in strings if p.default is None)
+    bad = [p.name for p in wf.parameters if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p.name)]
+    if bad:
+        raise _fail(wf, Feature.EVENT_TRIGGERS, f"parameter {bad[0]!r} is not a CEL identifier, "
+                                            "so the event cannot bind it")
+    overlays = [{"key": f"couler.{p.name}",
+                 "expression": f"{json.dumps(p.name)} in body ? string(body[{json.dumps(p.name)}])"
+                               f" : {json.dumps(p.default.text if p.default else '')}"}
+                for p in strings]
+    binding: Doc = {"apiVersion": TRIGGERS_API, "kind": "TriggerBinding",
+                    "metadata": {"name": wf.name, **meta},
+                    "spec": {"params": [{"name": p.name, "value": f"$(extensions.couler.{p.name})"}
+                                        for p in strings]}}
+    template_params: list[Doc] = []
+    for p in strings:
+        param: Doc = {"name": p.name}
+        if p.description:
+            param["description"] = p.description
+        template_params.append(param)
+    run_params = {p.name: f"$(tt.params.{p.name})" for p in strings}
+    spec = dict(run["spec"])
+    given = [q for q in spec.get("params", []) if q["name"] not in run_params]
+    params = given + [{"name": n, "value": v} for n, v in run_params.items()]
+    if params:
+        spec["params"] = params
+    template_spec: Doc = {"resourcetemplates": [{**run, "spec": spec}]}
+    if template_params:
+        template_spec["params"] = template_params
+    template: Doc = {"apiVersion": TRIGGERS_API, "kind": "TriggerTemplate",
+                     "metadata": {"name": wf.name, **meta}, "spec": template_spec}
+    launchers = dict(wf.annotations).get(LAUNCHERS_ANNOTATION)
+    triggers = []
+    for i, t in enumerate(wf.triggers):
+        try:
+            test = cel_filter(t.filter, required)
+        except ValueError as exc:
+            raise _fail(wf, Feature.EVENT_TRIGGERS, f"trigger {i}: filter {t.filter[:80]!r} "
+                                                f"{exc}") from None
+        tests = [f"header.canonical({json.dumps(SUBJECT_HEADER)})"
+                 f".matches({json.dumps(_nats_regex(t.subject))})"]
+        if launchers is not None:
+            names = sorted({n.strip() for n in launchers.split(",") if n.strip()})
+            tests.append(f"header.canonical({json.dumps(LAUNCHER_HEADER)}) in "
+                         f"{json.dumps(names)}")
+        tests.append(f"({test})")
+        cel_params: list[Doc] = [{"name": "filter", "value": " && ".join(tests)}]
+        if overlays:
+            cel_params.append({"name": "overlays", "value": overlays})
+        triggers.append({
+            "name": f"trigger-{i}",
+            "interceptors": [{"ref": {"name": "cel", "kind": "ClusterInterceptor"},
+                              "params": cel_params}],
+            "bindings": [{"ref": wf.name}],
+            "template": {"ref": wf.name},
+        })
+    listener: Doc = {"apiVersion": TRIGGERS_API, "kind": "EventListener",
+                     "metadata": {"name": wf.name, **meta},
+                     "spec": {"serviceAccountName": LAUNCHER_ACCOUNT, "triggers": triggers}}
+    return [binding, template, listener]
