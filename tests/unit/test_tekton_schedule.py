@@ -101,13 +101,16 @@ def test_event_triggers_compile_to_tekton_triggers() -> None:
     assert params["filter"].startswith(
         'header.canonical("Couler-Subject").matches("^datasets\\\\.[^.]+$") && '
         'header.canonical("Couler-Launcher") in ["ci", "lab"] && ')
-    assert "double(body[\"size\"]) > double(0.0)" in params["filter"]
+    assert 'double(string(body["size"]).trim()) > double(0.0)' in params["filter"]
     assert params["overlays"] == [{"key": "couler.size", "expression":
                                    '"size" in body ? string(body["size"]) : "1"'}]
     second_filter = second["interceptors"][0]["params"][0]["value"]
     assert second_filter.endswith('matches("^models\\\\.ready$") && '
                                   'header.canonical("Couler-Launcher") in ["ci", "lab"] && (true)')
     assert first["bindings"] == [{"ref": "wf"}] and first["template"] == {"ref": "wf"}
+
+
+NUM = r'.matches("^\\s*[-+]?([0-9]+\\.?[0-9]*|\\.[0-9]+)([eE][-+]?[0-9]+)?\\s*$")'
 
 
 def test_cel_filter_translation() -> None:
@@ -117,10 +120,17 @@ def test_cel_filter_translation() -> None:
     assert cel_filter("body.k in ['a', 1]") == \
         '"k" in body && (string(body["k"]) in ["a", "1"])'
     assert cel_filter("body.k not in ['a']", ("p",)) == \
-        '"k" in body && "p" in body && (!(string(body["k"]) in ["a"]))'
-    assert cel_filter("body.a or body.b <= 2.5") == (
-        '"a" in body && "b" in body && (!(string(body["a"]).lowerAscii().trim() in '
-        '["", "0", "false", "no"]) || (double(body["b"]) <= double(2.5)))')
+        '"p" in body && "k" in body && (!(string(body["k"]) in ["a"]))'
+    # a number constant: numbers when the field reads as one, else strings (submitter)
+    assert cel_filter("body.n > 2") == (
+        f'"n" in body && ((string(body["n"]){NUM} ? double(string(body["n"]).trim()) > '
+        'double(2.0) : string(body["n"]) > "2"))')
+    # `or`: the submitter reads b only when a is false, and a missing b is false then
+    truth = '!(string(body["a"]).lowerAscii().trim() in ["", "0", "false", "no"])'
+    truth_b = truth.replace('["a"]', '["b"]')
+    assert cel_filter("body.a or body.b") == (
+        f'!(!("a" in body) || (!{truth} && !("b" in body))) && '
+        f'({truth} || {truth_b})')
     with pytest.raises(ValueError):
         cel_filter("len(body.a) > 1")
 

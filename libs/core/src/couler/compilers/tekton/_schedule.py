@@ -19,6 +19,13 @@ Tekton Pipelines has neither, so a scheduled or triggered workflow compiles to i
   ``ir.EventTrigger`` whose CEL interceptor tests the subject (header ``Couler-Subject``,
   NATS wildcards as a regular expression), the launchers the ``couler.io/launchers``
   annotation allows (header ``Couler-Launcher``) and the filter (:func:`cel_filter`).
+  An event on Couler's bus (``couler.event.LAUNCHER.SUBJECT``) reaches the listener as an
+  HTTP POST to ``el-WORKFLOW:8080`` whose body is the event's fields (a JSON object of
+  strings) and whose headers are ``Couler-Subject: SUBJECT`` and ``Couler-Launcher:
+  LAUNCHER``; nothing in Couler forwards bus events to it yet. The listener and the
+  CronJob's Job run as :data:`LAUNCHER_ACCOUNT`, which must exist with rights to create
+  (and, for the Job, list and patch) PipelineRuns, and for the listener Tekton Triggers'
+  EventListener roles.
 """
 
 from __future__ import annotations
@@ -158,31 +165,60 @@ def _field(node: ast.AST, fields: set[str]) -> str | None:
     return f"body[{json.dumps(name)}]"
 
 
-def _const(value: object) -> str:
-    if isinstance(value, bool):
-        return json.dumps(str(value))
-    if isinstance(value, int | float):
-        return f"double({json.dumps(float(value))})"
-    return json.dumps(value)
+_NUMBER = r"^\s*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*$"  # reads as a number
+_NUMBER_RE = re.compile(_NUMBER)
 
 
-def _is_number(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and isinstance(node.value, int | float) \
-        and not isinstance(node.value, bool)
-
-
-def _operand(node: ast.AST, fields: set[str], numeric: bool) -> str:
+def _operand(node: ast.AST, fields: set[str]) -> tuple[str, str, str]:
+    """``(is a number, as a number, as a string)`` of a comparison's operand, as CEL: the
+    submitter compares two values that read as numbers as numbers, others as strings."""
     field = _field(node, fields)
     if field is not None:
-        return f"double({field})" if numeric else f"string({field})"
+        text = f"string({field})"
+        return (f"{text}.matches({json.dumps(_NUMBER)})", f"double({text}.trim())", text)
     if isinstance(node, ast.Constant) and isinstance(node.value, str | int | float | bool):
-        if numeric:
-            return _const(node.value)
-        return json.dumps(str(node.value) if not isinstance(node.value, str) else node.value)
+        value = node.value
+        text = value if isinstance(value, str) else str(value)
+        if isinstance(value, bool) or not _NUMBER_RE.match(text):
+            return "false", "", json.dumps(text)
+        return "true", f"double({json.dumps(float(text))})", json.dumps(text)
     raise ValueError(f"{type(node).__name__} cannot be compared")
 
 
+def _compare(left: ast.AST, op: str, right: ast.AST, fields: set[str]) -> str:
+    ln, lv, ls = _operand(left, fields)
+    rn, rv, rs = _operand(right, fields)
+    if "false" in (ln, rn):
+        return f"{ls} {op} {rs}"
+    if ln == rn == "true":
+        return f"{lv} {op} {rv}"
+    test = " && ".join(t for t in (ln, rn) if t != "true")
+    return f"({test} ? {lv} {op} {rv} : {ls} {op} {rs})"
+
+
+def _compare_parts(node: ast.Compare, fields: set[str]) -> list[str]:
+    """One CEL test per comparison of a chain (``a < b < c``: ``a < b``, ``b < c``)."""
+    parts = []
+    left = node.left
+    for op, right in zip(node.ops, node.comparators, strict=True):
+        if isinstance(op, ast.In | ast.NotIn):
+            if not isinstance(right, ast.Tuple | ast.List) or not all(
+                    isinstance(e, ast.Constant) for e in right.elts):
+                raise ValueError("`in` takes a list of constants")
+            items = ", ".join(json.dumps(str(e.value)) for e in right.elts
+                              if isinstance(e, ast.Constant))
+            test = f"{_operand(left, fields)[2]} in [{items}]"
+            parts.append(test if isinstance(op, ast.In) else f"!({test})")
+        elif type(op) in _CEL_OPS:
+            parts.append(_compare(left, _CEL_OPS[type(op)], right, fields))
+        else:
+            raise ValueError(f"{type(op).__name__} is not a comparison of the filter")
+        left = right
+    return parts
+
+
 def _cel(node: ast.AST, fields: set[str]) -> str:
+    """The value of ``node`` as a CEL boolean (the submitter's truth of strings)."""
     if isinstance(node, ast.Expression):
         return _cel(node.body, fields)
     if isinstance(node, ast.BoolOp):
@@ -191,25 +227,7 @@ def _cel(node: ast.AST, fields: set[str]) -> str:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return f"!{_cel(node.operand, fields)}"
     if isinstance(node, ast.Compare):
-        parts = []
-        left = node.left
-        for op, right in zip(node.ops, node.comparators, strict=True):
-            if isinstance(op, ast.In | ast.NotIn):
-                if not isinstance(right, ast.Tuple | ast.List) or not all(
-                        isinstance(e, ast.Constant) for e in right.elts):
-                    raise ValueError("`in` takes a list of constants")
-                items = ", ".join(json.dumps(str(e.value)) for e in right.elts
-                                  if isinstance(e, ast.Constant))
-                test = f"{_operand(left, fields, False)} in [{items}]"
-                parts.append(test if isinstance(op, ast.In) else f"!({test})")
-            elif type(op) in _CEL_OPS:
-                numeric = _is_number(left) or _is_number(right)
-                parts.append(f"{_operand(left, fields, numeric)} {_CEL_OPS[type(op)]} "
-                             f"{_operand(right, fields, numeric)}")
-            else:
-                raise ValueError(f"{type(op).__name__} is not a comparison of the filter")
-            left = right
-        return "(" + " && ".join(parts) + ")"
+        return "(" + " && ".join(_compare_parts(node, fields)) + ")"
     field = _field(node, fields)
     if field is not None:
         return f"!(string({field}).lowerAscii().trim() in {_FALSY})"
@@ -220,22 +238,62 @@ def _cel(node: ast.AST, fields: set[str]) -> str:
     raise ValueError(f"{type(node).__name__} is not part of the filter language")
 
 
+def _or(a: str, b: str) -> str:
+    return b if a == "false" else a if b == "false" else f"({a} || {b})"
+
+
+def _and(a: str, b: str) -> str:
+    return "false" if "false" in (a, b) else f"({a} && {b})"
+
+
+def _missing(node: ast.AST, fields: set[str]) -> str:
+    """CEL: the submitter, evaluating ``node`` left to right and short-circuiting, reads
+    a field the event lacks (which makes the whole filter false)."""
+    if isinstance(node, ast.Expression):
+        return _missing(node.body, fields)
+    if isinstance(node, ast.BoolOp):
+        *first, last = node.values
+        result = _missing(last, fields)
+        for v in reversed(first):  # a or b: a is missing, or a is false and b is missing
+            value = _cel(v, fields)
+            go_on = value if isinstance(node.op, ast.And) else f"!{value}"
+            result = _or(_missing(v, fields), _and(go_on, result))
+        return result
+    if isinstance(node, ast.UnaryOp):
+        return _missing(node.operand, fields)
+    if isinstance(node, ast.Compare):
+        parts = _compare_parts(node, fields)
+        reads = [_missing(node.left, fields)] + [_missing(c, fields) for c in node.comparators]
+        result = reads[-1]
+        for i in range(len(parts) - 1, 0, -1):  # the chain stops at the first false test
+            result = _or(reads[i], _and(parts[i - 1], result))
+        return _or(reads[0], result)
+    field = _field(node, fields)
+    if field is not None:
+        name = field[len("body["):-1]
+        return f"!({name} in body)"
+    return "false"
+
+
 def cel_filter(expr: str, required: tuple[str, ...] = ()) -> str:
     """The CEL expression (Tekton Triggers' CEL interceptor, over the JSON ``body``) of a
     Couler event filter (the submitter's language: comparisons, ``and`` / ``or`` / ``not``,
-    ``body.NAME`` / ``body['NAME']``). Every field it reads, and every name of
-    ``required``, must be in the body (a missing field makes the filter false); a
-    comparison with a number compares numbers (``double(...)``), others compare strings.
-    ValueError for a filter outside the language."""
-    fields: set[str] = set(required)
+    ``body.NAME`` / ``body['NAME']``), as the submitter evaluates it: a field the event
+    lacks, read before the result is decided, makes the filter false; two values that read
+    as numbers compare as numbers, others as strings. Every name of ``required`` must be
+    in the body. ValueError for a filter outside the language."""
+    fields: set[str] = set()
     body = "true"
     if expr.strip():
         try:
             tree = ast.parse(expr.strip(), mode="eval")
         except SyntaxError as exc:
             raise ValueError(f"does not parse: {exc.msg}") from None
-        body = _cel(tree, fields)
-    present = [f"{json.dumps(f)} in body" for f in sorted(fields)]
+        value, missing = _cel(tree, fields), _missing(tree, fields)
+        only = re.fullmatch(r'!\(("[^"\\]*" in body)\)', missing)
+        present = only.group(1) if only else f"!{missing}"
+        body = value if missing == "false" else f"{present} && {value}"
+    present = [f"{json.dumps(f)} in body" for f in sorted(required)]
     return " && ".join([*present, body]) if present else body
 
 

@@ -174,11 +174,11 @@ CAPABILITIES: dict[Feature, Capability] = {
             "Couler-Subject (the subject after couler.event.LAUNCHER., matched against the "
             "trigger's NATS pattern) and Couler-Launcher (checked against "
             "couler.io/launchers); nothing in Couler forwards bus events to it yet. The "
-            "filter becomes CEL: a field the event lacks makes it false (even where the "
-            "submitter's short-circuit would not read it), comparisons with a number "
-            "constant compare numbers, others strings; a parameter name that is not a CEL "
-            "identifier is rejected. Checked structurally, not against a Triggers schema "
-            "(none is vendored)"),
+            "filter becomes CEL with the submitter's semantics (left-to-right reads, a "
+            "missing field makes it false, numbers compared as numbers, string truth) using "
+            "the cel-go strings extension (lowerAscii, trim); a parameter name that is not a "
+            "CEL identifier is rejected. Checked structurally, not against a Triggers schema "
+            "(none ships on PyPI or npm)"),
     Feature.TUNE: Capability(
         _U, "the trials' map reads keyed items (one per parameter) and is bounded by a "
             "parallelism, neither of which a Tekton matrix expresses"),
