@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -146,3 +149,35 @@ def test_a_parameter_without_default_is_required_by_the_filter() -> None:
 def test_a_filter_outside_the_language_is_rejected() -> None:
     with pytest.raises(UnsupportedFeatureError, match="event trigger"):
         tekton.compile_workflow(_wf(triggers=(ir.EventTrigger("s", "body.a.b == 1"),)))
+
+
+def _run_job(policy: ir.ConcurrencyPolicy, listed: str, tmp_path: Path) -> list[str]:
+    """Run the CronJob's script with a stand-in kubectl that lists ``listed`` (what
+    ``kubectl get -o jsonpath`` prints: name and completionTime per run) and records
+    the other calls."""
+    tmp_path.mkdir()
+    docs = _compile(_wf(schedule=ir.CronSchedule("0 * * * *", concurrency_policy=policy)))
+    pod = docs["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    calls = tmp_path / "calls"
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(f'#!/bin/sh\nif [ "$1" = get ]; then printf %s "$LISTED"; '
+                       f'else echo "$@" >> {calls}; fi\n')
+    kubectl.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "LISTED": listed}
+    subprocess.run(pod["containers"][0]["command"], env=env, check=True)
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+CREATE = "create -f /etc/couler/pipelinerun.yaml"
+DONE = "wf-abc 2024-05-01T10:00:00Z\n"
+
+
+def test_the_job_applies_the_concurrency_policy_to_pipelineruns(tmp_path: Path) -> None:
+    forbid, replace, allow = (ir.ConcurrencyPolicy.FORBID, ir.ConcurrencyPolicy.REPLACE,
+                              ir.ConcurrencyPolicy.ALLOW)
+    assert _run_job(forbid, DONE, tmp_path / "f1") == [CREATE]
+    assert _run_job(forbid, DONE + "wf-def \n", tmp_path / "f2") == []
+    assert _run_job(replace, DONE + "wf-def \nwf-ghi \n", tmp_path / "r") == [
+        'patch pipelinerun wf-def --type merge -p {"spec":{"status":"Cancelled"}}',
+        'patch pipelinerun wf-ghi --type merge -p {"spec":{"status":"Cancelled"}}', CREATE]
+    assert _run_job(allow, "wf-def \n", tmp_path / "a") == [CREATE]
