@@ -48,17 +48,23 @@ from urllib.parse import parse_qs, urlsplit
 
 Obj = dict[str, Any]
 
-_CUSTOM = re.compile(r"^/apis/(argoproj\.io/v1alpha1|tekton\.dev/v1)/namespaces/([^/]+)/"
-                     r"(workflows|cronworkflows|pipelines|pipelineruns|taskruns)"
+_CUSTOM = re.compile(r"^/apis?/(argoproj\.io/v1alpha1|tekton\.dev/v1|batch/v1|v1|"
+                     r"triggers\.tekton\.dev/v1beta1)/namespaces/([^/]+)/"
+                     r"(workflows|cronworkflows|pipelines|pipelineruns|taskruns|configmaps|"
+                     r"cronjobs|eventlisteners|triggerbindings|triggertemplates)"
                      r"(?:/([^/]+))?$")
 _SECRETS = re.compile(r"^/api/v1/namespaces/([^/]+)/secrets(?:/([^/]+))?$")
 _LOG = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$")
 _POD_METRICS = re.compile(r"^/apis/metrics\.k8s\.io/v1beta1/namespaces/([^/]+)/pods/([^/]+)$")
 _KINDS = {"workflows": "Workflow", "cronworkflows": "CronWorkflow", "pipelines": "Pipeline",
-          "pipelineruns": "PipelineRun", "taskruns": "TaskRun"}
+          "pipelineruns": "PipelineRun", "taskruns": "TaskRun", "configmaps": "ConfigMap",
+          "cronjobs": "CronJob", "eventlisteners": "EventListener",
+          "triggerbindings": "TriggerBinding", "triggertemplates": "TriggerTemplate"}
 _GROUPS = {"workflows": "argoproj.io/v1alpha1", "cronworkflows": "argoproj.io/v1alpha1",
            "pipelines": "tekton.dev/v1", "pipelineruns": "tekton.dev/v1",
-           "taskruns": "tekton.dev/v1"}
+           "taskruns": "tekton.dev/v1", "configmaps": "v1", "cronjobs": "batch/v1",
+           **{p: "triggers.tekton.dev/v1beta1"
+              for p in ("eventlisteners", "triggerbindings", "triggertemplates")}}
 
 
 @dataclass

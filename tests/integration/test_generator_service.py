@@ -56,7 +56,7 @@ TWO_MODELS = ("Load s3://data/churn.csv, train an XGBoost model and a LightGBM m
 PIPELINE = "Load s3://data/sales.csv, train a random forest and evaluate its accuracy"
 FANOUT = "Split s3://logs/events.parquet into 6 shards and clean each shard, at most 2 at a time"
 UNPLANNABLE = "book me a flight to Paris next Tuesday"
-# a cron schedule: Tekton has none (it would take Triggers and a CronJob)
+# a cron schedule: Ray runs one run and cannot schedule it (the submitter does)
 NIGHTLY = "Every night at 2am, load s3://data/sales.csv, train a random forest and evaluate it"
 
 
@@ -241,8 +241,8 @@ class TestOffline:
     def test_engine_capabilities_are_checked(self, offline_client: CoulerClient) -> None:
         assert offline_client.generator.generate(NIGHTLY, engine="argo").workflow.steps
         with pytest.raises(UnsupportedFeatureError) as caught:
-            offline_client.generator.generate(NIGHTLY, engine="tekton")
-        assert (caught.value.engine, caught.value.feature) == ("tekton", "cron schedule")
+            offline_client.generator.generate(NIGHTLY, engine="ray")
+        assert (caught.value.engine, caught.value.feature) == ("ray", "cron schedule")
         with pytest.raises(UserError, match="unknown engine 'nomad'"):
             offline_client.generator.generate(TWO_MODELS, engine="nomad")
 
@@ -412,10 +412,10 @@ class TestLLM:
                                                     fake_llm: FakeOpenAI) -> None:
         nightly = json.dumps({**json.loads(spec()), "schedule": "0 2 * * *"})
         fake_llm.say(nightly, nightly)
-        with pytest.raises(UserError, match="engine 'tekton' does not support cron schedule"):
-            llm_client.generator.generate(TWO_MODELS, engine="tekton")
+        with pytest.raises(UserError, match="engine 'ray' does not support cron schedule"):
+            llm_client.generator.generate(TWO_MODELS, engine="ray")
         repair = user_messages(fake_llm.seen()[1])[-1]
-        assert "engine 'tekton' does not support cron schedule" in repair
+        assert "engine 'ray' does not support cron schedule" in repair
 
     def test_endpoint_down_is_unavailable(self, llm_client: CoulerClient,
                                           fake_llm: FakeOpenAI) -> None:

@@ -235,6 +235,45 @@ def test_submit_creates_pipeline_run_and_secret(kube: FakeKube, tekton: TektonAd
     assert posts == ["secrets", "pipelines", "pipelineruns"]
 
 
+def test_scheduled_and_triggered_workflows_create_every_document(
+        kube: FakeKube, tekton: TektonAdapter) -> None:
+    """The CronJob, its ConfigMap and the Tekton Triggers objects are created (and
+    replaced on a second submit); a scheduled workflow gets no PipelineRun now."""
+    wf = ir.Workflow(name="nightly", steps=(ir.Step(
+        name="a", body=ir.ContainerSpec(image="alpine", command=("true",))),),
+        schedule=ir.CronSchedule("0 3 * * *"),
+        triggers=(ir.EventTrigger("datasets.ready", "body.size > 0"),))
+    assert tekton.submit(wf) == "nightly"
+    docs = {d["kind"]: d for d in compile_workflow(wf)}
+    assert kube.names("pipelineruns", NS) == []
+    for plural, kind in (("configmaps", "ConfigMap"), ("cronjobs", "CronJob"),
+                         ("triggerbindings", "TriggerBinding"),
+                         ("triggertemplates", "TriggerTemplate"),
+                         ("eventlisteners", "EventListener")):
+        name = "nightly-pipelinerun" if kind == "ConfigMap" else "nightly"
+        assert kube.names(plural, NS) == [name]
+        assert strip_server_fields(kube.get(plural, NS, name)) == {**docs[kind],
+                                                                   "metadata": {}}
+    posts = [r.path.rsplit("/", 1)[-1] for r in kube.requests_of("POST")]
+    assert posts == ["pipelines", "configmaps", "cronjobs", "triggerbindings",
+                     "triggertemplates", "eventlisteners"]
+    changed = ir.Workflow(name="nightly", steps=wf.steps,
+                          schedule=ir.CronSchedule("0 4 * * *"), triggers=wf.triggers)
+    assert tekton.submit(changed) == "nightly"
+    assert kube.get("cronjobs", NS, "nightly")["spec"]["schedule"] == "0 4 * * *"
+    assert [r.path.rsplit("/", 1)[-1] for r in kube.requests_of("PUT")] == [
+        "nightly-pipelinerun", "nightly", "nightly", "nightly", "nightly"]
+
+
+def test_a_triggered_workflow_also_runs_now(kube: FakeKube, tekton: TektonAdapter) -> None:
+    wf = ir.Workflow(name="react", steps=(ir.Step(
+        name="a", body=ir.ContainerSpec(image="alpine", command=("true",))),),
+        triggers=(ir.EventTrigger("datasets.ready"),))
+    name = tekton.submit(wf)
+    assert kube.names("pipelineruns", NS) == [name]
+    assert kube.names("eventlisteners", NS) == ["react"]
+
+
 def test_pipeline_is_reused_when_unchanged_and_replaced_when_changed(
         kube: FakeKube, tekton: TektonAdapter) -> None:
     first = tekton.submit(workflow())

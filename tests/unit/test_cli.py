@@ -222,10 +222,19 @@ def test_compile_for_tekton_gives_pipeline_and_run() -> None:
 
 def test_compile_for_tekton_names_an_unsupported_feature() -> None:
     status, _, err = run_cli(
-        "compile", str(ROOT / "examples" / "cron_report.py"), "--engine", "tekton"
+        "compile", str(ROOT / "examples" / "tune_logistic.py"), "--engine", "tekton"
     )
     assert status == 2
-    assert "tekton" in err and "cron schedule" in err
+    assert "tekton" in err and "hyperparameter tuning" in err
+
+
+def test_compile_for_tekton_adds_the_cronjob_of_a_schedule() -> None:
+    status, out, err = run_cli(
+        "compile", str(ROOT / "examples" / "cron_report.py"), "--engine", "tekton"
+    )
+    assert status == 0, err
+    kinds = [d["kind"] for d in yaml.safe_load_all(out)]
+    assert kinds == ["Pipeline", "PipelineRun", "ConfigMap", "CronJob"]
 
 
 def test_compile_for_airflow_writes_a_dag_file() -> None:

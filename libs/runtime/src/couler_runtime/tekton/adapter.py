@@ -83,7 +83,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kubernetes import client as k8s_client
@@ -185,6 +185,7 @@ class TektonAdapter:
         self._api: Any = api
         self._custom: Any = k8s_client.CustomObjectsApi(api)
         self._core: Any = k8s_client.CoreV1Api(api)
+        self._batch: Any = k8s_client.BatchV1Api(api)
         self._metrics = PodMetrics(self._custom, namespace)
 
     def __repr__(self) -> str:
@@ -207,6 +208,12 @@ class TektonAdapter:
         and annotation (verbatim); a submit whose key matches an existing run returns
         that run's name and creates nothing, secrets and Pipeline included.
 
+        A scheduled workflow's ConfigMap and CronJob, and a triggered one's TriggerBinding,
+        TriggerTemplate and EventListener, are created too (an existing object of the same
+        name is replaced); a scheduled workflow gets no PipelineRun now -- its CronJob creates
+        them -- and the CronJob's name is returned (as the Argo adapter returns a
+        CronWorkflow's).
+
         Secrets are created in this adapter's namespace; an existing secret of the same
         name is replaced. Their values go to the Secret objects only.
 
@@ -216,8 +223,8 @@ class TektonAdapter:
                 or the API server rejected a request; ConflictError on a name clash.
             RetryableError: server-side or connection trouble.
         """
-        pipeline, run = compile_workflow(wf)
-        for doc in (pipeline, run):
+        pipeline, run, *extra = compile_workflow(wf)
+        for doc in (pipeline, run, *extra):
             ns = doc.setdefault("metadata", {}).get("namespace", self.namespace)
             if ns != self.namespace:
                 raise UserError(f"workflow {wf.name!r}: its namespace {ns!r} is not the "
@@ -240,6 +247,10 @@ class TektonAdapter:
             if secret.should_create:
                 self._put_secret(secret, wf.name)
         self._put_pipeline(pipeline, wf.name)
+        for doc in extra:
+            self._put_object(doc, wf.name)
+        if wf.schedule is not None:  # the CronJob creates the runs
+            return str(next(d for d in extra if d["kind"] == "CronJob")["metadata"]["name"])
         with self._boundary(f"creating the PipelineRun of workflow {wf.name!r}"):
             created = self._custom.create_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, "pipelineruns", run)
@@ -273,6 +284,47 @@ class TektonAdapter:
         with self._boundary(f"replacing {what}"):
             self._custom.replace_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, "pipelines", name, body)
+
+    def _put_object(self, doc: dict[str, Any], workflow: str) -> None:
+        """Create a schedule's or trigger's object (ConfigMap, CronJob, Tekton Triggers
+        objects), replacing one of the same name."""
+        kind, name, ns = doc["kind"], doc["metadata"]["name"], self.namespace
+        api: tuple[Callable[[], Any], Callable[[], Any], Callable[[Any], Any]]
+        if kind == "ConfigMap":
+            api = (lambda: self._core.create_namespaced_config_map(ns, doc),
+                   lambda: self._core.read_namespaced_config_map(name, ns),
+                   lambda b: self._core.replace_namespaced_config_map(name, ns, b))
+        elif kind == "CronJob":
+            api = (lambda: self._batch.create_namespaced_cron_job(ns, doc),
+                   lambda: self._batch.read_namespaced_cron_job(name, ns),
+                   lambda b: self._batch.replace_namespaced_cron_job(name, ns, b))
+        else:
+            group, version = doc["apiVersion"].split("/")
+            plural = kind.lower() + "s"
+            api = (lambda: self._custom.create_namespaced_custom_object(
+                       group, version, ns, plural, doc),
+                   lambda: self._custom.get_namespaced_custom_object(
+                       group, version, ns, plural, name),
+                   lambda b: self._custom.replace_namespaced_custom_object(
+                       group, version, ns, plural, name, b))
+        create, read, replace = api
+        what = f"{kind} {name!r} of workflow {workflow!r}"
+        try:
+            create()
+            return
+        except k8s_client.ApiException as e:
+            if e.status != 409:
+                raise_api_error(e, f"creating {what}", namespace=ns)
+        except CONNECTION_ERRORS as e:
+            raise_api_error(e, f"creating {what}")
+        with self._boundary(f"reading {what}"):
+            existing = read()
+        meta = existing.get("metadata") or {} if isinstance(existing, Mapping) else {
+            "resourceVersion": existing.metadata.resource_version}
+        body = {**doc, "metadata": {**doc["metadata"],
+                                    "resourceVersion": meta.get("resourceVersion")}}
+        with self._boundary(f"replacing {what}"):
+            replace(body)
 
     def _put_secret(self, secret: SecretMaterial, workflow: str) -> None:
         body = {

@@ -74,6 +74,11 @@ Shape of the output:
   security context) go to the run's ``taskRunTemplate.podTemplate`` or, per
   step, to ``taskRunSpecs``.
 
+* A cron schedule adds a ``ConfigMap`` holding the PipelineRun and a ``batch/v1``
+  ``CronJob`` whose Job creates it with kubectl; event triggers add Tekton Triggers'
+  ``TriggerBinding``, ``TriggerTemplate`` and ``EventListener`` (a CEL interceptor per
+  trigger) (:mod:`couler.compilers.tekton._schedule`).
+
 What Tekton cannot express raises :class:`~couler.errors.UnsupportedFeatureError`
 (see :data:`CAPABILITIES` for the features and why), plus, found while
 compiling: ordering comparisons in conditions, loops longer than

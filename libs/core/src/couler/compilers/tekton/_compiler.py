@@ -11,7 +11,7 @@ from typing import Any
 from couler import ir
 from couler.compilers import emit, entrypoint
 from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
-from couler.compilers.tekton import _cache, _job, _ladder, _script, _status
+from couler.compilers.tekton import _cache, _job, _ladder, _schedule, _script, _status
 from couler.compilers.tekton.capabilities import (
     API_VERSION,
     ARTIFACTS_SIZE,
@@ -51,7 +51,9 @@ _EXIT_STATUS: dict[ir.RunStatus, list[str]] = {
 
 
 def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> list[dict[str, Any]]:
-    """Compile ``wf`` into ``[Pipeline, PipelineRun]`` (``tekton.dev/v1``).
+    """Compile ``wf`` into ``[Pipeline, PipelineRun]`` (``tekton.dev/v1``), followed by
+    ``[ConfigMap, CronJob]`` when it has a schedule and ``[TriggerBinding, TriggerTemplate,
+    EventListener]`` when it has event triggers (:mod:`couler.compilers.tekton._schedule`).
 
     Args:
         wf: the workflow.
@@ -59,7 +61,7 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> list[dict[str
             valid workflow).
 
     Returns:
-        The two documents as plain data.
+        The documents as plain data.
 
     Raises:
         couler.errors.ValidationError: the workflow is invalid.
@@ -227,7 +229,13 @@ class _Compiler:
         meta = self._metadata()
         pipeline: Doc = {"apiVersion": API_VERSION, "kind": "Pipeline",
                          "metadata": {"name": wf.name, **meta}, "spec": pipeline_spec}
-        return [pipeline, self._pipeline_run(meta)]
+        run = self._pipeline_run(meta)
+        docs = [pipeline, run]
+        if wf.schedule is not None:
+            docs += _schedule.cron_documents(wf, run, meta)
+        if wf.triggers:
+            docs += _schedule.trigger_documents(wf, run, meta)
+        return docs
 
     def _check_status_mode(self, steps: Sequence[ir.Step]) -> None:
         edged = next(s for s in steps if s.depends is not None or any(

@@ -156,10 +156,29 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.DAEMON: Capability(
         _U, "Tekton sidecars live inside one task; nothing outlives a task to serve others"),
     Feature.CRON: Capability(
-        _U, "Tekton Pipelines has no schedules; use a Kubernetes CronJob or Tekton Triggers "
-            "(a separate project)"),
+        _R, "Tekton Pipelines has no schedules: a Kubernetes batch/v1 CronJob WORKFLOW (schedule, "
+            "timeZone, concurrencyPolicy, startingDeadlineSeconds, history limits, suspend) "
+            "whose Job (backoffLimit 0, bitnami/kubectl, service account "
+            "couler-tekton-launcher, which needs RBAC to get / create / patch pipelineruns) "
+            "runs kubectl create -f on the PipelineRun (generateName, label "
+            "couler.io/scheduled-by) mounted from the ConfigMap WORKFLOW-pipelinerun; the "
+            "Job applies forbid (no run while one it started has no completionTime) and "
+            "replace (cancel those runs first) to the PipelineRuns"),
     Feature.EVENT_TRIGGERS: Capability(
-        _U, "event triggers belong to Tekton Triggers (EventListener), a separate project"),
+        _R, "Tekton Triggers (triggers.tekton.dev/v1beta1, a separate install): TriggerBinding, "
+            "TriggerTemplate (the PipelineRun, string parameters bound from the event's "
+            "fields, defaults otherwise; list parameters keep their defaults) and "
+            "EventListener WORKFLOW (service el-WORKFLOW:8080, service account "
+            "couler-tekton-launcher) with a CEL interceptor per trigger. Couler's events "
+            "reach it as an HTTP POST of the event's fields (a JSON object) with headers "
+            "Couler-Subject (the subject after couler.event.LAUNCHER., matched against the "
+            "trigger's NATS pattern) and Couler-Launcher (checked against "
+            "couler.io/launchers); nothing in Couler forwards bus events to it yet. The "
+            "filter becomes CEL with the submitter's semantics (left-to-right reads, a "
+            "missing field makes it false, numbers compared as numbers, string truth) using "
+            "the cel-go strings extension (lowerAscii, trim); a parameter name that is not a "
+            "CEL identifier is rejected. Checked structurally, not against a Triggers schema "
+            "(none ships on PyPI or npm)"),
     Feature.TUNE: Capability(
         _U, "the trials' map reads keyed items (one per parameter) and is bounded by a "
             "parallelism, neither of which a Tekton matrix expresses"),
