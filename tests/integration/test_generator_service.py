@@ -299,7 +299,7 @@ class TestOffline:
         # it is looked up, not named)
         wf, _ = plan(NIGHTLY)
         refusals = {}
-        for engine in ("tekton", "kfp", "airflow"):
+        for engine in ("tekton", "kfp", "airflow", "ray"):
             try:
                 check_engine(engine, wf)
             except UnsupportedFeatureError as exc:
