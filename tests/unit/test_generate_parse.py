@@ -236,3 +236,39 @@ def test_a_scope_phrase_without_a_comma_and_a_limit_for_all_its_steps() -> None:
 def test_counted_folds_in_parallel_fan_out() -> None:
     [task] = parse_request("Train 5 cross-validation folds in parallel, each on 2 A100s.").tasks
     assert len(task.items) == 5 and task.gpu == 2
+
+
+def test_passive_with_a_hyphenated_participle_and_a_run_time_limit() -> None:
+    request = parse_request("The loan applications in gs://risk/apps/ need to be batch-scored "
+                            "with the scorecard model. 64Gi of memory should be allocated and "
+                            "the job should be killed if it runs longer than 2 hours.")
+    [task] = request.tasks
+    assert (task.verb, task.memory, task.timeout) == ("score", "64Gi", 7200)
+
+
+@pytest.mark.parametrize(("text", "verb", "hook"), [
+    ("Tear the vLLM server down no matter what happened.", "tear", "exit"),
+    ("Whether that succeeds or fails, release the GPU reservation.", "release", "exit"),
+])
+def test_exit_hooks_at_either_end(text: str, verb: str, hook: str) -> None:
+    [task] = parse_request(text).tasks
+    assert (task.verb, task.hook) == (verb, hook)
+
+
+def test_comparison_symbols_and_an_hourly_minute() -> None:
+    tasks = parse_request("Hourly at :20 past, score the transactions; if macro-F1 >= 0.88 "
+                          "push it to the registry, else notify the team.").tasks
+    assert [(t.verb, t.condition.op if t.condition else "") for t in tasks] == [
+        ("score", ""), ("push", ">="), ("notify", ">=")]
+    assert parse_request("Hourly at :20 past, score the transactions.").schedule == \
+        "20 * * * *"
+
+
+def test_a_gerund_names_the_action_and_once_clauses_order_it() -> None:
+    tasks = parse_request("every 15 min -> pull the sensor batch from MQTT -> isolation "
+                          "forest scoring -> write anomalies to TimescaleDB").tasks
+    assert [(t.verb, t.stage) for t in tasks] == [("pull", 0), ("score", 1), ("write", 2)]
+    assert "isolation forest" in tasks[1].obj
+    tasks = parse_request("Roll out the model as a canary; once it has looked healthy for an "
+                          "hour, promote it to 100%.").tasks
+    assert [t.verb for t in tasks] == ["roll", "promote"]

@@ -271,11 +271,13 @@ def _schedule(text: str) -> tuple[str, str, str]:
     if m is not None:
         return f"*/{int(m.group(1))} * * * *", "", _cut(text, m)
     m = re.search(r"\bevery\s+(?:(\d+|two|three|four|six|eight|twelve)\s+)?hours?\b(?:\s+at\s+"
-                  r":?(\d{2})\b)?|(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be)\s+)hourly\b",
+                  r":?(\d{2})\b)?|(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be)\s+)hourly\b"
+                  r"(?:\s+at\s+:?(\d{2})\b(?:\s+(?:minutes\s+)?past(?:\s+the\s+hour)?)?)?|"
+                  r"\bhourly\s+at\s+:?(\d{2})\b(?:\s+(?:minutes\s+)?past(?:\s+the\s+hour)?)?",
                   text, re.I)
     if m is not None:
         n = _num(m.group(1)) if m.group(1) else 1
-        at = int(m.group(2)) if m.group(2) else 0
+        at = int(m.group(2) or m.group(3) or m.group(4) or 0)
         return (f"{at} */{n} * * *" if n > 1 else f"{at} * * * *"), "", _cut(text, m)
     anchors = list(_ANCHORS.finditer(text))
     if not anchors:
@@ -390,8 +392,10 @@ _TIMEOUTS = [
     re.compile(r"(?:must|should|may)?\s*(?:not|never)\s+(?:run|take|last)\s+(?:any\s+)?"
                r"(?:longer|more)\s+than\s+" + _DUR, re.I),
     re.compile(r"(?:time\s+out|be\s+killed|abort|stop\s+it)\s+after\s+" + _DUR, re.I),
+    re.compile(r"(?:(?:be\s+)?(?:killed|stopped|aborted|cancelled)\s+)?(?:if|when|once)\s+(?:it|they)\s+"
+               r"(?:runs?|takes?|lasts?)\s+(?:any\s+)?(?:longer|more)\s+than\s+" + _DUR, re.I),
     re.compile(r"\bat\s+most\s+" + _DUR + r"(?:\s+(?:per|each|of\s+runtime))?", re.I),
-    re.compile(r"\b(?:cap|limit)\s+(?:it|them|(?:the|each)\s+(?:whole\s+|entire\s+)?[\w-]+"
+    re.compile(r"\b(?:cap|capping|limit|limiting)\s+(?:it|them|(?:the|each)\s+(?:whole\s+|entire\s+)?[\w-]+"
                r"(?:\s+(?:step|job))?)\s+(?:at|to)"
                r"\s+" + _DUR, re.I),
     re.compile(r"\b(?:within|in\s+under|under)\s+" + _DUR + r"(?=\s*(?:[,.;]|$))", re.I),
@@ -517,9 +521,9 @@ def _modifiers(text: str) -> tuple[_Mods, str]:
 
 _COMPARATORS: list[tuple[str, str]] = [
     (r"(?:is|are|comes?\s+out|stays?)?\s*(?:at\s+least|no\s+less\s+than|not\s+below|"
-     r"greater\s+than\s+or\s+equal\s+to)", ">="),
-    (r"(?:is|are)?\s*(?:at\s+most|no\s+more\s+than|not\s+above|less\s+than\s+or\s+equal\s+to)",
-     "<="),
+     r"greater\s+than\s+or\s+equal\s+to|>=|=>|\u2265)", ">="),
+    (r"(?:is|are)?\s*(?:at\s+most|no\s+more\s+than|not\s+above|less\s+than\s+or\s+equal\s+to|"
+     r"<=|=<|\u2264)", "<="),
     (r"(?:is|are|goes|rises|gets)?\s*(?:above|over|greater\s+than|higher\s+than|more\s+than|"
      r"better\s+than|exceeds?|beats?|tops?|>)", ">"),
     (r"(?:reach(?:es)?|hits?|passes|clears|meets)", ">="),
@@ -592,9 +596,14 @@ _HOOK_EXIT = re.compile(
     r"job|dag)\s+(?:ends|finishes|completes|is\s+(?:done|over|finished))\s*,?\s*)?(?:whatever\s+(?:the\s+)?(?:outcome|result|happens)|regardless\s+of\s+"
     r"(?:the\s+)?(?:outcome|result|status)|no\s+matter\s+(?:what|the\s+outcome|how\s+it\s+ends)"
     r"|in\s+(?:any|every|all)\s+cases?|always|success\s+or\s+(?:not|failure)|pass\s+or\s+fail|"
-    r"whether\s+(?:it|they|the\s+[\w-]+)\s+(?:succeeds?|passes|works|fails?)\s+or\s+(?:not|fails?)|"
+    r"whether\s+(?:it|they|this|that|everything|(?:the|all)\s+[\w-]+)\s+(?:succeeds?|passes|works|"
+    r"fails?)\s+or\s+(?:not|fails?|succeeds?)|"
     r"(?:at\s+the\s+end|when\s+(?:the\s+)?(?:workflow|run|pipeline|job|dag)\s+(?:ends|"
     r"finishes|completes|is\s+(?:done|over)))(?=\s*,))\s*,?\s*", re.I)
+_HOOK_EXIT_TAIL = re.compile(
+    r",?\s+(?:no\s+matter\s+(?:what(?:\s+happen(?:s|ed))?|the\s+outcome|how\s+it\s+ends)|"
+    r"whatever\s+happens|regardless\s+of\s+(?:the\s+)?(?:outcome|result|status)|"
+    r"(?:whether\s+it\s+)?(?:succeeds?|passes)\s+or\s+(?:not|fails?))\s*$", re.I)
 _AT_END = re.compile(r"\s*,?\s*\b(?:at\s+the\s+(?:very\s+)?end|when\s+(?:the\s+)?(?:run|workflow|"
                      r"pipeline|job|it|everything)\s+(?:ends|finishes|is\s+(?:over|done)|completes)|"
                      r"when\s+(?:done|finished|complete)|afterwards?)\s*$", re.I)
@@ -643,7 +652,7 @@ retry give cap limit allow set let make keep stop repeat
 _CAUSATIVE = re.compile(r"^(?:have|let|get|make)\s+([\w.@/-]+(?:\s+[\w.@/-]+){0,2}?)\s+(\w+)\b",
                         re.I)
 _PASSIVE = re.compile(r"\b(?:get|gets|are|is|be|should\s+be|must\s+be|will\s+be|to\s+be)\s+"
-                      r"(\w+(?:ed|en|wn|ne))\b", re.I)
+                      r"((?:\w+-)?\w+(?:ed|en|wn|ne))\b", re.I)
 _IRREGULAR = {"written": "write", "done": "do", "run": "run", "sent": "send", "built": "build",
               "kept": "keep", "taken": "take", "shown": "show", "drawn": "draw", "split": "split"}
 
@@ -694,6 +703,8 @@ def _participle(word: str) -> str:
     w = word.lower()
     if w in _IRREGULAR:
         return _IRREGULAR[w]
+    if "-" in w:  # "batch-scored", "re-indexed": the verb is the last part
+        return _participle(w.rsplit("-", 1)[1])
     for cut, add in (("ied", "y"), ("ed", ""), ("ed", "e"), ("d", "")):
         if w.endswith(cut):
             base = w[: -len(cut)] + add
@@ -953,7 +964,7 @@ def parse_request(text: str) -> Request:
     request = re.sub(r"\b(fine|pre|re)[ -](tun|train)", r"\1-\2", request, flags=re.I)
     masked, kept = _mask(request)
     out.schedule, out.timezone, masked = _schedule(masked)
-    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Za-z\x00\"'#])|\n+", masked)
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Za-z\d\x00\"'#])|\n+", masked)
                  if s.strip(" .")]
     state = _State()
     for raw_sentence in sentences:
@@ -1012,6 +1023,9 @@ def _hook(text: str) -> tuple[str, str]:
     m = _HOOK_FAILURE_TAIL.search(text)
     if m is not None and _first_verb(text)[0]:
         return "failure", text[: m.start()]
+    m = _HOOK_EXIT_TAIL.search(text)
+    if m is not None and _first_verb(text)[0]:
+        return "exit", text[: m.start()]
     return "", text
 
 
@@ -1051,6 +1065,13 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         if (_referenced(out.tasks, _unmask(m.group(1), kept)) is None
                 and _content(m.group(1)) - {"everything", "all", "them", "they", "job", "step"}):
             pre_task = _unmask(m.group(1), kept)
+    m = re.match(r"^(?:and\s+)?(?:once|after|as\s+soon\s+as)\s+([^,]+),\s*", clause, re.I)
+    if m is not None and _first_verb(clause[m.end():])[0] and \
+            _comparison(m.group(1)) is None:
+        # "once it has looked healthy for an hour, promote it": after the steps before it
+        out.notes.append(f"read {_unmask(m.group(0), kept).strip(' ,')!r} as: after the "
+                         "steps before it succeed")
+        clause = clause[m.end():]
     stop = re.search(r",?\s*(?:and\s+)?(?:stop|halt|finish)\s+(?:when|once|as\s+soon\s+as|if)\s+"
                      r"(.+)$", clause, re.I)
     if stop is not None and state.loop is not None and _comparison(stop.group(1)) is not None:
@@ -1172,6 +1193,11 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     verb, obj = _first_verb(clause)
     if not verb and expected_verb:
         verb, obj = _plausible_verb(clause)
+    gerund = re.match(r"^\s*((?:[\w-]+\s+){1,4}?)([a-z]+ing)\s*$", clause) if not verb else None
+    if gerund is not None and _gerund_to_verb(gerund.group(2)) in VERBS:
+        # "-> isolation forest scoring ->": the gerund is the action, the words before it
+        # what it does it with
+        verb, obj = _gerund_to_verb(gerund.group(2)), f"with {gerund.group(1).strip()}"
     if verb in ("run", "do", "execute") and not re.sub(r"[\W_]+", "", obj):
         # "run at most 2 plants at a time", "RAG ingestion, run daily:": nothing to run
         # but the modifiers of the steps before it
