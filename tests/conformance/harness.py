@@ -32,7 +32,7 @@ from couler.engines.base import (
     check_capabilities,
     features_used,
 )
-from couler.errors import UnsupportedFeatureError
+from couler.errors import InsufficientResourcesError, UnsupportedFeatureError
 
 from .loader import PROGRAMS, load_program, program_paths
 
@@ -162,17 +162,23 @@ def compile_kfp(paths: list[Path], timeout: float = 120) -> dict[str, Outcome]:
 
 def run_local(wf: ir.Workflow, work_dir: Path,
               workflows: Sequence[ir.Workflow] = ()) -> dict[str, Any]:
-    """Run ``wf`` on the local engine: its summary, or ``{"state": "unsupported", ...}``.
+    """Run ``wf`` on the local engine: its summary, ``{"state": "unsupported", ...}`` or
+    ``{"state": "refused", "resource": ...}`` (the machine lacks what a step requests).
 
-    ``workflows`` are the ones a sub-workflow reference may name (the other programs).
+    ``workflows`` are the ones a sub-workflow reference may name (the other programs). The
+    engine is given no GPUs, whatever the machine has, so the results do not depend on it
+    (tests/integration/test_local_gpus.py runs the GPU program with devices).
     """
     from couler_runtime.local import LocalEngine
 
-    engine = LocalEngine(work_dir, max_workers=4, secrets=LOCAL_SECRETS, workflows=workflows)
+    engine = LocalEngine(work_dir, max_workers=4, secrets=LOCAL_SECRETS, workflows=workflows,
+                         gpus=())
     try:
         return summarize(engine.run(wf))
     except UnsupportedFeatureError as exc:
         return {"state": "unsupported", "feature": exc.feature}
+    except InsufficientResourcesError as exc:
+        return {"state": "refused", "resource": exc.resource}
 
 
 def summarize(status: RunStatus) -> dict[str, Any]:
@@ -193,6 +199,11 @@ def matches(expected: Mapping[str, Any], actual: Mapping[str, Any]) -> list[str]
     problems: list[str] = []
     if expected["state"] != actual["state"]:
         problems.append(f"run state {actual['state']!r}, expected {expected['state']!r}")
+    if expected["state"] == "refused":
+        if expected.get("resource") != actual.get("resource"):
+            problems.append(f"refused for {actual.get('resource')!r}, "
+                            f"expected {expected.get('resource')!r}")
+        return problems
     if expected["state"] == "unsupported":
         if expected.get("feature") != actual.get("feature"):
             problems.append(f"unsupported {actual.get('feature')!r}, "
@@ -233,6 +244,8 @@ class Results:
             return f"ERROR: {out.error}"
         if engine == "local" and out.status == "compiled":
             run = self.local_runs.get(program, {})
+            if run.get("state") == "refused":
+                return f"compiled; refused here: no {run.get('resource')}"
             return f"ran ({run.get('state', '?')})"
         return out.label
 

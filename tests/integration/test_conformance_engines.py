@@ -119,9 +119,10 @@ KFP_RUN = ["artifacts", "basic_steps", "cron", "edge_conditions", "exit_hooks", 
 
 # Where kfp.local differs from expected.json (the local engine's results).
 KFP_DIFFERENCES: dict[str, dict[str, Any]] = {
-    # The local engine rejects GPU requests (expected: unsupported); the KFP compiler
-    # requests the accelerator (set_accelerator_type / _limit) and kfp.local's
-    # SubprocessRunner ignores it and runs the step on the host.
+    # The conformance run gives the local engine no GPUs, so it refuses the program
+    # (expected: refused, no GPU); the KFP compiler requests the accelerator
+    # (set_accelerator_type / _limit) and kfp.local's SubprocessRunner ignores it and runs
+    # the step on the host.
     "gpu": {"state": "succeeded",
             "steps": {"train": {"state": "succeeded", "attempts": 1, "outputs": {}}}},
     # E6 (docs/semantics.md): `broken` fails and its failed / any edges run their handlers
@@ -172,7 +173,7 @@ def test_kfp_local_refuses_the_compiled_job_step(kfp_outcomes: dict[str, harness
 
 
 def test_kfp_local_gpu_difference_is_real(kfp_runs: dict[str, Any]) -> None:
-    assert EXPECTED["gpu"] == {"state": "unsupported", "feature": "GPU resources"}
+    assert EXPECTED["gpu"] == {"state": "refused", "resource": "GPU"}
     gpu = kfp_runs["gpu"]
     (accelerator,) = gpu["accelerators"].values()
     assert list(gpu["accelerators"]) == ["train"]

@@ -61,16 +61,17 @@ def engine(tmp_path: Path) -> LocalEngine:
 def test_capabilities_cover_every_feature() -> None:
     assert set(CAPABILITIES) == set(Feature)
     assert CAPABILITIES[Feature.JOB].support is Support.UNSUPPORTED
-    assert CAPABILITIES[Feature.GPU].support is Support.UNSUPPORTED
+    assert CAPABILITIES[Feature.GPU].support is Support.REWRITTEN  # test_local_gpus.py
     # the embedded stack's submitter keeps the schedule; a run of it here is one run
     assert CAPABILITIES[Feature.CRON].support is Support.REWRITTEN
     assert CAPABILITIES[Feature.NODE_SELECTOR].note == "ignored on one machine"
 
 
 def test_unsupported_feature_rejected(engine: LocalEngine) -> None:
-    step = container("train", "true", resources=ir.Resources(gpu=1))
-    with pytest.raises(UnsupportedFeatureError, match=r"'train'.*GPU"):
-        engine.run(wf("gpu", step))
+    step = ir.Step(name="train", body=ir.JobSpec.of(
+        {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "t"}}))
+    with pytest.raises(UnsupportedFeatureError, match=r"'train'.*job step"):
+        engine.run(wf("job", step))
 
 
 def test_script_output_feeds_container_args_and_path_outputs(engine: LocalEngine) -> None:

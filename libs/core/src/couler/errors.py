@@ -73,6 +73,19 @@ class UnsupportedFeatureError(UserError):
         super().__init__(msg + (f" ({detail})" if detail else ""))
 
 
+class InsufficientResourcesError(UserError):
+    """A step asks for more of a resource than the engine's machine has (the local engine:
+    GPUs); the workflow is refused before it starts."""
+
+    def __init__(self, engine: str, workflow: str, step: str, *, resource: str,
+                 requested: int, available: int, hint: str = "") -> None:
+        self.engine, self.workflow, self.step = engine, workflow, step
+        self.resource, self.requested, self.available = resource, requested, available
+        msg = (f"workflow {workflow!r}, step {step!r}: requests {requested} {resource}; "
+               f"engine {engine!r} has {available or 'none'} on this machine")
+        super().__init__(msg + (f" ({hint})" if hint else ""))
+
+
 class DocumentTooLargeError(UserError):
     """An engine refused a workflow's document for its size (Kubernetes: 413, or etcd's
     "request is too large"; an Airflow DAG import timeout; a KFP spec limit).

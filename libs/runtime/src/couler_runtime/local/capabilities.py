@@ -56,7 +56,13 @@ CAPABILITIES: dict[Feature, Capability] = {
                                     "run is stopped"),
     Feature.RESOURCES: Capability(_R, "memory_limit enforced by sampling the tree's RSS; CPU "
                                       "and requests ignored"),
-    Feature.GPU: Capability(_U, "GPUs are not scheduled locally"),
+    Feature.GPU: Capability(_R, "the machine's GPUs (LocalEngine(gpus=...), COULER_LOCAL_GPUS, "
+                                "CUDA_VISIBLE_DEVICES or nvidia-smi) are handed out whole: a "
+                                "step waits for the devices it requests and sees only them "
+                                "(CUDA_VISIBLE_DEVICES); a step requesting none sees none; a "
+                                "request above the machine's count is refused before the run "
+                                "starts (InsufficientResourcesError); the GPU type is not "
+                                "checked"),
     Feature.CACHE: Capability(_R, "no result cache: every step runs (retry() reuses steps that "
                                   "succeeded)"),
     Feature.PRIORITY: Capability(_R, _IGNORED),

@@ -142,7 +142,7 @@ from couler.engines.base import (
     StepState,
     StepStatus,
 )
-from couler.errors import ConflictError
+from couler.errors import ConflictError, InsufficientResourcesError
 from couler.optimize.cache_key import (
     item_cache_key,
     iteration_cache_key,
@@ -152,6 +152,7 @@ from couler.optimize.cache_key import (
 from couler.semantics import failed_leaves
 
 from .. import tune as tuning
+from . import gpus as gpu_devices
 from . import interpreters
 from .artifacts import ArtifactStore, PathMap, digest_path
 from .capabilities import CAPABILITIES, ENGINE, check_workflow
@@ -1060,17 +1061,54 @@ class LocalRun:
         as the log, ``previous`` for the repeat rule, to which it is appended); the class's
         reason goes on the record as ``failure_reason``.
         """
-        wf = self.workflow
         exec_dir = self._steps_dir / step.name / label
         exec_dir.mkdir(parents=True, exist_ok=True)
         if isinstance(step.body, ir.SubWorkflowSpec):
             return attempt_nested(self, step, rec, exec_dir, item, timeout=timeout)
         try:
-            argv, env, cwd, paths = prepare_step(self, step, exec_dir, item)
+            prepared = prepare_step(self, step, exec_dir, item)
         except _StepError as exc:
             self._update(rec, message=str(exc))
             return "fatal"
         cancel: threading.Event = self._cancel
+        devices = self._take_gpus(step, rec)
+        if devices is None:
+            return "cancelled"
+        if self.engine.gpus:  # a step sees only the devices it holds (none if it asked none)
+            prepared[1].update(gpu_devices.visible_env(devices))
+        try:
+            return self._attempt_process(step, rec, item, exec_dir, prepared, cancel=cancel,
+                                         timeout=timeout, memory_limit=memory_limit,
+                                         previous=previous, daemon=daemon)
+        finally:
+            if devices:
+                self.engine.gpu_pool.release(devices)
+
+    def _take_gpus(self, step: ir.Step, rec: _Record) -> tuple[str, ...] | None:
+        """The GPUs a step's attempt runs with, waiting until they are free (None: the run
+        was stopped while it waited)."""
+        resources = step.resources or self.workflow.defaults.resources
+        wanted = resources.gpu if resources else 0
+        if not wanted:
+            return ()
+        pool = self.engine.gpu_pool
+        self._update(rec, message=f"waiting for {wanted} of the machine's "
+                                  f"{len(pool.devices)} GPUs")
+        taken = pool.acquire(wanted, self._cancel)
+        if taken is None:
+            self._update(rec, message=self._stop_message())
+            return None
+        self._update(rec, message=f"GPUs {','.join(taken)}")
+        return taken
+
+    def _attempt_process(self, step: ir.Step, rec: _Record, item: object, exec_dir: Path,
+                         prepared: tuple[list[str], dict[str, str], Path, PathMap], *,
+                         cancel: threading.Event, timeout: int | None,
+                         memory_limit: int | None, previous: list[failures.Attempt] | None,
+                         daemon: _Daemon | None) -> str | None:
+        """Run one attempt's process (see :meth:`_attempt`)."""
+        wf = self.workflow
+        argv, env, cwd, paths = prepared
         trial = self._trials.get((rec.step, rec.key))
         if trial is not None:  # a tuning trial: where it reports, and its own stop
             trial.report.parent.mkdir(parents=True, exist_ok=True)
@@ -1333,6 +1371,10 @@ class LocalEngine:
         image_python: The Python interpreter of a script step by its image (patterns
             allowed, :mod:`couler_runtime.local.interpreters`); default: the
             ``COULER_LOCAL_PYTHON`` setting; an unmapped image runs with ``sys.executable``.
+        gpus: The GPU devices (indices or UUIDs) steps that request GPUs are given, each
+            held by one step at a time (:mod:`couler_runtime.local.gpus`); default: the
+            ``COULER_LOCAL_GPUS`` setting, else ``CUDA_VISIBLE_DEVICES``, else what
+            ``nvidia-smi`` lists, else none.
     """
 
     name = ENGINE
@@ -1344,7 +1386,8 @@ class LocalEngine:
                  workflows: Iterable[ir.Workflow] = (), cache_keys: bool = False,
                  series_seconds: float = SERIES_SECONDS,
                  tune_storage: str | None = None,
-                 image_python: Mapping[str, str] | None = None) -> None:
+                 image_python: Mapping[str, str] | None = None,
+                 gpus: Sequence[str] | None = None) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
         if not series_seconds > 0:
@@ -1362,6 +1405,9 @@ class LocalEngine:
         self.tune_storage = tune_storage
         self.image_python: Mapping[str, str] = (
             interpreters.from_env() if image_python is None else dict(image_python))
+        self.gpus: tuple[str, ...] = (gpu_devices.discover() if gpus is None
+                                      else gpu_devices.parse(",".join(gpus), setting="gpus"))
+        self.gpu_pool = gpu_devices.GpuPool(self.gpus)  # shared by this engine's runs
 
     def run(self, wf: ir.Workflow, *, parameters: Mapping[str, str] | None = None,
             on_event: EventCallback | None = None,
@@ -1402,6 +1448,8 @@ class LocalEngine:
         check_workflow(wf)
         ir.check_parameters(wf, parameters or {})
         references = resolve_references(wf, self.workflows)
+        for each in (wf, *references.values()):
+            self._check_gpus(wf.name, each)
         run_id = run_id or f"{wf.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         run_dir = self.work_dir / run_id
         try:
@@ -1414,6 +1462,26 @@ class LocalEngine:
                           cached=cached)
         handle._start()
         return handle
+
+    def _check_gpus(self, name: str, wf: ir.Workflow) -> None:
+        """Refuse a workflow with a step that asks for more GPUs than this machine has."""
+        def walk(steps: Iterable[ir.Step], prefix: str) -> Iterable[tuple[str, ir.Step]]:
+            for step in steps:
+                yield prefix + step.name, step
+                if isinstance(step.body, ir.SubWorkflowSpec):
+                    yield from walk(step.body.steps, f"{prefix}{step.name}/")
+
+        hooks = [s for hook in wf.exit_hooks for s in hook.steps]
+        top = "" if wf.name == name else f"{wf.name}/"
+        for where, step in walk([*wf.steps, *hooks], top):
+            resources = step.resources or wf.defaults.resources
+            wanted = resources.gpu if resources else 0
+            if wanted > len(self.gpus):
+                raise InsufficientResourcesError(
+                    ENGINE, name, where, resource="GPU" if wanted == 1 else "GPUs",
+                    requested=wanted, available=len(self.gpus),
+                    hint=f"the devices come from LocalEngine(gpus=...), "
+                         f"{gpu_devices.GPUS_ENV}, CUDA_VISIBLE_DEVICES or nvidia-smi")
 
     def retry(self, run_dir: str | Path, *, on_event: EventCallback | None = None) -> RunStatus:
         """Re-run a finished run in its directory, reusing the steps that succeeded.
@@ -1446,6 +1514,8 @@ class LocalEngine:
         saved = {name: ir.from_dict(ir.Workflow, ref)
                  for name, ref in (data.get("references") or {}).items()}
         references = resolve_references(wf, {**self.workflows, **saved})
+        for each in (wf, *references.values()):
+            self._check_gpus(wf.name, each)
         main = {s.name for s in wf.steps}
         reuse = {r.step: r for r in latest.values()
                  if not r.key and _top(r.step) in main and r.state in _DONE_OK}
