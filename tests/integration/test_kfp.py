@@ -59,7 +59,7 @@ SUPPORTED = [
 UNSUPPORTED = {  # program → (step, feature)
     "cron": ("", "cron schedule"),
     "job_apply": ("mnist", "job step (Kubernetes resource)"),
-    "policies": ("train", "retry by failure class"),
+    "policies": ("train", "memory escalation on OOM"),
     "while_loop": ("flip-coin", "bounded loop"),
 }
 

@@ -1,6 +1,6 @@
 """A POSIX ``sh`` entrypoint that retries a step inside its container, by failure class.
 
-Engines without back-off or retry-by-cause (Tekton; later KFP) run the step's command
+Engines without back-off or retry-by-cause (Tekton, KFP) run the step's command
 through the script :func:`script` generates. It
 
 * runs the command, its stderr teed to a log (the container's stderr still shows it)
@@ -211,9 +211,12 @@ def fragment(policy: ir.RetryPolicy, run: str = '"$@"', *, status_path: str,
     Args:
         policy: the retry policy (limit, back-off, classes).
         run: the shell command line of one attempt (``"$@"``: the script's arguments).
-        status_path: the file the attempt count and final class are written to.
+        status_path: the file the attempt count and final class are written to ("" =
+            ``status`` in the scratch directory).
         stdout_path: where each attempt's stdout goes ("" = the wrapper's stdout).
-        work_dir: a scratch directory for the log and the exit code.
+        work_dir: a scratch directory for the log and the exit code ("" = a new one made
+            with ``mktemp -d``: for wrappers that may run side by side on one host, as
+            kfp.local's steps do).
         oom_files: cgroup files whose ``oom_kill`` counter is memory evidence.
         stop_on: classes that end the attempts here whatever ``policy.on`` says (an
             engine that escalates memory runs the next attempt elsewhere on ``oom``).
@@ -226,8 +229,8 @@ def fragment(policy: ir.RetryPolicy, run: str = '"$@"', *, status_path: str,
     out_fd = f"3>{_q(stdout_path)}" if stdout_path else "3>&1"
     oom = " ".join(_q(f) for f in oom_files)
     lines = [
-        f"couler_d={_q(work_dir)}",
-        'mkdir -p "$couler_d"',
+        f'couler_d={_q(work_dir)}\nmkdir -p "$couler_d"' if work_dir else
+        'couler_d=$(mktemp -d "${TMPDIR:-/tmp}/couler-entrypoint.XXXXXX") || exit 125',
         f"couler_delays={_q(sleep)}",
         f"couler_on={_q(classes)}",
         f"couler_attempt=${{{attempts_before}:-0}}" if attempts_before else "couler_attempt=0",
@@ -279,8 +282,9 @@ def fragment(policy: ir.RetryPolicy, run: str = '"$@"', *, status_path: str,
         '  couler_delay=$(echo "$couler_delays" | cut -d " " -f "$couler_attempt")',
         '  [ "$couler_delay" = 0 ] || sleep "$couler_delay"',
         "done",
-        f'printf \'attempts=%s\\nclass=%s\\npattern=%s\\nexit=%s\\n\' "$couler_attempt" '
-        f'"$couler_class" "$couler_pattern" "$couler_rc" > {_q(status_path)}',
+        'printf \'attempts=%s\\nclass=%s\\npattern=%s\\nexit=%s\\n\' "$couler_attempt" '
+        '"$couler_class" "$couler_pattern" "$couler_rc" > '
+        + (_q(status_path) if status_path else '"$couler_d/status"'),
     ]
     return "\n".join(lines) + "\n"
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from couler import ir
-from couler.compilers import kube_job
+from couler.compilers import entrypoint, kube_job
 from couler.engines.base import Feature
 from couler.errors import UnsupportedFeatureError
 
@@ -158,6 +158,10 @@ class _Builder:
                                      "pass the value as an argument instead")
             self._check_artifacts(step, by_name)
             self._check_loop(step, by_name)
+            if isinstance(step.body, ir.JobSpec) and self._by_class(step) is not None:
+                raise self._fail(step.name, Feature.RETRY_FAILURE_CLASSES,
+                                 "a job step's kubectl script is not run under the retry "
+                                 "wrapper (its pod's exit says nothing of the job's cause)")
             if isinstance(step.body, ir.SubWorkflowSpec):
                 self._check_group(step)
             upstream = {d.step for d in step.dependencies} | _artifact_sources(step)
@@ -440,6 +444,24 @@ class _Builder:
 
     # ------------------------------------------------------------------ components
 
+    def _by_class(self, step: ir.Step) -> ir.RetryPolicy | None:
+        """The step's retry policy when it retries only some failure classes: then the
+        :mod:`couler.compilers.entrypoint` wrapper retries inside the container (KFP's own
+        retry would repeat every failure), else None."""
+        retry = step.retry or self.wf.defaults.retry
+        if retry is None or ir.FailureClass.ANY in retry.on:
+            return None
+        return retry
+
+    @staticmethod
+    def _wrapped(policy: ir.RetryPolicy | None, words: list[str]) -> list[str]:
+        """``words`` run under the retry wrapper of ``policy`` (as they are without one);
+        the wrapper's scratch directory is made per run (kfp.local runs steps side by side)."""
+        if policy is None:
+            return words
+        return ["/bin/sh", "-c", entrypoint.script(policy, status_path="", work_dir=""),
+                "couler-entrypoint", *words]
+
     def _argv(self, step: ir.Step, plan: _StepPlan) -> list[str]:
         """The step's command line with IR placeholders replaced by ``\\0NAME\\0`` marks."""
         body = step.body
@@ -493,6 +515,7 @@ class _Builder:
         body = step.body
         assert isinstance(body, (ir.ContainerSpec, ir.ScriptSpec))
         gate = self.gated.get(step.name)
+        policy = self._by_class(step)
         wrap = (bool(step.outputs) or bool(body.working_dir) or gate is not None
                 or bool(step.input_artifacts) or bool(step.output_artifacts))
 
@@ -505,7 +528,7 @@ class _Builder:
                 parts = word.split("\0")
                 return "".join(values[p] if k % 2 else p for k, p in enumerate(parts))
 
-            words = [fill(w) for w in argv]
+            words = self._wrapped(policy, [fill(w) for w in argv])
             if not wrap:
                 return dsl.ContainerSpec(image=body.image, command=words)
             outs = [values[plan.outputs[o.name]] for o in step.outputs]
@@ -603,6 +626,7 @@ class _Builder:
             if k == 0 and isinstance(body, ir.ScriptSpec) and word in ("python", "python3"):
                 expr = "sys.executable"
             exprs.append(expr)
+        exprs[:0] = [repr(w) for w in self._wrapped(self._by_class(step), [])]
         sig = ", ".join(
             f"{p.name}: {_annotation_src(p.annotation)}" for p in params)
         stdout_outs = [plan.outputs[o.name] for o in step.outputs
@@ -1041,7 +1065,7 @@ class _Builder:
     def _policies(self, step: ir.Step, task: Any) -> None:
         d = self.wf.defaults
         retry = step.retry or d.retry
-        if retry is not None:
+        if retry is not None and self._by_class(step) is None:  # else the wrapper retries
             kw: dict[str, Any] = {"num_retries": retry.limit}
             if retry.backoff is not None:
                 kw["backoff_duration"] = f"{int(retry.backoff.base_seconds)}s"

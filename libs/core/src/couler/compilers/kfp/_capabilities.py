@@ -103,9 +103,18 @@ CAPABILITIES: dict[Feature, Capability] = {
     Feature.RETRY_BACKOFF: Capability(
         _N, "set_retry(backoff_duration, backoff_factor, backoff_max_duration)"),
     Feature.RETRY_FAILURE_CLASSES: Capability(
-        _U, "KFP retries every failure; it cannot select failures by cause"),
+        _R, "KFP retries every failure, so a policy naming classes runs the step's command "
+            "under the POSIX-sh retry wrapper of couler.compilers.entrypoint (as on Tekton): "
+            "it classifies each failed attempt with couler.failures' classes (exit code, "
+            "stderr patterns, the cgroup's oom_kill counter) and retries inside the container "
+            "the classes the policy names, with its back-off; KFP's own set_retry is not "
+            "set then (a pod the platform lost is not retried); kfp.local runs the same "
+            "wrapper with the host's sh; refused on job steps"),
     Feature.MEMORY_ESCALATION: Capability(
-        _U, "a retry reuses the same task spec; KFP cannot raise memory per attempt"),
+        _U, "a KFP retry reuses the same task spec and the wrapper cannot raise its "
+            "container's limit; a ladder of attempt tasks (Tekton's rewrite) would need a "
+            "failed attempt reported as a succeeded task and dsl.OneOf over its outputs -- "
+            "not compiled for KFP (use Argo, Tekton or the local engine)"),
     Feature.TIMEOUT: Capability(
         _N, "kubernetes.set_timeout (pod activeDeadlineSeconds, per attempt) through " + _KK
             + "; a workflow timeout maps to PipelineConfig.active_deadline_seconds"),
