@@ -92,7 +92,12 @@ from couler import ir
 from couler.alloc import gc_paused
 from couler.compilers import emit
 from couler.compilers.argo_capabilities import CAPABILITIES, ENGINE
-from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
+from couler.compilers.kube import (
+    cron_policy,
+    dns_settings,
+    resource_requirements,
+    se_linux_options,
+)
 from couler.engines.base import check_capabilities
 from couler.errors import UnsupportedFeatureError
 from couler.ir.validate import parse_quantity
@@ -130,11 +135,6 @@ _SCRIPT_COMMANDS = {
     ir.ScriptLanguage.PYTHON: ["python"],
     ir.ScriptLanguage.BASH: ["bash"],
     ir.ScriptLanguage.SH: ["sh"],
-}
-_CONCURRENCY = {
-    ir.ConcurrencyPolicy.ALLOW: "Allow",
-    ir.ConcurrencyPolicy.FORBID: "Forbid",
-    ir.ConcurrencyPolicy.REPLACE: "Replace",
 }
 _EXIT_STATUS = {
     ir.RunStatus.SUCCEEDED: "Succeeded",
@@ -409,15 +409,7 @@ class _Compiler:
         cron: Doc = {"schedules": [s.schedule]}
         if s.timezone:
             cron["timezone"] = s.timezone
-        cron["concurrencyPolicy"] = _CONCURRENCY[s.concurrency_policy]
-        if s.starting_deadline_seconds is not None:
-            cron["startingDeadlineSeconds"] = s.starting_deadline_seconds
-        if s.successful_history_limit is not None:
-            cron["successfulJobsHistoryLimit"] = s.successful_history_limit
-        if s.failed_history_limit is not None:
-            cron["failedJobsHistoryLimit"] = s.failed_history_limit
-        if s.suspend:
-            cron["suspend"] = True
+        cron.update(cron_policy(s))
         if wf.labels:
             cron["workflowMetadata"] = {"labels": _pairs(wf.labels)}
         cron["workflowSpec"] = spec

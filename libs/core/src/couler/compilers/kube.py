@@ -6,7 +6,7 @@ from typing import Any
 
 from couler import ir
 
-__all__ = ["dns_settings", "resource_requirements", "se_linux_options"]
+__all__ = ["cron_policy", "dns_settings", "resource_requirements", "se_linux_options"]
 
 
 def resource_requirements(r: ir.Resources) -> dict[str, Any]:
@@ -51,4 +51,27 @@ def dns_settings(dns: ir.DnsConfig) -> dict[str, Any]:
         config["options"] = [{"name": k, "value": v} if v else {"name": k} for k, v in dns.options]
     if config:
         out["dnsConfig"] = config
+    return out
+
+
+_CONCURRENCY = {
+    ir.ConcurrencyPolicy.ALLOW: "Allow",
+    ir.ConcurrencyPolicy.FORBID: "Forbid",
+    ir.ConcurrencyPolicy.REPLACE: "Replace",
+}
+
+
+def cron_policy(s: ir.CronSchedule) -> dict[str, Any]:
+    """The fields of a schedule's policy that Argo's CronWorkflow spec and a Kubernetes
+    ``batch/v1`` CronJob spec share, with the same names and meaning (concurrency policy,
+    starting deadline, history limits, suspend), unset ones left out."""
+    out: dict[str, Any] = {"concurrencyPolicy": _CONCURRENCY[s.concurrency_policy]}
+    if s.starting_deadline_seconds is not None:
+        out["startingDeadlineSeconds"] = s.starting_deadline_seconds
+    if s.successful_history_limit is not None:
+        out["successfulJobsHistoryLimit"] = s.successful_history_limit
+    if s.failed_history_limit is not None:
+        out["failedJobsHistoryLimit"] = s.failed_history_limit
+    if s.suspend:
+        out["suspend"] = True
     return out

@@ -38,6 +38,7 @@ from typing import Any
 
 from couler import ir
 from couler.compilers import emit
+from couler.compilers.kube import cron_policy
 from couler.compilers.tekton._job import JOB_IMAGE
 from couler.engines.base import Feature
 from couler.errors import UnsupportedFeatureError
@@ -66,11 +67,6 @@ LAUNCHER_HEADER = "Couler-Launcher"
 TRIGGERS_API = "triggers.tekton.dev/v1beta1"
 _MOUNT = "/etc/couler"
 _MANIFEST = "pipelinerun.yaml"
-_CONCURRENCY = {
-    ir.ConcurrencyPolicy.ALLOW: "Allow",
-    ir.ConcurrencyPolicy.FORBID: "Forbid",
-    ir.ConcurrencyPolicy.REPLACE: "Replace",
-}
 _FALSY = '["", "0", "false", "no"]'  # the submitter's false strings
 _CEL_OPS: dict[type[ast.cmpop], str] = {
     ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
@@ -131,15 +127,7 @@ def cron_documents(wf: ir.Workflow, run: Doc, meta: Doc) -> list[Doc]:
     spec: Doc = {"schedule": s.schedule}
     if s.timezone:
         spec["timeZone"] = s.timezone
-    spec["concurrencyPolicy"] = _CONCURRENCY[s.concurrency_policy]
-    if s.starting_deadline_seconds is not None:
-        spec["startingDeadlineSeconds"] = s.starting_deadline_seconds
-    if s.successful_history_limit is not None:
-        spec["successfulJobsHistoryLimit"] = s.successful_history_limit
-    if s.failed_history_limit is not None:
-        spec["failedJobsHistoryLimit"] = s.failed_history_limit
-    if s.suspend:
-        spec["suspend"] = True
+    spec.update(cron_policy(s))
     spec["jobTemplate"] = {"spec": {"backoffLimit": 0, "template": {"spec": pod}}}
     cron: Doc = {"apiVersion": "batch/v1", "kind": "CronJob",
                  "metadata": {"name": wf.name, **meta}, "spec": spec}
