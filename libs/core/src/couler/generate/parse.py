@@ -83,7 +83,7 @@ insert vacuum compact subsample stratify judge rerun resume share draw caption r
 dedup ensemble blend featurize calculate raise escalate terminate destroy provision denoise
 enhance upscale decompress untar transfer poll subscribe ensure confirm message alert warn
 notify flag re-train re-run fine-tune pre-train post-process postprocess preprocess route
-probe block halt pause skip abort cancel gate hold quarantine
+probe block halt pause skip abort cancel gate hold quarantine shift revert rollback
 """)
 _ADVERBS = _wordset("then also first next finally afterwards after that and so please "
                      "just only now immediately subsequently lastly later")
@@ -107,6 +107,8 @@ _TOOLS = re.compile(
     r"table|candidates|vectors?)\b", re.IGNORECASE)
 
 
+_SPLIT_VERBS = frozenset({"split", "shard", "partition", "chunk", "slice", "cut", "tile",
+                          "divide", "break", "batch", "bucket", "repartition"})
 _TRAIN_VERBS = frozenset({"train", "fit", "fine-tune", "finetune", "retrain", "backtest",
                           "pretrain", "refit", "tune"})
 _MODEL_WORDS = re.compile(
@@ -170,6 +172,7 @@ class Request:
     data: list[str] = field(default_factory=list)  # "the data comes from the loans table …"
     unplaced: list[str] = field(default_factory=list)  # parts it could not understand
     notes: list[str] = field(default_factory=list)  # how ambiguous parts were read
+    timeout: int = 0  # seconds the whole run may take ("the whole thing must finish in 2h")
 
 
 def words(text: str) -> list[str]:
@@ -180,8 +183,8 @@ def words(text: str) -> list[str]:
 def stem(word: str) -> str:
     """A light stem: plural and verb endings off (``scores`` → ``score``)."""
     w = word.lower()
-    for suffix, keep in (("ies", "y"), ("sses", "ss"), ("ing", ""), ("ed", ""), ("es", "e"),
-                         ("s", "")):
+    for suffix, keep in (("ies", "y"), ("sses", "ss"), ("ches", "ch"), ("shes", "sh"),
+                         ("xes", "x"), ("ing", ""), ("ed", ""), ("es", "e"), ("s", "")):
         if w.endswith(suffix) and len(w) - len(suffix) >= 3 and not w.endswith("ss"):
             return w[: len(w) - len(suffix)] + keep
     return w
@@ -204,7 +207,7 @@ _DOTTED = re.compile(r"\b(?:\w+\.)+(?:csv|tsv|parquet|jsonl?|zip|tar|gz|tgz|txt|
 
 
 # Quoted text, inline code and SQL statements are data: their words are not clauses.
-_QUOTED = re.compile(r"`[^`]{1,200}`|'[^'\s][^']{0,200}'|\"[^\"]{1,200}\"|"
+_QUOTED = re.compile(r"`[^`]{1,200}`|(?<!\w)'[^'\s][^']{0,200}'(?!\w)|\"[^\"]{1,200}\"|"
                      r"\b(?:SELECT|DROP|DELETE|INSERT|UPDATE|CREATE|ALTER|TRUNCATE|GRANT)\b"
                      r"[^;.]{0,200};?(?:\s*--)?")
 
@@ -213,7 +216,7 @@ def _mask(text: str) -> tuple[str, list[str]]:
     kept: list[str] = []
 
     def repl(m: re.Match[str]) -> str:
-        value = m.group(0).rstrip(".")
+        value = m.group(0).rstrip(".:!?")
         kept.append(value)
         return f"\x00{len(kept) - 1}\x01" + m.group(0)[len(value):]
 
@@ -389,6 +392,13 @@ _TIMEOUTS = [
                r"(?:\s+(?:per|on|for)\s+(?:each\s+|every\s+|the\s+)?[\w-]+(?:\s+(?:job|step))?)?",
                re.I),
     re.compile(r"(?:time[\s-]?out|time\s+limit|limit)\s+of\s+" + _DUR, re.I),
+    # "Timeout for the whole thing is 15 min", "time limit: 2h"
+    re.compile(r"\b(?:time[\s-]?out|time\s+limit|deadline)(?:\s+(?:for|on|of)\s+(?:[\w-]+\s+)"
+               r"{0,3}?[\w-]+)?\s*(?:is|=|:|should\s+be|will\s+be)\s+" + _DUR, re.I),
+    # "kill any run that goes past 2h"
+    re.compile(r"\b(?:kill|stop|abort|cancel)\s+(?:any|each|every|the|a)\s+[\w-]+\s+(?:that|which|"
+               r"if\s+it|when\s+it)\s+(?:goes|runs|takes|lasts)\s+(?:past|over|beyond|longer\s+"
+               r"than|more\s+than)\s+" + _DUR, re.I),
     re.compile(r"(?:must|should|may)?\s*(?:not|never)\s+(?:run|take|last)\s+(?:any\s+)?"
                r"(?:longer|more)\s+than\s+" + _DUR, re.I),
     re.compile(r"(?:time\s+out|be\s+killed|abort|stop\s+it)\s+after\s+" + _DUR, re.I),
@@ -398,7 +408,11 @@ _TIMEOUTS = [
     re.compile(r"\b(?:cap|capping|limit|limiting)\s+(?:it|them|(?:the|each)\s+(?:whole\s+|entire\s+)?[\w-]+"
                r"(?:\s+(?:step|job))?)\s+(?:at|to)"
                r"\s+" + _DUR, re.I),
-    re.compile(r"\b(?:within|in\s+under|under)\s+" + _DUR + r"(?=\s*(?:[,.;]|$))", re.I),
+    re.compile(r"\b(?:within|in\s+under|under)\s+" + _DUR + r"(?=\s*(?:[,.;)]|$))", re.I),
+    # "each capped at 40 minutes", "limited to 2 hours"
+    re.compile(r"\b(?:(?:each|every\s+[\w-]+|it|they|all)\s+)?(?:capped|limited|bounded)\s+"
+               r"(?:at|to)\s+" + _DUR, re.I),
+    re.compile(r"\b(?:taking|lasting|running)\s+no\s+(?:longer|more)\s+than\s+" + _DUR, re.I),
 ]
 _GPU_NAMES = r"(?:gpus?|v100s?|a100s?|h100s?|t4s?|l4s?|a10g?s?|rtx\s?\d+s?|cuda\s+devices?)"
 _GPUS = [
@@ -576,7 +590,8 @@ def _comparison(text: str) -> tuple[str, str, str] | None:
 
 # --------------------------------------------------------------------------- hooks
 
-_FAILS = r"(?:ever\s+)?(?:fails?|errors?(?:\s+out)?|breaks|crashes|goes\s+wrong|blows\s+up|dies)"
+_FAILS = (r"(?:ever\s+)?(?:fails?|errors?(?:\s+out)?|breaks|crashes|goes\s+wrong|blows\s+up|"
+          r"dies)\b")
 _HOOK_FAILURE = re.compile(
     r"^\s*(?:and\s+|but\s+)?(?:if|when|whenever|in\s+case|should|on)\s+(?:any\s+(?:step|task|"
     r"job|part)s?(?:\s+of\s+(?:it|them|the\s+\w+))?|any\s+of\s+(?:it|this|them|these|those|the\s+[\w-]+)|"
@@ -594,8 +609,8 @@ _HOOK_SUCCESS = re.compile(
 _HOOK_EXIT = re.compile(
     r"^\s*(?:and\s+)?(?:(?:when|whenever|once|after)\s+(?:the\s+)?(?:whole\s+)?(?:workflow|run|pipeline|"
     r"job|dag)\s+(?:ends|finishes|completes|is\s+(?:done|over|finished))\s*,?\s*)?(?:whatever\s+(?:the\s+)?(?:outcome|result|happens)|regardless\s+of\s+"
-    r"(?:the\s+)?(?:outcome|result|status)|no\s+matter\s+(?:what|the\s+outcome|how\s+it\s+ends)"
-    r"|in\s+(?:any|every|all)\s+cases?|always|success\s+or\s+(?:not|failure)|pass\s+or\s+fail|"
+    r"(?:the\s+)?(?:outcome|result|status)|no\s+matter\s+(?:what(?:\s+happens)?|the\s+outcome|"
+    r"how\s+it\s+ends)|in\s+(?:any|every|all)\s+cases?|always|success\s+or\s+(?:not|failure)|pass\s+or\s+fail|"
     r"whether\s+(?:it|they|this|that|everything|(?:the|all)\s+[\w-]+)\s+(?:succeeds?|passes|works|"
     r"fails?)\s+or\s+(?:not|fails?|succeeds?)|"
     r"(?:at\s+the\s+end|when\s+(?:the\s+)?(?:workflow|run|pipeline|job|dag)\s+(?:ends|"
@@ -614,7 +629,7 @@ _EITHER = re.compile(r"^\s*(?:and\s+)?(?:either\s+way|in\s+both\s+cases|regardle
 # --------------------------------------------------------------------------- clauses
 
 _SPLIT = re.compile(
-    r"\s*(?:->|=>|\u2192)\s*|\s*;\s*|\s*,\s*(?=(?:else|otherwise)\b)|\s*:\s+|[,;]?\s*(?<![\w.])\(?(?:\d{1,2}|[a-h])\)\s+|\s+\d{1,2}\.\s+(?=[A-Za-z])|"
+    r"\s*(?:->|=>|\u2192)\s*|\s*;\s*|\s*,\s*(?=(?:else|otherwise)\b)|\s*:\s+|[,;]?\s*(?<![\w.=+*/^<>-])\(?(?:\d{1,2}|[a-h])\)\s+|\s+\d{1,2}\.\s+(?=[A-Za-z])|"
     r"\s*(?:^|\s)[-*\u2022]\s+|,?\s+and\s+then\s+|,\s*then\s+|\s+then\s+(?=[a-z])|"
     r",?\s+and\s+after\s+that,?\s+|,?\s+after\s+that,?\s+|\.?\s+afterwards,?\s+|"
     r",?\s+and\s+afterwards,?\s+|,?\s+and\s+finally,?\s+|,?\s+finally,?\s+",
@@ -923,6 +938,11 @@ _INJECTION = re.compile(
     r"guidelines|constraints|schema|catalog)\b|\b(?:system\s+prompt|environment\s+variables?|"
     r"api\s+keys?)\b.*\b(?:print|show|reveal|dump|send|leak)\b|\b(?:print|show|reveal|dump|"
     r"leak)\b.*\b(?:system\s+prompt|api\s+keys?|secrets?|environment\s+variables?)\b", re.I)
+# "can you run …", "hey, could you build …", "I need you to …", "let's …": the request's
+# frame, not its verb
+_POLITE = re.compile(r"^(?:(?:hey|hi|ok|okay|so)\s*,?\s+)?(?:(?:can|could|would|will)\s+"
+                     r"(?:you|we|someone)\s+(?:please\s+)?|please\s+|(?:i|we)\s+(?:need|want|"
+                     r"would\s+like|'d\s+like)\s+(?:you\s+)?to\s+|let'?s\s+)(?=\w)", re.I)
 _LEAD_SEQUENCE = re.compile(r"^(?:after\s+that|afterwards|then|next|finally|first(?:ly)?|"
                             r"lastly|last|second(?:ly)?|also)\s*,?\s+", re.I)
 _BEFORE = re.compile(r"\s+before\s+(\w+ing)\b\s*(.*)$", re.I)
@@ -962,6 +982,7 @@ def parse_request(text: str) -> Request:
     request = " ".join(text.split())
     out = Request(request)
     request = re.sub(r"\b(fine|pre|re)[ -](tun|train)", r"\1-\2", request, flags=re.I)
+    request = _normalize(request)
     masked, kept = _mask(request)
     out.schedule, out.timezone, masked = _schedule(masked)
     sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Za-z\d\x00\"'#])|\n+", masked)
@@ -973,11 +994,12 @@ def parse_request(text: str) -> Request:
                              f"{_unmask(raw_sentence, kept)[:120]!r}")
             continue
         sentence = _LEAD_SEQUENCE.sub("", raw_sentence.strip().rstrip(".!?"))
+        sentence = _POLITE.sub("", sentence)
         framed = _FRAME.match(sentence)
         if framed is not None:
             # "Set up a pipeline that ingests …, resamples …": its verbs are the steps
             sentence = _third_person_list(sentence[framed.end():])
-        hook, sentence = _hook(sentence)
+        hook, sentence = _hook(sentence, tail=False)
         clauses = _clauses(sentence)
         # "Score all records with the model: split …, score the shards …": a heading
         # whose verb the clauses after the colon repeat describes them, it is not a task
@@ -1012,14 +1034,33 @@ def parse_request(text: str) -> Request:
     return out
 
 
-def _hook(text: str) -> tuple[str, str]:
-    """("failure" | "success" | "exit" | "", the text without the hook phrase)."""
+def _normalize(text: str) -> str:
+    """Shorthand engineers type, in the words the clause rules read: "w/" (with), "GPUs x4"
+    and "4x A100" (4 GPUs), "retry up to 6x" (6 times), a list set off by dashes
+    ("for each region — us, eu, apac — run …": a parenthesized list)."""
+    text = re.sub(r"\bw/o\b", "without", text, flags=re.I)
+    text = re.sub(r"\bw/(?=\s|\d)", "with", text, flags=re.I)
+    text = re.sub(r"\b(" + _GPU_NAMES + r")\s*[x\u00d7]\s*(\d+)\b", r"\2 \1", text, flags=re.I)
+    text = re.sub(r"\b(\d+)\s*[x\u00d7]\s*(?=" + _GPU_NAMES + r"\b)", r"\1 ", text, flags=re.I)
+    text = re.sub(r"(\bretr(?:y|ies|ied)\b[^.;,()]{0,20}?\b)(\d+)\s*[x\u00d7](?=\W|$)",
+                  r"\1\2 times", text, flags=re.I)
+    dash = r"[\u2014\u2013]"
+    return re.sub(r"\s+" + dash + r"\s+([^\u2014\u2013]{1,200}?,[^\u2014\u2013]{1,200}?)\s+" + dash
+                  + r"\s+", r" (\1) ", text)
+
+
+def _hook(text: str, *, tail: bool = True) -> tuple[str, str]:
+    """("failure" | "success" | "exit" | "", the text without the hook phrase); with
+    ``tail`` False only a leading phrase counts ("if it fails" at the end of a sentence
+    belongs to its last clause, not to the whole sentence)."""
     for pattern, kind in ((_HOOK_FAILURE, "failure"), (_HOOK_SUCCESS, "success"),
                           (_HOOK_EXIT, "exit")):
         m = pattern.match(text)
         if m is not None:
             rest = text[m.end():]
             return kind, (_AT_END.sub("", rest) if kind == "exit" else rest)
+    if not tail:
+        return "", text
     m = _HOOK_FAILURE_TAIL.search(text)
     if m is not None and _first_verb(text)[0]:
         return "failure", text[: m.start()]
@@ -1040,12 +1081,25 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
             sentence_condition: Condition | None) -> tuple[Condition | None, list[str]]:
     """Parse one clause into tasks (appended to ``out``); returns the condition and the
     fan-out scope that later clauses of the sentence inherit."""
+    clause = re.sub(r"^[\s\u2014\u2013\u2022*-]+(?=\w)", "", clause)
+    lead_in = re.match(r"^(.{3,}?):\s+(?=\S)", clause)
+    if lead_in is not None and not _first_verb(clause)[0] and \
+            _first_verb(clause[lead_in.end():])[0]:
+        # "Here's what I want for the nightly retrain (23:30): export …": the words before
+        # the colon set the scene, the action follows it
+        _no_verb(out, state, lead_in.group(1), kept, mods=_Mods(), loop_max=0, loop_until=None,
+                 condition=None)
+        clause = clause[lead_in.end():]
     original = _unmask(clause, kept)
     for named in re.finditer(r"\b([a-z][\w-]*)\s*\(([^()]*,[^()]*)\)", clause, re.I):
         listed = [_unmask(i, kept) for i in _split_list(named.group(2))]
         if len(listed) >= 2 and all(len(i.split()) <= 3 for i in listed):
             state.named[stem(named.group(1))] = listed
     found, clause = _scope_phrase(clause, state, kept)
+    if found == []:
+        phrase = original[: len(original) - len(_unmask(clause, kept))].strip(" ,")
+        out.notes.append(f"read {phrase!r} as one step over all of them: the request does not "
+                         "say how many")
     if found is not None:
         scope = found
         if not clause.strip(" ,"):
@@ -1063,8 +1117,11 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     if m is not None:
         clause = clause[m.end():]
         if (_referenced(out.tasks, _unmask(m.group(1), kept)) is None
-                and _content(m.group(1)) - {"everything", "all", "them", "they", "job", "step"}):
+                and _content(m.group(1)) - {"everything", "all", "them", "they", "job", "step"}
+                and not re.match(r"(?:all|each|every|both)\b", m.group(1), re.I)):
             pre_task = _unmask(m.group(1), kept)
+        elif re.match(r"(?:all|each|every|both)\b", m.group(1), re.I):
+            scope = []  # "once all five regions are done, build …": after the fan-out
     m = re.match(r"^(?:and\s+)?(?:once|after|as\s+soon\s+as)\s+([^,]+),\s*", clause, re.I)
     if m is not None and _first_verb(clause[m.end():])[0] and \
             _comparison(m.group(1)) is None:
@@ -1210,6 +1267,11 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
             if not task.hook:
                 _apply(task, mods)
         return sentence_condition, scope
+    if not verb and mods.timeout and _WHOLE_RUN.search(original):
+        # "Timeout for the whole thing is 15 min": the run's, not a step's
+        out.timeout, mods.timeout = mods.timeout, 0
+        if not mods.any() and not loop_max:
+            return sentence_condition, scope
     if not verb:
         _no_verb(out, state, clause, kept, mods=mods, loop_max=loop_max, loop_until=loop_until,
                  condition=condition)
@@ -1224,6 +1286,11 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         verb, obj = m.group(1).lower(), m.group(2)
     if verb in _AGGREGATE:
         scope = []
+    into = re.search(r"\binto\s+(\d+|" + _NUM[1:-1] + r")\s+(?:[\w-]+\s+){0,2}?([a-z][\w-]*s)\b",
+                     obj, re.I)
+    if verb in _SPLIT_VERBS and into is not None and _num(into.group(1)) >= 2:
+        # "split the scene into 64 patches, run the U-Net on each patch": how many patches
+        state.counts.setdefault(stem(into.group(2)), _num(into.group(1)))
     items, obj, shards = _fanout(obj, mods, state, scope=scope, fan_trials=fan_trials, verb=verb)
     subjects = [obj]
     if not (mods.parallel or meanwhile) and not items and verb in _TRAIN_VERBS:
@@ -1313,8 +1380,19 @@ def _scope_phrase(clause: str, state: _State, kept: list[str]) -> tuple[list[str
         return None, clause
     rest = clause[m.end():]
     if m.group(3):
+        listed = _unmask(m.group(3), kept)
+        span = re.fullmatch(r"\s*([A-Za-z][\w-]*?)(\d+)\s+(?:through|to|thru|-|\u2013)\s+"
+                            r"\1(\d+)\s*", listed)
+        if span is not None and 2 <= int(span.group(3)) - int(span.group(2)) + 1 <= 1000:
+            # "(PS-01 through PS-06)": every name of the range
+            width = len(span.group(2))
+            return [f"{span.group(1)}{i:0{width}d}" for i in range(
+                int(span.group(2)), int(span.group(3)) + 1)], rest
         items = [_unmask(i, kept) for i in _split_list(m.group(3))]
-        return (items, rest) if len(items) >= 2 else (None, clause)
+        if len(items) >= 2:
+            return items, rest
+        if not m.group(1) or _num(m.group(1)) < 2:
+            return None, clause
     if m.group(1):
         n = _num(m.group(1))
         unit = stem(m.group(2).split()[-1])
@@ -1327,7 +1405,15 @@ def _scope_phrase(clause: str, state: _State, kept: list[str]) -> tuple[list[str
         return [f"{unit}-{i}" for i in range(1, state.counts[unit] + 1)], rest
     if unit in state.named:
         return list(state.named[unit]), rest
+    if _first_verb(rest)[0]:
+        # "for every folder run the blur checks": how many is not said; the step runs once
+        # over all of them (the caller notes it), it is not dropped
+        return [], rest
     return None, clause
+
+
+_WHOLE_RUN = re.compile(r"\b(?:whole|entire|overall|in\s+total|end[\s-]to[\s-]end|everything|all\s+"
+                        r"(?:of\s+it|together)|the\s+(?:workflow|pipeline|run|dag))\b", re.I)
 
 
 def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods: _Mods,
@@ -1440,7 +1526,7 @@ def _count(obj: str, counts: dict[str, int], per: re.Match[str] | None) -> list[
                      and g.lower() not in _NUM_WORDS), per.group(1) or "")
         unit = per.group(1) or per.group(2) or per.group(4) or per.group(5) or unit
         n = re.search(r"\(?\s*there\s+are\s+(\d+|\w+)|\b(\d+|" + _NUM[1:-1] + r")\s+(?:of\s+"
-                      r"them|" + re.escape(unit) + r"s?)\b", obj, re.I)
+                      r"them|" + re.escape(unit) + r"(?:e?s)?)\b", obj, re.I)
         if per.group(3):
             n = re.match(r"(\d+|\w+)", per.group(3))
         if n is not None:
@@ -1450,7 +1536,7 @@ def _count(obj: str, counts: dict[str, int], per: re.Match[str] | None) -> list[
         if stem(unit) in counts:
             return [str(i) for i in range(counts[stem(unit)])]
     for unit, size in counts.items():
-        if re.search(r"\b(?:the|each|every|all)\s+(?:\w+\s+)?" + re.escape(unit) + r"s?\b",
+        if re.search(r"\b(?:the|each|every|all)\s+(?:\w+\s+)?" + re.escape(unit) + r"(?:e?s)?\b",
                      obj, re.I):
             return [str(i) for i in range(size)]
     return []

@@ -354,8 +354,9 @@ class _Builder:
         hook_specs = {k: tuple(self._spec(s, hook=True) for s in v) for k, v in hooks.items()}
         return WorkflowSpec(
             name=name, steps=tuple(steps), schedule=parsed.schedule, timezone=parsed.timezone,
-            parameters=dict(self.parameters), on_failure=hook_specs["failure"],
-            on_success=hook_specs["success"], on_exit=hook_specs["exit"], request=parsed.text)
+            timeout_seconds=parsed.timeout, parameters=dict(self.parameters),
+            on_failure=hook_specs["failure"], on_success=hook_specs["success"],
+            on_exit=hook_specs["exit"], request=parsed.text)
 
     def _per_model(self, group: list[_Step], previous: list[_Step],
                    built: list[_Step]) -> list[_Step]:
