@@ -123,6 +123,33 @@ async def test_publish_consume_ack_with_standard_headers(nats_server: NatsServer
         await bus.close()
 
 
+async def test_publish_carries_the_current_span_and_the_consumer_continues_it(
+        nats_server: NatsServer) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("test")
+    subject, durable = unique("workflow")
+    bus = await connect(nats_server)
+    try:
+        with tracer.start_as_current_span("publisher") as span:
+            await bus.publish(subject, StringValue(value="traced"), msg_id="k-traced")
+            sent = span.get_span_context()
+        await bus.publish(subject, StringValue(value="untraced"), msg_id="k-untraced")
+        seen, handle = recorder()
+        await bus.subscribe(subject, durable, StringValue, handle)
+        await aeventually(lambda: len(seen) == 2, "both messages handled")
+        traced, untraced = seen
+        parent = trace.get_current_span(traced.trace_context()).get_span_context()
+        assert (parent.trace_id, parent.span_id) == (sent.trace_id, sent.span_id)
+        wire = f"00-{sent.trace_id:032x}-{sent.span_id:016x}-"
+        assert (traced.traceparent or "").startswith(wire)
+        assert untraced.traceparent is None  # no span: nothing invented
+        assert not trace.get_current_span(untraced.trace_context()).get_span_context().is_valid
+    finally:
+        await bus.close()
+
+
 async def test_failed_handler_is_redelivered_then_acked(nats_server: NatsServer) -> None:
     subject, durable = unique()
     bus = await connect(nats_server)
