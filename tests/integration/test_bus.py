@@ -22,7 +22,7 @@ from couler_runtime.bus import (
     Event,
     Rejection,
 )
-from tests.servers import NatsServer, free_port, listen_addresses
+from tests.servers import NatsServer, free_port
 from tests.waiting import aeventually
 
 pytestmark = pytest.mark.anyio
@@ -350,7 +350,7 @@ async def test_connect_to_nothing_is_a_retryable_error_naming_the_setting() -> N
 
 
 def test_nats_listens_on_loopback_only(nats_server: NatsServer) -> None:
-    assert listen_addresses(nats_server.pid) == {"127.0.0.1"}
+    assert nats_server.listen_addresses() == {"127.0.0.1"}
 
 
 async def test_restart_mid_stream_loses_nothing_and_repeats_only_unconfirmed_acks(
