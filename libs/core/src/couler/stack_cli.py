@@ -32,10 +32,16 @@ def _home(args: argparse.Namespace) -> Path | None:
 def cmd_up(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from couler.stack_admin import tls_requested
     from couler_runtime import stack
+    from couler_runtime.settings import check_endpoint
 
+    extra = {}
+    if args.otel_endpoint:
+        try:
+            extra["COULER_OTEL_ENDPOINT"] = check_endpoint(args.otel_endpoint)
+        except ValueError as exc:
+            raise UserError(f"--otel-endpoint: {exc}") from None
     os.umask(0o077)  # what `up` writes in the home is its owner's only
     tls = tls_requested(args.tls)
-    extra = {"COULER_OTEL_ENDPOINT": args.otel_endpoint} if args.otel_endpoint else {}
     info = stack.up(_home(args), token=args.token, tls=tls, secrets_file=args.secrets_file,
                     extra_env=extra,
                     progress=lambda m: print(f"  {m}", file=err, flush=True))
