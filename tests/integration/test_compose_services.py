@@ -1,12 +1,14 @@
 """The five services as docker-compose configures them, against the real PostgreSQL.
 
-The environment each service gets is read from ``docker-compose.yml`` itself (the
-``x-couler-env`` block merged into each service's ``environment``), with the compose
-variables filled in (``${POSTGRES_PASSWORD:?...}``, the bus seeds, ...) and each compose
+The environment each service gets is read from ``docker-compose.yml`` itself, as
+``docker-compose config`` resolves it (the ``x-couler-env`` block merged into each
+service's ``environment``, the variables of an operator's ``.env`` filled in:
+``POSTGRES_PASSWORD``, the bus seeds, ...), and each compose
 host (``nats:4222``, ``postgres:5432``, ``minio:9000``, ``otel-collector:4317``,
 ``generator:50051``, ``0.0.0.0:8080``, ...) replaced by a loopback address of a server this
-test runs: the suite's nats-server (with the deployment's nkey identities), PostgreSQL 15,
-the S3 server, and an OTLP receiver in this process. The mounted paths (the trust file, the
+test runs: a nats-server of its own (with the deployment's nkey identities), the suite's
+PostgreSQL 15 and S3 server (local processes or containers: ``COULER_TEST_SERVERS``), and an
+OTLP receiver in this process. The mounted paths (the trust file, the
 state directory) become local files. Nothing else is changed: the URL scheme stays
 ``postgresql+psycopg://`` (the runtime's dependency on psycopg is what makes it load) and
 the user is compose's ``couler``, on a database of its own.
@@ -30,7 +32,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import RunState
 from couler_runtime.service import parse_ready
 from couler_runtime.store import current_revisions
+from tests.containers import kinds
 from tests.otlp import Receiver, otlp_receiver
 from tests.servers import (
     PostgresServer,
@@ -63,28 +66,26 @@ REPO = Path(__file__).resolve().parents[2]
 SERVICES = ("generator", "optimizer", "cache", "submitter", "monitor")
 STORES = ("optimizer", "cache", "submitter", "monitor")  # the generator keeps no database
 DEADLINE = 120.0  # seconds a run may take here (a hang, not a timing)
-_VARIABLE = re.compile(r"\$\{(\w+)(?::([?-])([^}]*))?\}")
 _HOST = re.compile(r"\b([a-z][a-z0-9-]*|0\.0\.0\.0):(\d+)\b")
 
 
-def compose_environment() -> dict[str, dict[str, str]]:
-    """Per service, the ``environment`` docker-compose gives it (variables not yet filled)."""
-    doc = yaml.safe_load((REPO / "docker-compose.yml").read_text())  # merges `<<: *couler-env`
-    return {name: {k: str(v) for k, v in doc["services"][name]["environment"].items()}
+def compose_environment(variables: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Per service, the ``environment`` docker-compose gives it with ``variables`` (as in
+    ``.env``): ``docker-compose config`` resolves the file (the ``<<: *couler-env`` merge,
+    ``${VAR:?...}`` and ``${VAR:-default}``) without a Docker engine."""
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.fail("docker-compose is missing: scripts/test.sh installs it "
+                    "(apt-get install docker-compose)", pytrace=False)
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("COULER_", "POSTGRES_", "MINIO_"))}
+    done = subprocess.run([binary, "-f", str(REPO / "docker-compose.yml"), "config"],
+                          env={**clean, **variables}, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    return {name: {k: str(v) for k, v in services[name]["environment"].items()}
             for name in SERVICES}
-
-
-def interpolate(value: str, variables: dict[str, str]) -> str:
-    """Compose's ``${NAME}``, ``${NAME:?error}`` and ``${NAME:-default}``."""
-    def one(m: re.Match[str]) -> str:
-        name, op, arg = m.group(1), m.group(2), m.group(3)
-        if op == "-":
-            return variables.get(name) or arg
-        if name not in variables:  # `:?` (or bare): compose refuses to start without it
-            raise AssertionError(f"docker-compose.yml needs ${name}; the test gives no value")
-        return variables[name]
-
-    return _VARIABLE.sub(one, value)
 
 
 @dataclass
@@ -97,6 +98,7 @@ class Deployment:
     receiver: Receiver
     root: Path
     ports: dict[str, int]  # compose host -> the loopback port standing for it
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
 
     def loopback(self, value: str) -> str:
         """``value`` with every compose host:port replaced by its loopback stand-in."""
@@ -110,17 +112,20 @@ class Deployment:
 
         return _HOST.sub(one, value)
 
-    def environment(self, service: str, compose: dict[str, str]) -> dict[str, str]:
-        variables = {
+    def variables(self) -> dict[str, str]:
+        """What an operator's ``.env`` holds (``couler credentials init ./bus --env``)."""
+        return {
             "POSTGRES_PASSWORD": "compose-password",
             "MINIO_ROOT_USER": self.s3.access_key, "MINIO_ROOT_PASSWORD": self.s3.secret_key,
-            "COULER_AUTH_TOKEN": secrets.token_urlsafe(16),
+            "COULER_AUTH_TOKEN": self.token,
             **{f"COULER_NATS_SEED_{n.upper()}": self.nats.files.identity(n).seed.decode()
-               for n in SERVICES},
+               for n in (*SERVICES, "admin")},
         }
+
+    def environment(self, service: str, compose: dict[str, str]) -> dict[str, str]:
         env: dict[str, str] = {}
         for key, raw in compose.items():
-            value = self.loopback(interpolate(raw, variables))
+            value = self.loopback(raw)
             if key == "COULER_DATABASE_URL":
                 url = sa.engine.make_url(value)
                 assert url.drivername == "postgresql+psycopg", value  # compose's scheme
@@ -135,7 +140,7 @@ class Deployment:
 def deployment(postgres_server: PostgresServer, s3_server: SeaweedS3) -> Iterator[Deployment]:
     """A fresh authenticated nats-server, a database owned by ``couler``, an OTLP receiver."""
     root = make_root("couler-compose-")
-    nats = SecureNatsServer(root / "nats")
+    nats: SecureNatsServer = kinds()["secure_nats"](root / "nats")
     admin = sa.create_engine(postgres_server.url, isolation_level="AUTOCOMMIT")
     database = f"couler_{uuid.uuid4().hex[:10]}"
     with admin.connect() as conn:
@@ -185,13 +190,9 @@ def _ready_line(log: Path) -> str:
 
 @pytest.fixture(scope="module")
 def running(deployment: Deployment) -> Iterator[Running]:
-    """The five services, each with compose's environment (one token for all of them, as
-    compose's ``.env`` gives one)."""
-    compose = compose_environment()
+    """The five services, each with the environment compose gives it."""
+    compose = compose_environment(deployment.variables())
     envs = {n: deployment.environment(n, compose[n]) for n in SERVICES}
-    token = envs["generator"]["COULER_AUTH_TOKEN"]
-    for env in envs.values():
-        env["COULER_AUTH_TOKEN"] = token
     base = {k: v for k, v in os.environ.items() if not k.startswith("COULER_")}
     base["OTEL_BSP_SCHEDULE_DELAY"] = "200"
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -217,6 +218,7 @@ def running(deployment: Deployment) -> Iterator[Running]:
 
 def test_the_compose_settings_are_taken_as_they_are(running: Running) -> None:
     env = running.env["submitter"]
+    assert env["COULER_AUTH_TOKEN"] == running.deployment.token
     assert env["COULER_DATABASE_URL"].startswith(
         f"postgresql+psycopg://couler:compose-password@127.0.0.1:"
         f"{running.deployment.postgres.port}/couler_")
