@@ -11,6 +11,7 @@ from typing import Protocol, TypeVar
 
 import pytest
 
+from tests.containers import CHOICE, kinds
 from tests.servers import NatsServer, PostgresServer, SeaweedS3, SecureNatsServer, make_root
 
 
@@ -23,6 +24,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    choice = os.environ.get(CHOICE) or "auto"
+    return (f"test servers: {CHOICE}={choice}; chosen when a fixture first needs one "
+            "(auto: containers when a Docker daemon answers, else local processes)")
+
+
 @pytest.fixture
 def update_goldens(request: pytest.FixtureRequest) -> bool:
     update = bool(request.config.getoption("--update-goldens"))
@@ -31,7 +38,9 @@ def update_goldens(request: pytest.FixtureRequest) -> bool:
     return update
 
 
-# --- real servers for tests/integration (tests/servers.py); each starts only when a test asks
+# --- real servers for tests/integration, each started only when a test asks: local processes
+# (tests/servers.py) or containers (tests/containers.py), as COULER_TEST_SERVERS chooses
+# (auto: containers when a Docker daemon answers); the same interface either way
 
 
 class _Server(Protocol):
@@ -58,25 +67,25 @@ def _running(kind: Callable[[Path], S], prefix: str) -> Iterator[S]:
 @pytest.fixture(scope="session")
 def nats_server() -> Iterator[NatsServer]:
     """nats-server with JetStream (file store); ``.url``, ``.restart()`` keeps the store."""
-    yield from _running(NatsServer, "couler-nats-")
+    yield from _running(kinds()["nats"], "couler-nats-")
 
 
 @pytest.fixture(scope="session")
 def secure_nats() -> Iterator[SecureNatsServer]:
     """nats-server with the deployment's nkey identities and permissions; streams made."""
-    yield from _running(SecureNatsServer, "couler-snats-")
+    yield from _running(kinds()["secure_nats"], "couler-snats-")
 
 
 @pytest.fixture(scope="session")
 def secure_nats_tls() -> Iterator[SecureNatsServer]:
     """The same, with TLS (the deployment's own CA)."""
-    yield from _running(functools.partial(SecureNatsServer, tls=True), "couler-tnats-")
+    yield from _running(functools.partial(kinds()["secure_nats"], tls=True), "couler-tnats-")
 
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """A throwaway PostgreSQL 15 cluster on 127.0.0.1."""
-    yield from _running(PostgresServer, "couler-pg-")
+    yield from _running(kinds()["postgres"], "couler-pg-")
 
 
 @pytest.fixture(scope="session")
@@ -88,4 +97,4 @@ def postgres_url(postgres_server: PostgresServer) -> str:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[SeaweedS3]:
     """SeaweedFS S3 on 127.0.0.1: ``.endpoint``, ``.access_key``, ``.secret_key``."""
-    yield from _running(SeaweedS3, "couler-s3-")
+    yield from _running(kinds()["s3"], "couler-s3-")

@@ -11,7 +11,9 @@
   environment), every port chosen here so parallel runs do not clash.
 
 The pytest fixtures in ``tests/conftest.py`` start each lazily (session scope) and stop it at
-teardown; every process is stopped by its own pid. Start-up time is kept in ``startup_seconds``.
+teardown; every process is stopped by its own pid. With ``COULER_TEST_SERVERS=docker`` (or
+``auto`` and a Docker daemon) they run the containers of :mod:`tests.containers` instead,
+subclasses of these with the same interface. Start-up time is kept in ``startup_seconds``.
 Recipes and quirks: ``shared/reference/test-servers.md`` sections 1-3 and 9.
 """
 
@@ -168,9 +170,17 @@ class NatsServer:
         self.start()
 
     @property
+    def running(self) -> bool:
+        return self.proc is not None
+
+    @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    def listen_addresses(self) -> set[str]:
+        """The addresses it accepts connections on."""
+        return listen_addresses(self.pid)
 
 
 class SecureNatsServer(NatsServer):
@@ -273,8 +283,16 @@ class PostgresServer:
             self._as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "stop")
 
     @property
+    def running(self) -> bool:
+        return (self.data / "postmaster.pid").exists()
+
+    @property
     def pid(self) -> int:
         return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def listen_addresses(self) -> set[str]:
+        """The addresses it accepts connections on."""
+        return listen_addresses(self.pid)
 
 
 class SeaweedS3:
@@ -329,9 +347,17 @@ class SeaweedS3:
                 sock.unlink(missing_ok=True)
 
     @property
+    def running(self) -> bool:
+        return self.proc is not None
+
+    @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    def listen_addresses(self) -> set[str]:
+        """The addresses it accepts connections on."""
+        return listen_addresses(self.pid)
 
 
 def _http_ok(url: str) -> bool:

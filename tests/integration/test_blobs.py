@@ -19,7 +19,7 @@ from couler_runtime.blobs import (
     open_blob_store,
 )
 from couler_runtime.settings import CommonSettings
-from tests.servers import SeaweedS3, free_port, listen_addresses
+from tests.servers import SeaweedS3, free_port
 
 MISSING = "sha256/" + "0" * 64
 
@@ -142,4 +142,4 @@ def test_open_blob_store_from_settings(s3_server: SeaweedS3, tmp_path: Path) -> 
 
 
 def test_seaweedfs_listens_on_loopback_only(s3_server: SeaweedS3) -> None:
-    assert listen_addresses(s3_server.pid) == {"127.0.0.1"}
+    assert s3_server.listen_addresses() == {"127.0.0.1"}

@@ -22,7 +22,7 @@ from couler_runtime.bus import (
     Event,
     Rejection,
 )
-from tests.servers import NatsServer, free_port, listen_addresses
+from tests.servers import NatsServer, free_port
 from tests.waiting import aeventually
 
 pytestmark = pytest.mark.anyio
@@ -119,6 +119,33 @@ async def test_publish_consume_ack_with_standard_headers(nats_server: NatsServer
         assert first.delivery_count == 1
         # acked after the handler returned: nothing pending, nothing awaiting an ack
         await settled(bus, "COULER_WORKFLOW", durable)
+    finally:
+        await bus.close()
+
+
+async def test_publish_carries_the_current_span_and_the_consumer_continues_it(
+        nats_server: NatsServer) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("test")
+    subject, durable = unique("workflow")
+    bus = await connect(nats_server)
+    try:
+        with tracer.start_as_current_span("publisher") as span:
+            await bus.publish(subject, StringValue(value="traced"), msg_id="k-traced")
+            sent = span.get_span_context()
+        await bus.publish(subject, StringValue(value="untraced"), msg_id="k-untraced")
+        seen, handle = recorder()
+        await bus.subscribe(subject, durable, StringValue, handle)
+        await aeventually(lambda: len(seen) == 2, "both messages handled")
+        traced, untraced = seen
+        parent = trace.get_current_span(traced.trace_context()).get_span_context()
+        assert (parent.trace_id, parent.span_id) == (sent.trace_id, sent.span_id)
+        wire = f"00-{sent.trace_id:032x}-{sent.span_id:016x}-"
+        assert (traced.traceparent or "").startswith(wire)
+        assert untraced.traceparent is None  # no span: nothing invented
+        assert not trace.get_current_span(untraced.trace_context()).get_span_context().is_valid
     finally:
         await bus.close()
 
@@ -323,7 +350,7 @@ async def test_connect_to_nothing_is_a_retryable_error_naming_the_setting() -> N
 
 
 def test_nats_listens_on_loopback_only(nats_server: NatsServer) -> None:
-    assert listen_addresses(nats_server.pid) == {"127.0.0.1"}
+    assert nats_server.listen_addresses() == {"127.0.0.1"}
 
 
 async def test_restart_mid_stream_loses_nothing_and_repeats_only_unconfirmed_acks(

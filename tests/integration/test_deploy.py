@@ -110,6 +110,23 @@ def test_compose_has_the_stack_and_wires_addresses_to_real_ports() -> None:
         assert dockerfile == f"services/{name}/Dockerfile"
 
 
+def test_the_packages_bring_the_drivers_the_deployment_names() -> None:
+    """compose's ``postgresql+psycopg://`` URLs need psycopg in every image (each installs
+    ``./libs/runtime``); the core library carries no dependency it never imports."""
+    import tomllib
+
+    def deps(path: str) -> list[str]:
+        return [re.split(r"[<>=\[ ;]", d, maxsplit=1)[0].lower() for d in tomllib.loads(
+            (ROOT / path).read_text())["project"]["dependencies"]]
+
+    env = resolved_compose()["services"]["submitter"]["environment"]
+    assert env["COULER_DATABASE_URL"].startswith("postgresql+psycopg://")
+    assert "psycopg" in deps("libs/runtime/pyproject.toml")
+    assert "hera" not in deps("libs/core/pyproject.toml")
+    for name in SERVICES:
+        assert "./libs/runtime" in (ROOT / "services" / name / "Dockerfile").read_text(), name
+
+
 @pytest.mark.parametrize("name", SERVICES)
 def test_each_service_has_its_own_dockerfile(name: str) -> None:
     text = (ROOT / "services" / name / "Dockerfile").read_text()

@@ -20,7 +20,7 @@ from couler_runtime.store import (
     session_scope,
     version_table,
 )
-from tests.servers import PostgresServer, free_port, listen_addresses, scratch_database
+from tests.servers import PostgresServer, free_port, scratch_database
 
 SAMPLES = Path(__file__).resolve().parents[1] / "data" / "migrations_sample"
 ALPHA, BETA = SAMPLES / "alpha", SAMPLES / "beta"
@@ -154,4 +154,4 @@ def test_bad_script_location_or_service_name_is_a_user_error(tmp_path: Path) -> 
 
 
 def test_postgres_listens_on_loopback_only(postgres_server: PostgresServer) -> None:
-    assert listen_addresses(postgres_server.pid) == {"127.0.0.1"}
+    assert postgres_server.listen_addresses() == {"127.0.0.1"}

@@ -43,7 +43,7 @@ from tests.servers import NatsServer, processes_in
 def nats_restored(nats_server: NatsServer) -> Iterator[NatsServer]:
     """The session's NATS, started again after the test whatever happened to it."""
     yield nats_server
-    if nats_server.proc is None:
+    if not nats_server.running:
         nats_server.start()
 
 

@@ -79,3 +79,19 @@ def test_tls_is_asked_for_by_flag_or_setting(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("COULER_NATS_TLS", "maybe")
     with pytest.raises(UserError, match="COULER_NATS_TLS='maybe': expected true or false"):
         tls_requested(False)
+
+
+@pytest.mark.parametrize("endpoint", ["ftp://collector:4317", "http://:4317", "collector:port"])
+def test_up_refuses_a_bad_otel_endpoint_before_starting_anything(
+        endpoint: str, tmp_path: Path) -> None:
+    import io
+
+    from couler.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["up", "--home", str(tmp_path / "home"), "--otel-endpoint", endpoint],
+                out=out, err=err)
+    assert code == 2, err.getvalue()
+    assert f"--otel-endpoint: must be host:port or http(s)://host:port (got {endpoint!r})" in (
+        err.getvalue())
+    assert not (tmp_path / "home").exists()

@@ -32,10 +32,18 @@ def _home(args: argparse.Namespace) -> Path | None:
 def cmd_up(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from couler.stack_admin import tls_requested
     from couler_runtime import stack
+    from couler_runtime.settings import check_endpoint
 
+    extra = {}
+    if args.otel_endpoint:
+        try:
+            extra["COULER_OTEL_ENDPOINT"] = check_endpoint(args.otel_endpoint)
+        except ValueError as exc:
+            raise UserError(f"--otel-endpoint: {exc}") from None
     os.umask(0o077)  # what `up` writes in the home is its owner's only
     tls = tls_requested(args.tls)
     info = stack.up(_home(args), token=args.token, tls=tls, secrets_file=args.secrets_file,
+                    extra_env=extra,
                     progress=lambda m: print(f"  {m}", file=err, flush=True))
     print(f"Couler is up in {info.home} (supervisor pid {info.supervisor})", file=out)
     print(f"  gRPC (submitter): {info.grpc_address}", file=out)
@@ -298,6 +306,9 @@ def add_commands(sub: Any) -> None:
                    help="run NATS with TLS (also COULER_NATS_TLS=true)")
     p.add_argument("--secrets-file", default=None, metavar="FILE",
                    help="give the services COULER_SECRETS_FILE=FILE (mode 0600 required)")
+    p.add_argument("--otel-endpoint", default=None, metavar="URL",
+                   help="export every service's traces over OTLP/gRPC to URL, e.g. "
+                        "http://127.0.0.1:4317 (also COULER_OTEL_ENDPOINT)")
     p.set_defaults(takes_err=True, func=cmd_up)
     p = sub.add_parser("down", help="stop the stack started by `couler up`")
     p.add_argument("--home", help="state directory (default $COULER_HOME or ~/.couler)")

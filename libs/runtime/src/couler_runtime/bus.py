@@ -80,6 +80,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
 from couler.errors import NotFoundError, RetryableError, UserError
 from couler.v1 import events_pb2
+from couler_runtime import telemetry
 from couler_runtime.bus_access import (
     DEADLETTER_PREFIX,
     EVENT_SUBJECTS,
@@ -191,6 +192,11 @@ class Event(Generic[M]):
     def traceparent(self) -> str | None:
         """The W3C ``traceparent`` the publisher propagated, if any."""
         return self.headers.get(HEADER_TRACEPARENT)
+
+    def trace_context(self) -> Any:
+        """The OpenTelemetry context the publisher propagated (a root one when none):
+        the parent of the span that consumes this event."""
+        return telemetry.extract(self.headers)
 
 
 @dataclass(frozen=True)
@@ -707,7 +713,9 @@ class Bus:
             msg_id: A deterministic idempotency key (e.g. ``run-id/step/attempt/state``):
                 a republish with the same key inside the duplicate window is dropped.
                 With an identity, the id sent is ``<key>.<tag>`` (see :meth:`msg_id`).
-            headers: Extra headers, e.g. ``traceparent``/``tracestate`` from telemetry.
+            headers: Extra headers. ``traceparent``/``tracestate`` given here are sent as
+                they are (e.g. a context recorded with an outbox row); without them the
+                current span's context is injected, so a consumer continues the trace.
             tenant: The ``couler-tenant`` header (the bus's default when None).
             run_id: The run the message belongs to (``couler-run-id``; a dead letter of it
                 fails that run while it is being planned).
@@ -729,6 +737,8 @@ class Bus:
             if key.lower() in _BUS_HEADERS:
                 raise UserError(f"publish to {subject!r}: header {key!r} is set by the bus")
             hdrs[key] = value
+        if HEADER_TRACEPARENT not in hdrs:  # the publisher's current span, when it has one
+            telemetry.inject(hdrs)
         wire_id = self.msg_id(subject, msg_id)
         hdrs.update({
             HEADER_MSG_ID: wire_id,

@@ -39,7 +39,8 @@ from sqlalchemy.exc import ArgumentError
 
 from couler.errors import UserError
 
-__all__ = ["ENV_PREFIX", "CommonSettings", "S3Location", "SettingsError", "redact_url"]
+__all__ = ["ENV_PREFIX", "CommonSettings", "S3Location", "SettingsError", "check_endpoint",
+           "redact_url"]
 
 ENV_PREFIX = "COULER_"
 
@@ -65,6 +66,19 @@ def redact_url(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)
     user = (parts.username or "") + ":***"
     return parts._replace(netloc=f"{user}@{netloc[-1]}").geturl()
+
+
+def check_endpoint(value: str) -> str:
+    """``value`` when it is ``host:port`` or ``http(s)://host:port`` (an OTLP collector, an
+    S3 endpoint); ValueError saying what is expected otherwise."""
+    parts = urlsplit(value if "://" in value else f"http://{value}")
+    try:
+        _ = parts.port  # ValueError when it is not a port number
+    except ValueError:
+        parts = urlsplit("")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be host:port or http(s)://host:port (got {value!r})")
+    return value
 
 
 def _default_state_dir() -> Path:
@@ -233,11 +247,7 @@ class CommonSettings(BaseSettings):
     def _endpoint(cls, value: str | None) -> str | None:
         if value is None or value == "":
             return None
-        parts = urlsplit(value if "://" in value else f"http://{value}")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"must be host:port or http(s)://host:port (got {value!r})")
-        _ = parts.port
-        return value
+        return check_endpoint(value)
 
     @field_validator("nats_seed_file", "nats_trust_file", "nats_tls_ca", mode="before")
     @classmethod

@@ -112,8 +112,10 @@ def _at(event: Event[Any], message: Message | None = None, field: str = "at") ->
 
 
 def _span(events: Sequence[Event[Any]], **attributes: str) -> Any:
-    """The consumer span of processing ``events``: a child of the one event's trace, or,
-    for a batch, a span linked to each event's trace (OpenTelemetry's batch processing)."""
+    """The consumer span of processing ``events``: a child of the one event's trace; for a
+    batch, a span linked to each event's trace (OpenTelemetry's batch processing), and a
+    child of the first event's span when every event is of one trace (one run's events:
+    the run stays one trace)."""
     first = events[0]
     attrs = {"messaging.system": "nats", "messaging.destination.name": first.subject,
              **attributes}
@@ -128,8 +130,11 @@ def _span(events: Sequence[Event[Any]], **attributes: str) -> Any:
             if linked.is_valid:
                 links.append(trace.Link(linked))
     attrs["messaging.batch.message_count"] = str(len(events))
-    return _tracer.start_as_current_span(f"{first.subject} process", kind=SpanKind.CONSUMER,
-                                         attributes=attrs, links=links)
+    one_trace = len(links) == len(events) and len({
+        link.context.trace_id for link in links}) == 1
+    parent = telemetry.extract(first.headers) if one_trace else None
+    return _tracer.start_as_current_span(f"{first.subject} process", context=parent,
+                                         kind=SpanKind.CONSUMER, attributes=attrs, links=links)
 
 
 async def start_consumers(bus: Bus, monitor: Monitor) -> list[Subscription[Any]]:
@@ -246,5 +251,6 @@ def planned_requests(workflow: workflow_pb2.Workflow) -> dict[str, ir.Resources]
 
 
 def _run_attribute(events: Sequence[Event[M]], run_id: Callable[[M], str]) -> dict[str, str]:
-    """``couler.run_id`` for a span over one event (a batch spans several runs)."""
-    return {"couler.run_id": run_id(events[0].message)} if len(events) == 1 else {}
+    """``couler.run_id`` for a span over events of one run (a batch may span several)."""
+    runs = {run_id(e.message) for e in events}
+    return {"couler.run_id": runs.pop()} if len(runs) == 1 else {}
