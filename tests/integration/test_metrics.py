@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -181,6 +182,29 @@ def test_a_generation_counts_its_outcome_and_its_call_latency(stack: Stack) -> N
         value(before, calls, rpc_method=method, rpc_grpc_status_code="OK") + 1
     assert value(after, calls, rpc_method=method, rpc_grpc_status_code="INVALID_ARGUMENT") \
         == value(before, calls, rpc_method=method, rpc_grpc_status_code="INVALID_ARGUMENT") + 1
+
+
+def test_refused_and_unknown_calls_are_counted_without_a_series_per_name(stack: Stack) -> None:
+    """A call without the token is counted UNAUTHENTICATED under its method; a method the
+    server does not serve (which a caller may name at will) under ``other``."""
+    url = stack.url("cache")
+    before = scrape(url)
+    calls = "couler_rpc_server_duration_seconds_count"
+    with grpc.insecure_channel(stack.services["cache"].address) as channel:
+        for path in ("/couler.v1.CacheService/Stats", "/couler.v1.CacheService/NoSuch",
+                     "/made.up.Service/Thing"):
+            call: Any = channel.unary_unary(path)
+            with pytest.raises(grpc.RpcError) as refused:
+                call(b"", timeout=30.0)
+            assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED, path
+    after = scrape(url)
+    stats = {"rpc_method": "/couler.v1.CacheService/Stats",
+             "rpc_grpc_status_code": "UNAUTHENTICATED"}
+    assert value(after, calls, **stats) == value(before, calls, **stats) + 1
+    other = {"rpc_method": "other", "rpc_grpc_status_code": "UNAUTHENTICATED"}
+    assert value(after, calls, **other) == value(before, calls, **other) + 2
+    methods = {dict(ls).get("rpc_method", "") for n, ls in after if n == calls}
+    assert not any("NoSuch" in m or "made.up" in m for m in methods), methods
 
 
 def test_a_run_and_its_rerun_from_the_cache_move_the_counters(stack: Stack) -> None:
