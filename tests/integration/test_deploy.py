@@ -291,3 +291,16 @@ def test_the_dashboard_check_catches_a_misspelt_metric(tmp_path: Path,
     monkeypatch.setattr(sys.modules[__name__], "DASHBOARD", broken)
     with pytest.raises(AssertionError, match="couler_cache_lookup_total is not exported"):
         test_the_grafana_dashboard_uses_the_metrics_the_services_export()
+
+
+def test_kubernetes_services_serve_metrics_with_the_token() -> None:
+    for _, d in manifests():
+        if d["kind"] == "Deployment" and d["metadata"]["name"] in SERVICES:
+            (container,) = d["spec"]["template"]["spec"]["containers"]
+            env = {v["name"]: v for v in container["env"]}
+            port = next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
+            assert env["COULER_METRICS_ADDRESS"]["value"] == f"0.0.0.0:{port}"
+            assert "COULER_METRICS_ANONYMOUS" not in env
+            assert "secretKeyRef" in env["COULER_AUTH_TOKEN"]["valueFrom"]
+        if d["kind"] == "Service" and d["metadata"]["name"] in SERVICES:
+            assert "metrics" in {p["name"] for p in d["spec"]["ports"]}
