@@ -395,3 +395,62 @@ async def test_an_anonymous_endpoint_answers_without_a_token() -> None:
     finally:
         await server.stop()
         meters.shutdown()
+
+
+# ---------------------------------------------------------------------------- the monitor
+
+
+def test_the_monitor_counts_what_it_commits_and_publishes(tmp_path: Path) -> None:
+    """The monitor's use cases made while a service's metrics are current: five runs of
+    a step that succeeds make a retry recommendation, counted once it is published; a
+    run's end delivered twice is counted once; a step's duration goes to the histogram."""
+    from couler_monitor.service import Monitor as UseCases
+    from couler_monitor.store import MonitorStore
+    from couler_runtime.metrics import using
+    from couler_runtime.rpc.records import Recommendation, Run, StepRecord
+
+    meters = Metrics("couler-monitor-test")
+    sent: list[Recommendation] = []
+
+    async def publish(rec: Recommendation) -> None:
+        sent.append(rec)
+
+    store = MonitorStore.open(f"sqlite:///{tmp_path / 'monitor.db'}")
+    with using(meters):
+        monitor = UseCases(store, publish)
+
+    async def scenario() -> Samples:
+        for i in range(5):
+            t = 1000.0 * (i + 1)
+            await monitor.record_step(
+                f"run-{i}", "wf", "local",
+                StepRecord(name="steady", state=StepState.SUCCEEDED, attempts=1,
+                           started_at=t - 2.5, finished_at=t), t)
+        done = Run(run_id="run-0", state=RunState.SUCCEEDED, workflow="wf", engine="local",
+                   finished_at=6000.0)
+        await monitor.record_finished(done)
+        await monitor.record_finished(done)  # redelivered
+        body, _ = await meters.exposition()
+        samples: Samples = {}
+        for family in text_string_to_metric_families(body.decode()):
+            for s in family.samples:
+                labels = {k: v for k, v in s.labels.items() if not k.startswith("otel_scope")}
+                samples[(s.name, tuple(sorted(labels.items())))] = s.value
+        return samples
+
+    try:
+        samples = asyncio.run(scenario())
+    finally:
+        store.close()
+        meters.shutdown()
+    kinds = [r.kind.value for r in sent]
+    assert "retry" in kinds
+    for kind in set(kinds):
+        assert value(samples, "couler_recommendations_total", kind=kind) == kinds.count(kind)
+    assert value(samples, "couler_recommendations_total") == len(sent)
+    assert value(samples, "couler_runs_total", state="succeeded", engine="local") == 1
+    assert value(samples, "couler_runs_total", state="running") == 5
+    assert value(samples, "couler_step_duration_seconds_count", state="succeeded") == 5
+    assert value(samples, "couler_step_duration_seconds_sum", state="succeeded") == 12.5
+    assert value(samples, "couler_step_duration_seconds_bucket", state="succeeded",
+                 le="2.5") == 5
