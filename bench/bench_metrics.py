@@ -8,9 +8,11 @@ import asyncio
 import time
 
 import grpc
+
 from couler.v1 import cache_service_pb2
-from couler_runtime.rpc import start_server
 from couler_runtime.metrics import Metrics
+from couler_runtime.rpc import start_server
+
 
 class Svc:
     """A CacheService answering Stats with nothing."""
