@@ -25,6 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "deploy" / "k8s"
 IMAGE = "ghcr.io/couler-dev/couler-{name}:0.2.0"
+METRICS_PORT = 9464  # /metrics for Prometheus (docs/metrics.md), scraped with the token
 
 
 @dataclass(frozen=True)
@@ -62,14 +63,18 @@ def _labels(name: str) -> dict[str, str]:
 
 def manifests(svc: Service) -> list[dict[str, object]]:
     labels = _labels(svc.name)
-    ports = [{"name": "grpc", "containerPort": svc.port}]
-    service_ports = [{"name": "grpc", "port": svc.port, "targetPort": svc.port}]
+    ports = [{"name": "grpc", "containerPort": svc.port},
+             {"name": "metrics", "containerPort": METRICS_PORT}]
+    service_ports = [{"name": "grpc", "port": svc.port, "targetPort": svc.port},
+                     {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT}]
     if svc.http_port is not None:
         ports.append({"name": "http", "containerPort": svc.http_port})
         service_ports.append({"name": "http", "port": svc.http_port,
                               "targetPort": svc.http_port})
     env: list[dict[str, object]] = [{"name": "COULER_GRPC_ADDRESS",
-                                     "value": f"0.0.0.0:{svc.port}"}]
+                                     "value": f"0.0.0.0:{svc.port}"},
+                                    {"name": "COULER_METRICS_ADDRESS",
+                                     "value": f"0.0.0.0:{METRICS_PORT}"}]
     env += [{"name": k, "value": v} for k, v in sorted(svc.env.items())]
     secrets = {**COMMON_SECRETS, **svc.secret_env}
     env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": "couler-secrets", "key": v,

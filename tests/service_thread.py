@@ -34,6 +34,7 @@ class ServiceThread(Generic[S]):
         self.builder = build
         self.wait = wait
         self.port = 0
+        self.endpoints: dict[str, str] = {}  # the READY line's others: metrics, dashboard
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -55,7 +56,8 @@ class ServiceThread(Generic[S]):
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        await serve(self.settings, self.builder, stop=self._stop, on_ready=self._on_ready)
+        await serve(self.settings, self.builder, stop=self._stop, on_ready=self._on_ready,
+                    on_endpoints=self.endpoints.update)
 
     def _on_ready(self, port: int) -> None:
         self.port = port

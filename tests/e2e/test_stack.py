@@ -118,6 +118,20 @@ def test_up_prints_the_grpc_address_and_the_dashboard(cli: CliStack) -> None:
     cli.pids[:] = [info.supervisor, *info.pids.values()]
 
 
+def test_every_service_serves_its_metrics_with_the_token(cli: CliStack) -> None:
+    info = cli.info
+    assert set(info.metrics) == set(stack.SERVICES)
+    for name, url in info.metrics.items():
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics"), url
+        assert f"metrics ({name}):" in cli.up.stdout and url in cli.up.stdout
+        assert httpx.get(url, timeout=10).status_code == 401
+        got = httpx.get(url, headers={"Authorization": f"Bearer {info.token}"}, timeout=10)
+        assert got.status_code == 200
+        assert f'service_name="couler-{name}"' in got.text
+        if name != "generator":  # the others consume from the bus
+            assert "couler_bus_consumer_pending{" in got.text, name
+
+
 def test_submit_an_example_program_and_wait(cli: CliStack) -> None:
     done = cli.couler("submit", "examples/map_batches.py", "--wait", "--json")
     assert done.returncode == 0, done.stderr

@@ -10,6 +10,7 @@ services and ports, secrets only by reference, one Dockerfile per service.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -236,3 +237,87 @@ def test_credentials_for_kubernetes_are_valid_objects(tmp_path: Path, tls: bool)
     lines = files.env_lines()
     assert {line.split("=", 1)[0] for line in lines} == {
         f"COULER_NATS_SEED_{n.upper()}" for n in (*SERVICES, "admin")}
+
+
+# ---------------------------------------------------------------------------- metrics
+
+PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "couler.json"
+
+
+def test_compose_runs_prometheus_scraping_every_service_with_the_token() -> None:
+    services = resolved_compose()["services"]
+    prometheus = services["prometheus"]
+    assert any(v.endswith(":/etc/prometheus/prometheus.yml:ro") or
+                   v.get("target") == "/etc/prometheus/prometheus.yml"
+               for v in prometheus["volumes"] if isinstance(v, (str, dict)))
+    # its UI has no login: published on the host's loopback only
+    assert all(str(p).startswith("127.0.0.1:") or
+                   (isinstance(p, dict) and p.get("host_ip") == "127.0.0.1")
+               for p in prometheus.get("ports", []))
+    command = " ".join(prometheus["command"])
+    assert "/prometheus/couler-token" in command and "COULER_AUTH_TOKEN" in command
+    assert prometheus["environment"]["COULER_AUTH_TOKEN"] == "token"
+
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    (job,) = config["scrape_configs"]
+    assert job["authorization"] == {"type": "Bearer",
+                                    "credentials_file": "/prometheus/couler-token"}
+    targets = {t for group in job["static_configs"] for t in group["targets"]}
+    wanted = set()
+    for name in SERVICES:
+        env = services[name]["environment"]
+        port = env["COULER_METRICS_ADDRESS"].rsplit(":", 1)[1]
+        assert env["COULER_METRICS_ADDRESS"].startswith("0.0.0.0:")
+        assert "COULER_METRICS_ANONYMOUS" not in env  # scrapes need the token
+        assert not any(str(p).endswith(f":{port}") for p in services[name].get("ports", []))
+        wanted.add(f"{name}:{port}")
+    assert targets == wanted
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
+    board = json.loads(DASHBOARD.read_text())
+    out = []
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            out.append((panel["title"], target["expr"]))
+    return out
+
+
+def test_the_grafana_dashboard_uses_the_metrics_the_services_export() -> None:
+    from couler_runtime.metrics import METRIC_NAMES
+
+    exprs = dashboard_exprs()
+    assert len(exprs) >= 15
+    used: set[str] = set()
+    for title, expr in exprs:
+        names = set(re.findall(r"\bcouler_[a-z_]+", expr))
+        assert names, title
+        for name in names:
+            base = re.sub(r"_(bucket|count|sum)$", "", name)
+            assert base in METRIC_NAMES, f"panel {title!r}: {name} is not exported"
+            used.add(base)
+    assert used == METRIC_NAMES, f"no panel for {sorted(METRIC_NAMES - used)}"
+
+
+def test_the_dashboard_check_catches_a_misspelt_metric(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = tmp_path / "couler.json"
+    broken.write_text(DASHBOARD.read_text().replace("couler_cache_lookups_total",
+                                                    "couler_cache_lookup_total"))
+    monkeypatch.setattr(sys.modules[__name__], "DASHBOARD", broken)
+    with pytest.raises(AssertionError, match="couler_cache_lookup_total is not exported"):
+        test_the_grafana_dashboard_uses_the_metrics_the_services_export()
+
+
+def test_kubernetes_services_serve_metrics_with_the_token() -> None:
+    for _, d in manifests():
+        if d["kind"] == "Deployment" and d["metadata"]["name"] in SERVICES:
+            (container,) = d["spec"]["template"]["spec"]["containers"]
+            env = {v["name"]: v for v in container["env"]}
+            port = next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
+            assert env["COULER_METRICS_ADDRESS"]["value"] == f"0.0.0.0:{port}"
+            assert "COULER_METRICS_ANONYMOUS" not in env
+            assert "secretKeyRef" in env["COULER_AUTH_TOKEN"]["valueFrom"]
+        if d["kind"] == "Service" and d["metadata"]["name"] in SERVICES:
+            assert "metrics" in {p["name"] for p in d["spec"]["ports"]}

@@ -52,6 +52,10 @@ def cmd_up(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(f"  gRPC ({name}): {address}", file=out)
     print(f"  dashboard:        {info.dashboard}"
           + ("  (token in stack.json; open it with ?token=...)" if info.token else ""), file=out)
+    for name, url in info.metrics.items():
+        print(f"  metrics ({name}):".ljust(20) + f"{url}"
+              + ("  (Authorization: Bearer <token in stack.json>)" if info.token else ""),
+              file=out)
     print(f"  NATS:             {info.nats_url}  (an nkey per identity; keys in "
           f"{info.home}/bus)", file=out)
     if info.passed:

@@ -118,6 +118,7 @@ __all__ = [
     "STREAMS",
     "BatchHandler",
     "Bus",
+    "ConsumerState",
     "Event",
     "Handler",
     "Payloads",
@@ -228,6 +229,18 @@ class Rejection:
     def run_id(self) -> str:
         """The run it belongs to, when the message is authenticated and says so."""
         return self.headers.get(HEADER_RUN_ID, "") if self.authenticated else ""
+
+
+@dataclass(frozen=True)
+class ConsumerState:
+    """One durable consumer as JetStream reports it (:meth:`Bus.consumer_states`)."""
+
+    stream: str
+    durable: str
+    subject: str
+    pending: int
+    ack_pending: int
+    redelivered: int
 
 
 @dataclass(frozen=True)
@@ -850,11 +863,28 @@ class Bus:
             max_deliver=max_deliver, ack_wait=ack_wait, retry_delay=retry_delay,
             max_retry_delay=max_retry_delay, batch=batch,
             on_reject=on_reject if on_reject is not None else self.on_reject, bus=self,
-            batch_handler=batch_handler, linger=linger,
+            batch_handler=batch_handler, linger=linger, subject=subject,
         )
         sub.start()
         self._subscriptions.append(sub)
         return sub
+
+    async def consumer_states(self) -> list[ConsumerState]:
+        """What JetStream says of this bus's consumers: messages waiting for each
+        (``num_pending``), delivered but not yet acknowledged (``num_ack_pending``) and
+        redelivered (``num_redelivered``).
+
+        Raises:
+            nats.errors.Error: JetStream did not answer.
+        """
+        out = []
+        for sub in list(self._subscriptions):
+            info = await self._js.consumer_info(sub.stream, sub.durable, timeout=2.0)
+            out.append(ConsumerState(stream=sub.stream, durable=sub.durable,
+                                     subject=sub.subject, pending=info.num_pending or 0,
+                                     ack_pending=info.num_ack_pending or 0,
+                                     redelivered=info.num_redelivered or 0))
+        return out
 
     # ---------------------------------------------------------------- consuming side
 
@@ -976,6 +1006,7 @@ class Subscription(Generic[M]):
     bus: Bus
     batch_handler: BatchHandler[M] | None = None
     linger: float = 0.0
+    subject: str = ""  # the filter subject
     _task: asyncio.Task[None] | None = field(default=None, init=False)
     _stopping: bool = field(default=False, init=False)
     _busy: bool = field(default=False, init=False)

@@ -1,14 +1,18 @@
-"""The life of a service process: settings → telemetry → bus → component → gRPC → signals.
+"""The life of a service process: settings → telemetry → bus → component → gRPC → metrics
+→ signals.
 
 Every service's ``main.py`` is a composition root that loads its settings and calls
 :func:`run_service` with a ``build`` coroutine. ``build`` gets the settings and a
 connected :class:`~couler_runtime.bus.Bus` (streams ensured) and returns a
 :class:`Component`: the gRPC servicers by full service name and a ``close`` coroutine.
 :func:`run_service` then starts the gRPC server (health, reflection, token, tracing,
-error mapping), prints one ``COULER-READY <service> <host:port> [name=url ...]`` line on
-standard output (what ``couler up`` waits for: it starts services on port 0 and learns the
-bound addresses from this line, see :func:`parse_ready`), and runs until SIGTERM or SIGINT, when it
-reports NOT_SERVING, lets calls in flight finish, stops the consumers (running
+error mapping, latency metrics), serves ``/metrics`` when ``COULER_METRICS_ADDRESS`` is
+set (:mod:`couler_runtime.metrics`; the component creates its instruments in ``build``,
+where the service's :class:`~couler_runtime.metrics.Metrics` is the current one), prints
+one ``COULER-READY <service> <host:port> [name=url ...]`` line on standard output (what
+``couler up`` waits for: it starts services on port 0 and learns the bound addresses from
+this line, see :func:`parse_ready`), and runs until SIGTERM or SIGINT, when it reports
+NOT_SERVING, lets calls in flight finish, stops the consumers (running
 handlers finish, nothing unacked is lost: JetStream redelivers) and closes.
 """
 
@@ -24,19 +28,27 @@ import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+from opentelemetry.metrics import Observation
 
 from couler.errors import UserError
 from couler_runtime.blobs import open_payload_store
-from couler_runtime.bus import Bus
+from couler_runtime.bus import Bus, ConsumerState
 from couler_runtime.bus_access import grant_for, streams_used
 from couler_runtime.bus_keys import BusIdentity, Trust
+from couler_runtime.metrics import Metrics, MetricsServer, using
 from couler_runtime.rpc.server import RpcServer, start_server
 from couler_runtime.settings import CommonSettings, SettingsError
 from couler_runtime.telemetry import setup_tracing
 
-__all__ = ["READY_PREFIX", "Component", "Ready", "bus_security", "connect_bus", "parse_ready",
-           "ready_line", "run_service", "serve", "service_main"]
+if TYPE_CHECKING:
+    from opentelemetry.metrics import CallbackOptions
+    from opentelemetry.sdk.trace import TracerProvider
+
+__all__ = ["READY_PREFIX", "Component", "Ready", "bus_security", "connect_bus",
+           "observe_consumers", "parse_ready", "ready_line", "run_service", "serve",
+           "service_main"]
 
 log = logging.getLogger(__name__)
 
@@ -142,18 +154,32 @@ async def connect_bus(settings: CommonSettings) -> Bus:
 
 async def serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]], *,
                 stop: asyncio.Event | None = None,
-                on_ready: Callable[[int], None] | None = None) -> None:
+                on_ready: Callable[[int], None] | None = None,
+                on_endpoints: Callable[[Mapping[str, str]], None] | None = None) -> None:
     """Run one service until ``stop`` is set (or SIGTERM / SIGINT when it is None).
 
     ``on_ready`` is called with the bound gRPC port once the service serves (tests and
-    in-process stacks use it with port 0).
+    in-process stacks use it with port 0), after ``on_endpoints`` with the other
+    addresses it serves (those of the READY line: ``metrics``, the monitor's
+    ``dashboard``).
     """
     # A process owns the global tracer provider; services run in-process (tests, one-process
     # stacks) keep theirs local.
     provider = setup_tracing(settings.service, otlp_endpoint=settings.otel_endpoint,
                              set_global=stop is None)
+    meters = Metrics(f"couler-{settings.service}")
+    with using(meters):  # the component's instruments are created in build()
+        await _serve(settings, build, provider, meters, stop=stop, on_ready=on_ready,
+                     on_endpoints=on_endpoints)
+
+
+async def _serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]],
+                 provider: TracerProvider, meters: Metrics, *, stop: asyncio.Event | None,
+                 on_ready: Callable[[int], None] | None,
+                 on_endpoints: Callable[[Mapping[str, str]], None] | None) -> None:
     bus = await connect_bus(settings)
     server: RpcServer | None = None
+    scrapes: MetricsServer | None = None
     component: Component | None = None
     stopping = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -164,11 +190,21 @@ async def serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]], *,
         component = await build(settings, bus)
         token = settings.auth_token.get_secret_value() if settings.auth_token else None
         server = await start_server(settings.grpc_address, component.servicers, token=token,
-                                    tracer_provider=provider,
+                                    tracer_provider=provider, meter_provider=meters.provider,
                                     max_message_bytes=settings.grpc_max_message_bytes)
+        endpoints = dict(component.endpoints)
+        if settings.metrics_address:
+            observe_consumers(meters, bus)
+            scrapes = MetricsServer(meters, settings.metrics_address,
+                                    token=None if settings.metrics_anonymous else token)
+            endpoints["metrics"] = await scrapes.start()
+            log.info("%s metrics at %s%s", settings.service, endpoints["metrics"],
+                     " (anonymous scrapes)" if settings.metrics_anonymous else
+                     " (token required)")
         host = settings.grpc_address.rsplit(":", 1)[0]
-        print(ready_line(settings.service, f"{host}:{server.port}", component.endpoints),
-              flush=True)
+        print(ready_line(settings.service, f"{host}:{server.port}", endpoints), flush=True)
+        if on_endpoints is not None:
+            on_endpoints(endpoints)
         if on_ready is not None:
             on_ready(server.port)
         log.info("%s serving on %s:%d", settings.service, host, server.port)
@@ -182,6 +218,8 @@ async def serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]], *,
         await stopping.wait()
     finally:
         log.info("%s stopping", settings.service)
+        if scrapes is not None:
+            await scrapes.stop()
         if server is not None:
             await server.stop(5.0)
         await bus.close()
@@ -189,9 +227,37 @@ async def serve(settings: S, build: Callable[[S, Bus], Awaitable[Component]], *,
             await component.close()
         with contextlib.suppress(Exception):
             provider.shutdown()
+        meters.shutdown()
         if stop is None:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+
+
+def observe_consumers(meters: Metrics, bus: Bus) -> None:
+    """Gauges of the bus's consumers (queue depth and lag per stream, consumer and
+    subject), read from JetStream before each scrape."""
+    states: list[ConsumerState] = []
+
+    async def refresh() -> None:
+        states[:] = await bus.consumer_states()
+
+    def gauge(field: str) -> Callable[[CallbackOptions], list[Observation]]:
+        def observe(options: CallbackOptions) -> list[Observation]:
+            return [Observation(getattr(s, field), {"stream": s.stream, "consumer": s.durable,
+                                                    "subject": s.subject}) for s in states]
+        return observe
+
+    meter = meters.meter("couler.bus")
+    meter.create_observable_gauge(
+        "couler.bus.consumer.pending", callbacks=[gauge("pending")], unit="{message}",
+        description="Messages in the stream not yet delivered to the consumer (queue depth)")
+    meter.create_observable_gauge(
+        "couler.bus.consumer.ack_pending", callbacks=[gauge("ack_pending")], unit="{message}",
+        description="Messages delivered to the consumer and not yet acknowledged")
+    meter.create_observable_gauge(
+        "couler.bus.consumer.redelivered", callbacks=[gauge("redelivered")], unit="{message}",
+        description="Messages delivered more than once and not yet acknowledged")
+    meters.add_refresher("bus consumers", refresh)
 
 
 def run_service(settings: S, build: Callable[[S, Bus], Awaitable[Component]]) -> int:

@@ -19,6 +19,7 @@ single component). ``COULER_NATS_TLS_CA`` makes the connection TLS, verified wit
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -136,6 +137,10 @@ class CommonSettings(BaseSettings):
         inline_payload_bytes: Bodies larger than this travel by reference (stored in the
             artifact store's ``payloads/``).
         grpc_max_message_bytes: The largest gRPC message received or sent.
+        metrics_address: ``host:port`` of the Prometheus ``/metrics`` endpoint; off when
+            empty (the default). Scrapes need ``auth_token`` as a bearer token.
+        metrics_anonymous: Let scrapes in without the token; allowed on a loopback
+            ``metrics_address`` only.
     """
 
     model_config = SettingsConfigDict(
@@ -163,6 +168,8 @@ class CommonSettings(BaseSettings):
     inline_payload_bytes: int = Field(default=64 * 1024, ge=1024, le=512 * 1024)
     grpc_max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024,
                                         le=2**31 - 1)
+    metrics_address: str = ""
+    metrics_anonymous: bool = False
 
     @classmethod
     def load(cls, service: str, **overrides: Any) -> Self:
@@ -237,9 +244,13 @@ class CommonSettings(BaseSettings):
     @field_validator("grpc_address")
     @classmethod
     def _grpc_address(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError(f"must be host:port with a port 0-65535 (got {value!r})")
+        return _host_port(value)
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _metrics_address(cls, value: str) -> str:
+        if value:
+            _host_port(value)
         return value
 
     @field_validator("otel_endpoint", "s3_endpoint")
@@ -283,6 +294,25 @@ class CommonSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _metrics_auth(self) -> Self:
+        if not self.metrics_address:
+            return self
+        if self.metrics_anonymous:
+            host = self.metrics_address.rpartition(":")[0].strip("[]")
+            if not _loopback(host):
+                raise ValueError(
+                    f"{ENV_PREFIX}METRICS_ANONYMOUS: anonymous scrapes are allowed on a "
+                    f"loopback address only ({ENV_PREFIX}METRICS_ADDRESS is "
+                    f"{self.metrics_address!r}); set {ENV_PREFIX}AUTH_TOKEN and scrape "
+                    f"with it instead")
+        elif self.auth_token is None:
+            raise ValueError(
+                f"{ENV_PREFIX}METRICS_ADDRESS: the metrics endpoint needs {ENV_PREFIX}AUTH_TOKEN "
+                f"(scrapes send it as a bearer token); {ENV_PREFIX}METRICS_ANONYMOUS=true "
+                f"serves it without one on a loopback address")
+        return self
+
+    @model_validator(mode="after")
     def _defaults_and_s3(self) -> Self:
         if not self.database_url:
             self.database_url = f"sqlite:///{self.state_dir / f'{self.service}.db'}"
@@ -316,6 +346,22 @@ class CommonSettings(BaseSettings):
                 yield name, redact_url(value)
             else:
                 yield name, value
+
+
+def _host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"must be host:port with a port 0-65535 (got {value!r})")
+    return value
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _describe(error: ValidationError) -> str:

@@ -156,6 +156,7 @@ class StackInfo:
         nats_url: The NATS URL (``nats://`` or ``tls://``).
         addresses: Service -> gRPC ``host:port``.
         dashboard: The monitor's dashboard URL.
+        metrics: Service -> the URL of its Prometheus ``/metrics`` (scraped with the token).
         pids: Process -> pid, for the processes that have one.
         token: The gRPC and dashboard token ("" for none).
         started_at: When ``up`` started it.
@@ -171,6 +172,7 @@ class StackInfo:
     nats_url: str = ""
     addresses: dict[str, str] = field(default_factory=dict)
     dashboard: str = ""
+    metrics: dict[str, str] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     token: str = ""
     started_at: float = field(default_factory=time.time)

@@ -152,6 +152,10 @@ class _StackPrograms:
                 "COULER_GRPC_ADDRESS": info.addresses.get(name, "127.0.0.1:0"),
                 "COULER_DASHBOARD_ADDRESS": info.env.get("COULER_DASHBOARD_ADDRESS",
                                                          "127.0.0.1:0"),
+                # /metrics on loopback, on the port it had (port 0 the first time);
+                # scraped with the stack's token, or without one when it has none
+                "COULER_METRICS_ADDRESS": _host_port(info.metrics.get(name, "")),
+                "COULER_METRICS_ANONYMOUS": "false" if info.token else "true",
             })
             return Launch([sys.executable, "-m", f"couler_{name}.main"], env)
 
@@ -172,6 +176,8 @@ class _StackPrograms:
                 if parsed is not None and parsed.service == name:
                     self.info.addresses[name] = parsed.address
                     self.info.env[f"COULER_{name.upper()}_ADDRESS"] = parsed.address
+                    if "metrics" in parsed.endpoints:
+                        self.info.metrics[name] = parsed.endpoints["metrics"]
                     if "dashboard" in parsed.endpoints:
                         self.info.dashboard = parsed.endpoints["dashboard"]
                         self.info.env["COULER_DASHBOARD_ADDRESS"] = (
@@ -190,6 +196,11 @@ class _StackPrograms:
             return ", ".join(missing)
 
         return blocked
+
+
+def _host_port(url: str) -> str:
+    """``host:port`` of ``http://host:port/metrics``; ``127.0.0.1:0`` for none."""
+    return url.split("//", 1)[1].split("/", 1)[0] if "//" in url else "127.0.0.1:0"
 
 
 def supervise(home: Path, lock_fd: int, *, grace: float = 10.0) -> int:

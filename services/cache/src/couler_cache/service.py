@@ -50,6 +50,7 @@ from couler_cache.policy import (
     lost_cost,
 )
 from couler_cache.store import ORDERS, CacheStore, OutboxMessage, Removed, Tx
+from couler_runtime import metrics
 from couler_runtime.rpc.records import (
     CacheEntry,
     CacheOrder,
@@ -188,6 +189,20 @@ class Cache:
         self._outbox_lock = asyncio.Lock()
         self._closing = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
+        meter = metrics.meter("couler.cache")
+        self._lookups = meter.create_counter(
+            "couler.cache.lookups", unit="{key}",
+            description="Keys looked up (not peeked): result=hit or miss")
+        self._saved_bytes = meter.create_counter(
+            "couler.cache.saved", unit="By",
+            description="Bytes of the artifacts of the entries found (not produced again)")
+        self._saved_compute = meter.create_counter(
+            "couler.cache.compute_saved", unit="s",
+            description="Compute the entries found took to produce (not spent again)")
+        self._commits = meter.create_counter(
+            "couler.cache.commits", unit="{entry}",
+            description="Entries committed: result=created, present (the first commit "
+                        "won) or refused")
 
     @property
     def budget_bytes(self) -> int:
@@ -251,12 +266,24 @@ class Cache:
             # quick (one short transaction); found entries need the artifact store.
             if wanted and not peek and self._store.quick and len(wanted) <= _QUICK_KEYS and \
                     self._store.count_misses(wanted):
+                self._lookups.add(len(wanted), {"result": "miss"})
                 return LookupResult({}, tuple(wanted))
             result, dropped = await asyncio.to_thread(self._lookup, wanted, max_age_seconds,
                                                       peek)
+        if not peek:
+            self._count(result)
         if dropped:
             await self._sweep()
         return result
+
+    def _count(self, result: LookupResult) -> None:
+        """Hits and misses of a (not peeked) lookup, and what the hits saved."""
+        if result.entries:
+            self._lookups.add(len(result.entries), {"result": "hit"})
+            self._saved_bytes.add(sum(e.size_bytes for e in result.entries.values()))
+            self._saved_compute.add(sum(e.cost_seconds for e in result.entries.values()))
+        if result.missing:
+            self._lookups.add(len(result.missing), {"result": "miss"})
 
     async def commit(self, entry: CacheEntry) -> CommitResult:
         """Add ``entry`` unless its key is present (the first commit wins), then keep the budget.
@@ -271,6 +298,8 @@ class Cache:
         _validate(entry)
         async with self._lock:
             result = await asyncio.to_thread(self._commit, entry)
+        self._commits.add(1, {"result": "created" if result.created else
+                              "refused" if result.evicted == (entry.key,) else "present"})
         if result.evicted:
             await self._sweep()
         await self._flush()

@@ -38,6 +38,7 @@ from couler.generate.llm import generate_with_llm
 from couler.generate.planner import GenerationReport as PlannerReport
 from couler.generate.planner import plan
 from couler.generate.templates import Template
+from couler_runtime import metrics
 from couler_runtime.engines import check_engine, engine_name
 from couler_runtime.rpc.records import GenerationReport
 from couler_runtime.settings import redact_url
@@ -180,12 +181,33 @@ class Generator:
         self._llm = llm
         self._max_rounds = max_rounds
         self._templates = TEMPLATES if templates is None else templates
+        self._requests = metrics.meter("couler.generator").create_counter(
+            "couler.generator.requests", unit="{request}",
+            description="Generation requests: planner=offline or llm, result=generated, "
+                        "refused (the request cannot be planned) or failed (the LLM "
+                        "endpoint was unavailable)")
 
     def __repr__(self) -> str:
         return f"Generator(llm={self._llm!r}, max_rounds={self._max_rounds})"
 
     async def generate(self, text: str, constraints: Sequence[str] = (), engine: str = "",
                        name: str = "") -> tuple[ir.Workflow, GenerationReport]:
+        """A valid workflow for ``text``, runnable on ``engine``, and how it was made
+        (counted by outcome; see :meth:`_generate`)."""
+        planner = "offline" if self._llm is None else "llm"
+        try:
+            made = await self._generate(text, constraints, engine, name)
+        except UserError:
+            self._requests.add(1, {"planner": planner, "result": "refused"})
+            raise
+        except Exception:
+            self._requests.add(1, {"planner": planner, "result": "failed"})
+            raise
+        self._requests.add(1, {"planner": planner, "result": "generated"})
+        return made
+
+    async def _generate(self, text: str, constraints: Sequence[str], engine: str,
+                        name: str) -> tuple[ir.Workflow, GenerationReport]:
         """A valid workflow for ``text``, runnable on ``engine``, and how it was made.
 
         Args:

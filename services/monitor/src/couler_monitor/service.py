@@ -75,6 +75,8 @@ from couler_monitor.store import (
     Tx,
 )
 from couler_monitor.utilization import Maintenance, compact, read_utilization
+from couler_runtime import metrics
+from couler_runtime.metrics import DURATION_BUCKETS
 from couler_runtime.rpc.records import (
     Recommendation,
     RecommendationReport,
@@ -161,6 +163,22 @@ class Monitor:
         # the same rows (and SQLite allows one writer anyway).
         self._lock = asyncio.Lock()
         self._outbox_dirty = True  # until a flush succeeded, assume something is left
+        # What the transaction being applied observed, counted once it commits: runs
+        # that moved to a state (state, engine), steps that finished (state, seconds).
+        self._moves: list[tuple[str, str]] = []
+        self._finished_steps: list[tuple[str, float]] = []
+        meter = metrics.meter("couler.monitor")
+        self._runs_metric = meter.create_counter(
+            "couler.runs", unit="{run}",
+            description="Runs that reached a state (accepted runs are counted as they "
+                        "reach planning): state, engine")
+        self._step_duration = meter.create_histogram(
+            "couler.step.duration", unit="s",
+            description="Steps that finished: seconds from start to end, by final state",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+        self._recommended = meter.create_counter(
+            "couler.recommendations", unit="{recommendation}",
+            description="Recommendations published to the optimizer: kind")
 
     # ------------------------------------------------------------------ recording
     #
@@ -174,6 +192,8 @@ class Monitor:
         event loop: less work than handing them to a thread and back."""
         def txn() -> bool:
             changed = False
+            self._moves.clear()
+            self._finished_steps.clear()
             with self._store.transaction() as tx:
                 for change in changes:
                     changed = change(tx) or changed
@@ -185,9 +205,18 @@ class Monitor:
                 changed = txn()
             else:
                 changed = await asyncio.to_thread(txn)
+            self._count_committed()
             # Also when an earlier publish failed (or a crash left one): send it now.
             if changed or self._outbox_dirty:
                 await self._flush()
+
+    def _count_committed(self) -> None:
+        for state, engine in self._moves:
+            self._runs_metric.add(1, {"state": state, "engine": engine})
+        for state, seconds in self._finished_steps:
+            self._step_duration.record(seconds, {"state": state})
+        self._moves.clear()
+        self._finished_steps.clear()
 
     async def record_step(self, run_id: str, workflow: str, engine: str, record: StepRecord,
                           at: float | None) -> None:
@@ -219,6 +248,11 @@ class Monitor:
             # it through its new couler.workflow.submitted (record_submitted).
             if not state.terminal and _RUN_RANK[RunState.RUNNING] > _RUN_RANK[state]:
                 run.state = RunState.RUNNING.value
+                self._moves.append((RunState.RUNNING.value, str(run.engine or "")))
+            if (record.state.terminal and record.started_at is not None
+                    and record.finished_at is not None):
+                self._finished_steps.append(
+                    (record.state.value, max(0.0, record.finished_at - record.started_at)))
             if record.started_at is not None and (run.started_at is None
                                                   or record.started_at < run.started_at):
                 run.started_at = record.started_at
@@ -341,6 +375,7 @@ class Monitor:
                 # submitted again after the end: a Retry of the run
                 run.state, run.reopened_at = RunState.PENDING.value, at
                 run.finished_at, run.message = None, ""
+                self._moves.append((RunState.PENDING.value, str(run.engine or "")))
             self._advance(run, RunState.PENDING)
             if at is not None and (run.started_at is None or at < run.started_at):
                 run.started_at = at
@@ -515,6 +550,8 @@ class Monitor:
                     tx.mark_published(r.workflow, r.step, r.kind, r.id)
 
             await asyncio.to_thread(mark)
+            if rec is not None:
+                self._recommended.add(1, {"kind": row.kind})
         self._outbox_dirty = False
         return len(rows)
 
@@ -537,15 +574,16 @@ class Monitor:
             run.engine = run.engine or engine
         return run
 
-    @staticmethod
-    def _advance(run: RunFields, state: RunState, *, retries: int | None = None) -> bool:
-        """Move ``run`` to ``state`` if that is forward; whether it moved."""
+    def _advance(self, run: RunFields, state: RunState, *, retries: int | None = None) -> bool:
+        """Move ``run`` to ``state`` if that is forward (counted once committed); whether
+        it moved."""
         old = (run.retries, _rank(run.state))
         new = (run.retries if retries is None else retries, _RUN_RANK[state])
         if new <= old:
             return False
         run.state = state.value
         run.retries = new[0]
+        self._moves.append((state.value, str(run.engine or "")))
         return True
 
     @staticmethod

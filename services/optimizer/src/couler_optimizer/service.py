@@ -50,6 +50,7 @@ from couler.errors import RetryableError, UserError
 from couler.optimize.reuse import ArtifactStore
 from couler.v1 import common_pb2
 from couler_optimizer.store import LearnedBudget, OptimizerStore, PlanSummary
+from couler_runtime import metrics
 from couler_runtime.engines import capabilities_of, check_engine
 from couler_runtime.rpc.records import (
     CacheEntry,
@@ -162,6 +163,17 @@ class Optimizer:
         self._cache_address = cache_address
         self._retry = passes.DEFAULT_RETRY if default_retry else None
         self._max_steps = max_steps_per_chunk
+        meter = metrics.meter("couler.optimizer")
+        self._plans = meter.create_counter(
+            "couler.optimizer.plans", unit="{plan}",
+            description="Plans made: engine, result=planned or refused (invalid workflow, "
+                        "engine unable to run it)")
+        self._applied = meter.create_counter(
+            "couler.optimizer.recommendations_applied", unit="{recommendation}",
+            description="The monitor's recommendations a plan was made with")
+        self._cached_steps = meter.create_counter(
+            "couler.optimizer.cached_steps", unit="{step}",
+            description="Steps planned as reused from the cache (not run)")
 
     async def optimize(self, wf: ir.Workflow, engine: str = "", *,
                        objectives: Sequence[Objective] = (), no_cache: bool = False,
@@ -270,14 +282,24 @@ class Optimizer:
 
     def _plan(self, wf: ir.Workflow, engine: str, objectives: tuple[Objective, ...],
               no_cache: bool, parameters: dict[str, str]) -> Plan:
-        with gc_paused():  # a plan allocates per step, nothing cyclic (couler.alloc)
-            return self._plan_paused(wf, engine, objectives, no_cache, parameters)
+        try:
+            with gc_paused():  # a plan allocates per step, nothing cyclic (couler.alloc)
+                plan = self._plan_paused(wf, engine, objectives, no_cache, parameters)
+        except UserError:  # invalid, unsupported, unknown engine (not a retryable failure)
+            self._plans.add(1, {"engine": engine or "local", "result": "refused"})
+            raise
+        self._plans.add(1, {"engine": plan.engine, "result": "planned"})
+        if plan.cached:
+            self._cached_steps.add(len(plan.cached), {"engine": plan.engine})
+        return plan
 
     def _plan_paused(self, wf: ir.Workflow, engine: str, objectives: tuple[Objective, ...],
                      no_cache: bool, parameters: dict[str, str]) -> Plan:
         ir.validate(wf)
         name = check_engine(engine, wf)
         recs = _core_recommendations(wf, self._store.recommendations(wf.name))
+        if recs:
+            self._applied.add(len(recs))
         # The local engine restores cached results itself; for the others the cached
         # steps are taken out of the workflow, their results written into their readers.
         substitute = name not in REUSING_ENGINES

@@ -112,6 +112,7 @@ from couler_runtime import codec, offload, telemetry
 from couler_runtime.blobs import BlobIntegrityError
 from couler_runtime.local import Reuse
 from couler_runtime.local.artifacts import digest_path
+from couler_runtime.metrics import meter
 from couler_runtime.rpc.records import (
     BlobRef,
     Plan,
@@ -508,6 +509,10 @@ class Submitter:
         self._metrics_interval = metrics_interval
         self._metrics: asyncio.Task[None] | None = None
         self._scheduler = Scheduler(store, self, poll=schedule_poll)
+        self._submissions = meter("couler.submitter").create_counter(
+            "couler.submitter.submissions", unit="{run}",
+            description="Runs submitted: engine, result=accepted or duplicate (an "
+                        "idempotency key already seen)")
 
     @property
     def limits(self) -> SizeLimits:
@@ -1008,9 +1013,11 @@ class Submitter:
             self._requests.pop(run_id, None)
             log.info("submit: idempotency key %r is run %s; nothing started",
                      idempotency_key, run.run_id)
+            self._submissions.add(1, {"engine": engine, "result": "duplicate"})
             return run.run_id, False, ""
         self._changed_here(run, new=True)
         self._wake.set()
+        self._submissions.add(1, {"engine": engine, "result": "accepted"})
         log.info("run %s: accepted (%s, engine %s)", run_id,
                  f"workflow {workflow.name!r}" if workflow is not None else "text", engine)
         return run_id, True, ""

@@ -15,8 +15,11 @@ each service and for the server as a whole, "") and reflection, and wraps every 
 outermost first, in:
 
 1. tracing — a SERVER span per call, child of the caller's ``traceparent``;
-2. the bearer token check, when a token is configured;
-3. error mapping — :mod:`couler.errors` to gRPC statuses (:mod:`.errors`); anything
+2. metrics, when a meter provider is given — the call's duration in the histogram
+   ``couler.rpc.server.duration`` (Prometheus: ``couler_rpc_server_duration_seconds``)
+   per method and status code, refused calls included;
+3. the bearer token check, when a token is configured;
+4. error mapping — :mod:`couler.errors` to gRPC statuses (:mod:`.errors`); anything
    else is INTERNAL with a generic message and is logged with its traceback.
 
 Health checks are exempt from the token (and from tracing): they are what the
@@ -44,9 +47,11 @@ Request bodies are untrusted until the token is checked, and malformed after it:
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import inspect
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -57,7 +62,7 @@ from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from couler.errors import UserError
@@ -71,6 +76,7 @@ from couler.v1 import (  # noqa: F401
     submitter_service_pb2,
 )
 from couler_runtime import telemetry
+from couler_runtime.metrics import DURATION_BUCKETS
 from couler_runtime.rpc.errors import status_for
 
 __all__ = [
@@ -78,6 +84,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "UNAUTHENTICATED_MESSAGE",
     "ErrorInterceptor",
+    "MetricsInterceptor",
     "RpcServer",
     "TokenInterceptor",
     "TracingInterceptor",
@@ -157,6 +164,7 @@ async def start_server(
     *,
     token: str | None = None,
     tracer_provider: trace.TracerProvider | None = None,
+    meter_provider: metrics.MeterProvider | None = None,
     credentials: grpc.ServerCredentials | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     options: Sequence[tuple[str, Any]] = (),
@@ -170,6 +178,8 @@ async def start_server(
         token: require ``authorization: Bearer <token>`` on every call except
             health checks; ``None`` or "" requires nothing.
         tracer_provider: where server spans go (default: the global provider).
+        meter_provider: where the calls' latency histogram goes (none is recorded
+            when None).
         credentials: TLS credentials; ``None`` listens in plain text.
         max_message_bytes: the largest request accepted and response sent, in bytes
             (default 64 MiB); a larger request is RESOURCE_EXHAUSTED, undecoded.
@@ -182,6 +192,8 @@ async def start_server(
     """
     server_options = channel_options(max_message_bytes, options)
     interceptors: list[grpc.aio.ServerInterceptor] = [TracingInterceptor(tracer_provider)]
+    if meter_provider is not None:
+        interceptors.append(MetricsInterceptor(meter_provider, servicers))
     if token:
         interceptors.append(TokenInterceptor(token))
     interceptors.append(ErrorInterceptor())
@@ -391,6 +403,68 @@ def _refusal(handler: grpc.RpcMethodHandler[Any, Any] | None
     return grpc.stream_unary_rpc_method_handler(
         refuse, request_deserializer=None,
         response_serializer=handler.response_serializer if handler is not None else None)
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Records each call's duration (seconds, until its last message for a stream) with
+    its method (``rpc.method``: ``/couler.v1.CacheService/Lookup``) and status code name
+    (``rpc.grpc.status_code``: ``OK``, ``NOT_FOUND``, ...).
+
+    A method the server does not serve is recorded as ``other``: callers choose the
+    names, and each would be a series of its own.
+    """
+
+    def __init__(self, meter_provider: metrics.MeterProvider,
+                 servicers: Mapping[str, object]) -> None:
+        meter = meter_provider.get_meter("couler.rpc")
+        self._duration = meter.create_histogram(
+            "couler.rpc.server.duration", unit="s",
+            description="gRPC calls served: duration by method and status code",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+        self._known: set[str] = set()
+        for name in servicers:
+            service = descriptor_pool.Default().FindServiceByName(name)
+            self._known.update(f"/{name}/{m.name}" for m in service.methods)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Any],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(_HEALTH_PREFIX):
+            return handler
+        label = method if method in self._known else "other"
+        duration = self._duration
+
+        @asynccontextmanager
+        async def around(context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+            start = time.perf_counter()
+            status = "UNKNOWN"
+            try:
+                yield
+                status = _code_name(context.code())
+            except grpc.aio.AbortError:
+                status = _code_name(context.code())
+                raise
+            except asyncio.CancelledError:
+                status = "CANCELLED"
+                raise
+            finally:
+                duration.record(time.perf_counter() - start,
+                                {"rpc.method": label, "rpc.grpc.status_code": status})
+
+        return wrap_handler(handler, around)
+
+
+def _code_name(code: object) -> str:
+    """The status code's name (OK when the servicer set none)."""
+    number = _code_number(code)
+    for status in grpc.StatusCode:
+        if status.value[0] == number:
+            return status.name
+    return str(number)
 
 
 class TracingInterceptor(grpc.aio.ServerInterceptor):
