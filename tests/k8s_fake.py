@@ -46,9 +46,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.argo_schema import validate_argo
-from tests.unit.k8s_schema import kube_errors, tekton_errors, triggers_errors
-
 Obj = dict[str, Any]
 
 _CUSTOM = re.compile(r"^/apis?/(argoproj\.io/v1alpha1|tekton\.dev/v1|batch/v1|v1|"
@@ -116,6 +113,11 @@ def schema_errors(doc: Obj) -> list[str]:
     client's models), Tekton Triggers (structurally); unknown fields included -- the fake
     validates as the API server does with ``fieldValidation=Strict``, so a field a real
     server would silently prune is refused."""
+    # imported here: the checks need jsonschema, which the kfp environment (where this
+    # server only serves pod logs) does not have
+    from tests.argo_schema import validate_argo
+    from tests.unit.k8s_schema import kube_errors, tekton_errors, triggers_errors
+
     kind = doc.get("kind")
     if kind in ("Workflow", "CronWorkflow"):
         return validate_argo(doc)
