@@ -289,7 +289,7 @@ def test_argo_watch_lists_again_after_410_and_resumes(kube: FakeKube, argo: Argo
     thread = _in_background(kube, 1, change_then_compact)
     assert next(seen).state is RunState.RUNNING
     thread.join()
-    assert ("workflows", "expired") in kube.watch_log
+    assert kube.wait_for(lambda: ("workflows", "expired") in kube.watch_log)
     reads = [r for r in kube.requests_of("GET") if r.path.endswith(f"/workflows/{name}")]
     assert len(reads) == 2  # the first read, and the list after 410
     kube.update("workflows", ARGO_NS, name, set_status("Succeeded"))
@@ -310,7 +310,9 @@ def test_argo_watch_from_a_compacted_version(kube: FakeKube, argo: ArgoAdapter) 
     assert next(seen).state is RunState.SUCCEEDED
     with pytest.raises(StopIteration):
         next(seen)
+    assert kube.wait_for(lambda: len(kube.watch_log) == 1)
     assert kube.watch_log == [("workflows", "expired")]
+    assert len(watches(kube, "workflows")) == 1  # the run ended: not watched again
 
 
 def test_argo_watch_reconnects_after_server_errors(kube: FakeKube, argo: ArgoAdapter,
@@ -371,7 +373,8 @@ def test_tekton_watch_lists_again_after_410_on_both_streams(
             or status.state is not RunState.RUNNING:
         status = next(seen)
     thread.join()
-    assert sorted(kube.watch_log) == [("pipelineruns", "expired"), ("taskruns", "expired")]
+    assert kube.wait_for(lambda: sorted(p for p, how in kube.watch_log if how == "expired")
+                         == ["pipelineruns", "taskruns"])
     assert kube.wait_for_watchers(2)  # both resumed
     kube.update("taskruns", TEKTON_NS, f"{name}-extract", lambda o: o["status"].update(
         conditions=[condition("True", "Succeeded")]))
