@@ -79,9 +79,71 @@ class Request:
 
 
 class HttpError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, *,
+                 details: Obj | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.code, self.reason, self.message = code, reason, message
+        self.details, self.headers = details, headers or {}
+
+
+@dataclass
+class Fault:
+    """An answer :meth:`FakeKube.inject` makes the server give instead of the real one, to
+    the next ``times`` requests that match (``None``: any method / plural / kind of
+    request). ``as_event``: a watch request is answered 200 with one ``ERROR`` event
+    carrying the Status (how the API server ends a watch), not with the status code."""
+
+    code: int
+    method: str | None = None
+    plural: str | None = None
+    watch: bool | None = None
+    times: int = 1
+    retry_after: int | None = None
+    as_event: bool = False
+    hits: int = 0
+
+    def matches(self, method: str, plural: str | None, watch: bool) -> bool:
+        return (self.hits < self.times and self.method in (None, method)
+                and self.plural in (None, plural) and self.watch in (None, watch))
+
+
+def schema_errors(doc: Obj) -> list[str]:
+    """What the vendored schemas say is wrong with an object posted or put: Argo
+    (``argo-workflows.schema.json``), Tekton (the v1 CRDs), core kinds (the ``kubernetes``
+    client's models), Tekton Triggers (structurally); unknown fields included -- the fake
+    validates as the API server does with ``fieldValidation=Strict``, so a field a real
+    server would silently prune is refused."""
+    # imported here: the checks need jsonschema, which the kfp environment (where this
+    # server only serves pod logs) does not have
+    from tests.argo_schema import validate_argo
+    from tests.unit.k8s_schema import kube_errors, tekton_errors, triggers_errors
+
+    kind = doc.get("kind")
+    if kind in ("Workflow", "CronWorkflow"):
+        return validate_argo(doc)
+    if kind in ("Pipeline", "PipelineRun"):
+        return tekton_errors(doc)
+    if kind in ("ConfigMap", "CronJob"):
+        return kube_errors(doc)
+    if str(doc.get("apiVersion", "")).startswith("triggers.tekton.dev/"):
+        return triggers_errors(doc, tekton_errors)
+    return []
+
+
+def _field(problem: str) -> str:
+    return problem.split(": ", 1)[0]
+
+
+def _invalid(kind: str, plural: str, name: str, problems: list[str]) -> HttpError:
+    """The API server's 422 for an object its schema refuses: the message names every
+    field, ``details.causes`` lists them one by one."""
+    group = _group(plural)
+    causes = [{"reason": "FieldValueInvalid", "message": p.split(": ", 1)[-1],
+               "field": _field(p)} for p in problems]
+    return HttpError(422, "Invalid", f'{kind}.{group} "{name}" is invalid: '
+                     + ", ".join(f"{_field(p)}: Invalid value: {p.split(': ', 1)[-1]}"
+                                 for p in problems),
+                     details={"name": name, "group": group, "kind": kind, "causes": causes})
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -137,6 +199,12 @@ class FakeKube:
         self.requests: list[Request] = []
         self.events: list[tuple[int, str, str, str, Obj]] = []  # (rv, plural, ns, type, obj)
         self.watchers = 0
+        self.faults: list[Fault] = []
+        self.fault_log: list[tuple[int, str, str]] = []  # (code, method, path) answered
+        self.watch_log: list[tuple[str, str]] = []  # (plural, how it ended) per watch
+        self.horizon = 0  # watches from an older resourceVersion get 410 (compaction)
+        self._expiry = 0  # bumped by expire_watches: open watches end with ERROR 410
+        self.validate = True  # check posted/put objects against the vendored schemas
         self._rv = itertools.count(1)
         self._suffix = itertools.count(1)
         self._closed = False
@@ -217,6 +285,35 @@ class FakeKube:
                 "containers": [{"name": name, "usage": {"cpu": cpu, "memory": memory}}
                                for name, (cpu, memory) in containers.items()]}
 
+    def inject(self, code: int, *, method: str | None = None, plural: str | None = None,
+               watch: bool | None = None, times: int = 1, retry_after: int | None = None,
+               as_event: bool = False) -> Fault:
+        """Answer the next ``times`` matching requests with ``code`` and the Status body the
+        API server sends for it (403 Forbidden naming the verb and resource, 404, 409
+        AlreadyExists -- with ``generateName``, the name-generation conflict --, 410 Expired,
+        422 Invalid, 429 TooManyRequests with ``Retry-After``, 5xx). Checked after the
+        token, before anything is done: the request changes nothing."""
+        fault = Fault(code, method, plural, watch, times, retry_after, as_event)
+        with self.cond:
+            self.faults.append(fault)
+        return fault
+
+    def expire_watches(self) -> None:
+        """Compact the history as etcd does: a watch from a version older than now gets a
+        410 ``ERROR`` event (``too old resource version``), and every open watch ends with
+        one. Call it inside ``with fake.cond`` after a change to make that change one the
+        watcher can only learn by listing again."""
+        with self.cond:
+            self.horizon = self.events[-1][0] if self.events else 0
+            self._expiry += 1
+            self.cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+        """Block until ``predicate()`` (read under the lock) holds: a barrier on what the
+        server saw (requests, watches), not a sleep."""
+        with self.cond:
+            return self.cond.wait_for(predicate, timeout)
+
     def requests_of(self, method: str) -> list[Request]:
         with self.cond:
             return [r for r in self.requests if r.method == method]
@@ -262,6 +359,7 @@ class FakeKube:
             raise HttpError(422, "Invalid", f'PipelineRun.tekton.dev "{meta.get("name", "")}" '
                             "is invalid: spec: expected exactly one, got neither: "
                             "spec.pipelineRef, spec.pipelineSpec")
+        self._check_schema(plural, body)
         with self.cond:
             if "name" not in meta:
                 if not meta.get("generateName"):
@@ -275,10 +373,20 @@ class FakeKube:
             meta["creationTimestamp"] = "2024-05-01T10:00:00Z"
             return self._store(plural, namespace, body, "ADDED")
 
+    def _check_schema(self, plural: str, body: Obj) -> None:
+        if not self.validate:
+            return
+        problems = schema_errors(body)
+        if problems:
+            meta = body.get("metadata") or {}
+            raise _invalid(_KINDS[plural], plural,
+                           str(meta.get("name") or meta.get("generateName") or ""), problems)
+
     def _replace(self, plural: str, namespace: str, name: str, body: Any) -> Obj:
         if not isinstance(body, dict) or (body.get("metadata") or {}).get("name") != name:
             raise HttpError(400, "BadRequest", "the name of the object does not match the "
                             "name on the URL")
+        self._check_schema(plural, body)
         with self.cond:
             obj = self.objects.get((plural, namespace, name))
             if obj is None:
@@ -317,6 +425,65 @@ def _not_found(plural: str, name: str) -> HttpError:
     return HttpError(404, "NotFound", f'{plural}{group} "{name}" not found')
 
 
+def _status_body(err: HttpError) -> Obj:
+    body: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                 "message": err.message, "reason": err.reason, "code": err.code}
+    if err.details is not None:
+        body["details"] = err.details
+    return body
+
+
+_VERBS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch",
+          "DELETE": "delete"}
+
+
+def _fault_error(fault: Fault, method: str, plural: str, ns: str, name: str | None,
+                 body: Any) -> HttpError:
+    """The Status the API server sends for ``fault.code`` on this request."""
+    code = fault.code
+    group = _group(plural) if plural in _GROUPS else ""
+    resource = f"{plural}.{group}" if group else plural
+    meta = (body.get("metadata") or {}) if isinstance(body, dict) else {}
+    shown = name or meta.get("name") or ""
+    if code == 403:
+        verb = "watch" if fault.watch else _VERBS.get(method, method.lower())
+        if method == "GET" and name is None and not fault.watch:
+            verb = "list"
+        return HttpError(403, "Forbidden", f'{resource} "{shown}" is forbidden: User '
+                         f'"system:serviceaccount:{ns}:couler" cannot {verb} resource '
+                         f'"{plural}" in API group "{group}" in the namespace "{ns}"',
+                         details={"name": shown, "group": group, "kind": plural})
+    if code == 404:
+        return _not_found(plural, shown) if plural in _GROUPS else HttpError(
+            404, "NotFound", "the server could not find the requested resource")
+    if code == 409:
+        if method == "POST" and meta.get("generateName") and not meta.get("name"):
+            generated = f"{meta['generateName']}abcde"
+            return HttpError(409, "AlreadyExists", f'{resource} "{generated}" already exists, '
+                             "the server was not able to generate a unique name for the "
+                             "object", details={"name": generated, "group": group,
+                                                "kind": plural, "retryAfterSeconds": 1})
+        return HttpError(409, "AlreadyExists", f'{resource} "{shown}" already exists',
+                         details={"name": shown, "group": group, "kind": plural})
+    if code == 410:
+        return HttpError(410, "Expired", "too old resource version: 1 (2)")
+    if code == 422:
+        return _invalid(_KINDS.get(plural, plural), plural, shown,
+                        ["spec: Invalid value: refused by an admission webhook"])
+    if code == 429:
+        seconds = fault.retry_after if fault.retry_after is not None else 1
+        return HttpError(429, "TooManyRequests", "Too many requests, please try again later.",
+                         details={"retryAfterSeconds": seconds},
+                         headers={"Retry-After": str(seconds)})
+    if code == 503:
+        return HttpError(503, "ServiceUnavailable", "the server is currently unable to handle "
+                         "the request")
+    if code == 504:
+        return HttpError(504, "Timeout", "the server was unable to return a response in the "
+                         "time allotted, but may still be processing the request")
+    return HttpError(code, "InternalError", "Internal error occurred: injected")
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_fake: FakeKube
@@ -326,18 +493,52 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -------------------------------------------------------------- plumbing
 
-    def _send(self, code: int, payload: Any, content_type: str = "application/json") -> None:
+    def _send(self, code: int, payload: Any, content_type: str = "application/json",
+              headers: dict[str, str] | None = None) -> None:
         data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
         self.send_response(code)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
     def _status(self, err: HttpError) -> None:
-        self._send(err.code, {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                              "status": "Failure", "message": err.message,
-                              "reason": err.reason, "code": err.code})
+        self._send(err.code, _status_body(err), headers=err.headers)
+
+    def _injected(self, method: str, path: str, query: dict[str, str], body: Any) -> bool:
+        """Answer with the first matching injected fault, if any (see FakeKube.inject)."""
+        fake = self.server_fake
+        m = _CUSTOM.match(path) or _SECRETS.match(path)
+        plural = (m.group(3) if m and m.re is _CUSTOM else "secrets") if m else None
+        ns = m.group(2) if m and m.re is _CUSTOM else (m.group(1) if m else "")
+        name = (m.group(4) if m.re is _CUSTOM else m.group(2)) if m else None
+        watching = query.get("watch") in ("true", "1")
+        with fake.cond:
+            fault = next((f for f in fake.faults if f.matches(method, plural, watching)), None)
+            if fault is None:
+                return False
+            fault.hits += 1
+            fake.fault_log.append((fault.code, method, path))
+            fake.cond.notify_all()
+        err = _fault_error(fault, method, plural or "", ns or "", name, body)
+        if fault.as_event and watching:
+            self._error_event(_status_body(err))
+        else:
+            self._status(err)
+        return True
+
+    def _error_event(self, status: Obj) -> None:
+        """A watch answered 200, then one ERROR event carrying ``status``, then its end."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.close_connection = True
+        data = json.dumps({"type": "ERROR", "object": status}).encode() + b"\n"
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n\r\n")
+        self.wfile.flush()
 
     def _dispatch(self, method: str) -> None:
         fake = self.server_fake
@@ -352,9 +553,12 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         with fake.cond:
             fake.requests.append(Request(method, url.path, query, content_type, body))
+            fake.cond.notify_all()
         try:
             if self.headers.get("Authorization") != f"Bearer {fake.token}":
                 raise HttpError(401, "Unauthorized", "Unauthorized")
+            if self._injected(method, url.path, query, body):
+                return
             if fake.max_request_bytes is not None and len(raw) > fake.max_request_bytes:
                 raise HttpError(413, "RequestEntityTooLarge",
                                 f"Request entity too large: limit is {fake.max_request_bytes}")
@@ -462,12 +666,17 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
 
+        gone = _status_body(HttpError(410, "Expired", ""))
         with fake.cond:
             fake.watchers += 1
             fake.cond.notify_all()
+            expiry = fake._expiry
             if "resourceVersion" in query:
                 seen = int(query["resourceVersion"] or 0)
                 pending: list[tuple[str, Obj]] = []
+                if query["resourceVersion"] and seen < fake.horizon:
+                    gone["message"] = f"too old resource version: {seen} ({fake.horizon})"
+                    pending = [("ERROR", gone)]
             else:  # no version: the current objects, as ADDED
                 seen = fake.events[-1][0] if fake.events else 0
                 pending = [("ADDED", copy.deepcopy(o)) for (p, n, _), o in
@@ -484,14 +693,24 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 while True:
                     for etype, obj in pending:
-                        if _labels_match(obj, labels) and _fields_match(obj, fields):
+                        if etype == "ERROR" or (_labels_match(obj, labels)
+                                                and _fields_match(obj, fields)):
                             chunk(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+                    if pending and pending[-1][0] == "ERROR":
+                        ended = "expired"
+                        break
+
                     def ready(last: int = seen) -> bool:
-                        return deadline.is_set() or fake._closed or (
-                            bool(fake.events) and fake.events[-1][0] > last)
+                        return deadline.is_set() or fake._closed or fake._expiry != expiry \
+                            or (bool(fake.events) and fake.events[-1][0] > last)
 
                     with fake.cond:
                         fake.cond.wait_for(ready)
+                        if fake._expiry != expiry:  # compacted under an open watch
+                            gone["message"] = (f"too old resource version: {seen} "
+                                               f"({fake.horizon})")
+                            pending = [("ERROR", gone)]
+                            continue
                         if deadline.is_set() or fake._closed:
                             break
                         new = [e for e in fake.events if e[0] > seen]
@@ -502,10 +721,12 @@ class _Handler(BaseHTTPRequestHandler):
                 timer.cancel()
             chunk(b"")
         except (BrokenPipeError, ConnectionResetError):
-            pass
+            ended = "disconnected"
         finally:
             with fake.cond:
                 fake.watchers -= 1
+                fake.watch_log.append((plural, ended))
+                fake.cond.notify_all()
 
     def do_GET(self) -> None:
         self._dispatch("GET")

@@ -29,7 +29,7 @@ KFP_PYTHON = ROOT / ".venv-kfp" / "bin" / "python"
 
 # Runs inside .venv-kfp with the repository root as working directory.
 SCENARIOS = r'''
-import dataclasses, json, sys, threading, time, traceback
+import dataclasses, json, sys, traceback
 sys.path.insert(0, ".")
 from kubernetes import client as k8s_client
 from couler import ir
@@ -130,25 +130,25 @@ with FakeKfp(token="T") as kfp, FakeKube(token="K") as kube:
     kfp.update(run_id, finished)
     out["realistic"] = status_doc(adapter.status(run_id))
 
-    # watch
+    # watch: the backend moves the run on just before the poller's 2nd and 3rd reads
+    # (FakeKfp.before: deterministic, no sleeps)
     watched = adapter.submit(wf)
     poller = KfpAdapter(kfp.url, existing_token="T", poll_interval=0.05)
-    def backend():
-        time.sleep(0.3)
-        kfp.update(watched, lambda r: r.update(state="RUNNING"))
-        time.sleep(0.3)
+    def finish():
         kfp.update(watched, lambda r: r.update(state="SUCCEEDED", finished_at=T % 59))
-    threading.Thread(target=backend, daemon=True).start()
+    def start():
+        kfp.update(watched, lambda r: r.update(state="RUNNING"))
+        kfp.before("GET", watched, finish)
+    kfp.before("GET", watched, start, skip=1)
     before = len(kfp.requests)
     out["watch"] = [s.state.value for s in poller.watch(watched, timeout=10)]
     out["watch_polls"] = len(kfp.requests) - before
     out["watch_finished"] = [s.state.value for s in poller.watch(watched)]
-    kfp.update(run_id, lambda r: r.update(state="RUNNING"))
-    seen = poller.watch(run_id, timeout=0.3)
+    stuck = adapter.submit(wf)
+    kfp.update(stuck, lambda r: r.update(state="RUNNING"))
+    seen = poller.watch(stuck, timeout=0.3)
     next(seen)
-    started = time.monotonic()
     out["watch_timeout"] = error(lambda: next(seen))
-    out["watch_timeout_seconds"] = time.monotonic() - started
 
     # cancel
     cancelled = adapter.submit(wf)
@@ -160,12 +160,36 @@ with FakeKfp(token="T") as kfp, FakeKube(token="K") as kube:
         run["state"] = "CANCELED"
         run["run_details"] = {"task_details": [
             task("extract", "FAILED", 3, pod="p", error="pod deleted")]}
+    def terminates():
+        return len([r for r in kfp.requests if r.path.endswith(":terminate")])
+    before = terminates()
+    out["cancel_while_canceling"] = error(lambda: adapter.cancel(cancelled))
+    out["cancel_while_canceling_terminates"] = terminates() - before
     kfp.update(cancelled, canceled)
     out["cancel_done"] = status_doc(adapter.status(cancelled))
-    terminates = len([r for r in kfp.requests if r.path.endswith(":terminate")])
+    before = terminates()
     adapter.cancel(cancelled)
-    out["cancel_again_terminates"] = (
-        len([r for r in kfp.requests if r.path.endswith(":terminate")]) - terminates)
+    out["cancel_again_terminates"] = terminates() - before
+    # the run finishes between the adapter's read and its terminate: the server refuses
+    raced = adapter.submit(wf)
+    kfp.update(raced, lambda r: r.update(state="RUNNING"))
+    kfp.before("POST", raced + ":terminate",
+               lambda: kfp.update(raced, lambda r: r.update(state="SUCCEEDED")))
+    before = terminates()
+    out["cancel_raced"] = {"error": error(lambda: adapter.cancel(raced)),
+                           "terminates": terminates() - before,
+                           "state": adapter.status(raced).state.value}
+    # what the server answers to terminating a finished run, and what the backend refuses
+    import urllib.request, urllib.error
+    refused = urllib.request.Request(f"{kfp.url}/apis/v2beta1/runs/{raced}:terminate",
+                                     data=b"{}", method="POST",
+                                     headers={"Authorization": "Bearer T"})
+    try:
+        urllib.request.urlopen(refused)
+        out["terminate_finished"] = None
+    except urllib.error.HTTPError as e:
+        out["terminate_finished"] = {"status": e.code, "body": json.loads(e.read())}
+    out["backwards"] = error(lambda: kfp.update(raced, lambda r: r.update(state="RUNNING")))
 
     # logs, through the Kubernetes API
     cfg = k8s_client.Configuration(host=kube.url)
@@ -199,7 +223,23 @@ with FakeKfp(token="T") as kfp, FakeKube(token="K") as kube:
         return spec
     kfp_adapter.compile_workflow = broken
     out["invalid_spec"] = error(lambda: adapter.submit(wf))
+    def misspelt(wf):
+        spec = real_compile(wf)
+        spec["root"]["dag"]["tasks"]["load"]["retryPolicy"]["maxRetryCount"] = "two"
+        spec["root"]["dag"]["tasks"]["extract"]["cachingOption"] = {}
+        return spec
+    kfp_adapter.compile_workflow = misspelt
+    out["misspelt_spec"] = error(lambda: adapter.submit(wf))
+    def dangling(wf):
+        spec = real_compile(wf)
+        spec["root"]["dag"]["tasks"]["load"]["componentRef"]["name"] = "comp-nowhere"
+        spec["root"]["dag"]["tasks"]["load"]["dependentTasks"] = ["extrakt"]
+        return spec
+    kfp_adapter.compile_workflow = dangling
+    out["dangling_spec"] = error(lambda: adapter.submit(wf))
     kfp_adapter.compile_workflow = real_compile
+    out["invalid_spec_runs"] = len(kfp.runs) - len(
+        [r for r in kfp.runs.values() if "pipeline_spec" in r])  # none were stored
     secret = SecretMaterial("creds", "kubeflow", {"k": "v"}, dry_run=False, use_existing=False)
     runs = len(kfp.runs)
     out["secrets"] = error(lambda: adapter.submit(wf, [secret]))
@@ -324,7 +364,6 @@ def test_watch_polls_until_the_run_ends(seen: dict[str, Any]) -> None:
     assert timeout["type"] == "OperationTimeoutError"
     assert "RetryableError" in timeout["bases"]
     assert "not finished after 0.3 s (last state running)" in timeout["message"]
-    assert seen["watch_timeout_seconds"] < 2
 
 
 def test_cancel_terminates_the_run(seen: dict[str, Any]) -> None:
@@ -336,6 +375,27 @@ def test_cancel_terminates_the_run(seen: dict[str, Any]) -> None:
     assert done["state"] == "cancelled"
     assert done["steps"][0]["state"] == "cancelled"  # failed because the run was cancelled
     assert seen["cancel_again_terminates"] == 0  # a finished run is left alone
+    # cancelling twice: the second finds it CANCELING and sends nothing (the server would
+    # refuse: only a pending or running run can be terminated)
+    assert seen["cancel_while_canceling"] is None
+    assert seen["cancel_while_canceling_terminates"] == 0
+
+
+def test_cancel_of_a_run_that_finished_meanwhile_is_no_error(seen: dict[str, Any]) -> None:
+    """The backend finished the run between the adapter's read and its terminate: the API
+    server refuses the terminate (400), and the adapter, reading the run again, leaves it
+    finished instead of failing the cancel."""
+    assert seen["cancel_raced"] == {"error": None, "terminates": 1, "state": "succeeded"}
+
+
+def test_the_fake_refuses_what_the_kfp_api_refuses(seen: dict[str, Any]) -> None:
+    refused = seen["terminate_finished"]
+    assert refused["status"] == 400
+    assert refused["body"]["code"] == 3  # INVALID_ARGUMENT
+    assert "Failed to terminate a run" in refused["body"]["message"]
+    backwards = seen["backwards"]
+    assert backwards["type"] == "ValueError"
+    assert "never changes a run from SUCCEEDED to RUNNING" in backwards["message"]
 
 
 def test_logs_come_from_the_pod(seen: dict[str, Any]) -> None:
@@ -364,7 +424,16 @@ def test_errors_are_translated(seen: dict[str, Any]) -> None:
     invalid = seen["invalid_spec"]
     assert invalid["type"] == "UserError"
     assert "workflow 'etl'" in invalid["message"]
-    assert "400" in invalid["message"] and "no root" in invalid["message"]
+    assert "400" in invalid["message"] and "no root DAG" in invalid["message"]
+    misspelt = seen["misspelt_spec"]  # parsed with the kfp SDK's PipelineSpec proto
+    assert misspelt["type"] == "UserError"
+    assert "workflow 'etl'" in misspelt["message"] and "400" in misspelt["message"]
+    assert "maxRetryCount" in misspelt["message"] or "cachingOption" in misspelt["message"]
+    dangling = seen["dangling_spec"]
+    assert dangling["type"] == "UserError"
+    assert "no component 'comp-nowhere'" in dangling["message"]
+    assert "no task 'extrakt'" in dangling["message"]
+    assert seen["invalid_spec_runs"] == 0
     assert seen["secrets"]["type"] == "UserError"
     assert "creates no secrets (creds)" in seen["secrets"]["message"]
     assert seen["secrets_created_runs"] == 0

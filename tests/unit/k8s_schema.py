@@ -8,14 +8,19 @@ a missing required field). :func:`triggers_errors` checks Tekton Triggers object
 structurally -- no Triggers schema is vendored (none ships on PyPI or npm): known keys,
 required fields, and that the template's ``$(tt.params.X)`` are declared, the binding's
 params are the template's and the template's PipelineRun is valid against the vendored
-Tekton schema.
+Tekton schema. :func:`tekton_errors` checks a Tekton Pipeline or PipelineRun against the
+vendored CRD schema.
 """
 
 from __future__ import annotations
 
 import re
+from functools import cache
+from pathlib import Path
 from typing import Any
 
+import yaml
+from jsonschema import Draft7Validator
 from kubernetes import client as k8s
 
 _PRIMITIVE: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "bool": (bool,),
@@ -142,3 +147,53 @@ def triggers_errors(doc: dict[str, Any], pipelinerun_errors: Any) -> list[str]:
     else:
         errors.append(f"unknown Triggers kind {kind!r}")
     return errors
+
+
+# --------------------------------------------------------------------------- Tekton CRDs
+
+_TEKTON = Path(__file__).resolve().parents[1] / "data" / "schemas" / "tekton"
+_TEKTON_FILES = {"Pipeline": "300-pipeline.yaml", "PipelineRun": "300-pipelinerun.yaml"}
+
+
+@cache
+def _tekton_schema(kind: str) -> dict[str, Any]:
+    crd = yaml.safe_load((_TEKTON / _TEKTON_FILES[kind]).read_text(encoding="utf-8"))
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _pruned(value: Any, schema: dict[str, Any], path: str) -> list[str]:
+    """Keys a structural schema does not declare (the API server would prune them)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    out: list[str] = []
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if props is not None and key in props:
+                out += _pruned(item, props[key], where)
+            elif isinstance(extra, dict):
+                out += _pruned(item, extra, where)
+            elif props is not None and not (path == "" and key in ("apiVersion", "kind")) \
+                    and path != "metadata" and not path.startswith("metadata."):
+                out.append(f"{where}: unknown field")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            out += _pruned(item, schema["items"], f"{path}[{i}]")
+    return out
+
+
+def tekton_errors(doc: dict[str, Any]) -> list[str]:
+    """Errors of a ``tekton.dev/v1`` Pipeline or PipelineRun against the vendored CRD
+    schema (``tests/data/schemas/tekton``): the schema's own errors, then every field the
+    structural schema does not declare."""
+    kind = doc.get("kind")
+    if kind not in _TEKTON_FILES:
+        return [f"kind: {kind!r} is not one of {', '.join(_TEKTON_FILES)}"]
+    schema = _tekton_schema(str(kind))
+    errors = [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+              for e in Draft7Validator(schema).iter_errors(doc)]
+    return errors + _pruned(doc, schema, "")

@@ -23,9 +23,11 @@ not be planned, or the feature the engine cannot run; 1 when the LLM endpoint fa
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +35,12 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from couler.errors import RetryableError, UserError
+from couler.generate.endpoint import (
+    RATE_LIMIT_ATTEMPTS,
+    RATE_LIMIT_MAX_WAIT,
+    completion_text,
+    rate_limit_wait,
+)
 
 __all__ = ["add_generate_command", "cmd_generate"]
 
@@ -132,14 +140,20 @@ _TIMEOUT = 120.0
 _BRIEF = 300
 
 
-def chat_client(url: str, model: str, *, api_key: str = "", timeout: float = _TIMEOUT
+def chat_client(url: str, model: str, *, api_key: str = "", timeout: float = _TIMEOUT,
+                attempts: int = RATE_LIMIT_ATTEMPTS, max_wait: float = RATE_LIMIT_MAX_WAIT,
+                sleep: Callable[[float], None] = time.sleep,
                 ) -> Callable[[Sequence[Mapping[str, str]]], str]:
     """``complete(messages) -> str`` over an OpenAI-compatible ``POST {url}/chat/completions``.
 
     Asks for a JSON object (``response_format``) and, when the endpoint answers HTTP 400
-    to that, asks again without it (endpoints without JSON mode). A failed call is a
-    RetryableError (HTTP 401/403 name the key's variable, never the key); HTTP 422 or a
-    400 without JSON mode is a UserError. The key is only ever sent in the header.
+    to that, asks again without it (endpoints without JSON mode). HTTP 429 is asked again
+    after the endpoint's ``Retry-After`` (else 1, 2, 4... s), ``attempts`` times in all; a
+    ``Retry-After`` beyond ``max_wait`` is not waited on. A failed call is a RetryableError
+    (HTTP 401/403 name the key's variable, never the key; a timeout names ``timeout``; an
+    answer cut off or not JSON says so); HTTP 422 or a 400 without JSON mode is a
+    UserError. An answer that is JSON but no chat completion gives "" (one more draft for
+    the repair loop). The key is only ever sent in the header.
     """
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -148,7 +162,7 @@ def chat_client(url: str, model: str, *, api_key: str = "", timeout: float = _TI
     where = _where(url)
     json_mode = [True]
 
-    def post(messages: Sequence[Mapping[str, str]], with_json: bool) -> dict[str, Any]:
+    def post(messages: Sequence[Mapping[str, str]], with_json: bool) -> Any:
         body: dict[str, Any] = {"model": model, "messages": [dict(m) for m in messages]}
         if with_json:
             body["response_format"] = {"type": "json_object"}
@@ -158,19 +172,40 @@ def chat_client(url: str, model: str, *, api_key: str = "", timeout: float = _TI
         request = urllib.request.Request(endpoint, data=json.dumps(body).encode(),
                                          headers=headers, method="POST")
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            answer = json.load(response)
-        return answer if isinstance(answer, dict) else {}
+            return json.load(response)
+
+    def ask(messages: Sequence[Mapping[str, str]]) -> Any:
+        failures = 0
+        while True:
+            try:
+                try:
+                    return post(messages, json_mode[0])
+                except urllib.error.HTTPError as exc:
+                    if exc.code != 400 or not json_mode[0]:
+                        raise
+                    exc.close()
+                    json_mode[0] = False  # perhaps no JSON mode there: ask without it
+                    return post(messages, False)
+            except urllib.error.HTTPError as exc:
+                if exc.code != 429:
+                    raise
+                failures += 1
+                with exc:
+                    wait = rate_limit_wait(exc.headers.get("Retry-After"), failures,
+                                           now=time.time(), max_wait=max_wait)
+                if wait > max_wait:
+                    raise RetryableError(f"generate: the LLM endpoint {where} answered HTTP "
+                                         f"429 (rate limited) and asks to wait {wait:g} s"
+                                         ) from exc
+                if failures >= attempts:
+                    raise RetryableError(f"generate: the LLM endpoint {where} answered HTTP "
+                                         f"429 (rate limited) {failures} times; try again "
+                                         "later") from exc
+                sleep(wait)
 
     def complete(messages: Sequence[Mapping[str, str]]) -> str:
         try:
-            try:
-                answer = post(messages, json_mode[0])
-            except urllib.error.HTTPError as exc:
-                if exc.code != 400 or not json_mode[0]:
-                    raise
-                exc.close()
-                json_mode[0] = False  # perhaps no JSON mode there: ask without it
-                answer = post(messages, False)
+            answer = ask(messages)
         except urllib.error.HTTPError as exc:
             with exc:  # the error holds the response: close its connection
                 body = exc.read().decode("utf-8", "replace")
@@ -185,13 +220,15 @@ def chat_client(url: str, model: str, *, api_key: str = "", timeout: float = _TI
                                 f"(HTTP {exc.code}): {detail}") from exc
             raise RetryableError(f"generate: the LLM endpoint {where} answered HTTP "
                                  f"{exc.code}: {detail}") from exc
-        except (OSError, ValueError) as exc:  # URLError, timeouts, an answer not JSON
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            # URLError, timeouts, an answer not JSON or cut off (IncompleteRead)
+            if isinstance(exc, TimeoutError) or isinstance(
+                    getattr(exc, "reason", None), TimeoutError):
+                raise RetryableError(f"generate: the LLM endpoint {where} did not answer "
+                                     f"within {timeout:g} s") from exc
             raise RetryableError(f"generate: the LLM endpoint {where} did not answer usably "
                                  f"({type(exc).__name__}: {_brief(str(exc))})") from exc
-        choices = answer.get("choices") or [{}]
-        message = choices[0].get("message") if isinstance(choices[0], dict) else None
-        content = message.get("content") if isinstance(message, dict) else None
-        return content if isinstance(content, str) else ""
+        return completion_text(answer)
 
     return complete
 

@@ -4,6 +4,7 @@ and what running pods use (:class:`PodMetrics`, the ``metrics.k8s.io`` API)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -26,9 +27,10 @@ from couler_runtime.polling import parse_time
 # Parts of the client without annotations: kept as ``Any`` here, at the boundary.
 k8s_config: Any = _k8s_config
 
-__all__ = ["CONNECTION_ERRORS", "LABEL_VALUE", "METRICS_GROUP", "METRICS_VERSION", "PodMetrics",
-           "PodUsage", "api_client_for", "as_mapping", "items_of", "label_value",
-           "load_config", "parse_time", "raise_api_error", "size_refusal"]
+__all__ = ["CONNECTION_ERRORS", "DEFAULT_RETRY", "LABEL_VALUE", "METRICS_GROUP",
+           "METRICS_VERSION", "PodMetrics", "PodUsage", "RetryPolicy", "Retrying",
+           "api_client_for", "as_mapping", "items_of", "label_value", "load_config",
+           "parse_time", "raise_api_error", "retry_delay", "size_refusal", "watch_gone"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,130 @@ def raise_api_error(e: Exception, action: str, *, echo: bool = True,
     if status >= 500 or status in {0, 429}:
         raise RetryableError(message) from e
     raise UserError(message) from e
+
+
+# --------------------------------------------------------------------------- retries
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How an adapter sends a request again after a transient refusal.
+
+    Attributes:
+        attempts: Tries in all, the first included (1: never again).
+        base_seconds: The first back-off; doubled after each further failure.
+        max_seconds: The longest wait, also the cap on a server's ``Retry-After``.
+        sleep: How to wait (tests pass a recorder).
+    """
+
+    attempts: int = 4
+    base_seconds: float = 0.5
+    max_seconds: float = 30.0
+    sleep: Callable[[float], None] = time.sleep
+
+    def backoff(self, failures: int) -> float:
+        """The wait after the ``failures``-th failure in a row (1-based)."""
+        return min(self.base_seconds * 2.0 ** max(failures - 1, 0), self.max_seconds)
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+def _retry_after(e: Any) -> float | None:
+    """The ``Retry-After`` seconds of an answer (header, else the Status body's
+    ``details.retryAfterSeconds``), or None."""
+    headers = getattr(e, "headers", None) or {}
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        value = headers.get("Retry-After")
+        if value is not None:
+            return max(float(value), 0.0)
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        seconds = (json.loads(e.body).get("details") or {}).get("retryAfterSeconds")
+        if seconds is not None:
+            return max(float(seconds), 0.0)
+    return None
+
+
+def _generated_name(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether a create's body asks the server to generate the name (``generateName``,
+    no ``name``)."""
+    body = kwargs.get("body", args[-1] if args else None)
+    meta = body.get("metadata") if isinstance(body, Mapping) else None
+    return isinstance(meta, Mapping) and bool(meta.get("generateName")) and \
+        not meta.get("name")
+
+
+def retry_delay(e: BaseException, failures: int, policy: RetryPolicy, *,
+                idempotent: bool = True, generated_name: bool = False) -> float | None:
+    """How long to wait before sending again the request ``e`` refused (the
+    ``failures``-th failure in a row), or None when it must not be sent again as it is.
+
+    Sent again: 429 (API Priority and Fairness refused it before any work; its
+    ``Retry-After`` is honoured, capped at ``policy.max_seconds``); 5xx and connection
+    trouble when the request is ``idempotent`` (a create is not: it may have been done)
+    and not refused for its size; 409 on a create with ``generateName`` (the server could
+    not generate a free name; nothing was created). Never beyond ``policy.attempts``.
+    """
+    if failures >= policy.attempts:
+        return None
+    if not isinstance(e, k8s_client.ApiException):
+        return policy.backoff(failures) if idempotent and isinstance(
+            e, CONNECTION_ERRORS) else None
+    status = e.status if isinstance(e.status, int) else 0
+    if status == 429 or (status == 409 and generated_name):
+        after = _retry_after(e)
+        return policy.backoff(failures) if after is None else min(after, policy.max_seconds)
+    if (status >= 500 or status == 0) and idempotent and size_refusal(e) is None:
+        return policy.backoff(failures)
+    return None
+
+
+class Retrying:
+    """A ``kubernetes`` API object whose calls are sent again after a transient refusal
+    (:func:`retry_delay`): ``create_*`` calls count as not idempotent, every other call
+    (read, list, replace with a ``resourceVersion``, merge patch) as idempotent. The last
+    error is raised as the client raised it, for the adapter's boundary to translate.
+    A watch's own stream is not retried here (the adapters' watch loops reconnect)."""
+
+    def __init__(self, api: Any, policy: RetryPolicy = DEFAULT_RETRY) -> None:
+        self._api = api
+        self.policy = policy
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._api, name)
+        if not callable(target) or name.startswith("_"):
+            return target
+        idempotent = not name.startswith("create_")
+        policy = self.policy
+
+        @functools.wraps(target)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("watch") or kwargs.get("_preload_content") is False:
+                return target(*args, **kwargs)  # a stream: its loop reconnects
+            generated = not idempotent and _generated_name(args, kwargs)
+            failures = 0
+            while True:
+                try:
+                    return target(*args, **kwargs)
+                except (k8s_client.ApiException, *CONNECTION_ERRORS) as e:
+                    failures += 1
+                    delay = retry_delay(e, failures, policy, idempotent=idempotent,
+                                        generated_name=generated)
+                    if delay is None:
+                        raise
+                    log.info("%s: the Kubernetes API answered %s; sending it again in "
+                             "%.1f s (attempt %d of %d)", name, getattr(e, "status", e),
+                             delay, failures + 1, policy.attempts)
+                    policy.sleep(delay)
+
+        return call
+
+
+def watch_gone(e: BaseException) -> bool:
+    """Whether a watch failed because its ``resourceVersion`` is too old (410 Gone, as an
+    answer or a watch ``ERROR`` event): the watcher must list again and resume from the
+    listed version."""
+    return isinstance(e, k8s_client.ApiException) and e.status == 410
 
 
 def load_config(config_file: str | None, context: str | None) -> Any:

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -33,6 +35,12 @@ from pydantic import SecretStr
 
 from couler import ir
 from couler.errors import RetryableError, UserError
+from couler.generate.endpoint import (
+    RATE_LIMIT_ATTEMPTS,
+    RATE_LIMIT_MAX_WAIT,
+    completion_text,
+    rate_limit_wait,
+)
 from couler.generate.library import TEMPLATES
 from couler.generate.llm import generate_with_llm
 from couler.generate.planner import GenerationReport as PlannerReport
@@ -72,22 +80,35 @@ class ChatModel:
 
     Blocking (it runs in a worker thread); safe to call from several threads. Asks for a
     JSON object (``response_format``) and stops asking when the endpoint answers HTTP 400 to
-    that once, as endpoints without JSON mode do. The client does not retry by itself: a
-    failed call is a RetryableError and the caller (the NATS consumer's back-off, or the
-    gRPC client) decides when to try again, so one Generate lasts at most
-    ``max_rounds`` times ``timeout``.
+    that once, as endpoints without JSON mode do. HTTP 429 is asked again after the
+    endpoint's ``Retry-After`` (else 1, 2, 4... s), ``attempts`` times in all, never waiting
+    beyond ``max_wait`` (:mod:`couler.generate.endpoint`): the endpoint did no work. Any
+    other failure is not retried here: it is a RetryableError and the caller (the NATS
+    consumer's back-off, or the gRPC client) decides when to try again, so one Generate
+    lasts at most ``max_rounds`` times (``attempts`` times ``timeout`` plus the waits).
+    A timeout names ``timeout``; an answer that is no chat completion gives "" (one more
+    draft for the repair loop), never an exception.
 
     Args:
         base_url: The endpoint, e.g. ``http://127.0.0.1:8000/v1``.
         model: The model to ask.
         api_key: The endpoint's key; only ever handed to the client.
         timeout: Seconds one completion may take.
+        attempts: Tries in all when the endpoint answers 429.
+        max_wait: The longest ``Retry-After`` waited on.
+        sleep: How to wait (tests record it).
     """
 
     def __init__(self, base_url: str, model: str, *, api_key: SecretStr | None = None,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, attempts: int = RATE_LIMIT_ATTEMPTS,
+                 max_wait: float = RATE_LIMIT_MAX_WAIT,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.model = model
         self._where = redact_url(base_url)
+        self._timeout = timeout
+        self._attempts = attempts
+        self._max_wait = max_wait
+        self._sleep = sleep
         self._client = openai.OpenAI(
             base_url=base_url, api_key=api_key.get_secret_value() if api_key else _NO_KEY,
             timeout=timeout, max_retries=0)
@@ -102,12 +123,12 @@ class ChatModel:
         with self._lock:
             json_mode = self._json_mode
         if not json_mode:
-            return self._complete(messages, json_mode=False)
+            return self._rate_limited(messages, json_mode=False)
         try:
-            return self._complete(messages, json_mode=True)
+            return self._rate_limited(messages, json_mode=True)
         except openai.BadRequestError:
             pass  # perhaps no JSON mode there: ask without it (a 400 again is a refusal)
-        answer = self._complete(messages, json_mode=False)
+        answer = self._rate_limited(messages, json_mode=False)
         log.info("LLM endpoint %s refuses response_format=json_object; asking without it",
                  self._where)
         with self._lock:
@@ -118,19 +139,43 @@ class ChatModel:
         """Close the HTTP connections."""
         self._client.close()
 
+    def _rate_limited(self, messages: Sequence[Mapping[str, str]], *, json_mode: bool) -> str:
+        failures = 0
+        while True:
+            try:
+                return self._complete(messages, json_mode=json_mode)
+            except openai.RateLimitError as exc:
+                failures += 1
+                wait = rate_limit_wait(exc.response.headers.get("retry-after"), failures,
+                                       now=time.time(), max_wait=self._max_wait)
+                if wait > self._max_wait:
+                    raise RetryableError(
+                        f"generate: the LLM endpoint {self._where} answered HTTP 429 (rate "
+                        f"limited) and asks to wait {wait:g} s") from exc
+                if failures >= self._attempts:
+                    raise RetryableError(
+                        f"generate: the LLM endpoint {self._where} answered HTTP 429 (rate "
+                        f"limited) {failures} times; try again later") from exc
+                log.info("LLM endpoint %s: rate limited (HTTP 429); asking again in %g s",
+                         self._where, wait)
+                self._sleep(wait)
+
     def _complete(self, messages: Sequence[Mapping[str, str]], *, json_mode: bool) -> str:
         params = cast("list[ChatCompletionMessageParam]", [dict(m) for m in messages])
         extra: dict[str, Any] = (
             {"response_format": {"type": "json_object"}} if json_mode else {})
         try:
-            completion = self._client.chat.completions.create(
+            raw = self._client.chat.completions.with_raw_response.create(
                 model=self.model, messages=params, **extra)
+            answer = json.loads(raw.http_response.content)
         except openai.BadRequestError as exc:
             if json_mode:
                 raise  # the caller retries without JSON mode
             raise self._refused(exc) from exc
         except openai.UnprocessableEntityError as exc:
             raise self._refused(exc) from exc
+        except openai.RateLimitError:
+            raise  # the caller waits and asks again
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
             # No body in the message: some endpoints echo part of the key they rejected.
             raise RetryableError(
@@ -140,20 +185,21 @@ class ChatModel:
             raise RetryableError(
                 f"generate: the LLM endpoint {self._where} answered HTTP {exc.status_code}: "
                 f"{_brief(exc.message)}") from exc
-        except openai.APIConnectionError as exc:  # includes APITimeoutError
+        except openai.APITimeoutError as exc:
+            raise RetryableError(
+                f"generate: the LLM endpoint {self._where} did not answer within "
+                f"{self._timeout:g} s") from exc
+        except openai.APIConnectionError as exc:
             raise RetryableError(
                 f"generate: the LLM endpoint {self._where} did not answer "
                 f"({type(exc).__name__}: {_brief(str(exc))})") from exc
-        except openai.OpenAIError as exc:  # e.g. an answer that is not a chat completion
+        except (openai.OpenAIError, ValueError) as exc:  # e.g. a body cut off, not JSON
             raise RetryableError(
                 f"generate: the LLM endpoint {self._where} gave an unusable answer "
                 f"({type(exc).__name__}: {_brief(str(exc))})") from exc
-        # Read defensively: the client does not validate answers strictly, and a missing or
-        # empty answer is one more invalid draft for the repair loop, not a crash.
-        choices = getattr(completion, "choices", None) or ()
-        message = getattr(choices[0], "message", None) if choices else None
-        content = getattr(message, "content", None)
-        return content if isinstance(content, str) else ""
+        # Read as plain JSON, defensively: a missing or empty answer is one more invalid
+        # draft for the repair loop, not a crash.
+        return completion_text(answer)
 
     def _refused(self, exc: openai.APIStatusError) -> UserError:
         return UserError(f"generate: the LLM endpoint {self._where} refused the request "

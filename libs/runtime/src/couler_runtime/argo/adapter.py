@@ -50,6 +50,16 @@ and the message names the workflow: 404 -> ``NotFoundError``, 409 -> ``ConflictE
 other 4xx (401/403 included) -> ``UserError``, 5xx and connection failures ->
 ``RetryableError``; a Workflow refused for its size (413, or etcd's "request is too
 large", a 500) -> ``DocumentTooLargeError`` with the size sent, never retried as is.
+
+Before that translation a transient refusal is sent again, with bounded back-off
+(:class:`couler_runtime.kube.RetryPolicy`, :func:`couler_runtime.kube.retry_delay`): 429
+after its ``Retry-After``; 5xx and connection trouble on every request but a create (which
+may have been done: the caller's idempotency key finds it on its next try); 409 on a create
+with ``generateName`` (the server found no free name; nothing was created). A 409 on a
+named object is "already exists". :meth:`ArgoAdapter.watch` opens its stream again after
+429/5xx (or such a watch ``ERROR`` event), and after 410 Gone ("too old resource version",
+as an answer or an ``ERROR`` event, after etcd compacted its history) reads the workflow
+again -- the changes it missed -- and resumes from the version read.
 """
 
 from __future__ import annotations
@@ -74,18 +84,24 @@ from couler.errors import (
     DocumentTooLargeError,
     NotFoundError,
     OperationTimeoutError,
+    RetryableError,
     UserError,
 )
 from couler_runtime.kube import (
     CONNECTION_ERRORS,
+    DEFAULT_RETRY,
     PodMetrics,
+    Retrying,
+    RetryPolicy,
     api_client_for,
     as_mapping,
     items_of,
     label_value,
     parse_time,
     raise_api_error,
+    retry_delay,
     size_refusal,
+    watch_gone,
 )
 
 __all__ = [
@@ -140,20 +156,22 @@ class ArgoAdapter:
             ``ca_cert``; used when no client or configuration is given.
         config_file, context: Kube config lookup when none of the above is given (then
             the in-cluster configuration).
+        retry: When a request is sent again (:class:`couler_runtime.kube.RetryPolicy`).
     """
 
     def __init__(self, namespace: str = "argo", *, api_client: object = None,
                  configuration: object = None, host: str | None = None,
                  token: str | None = None, verify_ssl: bool = True,
                  ca_cert: str | None = None, config_file: str | None = None,
-                 context: str | None = None) -> None:
+                 context: str | None = None, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         self.namespace = namespace
         api = api_client_for(api_client, configuration, host=host, token=token,
                              verify_ssl=verify_ssl, ca_cert=ca_cert, config_file=config_file,
                              context=context)
         self._api: Any = api
-        self._custom: Any = k8s_client.CustomObjectsApi(api)
-        self._core: Any = k8s_client.CoreV1Api(api)
+        self._retry = retry
+        self._custom: Any = Retrying(k8s_client.CustomObjectsApi(api), retry)
+        self._core: Any = Retrying(k8s_client.CoreV1Api(api), retry)
         self._metrics = PodMetrics(self._custom, namespace)
 
     def __repr__(self) -> str:
@@ -271,6 +289,8 @@ class ArgoAdapter:
         if last.state.terminal:
             return
         version = (obj.get("metadata") or {}).get("resourceVersion")
+        action = f"watching workflow {name!r}"
+        failures = 0  # in a row, without an event in between
         while True:
             kwargs: dict[str, Any] = {"field_selector": f"metadata.name={name}"}
             if deadline is not None:
@@ -286,11 +306,13 @@ class ArgoAdapter:
             if version:
                 kwargs["resource_version"] = version
             w = k8s_watch.Watch()
-            with self._boundary(f"watching workflow {name!r}"):
+            failure: Exception | None = None
+            try:
                 stream = w.stream(self._custom.list_namespaced_custom_object, GROUP, VERSION,
                                   self.namespace, "workflows", **kwargs)
                 try:
                     for event in stream:
+                        failures = 0
                         etype = event.get("type")
                         item = as_mapping(event.get("object"))
                         meta = item.get("metadata") or {}
@@ -309,6 +331,32 @@ class ArgoAdapter:
                 finally:
                     w.stop()
                     stream.close()
+            except (k8s_client.ApiException, *CONNECTION_ERRORS) as e:
+                failure = e
+            if failure is not None:
+                failures += 1
+                if watch_gone(failure):
+                    # 410: the server no longer has the changes since ``version``; list
+                    # again (the run as it is now) and resume from the listed version.
+                    if failures >= self._retry.attempts:
+                        raise RetryableError(f"{action}: the Kubernetes API answered 410 Gone "
+                                             f"{failures} times in a row") from failure
+                    obj = self.get(name)
+                    version = (obj.get("metadata") or {}).get("resourceVersion")
+                    current = run_status(obj)
+                    if current != last:
+                        last = current
+                        yield current
+                    if current.state.terminal:
+                        return
+                    continue
+                delay = retry_delay(failure, failures, self._retry)
+                if delay is None:
+                    raise_api_error(failure, action, namespace=self.namespace)
+                if deadline is not None:
+                    delay = min(delay, max(deadline - time.monotonic(), 0.0))
+                self._retry.sleep(delay)
+                continue
             if deadline is not None and time.monotonic() >= deadline:
                 raise OperationTimeoutError(
                     f"workflow {name!r}: not finished after {timeout} s "

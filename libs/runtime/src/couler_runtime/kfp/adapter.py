@@ -384,12 +384,25 @@ class KfpAdapter:
         """Terminate the run (``POST /apis/v2beta1/runs/{id}:terminate``).
 
         KFP stops the run's pods; the run goes CANCELING, then CANCELED, reported as
-        ``RunState.RUNNING`` then ``RunState.CANCELLED``. A finished run is left as it is.
+        ``RunState.RUNNING`` then ``RunState.CANCELLED``. A finished run is left as it is,
+        and cancelling is idempotent: the API server refuses (400) to terminate a run that
+        is not pending or running -- one already CANCELING, or one that finished between
+        the read and the request -- and such a refusal is no error when the run, read
+        again, is CANCELING or finished.
         """
-        if run_status(self.get(run_id)).state.terminal:
+        run = self.get(run_id)
+        if run_status(run).state.terminal or _state(run.get("state")) == "CANCELING":
             return
-        with self._boundary(f"terminating run {run_id!r}"):
-            self._client.terminate_run(run_id)
+        try:
+            with self._boundary(f"terminating run {run_id!r}"):
+                self._client.terminate_run(run_id)
+        except UserError as exc:
+            if isinstance(exc, NotFoundError):
+                raise
+            now = self.get(run_id)
+            if run_status(now).state.terminal or _state(now.get("state")) == "CANCELING":
+                return
+            raise
 
     # ------------------------------------------------------------------ internals
 

@@ -71,7 +71,10 @@ metrics API or the token may not read it (logged once; :class:`couler_runtime.ku
 Every Kubernetes error is translated once, at this boundary, into :mod:`couler.errors`
 exactly as in :mod:`couler_runtime.argo.adapter`: 404 -> ``NotFoundError``, 409 ->
 ``ConflictError``, other 4xx -> ``UserError``, 5xx and connection failures ->
-``RetryableError``.
+``RetryableError``, after the same bounded sending-again of transient refusals (429, 5xx on
+all but creates, a name-generation 409). Each of the two watches opens its stream again
+after 429/5xx and, after 410 Gone, lists its objects again and resumes from the listed
+version.
 """
 
 from __future__ import annotations
@@ -120,13 +123,18 @@ from couler_runtime.argo.adapter import (
 )
 from couler_runtime.kube import (
     CONNECTION_ERRORS,
+    DEFAULT_RETRY,
     PodMetrics,
+    Retrying,
+    RetryPolicy,
     api_client_for,
     as_mapping,
     items_of,
     label_value,
     parse_time,
     raise_api_error,
+    retry_delay,
+    watch_gone,
 )
 
 __all__ = [
@@ -171,21 +179,23 @@ class TektonAdapter:
             ``ca_cert``; used when no client or configuration is given.
         config_file, context: Kube config lookup when none of the above is given (then
             the in-cluster configuration).
+        retry: When a request is sent again (:class:`couler_runtime.kube.RetryPolicy`).
     """
 
     def __init__(self, namespace: str = "default", *, api_client: object = None,
                  configuration: object = None, host: str | None = None,
                  token: str | None = None, verify_ssl: bool = True,
                  ca_cert: str | None = None, config_file: str | None = None,
-                 context: str | None = None) -> None:
+                 context: str | None = None, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         self.namespace = namespace
         api = api_client_for(api_client, configuration, host=host, token=token,
                              verify_ssl=verify_ssl, ca_cert=ca_cert, config_file=config_file,
                              context=context)
         self._api: Any = api
-        self._custom: Any = k8s_client.CustomObjectsApi(api)
-        self._core: Any = k8s_client.CoreV1Api(api)
-        self._batch: Any = k8s_client.BatchV1Api(api)
+        self._retry = retry
+        self._custom: Any = Retrying(k8s_client.CustomObjectsApi(api), retry)
+        self._core: Any = Retrying(k8s_client.CoreV1Api(api), retry)
+        self._batch: Any = Retrying(k8s_client.BatchV1Api(api), retry)
         self._metrics = PodMetrics(self._custom, namespace)
 
     def __repr__(self) -> str:
@@ -404,7 +414,8 @@ class TektonAdapter:
         for plural, selector, version in follows:
             threading.Thread(target=self._follow, name=f"couler-tekton-watch-{plural}",
                              args=(plural, selector, version),
-                             kwargs={"deadline": deadline, "events": events, "stop": stop},
+                             kwargs={"deadline": deadline, "events": events, "stop": stop,
+                                     "run": name},
                              daemon=True).start()
 
         def timed_out() -> OperationTimeoutError:
@@ -423,12 +434,22 @@ class TektonAdapter:
                 if error is not None:
                     raise error
                 item_name = str((item.get("metadata") or {}).get("name", ""))
-                if plural == "pipelineruns":
+                deleted = NotFoundError(f"PipelineRun {name!r} was deleted in namespace "
+                                        f"{self.namespace!r} while being watched")
+                if etype == "LISTED":  # listed again after 410 Gone: the state as it is now
+                    listed_now = {str((i.get("metadata") or {}).get("name", "")): i
+                                  for i in item.get("items") or ()}
+                    if plural == "taskruns":
+                        children = listed_now
+                    elif name in listed_now:
+                        run = listed_now[name]
+                    else:
+                        raise deleted
+                elif plural == "pipelineruns":
                     if item_name != name:
                         continue
                     if etype == "DELETED":
-                        raise NotFoundError(f"PipelineRun {name!r} was deleted in namespace "
-                                            f"{self.namespace!r} while being watched")
+                        raise deleted
                     run = item
                 elif etype == "DELETED":
                     children.pop(item_name, None)
@@ -450,8 +471,18 @@ class TektonAdapter:
 
     def _follow(self, plural: str, selector: Mapping[str, str], version: str | None, *,
                 deadline: float | None, events: queue.Queue[Any],
-                stop: threading.Event) -> None:
-        """Feed ``events`` with the watch events of ``plural`` until ``stop`` is set."""
+                stop: threading.Event, run: str = "") -> None:
+        """Feed ``events`` with the watch events of ``plural`` until ``stop`` is set.
+
+        The stream is opened again when the server ends it; after 410 Gone (the version is
+        too old: as an answer or a watch ``ERROR`` event) ``plural`` is listed again --
+        put as one ``LISTED`` event, ``{"items": [...]}`` -- and followed from the listed
+        version; after 429, 5xx or connection trouble it is opened again after a back-off.
+        ``RetryPolicy.attempts`` failures in a row (no event in between) end the watch with
+        the error, put for the consumer."""
+        what = "run" if plural == "pipelineruns" else "TaskRuns"
+        action = f"watching the {what} of PipelineRun {run!r} in namespace {self.namespace!r}"
+        failures = 0
         while not stop.is_set():
             kwargs: dict[str, Any] = dict(selector)
             seconds = float(WATCH_RECONNECT_SECONDS)
@@ -464,6 +495,7 @@ class TektonAdapter:
             if version:
                 kwargs["resource_version"] = version
             w = k8s_watch.Watch()
+            failure: Exception | None = None
             try:
                 stream = w.stream(self._custom.list_namespaced_custom_object, GROUP, VERSION,
                                   self.namespace, plural, **kwargs)
@@ -471,11 +503,9 @@ class TektonAdapter:
                     for event in stream:
                         if stop.is_set():
                             return
+                        failures = 0
                         etype = str(event.get("type"))
                         item = as_mapping(event.get("object"))
-                        if etype == "ERROR":  # e.g. 410 Gone: start again from now
-                            version = None
-                            continue
                         version = (item.get("metadata") or {}).get("resourceVersion", version)
                         events.put((plural, etype, item, None))
                 finally:
@@ -485,17 +515,38 @@ class TektonAdapter:
                 events.put((plural, "", {}, e))
                 return
             except (k8s_client.ApiException, *CONNECTION_ERRORS) as e:
+                failure = e
+            except Exception as e:  # the consumer waits on the queue: never die silently
+                events.put((plural, "", {}, RetryableError(f"{action}: {type(e).__name__}: {e}")))
+                return
+            if failure is None or stop.is_set():
+                continue
+            failures += 1
+            try:
+                if watch_gone(failure):
+                    if failures >= self._retry.attempts:
+                        raise RetryableError(f"{action}: the Kubernetes API answered 410 Gone "
+                                             f"{failures} times in a row") from failure
+                    listed = as_mapping(self._custom.list_namespaced_custom_object(
+                        GROUP, VERSION, self.namespace, plural, **selector))
+                    version = (listed.get("metadata") or {}).get("resourceVersion")
+                    events.put((plural, "LISTED", {"items": items_of(listed)}, None))
+                    continue
+                delay = retry_delay(failure, failures, self._retry)
+                if delay is None:
+                    raise_api_error(failure, action, namespace=self.namespace)
+            except CoulerError as err:
+                events.put((plural, "", {}, err))
+                return
+            except (k8s_client.ApiException, *CONNECTION_ERRORS) as e:
                 try:
-                    raise_api_error(e, f"watching {plural} of namespace {self.namespace!r}",
-                           namespace=self.namespace)
+                    raise_api_error(e, action, namespace=self.namespace)
                 except CoulerError as err:
                     events.put((plural, "", {}, err))
                 return
-            except Exception as e:  # the consumer waits on the queue: never die silently
-                events.put((plural, "", {}, RetryableError(
-                    f"watching {plural} of namespace {self.namespace!r}: "
-                    f"{type(e).__name__}: {e}")))
-                return
+            if deadline is not None:
+                delay = min(delay, max(deadline - time.monotonic(), 0.0))
+            self._retry.sleep(delay)
 
     def logs(self, name: str, step: str, key: str = "") -> str:
         """The ``step-main`` container log of step ``step`` (map item / iteration ``key``).
