@@ -83,7 +83,7 @@ insert vacuum compact subsample stratify judge rerun resume share draw caption r
 dedup ensemble blend featurize calculate raise escalate terminate destroy provision denoise
 enhance upscale decompress untar transfer poll subscribe ensure confirm message alert warn
 notify flag re-train re-run fine-tune pre-train post-process postprocess preprocess route
-probe block halt pause skip abort cancel gate hold quarantine shift revert rollback
+probe block halt pause skip abort cancel gate hold quarantine shift revert rollback canary
 """)
 _ADVERBS = _wordset("then also first next finally afterwards after that and so please "
                      "just only now immediately subsequently lastly later")
@@ -435,7 +435,7 @@ _RETRIES = [
                + _NUM + r"\s+times?\b(?:\s+before\s+giving\s+up)?", re.I),
     # "retry each shard twice", "retry failed uploads three times"
     re.compile(r"\b(?:be\s+)?retr(?:y|ied|ies)\s+(?:it\s+|them\s+|((?:each|every|all|any|the)\s+"
-               r"(?:failed\s+|failing\s+)?[\w-]+)\s+|(?:failed|failing)\s+[\w-]+\s+)?"
+               r"(?:failed\s+|failing\s+)?[\w-]+(?:\s+[\w-]+)?)\s+|(?:failed|failing)\s+[\w-]+\s+)?"
                r"(twice|thrice)\b", re.I),
 ]
 _MAX_PARALLEL = [
@@ -943,6 +943,10 @@ _INJECTION = re.compile(
 _POLITE = re.compile(r"^(?:(?:hey|hi|ok|okay|so)\s*,?\s+)?(?:(?:can|could|would|will)\s+"
                      r"(?:you|we|someone)\s+(?:please\s+)?|please\s+|(?:i|we)\s+(?:need|want|"
                      r"would\s+like|'d\s+like)\s+(?:you\s+)?to\s+|let'?s\s+)(?=\w)", re.I)
+# "(could you) build the recsys refresh?": what the request is, not a step
+_FRAME_ONLY = re.compile(r"^(?:build|create|set\s+up|make|write|put\s+together|wire\s+up|spin\s+up)"
+                         r"\s+(?:me\s+)?(?:a|an|the|our|my)\s+(?:[\w-]+\s+){0,4}?(?:pipeline|workflow|"
+                         r"job|dag|flow|process|refresh|automation|setup|thing)\s*[?.!]?$", re.I)
 _LEAD_SEQUENCE = re.compile(r"^(?:after\s+that|afterwards|then|next|finally|first(?:ly)?|"
                             r"lastly|last|second(?:ly)?|also)\s*,?\s+", re.I)
 _BEFORE = re.compile(r"\s+before\s+(\w+ing)\b\s*(.*)$", re.I)
@@ -985,7 +989,7 @@ def parse_request(text: str) -> Request:
     request = _normalize(request)
     masked, kept = _mask(request)
     out.schedule, out.timezone, masked = _schedule(masked)
-    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Za-z\d\x00\"'#])|\n+", masked)
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+(?=[A-Za-z\d\x00\"'#(])|\n+", masked)
                  if s.strip(" .")]
     state = _State()
     for raw_sentence in sentences:
@@ -994,7 +998,11 @@ def parse_request(text: str) -> Request:
                              f"{_unmask(raw_sentence, kept)[:120]!r}")
             continue
         sentence = _LEAD_SEQUENCE.sub("", raw_sentence.strip().rstrip(".!?"))
+        polite = _POLITE.match(sentence)
         sentence = _POLITE.sub("", sentence)
+        if polite is not None and _FRAME_ONLY.match(sentence):
+            out.context.append(_unmask(sentence, kept))
+            continue
         framed = _FRAME.match(sentence)
         if framed is not None:
             # "Set up a pipeline that ingests …, resamples …": its verbs are the steps
@@ -1009,6 +1017,13 @@ def parse_request(text: str) -> Request:
             if _first_verb(first)[0] and first in sentence.split(":")[0]:
                 heading = _unmask(first, kept)
                 clauses = clauses[1:]
+        # "Active learning for the wafer classifier (ResNet-50): send …, retrain …": a
+        # heading without a verb names what the steps work on
+        topic = ""
+        if len(clauses) > 1 and re.search(r"^[^:]*:\s", sentence) and not heading:
+            first = clauses[0]
+            if not _first_verb(first)[0] and first in sentence.split(":")[0]:
+                topic = first
         scope: list[str] = []
         sentence_condition: Condition | None = None
         before = len(out.tasks)
@@ -1020,6 +1035,11 @@ def parse_request(text: str) -> Request:
             sentence_condition, scope = _clause(
                 out, state, clause, kept, hook=task_hook, heading=heading, scope=scope,
                 sentence_condition=sentence_condition)
+        added = [t for t in out.tasks[before:] if not t.hook]
+        targets = [t for t in added if t.verb in _TRAIN_VERBS] or added[:1]
+        for t in targets if topic else ():
+            if not _content(topic) <= _content(t.text):
+                t.text = f"{t.text} ({topic})"
         if state.loop is not None and len(out.tasks) > before:
             # "Repeat the following at most 6 times: A, B, and stop when …": the last step of
             # the block repeats (the steps are not grouped into one loop body)
@@ -1044,6 +1064,8 @@ def _normalize(text: str) -> str:
     text = re.sub(r"\b(\d+)\s*[x\u00d7]\s*(?=" + _GPU_NAMES + r"\b)", r"\1 ", text, flags=re.I)
     text = re.sub(r"(\bretr(?:y|ies|ied)\b[^.;,()]{0,20}?\b)(\d+)\s*[x\u00d7](?=\W|$)",
                   r"\1\2 times", text, flags=re.I)
+    text = re.sub(r"\s*([,;:])\s*\(?\d{1,2}[.)]\s+(?=[A-Za-z])",
+                  lambda m: ": " if m.group(1) == ":" else "; ", text)
     dash = r"[\u2014\u2013]"
     return re.sub(r"\s+" + dash + r"\s+([^\u2014\u2013]{1,200}?,[^\u2014\u2013]{1,200}?)\s+" + dash
                   + r"\s+", r" (\1) ", text)
@@ -1255,7 +1277,8 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         # "-> isolation forest scoring ->": the gerund is the action, the words before it
         # what it does it with
         verb, obj = _gerund_to_verb(gerund.group(2)), f"with {gerund.group(1).strip()}"
-    if verb in ("run", "do", "execute") and not re.sub(r"[\W_]+", "", obj):
+    if verb in ("run", "do", "execute", "schedule") and not re.sub(r"[\W_]+|\b(?:it|them|this)\b",
+                                                                  "", obj):
         # "run at most 2 plants at a time", "RAG ingestion, run daily:": nothing to run
         # but the modifiers of the steps before it
         verb = ""

@@ -331,7 +331,15 @@ class _Builder:
             for step in group:
                 if step.task.condition is not None:
                     evaluator = self._condition(step, built, previous, extra)
-                    if evaluator is not None and evaluator.name not in step.after:
+                    chained = [p.name for p in previous if p.task.condition is not None
+                               and p.task.condition.metric == step.task.condition.metric
+                               and p.task.condition.value == step.task.condition.value
+                               and p.task.condition.otherwise == step.task.condition.otherwise]
+                    if evaluator is not None and chained:
+                        # "if …, canary it; watch the errors; then promote": the steps
+                        # under one condition run one after another
+                        step.after = [*chained, evaluator.name]
+                    elif evaluator is not None and evaluator.name not in step.after:
                         step.after = [evaluator.name]
                 if step.task.unconditional:
                     # "either way": after the step the condition reads, not the branches
