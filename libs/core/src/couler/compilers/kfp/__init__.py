@@ -133,6 +133,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -253,7 +254,9 @@ def run_locally(wf: ir.Workflow, pipeline_root: str, *,
         pipeline()
     except Exception as exc:
         runs, failed = _local_runs(logdir)
-        named = [step for step in failed if repr(step) in str(exc)]  # kfp names the task
+        # kfp names the task: the step, or a rung STEP-memK of its memory escalation
+        named = [step for step in failed
+                 if re.search(re.escape(repr(step)[:-1]) + r"(-mem\d+)?'", str(exc))]
         failed = named or failed
         raise LocalRunError(str(exc), {s: o for s, o in runs.items() if s not in failed},
                             failed) from exc
