@@ -7,6 +7,7 @@ kfp.local; here the rung script's hand-over rule is run directly, case by case.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -34,14 +35,15 @@ echo "trained at attempt $c"
 
 
 def rung(tmp_path: Path, *, last: bool, before: int, ooms: int, kind: str = "ok",
-         policy: ir.RetryPolicy = POLICY) -> tuple[int, str, str, str]:
+         policy: ir.RetryPolicy = POLICY, env: dict[str, str] | None = None
+         ) -> tuple[int, str, str, str]:
     """Run one rung: (exit code, class output, attempts output, stdout)."""
     out = tmp_path / f"out-{before}-{last}"
     proc = subprocess.run(
         ["/bin/sh", "-c", _rung_script(policy, last=last), "couler-rung", str(out / "class"),
          str(out / "attempts"), str(before), "/bin/sh", "-c", COMMAND, "cmd",
          str(tmp_path / "count"), str(ooms), kind],
-        capture_output=True, text=True, timeout=60, check=False)
+        capture_output=True, text=True, timeout=60, check=False, env=env)
     return (proc.returncode, (out / "class").read_text(), (out / "attempts").read_text(),
             proc.stdout)
 
@@ -102,3 +104,23 @@ def test_a_policy_not_retrying_oom_builds_no_ladder() -> None:
     assert memory_levels(policy, res)  # memory levels exist, but an OOM is not retried
     assert _ladder_levels(policy, res) == []
     assert len(_ladder_levels(ir.RetryPolicy(limit=2, memory_factor=2.0), res)) == 3  # any
+
+
+def test_a_later_rung_first_waits_the_back_off_of_the_attempts_before(tmp_path: Path) -> None:
+    """The rung before stopped at the OOM before sleeping; this one sleeps that delay."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "sleep"  # records the delays instead of sleeping
+    fake.write_text(f'#!/bin/sh\necho "$1" >> {tmp_path / "slept"}\n')
+    fake.chmod(0o755)
+    policy = ir.RetryPolicy(limit=3, on=(C.OOM,), memory_factor=2.0,
+                            backoff=ir.Backoff(base_seconds=5, factor=2, cap_seconds=15))
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    assert rung(tmp_path, last=False, before=0, ooms=1, policy=policy, env=env)[:3] == (
+        0, "oom", "1")
+    assert not (tmp_path / "slept").exists()  # the hand-over does not sleep
+    assert rung(tmp_path, last=True, before=2, ooms=2, policy=policy, env=env)[:3] == (
+        0, "", "4")
+    # delays 5, 10, 15 (capped): 10 before attempt 3 (after attempt 2, in the rung before),
+    # 15 before attempt 4 (an OOM retried in place by the last rung)
+    assert (tmp_path / "slept").read_text().split() == ["10", "15"]
