@@ -113,9 +113,9 @@ print(json.dumps(out))
 # against a fake kubectl.
 KFP_RUN = ["artifacts", "basic_steps", "cron", "edge_conditions", "exit_hooks", "gpu",
            "interpolation", "job_step", "map_static", "map_upstream", "omitted_upstream",
-           "placement", "resources_cache", "retry_backoff", "retry_timeout", "secrets",
-           "sibling_whens", "skip_propagation", "strict_succeeded", "subworkflows", "when_else",
-           "while_loop", "workflow_params"]
+           "oom_policies", "placement", "resources_cache", "retry_backoff", "retry_timeout",
+           "secrets", "sibling_whens", "skip_propagation", "strict_succeeded", "subworkflows",
+           "when_else", "while_loop", "workflow_params"]
 
 # Where kfp.local differs from expected.json (the local engine's results).
 KFP_DIFFERENCES: dict[str, dict[str, Any]] = {

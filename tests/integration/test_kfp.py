@@ -54,12 +54,11 @@ SUPPORTED = [
     "dag_linear_set_dependencies", "dag_conditional",
     "exit_handlers", "implicit_parameter_passing", "input_bare_string", "input_from_script",
     "input_two_calls", "input_two_params", "map_static", "map_upstream", "multiple_outputs",
-    "producer_consumer", "resources", "secrets", "when_else", "workflow_parameters",
+    "policies", "producer_consumer", "resources", "secrets", "when_else", "workflow_parameters",
 ]
 UNSUPPORTED = {  # program → (step, feature)
     "cron": ("", "cron schedule"),
     "job_apply": ("mnist", "job step (Kubernetes resource)"),
-    "policies": ("train", "memory escalation on OOM"),
     "while_loop": ("flip-coin", "bounded loop"),
 }
 
@@ -128,16 +127,20 @@ def test_supported_program_compiles_to_pipeline_spec(name: str,
         executor = spec["deploymentSpec"]["executors"][comp["executorLabel"]]["container"]
         assert isinstance(step.body, (ir.ContainerSpec, ir.ScriptSpec))
         assert executor["image"] == step.body.image
+        # a step escalating memory on OOM is its first rung (test_kfp_memory.py)
+        ladder = step.retry is not None and step.retry.memory_factor is not None
         assert set(comp.get("inputDefinitions", {}).get("parameters", {})) == {
-            i.name.replace("-", "_") for i in step.inputs}
+            i.name.replace("-", "_") for i in step.inputs} | (
+            {"couler_attempts_before"} if ladder else set())
         assert set(comp.get("outputDefinitions", {}).get("parameters", {})) == {
-            o.name.replace("-", "_") for o in step.outputs}
+            o.name.replace("-", "_") for o in step.outputs} | (
+            {"couler_class", "couler_attempts"} if ladder else set())
         if step.when is None and step.foreach is None:
             want = {d.step for d in step.dependencies}
             want |= {i.value.step for i in step.inputs if isinstance(i.value, ir.StepOutputRef)}
             assert set(task.get("dependentTasks", [])) == want, step.name
-        cache = task.get("cachingOptions", {})
-        assert not cache.get("enableCache", False)
+        cache = task.get("cachingOptions", {})  # KFP caches unless told; Couler does not
+        assert cache.get("enableCache", False) == bool(step.cache and step.cache.enabled)
 
 
 def test_diamond_dependencies(compiled: dict[str, Any]) -> None:

@@ -58,6 +58,29 @@ Shape of the output (the faithful, container mode):
   ``set_accelerator_*``, env literals → ``set_env_variable``. KFP caches every
   task by default; Couler does not, so a step without a cache policy gets
   ``set_caching_options(False)``.
+* Retry by failure class: KFP retries every failure, so a policy naming classes runs
+  the command under the POSIX-sh retry wrapper of :mod:`couler.compilers.entrypoint`
+  (no ``set_retry`` then).
+* Memory escalation on OOM: KFP fixes a task's memory for its retries, so the step
+  becomes a ladder of tasks ("rungs"), one per memory level
+  (:func:`couler.compilers.kube.memory_levels`: as written, then times the factor up to
+  the ceiling, at most ``limit + 1``): task ``STEP`` and tasks ``STEP-memK`` (each its
+  own component, ``set_memory_limit`` / ``set_memory_request`` of its level). A rung runs
+  the command under the retry wrapper, stopping at an out-of-memory failure (the last
+  rung retries it in place), with the attempts made before it as an input (counted
+  against the limit, indexing the back-off), and writes the outputs ``couler_class`` and
+  ``couler_attempts``; it exits 0 only when it hands over (its last attempt ended out of
+  memory, attempts are left, a rung follows; its other outputs are empty then), else with
+  the command's exit code, so a genuine failure fails the run. Rung k (2..N) sits in a
+  nested sub-pipeline ``couler-STEP-memK`` taking rung k-1's class and attempts (and the
+  values the step reads) as inputs, under ``dsl.If(couler_class == "oom")``, followed by
+  rung k+1's sub-pipeline -- conditions over pipeline inputs, which kfp.local resolves.
+  Dependents run after the outer sub-pipeline task. A step that is mapped, looped,
+  conditional, an exit hook, on or before a failed / completed / any edge, or whose
+  outputs or artifacts other steps read (dsl.OneOf is not mapped) is rejected. Each rung
+  is a component of its own: kfp 2.17 renames a sub-pipeline's executor labels one after
+  another when merging it, which would put same-named components of different memory on
+  one executor.
 * Exit hooks: one ``any``, ``failed`` or ``error`` hook step becomes the
   ``dsl.ExitHandler`` exit task, which KFP runs whatever the outcome. A
   ``failed`` / ``error`` one also receives ``dsl.PipelineTaskFinalStatus`` and
@@ -133,6 +156,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -253,7 +277,9 @@ def run_locally(wf: ir.Workflow, pipeline_root: str, *,
         pipeline()
     except Exception as exc:
         runs, failed = _local_runs(logdir)
-        named = [step for step in failed if repr(step) in str(exc)]  # kfp names the task
+        # kfp names the task: the step, or a rung STEP-memK of its memory escalation
+        named = [step for step in failed
+                 if re.search(re.escape(repr(step)[:-1]) + r"(-mem\d+)?'", str(exc))]
         failed = named or failed
         raise LocalRunError(str(exc), {s: o for s, o in runs.items() if s not in failed},
                             failed) from exc

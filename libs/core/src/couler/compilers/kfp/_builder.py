@@ -31,13 +31,16 @@ from ._helpers import (
     LOCAL_SECRETS_ENV,
     _annotation_src,
     _artifact_sources,
+    _binary_quantity,
     _compare,
     _ident,
     _import,
     _is_channel,
     _item_text,
+    _ladder_levels,
     _log_name,
     _mount_rewriter,
+    _rung_script,
     _static_key,
     _wrapper,
     recurring_schedule,
@@ -65,6 +68,15 @@ class _StepPlan:
         self.item_keys: dict[str, str] = {}  # item key ("" = whole item) → identifier
         self.taken = taken
         self.status: str | None = None
+        self.rung: tuple[str, str, str] | None = None
+
+    def rung_params(self) -> tuple[str, str, str]:
+        """A memory-escalation rung's (attempts-before input, class output, attempts output)."""
+        if self.rung is None:
+            self.rung = (_ident("couler_attempts_before", self.taken),
+                         _ident("couler_class", self.taken),
+                         _ident("couler_attempts", self.taken))
+        return self.rung
 
     def status_input(self) -> str:
         """The input receiving ``dsl.PipelineTaskFinalStatus`` (failed / error exit hooks)."""
@@ -105,6 +117,13 @@ class _Builder:
         # looped step → (its iteration 2 pipeline, the outputs / values that pipeline takes)
         self.loops: dict[str, tuple[Any, list[ir.StepOutputRef],
                                     list[ir.ValueSource | ir.StepArtifactRef]]] = {}
+        # memory-escalating step → (the pipeline of its rungs 2..N, the values it takes)
+        self.ladders: dict[str, tuple[Any, list[ir.ValueSource | ir.StepArtifactRef]]] = {}
+        # memory-escalating step → the components of its rungs 2..N (task STEP-memK), each
+        # named apart: kfp 2.17's merge of a sub-pipeline's executors renames labels one
+        # after another (exec-X → exec-X-2, then exec-X-2 → exec-X-2-2 catches both), so
+        # same-named components with different memory would end up on one executor
+        self.rung_components: dict[str, list[Any]] = {}
         self.claims: dict[str, Any] = {}  # claim template → its CreatePVC task
         self.claim_users: dict[str, list[Any]] = {}  # claim template → tasks mounting it
 
@@ -149,7 +168,7 @@ class _Builder:
         self._check_handlers(by_name)
         for step in [*wf.steps, *self.hooks_exit, *self.hooks_ok]:
             self._check_mounts(step, outside=(self._nested(step) or step in self.hooks_exit
-                                              or bool(self.prefix)))
+                                              or bool(self.prefix) or bool(self._levels(step))))
             for e in step.env:
                 if e.secret is None and _PLACEHOLDER.search(e.value):
                     raise self._fail(step.name, "env from a run-time value",
@@ -158,6 +177,7 @@ class _Builder:
                                      "pass the value as an argument instead")
             self._check_artifacts(step, by_name)
             self._check_loop(step, by_name)
+            self._check_ladder(step)
             if isinstance(step.body, ir.JobSpec) and self._by_class(step) is not None:
                 raise self._fail(step.name, Feature.RETRY_FAILURE_CLASSES,
                                  "a job step's kubectl script is not run under the retry "
@@ -305,6 +325,52 @@ class _Builder:
                                  f"reads an output of the looped step {step.name!r}: KFP "
                                  "cannot select the last executed iteration's outputs "
                                  "(dsl.OneOf is not mapped)")
+
+    def _levels(self, step: ir.Step) -> list[dict[str, Any]]:
+        """The compute resources of each rung of a memory-escalating step (see
+        :meth:`_ladder`), or [] when it has one task: no memory factor or quantity, or a
+        policy that does not retry out-of-memory failures (nothing to escalate then)."""
+        if not isinstance(step.body, (ir.ContainerSpec, ir.ScriptSpec, ir.JobSpec)):
+            return []  # an inline sub-workflow: _check_group refuses its retry
+        return _ladder_levels(step.retry or self.wf.defaults.retry,
+                              step.resources or self.wf.defaults.resources)
+
+    def _check_ladder(self, step: ir.Step) -> None:
+        """A memory-escalating step becomes a ladder of tasks: refuse what it cannot carry."""
+        levels = self._levels(step)
+        if not levels:
+            return
+        problem = ""
+        if isinstance(step.body, ir.JobSpec):
+            problem = ("a job step's pod runs kubectl: its memory is not the job's, and its "
+                       "script is not run under the retry wrapper")
+        elif step.foreach is not None or step.loop is not None or step.when is not None \
+                or self.guards.get(step.name):
+            problem = "the step is mapped, looped or conditional (its rungs would sit in " \
+                      "one more dsl.ParallelFor / dsl.If each)"
+        elif step in self.hooks_exit or step in self.hooks_ok:
+            problem = "the step is an exit hook (the exit task is one task)"
+        elif step.name in self.handlers or any(
+                dep.step == step.name for dep in self.handlers.values()):
+            problem = ("the step is on a failed / completed / any edge (an edge handler reads "
+                       "the final status of one task, runs as one task's exit hook)")
+        else:
+            for other in [*self.wf.steps, *self.hooks_exit, *self.hooks_ok]:
+                if any(isinstance(i.value, ir.StepOutputRef) and i.value.step == step.name
+                       for i in other.inputs) or step.name in _artifact_sources(other):
+                    problem = (f"{other.name!r} reads its outputs: the rung that ran last is "
+                               "not known when the pipeline is compiled (dsl.OneOf is not "
+                               "mapped)")
+                    break
+        names = {s.name for s in [*self.wf.steps, *self.hooks_exit, *self.hooks_ok]}
+        taken = sorted(names & {f"{step.name}-mem{k}" for k in range(2, len(levels) + 1)})
+        if not problem and taken:
+            problem = f"its rung task name {taken[0]!r} is taken by another step"
+        if problem:
+            raise self._fail(step.name, Feature.MEMORY_ESCALATION,
+                             "KFP fixes a task's memory for its retries, so the step becomes "
+                             "one task per memory level, each under dsl.If(the one before "
+                             f"ended out of memory); not here: {problem}")
 
     def _check_group(self, step: ir.Step) -> None:
         d = self.wf.defaults
@@ -506,18 +572,30 @@ class _Builder:
         if step.name in self.gated:
             params.append(inspect.Parameter(plan.status_input(), kind,
                                             annotation=dsl.PipelineTaskFinalStatus))
+        if self._levels(step):
+            before, cls, attempts = plan.rung_params()
+            params += [inspect.Parameter(before, kind, annotation=int),
+                       inspect.Parameter(cls, kind, annotation=dsl.OutputPath(str)),
+                       inspect.Parameter(attempts, kind, annotation=dsl.OutputPath(int))]
         return params
 
-    def _container_component(self, step: ir.Step, plan: _StepPlan) -> Any:
+    def _container_component(self, step: ir.Step, plan: _StepPlan, *, last: bool = False,
+                             suffix: str = "") -> Any:
+        """A container component running the step; for a memory-escalating step, one rung
+        (the ``last`` one does not stop at an out-of-memory failure; ``suffix``: rung k's
+        ``-memK``)."""
         dsl = self.dsl
         argv = self._argv(step, plan)
         params = self._signature(step, plan)
         body = step.body
         assert isinstance(body, (ir.ContainerSpec, ir.ScriptSpec))
         gate = self.gated.get(step.name)
-        policy = self._by_class(step)
+        retry = step.retry or self.wf.defaults.retry
+        rung = (retry, last) if retry is not None and self._levels(step) else None
+        policy = self._by_class(step) if rung is None else None
         wrap = (bool(step.outputs) or bool(body.working_dir) or gate is not None
-                or bool(step.input_artifacts) or bool(step.output_artifacts))
+                or bool(step.input_artifacts) or bool(step.output_artifacts)
+                or rung is not None)
 
         def fn(*args: Any) -> Any:
             # an artifact's channel gives its local path ({{$.inputs.artifacts['X'].path}})
@@ -536,17 +614,21 @@ class _Builder:
             outs += [values[plan.out_artifacts[a.name]] for a in step.output_artifacts]
             if gate is not None:
                 outs.insert(0, values[plan.status_input()])
+            if rung is not None:
+                outs += [values[p] for p in (plan.rung_params()[1], plan.rung_params()[2],
+                                             plan.rung_params()[0])]
             script = _wrapper(step.outputs, body.working_dir, gate=gate,
                               inputs_art=[a.path for a in step.input_artifacts],
-                              outputs_art=[a.path for a in step.output_artifacts])
+                              outputs_art=[a.path for a in step.output_artifacts],
+                              rung=rung)
             return dsl.ContainerSpec(image=body.image,
                                      command=["/bin/sh", "-c", script, "couler-step"],
                                      args=[*outs, *words])
 
         fn.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             params, return_annotation=dsl.ContainerSpec)
-        fn.__name__ = step.name
-        fn.__qualname__ = step.name
+        fn.__name__ = step.name + suffix
+        fn.__qualname__ = step.name + suffix
         fn.__doc__ = f"Couler step {step.name!r}."
         return dsl.container_component(fn)
 
@@ -606,7 +688,8 @@ class _Builder:
         fn.__doc__ = f"Couler job step {step.name!r}."
         return dsl.container_component(fn)
 
-    def _local_component(self, step: ir.Step, plan: _StepPlan) -> Any:
+    def _local_component(self, step: ir.Step, plan: _StepPlan, *, last: bool = False,
+                         suffix: str = "") -> Any:
         if isinstance(step.body, ir.JobSpec):
             raise self._fail(step.name, Feature.JOB,
                              "kfp.local runs no job step: its kubectl script needs a "
@@ -626,7 +709,14 @@ class _Builder:
             if k == 0 and isinstance(body, ir.ScriptSpec) and word in ("python", "python3"):
                 expr = "sys.executable"
             exprs.append(expr)
-        exprs[:0] = [repr(w) for w in self._wrapped(self._by_class(step), [])]
+        retry = step.retry or self.wf.defaults.retry
+        rung = plan.rung_params() if self._levels(step) else None
+        if rung is not None and retry is not None:  # a rung: see _helpers._rung_script
+            exprs[:0] = [repr(w) for w in ("/bin/sh", "-c", _rung_script(retry, last=last),
+                                           "couler-rung")]
+            exprs[4:4] = [f"str({rung[1]})", f"str({rung[2]})", f"str({rung[0]})"]
+        else:
+            exprs[:0] = [repr(w) for w in self._wrapped(self._by_class(step), [])]
         sig = ", ".join(
             f"{p.name}: {_annotation_src(p.annotation)}" for p in params)
         stdout_outs = [plan.outputs[o.name] for o in step.outputs
@@ -641,7 +731,7 @@ class _Builder:
                                 for a in step.input_artifacts) + "]"
         arts_out = "[" + "".join(f"({host(a.path)!r}, {plan.out_artifacts[a.name]}), "
                                  for a in step.output_artifacts) + "]"
-        fname = _ident(step.name, set())
+        fname = _ident(step.name + suffix, set())
         lines = [f"def {fname}({sig}):"]
         if step.name in self.gated:  # a gated hook / edge handler: nothing to do
             run_on, states = self.gated[step.name]
@@ -689,6 +779,15 @@ class _Builder:
             "    if proc.returncode:",
             f"        raise RuntimeError({step.name!r} + ' exited with ' + str(proc.returncode))",
         ]
+        if rung is not None:  # handed over to the next rung: empty outputs
+            lines += [f"    with open({rung[1]}) as fh:",
+                      "        handover = fh.read() == 'oom'",
+                      "    if handover:"]
+            lines += [f"        open({ident}, 'w').close()"
+                      for ident in [*stdout_outs, *(i for i, _ in file_outs)]]
+            lines += [f"        os.makedirs({plan.out_artifacts[a.name]}.path, exist_ok=True)"
+                      for a in step.output_artifacts]
+            lines.append("        return")
         # moved, not copied: a container's files end with it, so the reader must get the
         # artifact through KFP (as it would on a cluster)
         lines += [f"    for src, art in {arts_out}:",
@@ -737,6 +836,14 @@ class _Builder:
                     self._container_component)
             components[step.name] = make(step, plan)
             components[step.name].name = step.name
+            levels = self._levels(step)
+            if levels:  # rungs 2..N; the last does not stop at an OOM failure
+                rung = self._local_component if self.local else self._container_component
+                self.rung_components[step.name] = []
+                for k in range(1, len(levels)):
+                    comp = rung(step, plan, last=k == len(levels) - 1, suffix=f"-mem{k + 1}")
+                    comp.name = f"{step.name}-mem{k + 1}"
+                    self.rung_components[step.name].append(comp)
 
         taken: set[str] = set()
         pparams = []
@@ -775,6 +882,8 @@ class _Builder:
                          if self._nested(s)}
             self.loops = {s.name: self._loop(s, components) for s in steps
                           if s.loop is not None and s.loop.max_iterations > 1}
+            self.ladders = {s.name: self._ladder(s, components) for s in steps
+                            if self._levels(s)}
             return dsl.pipeline(name=wf.name, pipeline_config=config)(body)
         except UnsupportedFeatureError:
             raise
@@ -845,6 +954,62 @@ class _Builder:
             body.__name__ = _ident(f"couler_{step.name}_iter{k}", set())
             inner = self.dsl.pipeline(name=f"couler-{step.name}-iter{k}")(body)
         return inner, prev, values
+
+    def _ladder(self, step: ir.Step, components: Mapping[str, Any]
+                ) -> tuple[Any, list[ir.ValueSource | ir.StepArtifactRef]]:
+        """Memory escalation on OOM: rung k (2..N) in pipeline ``couler-STEP-memK``.
+
+        KFP fixes a task's memory for its retries, so the step becomes one task per memory
+        level (:func:`couler.compilers.kube.memory_levels`). Each rung runs the command
+        under the retry wrapper, stopping at an out-of-memory failure, and writes its
+        outputs ``couler_class`` and ``couler_attempts``; it exits 0 only when it hands
+        over (its last attempt ended out of memory, attempts are left, a rung follows),
+        else with the command's exit code. Rung k's pipeline takes rung k-1's class and
+        attempts (and the values the step reads) as inputs -- kfp.local resolves a
+        condition over a pipeline input, not over a task output not named ``Output`` --
+        and runs, under ``dsl.If(class == "oom")``, rung k with its memory, then rung
+        k+1's pipeline. Built innermost first (one pipeline context at a time), before
+        the enclosing pipeline.
+        """
+        levels = self._levels(step)
+        values: list[ir.ValueSource | ir.StepArtifactRef] = []
+        for v in (i.value for i in step.inputs):
+            if isinstance(v, (ir.StepOutputRef, ir.WorkflowParamRef)) and v not in values:
+                values.append(v)
+        values += [a.source for a in step.input_artifacts
+                   if isinstance(a.source, ir.StepArtifactRef) and a.source not in values]
+        _, cls, attempts = self.plans[step.name].rung_params()
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        params = [inspect.Parameter("couler_class", kind, annotation=str),
+                  inspect.Parameter("couler_attempts", kind, annotation=int)]
+        params += [inspect.Parameter(
+            f"couler_in_{j}", kind,
+            annotation=(self.dsl.Input[self.dsl.Artifact] if isinstance(v, ir.StepArtifactRef)
+                        else self._input_type(v)))
+            for j, v in enumerate(values)]
+        inner: Any = None
+        for k in range(len(levels) - 1, 0, -1):
+            def body(couler_class: Any, couler_attempts: Any, *args: Any, k: int = k,
+                     then: Any = inner) -> None:
+                self.scope = dict(zip(values, args, strict=True))
+                try:
+                    with self.dsl.If(couler_class == "oom", name=f"{step.name}-mem{k + 1}"):
+                        task = self._task(step, components, {}, {}, before=couler_attempts,
+                                          rung=k)
+                        if then is not None:
+                            nxt = then(couler_class=task.outputs[cls],
+                                       couler_attempts=task.outputs[attempts],
+                                       **{f"couler_in_{j}": self.scope[v]
+                                          for j, v in enumerate(values)})
+                            nxt.set_caching_options(enable_caching=False)
+                            nxt.set_display_name(f"couler-{step.name}-mem{k + 2}")
+                finally:
+                    self.scope = {}
+
+            body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+            body.__name__ = _ident(f"couler_{step.name}_mem{k + 1}", set())
+            inner = self.dsl.pipeline(name=f"couler-{step.name}-mem{k + 1}")(body)
+        return inner, values
 
     def _add_main(self, steps: Sequence[ir.Step], components: Mapping[str, Any],
                   tasks: dict[str, Any], channels: Mapping[str, Any]) -> None:
@@ -948,6 +1113,20 @@ class _Builder:
                     task.after(tasks[dep.step])
             tasks[step.name] = task
             return
+        if step.name in self.ladders:
+            first = self._task(step, components, tasks, channels, before=0)
+            then, values = self.ladders[step.name]
+            _, cls, attempts = self.plans[step.name].rung_params()
+            rest = then(couler_class=first.outputs[cls], couler_attempts=first.outputs[attempts],
+                        **{f"couler_in_{j}": (
+                            self._artifact(step, ir.InputArtifact("", "", v), tasks)
+                            if isinstance(v, ir.StepArtifactRef)
+                            else self._value(step, v, tasks, channels, None))
+                            for j, v in enumerate(values)})
+            rest.set_caching_options(enable_caching=False)
+            rest.set_display_name(f"couler-{step.name}-mem2")
+            tasks[step.name] = rest  # dependents run after the whole ladder
+            return
         if step.name in self.loops:
             first = self._task(step, components, tasks, channels)
             then, prev, values = self.loops[step.name]
@@ -1029,16 +1208,23 @@ class _Builder:
         return getattr(item, _static_key(v.key) if static else v.key)
 
     def _task(self, step: ir.Step, components: Mapping[str, Any], tasks: dict[str, Any],
-              channels: Mapping[str, Any], item: Any = None) -> Any:
+              channels: Mapping[str, Any], item: Any = None, *, before: Any = None,
+              rung: int = 0) -> Any:
+        """The step's task; for a memory-escalating step, rung ``rung`` (0-based: its
+        memory is level ``rung``) given the attempts made ``before`` it."""
         plan = self.plans[step.name]
         kwargs = {plan.inputs[i.name]: self._value(step, i.value, tasks, channels, item)
                   for i in step.inputs}
+        levels = self._levels(step)
+        if levels:
+            kwargs[plan.rung_params()[0]] = before
         for key, ident in plan.item_keys.items():
             kwargs[ident] = self._value(step, ir.ItemRef(key), tasks, channels, item)
         for a in step.input_artifacts:
             kwargs[plan.in_artifacts[a.name]] = self._artifact(step, a, tasks)
-        task = components[step.name](**kwargs)
-        task.set_display_name(step.name)
+        task = (self.rung_components[step.name][rung - 1] if rung
+                else components[step.name])(**kwargs)
+        task.set_display_name(step.name if not rung else f"{step.name}-mem{rung + 1}")
         for dep in step.dependencies:
             if dep.step in tasks:
                 task.after(tasks[dep.step])
@@ -1048,6 +1234,12 @@ class _Builder:
             task.set_caching_options(enable_caching=False)  # its tasks decide for themselves
         else:
             self._policies(step, task)
+        if rung:  # a later rung: the memory of its level
+            level = levels[rung]
+            if "memory" in level.get("requests", {}):
+                task.set_memory_request(_binary_quantity(level["requests"]["memory"]))
+            if "memory" in level.get("limits", {}):
+                task.set_memory_limit(_binary_quantity(level["limits"]["memory"]))
         tasks[step.name] = task
         return task
 
@@ -1065,7 +1257,8 @@ class _Builder:
     def _policies(self, step: ir.Step, task: Any) -> None:
         d = self.wf.defaults
         retry = step.retry or d.retry
-        if retry is not None and self._by_class(step) is None:  # else the wrapper retries
+        # else the wrapper retries (by class, or in the rungs of memory escalation)
+        if retry is not None and self._by_class(step) is None and not self._levels(step):
             kw: dict[str, Any] = {"num_retries": retry.limit}
             if retry.backoff is not None:
                 kw["backoff_duration"] = f"{int(retry.backoff.base_seconds)}s"

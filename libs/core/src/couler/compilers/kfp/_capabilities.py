@@ -111,10 +111,22 @@ CAPABILITIES: dict[Feature, Capability] = {
             "set then (a pod the platform lost is not retried); kfp.local runs the same "
             "wrapper with the host's sh; refused on job steps"),
     Feature.MEMORY_ESCALATION: Capability(
-        _U, "a KFP retry reuses the same task spec and the wrapper cannot raise its "
-            "container's limit; a ladder of attempt tasks (Tekton's rewrite) would need a "
-            "failed attempt reported as a succeeded task and dsl.OneOf over its outputs -- "
-            "not compiled for KFP (use Argo, Tekton or the local engine)"),
+        _R, "KFP fixes a task's memory for its retries, so the step becomes a ladder of "
+            "tasks, one per memory level (the memory as written, then x factor up to the "
+            "ceiling, at most limit + 1; set_memory_limit / set_memory_request per task): "
+            "each runs the command under the retry wrapper (couler.compilers.entrypoint), "
+            "stops at an out-of-memory failure and hands over -- exits 0 with outputs "
+            "couler_class = oom and couler_attempts -- when attempts are left; the next "
+            "rung runs under dsl.If(couler_class == 'oom') in a nested sub-pipeline "
+            "couler-STEP-memK taking them as inputs, counting the attempts made against the "
+            "limit and indexing the back-off; the last rung retries out-of-memory failures "
+            "in place; a genuine failure fails its rung and the run; dependents run after "
+            "the whole ladder; KFP's own set_retry is not set (a pod the platform lost is not "
+            "retried). Only when the policy retries oom (or any); refused for a step that is "
+            "mapped, looped, conditional, an exit hook, on or the upstream of a failed / "
+            "completed / any edge, a job step, one mounting a claim template, or one whose "
+            "outputs or artifacts other steps read (the rung that ran last is not known at "
+            "compile time; dsl.OneOf is not mapped)"),
     Feature.TIMEOUT: Capability(
         _N, "kubernetes.set_timeout (pod activeDeadlineSeconds, per attempt) through " + _KK
             + "; a workflow timeout maps to PipelineConfig.active_deadline_seconds"),

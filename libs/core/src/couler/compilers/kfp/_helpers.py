@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from couler import ir
+from couler.compilers import entrypoint
+from couler.compilers.kube import memory_levels
 from couler.engines.base import Feature
 from couler.errors import UnsupportedFeatureError, UserError
 
@@ -187,11 +189,87 @@ def _annotation_src(annotation: Any) -> str:
     return f"dsl.OutputPath({getattr(inner, '__name__', 'str')})"
 
 
+def _ladder_levels(retry: ir.RetryPolicy | None, res: ir.Resources | None
+                   ) -> list[dict[str, Any]]:
+    """The compute resources of each rung of memory escalation
+    (:func:`couler.compilers.kube.memory_levels`), or [] for one task: no memory factor or
+    quantity, or a policy that does not retry an out-of-memory failure (nothing escalates
+    then, as on the local engine)."""
+    if retry is None or not {ir.FailureClass.ANY, ir.FailureClass.OOM} & set(retry.on):
+        return []
+    return memory_levels(retry, res)
+
+
+def _binary_quantity(text: str) -> str:
+    """A memory quantity of whole bytes in the largest binary unit that is exact
+    ("2147483648" → "2Gi"); any other quantity as it is."""
+    if not text.isdigit() or int(text) == 0:
+        return text
+    n = int(text)
+    for unit in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        size = 1024 ** ("KMGTPE".index(unit[0]) + 1)
+        if n % size == 0:
+            return f"{n // size}{unit}"
+    return text
+
+
+def _rung_lines(policy: ir.RetryPolicy, *, last: bool, run: str = '"$@"') -> list[str]:
+    """sh lines of one attempt task ("rung") of memory escalation on OOM.
+
+    They run ``run`` under the retry wrapper (:func:`couler.compilers.entrypoint.fragment`)
+    with the attempts the tasks before made (``$couler_before``) counted against the limit
+    and indexing the back-off delays. Every rung but the ``last`` stops at an out-of-memory
+    failure (``stop_on``): its memory is fixed, the next rung has more. They write the last
+    attempt's failure class ("" on success) to ``$couler_class_out`` and the attempts made
+    so far to ``$couler_attempts_out``, and set ``$couler_handover`` to 1 when the next rung
+    is to go on (the last attempt ended out of memory, attempts are left, this is not the
+    last rung), else 0; ``$couler_rc`` is the last attempt's exit code.
+    """
+    lines = []
+    if policy.backoff is not None:  # the delay before this rung's first attempt
+        delays = " ".join(f"{d:g}" for d in entrypoint.delays(policy))
+        lines.append(f'if [ "$couler_before" -gt 0 ]; then sleep "$(echo {shlex.quote(delays)}'
+                     ' | cut -d " " -f "$couler_before")"; fi')
+    lines.append(entrypoint.fragment(
+        policy, run, status_path="", work_dir="",
+        stop_on=() if last else (ir.FailureClass.OOM,),
+        attempts_before="couler_before").rstrip("\n"))
+    lines += ['mkdir -p "$(dirname "$couler_class_out")" "$(dirname "$couler_attempts_out")"',
+              'printf \'%s\' "$couler_class" > "$couler_class_out"',
+              'printf \'%s\' "$couler_attempt" > "$couler_attempts_out"',
+              "couler_handover=0"]
+    if not last:
+        lines += [f'if [ "$couler_rc" -ne 0 ] && [ "$couler_class" = oom ] && '
+                  f'[ "$couler_attempt" -le {policy.limit} ]; then',
+                  "  couler_handover=1",
+                  '  echo "couler: out of memory in attempt $couler_attempt: the next task, with '
+                  'more memory, goes on" >&2',
+                  "fi"]
+    return lines
+
+
+def _rung_script(policy: ir.RetryPolicy, *, last: bool) -> str:
+    """A whole ``/bin/sh -c`` script of one rung (:func:`_rung_lines`): $1 is the class
+    output file, $2 the attempts output file, $3 the attempts made before, then the
+    command. It exits 0 when it hands over, else with the command's exit code."""
+    lines = ['couler_class_out="$1"; couler_attempts_out="$2"; couler_before="$3"; shift 3',
+             *_rung_lines(policy, last=last),
+             '[ "$couler_handover" = 1 ] && exit 0',
+             'exit "$couler_rc"']
+    return "\n".join(lines) + "\n"
+
+
 def _wrapper(outputs: Sequence[ir.OutputParameter], working_dir: str, *,
              gate: tuple[bool, tuple[str, ...]] | None = None,
-             inputs_art: Sequence[str] = (), outputs_art: Sequence[str] = ()) -> str:
+             inputs_art: Sequence[str] = (), outputs_art: Sequence[str] = (),
+             rung: tuple[ir.RetryPolicy, bool] | None = None) -> str:
     """The ``/bin/sh -c`` script: $1..$k are the output files, then the local paths of
     the input and of the output artifacts, then the command.
+
+    With ``rung`` (the retry policy, whether it is the last rung), the step is an attempt
+    task of memory escalation: after the artifact paths come the class and attempts output
+    files and the attempts made before, and the command runs under :func:`_rung_lines`;
+    when it hands over, the outputs are written empty and the script exits 0 at once.
 
     An input artifact is copied to the path the step reads it at before the command
     runs; an output artifact is copied from the path the step wrote it at after the
@@ -211,6 +289,9 @@ def _wrapper(outputs: Sequence[ir.OutputParameter], working_dir: str, *,
         lines.append(f'i{k}="$1"; shift')
     for k in range(len(outputs_art)):
         lines.append(f'a{k}="$1"; shift')
+    if rung is not None:
+        lines.append('couler_class_out="$1"; couler_attempts_out="$2"; couler_before="$3"; '
+                     'shift 3')
     if gate is not None:
         run_on, states = gate
         # protojson puts a space after the colon or not (deliberately unstable): match both
@@ -228,7 +309,19 @@ def _wrapper(outputs: Sequence[ir.OutputParameter], working_dir: str, *,
     if working_dir:
         lines.append(f"cd {shlex.quote(working_dir)} || exit 1")
     stdout = any(o.source is ir.OutputSource.STDOUT for o in outputs)
-    if stdout:
+    if rung is not None:
+        empty = "".join(f'mkdir -p "$(dirname "$o{k}")"; : > "$o{k}"; '
+                        for k in range(len(outputs)))
+        empty += "".join(f'mkdir -p "$a{k}"; ' for k in range(len(outputs_art)))
+        body = _rung_lines(rung[0], last=rung[1])
+        if stdout:
+            lines += ['couler_out=$(mktemp)', "{", *body, '} > "$couler_out"',
+                      'cat "$couler_out"']
+        else:
+            lines += body
+        lines += [f'if [ "$couler_handover" = 1 ]; then {empty}exit 0; fi',
+                  '[ "$couler_rc" -eq 0 ] || exit "$couler_rc"']
+    elif stdout:
         lines += ['couler_out=$(mktemp)', '"$@" > "$couler_out"; rc=$?', 'cat "$couler_out"',
                   '[ "$rc" -eq 0 ] || exit "$rc"']
     else:

@@ -10,7 +10,12 @@ from typing import Any
 
 from couler import ir
 from couler.compilers import emit, entrypoint
-from couler.compilers.kube import dns_settings, resource_requirements, se_linux_options
+from couler.compilers.kube import (
+    dns_settings,
+    memory_levels,
+    resource_requirements,
+    se_linux_options,
+)
 from couler.compilers.tekton import _cache, _job, _ladder, _schedule, _script, _status
 from couler.compilers.tekton.capabilities import (
     API_VERSION,
@@ -610,7 +615,7 @@ class _Compiler:
         """The compute resources of each attempt task of a memory-escalating step, or []."""
         retry = step.retry or self.wf.defaults.retry
         res = step.resources or self.wf.defaults.resources
-        levels = _ladder.memory_levels(retry, res)
+        levels = memory_levels(retry, res)
         if levels and (step.foreach is not None or step.loop is not None):
             raise self._fail(step.name, Feature.MEMORY_ESCALATION,
                              "attempt tasks with more memory are not built for a mapped or "

@@ -19,55 +19,15 @@ from __future__ import annotations
 
 import copy
 import shlex
-from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from couler import ir
 from couler.compilers import entrypoint
-from couler.compilers.kube import resource_requirements
 from couler.compilers.tekton.capabilities import ATTEMPTS_RESULT, EXIT_RESULT, FAILURE_RESULT
-from couler.ir import parse_quantity
 
-__all__ = ["memory_levels", "rung_names", "rungs"]
+__all__ = ["rung_names", "rungs"]
 
 Doc = dict[str, Any]
-
-
-def memory_levels(retry: ir.RetryPolicy | None, res: ir.Resources | None) -> list[Doc]:
-    """The compute resources of each attempt task (the first as written), or [] when
-    there is nothing to escalate (no factor, no memory quantity, or a ceiling reached at
-    once)."""
-    if retry is None or retry.memory_factor is None or res is None or not (
-            res.memory_limit or res.memory_request):
-        return []  # nothing to multiply: every attempt has the same memory
-    factor = Decimal(str(retry.memory_factor))
-    ceiling = parse_quantity(retry.memory_ceiling) if retry.memory_ceiling else None
-
-    def series(quantity: str) -> list[int]:
-        base = parse_quantity(quantity)
-        top = None if ceiling is None else max(ceiling, base)
-        value, out = base, []
-        for _ in range(retry.limit + 1):
-            capped = value if top is None else min(value, top)
-            out.append(int(capped.to_integral_value(ROUND_CEILING)))
-            value *= factor
-        return out
-
-    limits = series(res.memory_limit) if res.memory_limit else []
-    requests = series(res.memory_request) if res.memory_request else []
-    if limits and requests:
-        requests = [min(a, b) for a, b in zip(requests, limits, strict=True)]
-    levels: list[Doc] = [resource_requirements(res)]
-    for k in range(1, retry.limit + 1):
-        if (limits[k:k + 1], requests[k:k + 1]) == (limits[k - 1:k], requests[k - 1:k]):
-            break  # the ceiling is reached: later attempts run in the last task
-        compute = resource_requirements(res)
-        if limits:
-            compute.setdefault("limits", {})["memory"] = str(limits[k])
-        if requests:
-            compute.setdefault("requests", {})["memory"] = str(requests[k])
-        levels.append(compute)
-    return levels if len(levels) > 1 else []
 
 
 def rung_names(step: str, n: int) -> list[str]:
