@@ -84,6 +84,7 @@ dedup ensemble blend featurize calculate raise escalate terminate destroy provis
 enhance upscale decompress untar transfer poll subscribe ensure confirm message alert warn
 notify flag re-train re-run fine-tune pre-train post-process postprocess preprocess route
 probe block halt pause skip abort cancel gate hold quarantine shift revert rollback canary
+switch
 """)
 _ADVERBS = _wordset("then also first next finally afterwards after that and so please "
                      "just only now immediately subsequently lastly later")
@@ -273,6 +274,15 @@ def _schedule(text: str) -> tuple[str, str, str]:
     m = re.search(r"\bevery\s+(\d+)\s+min(?:ute)?s?\b", text, re.I)
     if m is not None:
         return f"*/{int(m.group(1))} * * * *", "", _cut(text, m)
+    m = re.search(r"\bevery\s+other\s+hour\b", text, re.I)
+    if m is not None:
+        return "0 */2 * * *", "", _cut(text, m)
+    m = re.search(r"\b(?:every\s+hour|hourly)\s+at\s+(half|(?:a\s+)?quarter)\s+(past|to)"
+                  r"(?:\s+the\s+hour)?\b", text, re.I)
+    if m is not None:
+        minute = 30 if m.group(1).lower() == "half" else 15
+        return f"{minute if m.group(2).lower() == 'past' else 60 - minute} * * * *", "", \
+            _cut(text, m)
     m = re.search(r"\bevery\s+(?:(\d+|two|three|four|six|eight|twelve)\s+)?hours?\b(?:\s+at\s+"
                   r":?(\d{2})\b)?|(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be)\s+)hourly\b"
                   r"(?:\s+at\s+:?(\d{2})\b(?:\s+(?:minutes\s+)?past(?:\s+the\s+hour)?)?)?|"
@@ -399,7 +409,8 @@ _TIMEOUTS = [
     re.compile(r"\b(?:kill|stop|abort|cancel)\s+(?:any|each|every|the|a)\s+[\w-]+\s+(?:that|which|"
                r"if\s+it|when\s+it)\s+(?:goes|runs|takes|lasts)\s+(?:past|over|beyond|longer\s+"
                r"than|more\s+than)\s+" + _DUR, re.I),
-    re.compile(r"(?:must|should|may)?\s*(?:not|never)\s+(?:run|take|last)\s+(?:any\s+)?"
+    re.compile(r"(?:(?:must|should|may)?\s*(?:not|never)|shouldn'?t|mustn'?t|can'?t|cannot|won'?t)"
+               r"\s+(?:run|take|last)\s+(?:any\s+)?"
                r"(?:longer|more)\s+than\s+" + _DUR, re.I),
     re.compile(r"(?:time\s+out|be\s+killed|abort|stop\s+it)\s+after\s+" + _DUR, re.I),
     re.compile(r"(?:(?:be\s+)?(?:killed|stopped|aborted|cancelled)\s+)?(?:if|when|once)\s+(?:it|they)\s+"
@@ -418,7 +429,8 @@ _GPU_NAMES = r"(?:gpus?|v100s?|a100s?|h100s?|t4s?|l4s?|a10g?s?|rtx\s?\d+s?|cuda\
 _GPUS = [
     re.compile(r"\b" + _NUM + r"\s+(?:nvidia\s+|more\s+)?(?:\w+\s+)?" + _GPU_NAMES + r"\b"
                r"(?:\s+(?:each|per\s+\w+))?", re.I),
-    re.compile(r"\b(?:on|using|with)\s+(?:the\s+|a\s+)?(?:single\s+)?" + _GPU_NAMES + r"\b", re.I),
+    re.compile(r"\b(?:on|using|with)\s+(?:the\s+|a\s+|its\s+own\s+|their\s+own\s+)?(?:single\s+)?"
+               + _GPU_NAMES + r"\b", re.I),
     re.compile(r"\b" + _GPU_NAMES + r"\s+(?:each|per\s+\w+)\b", re.I),
 ]
 _MEMORY = re.compile(r"\b(\d+(?:\.\d+)?)\s*(gi|gib|gb|g|gigs?|gigabytes?|mi|mib|mb|megabytes?|ti|"
@@ -442,7 +454,8 @@ _MAX_PARALLEL = [
     re.compile(r"\b(?:in\s+)?(?:parallel\s+)?(?:batches|groups|waves)\s+of\s+" + _NUM + r"\b",
                re.I),
     re.compile(r"\b(?:no\s+more\s+than|at\s+most|up\s+to|max(?:imum)?(?:\s+of)?|limit(?:ed)?"
-               r"\s+to)\s+" + _NUM + r"\s+(?:\w+\s+){0,2}?(?:at\s+a\s+time|at\s+once|"
+               r"\s+(?:it\s+|them\s+|this\s+)?to)\s+" + _NUM
+               + r"\s+(?:\w+\s+){0,2}?(?:at\s+a\s+time|at\s+once|"
                r"(?:running\s+|run\s+)?(?:concurrently|in\s+parallel|simultaneously|in\s+flight|together|"
                r"concurrent(?:\s+\w+)?|parallel\s+\w+))\b", re.I),
     re.compile(r"\b" + _NUM + r"\s+(?:\w+\s+){0,2}?at\s+a\s+time\b", re.I),
@@ -610,7 +623,7 @@ _HOOK_EXIT = re.compile(
     r"^\s*(?:and\s+)?(?:(?:when|whenever|once|after)\s+(?:the\s+)?(?:whole\s+)?(?:workflow|run|pipeline|"
     r"job|dag)\s+(?:ends|finishes|completes|is\s+(?:done|over|finished))\s*,?\s*)?(?:whatever\s+(?:the\s+)?(?:outcome|result|happens)|regardless\s+of\s+"
     r"(?:the\s+)?(?:outcome|result|status)|no\s+matter\s+(?:what(?:\s+happens)?|the\s+outcome|"
-    r"how\s+it\s+ends)|in\s+(?:any|every|all)\s+cases?|always|success\s+or\s+(?:not|failure)|pass\s+or\s+fail|"
+    r"how\s+(?:it|they|things|the\s+[\w-]+(?:\s+[\w-]+)?)\s+(?:ends?|goes|turns\s+out))|in\s+(?:any|every|all)\s+cases?|always|success\s+or\s+(?:not|failure)|pass\s+or\s+fail|"
     r"whether\s+(?:it|they|this|that|everything|(?:the|all)\s+[\w-]+)\s+(?:succeeds?|passes|works|"
     r"fails?)\s+or\s+(?:not|fails?|succeeds?)|"
     r"(?:at\s+the\s+end|when\s+(?:the\s+)?(?:workflow|run|pipeline|job|dag)\s+(?:ends|"
@@ -1017,6 +1030,7 @@ def parse_request(text: str) -> Request:
             if _first_verb(first)[0] and first in sentence.split(":")[0]:
                 heading = _unmask(first, kept)
                 clauses = clauses[1:]
+                _note_counts(state, first)
         # "Active learning for the wafer classifier (ResNet-50): send …, retrain …": a
         # heading without a verb names what the steps work on
         topic = ""
@@ -1059,6 +1073,7 @@ def _normalize(text: str) -> str:
     and "4x A100" (4 GPUs), "retry up to 6x" (6 times), a list set off by dashes
     ("for each region — us, eu, apac — run …": a parenthesized list)."""
     text = re.sub(r"\bw/o\b", "without", text, flags=re.I)
+    text = re.sub(r"\bfall\s+back\s+to\b", "switch to", text, flags=re.I)
     text = re.sub(r"\bw/(?=\s|\d)", "with", text, flags=re.I)
     text = re.sub(r"\b(" + _GPU_NAMES + r")\s*[x\u00d7]\s*(\d+)\b", r"\2 \1", text, flags=re.I)
     text = re.sub(r"\b(\d+)\s*[x\u00d7]\s*(?=" + _GPU_NAMES + r"\b)", r"\1 ", text, flags=re.I)
@@ -1219,6 +1234,13 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
                     head, sep, action = bare.group(1), ",", bare.group(3)
                     expected_verb = True
             comp = _comparison(head) if sep else None
+            late = _comparison(clause[start:]) if not sep else None
+            if (late is not None and late[2] and out.tasks and out.tasks[-1].condition is None
+                    and not out.tasks[-1].hook and not meanwhile):
+                # "…, unless the validation run reports more than 20 failed expectations"
+                out.tasks[-1].condition = _condition_text(
+                    _negate(late) if unless else Condition(*late), kept, source=original)
+                return sentence_condition, scope
             if comp is not None:
                 clause = action
                 condition = _condition_text(_negate(comp) if unless else Condition(*comp),
@@ -1262,7 +1284,18 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     if before is not None and _gerund_to_verb(before.group(1)) in VERBS:
         after_text = f"{_gerund_to_verb(before.group(1))} {before.group(2)}"
         clause = clause[: before.start()]
-    if re.match(r"^(?:and\s+)?(?:do\s+not|don't|never|avoid)\b", clause, re.I):
+    negated = re.match(r"^\s*(?:and\s+)?(?:do\s+not|don't|never|avoid)\b\s*(.*)$", clause, re.I)
+    if negated is not None:
+        target = (_referenced(out.tasks, _unmask(negated.group(1), kept))
+                  if condition is not None and not condition.otherwise else None)
+        if condition is not None and target is not None and target.condition is None:
+            # "if AUC falls below 0.7, don't write the scores; alert … instead": the step
+            # named runs only when the condition does not hold
+            target.condition = Condition(condition.metric, _NEGATED_OPS[condition.op],
+                                         condition.value, False, condition.source)
+            out.notes.append(f"read {original.strip()!r} as: {target.verb} "
+                             f"{target.obj.strip()[:40]!r} runs only otherwise")
+            return condition, scope
         out.notes.append(f"not a step: {_unmask(clause, kept).strip()!r}")
         return sentence_condition, scope
     keep = re.match(r"^\s*(?:and\s+)?(?:keep|continue|repeat)\s+(?:on\s+)?([\w-]+ing)\b", clause,
@@ -1296,6 +1329,11 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         if not mods.any() and not loop_max:
             return sentence_condition, scope
     if not verb:
+        _no_verb(out, state, clause, kept, mods=mods, loop_max=loop_max, loop_until=loop_until,
+                 condition=condition)
+        return sentence_condition, scope
+    if verb in _WEAK_VERBS and mods.any() and out.tasks and not (
+            _content(obj) - {"memory", "ram", "gpus", "gpu", "cores", "cpus", "total"}):
         _no_verb(out, state, clause, kept, mods=mods, loop_max=loop_max, loop_until=loop_until,
                  condition=condition)
         return sentence_condition, scope
@@ -1439,6 +1477,14 @@ _WHOLE_RUN = re.compile(r"\b(?:whole|entire|overall|in\s+total|end[\s-]to[\s-]en
                         r"(?:of\s+it|together)|the\s+(?:workflow|pipeline|run|dag))\b", re.I)
 
 
+def _note_counts(state: _State, text: str) -> None:
+    """Remember "12 distribution centers", "the 40 shards" for a later "for each center"."""
+    for count in re.finditer(r"\b(\d+|" + _NUM[1:-1] + r")\s+(?:[\w-]+\s+){0,3}?([a-z][\w-]*s)\b",
+                             text, re.I):
+        if _num(count.group(1)) >= 2:
+            state.counts.setdefault(stem(count.group(2)), _num(count.group(1)))
+
+
 def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods: _Mods,
              loop_max: int, loop_until: Condition | None, condition: Condition | None) -> None:
     """A clause without an imperative verb: modifiers of a named step, or context."""
@@ -1470,10 +1516,7 @@ def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods:
     if condition is not None:
         out.unplaced.append(text)
         return
-    for count in re.finditer(r"\b(\d+|" + _NUM[1:-1] + r")\s+(?:[\w-]+\s+){0,3}?([a-z][\w-]*?)s\b",
-                             clause, re.I):
-        if _num(count.group(1)) >= 2:
-            state.counts.setdefault(stem(count.group(2)), _num(count.group(1)))
+    _note_counts(state, clause)
     names = _NAMES.search(clause)
     if names is not None:
         state.context_items = [_unmask(n, kept) for n in _split_list(names.group(1))]
@@ -1514,7 +1557,8 @@ def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trial
         n = _num(counted.group(1))
         state.counts[stem(counted.group(2))] = n
         return [f"{stem(counted.group(2))}-{i}" for i in range(1, n + 1)], obj, 0
-    batches = re.search(r"\b(?:in|into|as|across)\s+(\d+|" + _NUM[1:-1] + r")\s+(?:[\w-]+\s+)?"
+    batches = re.search(r"\b(?:in|into|as|across|over\s+(?:the\s+|all\s+)?)\s*(\d+|" + _NUM[1:-1]
+                        + r")\s+(?:[\w-]+\s+)?"
                         r"(batches|shards|workers|nodes|machines|pods|processes|executors|"
                         r"chunks|parts|partitions|waves|groups|pieces|folds|jobs|splits)\b",
                         obj, re.I)
@@ -1527,6 +1571,8 @@ def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trial
     if fan_trials:
         return [f"trial-{i}" for i in range(1, fan_trials + 1)], obj, 0
     items = _count(obj, state.counts, per)
+    if not items and per is not None and state.context_items:
+        items = list(state.context_items)
     if not items and (mods.max_parallel or per is not None):
         # "the 200 recordings, 25 at a time", "the 6 regional models, one job per region"
         many = re.search(r"(?:\b(?:the|all|these|our|its|their|for)\s+(?:all\s+)?|\()(\d[\d,]*|"
