@@ -91,13 +91,28 @@ def test_script_output_feeds_container_args_and_path_outputs(engine: LocalEngine
     assert record["state"] == "succeeded"
 
 
-def test_diamond_runs_middle_steps_in_parallel(engine: LocalEngine) -> None:
-    nap = "import time; time.sleep(0.8)"
+def rendezvous(where: Path, me: str, other: str) -> str:
+    """Source of a step that marks it started, then holds until ``other`` has started too
+    (a barrier: it fails after 120 s if ``other`` never runs alongside it)."""
+    return (f"import pathlib, time\n"
+            f"d = pathlib.Path({str(where)!r})\n"
+            f"(d / {me!r}).touch()\n"
+            f"deadline = time.monotonic() + 120\n"
+            f"while not (d / {other!r}).exists():\n"
+            f"    if time.monotonic() > deadline:\n"
+            f"        raise SystemExit({other!r} + ' never ran alongside')\n"
+            f"    time.sleep(0.02)\n")
+
+
+def test_diamond_runs_middle_steps_in_parallel(engine: LocalEngine, tmp_path: Path) -> None:
+    where = tmp_path / "started"
+    where.mkdir()
     status = engine.run(wf(
         "diamond", script("a", "pass"),
-        script("b", nap, dependencies=after("a")), script("c", nap, dependencies=after("a")),
+        script("b", rendezvous(where, "b", "c"), dependencies=after("a")),
+        script("c", rendezvous(where, "c", "b"), dependencies=after("a")),
         script("d", "pass", dependencies=after("b", "c"))))
-    assert status.state is RunState.SUCCEEDED
+    assert status.state is RunState.SUCCEEDED, status.message  # each waited for the other
     b, c, d = (by_key(status, n) for n in "bcd")
     assert b.started_at and c.started_at and b.finished_at and c.finished_at and d.started_at
     assert b.started_at < c.finished_at and c.started_at < b.finished_at  # overlapped
