@@ -5,7 +5,8 @@ For each program (``tests/conformance/programs``) and each engine in
 Tekton, Airflow in-process; KFP in one ``.venv-kfp`` subprocess; the local and
 Ray engines through ``check_capabilities``) or ``unsupported: <feature>``.
 Programs are also run on the local engine (``ran`` when it succeeds there) and
-their final states and outputs compared with ``expected.json``.
+their final states and outputs compared with the answers written from the semantics
+(:data:`tests.conformance.expected.EXPECTED`).
 
 :func:`render_results` builds the engine x program and engine x feature tables
 written to ``RESULTS.md`` by ``scripts/conformance_table.py``.
@@ -34,11 +35,13 @@ from couler.engines.base import (
 )
 from couler.errors import InsufficientResourcesError, UnsupportedFeatureError
 
+from .expected import EXPECTED
 from .loader import PROGRAMS, load_program, program_paths
 
 __all__ = [
     "EXPECTED",
     "KFP_PYTHON",
+    "LOCAL_GPUS",
     "LOCAL_SECRETS",
     "RESULTS",
     "Outcome",
@@ -55,11 +58,13 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-EXPECTED = HERE / "expected.json"
 RESULTS = HERE / "RESULTS.md"
 KFP_PYTHON = ROOT / ".venv-kfp" / "bin" / "python"
 # Secret values the local engine resolves for programs/secrets.py.
 LOCAL_SECRETS: Mapping[tuple[str, str], str] = {("conformance-creds", "TOKEN"): "s3cr3t"}
+# The one GPU the local engine is given (a device UUID it hands the step in
+# CUDA_VISIBLE_DEVICES; programs/gpu.py only asks for one), whatever the machine has.
+LOCAL_GPUS = ("GPU-00000000-0000-4000-8000-c0c0c0c0c0c0",)
 IN_PROCESS = ("argo", "tekton", "airflow")
 CHECK_ONLY = ("local", "ray")
 
@@ -166,13 +171,14 @@ def run_local(wf: ir.Workflow, work_dir: Path,
     ``{"state": "refused", "resource": ...}`` (the machine lacks what a step requests).
 
     ``workflows`` are the ones a sub-workflow reference may name (the other programs). The
-    engine is given no GPUs, whatever the machine has, so the results do not depend on it
-    (tests/integration/test_local_gpus.py runs the GPU program with devices).
+    engine is given the device :data:`LOCAL_GPUS`, whatever the machine has, so the results
+    do not depend on it (tests/integration/test_local_gpus.py checks the refusal of a
+    request above the machine).
     """
     from couler_runtime.local import LocalEngine
 
     engine = LocalEngine(work_dir, max_workers=4, secrets=LOCAL_SECRETS, workflows=workflows,
-                         gpus=())
+                         gpus=LOCAL_GPUS)
     try:
         return summarize(engine.run(wf))
     except UnsupportedFeatureError as exc:
@@ -190,7 +196,7 @@ def summarize(status: RunStatus) -> dict[str, Any]:
 
 
 def matches(expected: Mapping[str, Any], actual: Mapping[str, Any]) -> list[str]:
-    """Differences between an expected.json entry and a run summary.
+    """Differences between an :data:`EXPECTED` entry and a run summary.
 
     The run state and the set of steps must be equal; per step the state must
     match and every listed output must have the listed value (unlisted outputs

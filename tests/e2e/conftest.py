@@ -272,35 +272,72 @@ def script(name: str, source: str, **kw: Any) -> ir.Step:
     return ir.Step(name=name, body=ir.ScriptSpec(image=PY, source=source), **kw)
 
 
-def marked_source(step: str, marks: Path, work: str) -> str:
+GATE_DEADLINE = 600  # seconds a gated step waits for its release before failing (a hang)
+
+
+def marked_source(step: str, marks: Path, work: str = "pass", gate: Path | None = None) -> str:
     """Source of a step that logs ``start``/``end`` lines (with its pid) to ``marks/step``:
-    an execution on disk that no engine bookkeeping can hide or invent."""
+    an execution on disk that no engine bookkeeping can hide or invent.
+
+    With ``gate``, the step holds between its ``start`` and ``end`` lines until the file
+    ``gate`` exists (:func:`release`): a barrier the test opens, so the step is running
+    at a kill however slow the machine is -- never a sleep length. A gate never opened
+    fails the step after :data:`GATE_DEADLINE` s.
+    """
     path = str(marks / step)
+    hold = "" if gate is None else (
+        f"deadline = time.monotonic() + {GATE_DEADLINE}\n"
+        f"while not os.path.exists({str(gate)!r}):\n"
+        f"    if time.monotonic() > deadline:\n"
+        f"        raise SystemExit('gate {step} never released')\n"
+        f"    time.sleep(0.02)\n")
     return (f"import os, time\n"
             f"open({path!r}, 'a').write(f'start {{os.getpid()}} {{time.time()}}\\n')\n"
+            f"{hold}"
             f"{work}\n"
             f"open({path!r}, 'a').write(f'end {{os.getpid()}} {{time.time()}}\\n')\n"
             f"print('{step} ok')")
 
 
-def marked_workflow(name: str, marks: Path, sleep: float,
-                    first_sleep: float | None = None) -> ir.Workflow:
-    """``prepare`` (sleeps ``first_sleep``, default ``sleep``) → ``train-a`` and ``train-b``
-    (sleep) → ``pick``; every step marks its executions in ``marks`` (one directory per
-    workflow)."""
+def gates_of(marks: Path) -> Path:
+    """The directory of the release files of the steps marking into ``marks``."""
+    return marks.parent / f"{marks.name}.gates"
+
+
+def release(marks: Path, *steps: str) -> None:
+    """Open the gates of ``steps`` (all of the workflow's when none is named): a held step
+    goes on to its end, and a later execution of it passes at once."""
+    gates = gates_of(marks)
+    gates.mkdir(parents=True, exist_ok=True)
+    for step in steps or MARKED_STEPS:
+        (gates / step).touch()
+
+
+def started(marks: Path, step: str) -> bool:
+    """Whether an execution of ``step`` wrote its ``start`` line."""
+    path = marks / step
+    return path.exists() and any(line.startswith("start")
+                                 for line in path.read_text().splitlines())
+
+
+MARKED_STEPS = ("prepare", "train-a", "train-b", "pick")
+
+
+def marked_workflow(name: str, marks: Path) -> ir.Workflow:
+    """``prepare`` → ``train-a`` and ``train-b`` → ``pick``; every step marks its
+    executions in ``marks`` (one directory per workflow) and holds at its gate until the
+    test releases it (:func:`release`)."""
     marks.mkdir(parents=True, exist_ok=True)
+    gates = gates_of(marks)
     out = (ir.OutputParameter("said", source=ir.OutputSource.STDOUT),)
-    nap = f"time.sleep({sleep})"
-    first = f"time.sleep({sleep if first_sleep is None else first_sleep})"
+
+    def step(name: str, *after: str) -> ir.Step:
+        return script(name, marked_source(name, marks, gate=gates / name), outputs=out,
+                      dependencies=tuple(ir.Dependency(a) for a in after))
+
     return ir.Workflow(name=name, steps=(
-        script("prepare", marked_source("prepare", marks, first), outputs=out),
-        script("train-a", marked_source("train-a", marks, nap), outputs=out,
-               dependencies=(ir.Dependency("prepare"),)),
-        script("train-b", marked_source("train-b", marks, nap), outputs=out,
-               dependencies=(ir.Dependency("prepare"),)),
-        script("pick", marked_source("pick", marks, "pass"), outputs=out,
-               dependencies=(ir.Dependency("train-a"), ir.Dependency("train-b"))),
-    ))
+        step("prepare"), step("train-a", "prepare"), step("train-b", "prepare"),
+        step("pick", "train-a", "train-b")))
 
 
 def marks(directory: Path) -> dict[str, list[str]]:

@@ -1,11 +1,12 @@
 """Nothing lost: SIGKILL each process of the stack while workflows are in flight.
 
 For each service (and for NATS) a test submits a mix of workflows -- program workflows
-(IR) whose steps sleep so that they are running at the kill, and text requests submitted
-right before the kill so that they are being generated / optimized -- kills the process
-with SIGKILL and lets the stack's supervisor start it again (same ports, same store; no
-test code restarts anything), checks that ``couler status`` reports the restart, and
-asserts:
+(IR) whose steps hold at a gate (a release file the test creates, never a sleep length),
+so that they are running at the kill, and text requests submitted right before the kill
+so that they are being generated / optimized -- waits until a step has written its
+``start`` mark, kills the process with SIGKILL and lets the stack's supervisor start it
+again (same ports, same store; no test code restarts anything), checks that ``couler
+status`` reports the restart, releases the gates, and asserts:
 
 1. every run ends SUCCEEDED, every step SUCCEEDED (or CACHED);
 2. **no step run twice for the same attempt**, counted in three independent places:
@@ -54,6 +55,7 @@ from .conftest import (
     couler_status,
     crash,
     execution_dirs,
+    gates_of,
     get,
     gone,
     journal,
@@ -62,8 +64,10 @@ from .conftest import (
     marks,
     outbox_rows,
     outbox_set_aside,
+    release,
     restarted,
     script,
+    started,
     stored_events,
     unique,
     wait_finished,
@@ -77,10 +81,10 @@ TEXT = "train an XGBoost and a LightGBM model on {table}, evaluate both, keep th
 
 
 def _submit_batch(live: Stack, marks_root: Path, *, programs: int = 2, texts: int = 2,
-                  sleep: float = 1.5, first_sleep: float | None = None,
                   ) -> tuple[dict[str, Path | None], str]:
-    """Submit program workflows, wait until one of them has a step running, then submit
-    the text requests (so they are being planned at the kill). Run id -> marker dir."""
+    """Submit program workflows (their steps hold at their gates), wait until the first
+    one's ``prepare`` has written its ``start`` mark, then submit the text requests (so
+    they are being planned at the kill). Run id -> marker dir; the first run's id."""
     runs: dict[str, Path | None] = {}
     # new tables (nothing cached), written first: the requests must follow the running step
     tables = [write_table(marks_root / f"table-{uuid.uuid4().hex[:6]}.csv")
@@ -88,20 +92,23 @@ def _submit_batch(live: Stack, marks_root: Path, *, programs: int = 2, texts: in
     for _ in range(programs):
         name = unique("nothing-lost")
         directory = marks_root / name
-        sub = live.client.submitter.submit(
-            marked_workflow(name, directory, sleep, first_sleep))
+        sub = live.client.submitter.submit(marked_workflow(name, directory))
         assert sub.created
         runs[sub.run_id] = directory
     first = next(iter(runs))
-
-    def running() -> bool:
-        return any(s.state is StepState.RUNNING for s in get(live.client, first).steps)
-
-    wait_until(running, f"run {first}: a step running")
+    held = runs[first]
+    assert held is not None
+    wait_until(lambda: started(held, "prepare"), f"run {first}: prepare started")
     for table in tables:
         sub = live.client.submitter.submit(TEXT.format(table=table))
         runs[sub.run_id] = None
     return runs, first
+
+
+def _release_all(runs: dict[str, Path | None]) -> None:
+    for directory in runs.values():
+        if directory is not None:
+            release(directory)
 
 
 def _check(live: Stack, runs: dict[str, Path | None], killed: str) -> None:
@@ -211,20 +218,21 @@ def marks_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("name", ["generator", "optimizer", "cache", "monitor", "submitter"])
 def test_sigkill_a_service_mid_flight_loses_nothing(
         live: Stack, marks_root: Path, name: str) -> None:
-    # For the submitter, the first steps sleep longer than its restart takes, so that the
-    # kill interrupts them (see the next test for a step that ends while it is down).
-    runs, first = _submit_batch(live, marks_root,
-                                first_sleep=6.0 if name == "submitter" else None)
+    # The steps hold until released after the restart: the kill interrupts the running
+    # ones (for the submitter: they die with it and run again).
+    runs, first = _submit_batch(live, marks_root)
     # in flight: the first program run has a step running, the text requests are planning
     assert not get(live.client, first).state.terminal
     _kill(live, name)
+    _release_all(runs)
     _check(live, runs, name)
 
 
 def test_sigkill_nats_mid_run_loses_nothing(live: Stack, marks_root: Path) -> None:
-    runs, first = _submit_batch(live, marks_root, sleep=2.0)
+    runs, first = _submit_batch(live, marks_root)
     assert not get(live.client, first).state.terminal
     _kill(live, "nats")
+    _release_all(runs)
     _check(live, runs, "nats")
 
 
@@ -235,9 +243,8 @@ def test_a_step_running_at_a_submitter_crash_dies_with_it_and_runs_again_as_atte
     recorded). The resumed run runs it again as attempt 2; it ends exactly once."""
     name = unique("killed-with-submitter")
     directory = marks_root / name
-    sub = live.client.submitter.submit(marked_workflow(name, directory, 0.2, first_sleep=4.0))
-    wait_until(lambda: bool(marks(directory).get("prepare")),
-               f"run {sub.run_id}: prepare started")
+    sub = live.client.submitter.submit(marked_workflow(name, directory))
+    wait_until(lambda: started(directory, "prepare"), f"run {sub.run_id}: prepare started")
     step_pid = int(marks(directory)["prepare"][0].split()[1])
     assert not gone(step_pid)
     before = live.record("submitter")
@@ -245,6 +252,7 @@ def test_a_step_running_at_a_submitter_crash_dies_with_it_and_runs_again_as_atte
     wait_until(lambda: gone(step_pid), "the step process gone with the submitter")
     assert not any(x.startswith("end") for x in marks(directory)["prepare"])
     restarted(live, "submitter", before)
+    release(directory)
     run = wait_finished(live.client, [sub.run_id])[sub.run_id]
     assert run.state is RunState.SUCCEEDED, run.message
     seen = marks(directory)
@@ -259,18 +267,20 @@ def test_a_second_submitter_crash_does_not_rerun_a_step_the_first_resume_finishe
     """Two crashes of the submitter in one run: what the first resumed run finished stays
     finished. ``x`` is interrupted by the first crash (after twelve quick steps, so the
     first run's journal is long), runs again to its end in the resumed run, then ``y1``
-    ends and ``y2`` is running at the second crash: after it, ``x`` must not run again."""
+    ends and ``y2`` is running at the second crash: after it, ``x`` must not run again.
+    ``x``, ``y1`` and ``y2`` hold at their gates until the test releases each."""
     name = unique("two-crashes")
     directory = marks_root / name
     directory.mkdir(parents=True)
+    gates = gates_of(directory)
     out = (ir.OutputParameter("said", source=ir.OutputSource.STDOUT),)
-    quick = tuple(script(f"p{i:02d}", marked_source(f"p{i:02d}", directory, "pass"),
+    quick = tuple(script(f"p{i:02d}", marked_source(f"p{i:02d}", directory),
                          outputs=out) for i in range(12))
-    x = script("x", marked_source("x", directory, "time.sleep(3)"), outputs=out,
+    x = script("x", marked_source("x", directory, gate=gates / "x"), outputs=out,
                dependencies=tuple(ir.Dependency(s.name) for s in quick))
-    y1 = script("y1", marked_source("y1", directory, "time.sleep(1.5)"), outputs=out,
+    y1 = script("y1", marked_source("y1", directory, gate=gates / "y1"), outputs=out,
                 dependencies=(ir.Dependency("x"),))
-    y2 = script("y2", marked_source("y2", directory, "time.sleep(5)"), outputs=out,
+    y2 = script("y2", marked_source("y2", directory, gate=gates / "y2"), outputs=out,
                 dependencies=(ir.Dependency("x"),))
     sub = live.client.submitter.submit(ir.Workflow(name=name, steps=(*quick, x, y1, y2)))
 
@@ -278,12 +288,15 @@ def test_a_second_submitter_crash_does_not_rerun_a_step_the_first_resume_finishe
         return lambda: any(line.startswith(what) for line in marks(directory).get(step, []))
 
     wait_until(wrote("x", "start"), "x started")
-    _kill(live, "submitter")  # x interrupted
+    _kill(live, "submitter")  # x interrupted (held at its gate)
+    release(directory, "x", "y1")  # x runs again to its end, then y1 ends; y2 holds
     wait_until(wrote("y1", "end"), "y1 ended in the resumed run")
     wait_until(lambda: get(live.client, sub.run_id).step("y1").state is StepState.SUCCEEDED,
                "y1 recorded")
+    wait_until(wrote("y2", "start"), "y2 started")
     assert not wrote("y2", "end")()
-    _kill(live, "submitter")  # y2 interrupted
+    _kill(live, "submitter")  # y2 interrupted (held at its gate)
+    release(directory, "y2")
     run = wait_finished(live.client, [sub.run_id])[sub.run_id]
     assert run.state is RunState.SUCCEEDED, run.message
     seen = marks(directory)

@@ -39,6 +39,8 @@ from .conftest import (
     marks,
     ml_env,
     recorded_pids,
+    release,
+    started,
     unique,
     wait_until,
     write_table,
@@ -398,16 +400,16 @@ def test_restart_the_submitter_while_a_run_is_in_flight(cli: CliStack, tmp_path:
     before = cli.info.processes["submitter"]
     name = unique("restarted")
     with CoulerClient(cli.info.addresses, token=cli.info.token) as client:
-        sub = client.submitter.submit(marked_workflow(name, tmp_path / name, 1.5))
-        wait_until(lambda: any(s.state is StepState.RUNNING
-                               for s in client.submitter.get(sub.run_id).steps),
-                   "a step running")
+        sub = client.submitter.submit(marked_workflow(name, tmp_path / name))
+        # prepare holds at its gate: running at the restart, released after it
+        wait_until(lambda: started(tmp_path / name, "prepare"), "prepare started")
         done = cli.couler("restart", "submitter")
         assert done.returncode == 0, done.stderr
         after = cli.info.processes["submitter"]
         assert f"submitter restarted: pid {after.pid} on {cli.info.grpc_address}" in done.stdout
         assert after.pid != before.pid and after.restarts == before.restarts + 1
         assert after.last_exit == "exit status 0"  # it stopped cleanly on SIGTERM
+        release(tmp_path / name)
         run = client.submitter.wait(sub.run_id, timeout=120)
     assert run.state is RunState.SUCCEEDED, run.message
     ended = {step: sum(1 for line in lines if line.startswith("end"))

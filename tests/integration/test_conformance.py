@@ -5,13 +5,14 @@ Each program x engine is compiled (Argo, Tekton, Airflow in-process; KFP in one
 rejected with an ``UnsupportedFeatureError`` naming a feature the engine's
 ``CAPABILITIES`` marks unsupported -- never another exception. Compiled Argo and
 Tekton documents must validate against their schemas. Every program also runs
-on the local engine and must reach the states and outputs in expected.json.
+on the local engine and must reach the states and outputs written from the semantics
+(tests/conformance/expected.py), or be refused for a feature the local engine's
+``CAPABILITIES`` declare unsupported (``LOCAL_REFUSES``).
 The tables (``pytest -s`` prints them) must match tests/conformance/RESULTS.md.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,14 @@ import pytest
 from couler.engines.base import Feature, Support
 from tests.argo_schema import assert_valid_argo
 from tests.conformance import harness
+from tests.conformance.expected import EXPECTED
 from tests.conformance.loader import load_program, program_paths
 from tests.unit.test_tekton_compiler import schema_errors as tekton_schema_errors
 
 PROGRAMS = [p.stem for p in program_paths()]
 ENGINES = harness.engines()
-EXPECTED: dict[str, Any] = json.loads(harness.EXPECTED.read_text(encoding="utf-8"))
+# Programs the local engine cannot express: refused when run, naming the feature.
+LOCAL_REFUSES: dict[str, str] = {"job_step": "job step (Kubernetes resource)"}
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +92,13 @@ def test_compiled_or_unsupported(results: harness.Results, engine: str, program:
 
 @pytest.mark.parametrize("program", PROGRAMS)
 def test_local_run_matches_expected(results: harness.Results, program: str) -> None:
-    assert harness.matches(EXPECTED[program], results.local_runs[program]) == []
+    actual: dict[str, Any] = results.local_runs[program]
+    if program in LOCAL_REFUSES:
+        feature = LOCAL_REFUSES[program]
+        assert actual == {"state": "unsupported", "feature": feature}
+        assert results.outcomes[("local", program)].feature == feature
+        return
+    assert harness.matches(EXPECTED[program], actual) == []
 
 
 def test_results_md_is_up_to_date(results: harness.Results) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from couler.errors import (
 from couler.optimize import DEFAULT_RETRY
 from couler.optimize.cache_key import workflow_keys
 from couler_runtime.local import CAPABILITIES, LocalEngine, LocalRun, Reuse
+from tests.waiting import eventually
 from tests.workflows import make_and_use
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "programs"
@@ -91,13 +91,28 @@ def test_script_output_feeds_container_args_and_path_outputs(engine: LocalEngine
     assert record["state"] == "succeeded"
 
 
-def test_diamond_runs_middle_steps_in_parallel(engine: LocalEngine) -> None:
-    nap = "import time; time.sleep(0.8)"
+def rendezvous(where: Path, me: str, other: str) -> str:
+    """Source of a step that marks it started, then holds until ``other`` has started too
+    (a barrier: it fails after 120 s if ``other`` never runs alongside it)."""
+    return (f"import pathlib, time\n"
+            f"d = pathlib.Path({str(where)!r})\n"
+            f"(d / {me!r}).touch()\n"
+            f"deadline = time.monotonic() + 120\n"
+            f"while not (d / {other!r}).exists():\n"
+            f"    if time.monotonic() > deadline:\n"
+            f"        raise SystemExit({other!r} + ' never ran alongside')\n"
+            f"    time.sleep(0.02)\n")
+
+
+def test_diamond_runs_middle_steps_in_parallel(engine: LocalEngine, tmp_path: Path) -> None:
+    where = tmp_path / "started"
+    where.mkdir()
     status = engine.run(wf(
         "diamond", script("a", "pass"),
-        script("b", nap, dependencies=after("a")), script("c", nap, dependencies=after("a")),
+        script("b", rendezvous(where, "b", "c"), dependencies=after("a")),
+        script("c", rendezvous(where, "c", "b"), dependencies=after("a")),
         script("d", "pass", dependencies=after("b", "c"))))
-    assert status.state is RunState.SUCCEEDED
+    assert status.state is RunState.SUCCEEDED, status.message  # each waited for the other
     b, c, d = (by_key(status, n) for n in "bcd")
     assert b.started_at and c.started_at and b.finished_at and c.finished_at and d.started_at
     assert b.started_at < c.finished_at and c.started_at < b.finished_at  # overlapped
@@ -391,26 +406,24 @@ def test_process_that_cannot_start_is_infra(engine: LocalEngine) -> None:
     assert "cannot start" in step.message
 
 
-def test_timeout_kills_the_step(engine: LocalEngine) -> None:
-    t0 = time.monotonic()
-    status = engine.run(wf("timeout", container("slow", "sh", "-c", "sleep 30; echo x",
+def test_timeout_kills_the_step(engine: LocalEngine, tmp_path: Path) -> None:
+    end = tmp_path / "reached-the-end"
+    status = engine.run(wf("timeout", container("slow", "sh", "-c", f"sleep 30; touch {end}",
                                                 timeout_seconds=1)))
-    assert time.monotonic() - t0 < 10
     step = by_key(status, "slow")
     assert step.state is StepState.FAILED and "timed out" in step.message
+    assert not end.exists()  # killed at its timeout: the run did not wait for its end
 
 
-def test_cancel_running_workflow(engine: LocalEngine) -> None:
-    handle = engine.start(wf("cancel", container("sleep", "sleep", "30"),
+def test_cancel_running_workflow(engine: LocalEngine, tmp_path: Path) -> None:
+    end = tmp_path / "reached-the-end"
+    handle = engine.start(wf("cancel", container("sleep", "sh", "-c", f"sleep 30; touch {end}"),
                              container("next", "true", dependencies=after("sleep"))))
-    deadline = time.monotonic() + 30
-    while by_state(handle.status(), "sleep") is not StepState.RUNNING:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    t0 = time.monotonic()
-    threading.Timer(0.2, handle.cancel).start()
-    status = handle.wait(timeout=10)
-    assert time.monotonic() - t0 < 10
+    eventually(lambda: by_state(handle.status(), "sleep") is StepState.RUNNING,
+               "the step running")
+    handle.cancel()
+    status = handle.wait(timeout=120)
+    assert not end.exists()  # its process was killed, not waited for
     assert status.state is RunState.CANCELLED
     assert by_key(status, "sleep").state is StepState.CANCELLED
     assert by_key(status, "next").state is StepState.CANCELLED

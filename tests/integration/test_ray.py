@@ -20,7 +20,7 @@ from couler_runtime.ray import RayExecutor
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "ray_engine" / "run_in_netns.sh"
-EXPECTED_PASSED = 67  # tests in tests/ray_engine/check_*.py (parametrized cases included)
+EXPECTED_PASSED = 68  # tests in tests/ray_engine/check_*.py (parametrized cases included)
 
 
 def test_ray_executor_checks_pass_inside_a_network_namespace() -> None:

@@ -228,12 +228,22 @@ def declaring(wf: ir.Workflow, *names: str) -> ir.Workflow:
     return dataclasses.replace(wf, parameters=(*wf.parameters, *params))
 
 
-def marker_workflow(name: str, marker: Path, *, second: str = "", sleep: float = 0) -> ir.Workflow:
-    """``first`` appends a line to ``marker``; ``second`` (after it) runs ``second`` code."""
+def marker_workflow(name: str, marker: Path, *, second: str = "", sleep: float = 0,
+                    gate: Path | None = None) -> ir.Workflow:
+    """``first`` appends a line to ``marker``; ``second`` (after it) runs ``second`` code,
+    or marks its start and end, between them sleeping ``sleep`` s (a step that runs until
+    it is killed) or, with ``gate``, holding until the file ``gate`` exists: a barrier the
+    test releases (at most 300 s, then it fails)."""
     first = script("first", f"open({str(marker)!r}, 'a').write('first\\n')\nprint('one')",
                    outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),))
-    body = second or (f"import time\nopen({str(marker)!r}, 'a').write('second-start\\n')\n"
-                      f"time.sleep({sleep})\nopen({str(marker)!r}, 'a').write('second-end\\n')")
+    hold = (f"time.sleep({sleep})\n" if gate is None else
+            f"deadline = time.monotonic() + 300\n"
+            f"while not os.path.exists({str(gate)!r}):\n"
+            f"    if time.monotonic() > deadline:\n"
+            f"        raise SystemExit('never released')\n"
+            f"    time.sleep(0.02)\n")
+    body = second or (f"import os, time\nopen({str(marker)!r}, 'a').write('second-start\\n')\n"
+                      f"{hold}open({str(marker)!r}, 'a').write('second-end\\n')")
     return ir.Workflow(name=name, steps=(
         first, script("second", body, dependencies=(ir.Dependency("first"),))))
 
@@ -691,10 +701,15 @@ class TestService:
     def test_a_redelivered_plan_starts_nothing_twice(
             self, client: CoulerClient, nats_server: NatsServer, state: Path,
             tmp_path: Path) -> None:
-        wf = marker_workflow(unique("twice"), tmp_path / "m", sleep=1)
+        gate = tmp_path / "release"
+        wf = marker_workflow(unique("twice"), tmp_path / "m", gate=gate)
         sub = client.submitter.submit(wf)
         optimize(nats_server, sub.run_id, wf)
+        wait_for("the second step", lambda: "second-start" in lines(tmp_path / "m"))
         optimize(nats_server, sub.run_id, wf, msg_id=f"{sub.run_id}.optimized.again")
+        wait_for("the redelivered plan consumed",
+                 lambda: _acked(nats_server, "submitter-optimized"))
+        gate.touch()  # the redelivery arrived while the run was running
         run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
         optimize(nats_server, sub.run_id, wf, msg_id=f"{sub.run_id}.optimized.late")
         wait_for("the plans consumed", lambda: _acked(nats_server, "submitter-optimized"))
@@ -782,11 +797,13 @@ class TestService:
 
     def test_a_nats_restart_mid_run_loses_nothing(
             self, client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
-        wf = marker_workflow(unique("restart"), tmp_path / "m", sleep=2)
+        gate = tmp_path / "release"
+        wf = marker_workflow(unique("restart"), tmp_path / "m", gate=gate)
         sub = client.submitter.submit(wf)
         optimize(nats_server, sub.run_id, wf)
         wait_for("the second step", lambda: "second-start" in lines(tmp_path / "m"))
         nats_server.restart()  # the store directory is kept; clients reconnect
+        gate.touch()  # the second step ends after the restart
         run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
         assert run.state is RunState.SUCCEEDED, run.message
         assert lines(tmp_path / "m") == ["first", "second-start", "second-end"]
@@ -1188,8 +1205,8 @@ class TestCrash:
     def test_a_killed_submitter_resumes_its_runs(self, nats_server: NatsServer,
                                                  postgres_url: str, tmp_path: Path) -> None:
         env = process_env(nats_server, postgres_url, tmp_path)
-        marker = tmp_path / "m"
-        wf = marker_workflow(unique("crash"), marker, sleep=4)
+        marker, gate = tmp_path / "m", tmp_path / "release"
+        wf = marker_workflow(unique("crash"), marker, gate=gate)
         first = ServiceProcess(env, tmp_path / "submitter.log").start()
         second: ServiceProcess | None = None
         try:
@@ -1204,6 +1221,7 @@ class TestCrash:
             # step processes die with the engine's process (PR_SET_PDEATHSIG), so none
             # can finish unobserved while the submitter is down
             wait_for("the step to die with the submitter", lambda: not processes_in(run_dir))
+            gate.touch()  # the resumed attempt runs to its end
             second = ServiceProcess(env, tmp_path / "submitter.log").start()
             with CoulerClient({"submitter": second.address}, timeout=WAIT) as client:
                 run = client.submitter.wait(sub.run_id, timeout=WAIT)

@@ -41,10 +41,12 @@ V = (ir.EnvVar("V", "{{inputs.v}}"),)  # script source takes no placeholders; en
 
 
 def chain(name: str, marker: Path, *, fail_unless: Path | None = None,
-          sleep: float = 0) -> ir.Workflow:
+          sleep: float = 0, hold: Path | None = None) -> ir.Workflow:
     """a -> b -> c, each reading the previous step's output; every run appends to marker.
 
-    ``b`` fails unless ``fail_unless`` exists, and sleeps ``sleep`` seconds first.
+    ``b`` fails unless ``fail_unless`` exists, and first sleeps ``sleep`` seconds (a step
+    that runs until it is killed) or, with ``hold``, holds until the file ``hold`` exists:
+    a barrier the test releases (at most 300 s, then it fails).
     """
     def log(step: str) -> str:
         return f"open({str(marker)!r}, 'a').write({step!r} + '\\n')\n"
@@ -53,7 +55,13 @@ def chain(name: str, marker: Path, *, fail_unless: Path | None = None,
     gate = "" if fail_unless is None else (
         f"import os, sys\nif not os.path.exists({str(fail_unless)!r}): sys.exit(3)\n")
     a = script("a", log("a") + "print('x')", outputs=out)
-    b = script("b", "import os, time\n" + log("b") + f"time.sleep({sleep})\n" + gate +
+    wait = (f"time.sleep({sleep})\n" if hold is None else
+            f"deadline = time.monotonic() + 300\n"
+            f"while not os.path.exists({str(hold)!r}):\n"
+            f"    if time.monotonic() > deadline:\n"
+            f"        raise SystemExit('never released')\n"
+            f"    time.sleep(0.02)\n")
+    b = script("b", "import os, time\n" + log("b") + wait + gate +
                "print(os.environ['V'] + 'y')", env=V,
                inputs=(ir.InputParameter("v", ir.StepOutputRef("a", "v")),), outputs=out,
                dependencies=(ir.Dependency("a"),))
@@ -220,8 +228,8 @@ def test_a_restarted_submitter_resumes_a_split_run(nats_server: NatsServer, post
     the second chunk runs: the restarted submitter picks the chunk up (not started twice),
     the first chunk is not run again, and the third follows."""
     env = process_env(nats_server, postgres_url, tmp_path)
-    marker = tmp_path / "m"
-    wf = chain(unique("split-crash"), marker, sleep=4)
+    marker, hold = tmp_path / "m", tmp_path / "release"
+    wf = chain(unique("split-crash"), marker, hold=hold)
     plan = split_plan(wf)
     first = ServiceProcess(env, tmp_path / "submitter.log").start()
     second: ServiceProcess | None = None
@@ -238,6 +246,7 @@ def test_a_restarted_submitter_resumes_a_split_run(nats_server: NatsServer, post
         runs = tmp_path / "state" / "runs"
         wait_for("b's process to die with the submitter",
                  lambda: not processes_in(runs / f"{sub.run_id}-{plan.chunks[1].name}"))
+        hold.touch()  # b, started again by the restarted submitter, runs to its end
         second = ServiceProcess(env, tmp_path / "submitter.log").start()
         with CoulerClient({"submitter": second.address}, timeout=WAIT) as client:
             run = client.submitter.wait(sub.run_id, timeout=WAIT)

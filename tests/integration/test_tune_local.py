@@ -9,7 +9,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +22,7 @@ from couler.engines.base import RunState, StepState, StepStatus
 from couler.optimize.cache_key import item_cache_key
 from couler_runtime.local import LocalEngine, Reuse
 from couler_runtime.tune import close_study, open_study, report
+from tests.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -169,6 +169,9 @@ def test_trials_already_evaluated_are_reused_from_the_cache(tmp_path: Path) -> N
         assert s.cache_key == item_cache_key(wf, step, {"x": x}, params={}, producer_keys={})
 
 
+# Trials 0 and 1 report good values and end; trial 2 reports bad ones, then holds until
+# it is stopped (a barrier, not a sleep length: it ends by itself, marking `end`, only if
+# nothing stops it within 300 s -- a failure of the test, however slow the machine).
 REPORTING = r'''
 import os, sys, time
 from couler_runtime.tune import report
@@ -176,7 +179,11 @@ n = int(os.environ["COULER_TUNE_TRIAL"])
 good = n < 2
 for epoch in range(40):
     report(epoch, (0.9 if good else 0.1) + epoch * 0.001)
-    time.sleep(0.01 if good else 0.25)
+if not good:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+open(os.path.join(os.environ["MARKS"], f"trial-{n}"), "w").write("end")
 print(0.95 if good else 0.2)
 '''
 
@@ -184,21 +191,21 @@ print(0.95 if good else 0.2)
 def test_a_trial_reporting_bad_intermediate_values_is_pruned(tmp_path: Path) -> None:
     step = ir.Step(
         "fit", ir.ScriptSpec("python", REPORTING, args=("{{item.lr}}",)),
-        env=(ir.EnvVar("PYTHONPATH", os.pathsep.join(sys.path)),),
+        env=(ir.EnvVar("PYTHONPATH", os.pathsep.join(sys.path)),
+             ir.EnvVar("MARKS", str(tmp_path))),
         outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT, type=ir.ValueType.FLOAT),),
         tune=ir.Tune(space=(ir.TuneParam("lr", ir.TuneKind.UNIFORM, 0.0, 1.0),),
                      objective="result", trials=3, parallel=1, seed=3))
     wf = ir.Workflow("tune-prune", (step,))
-    started = time.monotonic()
     status = LocalEngine(tmp_path / "e").run(wf)
-    elapsed = time.monotonic() - started
     assert status.state is RunState.SUCCEEDED, status.message
     states = {s.key: s.state for s in status.steps if s.step == "fit" and s.key}
     assert states == {"0": StepState.SUCCEEDED, "1": StepState.SUCCEEDED,
                       "2": StepState.PRUNED}
     pruned = _step(status, "fit", "2")
     assert "pruned at step" in pruned.message
-    assert elapsed < 9, elapsed  # not the 10 s the bad trial would take to the end
+    # the engine stopped the bad trial: it never reached its end (the good ones did)
+    assert sorted(p.name for p in tmp_path.glob("trial-*")) == ["trial-0", "trial-1"]
     study = _study(f"sqlite:///{tmp_path / 'e' / 'tune.db'}")
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE,
                                                optuna.trial.TrialState.COMPLETE,
@@ -259,12 +266,18 @@ def _trial_states(db: Path) -> list[str]:
         return []
 
 
+# Every trial logs its execution; the third and later hold until the gate file exists
+# (the test opens it after the crash): the crash finds two trials done and the third
+# running, however slow the machine.
 SLOW = r'''
 import sys, time, pathlib
-log = pathlib.Path(sys.argv[2])
+log, gate = pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
 with log.open("a") as f:
     f.write(sys.argv[1] + "\n")
-time.sleep(1.0)
+if len(log.read_text().splitlines()) >= 3:
+    deadline = time.monotonic() + 300
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
 print(float(sys.argv[1]))
 '''
 
@@ -283,9 +296,9 @@ run.wait()
 
 def test_a_crashed_run_resumes_its_study_without_rerunning_completed_trials(
         tmp_path: Path) -> None:
-    log = tmp_path / "executions.log"
+    log, gate = tmp_path / "executions.log", tmp_path / "gate"
     step = ir.Step(
-        "slow", ir.ScriptSpec("python", SLOW, args=("{{item.x}}", str(log))),
+        "slow", ir.ScriptSpec("python", SLOW, args=("{{item.x}}", str(log), str(gate))),
         outputs=(ir.OutputParameter("result", ir.OutputSource.STDOUT, type=ir.ValueType.FLOAT),),
         tune=ir.Tune(space=(ir.TuneParam("x", ir.TuneKind.UNIFORM, 0.0, 1.0),),
                      objective="result", trials=5, parallel=1, seed=5))
@@ -301,19 +314,17 @@ def test_a_crashed_run_resumes_its_study_without_rerunning_completed_trials(
     try:
         assert proc.stdout is not None
         run_dir = Path(proc.stdout.readline().strip())
-        deadline = time.monotonic() + 60
-        states: list[str] = []
-        while time.monotonic() < deadline:  # crash it with 2 trials done, the 3rd running
-            states = _trial_states(work / "tune.db")
-            if states.count("COMPLETE") >= 2 and len(states) >= 3:
-                break
-            time.sleep(0.05)
-        assert states.count("COMPLETE") >= 2, states
+        # crash it with 2 trials done and the 3rd running (held at the gate)
+        eventually(lambda: log.exists() and len(log.read_text().splitlines()) == 3,
+                   "the third trial running", deadline=120)
+        states = _trial_states(work / "tune.db")
+        assert states.count("COMPLETE") == 2 and len(states) == 3, states
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the engine and its trial's process
         proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+    gate.touch()
     done_before = {t.params["x"] for t in _study(storage).trials
                    if t.state is optuna.trial.TrialState.COMPLETE}
     runs_before = len(log.read_text().splitlines())

@@ -1,12 +1,13 @@
-"""The conformance programs on the Ray executor, compared with tests/conformance/expected.json.
+"""The conformance programs on the Ray executor, compared with the expected answers.
 
 Run only by tests/ray_engine/run_in_netns.sh (Ray venv, private network namespace).
 Every program whose features Ray supports (``check_capabilities`` with the Ray
 ``CAPABILITIES``) runs with :class:`RayExecutor` (secrets resolved from the same
-mapping as the local run) and its summary is compared with expected.json by
-:func:`tests.conformance.harness.matches`, exactly as the local-engine
+mapping as the local run) and its summary is compared by
+:func:`tests.conformance.harness.matches` with the answers written from
+docs/semantics.md (tests/conformance/expected.py), exactly as the local-engine
 conformance test does. Programs Ray rejects must be rejected by ``run`` for the
-feature expected.json records.
+feature ``RAY_UNSUPPORTED`` names.
 """
 
 from __future__ import annotations
@@ -21,22 +22,23 @@ from couler.engines.base import check_capabilities
 from couler.errors import UnsupportedFeatureError
 from couler_runtime.ray import CAPABILITIES, ENGINE, RayExecutor
 from tests.conformance import harness
+from tests.conformance.expected import EXPECTED
 from tests.conformance.loader import load_program, program_paths
 
-EXPECTED: dict[str, Any] = json.loads(harness.EXPECTED.read_text(encoding="utf-8"))
 PATHS = {p.stem: p for p in program_paths()}
 
-# Where Ray legitimately differs from expected.json (which records the local engine):
-# the local engine rejects GPU requests, Ray maps them to num_gpus; the session cluster
-# has no GPU, so the executor fails the step before submission (it never hangs).
+# Where Ray differs from the expected answers -- an environment limit, not a semantic
+# exception: Ray maps a GPU request to num_gpus and the session cluster has no GPU, so the
+# executor fails the step before submission (it never hangs).
 RAY_EXPECTED: dict[str, dict[str, Any]] = {
     "gpu": {"state": "failed", "steps": {"train": {"state": "failed"}}},
 }
 
 
-# Programs the local engine runs (so expected.json records a success) whose features the
-# Ray executor does not implement yet: Ray must reject them up front, naming the feature.
-RAY_UNSUPPORTED: dict[str, str] = {"subworkflows": "inline sub-workflow",
+# Programs whose features the Ray executor does not implement (its CAPABILITIES): Ray
+# must reject them up front, naming the feature.
+RAY_UNSUPPORTED: dict[str, str] = {"job_step": "job step (Kubernetes resource)",
+                                   "subworkflows": "inline sub-workflow",
                                    "subworkflow_ref": "sub-workflow reference",
                                    "daemon": "daemon step",
                                    "cron": "cron schedule",
@@ -79,6 +81,9 @@ def test_ray_run_matches_expected(program: str, tmp_path: Path) -> None:
 def test_ray_rejects_as_expected(program: str, tmp_path: Path) -> None:
     actual = run_ray(program, tmp_path)
     assert actual["state"] == "unsupported"
-    expected = ({"state": "unsupported", "feature": RAY_UNSUPPORTED[program]}
-                if program in RAY_UNSUPPORTED else EXPECTED[program])
+    expected = {"state": "unsupported", "feature": RAY_UNSUPPORTED[program]}
     assert harness.matches(expected, actual) == []
+
+
+def test_rejected_are_the_listed() -> None:
+    assert sorted(REJECTED) == sorted(RAY_UNSUPPORTED)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -287,23 +286,22 @@ def test_resources_mapped_and_checked(ray_exec: RayExecutor) -> None:
 
     big = container("big", "echo", "never", resources=ir.Resources(cpu_request="64"))
     downstream = container("after-big", "echo", "x", dependencies=after("big"))
-    started = time.monotonic()
     status = ray_exec.run(wf("too-big", big, downstream))
-    assert time.monotonic() - started < 30
     assert status.state is RunState.FAILED
     rec = by_key(status, "big")
     assert rec.state is StepState.FAILED
+    # refused before submission (a task Ray cannot place would wait forever)
     assert "requests 64 CPUs but the Ray cluster has 2" in rec.message
     assert by_key(status, "after-big").state is StepState.SKIPPED
 
 
-def test_timeout_kills_the_step(ray_exec: RayExecutor) -> None:
-    slow = container("slow", "sleep", "20", timeout_seconds=1)
-    started = time.monotonic()
+def test_timeout_kills_the_step(ray_exec: RayExecutor, tmp_path: Path) -> None:
+    end = tmp_path / "reached-the-end"
+    slow = container("slow", "sh", "-c", f"sleep 20; touch {end}", timeout_seconds=1)
     status = ray_exec.run(wf("timeout", slow))
-    assert time.monotonic() - started < 15
     assert status.state is RunState.FAILED
     assert "timed out after 1 s" in by_key(status, "slow").message
+    assert not end.exists()  # killed at its timeout: the run did not wait for its end
 
 
 def test_secrets_resolved_from_the_executor(tmp_path: Path) -> None:

@@ -21,7 +21,14 @@ from couler import ir
 from couler.errors import CoulerError
 from couler_runtime import stack
 from couler_runtime.rpc.records import RunState
-from tests.e2e.conftest import Stack, couler_status, start_stack, stop_stack
+from tests.e2e.conftest import (
+    Stack,
+    couler_status,
+    outbox_rows,
+    start_stack,
+    stop_stack,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow]
 
@@ -63,7 +70,14 @@ def work(s: Stack) -> None:
         assert wait(s, run_id) is not RunState.PENDING
     again = s.client.submitter.submit(good).run_id  # cached steps this time
     assert wait(s, again) is RunState.SUCCEEDED
-    time.sleep(3.0)  # the cache and the monitor consume the last events
+
+    def consumed() -> bool:  # the submitter's events are out, the monitor has the last run
+        shown = httpx.get(s.info.dashboard.rstrip("/") + "/api/runs", timeout=10,
+                          headers={"Authorization": f"Bearer {s.info.token}"})
+        return (outbox_rows(s.home) == 0 and shown.status_code == 200
+                and {r["run_id"]: r["state"] for r in shown.json()}.get(again) == "succeeded")
+
+    wait_until(consumed, "the last events consumed", deadline=DEADLINE)
 
 
 def damage(db: Path, rng: random.Random) -> int:

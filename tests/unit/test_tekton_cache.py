@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -12,13 +10,12 @@ from couler import ir
 from couler.compilers import tekton
 from couler.engines.base import Feature
 from couler.errors import UnsupportedFeatureError
+from tests.conformance.expected import EXPECTED
 from tests.conformance.loader import load_program, program_paths
 from tests.unit.tekton_sim import run_pipeline
 from tests.unit.test_tekton_compiler import compile_ok, ctr, tasks, wf_of
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPECTED: dict[str, Any] = json.loads(
-    (ROOT / "tests" / "conformance" / "expected.json").read_text(encoding="utf-8"))
 S = ir.Step
 OUT = ir.OutputParameter("n", ir.OutputSource.STDOUT)
 

@@ -7,7 +7,6 @@ way the retry wrapper recognises it (exit 137 with an out-of-memory message, the
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,12 @@ from couler import ir
 from couler.compilers import tekton
 from couler.engines.base import Feature
 from couler.errors import UnsupportedFeatureError
+from tests.conformance.expected import EXPECTED
 from tests.conformance.loader import load_program, program_paths
 from tests.unit.tekton_sim import run_pipeline
 from tests.unit.test_tekton_compiler import compile_ok, ctr, tasks, wf_of
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPECTED: dict[str, Any] = json.loads(
-    (ROOT / "tests" / "conformance" / "expected.json").read_text(encoding="utf-8"))
 S = ir.Step
 C = ir.FailureClass
 POLICY = ir.RetryPolicy(limit=3, on=(C.TRANSIENT, C.OOM), memory_factor=2.0,

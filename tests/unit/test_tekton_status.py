@@ -2,8 +2,8 @@
 
 The conformance programs are compiled, schema-checked and run by a stand-in for the
 Tekton controller (:mod:`tests.unit.tekton_sim`, /bin/sh on this machine); each step's
-outcome (its ``couler-status`` result) and the PipelineRun's status must be the local
-engine's (tests/conformance/expected.json).
+outcome (its ``couler-status`` result) and the PipelineRun's status must be the expected
+answers written from docs/semantics.md (tests/conformance/expected.py).
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from couler.compilers import tekton
 from couler.engines.base import Feature
 from couler.errors import UnsupportedFeatureError
 from couler.semantics import differences
+from tests.conformance.expected import EXPECTED
 from tests.conformance.harness import LOCAL_SECRETS
 from tests.conformance.loader import load_program, program_paths
 from tests.unit.tekton_sim import PipelineRun, run_pipeline
 from tests.unit.test_tekton_compiler import compile_ok, ctr, tasks, wf_of
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPECTED: dict[str, Any] = json.loads(
-    (ROOT / "tests" / "conformance" / "expected.json").read_text(encoding="utf-8"))
 S = ir.Step
 F = ir.EdgeCondition
 STATE = {"Succeeded": "succeeded", "Failed": "failed", "Skipped": "skipped",
@@ -309,11 +308,10 @@ def test_exit_hooks_see_the_status_the_run_status_task_decides(tmp_path: Path) -
 
 # --------------------------------------------------------------------------- every program
 
-# Programs the stand-in cannot run as the local engine does, and why (not Tekton's doing).
+# Programs the stand-in cannot run, and why (not Tekton's doing).
 NOT_RUN_HERE = {
-    "gpu": "the local engine refuses GPU steps: there is no expected run",
-    "job_step": "the local engine refuses job steps: there is no expected run "
-                "(test_tekton_job.py runs its script against a fake kubectl)",
+    "job_step": "its Job needs a Kubernetes API (test_tekton_job.py runs its script "
+                "against a fake kubectl)",
     "placement": "its volume is mounted at a fixed path the stand-in cannot mount",
     "retry_timeout": "a Tekton retry is a new pod: the marker file the program leaves in "
                      "its working directory for the next attempt is gone (the stand-in does "
@@ -344,7 +342,7 @@ def test_the_programs_not_run_here_are_compiled_ones() -> None:
 
 
 @pytest.mark.parametrize("program", [p for p in COMPILED if p not in NOT_RUN_HERE])
-def test_every_compiled_program_runs_as_on_the_local_engine(program: str, tmp_path: Path,
+def test_every_compiled_program_runs_as_expected(program: str, tmp_path: Path,
                                                             ) -> None:
     wf = _program(program)
     run = run_pipeline(compile_ok(wf), tmp_path, secrets=LOCAL_SECRETS)
