@@ -283,6 +283,8 @@ def plots(run: Run, usage: Utilization, resources: Mapping[str, ir.Resources]) -
         mem_scale = max([float(mem_max), *(v for _, v in mem_lines)]) * 1.1 or 1.0
         t0, t1 = points[0][0], points[-1][0]
         span = (t1 - t0) or 1.0
+        drawn = points if len(points) > 1 else [points[0],
+                                                 (t0 + span, points[0][1], points[0][2])]
 
         def xy(t: float, v: float, scale: float, t0: float = t0, span: float = span) -> str:
             x = PLOT_PAD + (t - t0) / span * (PLOT_W - 2 * PLOT_PAD)
@@ -295,8 +297,8 @@ def plots(run: Run, usage: Utilization, resources: Mapping[str, ir.Resources]) -
         state = states.get((step, key))
         out.append(Plot(
             step, key, attempt,
-            " ".join(xy(t, c, cpu_scale) for t, c, _ in points),
-            " ".join(xy(t, m, mem_scale) for t, _, m in points),
+            " ".join(xy(t, c, cpu_scale) for t, c, _ in drawn),
+            " ".join(xy(t, m, mem_scale) for t, _, m in drawn),
             len(points), cpu_max, mem_max, cpu_scale, int(mem_scale),
             tuple((label, v, level(v, cpu_scale)) for label, v in cpu_lines),
             tuple((label, int(v), level(v, mem_scale)) for label, v in mem_lines),

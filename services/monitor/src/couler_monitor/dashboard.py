@@ -127,7 +127,7 @@ _PATH_SAFE = "/!$&'()*+,;=:@-._~"
 _LIMIT_SHOWN = 40  # characters of a bad value quoted back in an error message
 _HERE = Path(__file__).resolve().parent
 _STATIC = {"console.js": "text/javascript; charset=utf-8",
-           "console.css": "text/css; charset=utf-8"}
+           "console.css": "text/css; charset=utf-8", "favicon.svg": "image/svg+xml"}
 _RANGES = (("", "any time"), ("3600", "last hour"), ("86400", "last 24 hours"),
            ("604800", "last 7 days"), ("2592000", "last 30 days"))
 _ACTIONS = (("cancel", "Cancel"), ("retry", "Retry from failure"), ("resubmit", "Resubmit"))
@@ -426,12 +426,18 @@ def create_app(monitor: Monitor, *, token: str | None = None,
             bearer.strip().encode(), str(token).encode())
 
     def same_origin(request: Request) -> bool:
-        """The request came from a page of this origin (a browser says so)."""
+        """The request came from a page of this origin, as the browser says: its
+        ``Sec-Fetch-Site`` (set by the browser, never by a page) when sent, and its
+        ``Origin`` when it names one (under ``Referrer-Policy: no-referrer`` a browser
+        sends ``Origin: null`` even for its own pages)."""
+        site = request.headers.get("sec-fetch-site")
+        if site is not None and site != "same-origin":
+            return False
         origin = request.headers.get("origin")
-        if origin is not None:
+        if origin is not None and origin != "null":
             host = request.headers.get("host", "")
             return bool(host) and origin in (f"http://{host}", f"https://{host}")
-        return request.headers.get("sec-fetch-site") == "same-origin"
+        return site == "same-origin"
 
     async def answer(request: Request,
                      call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -768,19 +774,25 @@ def _stream(request: Request, fragment: Callable[[], Awaitable[str | None]],
     async def events() -> AsyncIterator[str]:
         last = ""
         quiet = 0.0
+        failing = False
         yield "retry: 2000\n\n"
         while not closing.is_set() and not await request.is_disconnected():
             try:
                 text = await fragment()
+                failing = False
             except Exception:
-                log.exception("dashboard: the live update of %s failed",
-                              request.scope.get("path"))
-                text = last  # tried again at the next tick
+                if not failing:  # logged once until it works again
+                    log.exception("dashboard: the live update of %s failed",
+                                  request.scope.get("path"))
+                failing = True
+                text = None
+            if text is None and failing:
+                text = ""  # nothing sent; tried again at the next tick
             if text is None:
                 yield "event: gone\ndata: \n\n"
                 return
             digest = hashlib.sha256(text.encode()).hexdigest()
-            if digest != last:
+            if text and digest != last:
                 last = digest
                 quiet = 0.0
                 yield "event: fragment\n" + "".join(
@@ -823,7 +835,9 @@ async def _logs(submitter: Submitter | None, run: Run
         return [], ("The monitor does not keep logs; the submitter does. Set "
                     "COULER_SUBMITTER_ADDRESS for them to show here, or run "
                     "`couler logs RUN STEP`.")
-    wanted = [s for s in run.steps if s.state.value not in ("pending", "cached", "skipped")]
+    mapped = {s.name for s in run.steps if s.key}  # a map step: its items have the logs
+    wanted = [s for s in run.steps if s.state.value not in ("pending", "cached", "skipped")
+              and not (s.name in mapped and not s.key)]
     wanted.sort(key=lambda s: (s.state.value != "failed", s.started_at or 0.0))
     out: list[tuple[str, str, str]] = []
     failed: list[str] = []
