@@ -306,6 +306,12 @@ def plots(run: Run, usage: Utilization, resources: Mapping[str, ir.Resources]) -
     return out
 
 
+def artifact_size(artifact: object) -> int:
+    """A stored artifact's ``size_bytes``; 0 when it has none (or a damaged one)."""
+    size = artifact.get("size_bytes") if isinstance(artifact, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
+
 def cache_panel(run: Run, details: Mapping[tuple[str, str], StepDetail],
                 computed: Mapping[str, float]) -> CachePanel:
     """The run's cache reuse: steps reused, bytes of their stored outputs, compute saved
@@ -316,8 +322,7 @@ def cache_panel(run: Run, details: Mapping[tuple[str, str], StepDetail],
     for s in cached:
         d = details.get((s.name, s.key))
         if d is not None:
-            size += sum(int(a.get("size_bytes") or 0) for a in d.artifacts.values()
-                        if isinstance(a, dict))
+            size += sum(artifact_size(a) for a in d.artifacts.values())
             if d.cache_saved_seconds:
                 saved += d.cache_saved_seconds
                 continue

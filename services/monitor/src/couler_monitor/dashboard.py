@@ -597,7 +597,7 @@ def create_app(monitor: Monitor, *, token: str | None = None,
                 "inputs": inputs.get(s.name, ()),
                 "outputs": sorted((detail.outputs if detail else {}).items()),
                 "artifacts": sorted(
-                    (k, f"{_size(v.get('size_bytes'))} {v.get('uri', '')}".strip())
+                    (k, f"{_size(console.artifact_size(v))} {v.get('uri', '')}".strip())
                     for k, v in (detail.artifacts if detail else {}).items()
                     if isinstance(v, dict))})
         recorded = {s.name for s in run.steps}
@@ -678,8 +678,12 @@ def create_app(monitor: Monitor, *, token: str | None = None,
                 if plan is None:
                     raise _HttpError(409, "no plan of this run was seen: nothing to resubmit")
                 message = workflow_pb2.Workflow()
-                message.ParseFromString(plan)
-                workflow = codec.workflow_from_proto(message)
+                try:
+                    message.ParseFromString(plan)
+                    workflow = codec.workflow_from_proto(message)
+                except Exception as e:  # a damaged row
+                    raise _HttpError(409, "the stored plan of this run cannot be read: "
+                                          "nothing to resubmit") from e
                 got = await asyncio.to_thread(submitter.submit, workflow, engine=run.engine)
                 go = got.run_id
                 said = f"resubmitted as run {got.run_id}"

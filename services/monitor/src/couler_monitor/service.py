@@ -562,7 +562,9 @@ class Monitor:
         def read() -> bytes | None:
             with self._store.transaction() as tx:
                 row = tx.plan(run_id)
-                return bytes(row.workflow) if row is not None else None
+                if row is None or not isinstance(row.workflow, bytes | memoryview):
+                    return None  # none, or a damaged row (the console draws the records)
+                return bytes(row.workflow)
 
         return await asyncio.to_thread(read)
 
@@ -591,8 +593,7 @@ class Monitor:
         def read() -> tuple[int, int, int, float]:
             with self._store.transaction() as tx:
                 total, hits, saved, artifacts = tx.cache_totals()
-            size = sum(int(a.get("size_bytes") or 0) for text in artifacts
-                       for a in _json_map(text).values() if isinstance(a, dict))
+            size = sum(_size(a) for text in artifacts for a in _json_map(text).values())
             return total, hits, size, saved
 
         return await asyncio.to_thread(read)
@@ -757,6 +758,12 @@ class StepDetail:
     outputs: dict[str, Any]
     artifacts: dict[str, Any]
     cache_saved_seconds: float
+
+
+def _size(artifact: object) -> int:
+    """A stored artifact's ``size_bytes``; 0 when it has none (or a damaged one)."""
+    size = artifact.get("size_bytes") if isinstance(artifact, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
 
 
 def _json_map(text: object) -> dict[str, Any]:

@@ -728,7 +728,8 @@ class Tx:
                    s.state == "succeeded", s.cached.is_(False),
                    s.started_at.is_not(None), s.finished_at.is_not(None))
             .order_by(s.finished_at)).all()
-        return {name: max(0.0, end - start) for name, start, end in rows}
+        return {name: max(0.0, float(end) - float(start)) for name, start, end in rows
+                if isinstance(start, int | float) and isinstance(end, int | float)}
 
     def cache_totals(self) -> tuple[int, int, float, list[str]]:
         """Over every stored step record: how many, how many reused from the cache, the
