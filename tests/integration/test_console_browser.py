@@ -156,10 +156,14 @@ def test_a_running_run_live_dag_plot_logs_and_actions(stack: Stack, logged_in: B
     stack.optimize(run_id, wf)
     page = f"{stack.url}/runs/{quote(run_id, safe='')}"
 
-    # The runs list shows it, and follows it live.
+    # The runs list shows it, and follows it live: its row turns "running" in place.
     browser.navigate(stack.url + "/")
-    browser.wait_for(f"document.body.textContent.includes({json.dumps(run_id)})",
-                     "the run listed")
+    browser.evaluate("window.__sameDocument = 'list', 0")
+    row = (f"[...document.querySelectorAll('table.runs tr')].find(r => "
+           f"r.textContent.includes({json.dumps(run_id)}))")
+    browser.wait_for(f"(() => {{ const r = {row}; return !!r && "
+                     "!!r.querySelector('td.state-running') })()", "the run listed running")
+    assert browser.evaluate("window.__sameDocument") == "list"  # no reload happened
     browser.screenshot(OUT / "runs.png")
 
     browser.navigate(page)
