@@ -231,7 +231,34 @@ def test_a_running_run_live_dag_plot_logs_and_actions(stack: Stack, logged_in: B
     assert browser.evaluate("document.querySelectorAll('svg.dag .state-pending').length") == 0
     browser.screenshot(OUT / "run-cancelled.png")
     assert browser.take_problems() == []
-    release.touch()
+
+    # Retry from the failure point: the submitter runs it again, from "work".
+    browser.navigate(page)
+    browser.submit_and_wait("document.querySelector('form[action$=\"/retry\"]')")
+    assert "retry from the failure point sent" in browser.evaluate(
+        "document.querySelector('.notice').textContent")
+    eventually(lambda: not stack.client.submitter.get(run_id).state.terminal,
+               "the run going again", WAIT)
+    release.touch()  # now "work" may finish
+    eventually(lambda: stack.client.submitter.get(run_id).state is RunState.SUCCEEDED,
+               "the retried run succeeded", WAIT)
+    browser.wait_for("!!document.querySelector('#live .summary .state-succeeded')",
+                     "the page shows the run succeeded")
+    assert browser.evaluate("document.querySelectorAll('svg.dag .node.state-succeeded')"
+                            ".length") == 4
+
+    # Resubmit: the run's plan as a new run; the page follows it.
+    browser.submit_and_wait("document.querySelector('form[action$=\"/resubmit\"]')")
+    path = browser.evaluate("location.pathname")
+    assert path.startswith("/runs/") and path != f"/runs/{run_id}"
+    new_id = path.removeprefix("/runs/")
+    assert f"resubmitted as run {new_id}" in browser.evaluate(
+        "document.querySelector('.notice').textContent")
+    assert stack.client.submitter.get(new_id).workflow == wf.name
+    stack.optimize(new_id, wf)  # no optimizer in this stack: the test plays it
+    eventually(lambda: stack.client.submitter.get(new_id).state is RunState.SUCCEEDED,
+               "the resubmitted run succeeded", WAIT)
+    assert browser.take_problems() == []
 
 
 def test_html_in_workflow_and_step_names_is_shown_escaped(stack: Stack,

@@ -686,6 +686,11 @@ def create_app(monitor: Monitor, *, token: str | None = None,
                                           "nothing to resubmit") from e
                 got = await asyncio.to_thread(submitter.submit, workflow, engine=run.engine)
                 go = got.run_id
+                # Known here at once (its own events follow on the bus), so that its
+                # page answers now rather than 404 until they arrive.
+                with _errors():
+                    await monitor.record_requested(go, workflow=run.workflow,
+                                                   engine=run.engine, at=clock())
                 said = f"resubmitted as run {got.run_id}"
         except CoulerError as e:
             log.warning("console: %s of run %r refused by the submitter: %s", action, run_id, e)
