@@ -140,6 +140,29 @@ def _aggregate(states: Sequence[str]) -> str:
     return "pending" if all(s == "pending" for s in states) else "running"
 
 
+def _depths(upstream: Mapping[str, set[str]]) -> dict[str, int]:
+    """Each step's layer: 0 without upstream steps, else one more than its deepest upstream
+    step's (iteratively: a chain of 100k steps is no recursion; steps on a cycle, which a
+    valid plan has none of, end up in layer 0)."""
+    downstream: dict[str, list[str]] = {name: [] for name in upstream}
+    waiting = {name: 0 for name in upstream}
+    for name, ups in upstream.items():
+        for u in ups:
+            if u in downstream and u != name:
+                downstream[u].append(name)
+                waiting[name] += 1
+    depth = {name: 0 for name in upstream}
+    ready = [name for name, n in waiting.items() if n == 0]
+    while ready:
+        name = ready.pop()
+        for d in downstream[name]:
+            depth[d] = max(depth[d], depth[name] + 1)
+            waiting[d] -= 1
+            if waiting[d] == 0:
+                ready.append(d)
+    return depth
+
+
 def graph(run: Run, plan: bytes | None) -> Graph:
     """The run's DAG (see the module docstring)."""
     records: dict[str, list[StepRecord]] = {}
@@ -163,15 +186,11 @@ def graph(run: Run, plan: bytes | None) -> Graph:
     known = {name for name, _, _ in order}
     order += [(name, "", set()) for name in records if name not in known]
 
-    depth: dict[str, int] = {}
     upstream = {name: up for name, _, up in order}
+    depth = _depths(upstream)
 
-    def layer(name: str, seen: frozenset[str] = frozenset()) -> int:
-        if name in depth:
-            return depth[name]
-        ups = [u for u in upstream.get(name, ()) if u not in seen]
-        depth[name] = 1 + max((layer(u, seen | {name}) for u in ups), default=-1)
-        return depth[name]
+    def layer(name: str) -> int:
+        return depth.get(name, 0)
 
     main_layers = 0
     for name, hook, _ in order:

@@ -116,6 +116,7 @@ MAX_SESSIONS = 10_000
 SESSION_SECONDS = 12 * 3600.0
 LOG_BYTES = 64 * 1024  # the tail of each step's log shown in the page
 LOG_STEPS = 30  # step executions whose logs a run page fetches
+MAX_STEP_ROWS = 1000  # step records a run page lists (the JSON API has them all)
 _INTERNAL_MESSAGE = "internal error (logged by the monitor)"
 _UNAUTHORIZED_MESSAGE = ("a valid token is required: log in with it, send "
                          "'Authorization: Bearer <token>', or open the page once with "
@@ -583,7 +584,7 @@ def create_app(monitor: Monitor, *, token: str | None = None,
         inputs = _declared_inputs(plan)
         rows = []
         now = clock()
-        for s in run.steps:
+        for s in run.steps[:MAX_STEP_ROWS]:
             state, why = console.shown_state(run, s.state.value)
             detail = details.get((s.name, s.key))
             rows.append({
@@ -603,14 +604,16 @@ def create_app(monitor: Monitor, *, token: str | None = None,
         recorded = {s.name for s in run.steps}
         g = console.graph(run, plan)
         for n in g.nodes:  # planned steps with no record yet
-            if n.name not in recorded:
+            if n.name not in recorded and len(rows) < MAX_STEP_ROWS:
                 state, why = console.shown_state(run, "")
                 rows.append({"name": n.name, "key": "", "state": state, "why": why,
                              "attempts": 0, "cached": False, "duration": "—", "memory": "—",
                              "cpu": "—", "message": "", "cache_key": "",
                              "inputs": inputs.get(n.name, ()), "outputs": [],
                              "artifacts": []})
+        hidden = len(run.steps) + sum(1 for n in g.nodes if n.name not in recorded) - len(rows)
         return {"run": run, "now": now, "done": _done(run.steps), "cached": _cached(run.steps),
+                "hidden": max(0, hidden),
                 "graph": g, "legend": _LEGEND, "steps": rows, "unrecorded": bool(rows),
                 "plots": console.plots(run, usage, resources),
                 "peaks_only": any(s.peak_memory_bytes is not None for s in run.steps),
@@ -785,7 +788,9 @@ def _stream(request: Request, fragment: Callable[[], Awaitable[str | None]],
         quiet = 0.0
         failing = False
         yield "retry: 2000\n\n"
+        loop = asyncio.get_running_loop()
         while not closing.is_set() and not await request.is_disconnected():
+            began = loop.time()
             try:
                 text = await fragment()
                 failing = False
@@ -811,8 +816,10 @@ def _stream(request: Request, fragment: Callable[[], Awaitable[str | None]],
                 if quiet >= 15.0:
                     quiet = 0.0
                     yield ": still here\n\n"
+            # a page that is slow to render is looked at less often (big runs)
+            pause = max(interval, 2 * (loop.time() - began))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(closing.wait(), interval)
+                await asyncio.wait_for(closing.wait(), pause)
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-store",
