@@ -22,7 +22,13 @@ from couler_monitor.dashboard import COOKIE, PAGE_RUNS, DashboardServer, create_
 from couler_monitor.service import Monitor
 from couler_monitor.store import MonitorStore
 from couler_runtime import codec
-from couler_runtime.rpc.records import Recommendation, Run, RunState, StepRecord
+from couler_runtime.rpc.records import (
+    Recommendation,
+    Run,
+    RunState,
+    StepRecord,
+    StoredArtifact,
+)
 from tests.integration.loop_thread import LoopThread
 
 TOKEN = "console-token-93b1"
@@ -230,3 +236,35 @@ def test_a_finished_runs_unreported_exit_hook_is_not_pending(console: Console) -
             "run succeeded before the engine reported this step (its last record said "
             "pending))</span>") in notify
     assert 'class="node state-succeeded" data-step="work"' in text
+
+
+def test_the_cache_panels_count_reuse_bytes_and_compute_saved(console: Console) -> None:
+    """Per run and over every run: reused records, the bytes of their stored outputs, and the
+    compute saved -- the engine's figure, else the step's latest computed duration."""
+    m, loop = console.monitor, console.loop
+    t0 = time.time()
+    loop.run(m.record_submitted("cached-0", workflow="reuse", engine="local", at=t0))
+    loop.run(m.record_step("cached-0", "reuse", "local", StepRecord(
+        "fit", StepState.SUCCEEDED, attempts=1, started_at=t0, finished_at=t0 + 30), t0 + 30))
+    loop.run(m.record_submitted("cached-1", workflow="reuse", engine="local", at=t0 + 60))
+    loop.run(m.record_step("cached-1", "reuse", "local", StepRecord(
+        "prep", StepState.CACHED, cached=True, cache_saved_seconds=12.0,
+        artifacts={"table": StoredArtifact("sha256:aa", 3 * 1024 * 1024, "s3://b/aa")}),
+        t0 + 61))
+    loop.run(m.record_step("cached-1", "reuse", "local", StepRecord(
+        "fit", StepState.CACHED, cached=True,
+        artifacts={"model": StoredArtifact("sha256:bb", 1024 * 1024, "s3://b/bb")}), t0 + 61))
+    loop.run(m.record_step("cached-1", "reuse", "local", StepRecord(
+        "report", StepState.RUNNING, attempts=1, started_at=t0 + 62), t0 + 62))
+    with console.client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        page = http.get("/runs/cached-1").text
+        panel = " ".join(page.split('<section class="panel cache">', 1)[1]
+                         .split("</section>", 1)[0].split())
+        # 12 s (the engine's figure for prep) + 30 s (fit's computed run in cached-0)
+        assert ("2 of 3 step records reused from the cache (67% hit ratio), 4.0 Mi of "
+                "outputs reused, 42.0 s of compute saved.") in panel
+        assert "s3://b/aa" in page  # the stored artifact, listed with its step
+        totals = " ".join(http.get("/").text.split(
+            '<section class="panel cache-total">', 1)[1].split())
+        # over every record kept: the engines' own figures only (12 s)
+        assert "4.0 Mi of outputs reused, 12.0 s of compute saved." in totals
