@@ -17,13 +17,14 @@ import httpx
 import pytest
 
 from couler_monitor.dashboard import DashboardServer, create_app
-from couler_monitor.service import Monitor
+from couler_monitor.service import Monitor, RunPage, RunQuery
 from couler_monitor.store import MonitorStore
 from couler_runtime.rpc.records import Recommendation, Run, Utilization
 from tests.integration.loop_thread import LoopThread
 
 TOKEN = "dashboard-hardening-token-4d1e"
-CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+       "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 WAIT = 30.0
 
 
@@ -43,6 +44,11 @@ class RecordingMonitor(Monitor):
         if self.failure is not None:
             raise self.failure
         return await super().runs(limit)
+
+    async def run_page(self, query: RunQuery) -> RunPage:
+        if self.failure is not None:
+            raise self.failure
+        return await super().run_page(query)
 
     async def utilization(self, *, run_id: str = "", workflow: str = "", step: str = "",
                           limit: int = 0) -> Utilization:
@@ -188,7 +194,7 @@ def test_no_trailing_slash_redirect_to_the_host_header(start: Callable[[str | No
     for answer in (page, api):
         assert answer.status_code == 404
         assert "location" not in answer.headers
-    assert "nothing at &#x27;/healthz/&#x27;" in page.text
+    assert "nothing at &#39;/healthz/&#39;" in page.text
     assert api.json() == {"error": "nothing at '/api/utilization/'", "status": 404}
 
 
@@ -274,7 +280,7 @@ def test_errors_are_json_under_api_and_pages_elsewhere(
         missing = http.get("/runs/nope")
         assert missing.status_code == 404
         assert missing.headers["content-type"].startswith("text/html")
-        assert "404 Not Found" in missing.text and "run &#x27;nope&#x27;: not found" in (
+        assert "404 Not Found" in missing.text and "run &#39;nope&#39;: not found" in (
             missing.text)
         escaped = http.get(f"/runs/{quote(hostile, safe='')}")
         assert escaped.status_code == 404
@@ -282,7 +288,7 @@ def test_errors_are_json_under_api_and_pages_elsewhere(
         assert http.get("/api/runs/nope").json() == {"error": "run 'nope': not found",
                                                      "status": 404}
         nowhere = http.get("/no/such/page")
-        assert nowhere.status_code == 404 and "nothing at &#x27;/no/such/page&#x27;" in (
+        assert nowhere.status_code == 404 and "nothing at &#39;/no/such/page&#39;" in (
             nowhere.text)
         assert http.get("/api/nope").json() == {"error": "nothing at '/api/nope'",
                                                 "status": 404}

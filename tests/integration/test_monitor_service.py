@@ -676,19 +676,20 @@ class TestMonitor:
             assert index.headers["content-type"].startswith("text/html")
             page = index.text
             assert "<script>" not in page and "onerror=\"alert" not in page
-            assert 'run-&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;' in page
-            row = next(r for r in page.split("<tr>") if wf in r)
+            assert 'run-&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;&amp;' in page
+            table = page.split('<table class="runs">', 1)[1]
+            row = next(r for r in table.split("<tr>") if wf in r)
             assert ">succeeded<" in row and ">local<" in row
             assert "<td>2/2</td><td>1</td>" in row  # steps done/total, cached steps
             assert "9.0 s" in row
-            failed = next(r for r in page.split("<tr>") if rejected in r)
+            failed = next(r for r in table.split("<tr>") if rejected in r)
             assert ">failed<" in failed
 
             detail = http.get(f"/runs/{quote(run, safe='')}")
             assert detail.status_code == 200
             text = detail.text
             assert "<img" not in text and "<script>" not in text
-            assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt; &amp; done" in text
+            assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt; &amp; done" in text
             prep = next(r for r in text.split("<tr>") if "<td>prep</td>" in r)
             assert '<span class="cached">cached</span>' in prep and ">cached<" in prep
             train = next(r for r in text.split("<tr>") if "<td>train</td>" in r)
@@ -731,7 +732,8 @@ class TestMonitor:
 
         with httpx.Client(base_url=monitor.service.dashboard, timeout=WAIT) as http:
             text = http.get(f"/runs/{quote(run, safe='')}").text
-            assert ".state-skipped" in text  # styled apart from pending and running
+            # styled apart from pending and running
+            assert ".state-skipped" in http.get("/static/console.css").text
             assert "3/3 steps done" in text
             mourn = next(r for r in text.split("<tr>") if "<td>mourn</td>" in r)
             assert '<td class="state-skipped">skipped</td><td>0</td>' in mourn

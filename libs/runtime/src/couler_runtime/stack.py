@@ -98,10 +98,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Start order (the optimizer and the submitter also wait for the cache's address: _CALLS).
+# Start order (the optimizer and the submitter also wait for the cache's address, the
+# monitor for the submitter's -- its console's actions and logs: _CALLS).
 SERVICES = ("cache", "monitor", "generator", "optimizer", "submitter")
 PROCESSES = ("nats", *SERVICES)
-_CALLS = {"optimizer": ("cache",), "submitter": ("cache",)}
+_CALLS = {"optimizer": ("cache",), "submitter": ("cache",), "monitor": ("submitter",)}
 _STOP_GROUPS = (tuple(reversed(SERVICES)), ("nats",))  # services first, NATS last
 _STATE = "stack.json"
 _LOCK = "supervisor.lock"

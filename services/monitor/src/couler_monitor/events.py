@@ -192,7 +192,8 @@ async def start_consumers(bus: Bus, monitor: Monitor) -> list[Subscription[Any]]
         await monitor.apply([monitor.planned_change(
             e.message.run_id, workflow=e.message.plan.workflow.name,
             engine=e.message.plan.engine or e.message.options.engine,
-            requests=planned_requests(e.message.plan.workflow), at=_at(e)) for e in events])
+            requests=planned_requests(e.message.plan.workflow), at=_at(e),
+            plan=e.message.plan.workflow.SerializeToString()) for e in events])
 
     async def on_submitted(events: Sequence[Event[events_pb2.WorkflowSubmitted]]) -> None:
         changes = [monitor.submitted_change(e.message.run_id, workflow=e.message.workflow,

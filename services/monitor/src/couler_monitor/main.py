@@ -4,6 +4,9 @@ Settings (environment, ``COULER_`` prefix): the common ones (:class:`CommonSetti
 
 * ``COULER_DASHBOARD_ADDRESS`` -- ``host:port`` of the ops dashboard (default
   ``127.0.0.1:8080``; port 0 picks a free one; the URL is logged at start);
+* ``COULER_SUBMITTER_ADDRESS`` -- ``host:port`` of the submitter's gRPC server: the
+  console's actions (cancel, retry, resubmit) and the step logs in its run pages go there
+  (with ``COULER_AUTH_TOKEN``); empty (the default): no actions and no logs, the pages say so;
 * ``COULER_MIN_RUNS`` -- runs of a step needed before its requests are recommended
   (default 2: one run, noisy or not, never sets a request);
 * ``COULER_SAFETY_MARGIN`` -- added to the percentiles the requests come from (default
@@ -43,6 +46,7 @@ from couler_monitor.rpc import MonitorService
 from couler_monitor.service import DEFAULT_ROLLUP_RETENTION, DEFAULT_SAMPLE_RETENTION, Monitor
 from couler_monitor.store import MonitorStore
 from couler_runtime.bus import Bus
+from couler_runtime.client import CoulerClient
 from couler_runtime.rpc import MONITOR
 from couler_runtime.service import Component, service_main
 from couler_runtime.settings import CommonSettings
@@ -57,6 +61,7 @@ class MonitorSettings(CommonSettings):
 
     Attributes:
         dashboard_address: ``host:port`` the dashboard listens on.
+        submitter_address: ``host:port`` of the submitter (the console's actions and logs).
         min_runs: Runs of a step needed before its requests are recommended.
         safety_margin: Added to the percentiles (0.15: +15%).
         half_life_hours: Hours after which a sample weighs half in the histograms.
@@ -69,6 +74,7 @@ class MonitorSettings(CommonSettings):
     """
 
     dashboard_address: str = "127.0.0.1:8080"
+    submitter_address: str = ""
     min_runs: int = Field(default=2, ge=1, le=1000)
     safety_margin: float = Field(default=0.15, ge=0.0, le=10.0)
     half_life_hours: float = Field(default=24.0, gt=0.0, le=24.0 * 365)
@@ -115,7 +121,12 @@ async def build(settings: MonitorSettings, bus: Bus) -> Component:
                       sample_retention=settings.sample_retention,
                       rollup_retention=settings.rollup_retention)
     token = settings.auth_token.get_secret_value() if settings.auth_token else None
-    dashboard = DashboardServer(create_app(monitor, token=token), settings.dashboard_address)
+    address = settings.submitter_address.strip()
+    client = CoulerClient({"submitter": address}, token=token) if address else None
+    dashboard = DashboardServer(
+        create_app(monitor, token=token,
+                   submitter=client.submitter if client is not None else None),
+        settings.dashboard_address)
     try:
         sent = await monitor.publish_pending()  # left unpublished by a crash
         if sent:
@@ -125,6 +136,8 @@ async def build(settings: MonitorSettings, bus: Bus) -> Component:
     except BaseException:
         await dashboard.stop()
         store.close()
+        if client is not None:
+            client.close()
         raise
     log.info("dashboard at %s%s", url, " (token required)" if token else "")
     maintenance = asyncio.create_task(_maintain(monitor, settings.maintenance_interval),
@@ -137,6 +150,8 @@ async def build(settings: MonitorSettings, bus: Bus) -> Component:
             await maintenance
         await dashboard.stop()
         store.close()
+        if client is not None:
+            client.close()
 
     return Component({MONITOR: MonitorService(monitor)}, close, endpoints={"dashboard": url})
 

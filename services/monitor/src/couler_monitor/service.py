@@ -55,9 +55,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from couler import ir
 from couler.engines.base import StepState
@@ -95,6 +97,10 @@ __all__ = [
     "Change",
     "Monitor",
     "Publisher",
+    "RunPage",
+    "RunQuery",
+    "RunSummary",
+    "StepDetail",
 ]
 
 DEFAULT_SAMPLE_LIMIT = 1000
@@ -330,14 +336,14 @@ class Monitor:
 
     async def record_planned(self, run_id: str, *, workflow: str, engine: str,
                              requests: Mapping[str, ir.Resources] | None = None,
-                             at: float | None = None) -> None:
+                             at: float | None = None, plan: bytes = b"") -> None:
         """The run was generated or optimized (its workflow's name is known)."""
         await self.apply((self.planned_change(run_id, workflow=workflow, engine=engine,
-                                              requests=requests, at=at),))
+                                              requests=requests, at=at, plan=plan),))
 
     def planned_change(self, run_id: str, *, workflow: str, engine: str,
                        requests: Mapping[str, ir.Resources] | None = None,
-                       at: float | None = None) -> Change:
+                       at: float | None = None, plan: bytes = b"") -> Change:
         """:meth:`record_planned` as a change to apply.
 
         ``requests`` (from an optimized plan) are the resources its steps are planned
@@ -353,6 +359,8 @@ class Monitor:
             if requests is not None and workflow:
                 self._plan_requests(tx, run_id, workflow, requests,
                                     at if at is not None else self._clock())
+            if plan:
+                tx.put_plan(run_id, plan, at if at is not None else self._clock())
             return False
 
         return write
@@ -531,6 +539,65 @@ class Monitor:
 
         return await asyncio.to_thread(read)
 
+    async def run_page(self, query: RunQuery) -> RunPage:
+        """One page of the runs matching ``query`` (without their step records: counts)."""
+        limit = max(1, min(query.limit, _MAX_RUNS_LISTED))
+
+        def read() -> RunPage:
+            with self._store.transaction() as tx:
+                rows, total = tx.find_runs(
+                    state=query.state, workflow=query.workflow, engine=query.engine,
+                    since=query.since, until=query.until, text=query.text,
+                    offset=max(0, query.offset), limit=limit)
+                counts = tx.step_counts([r.run_id for r in rows])
+                workflows, engines = tx.filter_values()
+                listed = tuple(
+                    RunSummary(_run(r, ()), *counts.get(r.run_id, (0, 0, 0))) for r in rows)
+                return RunPage(listed, total, tuple(workflows), tuple(engines))
+
+        return await asyncio.to_thread(read)
+
+    async def plan(self, run_id: str) -> bytes | None:
+        """The protobuf of the workflow of the run's latest plan; None when none was seen."""
+        def read() -> bytes | None:
+            with self._store.transaction() as tx:
+                row = tx.plan(run_id)
+                if row is None or not isinstance(row.workflow, bytes | memoryview):
+                    return None  # none, or a damaged row (the console draws the records)
+                return bytes(row.workflow)
+
+        return await asyncio.to_thread(read)
+
+    async def step_details(self, run_id: str) -> dict[tuple[str, str], StepDetail]:
+        """Per (step, key) of the run: its outputs, stored artifacts and cache savings."""
+        def read() -> dict[tuple[str, str], StepDetail]:
+            with self._store.transaction() as tx:
+                return {(s.name, s.key): StepDetail(_json_map(s.outputs),
+                                                    _json_map(s.artifacts),
+                                                    _finite(s.cache_saved_seconds) or 0.0)
+                        for s in tx.steps_of([run_id])}
+
+        return await asyncio.to_thread(read)
+
+    async def computed_seconds(self, workflow: str, names: Sequence[str]) -> dict[str, float]:
+        """Per step of ``workflow``: how long its latest computed (not cached) success took."""
+        def read() -> dict[str, float]:
+            with self._store.transaction() as tx:
+                return tx.last_computed(workflow, names)
+
+        return await asyncio.to_thread(read)
+
+    async def cache_totals(self) -> tuple[int, int, int, float]:
+        """Over every step record kept: (records, reused from the cache, bytes of the
+        reused artifacts, compute saved in seconds, as the engines reported it)."""
+        def read() -> tuple[int, int, int, float]:
+            with self._store.transaction() as tx:
+                total, hits, saved, artifacts = tx.cache_totals()
+            size = sum(_size(a) for text in artifacts for a in _json_map(text).values())
+            return total, hits, size, saved
+
+        return await asyncio.to_thread(read)
+
     # ------------------------------------------------------------------ internals
 
     async def _flush(self) -> int:
@@ -621,7 +688,12 @@ class Monitor:
                 cached=r.cached or r.state is StepState.CACHED, cache_key=r.cache_key,
                 message=r.message,
                 failure_class=r.failure_class.value if r.failure_class else None,
-                failure_reason=r.failure_reason, event_at=at, rank=rank)
+                failure_reason=r.failure_reason, event_at=at, rank=rank,
+                outputs=json.dumps(dict(r.outputs), sort_keys=True),
+                artifacts=json.dumps({name: {"digest": a.digest, "size_bytes": a.size_bytes,
+                                             "uri": a.uri}
+                                      for name, a in r.artifacts.items()}, sort_keys=True),
+                cache_saved_seconds=r.cache_saved_seconds or None)
         tx.put_step_fields(row, new=new)
         if r.failure_class is not None and r.attempts > 0 and r.state in (
                 StepState.FAILED, StepState.RETRYING):
@@ -642,6 +714,65 @@ class Monitor:
                            memory_request=r.memory_request, cpu_limit=r.cpu_limit,
                            memory_limit=r.memory_limit, run_id=run_id, updated_at=at)
             for name, r in sorted({"": ir.Resources(), **requests}.items())])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunQuery:
+    """The console's filters over the runs: exact state, workflow and engine, a time range
+    (when the monitor first heard of the run), text in the id, workflow or message."""
+
+    state: str = ""
+    workflow: str = ""
+    engine: str = ""
+    since: float | None = None
+    until: float | None = None
+    text: str = ""
+    offset: int = 0
+    limit: int = 50
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A listed run (its record without steps) and its step records' counts."""
+
+    run: Run
+    steps: int
+    done: int
+    cached: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunPage:
+    """One page of runs, how many match in all, and the values the filters offer."""
+
+    runs: tuple[RunSummary, ...]
+    total: int
+    workflows: tuple[str, ...]
+    engines: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepDetail:
+    """What the monitor keeps of a step record beyond its state."""
+
+    outputs: dict[str, Any]
+    artifacts: dict[str, Any]
+    cache_saved_seconds: float
+
+
+def _size(artifact: object) -> int:
+    """A stored artifact's ``size_bytes``; 0 when it has none (or a damaged one)."""
+    size = artifact.get("size_bytes") if isinstance(artifact, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+
+
+def _json_map(text: object) -> dict[str, Any]:
+    """A stored JSON object; {} for anything else (a damaged row)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _rank(value: str) -> int:

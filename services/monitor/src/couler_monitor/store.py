@@ -25,7 +25,10 @@ Tables (created by ``couler_monitor/migrations``, version table ``alembic_versio
   whether the run was counted;
 * ``monitor_step_requests`` -- per (workflow, step), the resources its latest plan asked
   for (from ``couler.workflow.optimized``): the "current" requests ``couler recommend``
-  shows.
+  shows;
+* ``monitor_run_plans`` -- per run, the workflow of its latest plan (the protobuf of
+  ``couler.workflow.optimized``'s workflow): the console draws the run's graph from it and
+  resubmits it.
 
 :class:`MonitorStore` hands out :class:`Tx` objects, one per transaction, with primitive
 operations; the use cases (:mod:`couler_monitor.service`) compose them. Everything here is
@@ -41,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import BigInteger, Boolean, Float, Integer, String, Text
+from sqlalchemy import BigInteger, Boolean, Float, Integer, LargeBinary, String, Text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -64,6 +67,7 @@ __all__ = [
     "RecommenderStateRow",
     "RollupRow",
     "RunFields",
+    "RunPlanRow",
     "RunRow",
     "SampleRow",
     "StepRequestRow",
@@ -123,6 +127,11 @@ class StepRow(Base):
     oom_peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     event_at: Mapped[float] = mapped_column(Float)
     rank: Mapped[int] = mapped_column(Integer)
+    # The latest record's outputs ({name: value}) and stored artifacts ({name: {digest,
+    # size_bytes, uri}}) as JSON, and the compute its cache reuse saved (seconds).
+    outputs: Mapped[str] = mapped_column(Text, default="{}")
+    artifacts: Mapped[str] = mapped_column(Text, default="{}")
+    cache_saved_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class SampleRow(Base):
@@ -227,6 +236,16 @@ class RecommenderRunRow(Base):
     counted: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
+class RunPlanRow(Base):
+    """The workflow of a run's latest plan (its protobuf), and when it was planned."""
+
+    __tablename__ = "monitor_run_plans"
+
+    run_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    workflow: Mapped[bytes] = mapped_column(LargeBinary)
+    at: Mapped[float] = mapped_column(Float)
+
+
 class StepRequestRow(Base):
     __tablename__ = "monitor_step_requests"
 
@@ -246,6 +265,7 @@ _ROLLUPS: sa.Table = RollupRow.__table__  # type: ignore[assignment]
 _ROLLUP_KEY = ("run_id", "step", "key", "attempt", "minute")
 MINUTE_NS = 60 * 10**9
 _STEPS: sa.Table = StepRow.__table__  # type: ignore[assignment]
+_TERMINAL_STEPS = ("succeeded", "failed", "skipped", "cached", "cancelled", "pruned")
 _SELECT_RUN = sa.select(_RUNS).where(_RUNS.c.run_id == sa.bindparam("k_run_id")) \
     .with_for_update()
 _STEP_KEY = (_STEPS.c.run_id == sa.bindparam("k_run_id"),
@@ -632,6 +652,97 @@ class Tx:
             self.session.execute(sa.insert(StepRequestRow), [
                 {c.name: getattr(r, c.name) for c in StepRequestRow.__table__.columns}
                 for r in rows])
+
+    def put_plan(self, run_id: str, workflow: bytes, at: float) -> None:
+        """Keep ``workflow`` as the run's plan unless a later one is stored."""
+        row = self.session.get(RunPlanRow, run_id)
+        if row is None:
+            self.session.add(RunPlanRow(run_id=run_id, workflow=workflow, at=at))
+            self.session.flush()
+        elif at >= row.at:
+            row.workflow, row.at = workflow, at
+
+    def plan(self, run_id: str) -> RunPlanRow | None:
+        return self.session.get(RunPlanRow, run_id)
+
+    def find_runs(self, *, state: str, workflow: str, engine: str, since: float | None,
+                  until: float | None, text: str, offset: int, limit: int
+                  ) -> tuple[Sequence[RunRow], int]:
+        """One page of the runs matching the filters, newest first, and how many match.
+        ``text`` is found (case-insensitively) in the run id, workflow or message."""
+        r = RunRow
+        where: list[Any] = []
+        if state:
+            where.append(r.state == state)
+        if workflow:
+            where.append(r.workflow == workflow)
+        if engine:
+            where.append(r.engine == engine)
+        if since is not None:
+            where.append(r.seen_at >= since)
+        if until is not None:
+            where.append(r.seen_at < until)
+        if text:
+            pattern = "%" + text.lower().replace("\\", "\\\\").replace("%", "\\%") \
+                .replace("_", "\\_") + "%"
+            where.append(sa.or_(*(sa.func.lower(c).like(pattern, escape="\\")
+                                  for c in (r.run_id, r.workflow, r.message))))
+        total = self.session.execute(
+            sa.select(sa.func.count()).select_from(r).where(*where)).scalar_one()
+        rows = self.session.scalars(
+            sa.select(r).where(*where).order_by(r.seen_at.desc(), r.run_id)
+            .offset(offset).limit(limit)).all()
+        return rows, int(total)
+
+    def step_counts(self, run_ids: Sequence[str]) -> dict[str, tuple[int, int, int]]:
+        """Per run: (step records, terminal ones, cached ones)."""
+        if not run_ids:
+            return {}
+        s = _STEPS.c
+        terminal = sa.func.sum(sa.case((s.state.in_(_TERMINAL_STEPS), 1), else_=0))
+        cached = sa.func.sum(sa.case((sa.or_(s.cached.is_(True), s.state == "cached"), 1),
+                                     else_=0))
+        rows = self.conn.execute(sa.select(s.run_id, sa.func.count(), terminal, cached)
+                                 .where(s.run_id.in_(run_ids)).group_by(s.run_id)).all()
+        return {row[0]: (int(row[1]), int(row[2] or 0), int(row[3] or 0)) for row in rows}
+
+    def filter_values(self) -> tuple[list[str], list[str]]:
+        """The workflows and engines the stored runs name (for the console's filters)."""
+        workflows = self.session.scalars(sa.select(RunRow.workflow).distinct()
+                                         .where(RunRow.workflow != "")
+                                         .order_by(RunRow.workflow).limit(500)).all()
+        engines = self.session.scalars(sa.select(RunRow.engine).distinct()
+                                       .where(RunRow.engine != "")
+                                       .order_by(RunRow.engine).limit(100)).all()
+        return list(workflows), list(engines)
+
+    def last_computed(self, workflow: str, names: Sequence[str]) -> dict[str, float]:
+        """Per step name of ``workflow``: the duration of its latest succeeded, computed
+        (not cached) top-level record -- what a cache hit of it saves."""
+        if not names or not workflow:
+            return {}
+        s = _STEPS.c
+        rows = self.conn.execute(
+            sa.select(s.name, s.started_at, s.finished_at)
+            .where(s.workflow == workflow, s.name.in_(names), s.key == "",
+                   s.state == "succeeded", s.cached.is_(False),
+                   s.started_at.is_not(None), s.finished_at.is_not(None))
+            .order_by(s.finished_at)).all()
+        return {name: max(0.0, float(end) - float(start)) for name, start, end in rows
+                if isinstance(start, int | float) and isinstance(end, int | float)}
+
+    def cache_totals(self) -> tuple[int, int, float, list[str]]:
+        """Over every stored step record: how many, how many reused from the cache, the
+        compute their reuse saved (as the engines gave it), and the cached ones' artifacts
+        (JSON)."""
+        s = _STEPS.c
+        cached = sa.or_(s.cached.is_(True), s.state == "cached")
+        total, hits, saved = self.conn.execute(sa.select(
+            sa.func.count(), sa.func.sum(sa.case((cached, 1), else_=0)),
+            sa.func.sum(sa.case((cached, s.cache_saved_seconds), else_=0.0)))).one()
+        artifacts = self.conn.execute(sa.select(s.artifacts).where(
+            cached, s.artifacts != "{}")).scalars().all()
+        return int(total or 0), int(hits or 0), float(saved or 0.0), list(artifacts)
 
     def unpublished(self) -> Sequence[RecommendationRow]:
         stmt = (sa.select(RecommendationRow).where(RecommendationRow.published.is_(False))
