@@ -100,13 +100,15 @@ class Deployment:
     ports: dict[str, int]  # compose host -> the loopback port standing for it
     token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
 
-    def loopback(self, value: str) -> str:
-        """``value`` with every compose host:port replaced by its loopback stand-in."""
+    def loopback(self, value: str, service: str = "") -> str:
+        """``value`` with every compose host:port replaced by its loopback stand-in (the
+        metrics port, the same in every service's container, by ``service``'s own)."""
         def one(m: re.Match[str]) -> str:
             host, port = m.group(1), int(m.group(2))
             if host == "0.0.0.0":  # a service's own listening address: find whose port it is
                 host = {50051: "generator", 50052: "optimizer", 50053: "cache",
-                        50054: "submitter", 50055: "monitor", 8080: "dashboard"}[port]
+                        50054: "submitter", 50055: "monitor", 8080: "dashboard",
+                        9464: f"{service}-metrics"}[port]
             assert host in self.ports, f"a compose host the test does not stand in for: {host}"
             return f"127.0.0.1:{self.ports[host]}"
 
@@ -125,7 +127,7 @@ class Deployment:
     def environment(self, service: str, compose: dict[str, str]) -> dict[str, str]:
         env: dict[str, str] = {}
         for key, raw in compose.items():
-            value = self.loopback(raw)
+            value = self.loopback(raw, service)
             if key == "COULER_DATABASE_URL":
                 url = sa.engine.make_url(value)
                 assert url.drivername == "postgresql+psycopg", value  # compose's scheme
@@ -153,7 +155,8 @@ def deployment(postgres_server: PostgresServer, s3_server: SeaweedS3) -> Iterato
             port = int(endpoint.rsplit(":", 1)[1])
             ports = {"nats": nats.port, "postgres": postgres_server.port,
                      "minio": s3_server.port, "otel-collector": port,
-                     **{n: free_port() for n in (*SERVICES, "dashboard")}}
+                     **{n: free_port() for n in (*SERVICES, "dashboard")},
+                     **{f"{n}-metrics": free_port() for n in SERVICES}}
             yield Deployment(nats, postgres_server, s3_server, database, endpoint, receiver,
                              root, ports)
     finally:
