@@ -252,7 +252,9 @@ class Results:
             run = self.local_runs.get(program, {})
             if run.get("state") == "refused":
                 return f"compiled; refused here: no {run.get('resource')}"
-            return f"ran ({run.get('state', '?')})"
+            declared = (", on a declared GPU device" if "GPU resources"
+                        in self.features.get(program, ()) else "")
+            return f"ran ({run.get('state', '?')}{declared})"
         return out.label
 
 
