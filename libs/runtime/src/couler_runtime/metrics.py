@@ -31,11 +31,9 @@ import contextlib
 import contextvars
 import hmac
 import logging
-import socket
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
-import uvicorn
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import Meter, NoOpMeterProvider
 from opentelemetry.sdk.metrics import MeterProvider
@@ -43,7 +41,7 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from couler.errors import UserError
+from couler_runtime.http_server import AsgiServer
 
 __all__ = ["DURATION_BUCKETS", "METRIC_NAMES", "REFRESH_TIMEOUT", "Metrics", "MetricsServer",
            "current", "meter", "metrics_app", "using"]
@@ -201,15 +199,7 @@ def metrics_app(metrics: Metrics, *, token: str | None
     return app
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its signal handlers: the service's harness owns SIGTERM / SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-class MetricsServer:
+class MetricsServer(AsgiServer):
     """The ``/metrics`` HTTP listener, a task on the service's event loop.
 
     Args:
@@ -220,53 +210,6 @@ class MetricsServer:
     """
 
     def __init__(self, metrics: Metrics, address: str, *, token: str | None) -> None:
-        self._app = metrics_app(metrics, token=token)
-        self._address = address
-        self._server: _Server | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._sock: socket.socket | None = None
-        self.url = ""
-
-    async def start(self) -> str:
-        """Bind and start serving; the URL of ``/metrics``.
-
-        Raises:
-            UserError: The address is invalid or taken.
-        """
-        host, _, port = self._address.rpartition(":")
-        host = host.strip("[]") or "127.0.0.1"
-        try:
-            infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-            family = infos[0][0]
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(infos[0][4])
-            sock.listen(64)
-        except (OSError, ValueError) as e:
-            raise UserError(f"metrics address {self._address!r} "
-                            f"(COULER_METRICS_ADDRESS): {e}") from e
-        sock.setblocking(False)
-        self._sock = sock
-        bound = sock.getsockname()[1]
-        config = uvicorn.Config(self._app, log_config=None, log_level="warning",
-                                access_log=False, lifespan="off", timeout_graceful_shutdown=2)
-        self._server = _Server(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="metrics")
-        while not self._server.started:
-            if self._task.done():
-                raise UserError(f"metrics on {self._address!r} did not start: "
-                                f"{self._task.exception()!r}")
-            await asyncio.sleep(0.01)
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{bound}/metrics"
-        return self.url
-
-    async def stop(self) -> None:
-        """Stop serving (a scrape in flight gets a moment to finish)."""
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError, SystemExit):
-                await self._task
-        if self._sock is not None:
-            self._sock.close()
-        self._server = self._task = self._sock = None
+        super().__init__(metrics_app(metrics, token=token), address, what="metrics",
+                         setting="COULER_METRICS_ADDRESS", path="/metrics", backlog=64,
+                         grace=2)

@@ -69,7 +69,6 @@ import hmac
 import logging
 import re
 import secrets
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from http import HTTPStatus
@@ -78,7 +77,6 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, quote, urlencode
 
 import jinja2
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
 from google.protobuf import text_format
@@ -92,6 +90,7 @@ from couler_monitor import console
 from couler_monitor.recommendations import MI
 from couler_monitor.service import DEFAULT_SAMPLE_LIMIT, MAX_SAMPLE_LIMIT, Monitor, RunQuery
 from couler_runtime import codec
+from couler_runtime.http_server import AsgiServer
 from couler_runtime.rpc.records import (
     RecommendationKind,
     RecommendationReport,
@@ -921,15 +920,7 @@ def _secured(response: Response) -> Response:
     return response
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its signal handlers: the service's harness owns SIGTERM / SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-class DashboardServer:
+class DashboardServer(AsgiServer):
     """The dashboard's HTTP server, a task on the running loop.
 
     Args:
@@ -938,58 +929,12 @@ class DashboardServer:
     """
 
     def __init__(self, app: FastAPI, address: str) -> None:
-        self._app = app
-        self._address = address
-        self._server: _Server | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._sock: socket.socket | None = None
-        self.url = ""
-
-    async def start(self) -> str:
-        """Bind and start serving; the dashboard's URL.
-
-        Raises:
-            UserError: The address is invalid or taken.
-        """
-        host, _, port = self._address.rpartition(":")
-        host = host.strip("[]") or "127.0.0.1"
-        try:
-            infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
-            family = infos[0][0]
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(infos[0][4])
-            sock.listen(128)
-        except (OSError, ValueError) as e:
-            raise UserError(f"dashboard address {self._address!r} "
-                            f"(COULER_DASHBOARD_ADDRESS): {e}") from e
-        sock.setblocking(False)
-        self._sock = sock
-        bound = sock.getsockname()[1]
-        # log_config=None: the process's logging stays as the service harness set it up.
-        config = uvicorn.Config(self._app, log_config=None, log_level="warning", access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=5)
-        self._server = _Server(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]),
-                                         name="monitor-dashboard")
-        while not self._server.started:
-            if self._task.done():
-                exc = self._task.exception()
-                raise UserError(f"dashboard on {self._address!r} did not start: {exc!r}")
-            await asyncio.sleep(0.01)
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{bound}/"
-        return self.url
+        super().__init__(app, address, what="dashboard", setting="COULER_DASHBOARD_ADDRESS")
+        self._fastapi = app
 
     async def stop(self) -> None:
         """Stop serving (requests in flight get a few seconds to finish)."""
-        if self._server is not None and self._task is not None:
-            closing = getattr(self._app.state, "closing", None)
-            if closing is not None:  # the live streams end now, not at the grace period
-                closing.set()
-            self._server.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError, SystemExit):
-                await self._task
-        if self._sock is not None:
-            self._sock.close()
-        self._server = self._task = self._sock = None
+        closing = getattr(self._fastapi.state, "closing", None)
+        if closing is not None:  # the live streams end now, not at the grace period
+            closing.set()
+        await super().stop()
