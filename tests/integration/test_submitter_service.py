@@ -10,6 +10,7 @@ The plans come from the real optimizer service (fixture ``optimizer``: in a thre
 same nats-server, with the default retry policy off so that a step runs once, and without a
 cache unless a test gives it the real cache service): it answers the submitter's
 ``couler.workflow.requested`` as in production, and :func:`planned` waits for its answer.
+A text is refused by the real generator (fixture ``generator``, its offline planner).
 Steps run for real as local processes. Only one submitter and one optimizer run at a time:
 instances share the durable consumers.
 """
@@ -49,6 +50,8 @@ from couler.optimize.cache_key import workflow_keys
 from couler.v1 import common_pb2, events_pb2
 from couler_cache.main import CacheSettings
 from couler_cache.main import build as build_cache
+from couler_generator.main import GeneratorSettings
+from couler_generator.main import build as build_generator
 from couler_optimizer.main import OptimizerSettings
 from couler_optimizer.main import build as build_optimizer
 from couler_runtime.blobs import LocalBlobStore
@@ -280,6 +283,22 @@ def cached_optimizer(nats_server: NatsServer, state: Path, tmp_path: Path
         both.client.close()
         both.optimizer.stop()
         both.cache.stop()
+
+
+GeneratorService = RunningService[GeneratorSettings]
+
+
+@pytest.fixture
+def generator(nats_server: NatsServer, tmp_path: Path) -> Iterator[GeneratorService]:
+    """The real generator (its offline planner) answering text requests, for one test."""
+    running = RunningService(GeneratorSettings.load(
+        "generator", nats_url=nats_server.url, grpc_address="127.0.0.1:0",
+        state_dir=tmp_path / "generator", llm_base_url="", llm_model="", auth_token=None,
+        otel_endpoint=None, bus_insecure=True), build_generator).start()
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 def planned(nats_server: NatsServer, run_id: str) -> common_pb2.Plan:
@@ -584,23 +603,28 @@ class TestService:
         assert headers["couler-tenant"] == "acme"
         run = wait_state(client, sub.run_id, RunState.PLANNING)
         assert run.workflow == ""  # known once generated
+        # no generator serves here: the run is cancelled, so a later one does not run it
+        assert client.submitter.cancel(sub.run_id).state is RunState.CANCELLED
 
     def test_a_rejected_run_fails_with_the_reason(self, client: CoulerClient,
-                                                  nats_server: NatsServer) -> None:
+                                                  nats_server: NatsServer,
+                                                  generator: GeneratorService) -> None:
+        """The real generator cannot plan the text and says so; the run fails with its
+        reason (the issue lines of a rejection: tests/unit/test_submitter_rejection.py)."""
         sub = client.submitter.submit("book me a flight to Paris")
-        rejected = events_pb2.WorkflowRejected(
-            run_id=sub.run_id, stage="generator", reason="cannot plan 'book me a flight'",
-            issues=[common_pb2.Issue(workflow="w", step="s", field="f", message="bad")])
-        publish(nats_server, "couler.workflow.rejected", rejected, f"{sub.run_id}.rejected")
         run = wait_state(client, sub.run_id, RunState.FAILED)
-        assert "rejected by the generator: cannot plan 'book me a flight'" in run.message
-        assert "workflow 'w', step 's', field 'f': bad" in run.message
+        assert run.message.startswith("rejected by the generator: "), run.message
+        assert "cannot plan" in run.message and "book me a flight" in run.message
+        [(_, rejected, headers)] = stored(nats_server, "COULER_WORKFLOW",
+                                          "couler.workflow.rejected",
+                                          events_pb2.WorkflowRejected, sub.run_id)
+        assert rejected.stage == "generator" and rejected.reason in run.message
+        assert headers["Nats-Msg-Id"] == f"{sub.run_id}.rejected"
         finished = wait_for("finished", lambda: stored(
             nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
             events_pb2.WorkflowFinished, sub.run_id))
         assert run_from_proto(finished[0][1].run).state is RunState.FAILED
 
-    @pytest.mark.usefixtures("optimizer")
     def test_cancel_stops_the_processes(self, client: CoulerClient, nats_server: NatsServer,
                                         state: Path, tmp_path: Path) -> None:
         wf = marker_workflow(unique("sleepy"), tmp_path / "m", sleep=300)
