@@ -35,6 +35,7 @@ import pytest
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from couler import ir
 from couler.errors import UserError
 from couler.v1 import common_pb2, events_pb2, workflow_pb2
 from couler_monitor.events import (
@@ -46,10 +47,16 @@ from couler_monitor.events import (
 from couler_monitor.main import MonitorSettings, build
 from couler_monitor.recommendations import cpu_quantity, memory_quantity
 from couler_monitor.recommender import RecommenderConfig, StepHistory, estimate
+from couler_runtime import codec
 from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import Recommendation, RecommendationKind
 from couler_runtime.settings import SettingsError
+from tests.integration.test_submitter_service import (
+    RealOptimizer,
+    optimizer_settings,
+    planned,
+)
 from tests.servers import NatsServer, free_port, scratch_database
 from tests.service_thread import Builder
 from tests.service_thread import ServiceThread as RunningService
@@ -356,6 +363,30 @@ def expected_cpu(samples: Sequence[tuple[float, float]], runs: int) -> str:
     return cpu_quantity(got.target, Fraction(1))
 
 
+def plan_by_the_optimizer(nats: NatsServer, run_id: str, wf: ir.Workflow, state: Path) -> None:
+    """Run ``wf`` past the real optimizer: the run's request goes on the bus as the submitter
+    sends it, and the optimizer's plan (``couler.workflow.optimized``) is waited for."""
+    optimizer = RealOptimizer(optimizer_settings(nats, state / "optimizer")).start()
+    try:
+        request = events_pb2.WorkflowRequested(
+            run_id=run_id, workflow=codec.workflow_to_proto(wf),
+            options=events_pb2.RunOptions(engine="local"))
+
+        async def send() -> None:
+            bus = await Bus.connect(nats.url, name="monitor-test")
+            try:
+                await bus.ensure_streams()
+                await bus.publish("couler.workflow.requested", request,
+                                  msg_id=f"{run_id}.requested")
+            finally:
+                await bus.close()
+
+        asyncio.run(send())
+        planned(nats, run_id)
+    finally:
+        optimizer.stop()
+
+
 def run_of(wf: str, step: str, at: float, *, memory: int, cpu: float = 0.5,
            samples: Sequence[tuple[float, float, int]] = ()) -> tuple[str, list[Publish]]:
     """One run of ``step``: its samples (default: one at its end, as the submitter sends
@@ -497,15 +528,17 @@ class TestMonitor:
         wf = uid("rec")
         hostile = '<img src=x onerror="alert(1)">'
         t0 = time.time()
-        plan = workflow_pb2.Workflow(
-            name=wf, defaults=workflow_pb2.StepDefaults(
-                resources=workflow_pb2.Resources(cpu_request="250m")),
-            steps=[workflow_pb2.Step(name="train", resources=workflow_pb2.Resources(
-                cpu_request="2", memory_request="4Gi")), workflow_pb2.Step(name="prep")])
-        optimized = events_pb2.WorkflowOptimized(
-            run_id=uid("run"), plan=common_pb2.Plan(workflow=plan, engine="local"))
-        pubs: list[Publish] = [(subject_of(optimized), optimized,
-                                f"{optimized.run_id}.optimized")]
+        body = ir.ContainerSpec(image="alpine", command=("true",))
+        requested = ir.Workflow(
+            name=wf, defaults=ir.StepDefaults(resources=ir.Resources(cpu_request="250m")),
+            steps=(ir.Step(name="train", body=body, resources=ir.Resources(
+                cpu_request="2", memory_request="4Gi")), ir.Step(name="prep", body=body)))
+        # the real optimizer plans it; the monitor reads the plan off the bus
+        run_id = uid("run")
+        plan_by_the_optimizer(monitor.nats, run_id, requested, tmp_path)
+        wait_for("the plan's requests at the monitor", lambda: monitor.client.monitor
+                 .recommendation_report(wf).requested)
+        pubs: list[Publish] = []
         for i in range(2):
             pubs += run_of(wf, "train", t0 + i, memory=300 * MI)[1]
             pubs += run_of(wf, hostile, t0 + i, memory=20 * MI)[1]
@@ -517,7 +550,7 @@ class TestMonitor:
         assert planned[""].cpu_request == "250m"
         assert (planned["train"].cpu_request, planned["train"].memory_request) == ("2", "4Gi")
         assert "prep" not in planned  # it takes the defaults
-        assert {q.run_id for q in report.requested} == {optimized.run_id}
+        assert {q.run_id for q in report.requested} == {run_id}
         recs = by_kind(report.recommendations)
         mem = recs["train:memory_request"]
         assert mem.value == expected_memory([(t0, 300 * MI), (t0 + 1, 300 * MI)])

@@ -212,14 +212,14 @@ class RealOptimizer:
             self.service = None
 
 
-def optimizer_settings(nats_server: NatsServer, state: Path, *, cache_address: str = ""
-                       ) -> OptimizerSettings:
+def optimizer_settings(nats_server: NatsServer, state: Path, *, cache_address: str = "",
+                       **extra: Any) -> OptimizerSettings:
     """The optimizer's settings: no default retry (a failing step here fails once), the
-    cache at ``cache_address`` ("" for none: no step is reused)."""
+    cache at ``cache_address`` ("" for none: no step is reused), and ``extra``."""
     return OptimizerSettings.load(
         "optimizer", nats_url=nats_server.url, grpc_address="127.0.0.1:0", state_dir=state,
         database_url=f"sqlite:///{state / 'optimizer.db'}", cache_address=cache_address,
-        auth_token=None, otel_endpoint=None, default_retry=False, bus_insecure=True)
+        auth_token=None, otel_endpoint=None, default_retry=False, bus_insecure=True, **extra)
 
 
 @pytest.fixture
