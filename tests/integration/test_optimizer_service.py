@@ -45,6 +45,8 @@ from couler.optimize.cache_key import workflow_keys
 from couler.v1 import common_pb2, events_pb2, optimizer_service_pb2
 from couler_cache.main import CacheSettings, DigestBlobs
 from couler_cache.main import build as build_cache
+from couler_generator.main import GeneratorSettings
+from couler_generator.main import build as build_generator
 from couler_optimizer.events import (
     FEEDBACK_DURABLE,
     GENERATED,
@@ -60,7 +62,13 @@ from couler_optimizer.main import OptimizerSettings, build
 from couler_optimizer.rpc import INLINE_PLAN_BYTES
 from couler_optimizer.store import OptimizerStore
 from couler_runtime import codec
-from couler_runtime.blobs import digest_of, key_for_digest, open_blob_store
+from couler_runtime.blobs import (
+    BlobStore,
+    digest_of,
+    key_for_digest,
+    open_blob_store,
+    open_payload_store,
+)
 from couler_runtime.bus import HEADER_TENANT, HEADER_TRACEPARENT, Bus
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.client import connect
@@ -267,12 +275,13 @@ Answer = tuple[str, Message, dict[str, str]]
 
 
 async def exchange(nats: NatsServer, messages: Sequence[tuple[str, Message, str]],
-                   wait_for: set[str], *, headers: Mapping[str, str] | None = None
-                   ) -> dict[str, list[Answer]]:
+                   wait_for: set[str], *, headers: Mapping[str, str] | None = None,
+                   payloads: BlobStore | None = None) -> dict[str, list[Answer]]:
     """Publish ``(subject, message, msg_id)`` in order; return the answers (optimized /
     rejected) by run id once every run in ``wait_for`` was answered and the optimizer's
-    consumers have acked every message published."""
-    bus = await Bus.connect(nats.url, name="optimizer-test", tenant="acme")
+    consumers have acked every message published. ``payloads``: the store of the bodies
+    sent by reference (a plan over the bus's inline limit)."""
+    bus = await Bus.connect(nats.url, name="optimizer-test", tenant="acme", payloads=payloads)
     answers: dict[str, list[Answer]] = {}
     done = asyncio.Event()
     ours = {getattr(m, "run_id", "") for _, m, _ in messages}
@@ -280,7 +289,8 @@ async def exchange(nats: NatsServer, messages: Sequence[tuple[str, Message, str]
                                        REJECTED: events_pb2.WorkflowRejected}
 
     async def collect(msg: Any) -> None:
-        body = types[msg.subject].FromString(msg.data)
+        data = await bus.load_body(msg.subject, msg.data, dict(msg.headers or {}))
+        body = types[msg.subject].FromString(data)
         rid = getattr(body, "run_id", "")
         if rid in ours:
             answers.setdefault(rid, []).append((msg.subject, body, dict(msg.headers or {})))
@@ -587,19 +597,35 @@ class TestEvents:
         assert summary.from_event and summary.engine == "argo" and summary.workflow == wf.name
 
     def test_generated_workflow_is_optimized(self, optimizer: Optimizer,
-                                             nats_server: NatsServer) -> None:
-        rid, wf = run_id(), chain(2)
+                                             nats_server: NatsServer, tmp_path: Path) -> None:
+        """A text request: the real generator (its offline planner) answers it with
+        ``couler.workflow.generated``, and the optimizer plans what it generated."""
+        rid = run_id()
         options = events_pb2.RunOptions(engine="local", constraints=["fast"])
-        generated = events_pb2.WorkflowGenerated(
-            run_id=rid, workflow=codec.workflow_to_proto(wf), options=options,
-            report=common_pb2.GenerationReport(planner="offline", rounds=1))
-        answers = asyncio.run(exchange(nats_server, [(GENERATED, generated, f"{rid}.generated")],
-                                       {rid}))
+        text = (REQUESTED, events_pb2.WorkflowRequested(
+            run_id=rid, text="train an XGBoost and a LightGBM model, keep the better",
+            options=options), f"{rid}.requested")
+        generator = RunningService(GeneratorSettings.load(
+            "generator", nats_url=nats_server.url, grpc_address="127.0.0.1:0",
+            state_dir=tmp_path / "generator", llm_base_url="", llm_model="", auth_token=None,
+            otel_endpoint=None, bus_insecure=True,
+            # the services share one store for bodies sent by reference, as deployed
+            artifacts=optimizer.settings.artifacts), build_generator).start()
+        try:
+            answers = asyncio.run(exchange(nats_server, [text], {rid},
+                                           payloads=open_payload_store(optimizer.settings)))
+        finally:
+            generator.stop()
         subject, body, _ = only_answer(answers, rid)
         assert subject == OPTIMIZED
         assert isinstance(body, events_pb2.WorkflowOptimized)
         assert body.options == options and body.plan.engine == "local"
         assert body.plan.compiled == ""
+        planned = codec.workflow_from_proto(body.plan.workflow)
+        ir.validate(planned)
+        assert any("xgboost" in s.name for s in planned.steps), [s.name for s in planned.steps]
+        [summary] = optimizer.history(run_id=rid)
+        assert summary.from_event and summary.workflow == planned.name
 
     def test_cache_and_no_cache_on_the_event_path(self, optimizer: Optimizer,
                                                   nats_server: NatsServer,
