@@ -38,6 +38,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from couler import ir
 from couler.errors import UserError
 from couler.v1 import common_pb2, events_pb2, workflow_pb2
+from couler_generator.main import GeneratorSettings
+from couler_generator.main import build as build_generator
 from couler_monitor.events import (
     METRICS_BATCH_DURABLE,
     METRICS_DURABLE,
@@ -668,7 +670,8 @@ class TestMonitor:
         assert current["fit:memory_request"].value == expected_memory(
             [(t0 + 1, round(bumped)), (t0 + 5, round(bumped))])
 
-    def test_dashboard_lists_runs_steps_and_cache_hits_escaped(self, monitor: Monitor) -> None:
+    def test_dashboard_lists_runs_steps_and_cache_hits_escaped(self, monitor: Monitor,
+                                                               tmp_path: Path) -> None:
         wf = uid("dash")
         run = uid('run-<script>alert("x")</script>&')
         hostile = '<img src=x onerror="alert(1)"> & done'
@@ -694,13 +697,24 @@ class TestMonitor:
         )
         pubs.append(("couler.workflow.finished", events_pb2.WorkflowFinished(run=finished),
                      f"{uuid.uuid4().hex}.finished.0"))
+        # A text the real generator cannot plan: it answers couler.workflow.rejected.
         rejected = uid("rejected")
-        pubs.append(("couler.workflow.rejected",
-                     events_pb2.WorkflowRejected(run_id=rejected, stage="generator",
-                                                 reason="cannot plan <this>"),
-                     f"{rejected}.rejected"))
-        got = exchange(monitor.nats, pubs)
-        assert not got.terminated & set(got.sequences)
+        pubs.append(("couler.workflow.requested",
+                     events_pb2.WorkflowRequested(run_id=rejected,
+                                                  text="book me a flight to <Paris>"),
+                     f"{rejected}.requested"))
+        generator = RunningService(GeneratorSettings.load(
+            "generator", nats_url=monitor.nats.url, grpc_address="127.0.0.1:0",
+            state_dir=tmp_path / "generator", llm_base_url="", llm_model="", auth_token=None,
+            otel_endpoint=None, bus_insecure=True), build_generator).start()
+        try:
+            got = exchange(monitor.nats, pubs)
+            assert not got.terminated & set(got.sequences)
+            wait_for("the generator's rejection at the monitor", lambda: any(
+                rejected in r and ">failed<" in r for r in httpx.get(
+                    f"{monitor.service.dashboard}/", timeout=WAIT).text.split("<tr>")))
+        finally:
+            generator.stop()
 
         with httpx.Client(base_url=monitor.service.dashboard, timeout=WAIT) as http:
             assert http.get("/healthz").json() == {"status": "ok"}
@@ -736,7 +750,9 @@ class TestMonitor:
             assert api["message"] == hostile  # JSON carries the text as it is
             listed = {r["run_id"]: r for r in http.get("/api/runs").json()}
             assert listed[rejected]["state"] == "failed"
-            assert "cannot plan <this>" in listed[rejected]["message"]
+            # the generator's own reason, as it is (markup and all: JSON, not HTML)
+            assert listed[rejected]["message"].startswith("rejected by the generator: ")
+            assert "cannot plan 'book me a flight to <Paris>'" in listed[rejected]["message"]
             usage = http.get("/api/utilization", params={"workflow": wf}).json()
             assert {p["step"]: p["peak_memory_bytes"] for p in usage["peaks"]} == {
                 "train": 128 * MI}

@@ -9,7 +9,12 @@ class there that
 * subclasses a generated ``couler.v1`` servicer (``...Servicer``),
 * is named ``StandIn...``, or ``Fake...`` after one of our services, or
 * serves one of our services' RPCs by hand: a method named as a ``couler.v1`` RPC
-  taking ``(self, request, context)``.
+  taking ``(self, request, context)``;
+
+and every place where a test builds an answer one of our services gives -- a plan
+(``WorkflowOptimized``, ``plan_to_proto``), a refusal (``WorkflowRejected``), a generated
+workflow (``WorkflowGenerated``, ``GenerateResponse``), a cache lookup (``LookupResponse``)
+-- rather than getting it from the real service.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from couler.v1 import (
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("integration", "e2e")
 SERVICES = ("Generator", "Optimizer", "Cache", "Submitter", "Monitor")
+#: Answers only our services give: a test that builds one plays that service.
+ANSWERS = frozenset({"WorkflowOptimized", "WorkflowRejected", "WorkflowGenerated",
+                     "plan_to_proto", "GenerateResponse", "LookupResponse"})
 
 
 def rpc_names() -> frozenset[str]:
@@ -50,11 +58,20 @@ def _serves_by_hand(node: ast.ClassDef, rpcs: frozenset[str]) -> list[str]:
     return found
 
 
+def _called(node: ast.Call) -> str:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else \
+        func.id if isinstance(func, ast.Name) else ""
+
+
 def standins(source: str, rpcs: frozenset[str] | None = None) -> list[tuple[int, str, str]]:
-    """(line, class, why) for each stand-in of one of our services in ``source``."""
+    """(line, name, why) for each stand-in of one of our services in ``source``."""
     rpcs = rpc_names() if rpcs is None else rpcs
     found = []
     for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and _called(node) in ANSWERS:
+            found.append((node.lineno, _called(node), "builds an answer of our services"))
+            continue
         if not isinstance(node, ast.ClassDef):
             continue
         bases = [ast.unparse(b) for b in node.bases]
@@ -72,7 +89,7 @@ def standins(source: str, rpcs: frozenset[str] | None = None) -> list[tuple[int,
 
 def test_no_standin_of_our_services_in_integration_or_e2e() -> None:
     offenders = [
-        f"{path.relative_to(ROOT.parent)}:{line}: class {name} ({why})"
+        f"{path.relative_to(ROOT.parent)}:{line}: {name} ({why})"
         for folder in SCANNED
         for path in sorted((ROOT / folder).rglob("*.py"))
         for line, name, why in standins(path.read_text())]
@@ -99,8 +116,11 @@ class FakeKube:  # an outside system
 class RecordingAdapter:  # an engine
     def submit(self, request, context):
         return None
+plan = events_pb2.WorkflowOptimized(run_id="r", plan=plan_to_proto(p))
+reading = events_pb2.WorkflowOptimized.FromString(data)  # reading an answer is fine
 '''
-    assert [(name, why.split()[0]) for _, name, why in standins(source)] == [
+    found = sorted((line, name, why.split()[0]) for line, name, why in standins(source))
+    assert [(name, why) for _, name, why in found] == [
         ("A", "subclasses"), ("StandInCache", "named"), ("FakeSubmitterServer", "named"),
-        ("Handmade", "serves")]
+        ("Handmade", "serves"), ("WorkflowOptimized", "builds"), ("plan_to_proto", "builds")]
     assert {"Lookup", "Optimize", "Submit", "Generate", "Recommendations"} <= rpc_names()
