@@ -625,6 +625,7 @@ class TestService:
             events_pb2.WorkflowFinished, sub.run_id))
         assert run_from_proto(finished[0][1].run).state is RunState.FAILED
 
+    @pytest.mark.usefixtures("optimizer")
     def test_cancel_stops_the_processes(self, client: CoulerClient, nats_server: NatsServer,
                                         state: Path, tmp_path: Path) -> None:
         wf = marker_workflow(unique("sleepy"), tmp_path / "m", sleep=300)
