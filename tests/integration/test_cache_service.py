@@ -32,9 +32,9 @@ import nats.js.errors
 import pytest
 from google.protobuf.message import Message
 
-from couler.errors import RetryableError, UserError
+from couler.errors import UserError
 from couler.v1 import common_pb2, events_pb2
-from couler_cache.events import DURABLE, SUCCEEDED
+from couler_cache.events import DURABLE, SUCCEEDED, OutboxPublisher
 from couler_cache.main import CacheSettings, DigestBlobs, build
 from couler_cache.policy import EvictionPolicy
 from couler_cache.service import COMMITTED, EVICTED
@@ -50,6 +50,7 @@ from couler_runtime.store import make_engine, migrate
 from tests.servers import NatsServer, SeaweedS3, scratch_database
 from tests.service_thread import Builder
 from tests.service_thread import ServiceThread as RunningService
+from tests.unit.test_cache_outbox import FlakyBlobs
 from tests.unit.test_cache_policy import Clock, SizeBlobs, populate_version_1
 
 WAIT = 60.0  # a bound on waiting, never an assertion about speed
@@ -654,45 +655,24 @@ def test_restart_keeps_index_and_counters(start: Starter, db_url: str,
 # ----------------------------------------------------------------------------- durability
 
 
-class FlakyBlobs:
-    """The artifact store, with deletes failing while ``failing`` is set."""
-
-    def __init__(self, blobs: DigestBlobs) -> None:
-        self.blobs = blobs
-        self.failing = False
-
-    def exists(self, digest: str) -> bool:
-        return self.blobs.exists(digest)
-
-    def size(self, digest: str) -> int:
-        return self.blobs.size(digest)
-
-    def delete(self, digest: str) -> None:
-        if self.failing:
-            raise RetryableError("artifact store unavailable")
-        self.blobs.delete(digest)
-
-
-def test_side_effects_survive_failures_and_restarts(db_url: str, tmp_path: Path) -> None:
-    """Events that could not be published and blobs that could not be deleted are queued
-    with the index change and finished by the next process."""
+def test_side_effects_survive_a_bus_down_and_a_restart(db_url: str, tmp_path: Path,
+                                                       nats_server: NatsServer) -> None:
+    """The events a process could not publish (its bus connection closed) and the blobs it
+    could not delete are queued with the index change; the next process, on a real bus,
+    publishes them to JetStream and deletes them. The use cases with a fake of the publish
+    port, on SQLite, are tests/unit/test_cache_outbox.py."""
     blobs = DigestBlobs(LocalBlobStore(tmp_path / "blobs"))
-    data = b"model bytes"
+    data = b"model bytes " + uuid.uuid4().hex.encode()
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     art = StoredArtifact(digest, len(data), "file:///x")
     k = key()
-    sent: list[tuple[str, str]] = []
-
-    async def unreachable(subject: str, msg_id: str, payload: bytes) -> None:
-        raise RetryableError("nats unavailable")
-
-    async def reachable(subject: str, msg_id: str, payload: bytes) -> None:
-        sent.append((subject, msg_id))
 
     async def first_process() -> None:
+        bus = await Bus.connect(nats_server.url, name="cache-first")
+        await bus.close()  # the bus is gone: every publish fails (RetryableError)
         store = CacheStore.open(db_url)
         flaky = FlakyBlobs(blobs)
-        cache = CacheUseCases(store, flaky, budget_bytes=0, publish=unreachable,
+        cache = CacheUseCases(store, flaky, budget_bytes=0, publish=OutboxPublisher(bus),
                               retry_interval=3600)
         try:
             await cache.start()
@@ -704,24 +684,42 @@ def test_side_effects_survive_failures_and_restarts(db_url: str, tmp_path: Path)
             await cache.close()
             store.close()
 
-    async def second_process() -> None:
+    async def second_process() -> tuple[list[tuple[str, str]], list[str]]:
+        bus = await Bus.connect(nats_server.url, name="cache-second")
+        seen: list[tuple[str, str]] = []
+        both = asyncio.Event()
+
+        async def collect(msg: Any) -> None:
+            body = (events_pb2.CacheCommitted if msg.subject == COMMITTED
+                    else events_pb2.CacheEvicted).FromString(msg.data)
+            if k in (getattr(body, "key", ""), *getattr(body, "keys", ())):
+                seen.append((msg.subject, (msg.headers or {}).get("Nats-Msg-Id", "")))
+            if len(seen) == 2:
+                both.set()
+
+        subs = [await bus.client.subscribe(s, cb=collect) for s in (COMMITTED, EVICTED)]
+        await bus.ensure_streams()
         store = CacheStore.open(db_url)
-        cache = CacheUseCases(store, blobs, budget_bytes=0, publish=reachable)
+        cache = CacheUseCases(store, blobs, budget_bytes=0, publish=OutboxPublisher(bus))
         try:
             await cache.start()
             stats = await cache.stats()
             assert (stats.entries, stats.evictions) == (0, 1)
             assert await cache.evicted_bytes() == len(data)
+            await asyncio.wait_for(both.wait(), WAIT)
+            return seen, [bus.msg_id(COMMITTED, f"{k}.committed"), bus.msg_id(EVICTED, k)]
         finally:
             await cache.close()
             store.close()
+            for sub in subs:
+                await sub.unsubscribe()
+            await bus.close()
 
     asyncio.run(first_process())
     assert blobs.exists(digest)  # the delete failed: still queued
-    assert sent == []
-    asyncio.run(second_process())
+    seen, ids = asyncio.run(second_process())
     assert not blobs.exists(digest)
-    assert sent == [(COMMITTED, f"{k}.committed"), (EVICTED, k)]
+    assert seen == [(COMMITTED, ids[0]), (EVICTED, ids[1])]
 
 
 # ----------------------------------------------------------------------------- process

@@ -35,8 +35,11 @@ import pytest
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from couler import ir
 from couler.errors import UserError
 from couler.v1 import common_pb2, events_pb2, workflow_pb2
+from couler_generator.main import GeneratorSettings
+from couler_generator.main import build as build_generator
 from couler_monitor.events import (
     METRICS_BATCH_DURABLE,
     METRICS_DURABLE,
@@ -46,10 +49,16 @@ from couler_monitor.events import (
 from couler_monitor.main import MonitorSettings, build
 from couler_monitor.recommendations import cpu_quantity, memory_quantity
 from couler_monitor.recommender import RecommenderConfig, StepHistory, estimate
+from couler_runtime import codec
 from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import Recommendation, RecommendationKind
 from couler_runtime.settings import SettingsError
+from tests.integration.test_submitter_service import (
+    RealOptimizer,
+    optimizer_settings,
+    planned,
+)
 from tests.servers import NatsServer, free_port, scratch_database
 from tests.service_thread import Builder
 from tests.service_thread import ServiceThread as RunningService
@@ -356,6 +365,30 @@ def expected_cpu(samples: Sequence[tuple[float, float]], runs: int) -> str:
     return cpu_quantity(got.target, Fraction(1))
 
 
+def plan_by_the_optimizer(nats: NatsServer, run_id: str, wf: ir.Workflow, state: Path) -> None:
+    """Run ``wf`` past the real optimizer: the run's request goes on the bus as the submitter
+    sends it, and the optimizer's plan (``couler.workflow.optimized``) is waited for."""
+    optimizer = RealOptimizer(optimizer_settings(nats, state / "optimizer")).start()
+    try:
+        request = events_pb2.WorkflowRequested(
+            run_id=run_id, workflow=codec.workflow_to_proto(wf),
+            options=events_pb2.RunOptions(engine="local"))
+
+        async def send() -> None:
+            bus = await Bus.connect(nats.url, name="monitor-test")
+            try:
+                await bus.ensure_streams()
+                await bus.publish("couler.workflow.requested", request,
+                                  msg_id=f"{run_id}.requested")
+            finally:
+                await bus.close()
+
+        asyncio.run(send())
+        planned(nats, run_id)
+    finally:
+        optimizer.stop()
+
+
 def run_of(wf: str, step: str, at: float, *, memory: int, cpu: float = 0.5,
            samples: Sequence[tuple[float, float, int]] = ()) -> tuple[str, list[Publish]]:
     """One run of ``step``: its samples (default: one at its end, as the submitter sends
@@ -497,15 +530,17 @@ class TestMonitor:
         wf = uid("rec")
         hostile = '<img src=x onerror="alert(1)">'
         t0 = time.time()
-        plan = workflow_pb2.Workflow(
-            name=wf, defaults=workflow_pb2.StepDefaults(
-                resources=workflow_pb2.Resources(cpu_request="250m")),
-            steps=[workflow_pb2.Step(name="train", resources=workflow_pb2.Resources(
-                cpu_request="2", memory_request="4Gi")), workflow_pb2.Step(name="prep")])
-        optimized = events_pb2.WorkflowOptimized(
-            run_id=uid("run"), plan=common_pb2.Plan(workflow=plan, engine="local"))
-        pubs: list[Publish] = [(subject_of(optimized), optimized,
-                                f"{optimized.run_id}.optimized")]
+        body = ir.ContainerSpec(image="alpine", command=("true",))
+        requested = ir.Workflow(
+            name=wf, defaults=ir.StepDefaults(resources=ir.Resources(cpu_request="250m")),
+            steps=(ir.Step(name="train", body=body, resources=ir.Resources(
+                cpu_request="2", memory_request="4Gi")), ir.Step(name="prep", body=body)))
+        # the real optimizer plans it; the monitor reads the plan off the bus
+        run_id = uid("run")
+        plan_by_the_optimizer(monitor.nats, run_id, requested, tmp_path)
+        wait_for("the plan's requests at the monitor", lambda: monitor.client.monitor
+                 .recommendation_report(wf).requested)
+        pubs: list[Publish] = []
         for i in range(2):
             pubs += run_of(wf, "train", t0 + i, memory=300 * MI)[1]
             pubs += run_of(wf, hostile, t0 + i, memory=20 * MI)[1]
@@ -517,7 +552,7 @@ class TestMonitor:
         assert planned[""].cpu_request == "250m"
         assert (planned["train"].cpu_request, planned["train"].memory_request) == ("2", "4Gi")
         assert "prep" not in planned  # it takes the defaults
-        assert {q.run_id for q in report.requested} == {optimized.run_id}
+        assert {q.run_id for q in report.requested} == {run_id}
         recs = by_kind(report.recommendations)
         mem = recs["train:memory_request"]
         assert mem.value == expected_memory([(t0, 300 * MI), (t0 + 1, 300 * MI)])
@@ -635,7 +670,8 @@ class TestMonitor:
         assert current["fit:memory_request"].value == expected_memory(
             [(t0 + 1, round(bumped)), (t0 + 5, round(bumped))])
 
-    def test_dashboard_lists_runs_steps_and_cache_hits_escaped(self, monitor: Monitor) -> None:
+    def test_dashboard_lists_runs_steps_and_cache_hits_escaped(self, monitor: Monitor,
+                                                               tmp_path: Path) -> None:
         wf = uid("dash")
         run = uid('run-<script>alert("x")</script>&')
         hostile = '<img src=x onerror="alert(1)"> & done'
@@ -661,13 +697,24 @@ class TestMonitor:
         )
         pubs.append(("couler.workflow.finished", events_pb2.WorkflowFinished(run=finished),
                      f"{uuid.uuid4().hex}.finished.0"))
+        # A text the real generator cannot plan: it answers couler.workflow.rejected.
         rejected = uid("rejected")
-        pubs.append(("couler.workflow.rejected",
-                     events_pb2.WorkflowRejected(run_id=rejected, stage="generator",
-                                                 reason="cannot plan <this>"),
-                     f"{rejected}.rejected"))
-        got = exchange(monitor.nats, pubs)
-        assert not got.terminated & set(got.sequences)
+        pubs.append(("couler.workflow.requested",
+                     events_pb2.WorkflowRequested(run_id=rejected,
+                                                  text="book me a flight to <Paris>"),
+                     f"{rejected}.requested"))
+        generator = RunningService(GeneratorSettings.load(
+            "generator", nats_url=monitor.nats.url, grpc_address="127.0.0.1:0",
+            state_dir=tmp_path / "generator", llm_base_url="", llm_model="", auth_token=None,
+            otel_endpoint=None, bus_insecure=True), build_generator).start()
+        try:
+            got = exchange(monitor.nats, pubs)
+            assert not got.terminated & set(got.sequences)
+            wait_for("the generator's rejection at the monitor", lambda: any(
+                rejected in r and ">failed<" in r for r in httpx.get(
+                    f"{monitor.service.dashboard}/", timeout=WAIT).text.split("<tr>")))
+        finally:
+            generator.stop()
 
         with httpx.Client(base_url=monitor.service.dashboard, timeout=WAIT) as http:
             assert http.get("/healthz").json() == {"status": "ok"}
@@ -704,7 +751,9 @@ class TestMonitor:
             assert api["message"] == hostile  # JSON carries the text as it is
             listed = {r["run_id"]: r for r in http.get("/api/runs").json()}
             assert listed[rejected]["state"] == "failed"
-            assert "cannot plan <this>" in listed[rejected]["message"]
+            # the generator's own reason, as it is (markup and all: JSON, not HTML)
+            assert listed[rejected]["message"].startswith("rejected by the generator: ")
+            assert "cannot plan 'book me a flight to <Paris>'" in listed[rejected]["message"]
             usage = http.get("/api/utilization", params={"workflow": wf}).json()
             assert {p["step"]: p["peak_memory_bytes"] for p in usage["peaks"]} == {
                 "train": 128 * MI}
@@ -987,327 +1036,9 @@ def test_process_logs_the_dashboard_and_stops_on_sigterm(nats_server: NatsServer
 # ----------------------------------------------------------------------------- use cases
 
 
-def _monitor_on(path: Path, sent: list[Recommendation], *, fail: list[bool] | None = None,
-                history_runs: int = 10) -> tuple[Any, Any]:
-    from couler.errors import RetryableError
-    from couler_monitor.service import Monitor as UseCases
-    from couler_monitor.store import MonitorStore
-
-    store = MonitorStore.open(f"sqlite:///{path / 'monitor.db'}")
-
-    async def publish(rec: Recommendation) -> None:
-        if fail:
-            fail.pop()
-            raise RetryableError("publish: NATS unavailable")
-        sent.append(rec)
-
-    return UseCases(store, publish, history_runs=history_runs), store
-
-
-def _record(name: str, state: str, *, peak: int | None = None,
-            finished: float | None = None) -> Any:
-    from couler.engines.base import StepState
-    from couler_runtime.rpc.records import StepRecord
-
-    return StepRecord(name=name, state=StepState(state), attempts=1, peak_memory_bytes=peak,
-                      finished_at=finished)
-
-
-def test_retry_limits_and_back_off_are_learned_from_failures(tmp_path: Path) -> None:
-    """Every failed attempt is kept (monitor_step_failures); a step that recovered from
-    transient failures gets a limit covering them and a back-off from its recovery time,
-    a step that never failed transiently in 5 runs gets limit 0, and OOM keeps its own."""
-    from couler import ir
-    from couler.engines.base import StepState
-    from couler_runtime.rpc.records import StepRecord
-
-    sent: list[Recommendation] = []
-    monitor, store = _monitor_on(tmp_path, sent)
-    infra = ir.FailureClass.INFRA
-
-    def rec(name: str, state: StepState, attempts: int, *, at: float,
-            failure: ir.FailureClass | None = None, peak: int | None = None) -> StepRecord:
-        return StepRecord(name=name, state=state, attempts=attempts, failure_class=failure,
-                          failure_reason=f"{failure.value}: why" if failure else "",
-                          finished_at=at if state.terminal else None, peak_memory_bytes=peak)
-
-    async def scenario() -> None:
-        for i in range(5):
-            t = 1000.0 * (i + 1)
-            await monitor.record_step(f"ok{i}", "wf", "local",
-                                      rec("steady", StepState.SUCCEEDED, 1, at=t), t)
-        # flaky: the network twice (retrying events), then success 40 s after the first
-        for a in (1, 2):
-            await monitor.record_step("f1", "wf", "local", rec(
-                "flaky", StepState.RETRYING, a, at=0, failure=infra), 100.0 + 10 * a)
-        await monitor.record_step("f1", "wf", "local",
-                                  rec("flaky", StepState.SUCCEEDED, 3, at=150.0), 150.0)
-        # redelivered: kept once
-        await monitor.record_step("f1", "wf", "local", rec(
-            "flaky", StepState.RETRYING, 1, at=0, failure=infra), 110.0)
-        # oom: a step killed at its memory limit 5 times and never transient
-        for i in range(5):
-            t = 5000.0 + i
-            await monitor.record_step(f"o{i}", "wf", "local", rec(
-                "hog", StepState.FAILED, 1, at=t, failure=ir.FailureClass.OOM,
-                peak=100 * MI), t)
-
-    try:
-        asyncio.run(scenario())
-        recs = asyncio.run(monitor.recommendations("wf"))
-        by = {(r.step, r.kind.value): r for r in recs}
-        steady = by[("steady", "retry")]
-        assert (steady.value, steady.based_on_samples) == ("0", 5)
-        assert steady.failure_class is ir.FailureClass.TRANSIENT  # the platform's still are
-        assert "no transient or infrastructure failure in 5 runs" in steady.reason
-        flaky = by[("flaky", "retry")]
-        # two retries needed: limit 3; 40 s over 2 retries: back-off 20 s
-        assert (flaky.value, flaky.failure_class) == ("3", infra)
-        assert by[("flaky", "retry_backoff")].value == "20"
-        hog = by[("hog", "retry")]
-        assert (hog.value, hog.failure_class) == ("2", ir.FailureClass.OOM)  # not lowered
-        assert ("hog", "memory_limit") in by
-        with store.transaction() as tx:
-            failed = [(f.attempt, f.failure_class) for row, fs in
-                      tx.step_history("wf", "flaky", 10) for f in fs]
-        assert failed == [(1, "infra"), (2, "infra")]
-    finally:
-        store.close()
-
-
-def test_a_failed_publish_is_sent_on_redelivery_with_the_same_id(tmp_path: Path) -> None:
-    """The recommendation row is the outbox: committed first, published after, once."""
-    from couler.errors import RetryableError
-
-    sent: list[Recommendation] = []
-    monitor, store = _monitor_on(tmp_path, sent, fail=[True])
-    first = _record("train", "succeeded", peak=300 * MI, finished=99.0)
-    record = _record("train", "succeeded", peak=300 * MI, finished=100.0)
-    want = expected_memory([(99.0, 300 * MI), (100.0, 300 * MI)])
-
-    async def scenario() -> None:
-        await monitor.record_step("r0", "wf", "local", first, 99.0)  # one run: nothing
-        with pytest.raises(RetryableError):
-            await monitor.record_step("r1", "wf", "local", record, 100.0)
-        assert sent == []
-        stored = await monitor.recommendations("wf")
-        assert [r.value for r in stored] == [want]  # committed before publishing
-        await monitor.record_step("r1", "wf", "local", record, 100.0)  # the redelivery
-        assert [(r.id, r.value) for r in sent] == [(f"wf/train/memory_request/{want}", want)]
-        await monitor.record_step("r1", "wf", "local", record, 100.0)  # and once more
-        assert len(sent) == 1
-        assert [r.runs for r in await monitor.recommendations("wf")] == [2]  # not 3
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        store.close()
-    # A restart finds nothing left to publish.
-    again: list[Recommendation] = []
-    monitor, store = _monitor_on(tmp_path, again)
-    try:
-        assert asyncio.run(monitor.publish_pending()) == 0
-    finally:
-        store.close()
-
-
-def test_old_runs_decay_away(tmp_path: Path) -> None:
-    """Runs ten days apart (a 24 h half-life): the newest run all but decides the p95, and
-    the request follows it down."""
-    sent: list[Recommendation] = []
-    monitor, store = _monitor_on(tmp_path, sent)
-    day = 86400.0
-    peaks = [(100.0 + i * 10 * day, peak * MI) for i, peak in enumerate([500, 200, 100])]
-
-    async def scenario() -> list[str]:
-        for i, (at, peak) in enumerate(peaks):
-            await monitor.record_step(f"r{i}", "wf", "local",
-                                      _record("s", "succeeded", peak=peak, finished=at), at)
-        return [r.value for r in sent]
-
-    try:
-        got = asyncio.run(scenario())
-    finally:
-        store.close()
-    assert got == [expected_memory(peaks[:2]), expected_memory(peaks)]
-    assert _mi(got[0]) < 500 and _mi(got[1]) < 200
-
-
-def test_requests_below_the_minimum_are_raised_to_it(tmp_path: Path) -> None:
-    """A tiny step (a shell command) peaks at a few MiB and no CPU to speak of: the
-    recommendation is the configured minimum, and its reason says so."""
-    from couler.engines.base import StepState
-    from couler_monitor.service import Monitor as UseCases
-    from couler_monitor.store import MonitorStore
-    from couler_runtime.rpc.records import StepRecord, UtilizationSample
-
-    sent: list[Recommendation] = []
-
-    async def publish(rec: Recommendation) -> None:
-        sent.append(rec)
-
-    store = MonitorStore.open(f"sqlite:///{tmp_path / 'monitor.db'}")
-    monitor = UseCases(store, publish, min_memory_bytes=32 * MI, min_cpu=0.05)
-
-    async def scenario() -> None:
-        for i in range(2):
-            at = 100.0 + i
-            await monitor.record_sample(UtilizationSample(f"r{i}", "wf", "echo", at, 0.001,
-                                                          3 * MI))
-            await monitor.record_step(f"r{i}", "wf", "local", StepRecord(
-                name="echo", state=StepState.SUCCEEDED, attempts=1, peak_memory_bytes=3 * MI,
-                peak_cpu=0.001, finished_at=at), at)
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        store.close()
-    got = {r.kind.value: r for r in sent}
-    assert got["memory_request"].value == "32Mi"
-    assert "raised to the minimum 32Mi" in got["memory_request"].reason
-    assert got["cpu_request"].value == "50m"
-    assert "raised to the minimum 50m" in got["cpu_request"].reason
-    assert got["cpu_request"].lower_bound == "50m"
-
-
-def test_damaged_histograms_are_rebuilt_from_the_stored_samples(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Stored histograms that cannot be parsed never stop the service: they are rebuilt
-    from the samples and steps it stored (logged), and the recommendation is the same."""
-    import sqlite3
-
-    from couler_runtime.rpc.records import UtilizationSample
-
-    sent: list[Recommendation] = []
-    monitor, store = _monitor_on(tmp_path, sent)
-
-    async def run(i: int) -> None:
-        at = 1000.0 + 60 * i
-        for k in range(5):
-            await monitor.record_sample(UtilizationSample(
-                f"r{i}", "wf", "fit", at + k, 0.2 + 0.1 * k, (100 + 10 * i) * MI))
-        await monitor.record_step(f"r{i}", "wf", "local",
-                                  _record("fit", "succeeded", peak=(100 + 10 * i) * MI,
-                                          finished=at + 5), at + 5)
-
-    async def before() -> tuple[Recommendation, ...]:
-        for i in range(3):
-            await run(i)
-        return await monitor.recommendations("wf")
-
-    try:
-        healthy = asyncio.run(before())
-    finally:
-        store.close()
-    assert {r.kind.value for r in healthy} == {"memory_request", "cpu_request"}
-
-    con = sqlite3.connect(tmp_path / "monitor.db")
-    with con:
-        con.execute("UPDATE monitor_recommender_state SET state = '{not json'")
-    con.close()
-    caplog.set_level(logging.WARNING, logger="couler_monitor")
-    monitor, store = _monitor_on(tmp_path, sent)
-    try:
-        asyncio.run(run(3))
-        after = by_kind(asyncio.run(monitor.recommendations("wf")))
-    finally:
-        store.close()
-    assert any("cannot be read" in r.getMessage() and "rebuilding" in r.getMessage()
-               for r in caplog.records)
-    # the same as if nothing had been damaged: four runs, 20 samples
-    assert (after["fit:cpu_request"].runs, after["fit:cpu_request"].samples) == (4, 20)
-    assert after["fit:memory_request"].runs == 4
-    fresh = tmp_path / "fresh"
-    fresh.mkdir()
-    monitor, store = _monitor_on(fresh, [])
-    try:
-        async def undamaged() -> dict[str, Recommendation]:
-            for i in range(4):
-                await run(i)
-            return by_kind(await monitor.recommendations("wf"))
-
-        clean = asyncio.run(undamaged())
-    finally:
-        store.close()
-    assert {k: (r.value, r.target, r.lower_bound, r.upper_bound) for k, r in after.items()} \
-        == {k: (r.value, r.target, r.lower_bound, r.upper_bound) for k, r in clean.items()}
-
-
 def test_the_minimum_requests_are_settings(tmp_path: Path) -> None:
     settings = MonitorSettings.load("monitor", state_dir=tmp_path, min_memory_request="64Mi",
                                     min_cpu_request="0.1")
     assert (settings.min_memory_request, settings.min_cpu_request) == ("64Mi", "0.1")
     with pytest.raises(SettingsError, match=r"COULER_MIN_MEMORY_REQUEST: 'lots' is not a"):
         MonitorSettings.load("monitor", state_dir=tmp_path, min_memory_request="lots")
-
-
-def test_the_changes_of_a_batch_commit_together(tmp_path: Path) -> None:
-    """A consumer's batch of events is one transaction: all of it, or none of it."""
-    from couler.errors import NotFoundError, RetryableError
-    from couler_runtime.rpc.records import Run, RunState
-
-    sent: list[Recommendation] = []
-    monitor, store = _monitor_on(tmp_path, sent)
-
-    def broken(tx: Any) -> bool:
-        raise RetryableError("database locked")
-
-    async def scenario() -> None:
-        await monitor.record_step("r0", "wf", "local",
-                                  _record("train", "succeeded", peak=300 * MI, finished=0.5),
-                                  0.5)
-        await monitor.apply([
-            monitor.requested_change("r1", workflow="wf", engine="local", at=1.0),
-            monitor.step_change("r1", "wf", "local",
-                                _record("train", "succeeded", peak=300 * MI, finished=2.0),
-                                2.0),
-            monitor.finished_change(Run(run_id="r1", state=RunState.SUCCEEDED, workflow="wf",
-                                        engine="local", finished_at=3.0))])
-        run = await monitor.run("r1")
-        assert (run.state, run.created_at, run.finished_at) == (RunState.SUCCEEDED, 1.0, 3.0)
-        assert [s.name for s in run.steps] == ["train"]
-        assert [r.value for r in sent] == [expected_memory([(0.5, 300 * MI), (2.0, 300 * MI)])]
-        with pytest.raises(RetryableError):
-            await monitor.apply([
-                monitor.requested_change("r2", workflow="wf", engine="local", at=4.0),
-                broken])
-        with pytest.raises(NotFoundError):
-            await monitor.run("r2")  # the batch left nothing behind
-        with pytest.raises(UserError, match="field 'run_id' is empty"):
-            monitor.step_change("", "wf", "local", _record("train", "succeeded"), 5.0)
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        store.close()
-
-
-def test_samples_after_the_step_end_count_the_run(tmp_path: Path) -> None:
-    """Samples and step events come through different consumers: a run whose step ended
-    (unmeasured) before its samples arrived counts once they do, and a step nobody
-    measured recommends nothing."""
-    from couler_runtime.rpc.records import UtilizationSample
-
-    sent: list[Recommendation] = []
-    monitor, store = _monitor_on(tmp_path, sent)
-
-    async def scenario() -> None:
-        for i in range(2):
-            at = 100.0 + i
-            await monitor.record_step(f"r{i}", "wf", "local",
-                                      _record("late", "succeeded", finished=at), at)
-            await monitor.record_sample(UtilizationSample(f"r{i}", "wf", "late", at - 0.5,
-                                                          0.5, 200 * MI))
-            await monitor.record_step(f"r{i}", "wf", "local",
-                                      _record("never", "succeeded", finished=at), at)
-
-    try:
-        asyncio.run(scenario())
-        recs = by_kind(asyncio.run(monitor.recommendations("wf")))
-    finally:
-        store.close()
-    assert recs["late:memory_request"].runs == 2
-    assert recs["late:memory_request"].value == expected_memory(
-        [(99.5, 200 * MI), (100.5, 200 * MI)])
-    assert recs["late:cpu_request"].samples == 2
-    assert not any(k.startswith("never:") for k in recs)

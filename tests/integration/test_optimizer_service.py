@@ -6,10 +6,12 @@ an asyncio loop in a thread; the tests call it with the blocking ``CoulerClient`
 publish / receive events with a bus of their own. The whole module runs once on SQLite and
 once on a fresh PostgreSQL database.
 
-The cache it asks is a real gRPC server (``couler_runtime.rpc.start_server``, with the
-bearer-token interceptor) serving a small stand-in ``couler.v1.CacheService`` whose Lookup
-answers from a dict: the cache service itself is built separately, and this stand-in is
-enough to check what the optimizer sends and how it uses the answers.
+The cache it asks is the real cache service (``couler_cache``, in a thread on the same
+NATS, its index in SQLite and its artifacts in a local directory, requiring the bearer
+token): entries are committed to it as the submitter does, and what the optimizer used is
+read back from the cache itself -- an entry's ``hits`` and the service's hit and miss
+counters (a planner's peeks count nothing there; which keys the optimizer peeks at is
+checked against a fake of its cache port in ``tests/unit/test_optimizer_cache_port.py``).
 
 One optimizer instance serves at a time (instances share the durable consumers), except in
 the cache-down test, which starts a second one briefly and publishes no events.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import os
 import queue
 import signal
@@ -27,6 +30,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +42,11 @@ from couler import ir
 from couler.errors import UnsupportedFeatureError, ValidationError
 from couler.optimize import DEFAULT_RETRY
 from couler.optimize.cache_key import workflow_keys
-from couler.v1 import cache_service_pb2, common_pb2, events_pb2, optimizer_service_pb2
+from couler.v1 import common_pb2, events_pb2, optimizer_service_pb2
+from couler_cache.main import CacheSettings, DigestBlobs
+from couler_cache.main import build as build_cache
+from couler_generator.main import GeneratorSettings
+from couler_generator.main import build as build_generator
 from couler_optimizer.events import (
     FEEDBACK_DURABLE,
     GENERATED,
@@ -54,10 +62,15 @@ from couler_optimizer.main import OptimizerSettings, build
 from couler_optimizer.rpc import INLINE_PLAN_BYTES
 from couler_optimizer.store import OptimizerStore
 from couler_runtime import codec
-from couler_runtime.blobs import digest_of, key_for_digest, open_blob_store
+from couler_runtime.blobs import (
+    BlobStore,
+    digest_of,
+    key_for_digest,
+    open_blob_store,
+    open_payload_store,
+)
 from couler_runtime.bus import HEADER_TENANT, HEADER_TRACEPARENT, Bus
 from couler_runtime.client import CoulerClient
-from couler_runtime.rpc import CACHE, RpcServer, start_server
 from couler_runtime.rpc.client import connect
 from couler_runtime.rpc.records import (
     CacheEntry,
@@ -65,7 +78,6 @@ from couler_runtime.rpc.records import (
     Recommendation,
     RecommendationKind,
     StoredArtifact,
-    cache_entry_to_proto,
     recommendation_to_proto,
 )
 from couler_runtime.service import READY_PREFIX
@@ -134,69 +146,61 @@ def report(plan: Plan, name: str) -> tuple[bool, tuple[str, ...]]:
     return found.changed, found.notes
 
 
-# ------------------------------------------------------------------------ the cache stand-in
+# ----------------------------------------------------------------------- the real cache
 
 
-class StandInCache:
-    """``couler.v1.CacheService.Lookup`` from a dict; remembers the keys it was asked."""
+@dataclass
+class RealCache:
+    """The running cache service: a client for it, and its artifact store."""
 
-    def __init__(self) -> None:
-        self.entries: dict[str, CacheEntry] = {}
-        self.asked: list[tuple[str, ...]] = []  # peeks: the planner finding entries
-        self.counted: list[tuple[str, ...]] = []  # the keys a plan uses, counted
-        self._lock = threading.Lock()
+    service: RunningService[CacheSettings]
+    client: CoulerClient
+    blobs: DigestBlobs
+    root: str  # the artifact store's URI (COULER_ARTIFACTS)
 
-    def put(self, entry: CacheEntry) -> None:
-        with self._lock:
-            self.entries[entry.key] = entry
+    @property
+    def address(self) -> str:
+        return self.service.address
 
-    def times_asked(self, key: str) -> int:
-        with self._lock:
-            return sum(key in keys for keys in self.asked)
+    def put(self, entry: CacheEntry, **artifacts: bytes) -> CacheEntry:
+        """Store the ``artifacts``' bytes as the submitter does, then commit ``entry``
+        with them; the entry as the cache keeps it."""
+        stored = {}
+        for name, data in artifacts.items():
+            digest = "sha256:" + hashlib.sha256(data).hexdigest()
+            stored[name] = StoredArtifact(digest, len(data),
+                                          f"{self.root}/{self.blobs.store.put_bytes(data)}")
+        entry = dataclasses.replace(entry, artifacts=stored)
+        assert self.client.cache.commit(entry).created
+        return self.client.cache.show(entry.key).entry
 
-    def times_counted(self, key: str) -> int:
-        with self._lock:
-            return sum(key in keys for keys in self.counted)
+    def hits(self, key: str) -> int:
+        """How often a (counted) Lookup found ``key``'s entry."""
+        return self.client.cache.show(key).entry.hits
 
-    async def Lookup(self, request: cache_service_pb2.LookupRequest,
-                     context: object) -> cache_service_pb2.LookupResponse:
-        with self._lock:
-            (self.asked if request.peek else self.counted).append(tuple(request.keys))
-            found = [self.entries[k] for k in request.keys if k in self.entries]
-        return cache_service_pb2.LookupResponse(
-            entries=[cache_entry_to_proto(e) for e in found],
-            missing=[k for k in request.keys if k not in self.entries])
-
-
-class LoopThread:
-    """An asyncio loop in a thread, for a gRPC server of the test's own."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="stand-in",
-                                        daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(WAIT)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(WAIT)
-        self.loop.close()
+    def counters(self) -> tuple[int, int]:
+        """The service's (hits, misses) so far."""
+        stats = self.client.cache.stats()
+        return stats.hits, stats.misses
 
 
 @pytest.fixture(scope="module")
-def cache() -> Iterator[tuple[StandInCache, str]]:
-    """The stand-in cache on a real gRPC server requiring the bearer token: (it, address)."""
-    stand_in = StandInCache()
-    thread = LoopThread()
-    server: RpcServer = thread.run(start_server("127.0.0.1:0", {CACHE: stand_in}, token=TOKEN))
+def cache(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[RealCache]:
+    """The cache service, requiring the bearer token, for the module's optimizers."""
+    state = tmp_path_factory.mktemp("cache")
+    settings = CacheSettings.load(
+        "cache", nats_url=nats_server.url, grpc_address="127.0.0.1:0", state_dir=state,
+        database_url=f"sqlite:///{state / 'cache.db'}", artifacts=str(state / "artifacts"),
+        auth_token=TOKEN, otel_endpoint=None, bus_insecure=True)
+    service = RunningService(settings, build_cache).start()
+    client = CoulerClient({"cache": service.address}, token=TOKEN, timeout=WAIT)
     try:
-        yield stand_in, f"127.0.0.1:{server.port}"
+        yield RealCache(service, client, DigestBlobs(open_blob_store(settings)),
+                        settings.artifacts)
     finally:
-        thread.run(server.stop(1.0))
-        thread.close()
+        client.close()
+        service.stop()
 
 
 # ----------------------------------------------------------------------------- the service
@@ -254,10 +258,10 @@ def settings_for(nats: NatsServer, state: Path, database_url: str, cache_address
 
 
 @pytest.fixture(scope="module")
-def optimizer(nats_server: NatsServer, database_url: str, cache: tuple[StandInCache, str],
+def optimizer(nats_server: NatsServer, database_url: str, cache: RealCache,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Optimizer]:
     running = Optimizer(settings_for(nats_server, tmp_path_factory.mktemp("state"),
-                                     database_url, cache[1]))
+                                     database_url, cache.address))
     try:
         yield running
     finally:
@@ -271,12 +275,13 @@ Answer = tuple[str, Message, dict[str, str]]
 
 
 async def exchange(nats: NatsServer, messages: Sequence[tuple[str, Message, str]],
-                   wait_for: set[str], *, headers: Mapping[str, str] | None = None
-                   ) -> dict[str, list[Answer]]:
+                   wait_for: set[str], *, headers: Mapping[str, str] | None = None,
+                   payloads: BlobStore | None = None) -> dict[str, list[Answer]]:
     """Publish ``(subject, message, msg_id)`` in order; return the answers (optimized /
     rejected) by run id once every run in ``wait_for`` was answered and the optimizer's
-    consumers have acked every message published."""
-    bus = await Bus.connect(nats.url, name="optimizer-test", tenant="acme")
+    consumers have acked every message published. ``payloads``: the store of the bodies
+    sent by reference (a plan over the bus's inline limit)."""
+    bus = await Bus.connect(nats.url, name="optimizer-test", tenant="acme", payloads=payloads)
     answers: dict[str, list[Answer]] = {}
     done = asyncio.Event()
     ours = {getattr(m, "run_id", "") for _, m, _ in messages}
@@ -284,7 +289,8 @@ async def exchange(nats: NatsServer, messages: Sequence[tuple[str, Message, str]
                                        REJECTED: events_pb2.WorkflowRejected}
 
     async def collect(msg: Any) -> None:
-        body = types[msg.subject].FromString(msg.data)
+        data = await bus.load_body(msg.subject, msg.data, dict(msg.headers or {}))
+        body = types[msg.subject].FromString(data)
         rid = getattr(body, "run_id", "")
         if rid in ours:
             answers.setdefault(rid, []).append((msg.subject, body, dict(msg.headers or {})))
@@ -425,52 +431,50 @@ class TestOptimize:
 
 class TestCache:
     def test_cached_steps_come_back_in_the_plan(self, optimizer: Optimizer,
-                                                cache: tuple[StandInCache, str]) -> None:
-        stand_in, _ = cache
+                                                cache: RealCache) -> None:
         wf = chain(3)
         keys = workflow_keys(wf)
-        k0, k1, k2 = keys["s0"], keys["s1"], keys["s2"]
-        stand_in.put(CacheEntry(key=k0, workflow=wf.name, step="s0", outputs={"out": "hello"},
-                                size_bytes=5))
-        stand_in.put(CacheEntry(key=k1, workflow=wf.name, step="s1", outputs={"out": "world"},
-                                artifacts={"model": StoredArtifact("sha256:ab", 10, "s3://b/ab")},
-                                size_bytes=15))
+        k0, k1 = keys["s0"], keys["s1"]
+        cache.put(CacheEntry(key=k0, workflow=wf.name, step="s0", outputs={"out": "hello"}))
+        model = cache.put(CacheEntry(key=k1, workflow=wf.name, step="s1",
+                                     outputs={"out": "world"}), model=b"model " + k1.encode())
+        hits, misses = cache.counters()
         plan = optimizer.optimize(wf, "local", run_id=(rid := run_id()))
         assert set(plan.cached) == {"s0", "s1"}
         assert plan.cached["s0"].key == k0 and plan.cached["s0"].outputs == {"out": "hello"}
-        assert plan.cached["s1"].artifacts["model"].uri == "s3://b/ab"  # the cache's entry
+        assert plan.cached["s1"].artifacts == model.artifacts  # the cache's entry
+        assert plan.cached["s1"].artifacts["model"].uri.startswith(cache.root)
         changed, notes = report(plan, "prune_cached")
         assert changed
         assert any("step 's0': cached" in n for n in notes)
         assert any("step 's1': cached" in n for n in notes)
-        # s2's key (by lineage) was asked for in the same lookup.
-        assert stand_in.times_asked(k2) == 1
-        # then the keys it uses are counted: the hit it reuses (s1), the miss it runs (s2);
-        # not s0, which only s1 reads (reused without its artifacts)
-        assert [stand_in.times_counted(k) for k in (k0, k1, k2)] == [0, 1, 1]
+        # The keys the plan uses were counted by the cache: the hit it reuses (s1), the miss
+        # it runs (s2); not s0, which only s1 reads (reused without its artifacts).
+        assert [cache.hits(k) for k in (k0, k1)] == [0, 1]
+        assert cache.counters() == (hits + 1, misses + 1)
         assert any("step 's0': reused without restoring its artifacts" in n for n in notes)
         [summary] = optimizer.history(run_id=rid)
         assert summary.cached_steps == ("s0", "s1") and not summary.from_event
         assert [p.name for p in summary.passes] == PASSES
 
-    def test_no_cache_asks_nothing(self, optimizer: Optimizer,
-                                   cache: tuple[StandInCache, str]) -> None:
-        stand_in, _ = cache
+    def test_no_cache_asks_nothing(self, optimizer: Optimizer, cache: RealCache) -> None:
         wf = chain(1)
         key = workflow_keys(wf)[wf.steps[0].name]
-        stand_in.put(CacheEntry(key=key, outputs={"out": "x"}))
+        cache.put(CacheEntry(key=key, outputs={"out": "x"}))
+        before = cache.counters()
         plan = optimizer.optimize(wf, no_cache=True)
         assert plan.cached == {}
-        assert stand_in.times_asked(key) == 0
+        assert cache.hits(key) == 0 and cache.counters() == before  # nothing counted
         assert "no_cache" in report(plan, "prune_cached")[1][0]
+        # the same workflow with the cache: the entry is found (it was there to find)
+        assert set(optimizer.optimize(wf).cached) == {"s0"} and cache.hits(key) == 1
 
     def test_a_remote_engine_gets_the_workflow_without_its_cached_steps(
-            self, optimizer: Optimizer, cache: tuple[StandInCache, str]) -> None:
-        stand_in, _ = cache
+            self, optimizer: Optimizer, cache: RealCache) -> None:
         wf = chain(3)
         keys = workflow_keys(wf)
-        stand_in.put(CacheEntry(key=keys["s0"], workflow=wf.name, step="s0",
-                                outputs={"out": "hello"}, size_bytes=5))
+        cache.put(CacheEntry(key=keys["s0"], workflow=wf.name, step="s0",
+                             outputs={"out": "hello"}))
         plan = optimizer.optimize(wf, "argo")
         assert [s.name for s in plan.workflow.steps] == ["s1", "s2"]
         assert set(plan.cached) == {"s0"} and plan.step_keys == keys
@@ -593,27 +597,42 @@ class TestEvents:
         assert summary.from_event and summary.engine == "argo" and summary.workflow == wf.name
 
     def test_generated_workflow_is_optimized(self, optimizer: Optimizer,
-                                             nats_server: NatsServer) -> None:
-        rid, wf = run_id(), chain(2)
+                                             nats_server: NatsServer, tmp_path: Path) -> None:
+        """A text request: the real generator (its offline planner) answers it with
+        ``couler.workflow.generated``, and the optimizer plans what it generated."""
+        rid = run_id()
         options = events_pb2.RunOptions(engine="local", constraints=["fast"])
-        generated = events_pb2.WorkflowGenerated(
-            run_id=rid, workflow=codec.workflow_to_proto(wf), options=options,
-            report=common_pb2.GenerationReport(planner="offline", rounds=1))
-        answers = asyncio.run(exchange(nats_server, [(GENERATED, generated, f"{rid}.generated")],
-                                       {rid}))
+        text = (REQUESTED, events_pb2.WorkflowRequested(
+            run_id=rid, text="train an XGBoost and a LightGBM model, keep the better",
+            options=options), f"{rid}.requested")
+        generator = RunningService(GeneratorSettings.load(
+            "generator", nats_url=nats_server.url, grpc_address="127.0.0.1:0",
+            state_dir=tmp_path / "generator", llm_base_url="", llm_model="", auth_token=None,
+            otel_endpoint=None, bus_insecure=True,
+            # the services share one store for bodies sent by reference, as deployed
+            artifacts=optimizer.settings.artifacts), build_generator).start()
+        try:
+            answers = asyncio.run(exchange(nats_server, [text], {rid},
+                                           payloads=open_payload_store(optimizer.settings)))
+        finally:
+            generator.stop()
         subject, body, _ = only_answer(answers, rid)
         assert subject == OPTIMIZED
         assert isinstance(body, events_pb2.WorkflowOptimized)
         assert body.options == options and body.plan.engine == "local"
         assert body.plan.compiled == ""
+        planned = codec.workflow_from_proto(body.plan.workflow)
+        ir.validate(planned)
+        assert any("xgboost" in s.name for s in planned.steps), [s.name for s in planned.steps]
+        [summary] = optimizer.history(run_id=rid)
+        assert summary.from_event and summary.workflow == planned.name
 
     def test_cache_and_no_cache_on_the_event_path(self, optimizer: Optimizer,
                                                   nats_server: NatsServer,
-                                                  cache: tuple[StandInCache, str]) -> None:
-        stand_in, _ = cache
+                                                  cache: RealCache) -> None:
         wf = chain(1)
         key = workflow_keys(wf)[wf.steps[0].name]
-        stand_in.put(CacheEntry(key=key, outputs={"out": "x"}))
+        cache.put(CacheEntry(key=key, outputs={"out": "x"}))
         reuse, fresh = run_id(), run_id()
         answers = asyncio.run(exchange(nats_server, [requested(reuse, wf),
                                                      requested(fresh, wf, no_cache=True)],
@@ -624,12 +643,11 @@ class TestEvents:
         body = only_answer(answers, fresh)[1]
         assert isinstance(body, events_pb2.WorkflowOptimized)
         assert dict(body.plan.cached) == {}
-        assert stand_in.times_asked(key) == 1
+        assert cache.hits(key) == 1  # counted by the run that reuses it only
 
     def test_parameters_reach_the_cache_keys(self, optimizer: Optimizer,
                                              nats_server: NatsServer,
-                                             cache: tuple[StandInCache, str]) -> None:
-        stand_in, _ = cache
+                                             cache: RealCache) -> None:
         salt = uuid.uuid4().hex
         wf = ir.Workflow(
             name="with-param", parameters=(ir.Parameter("lr", default=ir.Literal.of("0.1")),),
@@ -637,7 +655,9 @@ class TestEvents:
                 ir.InputParameter("x", ir.WorkflowParamRef("lr"))]),))
         given = workflow_keys(wf, {"lr": "0.5"})["train"]
         default = workflow_keys(wf)["train"]
-        stand_in.put(CacheEntry(key=given, outputs={"out": "model"}))
+        assert given != default
+        cache.put(CacheEntry(key=given, outputs={"out": "model"}))
+        hits, misses = cache.counters()
         with_value, without = run_id(), run_id()
         answers = asyncio.run(exchange(
             nats_server, [requested(with_value, wf, parameters={"lr": "0.5"}),
@@ -648,14 +668,15 @@ class TestEvents:
         body = only_answer(answers, without)[1]
         assert isinstance(body, events_pb2.WorkflowOptimized)
         assert dict(body.plan.cached) == {}
-        assert stand_in.times_asked(default) == 1  # asked with the default value instead
+        # one hit (the given value's key), one miss (the default value's key, asked instead)
+        assert cache.hits(given) == 1 and cache.counters() == (hits + 1, misses + 1)
+        assert cache.client.cache.lookup([default], peek=True).missing == (default,)
 
     def test_redelivery_plans_once(self, optimizer: Optimizer, nats_server: NatsServer,
-                                   cache: tuple[StandInCache, str]) -> None:
-        stand_in, _ = cache
+                                   cache: RealCache) -> None:
         rid, wf = run_id(), chain(1)
         key = workflow_keys(wf)[wf.steps[0].name]
-        stand_in.put(CacheEntry(key=key, outputs={"out": "x"}))
+        cache.put(CacheEntry(key=key, outputs={"out": "x"}))
         subject, message, msg_id = requested(rid, wf)
         # The same request stored twice (as after a republish outside the duplicate window):
         # the consumer sees run `rid` twice.
@@ -670,7 +691,7 @@ class TestEvents:
         assert isinstance(body, events_pb2.WorkflowOptimized)
         assert again == body
         assert set(body.plan.cached) == {"s0"}
-        assert stand_in.times_asked(key) == 1  # the cache was not asked (nor counted) twice
+        assert cache.hits(key) == 1  # the cache was not counted twice
         assert len(optimizer.history(run_id=rid)) == 1
 
     def test_invalid_workflow_is_rejected_naming_the_step(
@@ -890,12 +911,12 @@ class TestLarge:
     store, checked against digest and size."""
 
     def test_a_large_workflow_and_plan_travel_by_reference(
-            self, nats_server: NatsServer, cache: tuple[StandInCache, str],
+            self, nats_server: NatsServer, cache: RealCache,
             tmp_path: Path) -> None:
         settings = OptimizerSettings.load(
             "optimizer", nats_url=nats_server.url, grpc_address="127.0.0.1:0",
             state_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'o.db'}",
-            cache_address=cache[1], auth_token=TOKEN, otel_endpoint=None)
+            cache_address=cache.address, auth_token=TOKEN, otel_endpoint=None)
         wf = chain(30_000)
         data = codec.workflow_to_proto(wf).SerializeToString()
         assert len(data) > INLINE_PLAN_BYTES

@@ -1,396 +1,343 @@
-"""The typed client against tiny servicers of all five services over real gRPC.
+"""The typed client against the five real services, over real gRPC, behind the token.
 
-Workflows cross the wire as protobuf in both directions (client → server → client),
-converted by the codec at each end; the client hands back IR and dataclasses only.
+The generator, optimizer, cache, submitter and monitor run as in production (each its own
+``serve(settings, build)`` in a thread, tests/service_thread.py) on a nats-server of this
+module's own, with SQLite stores and one local artifact directory; steps run for real on
+the local engine. The client hands back IR and dataclasses only, and what it gets is what
+the services did: the plan the optimizer made, the run the submitter ran, the entries the
+cache holds, the recommendations the monitor learned. How calls travel (tokens, errors,
+the codec on both ends, one address per service) against fake servers is
+tests/mechanics/test_rpc_client_mechanics.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import hashlib
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf.message import Message
-from hypothesis import HealthCheck, given, settings
 
 from couler import ir
 from couler.engines.base import StepState
-from couler.errors import ConflictError, NotFoundError, UserError
-from couler.v1 import (
-    cache_service_pb2,
-    common_pb2,
-    generator_service_pb2,
-    monitor_service_pb2,
-    optimizer_service_pb2,
-    submitter_service_pb2,
-)
-from couler_runtime import codec
+from couler.errors import NotFoundError, UserError
+from couler_cache.main import CacheSettings
+from couler_cache.main import build as build_cache
+from couler_generator.main import GeneratorSettings
+from couler_generator.main import build as build_generator
+from couler_monitor.main import MonitorSettings
+from couler_monitor.main import build as build_monitor
+from couler_optimizer.main import OptimizerSettings
+from couler_optimizer.main import build as build_optimizer
+from couler_runtime.blobs import LocalBlobStore
 from couler_runtime.client import CoulerClient, Generated, Submission
-from couler_runtime.rpc import SERVICES, RpcServer, start_server
 from couler_runtime.rpc import records as r
-from tests.integration.loop_thread import LoopThread
-from tests.integration.test_rpc import TOKEN
-from tests.ir_strategies import workflows
+from couler_submitter.main import SubmitterSettings
+from couler_submitter.main import build as build_submitter
+from tests.containers import kinds
+from tests.servers import NatsServer, free_port, make_root
+from tests.service_thread import ServiceThread
+from tests.waiting import eventually
+
+TOKEN = "rpc-client-test-token-41c2"
+WAIT = 120.0  # a bound on waiting, never an assertion about speed
+PY = "python:3.12"
 
 
-def script(name: str, *deps: str) -> ir.Step:
+def script(name: str, *deps: str, source: str = "") -> ir.Step:
     return ir.Step(
-        name=name, body=ir.ScriptSpec(image="python:3.12", source=f"print('{name}')"),
+        name=name, body=ir.ScriptSpec(image=PY, source=source or f"print('{name}')"),
         dependencies=tuple(ir.Dependency(d) for d in deps),
+        outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),),
         retry=ir.RetryPolicy(limit=2, on=(ir.FailureClass.OOM,), memory_factor=1.5),
         resources=ir.Resources(memory_request="512Mi"),
     )
 
 
-WF = ir.Workflow(
-    name="train-and-pick",
-    steps=(script("prep"), script("xgboost", "prep"), script("lightgbm", "prep"),
-           script("pick", "xgboost", "lightgbm")),
-    parameters=(ir.Parameter("table", default=ir.Literal.of("s3://data/t.csv")),),
-    labels=(("team", "ml"),),
-)
+def train_and_pick(name: str = "") -> ir.Workflow:
+    """prep -> (xgboost, lightgbm) -> pick; a new name (and so new cache keys) per call."""
+    salt = uuid.uuid4().hex[:8]
+    return ir.Workflow(
+        name=name or f"train-and-pick-{salt}",
+        steps=(script("prep", source=f"print('prep {salt}')"), script("xgboost", "prep"),
+               script("lightgbm", "prep"), script("pick", "xgboost", "lightgbm")),
+        parameters=(ir.Parameter("table", default=ir.Literal.of("s3://data/t.csv")),),
+        labels=(("team", "ml"),),
+    )
 
 
-class Generator:
-    def __init__(self) -> None:
-        self.requests: list[generator_service_pb2.GenerateRequest] = []
-
-    async def Generate(self, request: generator_service_pb2.GenerateRequest,
-                       context: object) -> generator_service_pb2.GenerateResponse:
-        self.requests.append(request)
-        if not request.text:
-            raise UserError("generate: empty request")
-        report = r.GenerationReport("offline", subtasks=("prep", "train", "pick"),
-                                    catalog_steps=("xgboost", "lightgbm"))
-        return generator_service_pb2.GenerateResponse(
-            workflow=codec.workflow_to_proto(WF), report=r.generation_report_to_proto(report))
+def sleeper(name: str) -> ir.Workflow:
+    """One step that runs until it is cancelled (bounded by WAIT)."""
+    return ir.Workflow(name=name, steps=(ir.Step(name="wait", body=ir.ScriptSpec(
+        image=PY, source=f"import time\ntime.sleep({WAIT})")),))
 
 
-class Optimizer:
-    """Returns the received workflow as the plan, with "prep" cached."""
-
-    def __init__(self) -> None:
-        self.received: list[ir.Workflow] = []
-
-    async def Optimize(self, request: optimizer_service_pb2.OptimizeRequest,
-                       context: object) -> common_pb2.Plan:
-        wf = codec.workflow_from_proto(request.workflow)
-        self.received.append(wf)
-        plan = r.Plan(
-            workflow=wf, engine=request.engine, compiled="",
-            cached={"prep": r.CacheEntry("k-prep", wf.name, "prep", {"rows": "10"})},
-            passes=(r.PassReport("validate"), r.PassReport(
-                "prune_cached", True, (f"objectives={list(request.objectives)}",), 0.5)),
-            workflow_digest=f"params={dict(request.parameters)} no_cache={request.no_cache}",
-        )
-        return r.plan_to_proto(plan)
+# ----------------------------------------------------------------------------- the stack
 
 
-class Cache:
-    def __init__(self) -> None:
-        self.entries: dict[str, common_pb2.CacheEntry] = {}
-        self.hits = self.misses = 0
-
-    async def Lookup(self, request: cache_service_pb2.LookupRequest,
-                     context: object) -> cache_service_pb2.LookupResponse:
-        found = [self.entries[k] for k in request.keys if k in self.entries]
-        missing = [k for k in request.keys if k not in self.entries]
-        self.hits, self.misses = self.hits + len(found), self.misses + len(missing)
-        return cache_service_pb2.LookupResponse(entries=found, missing=missing)
-
-    async def Commit(self, request: cache_service_pb2.CommitRequest,
-                     context: object) -> cache_service_pb2.CommitResponse:
-        created = request.entry.key not in self.entries
-        self.entries.setdefault(request.entry.key, request.entry)
-        return cache_service_pb2.CommitResponse(created=created)
-
-    async def Stats(self, request: object, context: object) -> cache_service_pb2.StatsResponse:
-        return cache_service_pb2.StatsResponse(
-            entries=len(self.entries), bytes=sum(e.size_bytes for e in self.entries.values()),
-            hits=self.hits, misses=self.misses, budget_bytes=10_000)
-
-    async def Evict(self, request: cache_service_pb2.EvictRequest,
-                    context: object) -> cache_service_pb2.EvictResponse:
-        gone = [self.entries.pop(k) for k in request.keys if k in self.entries]
-        return cache_service_pb2.EvictResponse(evicted=[e.key for e in gone],
-                                               freed_bytes=sum(e.size_bytes for e in gone))
-
-
-class Submitter:
-    """Keeps runs in memory; a run "finishes" as soon as it is watched."""
-
-    def __init__(self) -> None:
-        self.requests: list[submitter_service_pb2.SubmitRequest] = []
-        self.workflows: dict[str, ir.Workflow] = {}
-        self.by_key: dict[str, str] = {}
-        self.templates: dict[str, common_pb2.Template] = {}
-        self.runs: dict[str, common_pb2.Run] = {}
-
-    async def Submit(self, request: submitter_service_pb2.SubmitRequest,
-                     context: object) -> submitter_service_pb2.SubmitResponse:
-        self.requests.append(request)
-        if request.idempotency_key in self.by_key:
-            return submitter_service_pb2.SubmitResponse(
-                run_id=self.by_key[request.idempotency_key], created=False)
-        run_id = f"r-{len(self.runs) + 1}"
-        source = request.WhichOneof("source")
-        if source == "workflow":
-            self.workflows[run_id] = codec.workflow_from_proto(request.workflow)
-        elif source == "template" and request.template not in self.templates:
-            raise NotFoundError(f"template {request.template!r} not found")
-        if request.idempotency_key:
-            self.by_key[request.idempotency_key] = run_id
-        self.runs[run_id] = common_pb2.Run(
-            run_id=run_id, state=common_pb2.RUN_STATE_ACCEPTED, engine=request.engine or "local",
-            idempotency_key=request.idempotency_key, parameters=request.parameters,
-            dry_run=request.dry_run)
-        return submitter_service_pb2.SubmitResponse(run_id=run_id, created=True)
-
-    def _run(self, run_id: str) -> common_pb2.Run:
-        if run_id not in self.runs:
-            raise NotFoundError(f"run {run_id!r} not found")
-        return self.runs[run_id]
-
-    async def Get(self, request: submitter_service_pb2.GetRunRequest,
-                  context: object) -> common_pb2.Run:
-        return self._run(request.run_id)
-
-    async def Watch(self, request: submitter_service_pb2.WatchRunRequest,
-                    context: object) -> AsyncIterator[submitter_service_pb2.WatchRunResponse]:
-        # As the contract says: all steps first, then only the changed ones; a change of
-        # two steps comes as two pages (``more``).
-        run = self._run(request.run_id)
-        yield submitter_service_pb2.WatchRunResponse(run=run)
-        run.state, run.revision = common_pb2.RUN_STATE_RUNNING, run.revision + 1
-        run.steps.add(name="prep", state=common_pb2.STEP_STATE_CACHED, cached=True,
-                      cache_key="k-prep", outputs={"rows": "10"})
-        run.steps.add(name="xgboost", state=common_pb2.STEP_STATE_RUNNING, attempts=1)
-        for i, page in enumerate((run.steps[:1], run.steps[1:])):
-            message = submitter_service_pb2.WatchRunResponse(more=i == 0)
-            message.run.CopyFrom(run)
-            del message.run.steps[:]
-            message.run.steps.extend(page)
-            yield message
-        run.state, run.revision = common_pb2.RUN_STATE_SUCCEEDED, run.revision + 1
-        run.steps[1].state = common_pb2.STEP_STATE_SUCCEEDED
-        message = submitter_service_pb2.WatchRunResponse()
-        message.run.CopyFrom(run)
-        del message.run.steps[:1]  # only "xgboost" changed
-        yield message
-
-    async def Cancel(self, request: submitter_service_pb2.CancelRunRequest,
-                     context: object) -> common_pb2.Run:
-        run = self._run(request.run_id)
-        run.state, run.message = common_pb2.RUN_STATE_CANCELLED, request.reason
-        return run
-
-    async def Retry(self, request: submitter_service_pb2.RetryRunRequest,
-                    context: object) -> common_pb2.Run:
-        run = self._run(request.run_id)
-        if run.state != common_pb2.RUN_STATE_CANCELLED:
-            raise ConflictError(f"run {request.run_id!r} is not failed or cancelled")
-        run.state, run.retries = common_pb2.RUN_STATE_PENDING, run.retries + 1
-        return run
-
-    async def List(self, request: submitter_service_pb2.ListRunsRequest,
-                   context: object) -> submitter_service_pb2.ListRunsResponse:
-        runs = [x for x in self.runs.values() if not request.states or x.state in request.states]
-        return submitter_service_pb2.ListRunsResponse(runs=runs[::-1], next_page_token="")
-
-    async def RegisterTemplate(self, request: submitter_service_pb2.RegisterTemplateRequest,
-                               context: object) -> common_pb2.Template:
-        tpl = common_pb2.Template(name=request.name, workflow=request.workflow,
-                                  engine=request.engine, workflow_digest="sha256:x")
-        tpl.registered_at.FromSeconds(1_700_000_000)
-        self.templates[request.name] = tpl
-        return tpl
-
-    async def ListTemplates(self, request: object,
-                            context: object) -> submitter_service_pb2.ListTemplatesResponse:
-        return submitter_service_pb2.ListTemplatesResponse(
-            templates=sorted(self.templates.values(), key=lambda t: t.name))
-
-
-class Monitor:
-    async def Utilization(self, request: monitor_service_pb2.UtilizationRequest,
-                          context: object) -> monitor_service_pb2.UtilizationResponse:
-        sample = r.UtilizationSample(request.run_id, "train", "fit", 1_700_000_000.5, 1.5, 2**30)
-        peak = r.StepPeak(request.run_id, "train", "fit", 1.5, 2**30, 1)
-        return r.utilization_to_proto(r.Utilization((sample,), (peak,)))
-
-    async def Recommendations(self, request: monitor_service_pb2.RecommendationsRequest,
-                              context: object) -> monitor_service_pb2.RecommendationsResponse:
-        rec = r.Recommendation(request.workflow, "fit", r.RecommendationKind.MEMORY_REQUEST,
-                               "1280Mi", "peak 1Gi over 1 run, +25%", 1)
-        return monitor_service_pb2.RecommendationsResponse(
-            recommendations=[r.recommendation_to_proto(rec)])
-
-
+@dataclass
 class Stack:
-    def __init__(self) -> None:
-        self.generator, self.optimizer, self.cache = Generator(), Optimizer(), Cache()
-        self.submitter, self.monitor = Submitter(), Monitor()
+    """The five services and their addresses."""
 
-    def servicers(self) -> dict[str, object]:
-        return {SERVICES[name]: getattr(self, name) for name in SERVICES}
+    services: dict[str, ServiceThread[Any]]
+
+    def addresses(self) -> dict[str, str]:
+        return {name: svc.address for name, svc in self.services.items()}
 
 
 @pytest.fixture(scope="module")
-def stack(loop: LoopThread) -> Iterator[tuple[Stack, RpcServer]]:
-    services = Stack()
-    server = loop.run(start_server("127.0.0.1:0", services.servicers(), token=TOKEN))
-    yield services, server
-    loop.run(server.stop(None))
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = make_root("couler-rpc-nats-")
+    nats: NatsServer = kinds()["nats"](root)
+    nats.start()
+    state = tmp_path_factory.mktemp("stack")
+    artifacts = str(state / "artifacts")
+    common: dict[str, Any] = {"nats_url": nats.url, "grpc_address": "127.0.0.1:0",
+                              "auth_token": TOKEN, "otel_endpoint": None,
+                              "bus_insecure": True}  # the bus's security: test_bus_security
+
+    def db(name: str) -> str:
+        return f"sqlite:///{state / name}.db"
+
+    running: dict[str, ServiceThread[Any]] = {}
+    try:
+        running["cache"] = ServiceThread(CacheSettings.load(
+            "cache", state_dir=state / "cache", database_url=db("cache"), artifacts=artifacts,
+            cache_budget_bytes=10_000_000, **common), build_cache).start()
+        cache = running["cache"].address
+        running["optimizer"] = ServiceThread(OptimizerSettings.load(
+            "optimizer", state_dir=state / "optimizer", database_url=db("optimizer"),
+            cache_address=cache, **common), build_optimizer).start()
+        running["generator"] = ServiceThread(GeneratorSettings.load(
+            "generator", state_dir=state / "generator", llm_base_url="", llm_model="",
+            **common), build_generator).start()
+        running["monitor"] = ServiceThread(MonitorSettings.load(
+            "monitor", state_dir=state / "monitor", database_url=db("monitor"),
+            dashboard_address=f"127.0.0.1:{free_port()}", min_runs=2, **common),
+            build_monitor).start()
+        running["submitter"] = ServiceThread(SubmitterSettings.load(
+            "submitter", state_dir=state / "submitter", database_url=db("submitter"),
+            artifacts=artifacts, runs_dir=str(state / "runs"), engines="local,dryrun",
+            outbox_interval=1.0, sample_interval=0.1, cache_address=cache, **common),
+            build_submitter).start()
+        yield Stack(running)
+    finally:
+        for svc in reversed(list(running.values())):
+            svc.stop()
+        nats.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
-def client(stack: tuple[Stack, RpcServer]) -> Iterator[CoulerClient]:
-    with CoulerClient(f"127.0.0.1:{stack[1].port}", token=TOKEN) as c:
+def client(stack: Stack) -> Iterator[CoulerClient]:
+    with CoulerClient(stack.addresses(), token=TOKEN, timeout=WAIT) as c:
         yield c
 
 
-def test_generate_returns_ir_and_report(client: CoulerClient,
-                                        stack: tuple[Stack, RpcServer]) -> None:
+def finished(client: CoulerClient, run_id: str) -> r.Run:
+    """The run once it reached a terminal state (watched: the submitter's own stream)."""
+    for run in client.submitter.watch(run_id, timeout=WAIT):
+        if run.state.terminal:
+            return client.submitter.get(run_id)
+    raise AssertionError(f"run {run_id}: the watch ended before a terminal state")
+
+
+# ----------------------------------------------------------------------------- generator
+
+
+def test_generate_returns_valid_ir_and_its_report(client: CoulerClient) -> None:
     got = client.generator.generate("train an XGBoost and a LightGBM model, keep the better",
                                     constraints=["at most 8 steps"], engine="argo")
     assert isinstance(got, Generated)
-    assert got.workflow == WF
-    assert got.report.subtasks == ("prep", "train", "pick")
-    sent = stack[0].generator.requests[-1]
-    assert (list(sent.constraints), sent.engine) == (["at most 8 steps"], "argo")
-    with pytest.raises(UserError, match="empty request"):
+    ir.validate(got.workflow)  # the generator's IR crossed the wire whole
+    assert got.workflow.steps
+    # the constraint reached the generator, which says what it did with it
+    assert got.report.planner == "offline"
+    assert any("not applied: at most 8 steps" in n for n in got.report.notes), got.report.notes
+    assert {"train-xgboost", "train-lightgbm"} <= set(got.report.catalog_steps)
+    with pytest.raises(UserError, match="empty"):
         client.generator.generate("")
 
 
-def test_optimize_round_trips_the_workflow(client: CoulerClient,
-                                           stack: tuple[Stack, RpcServer]) -> None:
-    plan = client.optimizer.optimize(WF, "tekton", objectives=[r.Objective.COST],
+# ----------------------------------------------------------------------------- optimizer
+
+
+def test_optimize_plans_what_was_sent(client: CoulerClient) -> None:
+    wf = train_and_pick()
+    plan = client.optimizer.optimize(wf, "tekton", objectives=[r.Objective.COST],
                                      parameters={"table": "x"}, no_cache=True)
     assert isinstance(plan, r.Plan)
-    assert stack[0].optimizer.received[-1] == WF  # the server decoded what we sent
-    assert plan.workflow == WF  # and we decoded what it sent back
-    assert plan.engine == "tekton"
-    assert plan.cached["prep"].outputs == {"rows": "10"}
-    assert [p.name for p in plan.passes] == ["validate", "prune_cached"]
-    assert plan.passes[1].notes == (f"objectives={[common_pb2.OBJECTIVE_COST]}",)
-    assert plan.workflow_digest == "params={'table': 'x'} no_cache=True"
+    assert plan.engine == "tekton" and "kind: Pipeline" in plan.compiled
+    # the optimizer decoded what we sent: the same steps, parameters and labels come back
+    assert [s.name for s in plan.workflow.steps] == [s.name for s in wf.steps]
+    assert (plan.workflow.parameters, plan.workflow.labels) == (wf.parameters, wf.labels)
+    assert plan.workflow_digest == ir.digest(plan.workflow)
+    assert plan.cached == {}
+    notes = {p.name: p.notes for p in plan.passes}
+    assert "objectives: cost" in notes["validate"]
+    assert notes["prune_cached"] == ("no_cache: the cache was not consulted",)
 
 
-@settings(max_examples=15, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(wf=workflows())
-def test_any_workflow_survives_submit_and_optimize(client: CoulerClient,
-                                                   stack: tuple[Stack, RpcServer],
-                                                   wf: ir.Workflow) -> None:
-    run_id = client.submitter.submit(wf).run_id
-    assert stack[0].submitter.workflows[run_id] == wf
-    assert client.optimizer.optimize(wf).workflow == wf
+# ----------------------------------------------------------------------------- cache
 
 
-def test_cache_commit_lookup_stats_evict(client: CoulerClient) -> None:
-    entry = r.CacheEntry("k-fit", "train", "fit", {"acc": "0.91"},
-                         {"model": r.StoredArtifact("sha256:" + "ab" * 32, 2048, "file:///m")},
-                         2100, created_at=1_700_000_000.0)
+def test_cache_commit_lookup_stats_evict(client: CoulerClient, stack: Stack) -> None:
+    data = b"model bytes " + uuid.uuid4().hex.encode()
+    artifacts = stack.services["cache"].settings.artifacts
+    stored = LocalBlobStore(Path(artifacts)).put_bytes(data)  # as the submitter stores it
+    digest = hashlib.sha256(data).hexdigest()
+    key = "k-fit-" + uuid.uuid4().hex
+    entry = r.CacheEntry(key, "train", "fit", {"acc": "0.91"},
+                         {"model": r.StoredArtifact("sha256:" + digest, len(data),
+                                                    f"{artifacts}/{stored}")},
+                         created_at=1_700_000_000.0)
+    before = client.cache.stats()
     assert client.cache.commit(entry) == r.CommitResult(created=True)
-    assert client.cache.commit(entry).created is False
-    found = client.cache.lookup(["k-fit", "k-none"])
-    assert found.entries == {"k-fit": entry}
-    assert found.missing == ("k-none",)
+    assert client.cache.commit(entry).created is False  # the first one is kept
+    found = client.cache.lookup([key, "k-none"])
+    assert set(found.entries) == {key} and found.missing == ("k-none",)
+    kept = found.entries[key]
+    assert (kept.outputs, kept.artifacts["model"].digest) == ({"acc": "0.91"}, "sha256:" + digest)
+    assert kept.size_bytes >= len(data)  # the cache measured it (outputs and artifacts)
     stats = client.cache.stats()
-    assert (stats.entries, stats.bytes, stats.budget_bytes) == (1, 2100, 10_000)
-    assert stats.hits >= 1 and stats.misses >= 1
-    assert client.cache.evict(["k-fit"]) == r.EvictResult(("k-fit",), 2100)
-    assert client.cache.lookup(["k-fit"]).missing == ("k-fit",)
+    assert stats.budget_bytes == 10_000_000
+    assert (stats.entries, stats.bytes) == (before.entries + 1, before.bytes + kept.size_bytes)
+    assert (stats.hits, stats.misses) == (before.hits + 1, before.misses + 1)
+    assert client.cache.evict([key]) == r.EvictResult((key,), kept.size_bytes)
+    assert client.cache.lookup([key]).missing == (key,)
 
 
-def test_submit_watch_cancel_retry_list(client: CoulerClient,
-                                        stack: tuple[Stack, RpcServer]) -> None:
-    sub = client.submitter.submit(WF, engine="local", parameters={"table": "t"},
-                                  idempotency_key="idem-1", no_cache=True)
+# ----------------------------------------------------------------------------- submitter
+
+
+def test_submit_watch_list_and_reuse(client: CoulerClient) -> None:
+    wf = train_and_pick()
+    sub = client.submitter.submit(wf, engine="local", parameters={"table": "t"},
+                                  idempotency_key=f"idem-{wf.name}")
     assert isinstance(sub, Submission) and sub.created
-    again = client.submitter.submit(WF, idempotency_key="idem-1")
-    assert again == Submission(sub.run_id, False)
-    sent = stack[0].submitter.requests[-2]
-    assert (sent.WhichOneof("source"), sent.no_cache, dict(sent.parameters)) == (
-        "workflow", True, {"table": "t"})
-
+    assert client.submitter.submit(wf, idempotency_key=f"idem-{wf.name}") == \
+        Submission(sub.run_id, False)
     run = client.submitter.get(sub.run_id)
-    assert (run.state, run.engine, dict(run.parameters)) == (
-        r.RunState.ACCEPTED, "local", {"table": "t"})
-    states = [x.state for x in client.submitter.watch(sub.run_id)]
-    assert states == [r.RunState.ACCEPTED, r.RunState.RUNNING, r.RunState.SUCCEEDED]
+    assert (run.workflow, run.engine, dict(run.parameters)) == (wf.name, "local", {"table": "t"})
+
+    states = [x.state for x in client.submitter.watch(sub.run_id, timeout=WAIT)]
+    assert states[-1] is r.RunState.SUCCEEDED, states
+    assert r.RunState.RUNNING in states
     final = client.submitter.get(sub.run_id)
-    assert final.step("prep").state is StepState.CACHED and final.step("prep").cached
-    assert final.step("xgboost").state is StepState.SUCCEEDED
+    assert {s.name: s.state for s in final.steps} == dict.fromkeys(
+        ("prep", "xgboost", "lightgbm", "pick"), StepState.SUCCEEDED)
+    assert final.step("prep").outputs["said"].startswith("prep ")
 
-    text = client.submitter.submit("preprocess, train and evaluate", dry_run=True)
-    assert stack[0].submitter.requests[-1].text == "preprocess, train and evaluate"
-    cancelled = client.submitter.cancel(text.run_id, reason="changed my mind")
-    assert (cancelled.state, cancelled.message) == (r.RunState.CANCELLED, "changed my mind")
-    retried = client.submitter.retry(text.run_id)
-    assert (retried.state, retried.retries) == (r.RunState.PENDING, 1)
-    with pytest.raises(ConflictError, match="is not failed or cancelled"):
-        client.submitter.retry(sub.run_id)
-    with pytest.raises(NotFoundError, match="run 'r-404' not found"):
+    # The cache committed the run's steps; the same workflow again reuses them all.
+    eventually(lambda: len(list(client.cache.list(workflow=wf.name))) == 4,
+               "the cache to commit the first run's four steps", WAIT)
+    again = finished(client, client.submitter.submit(wf, engine="local").run_id)
+    assert again.state is r.RunState.SUCCEEDED
+    assert all(s.state is StepState.CACHED and s.cached for s in again.steps), again.steps
+    assert again.step("prep").outputs == final.step("prep").outputs
+
+    page = client.submitter.list(workflow=wf.name, states=[r.RunState.SUCCEEDED])
+    assert {x.run_id for x in page.runs} == {sub.run_id, again.run_id}
+
+
+def test_cancel_retry_and_errors(client: CoulerClient) -> None:
+    wf = sleeper(f"sleeper-{uuid.uuid4().hex[:8]}")
+    sub = client.submitter.submit(wf, engine="local")
+    for run in client.submitter.watch(sub.run_id, timeout=WAIT):
+        if run.state is r.RunState.RUNNING:
+            break
+    cancelled = client.submitter.cancel(sub.run_id, reason="changed my mind")
+    assert cancelled.state is r.RunState.CANCELLED, cancelled
+    assert "changed my mind" in cancelled.message
+    retried = client.submitter.retry(sub.run_id)
+    assert retried.retries == 1 and not retried.state.terminal
+    assert client.submitter.cancel(sub.run_id).state is r.RunState.CANCELLED
+
+    done = finished(client, client.submitter.submit(train_and_pick(), engine="dryrun").run_id)
+    assert done.state is r.RunState.SUCCEEDED
+    with pytest.raises(UserError, match="is succeeded: only a failed or cancelled run can be "
+                                        "retried"):
+        client.submitter.retry(done.run_id)
+    with pytest.raises(NotFoundError, match="run 'r-404'"):
         client.submitter.get("r-404")
-
-    page = client.submitter.list(states=[r.RunState.SUCCEEDED])
-    assert [x.run_id for x in page.runs] == [sub.run_id]
-    assert page.next_page_token == ""
 
 
 def test_submit_needs_exactly_one_source(client: CoulerClient) -> None:
     with pytest.raises(UserError, match="exactly one"):
         client.submitter.submit()
     with pytest.raises(UserError, match="exactly one"):
-        client.submitter.submit(WF, template="nightly")
+        client.submitter.submit(train_and_pick(), template="nightly")
 
 
-def test_templates(client: CoulerClient, stack: tuple[Stack, RpcServer]) -> None:
-    with pytest.raises(NotFoundError, match="template 'nightly' not found"):
-        client.submitter.submit(template="nightly")
-    tpl = client.submitter.register_template("nightly", WF, engine="argo")
-    assert (tpl.name, tpl.workflow, tpl.engine, tpl.registered_at) == (
-        "nightly", WF, "argo", 1_700_000_000.0)
-    assert client.submitter.list_templates() == (tpl,)
-    assert client.submitter.submit(template="nightly").created
-    assert stack[0].submitter.requests[-1].template == "nightly"
+def test_templates(client: CoulerClient) -> None:
+    name = f"nightly-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(NotFoundError, match=f"template '{name}'"):
+        client.submitter.submit(template=name)
+    wf = train_and_pick()
+    tpl = client.submitter.register_template(name, wf, engine="dryrun")
+    assert (tpl.name, tpl.workflow, tpl.engine) == (name, wf, "dryrun")
+    assert tpl.registered_at > 0
+    assert tpl in client.submitter.list_templates()
+    sub = client.submitter.submit(template=name)
+    assert sub.created
+    run = finished(client, sub.run_id)
+    assert (run.workflow, run.engine, run.state) == (wf.name, "dryrun", r.RunState.SUCCEEDED)
 
 
-def test_monitor(client: CoulerClient) -> None:
-    util = client.monitor.utilization(run_id="r-9")
-    assert util.samples[0].run_id == "r-9" and util.samples[0].memory_bytes == 2**30
-    assert util.peaks[0].peak_cpu == 1.5
-    (rec,) = client.monitor.recommendations("train")
-    assert (rec.workflow, rec.kind, rec.value) == (
-        "train", r.RecommendationKind.MEMORY_REQUEST, "1280Mi")
+# ----------------------------------------------------------------------------- monitor
 
 
-def test_one_address_per_service(loop: LoopThread) -> None:
-    generator, submitter = Generator(), Submitter()
-    a = loop.run(start_server("127.0.0.1:0", {SERVICES["generator"]: generator}))
-    b = loop.run(start_server("127.0.0.1:0", {SERVICES["submitter"]: submitter}))
-    try:
-        with CoulerClient({"generator": f"127.0.0.1:{a.port}",
-                           "submitter": f"127.0.0.1:{b.port}"}) as client:
-            wf = client.generator.generate("train").workflow
-            run_id = client.submitter.submit(wf).run_id
-            assert submitter.workflows[run_id] == WF
-            with pytest.raises(UserError, match="no address given for the monitor service"):
-                client.monitor.recommendations("train")
-    finally:
-        loop.run(a.stop(None))
-        loop.run(b.stop(None))
-    with pytest.raises(UserError, match="unknown service"):
-        CoulerClient({"planner": "x:1"})
+def test_monitor_learns_from_real_runs(client: CoulerClient) -> None:
+    name = f"measured-{uuid.uuid4().hex[:8]}"
+    wf = ir.Workflow(name=name, steps=(ir.Step(name="fit", body=ir.ScriptSpec(
+        image=PY, source="import time\nblock = bytearray(64 * 2**20)\ntime.sleep(1.5)\n"
+                         "print(len(block))")),))
+    runs = [finished(client, client.submitter.submit(wf, engine="local", no_cache=True).run_id)
+            for _ in range(2)]
+    assert all(run.state is r.RunState.SUCCEEDED for run in runs)
+    first = runs[0].run_id
+    eventually(lambda: bool(client.monitor.utilization(run_id=first).samples),
+               "the monitor to store the first run's samples", WAIT)
+    util = client.monitor.utilization(run_id=first)
+    assert {(s.run_id, s.workflow, s.step) for s in util.samples} == {(first, name, "fit")}
+    assert max(s.memory_bytes for s in util.samples) >= 64 * 2**20
+    eventually(lambda: any(rec.kind is r.RecommendationKind.MEMORY_REQUEST
+                           for rec in client.monitor.recommendations(name)),
+               "a memory recommendation after two runs", WAIT)
+    rec = next(x for x in client.monitor.recommendations(name)
+               if x.kind is r.RecommendationKind.MEMORY_REQUEST)
+    assert (rec.workflow, rec.step, rec.based_on_samples >= 2) == (name, "fit", True)
+
+
+# ----------------------------------------------------------------------------- routing
+
+
+def test_one_address_per_service(stack: Stack) -> None:
+    """Each service at its own address: the client routes each call to the right one."""
+    addresses = stack.addresses()
+    with CoulerClient({"generator": addresses["generator"],
+                       "submitter": addresses["submitter"]}, token=TOKEN,
+                      timeout=WAIT) as client:
+        wf = client.generator.generate("train a model").workflow
+        needed = {p.name: "s3://data/t.csv" for p in wf.parameters if p.default is None}
+        run_id = client.submitter.submit(wf, engine="dryrun", parameters=needed).run_id
+        assert client.submitter.get(run_id).workflow == wf.name
+        with pytest.raises(UserError, match="no address given for the monitor service"):
+            client.monitor.recommendations(wf.name)
 
 
 def test_client_returns_no_protobuf(client: CoulerClient) -> None:
     """Every public result is IR or a dataclass: nothing of protobuf leaks out."""
+    wf = train_and_pick()
     results: list[Any] = [
-        client.generator.generate("x"), client.optimizer.optimize(WF),
-        client.cache.stats(), client.submitter.submit(WF),
-        client.monitor.utilization(workflow="train"),
+        client.generator.generate("train a model"), client.optimizer.optimize(wf),
+        client.cache.stats(), client.submitter.submit(wf, engine="dryrun"),
+        client.monitor.utilization(workflow=wf.name),
     ]
 
     def walk(value: Any) -> Iterator[Any]:

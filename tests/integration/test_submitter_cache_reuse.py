@@ -5,7 +5,8 @@ through the run store and gRPC (issue 10, item 6). A corrupt or missing blob beh
 entry is detected when the run fetches it: the entry is dropped from the cache and the
 step runs again -- its wrong output is never passed on (issue 10, bad input). Both run on
 a local artifact directory and on the S3 server the suite runs (SeaweedFS), with the cache
-service and the submitter sharing it, as in production.
+service and the submitter sharing it, as in production; the plans come from the real
+optimizer service, which finds the entries in the real cache.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 
 from couler import ir
 from couler.engines.base import StepState
+from couler.optimize.cache_key import workflow_keys
 from couler_runtime.blobs import LocalBlobStore, S3BlobStore
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import CacheEntry, RunState, StoredArtifact
@@ -30,14 +32,17 @@ from couler_submitter.main import SubmitterSettings
 from tests.integration import test_cache_service as cache_service
 from tests.integration.test_cache_service import Cache, Starter
 from tests.integration.test_submitter_service import (
+    RealOptimizer,
     ServiceThread,
     lines,
     make_and_use,
-    optimize,
+    optimizer_settings,
+    planned,
     unique,
     wait_state,
 )
 from tests.servers import NatsServer, SeaweedS3
+from tests.waiting import eventually
 
 WAIT = 90.0
 
@@ -49,7 +54,7 @@ artifacts = cache_service.artifacts
 @dataclass
 class Stack:
     """A cache service and a submitter on one artifact store, a client for both, and the
-    NATS they share (the tests play the optimizer on it)."""
+    NATS they share with the optimizer that plans their runs."""
 
     cache: Cache
     client: CoulerClient
@@ -59,8 +64,11 @@ class Stack:
 @pytest.fixture
 def stack(start: Starter, artifacts: dict[str, Any], nats_server: NatsServer,
           tmp_path: Path) -> Iterator[Stack]:
-    """A cache service and a submitter on one artifact store; a client for both."""
+    """A cache service and a submitter on one artifact store, and an optimizer asking the
+    cache; a client for the cache and the submitter."""
     cache = start(**artifacts)
+    optimizer = RealOptimizer(optimizer_settings(
+        nats_server, tmp_path / "optimizer", cache_address=cache.service.address)).start()
     state = tmp_path / "submitter"
     settings = SubmitterSettings.load(
         "submitter", nats_url=nats_server.url, grpc_address="127.0.0.1:0", state_dir=state,
@@ -74,6 +82,7 @@ def stack(start: Starter, artifacts: dict[str, Any], nats_server: NatsServer,
             yield Stack(cache, client, nats_server)
     finally:
         service.stop()
+        optimizer.stop()
 
 
 def replace_blob(cache: Cache, digest: str, data: bytes | None) -> None:
@@ -105,7 +114,7 @@ def workflow(marker: Path) -> ir.Workflow:
 def cached_entry(cache: Cache, wf: ir.Workflow, cost: float) -> CacheEntry:
     """An entry for ``make`` committed to the cache: its artifact in the store."""
     blob = cache.put(b"from-cache " + uuid.uuid4().hex.encode())
-    entry = CacheEntry(key=uuid.uuid4().hex * 2, workflow=wf.name, step="make",
+    entry = CacheEntry(key=workflow_keys(wf)["make"], workflow=wf.name, step="make",
                        outputs={"said": "old"},
                        artifacts={"data": StoredArtifact(blob.digest, blob.size_bytes)},
                        cost_seconds=cost)
@@ -120,7 +129,7 @@ def test_a_reused_step_records_the_compute_it_saved(
     wf = workflow(marker)
     entry = cached_entry(cache, wf, cost=4321.5)
     sub = client.submitter.submit(wf)
-    optimize(stack.nats, sub.run_id, wf, cached={"make": entry})
+    assert planned(stack.nats, sub.run_id).cached["make"].key == entry.key
     run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
     assert run.state is RunState.SUCCEEDED, [(s.name, s.message) for s in run.steps]
     made = run.step("make")
@@ -138,6 +147,11 @@ def test_a_reused_step_records_the_compute_it_saved(
 def test_a_corrupt_or_missing_blob_is_dropped_and_the_step_runs_again(
         stack: Stack, tmp_path: Path, damage: str,
         caplog: pytest.LogCaptureFixture) -> None:
+    """A missing blob is caught by the cache itself when the optimizer looks the entry up
+    (it is dropped and reported missing: the plan reuses nothing); a corrupt one passes that
+    check (the cache does not read the bytes), so the plan reuses the entry and the
+    submitter catches it when it fetches the blob, drops the entry and runs the step. Either
+    way the step runs again, and the cache then holds its fresh result under the key."""
     cache, client = stack.cache, stack.client
     marker = tmp_path / "ran"
     wf = workflow(marker)
@@ -146,21 +160,31 @@ def test_a_corrupt_or_missing_blob_is_dropped_and_the_step_runs_again(
     replace_blob(cache, digest, b"tampered bytes!" if damage == "corrupt" else None)
 
     sub = client.submitter.submit(wf)
-    with caplog.at_level(logging.WARNING, logger="couler_submitter.service"):
-        optimize(stack.nats, sub.run_id, wf, cached={"make": entry})
+    with caplog.at_level(logging.WARNING):
+        plan = planned(stack.nats, sub.run_id)
         run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
+    if damage == "corrupt":
+        assert plan.cached["make"].key == entry.key  # offered: the cache cannot tell
+    else:
+        assert dict(plan.cached) == {}  # the cache dropped it at the lookup
     assert run.state is RunState.SUCCEEDED, [(s.name, s.message) for s in run.steps]
     made = run.step("make")
     # The step ran again: its own output, not the cached one, reached its reader.
     assert (made.state, made.cached, made.attempts) == (StepState.SUCCEEDED, False, 1)
     assert made.outputs == {"said": "new"} and made.cache_saved_seconds == 0.0
+    assert made.cache_key == entry.key
     assert lines(marker) == ["make"]
     assert run.step("use").outputs == {"seen": "fresh new"}
-    # The entry is gone from the cache (only its metadata is kept, marked evicted), and
-    # the warning names the run, step and key.
-    assert cache.client.cache.show(entry.key).evicted_at is not None
-    warned = [r.getMessage() for r in caplog.records
-              if entry.key in r.getMessage() and sub.run_id in r.getMessage()]
-    assert warned and "step 'make'" in warned[0] and "runs again" in warned[0], \
-        [r.getMessage() for r in caplog.records]
-
+    # The damaged entry was dropped, so the fresh result could take its key (a commit of a
+    # key that is present keeps the first entry): the cache commits it from the step event.
+    eventually(lambda: cache.client.cache.show(entry.key).entry.outputs == {"said": "new"},
+               "the fresh result committed under the key", WAIT)
+    fresh = cache.client.cache.show(entry.key)
+    assert fresh.evicted_at is None and fresh.entry.artifacts["data"].digest != digest
+    # The warning names the key: the submitter's (run and step) or the cache's own.
+    messages = [r.getMessage() for r in caplog.records if entry.key in r.getMessage()]
+    if damage == "corrupt":
+        warned = [m for m in messages if sub.run_id in m]
+        assert warned and "step 'make'" in warned[0] and "runs again" in warned[0], messages
+    else:
+        assert any("dropped: an artifact blob is gone" in m for m in messages), messages

@@ -9,10 +9,10 @@ send is answered with INTERNAL.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hashlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -20,17 +20,17 @@ import pytest
 from couler import ir
 from couler.engines.base import StepState
 from couler.errors import CoulerError, NotFoundError, UserError, ValidationError
-from couler.v1 import events_pb2, submitter_service_pb2
+from couler.v1 import submitter_service_pb2
 from couler_runtime import codec
-from couler_runtime.blobs import open_payload_store
-from couler_runtime.bus import Bus
 from couler_runtime.client import UPLOAD_THRESHOLD, CoulerClient
 from couler_runtime.rpc.client import connect
-from couler_runtime.rpc.records import BlobRef, Plan, RunState, plan_to_proto
+from couler_runtime.rpc.records import BlobRef, RunState
 from couler_submitter.main import SubmitterSettings
 from tests.integration.test_submitter_service import (
     WAIT,
+    RealOptimizer,
     ServiceThread,
+    optimizer_settings,
     settings_for,
     unique,
 )
@@ -47,28 +47,25 @@ def chain(n: int, name: str) -> ir.Workflow:
     return ir.Workflow(name=name, steps=tuple(steps))
 
 
-def dry_plan(settings: SubmitterSettings, run_id: str, wf: ir.Workflow) -> None:
-    """Play the optimizer for a dry-run run (the plan goes by reference: it is large)."""
-    plan = Plan(workflow=wf, engine="dryrun", workflow_digest=ir.digest(wf))
-    message = events_pb2.WorkflowOptimized(run_id=run_id, plan=plan_to_proto(plan))
-
-    async def send() -> None:
-        bus = await Bus.connect(settings.nats_url, name="optimizer-test",
-                                payloads=open_payload_store(settings))
-        try:
-            await bus.publish("couler.workflow.optimized", message, msg_id=f"{run_id}.optimized")
-        finally:
-            await bus.close()
-
-    asyncio.run(send())
-
-
 @pytest.fixture(scope="module")
 def settings(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
              ) -> SubmitterSettings:
     state = tmp_path_factory.mktemp("large")
     return settings_for(nats_server, state, f"sqlite:///{state / 's.db'}",
                         max_value_bytes=64 * 1024)
+
+
+@pytest.fixture
+def optimizer(nats_server: NatsServer, settings: SubmitterSettings, tmp_path: Path
+              ) -> Iterator[RealOptimizer]:
+    """The real optimizer on the submitter's bus and payload store (a plan over the bus's
+    inline limit goes by reference)."""
+    running = RealOptimizer(optimizer_settings(
+        nats_server, tmp_path / "optimizer", artifacts=settings.artifacts)).start()
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 @pytest.fixture(scope="module")
@@ -95,12 +92,13 @@ def raw_submit(service: ServiceThread, request: bytes) -> grpc.RpcError:
 
 
 class TestLarge:
+    @pytest.mark.usefixtures("optimizer")
     def test_a_large_workflow_is_uploaded_paged_watched_and_counted(
-            self, client: CoulerClient, settings: SubmitterSettings) -> None:
+            self, client: CoulerClient) -> None:
         wf = chain(30_000, unique("big"))
         assert codec.workflow_to_proto(wf).ByteSize() > UPLOAD_THRESHOLD
         sub = client.submitter.submit(wf, engine="dryrun")  # uploaded, by reference
-        dry_plan(settings, sub.run_id, wf)
+        # the optimizer plans it (its plan, too large to go inline, through the store)
         seen = 0
         changed_total = 0
 

@@ -21,13 +21,14 @@ from couler.v1 import events_pb2
 from couler_runtime.client import CoulerClient
 from couler_runtime.rpc.records import RunState, step_record_from_proto
 from couler_submitter.store import RunStore
+from tests.integration import test_submitter_service as submitter_service
 from tests.integration.test_submitter_service import (
     WAIT,
     ServiceProcess,
     ServiceThread,
     lines,
     marker_workflow,
-    optimize,
+    planned,
     process_env,
     script,
     settings_for,
@@ -37,6 +38,9 @@ from tests.integration.test_submitter_service import (
     wait_state,
 )
 from tests.servers import NatsServer, processes_in
+
+# the real optimizer plans the runs (tests/integration/test_submitter_service.py)
+optimizer = submitter_service.optimizer
 
 
 @pytest.fixture
@@ -90,6 +94,7 @@ def finished_events(nats_server: NatsServer, run_id: str) -> list[events_pb2.Wor
 
 
 class TestOutbox:
+    @pytest.mark.usefixtures("optimizer")
     def test_a_run_goes_on_while_nats_is_down_and_its_events_follow_once_in_order(
             self, nats_restored: NatsServer, tmp_path: Path) -> None:
         nats_server = nats_restored
@@ -100,7 +105,7 @@ class TestOutbox:
         try:
             with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
                 sub = client.submitter.submit(wf)
-                optimize(nats_server, sub.run_id, wf)
+                planned(nats_server, sub.run_id)
                 wait_for("step a running", lambda: client.submitter.get(sub.run_id).state
                          is RunState.RUNNING)
                 nats_server.stop()
@@ -132,6 +137,7 @@ class TestOutbox:
         finally:
             store.close()
 
+    @pytest.mark.usefixtures("optimizer")
     def test_a_killed_submitter_loses_no_event(self, nats_restored: NatsServer,
                                                postgres_url: str, tmp_path: Path) -> None:
         nats_server = nats_restored
@@ -143,7 +149,7 @@ class TestOutbox:
         try:
             with CoulerClient({"submitter": first.address}, timeout=WAIT) as client:
                 sub = client.submitter.submit(wf)
-                optimize(nats_server, sub.run_id, wf)
+                planned(nats_server, sub.run_id)
                 wait_for("step a running", lambda: client.submitter.get(sub.run_id).state
                          is RunState.RUNNING)
                 nats_server.stop()
@@ -163,6 +169,7 @@ class TestOutbox:
                 second.stop()
         assert "Traceback" not in (tmp_path / "submitter.log").read_text()
 
+    @pytest.mark.usefixtures("optimizer")
     def test_a_stop_while_nats_is_down_interrupts_runs_without_failing_them(
             self, nats_restored: NatsServer, tmp_path: Path) -> None:
         nats_server = nats_restored
@@ -173,7 +180,7 @@ class TestOutbox:
         try:
             with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
                 sub = client.submitter.submit(wf)
-                optimize(nats_server, sub.run_id, wf)
+                planned(nats_server, sub.run_id)
                 wait_for("the second step", lambda: "second-start" in lines(marker))
             nats_server.stop()
         finally:

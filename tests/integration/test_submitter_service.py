@@ -6,10 +6,13 @@ crash test runs it as a subprocess, ``python -m couler_submitter.main``, and SIG
 The tests call it with the blocking ``CoulerClient`` and read what it published from the
 JetStream streams (what was stored, duplicates dropped).
 
-The generator and optimizer are built by other hands at the same time, so the tests play
-the optimizer themselves: they publish the ``WorkflowOptimized`` plan (and a
-``WorkflowRejected``) that the optimizer would. Steps run for real as local processes.
-Only one submitter runs at a time: instances share the durable consumers.
+The plans come from the real optimizer service (fixture ``optimizer``: in a thread on the
+same nats-server, with the default retry policy off so that a step runs once, and without a
+cache unless a test gives it the real cache service): it answers the submitter's
+``couler.workflow.requested`` as in production, and :func:`planned` waits for its answer.
+A text is refused by the real generator (fixture ``generator``, its offline planner).
+Steps run for real as local processes. Only one submitter and one optimizer run at a time:
+instances share the durable consumers.
 """
 
 from __future__ import annotations
@@ -43,20 +46,25 @@ from couler.api.handles import SecretMaterial
 from couler.engines.base import RunState as EngineRunState
 from couler.engines.base import RunStatus, StepState, StepStatus
 from couler.errors import CoulerError, NotFoundError, UserError, ValidationError
+from couler.optimize.cache_key import workflow_keys
 from couler.v1 import common_pb2, events_pb2
+from couler_cache.main import CacheSettings
+from couler_cache.main import build as build_cache
+from couler_generator.main import GeneratorSettings
+from couler_generator.main import build as build_generator
+from couler_optimizer.main import OptimizerSettings
+from couler_optimizer.main import build as build_optimizer
 from couler_runtime.blobs import LocalBlobStore
 from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
 from couler_runtime.local.artifacts import digest_path, is_packed_directory
 from couler_runtime.rpc.records import (
     CacheEntry,
-    PassReport,
     Plan,
     Run,
     RunState,
     StepRecord,
     StoredArtifact,
-    plan_to_proto,
     run_from_proto,
     step_record_from_proto,
 )
@@ -68,6 +76,7 @@ from couler_submitter.store import RunStore
 from tests.integration.test_argo_adapter import T0 as ARGO_T0
 from tests.integration.test_argo_adapter import node as argo_node
 from tests.integration.test_argo_adapter import set_status as argo_status
+from tests.integration.test_cache_service import _purge_steps as purge_steps
 from tests.k8s_fake import FakeKube
 from tests.servers import NatsServer, create_database, processes_in
 from tests.service_thread import Builder
@@ -77,7 +86,9 @@ from tests.workflows import make_and_use
 WAIT = 90.0  # a bound on waiting, never an assertion about speed
 T = TypeVar("T")
 PY = "python:3.12"
-TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+# the optimizer's passes, in order (couler.optimize)
+PASSES = ["validate", "prune_cached", "substitute_cached", "right_size", "default_retry",
+          "split", "compile"]
 
 
 # ----------------------------------------------------------------------------- harness
@@ -183,17 +194,129 @@ def stored(nats_server: NatsServer, stream: str, subject: str, message_type: typ
     return got
 
 
-def optimize(nats_server: NatsServer, run_id: str, wf: ir.Workflow, *,
-             cached: dict[str, CacheEntry] | None = None, msg_id: str = "",
-             headers: dict[str, str] | None = None, engine: str = "local") -> None:
-    """Play the optimizer: publish the plan for ``run_id`` (made for ``engine``, the run's:
-    the submitter refuses a plan for another engine)."""
-    plan = Plan(workflow=wf, engine=engine, cached=cached or {},
-                passes=(PassReport("validate", False, ("valid",), 0.1),),
-                workflow_digest=ir.digest(wf))
-    publish(nats_server, "couler.workflow.optimized",
-            events_pb2.WorkflowOptimized(run_id=run_id, plan=plan_to_proto(plan)),
-            msg_id or f"{run_id}.optimized", headers)
+class RealOptimizer:
+    """The optimizer service in a thread on the submitter's bus; stopped and started again
+    by a test that needs a run requested while no optimizer serves."""
+
+    def __init__(self, settings: OptimizerSettings) -> None:
+        self.settings = settings
+        self.service: RunningService[OptimizerSettings] | None = None
+
+    def start(self) -> RealOptimizer:
+        self.service = RunningService(self.settings, build_optimizer).start()
+        return self
+
+    def stop(self) -> None:
+        if self.service is not None:
+            self.service.stop()
+            self.service = None
+
+
+def optimizer_settings(nats_server: NatsServer, state: Path, *, cache_address: str = "",
+                       **extra: Any) -> OptimizerSettings:
+    """The optimizer's settings: no default retry (a failing step here fails once), the
+    cache at ``cache_address`` ("" for none: no step is reused), and ``extra``."""
+    return OptimizerSettings.load(
+        "optimizer", nats_url=nats_server.url, grpc_address="127.0.0.1:0", state_dir=state,
+        database_url=f"sqlite:///{state / 'optimizer.db'}", cache_address=cache_address,
+        auth_token=None, otel_endpoint=None, default_retry=False, bus_insecure=True, **extra)
+
+
+@pytest.fixture
+def optimizer(nats_server: NatsServer, tmp_path: Path) -> Iterator[RealOptimizer]:
+    """The real optimizer, planning what the submitter requests, for one test."""
+    running = RealOptimizer(optimizer_settings(nats_server, tmp_path / "optimizer")).start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+class CachedOptimizer:
+    """The real cache service (its artifacts: the submitter's store) and an optimizer that
+    asks it; ``client`` talks to the cache."""
+
+    def __init__(self, cache: RunningService[CacheSettings], optimizer: RealOptimizer) -> None:
+        self.cache = cache
+        self.optimizer = optimizer
+        self.client = CoulerClient({"cache": cache.address}, timeout=WAIT)
+
+    def entry(self, key: str) -> CacheEntry:
+        """The entry of ``key`` once the cache has it (it commits from step events)."""
+        def find() -> CacheEntry | None:
+            try:
+                return self.client.cache.show(key).entry
+            except NotFoundError:
+                return None
+
+        return wait_for(f"the cache entry {key}", find)
+
+
+def start_cached_optimizer(nats_server: NatsServer, state: Path, tmp_path: Path
+                           ) -> CachedOptimizer:
+    """A cache service on the submitter's artifact store (``state / "blobs"``) and an
+    optimizer asking it. The cache starts from an empty step stream (the session's NATS
+    carries other modules' step events), so that it commits only this test's steps."""
+    asyncio.run(purge_steps(nats_server.url))
+    cache = RunningService(CacheSettings.load(
+        "cache", nats_url=nats_server.url, grpc_address="127.0.0.1:0",
+        state_dir=tmp_path / "cache", database_url=f"sqlite:///{tmp_path / 'cache.db'}",
+        artifacts=str(state / "blobs"), auth_token=None, otel_endpoint=None,
+        bus_insecure=True), build_cache).start()
+    try:
+        optimizer = RealOptimizer(optimizer_settings(
+            nats_server, tmp_path / "optimizer", cache_address=cache.address)).start()
+    except BaseException:
+        cache.stop()
+        raise
+    return CachedOptimizer(cache, optimizer)
+
+
+@pytest.fixture
+def cached_optimizer(nats_server: NatsServer, state: Path, tmp_path: Path
+                     ) -> Iterator[CachedOptimizer]:
+    """The real optimizer asking the real cache, for one test."""
+    both = start_cached_optimizer(nats_server, state, tmp_path)
+    try:
+        yield both
+    finally:
+        both.client.close()
+        both.optimizer.stop()
+        both.cache.stop()
+
+
+GeneratorService = RunningService[GeneratorSettings]
+
+
+@pytest.fixture
+def generator(nats_server: NatsServer, tmp_path: Path) -> Iterator[GeneratorService]:
+    """The real generator (its offline planner) answering text requests, for one test."""
+    running = RunningService(GeneratorSettings.load(
+        "generator", nats_url=nats_server.url, grpc_address="127.0.0.1:0",
+        state_dir=tmp_path / "generator", llm_base_url="", llm_model="", auth_token=None,
+        otel_endpoint=None, bus_insecure=True), build_generator).start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def planned(nats_server: NatsServer, run_id: str) -> common_pb2.Plan:
+    """The plan the optimizer published for run ``run_id`` (waits for it)."""
+    got = wait_for(f"the optimizer's plan for {run_id}", lambda: stored(
+        nats_server, "COULER_WORKFLOW", "couler.workflow.optimized",
+        events_pb2.WorkflowOptimized, run_id))
+    return got[0][1].plan
+
+
+def deliver_again(nats_server: NatsServer, run_id: str, msg_id: str) -> None:
+    """Publish the optimizer's plan for ``run_id`` once more under ``msg_id`` (a delivery
+    JetStream does not drop as a duplicate, as after a republish)."""
+    [(_, message, headers), *_] = stored(nats_server, "COULER_WORKFLOW",
+                                         "couler.workflow.optimized",
+                                         events_pb2.WorkflowOptimized, run_id)
+    publish(nats_server, "couler.workflow.optimized", message, msg_id,
+            {k: v for k, v in headers.items() if k == "traceparent"})
 
 
 # ----------------------------------------------------------------------------- workflows
@@ -354,6 +477,7 @@ def wait_state(client: CoulerClient, run_id: str, *states: RunState) -> Run:
 class TestService:
     """Submit → (the test plays the optimizer) → local engine → events, on PostgreSQL."""
 
+    @pytest.mark.usefixtures("optimizer")
     def test_a_workflow_runs_to_success_and_every_step_is_reported(
             self, client: CoulerClient, nats_server: NatsServer, service: ServiceThread,
             state: Path) -> None:
@@ -364,7 +488,7 @@ class TestService:
         watcher = threading.Thread(target=lambda: seen.extend(
             client.submitter.watch(sub.run_id, timeout=WAIT)))
         watcher.start()
-        optimize(nats_server, sub.run_id, wf, headers={"traceparent": TRACEPARENT})
+        plan = planned(nats_server, sub.run_id)
         watcher.join(WAIT)
         run = seen[-1]
         assert run.state is RunState.SUCCEEDED, run.message
@@ -377,9 +501,9 @@ class TestService:
         assert revisions == sorted(set(revisions))
         # The record.
         assert run.engine == "local" and run.engine_run_id == sub.run_id
-        assert run.workflow == wf.name and run.workflow_digest == ir.digest(wf)
+        assert run.workflow == wf.name and run.workflow_digest == plan.workflow_digest
         assert run.parameters == {"p": "v"}
-        assert [p.name for p in run.passes] == ["validate"]
+        assert [p.name for p in run.passes] == [p.name for p in plan.passes] == PASSES
         assert run.started_at and run.finished_at and run.finished_at >= run.started_at
         hello, shout = run.step("hello"), run.step("shout")
         assert hello.state is StepState.SUCCEEDED and hello.attempts == 1
@@ -411,7 +535,12 @@ class TestService:
         event = step_record_from_proto(by_id[key][1].step)
         assert event.artifacts["greeting"].digest == digest and event.cache_key
         assert f"{sub.run_id}.shout..1.running" in by_id
-        trace_id = TRACEPARENT.split("-")[1]  # the plan's trace goes on through the run
+        # the submit's trace goes on through the optimizer's plan and the run
+        trace_id = requested[0][2]["traceparent"].split("-")[1]
+        [(_, _, plan_headers)] = stored(nats_server, "COULER_WORKFLOW",
+                                        "couler.workflow.optimized",
+                                        events_pb2.WorkflowOptimized, sub.run_id)
+        assert plan_headers["traceparent"].split("-")[1] == trace_id
         assert all(h["traceparent"].split("-")[1] == trace_id for _, _, h in steps)
         assert f"{sub.run_id}.shout..1.succeeded" in by_id
         # The cache learns what each entry was computed from: shout read hello's output.
@@ -438,6 +567,7 @@ class TestService:
         # A watch of a finished run yields once and ends.
         assert [r.state for r in client.submitter.watch(sub.run_id)] == [RunState.SUCCEEDED]
 
+    @pytest.mark.usefixtures("optimizer")
     def test_logs_of_a_map_step_name_its_items_and_each_item_has_its_own(
             self, client: CoulerClient, nats_server: NatsServer) -> None:
         wf = ir.Workflow(unique("logs-map"), (ir.Step(
@@ -446,7 +576,7 @@ class TestService:
             foreach=ir.ForEach(items=(ir.Literal.of("a"), ir.Literal.of("b"),
                                       ir.Literal.of("c")))),))
         sub = client.submitter.submit(wf)
-        optimize(nats_server, sub.run_id, wf)
+        planned(nats_server, sub.run_id)
         run = client.submitter.wait(sub.run_id, timeout=WAIT)
         assert run.state is RunState.SUCCEEDED, run.message
         assert run.step("sq").attempts == 1  # three items, each run once
@@ -483,27 +613,34 @@ class TestService:
         assert headers["couler-tenant"] == "acme"
         run = wait_state(client, sub.run_id, RunState.PLANNING)
         assert run.workflow == ""  # known once generated
+        # no generator serves here: the run is cancelled, so a later one does not run it
+        assert client.submitter.cancel(sub.run_id).state is RunState.CANCELLED
 
     def test_a_rejected_run_fails_with_the_reason(self, client: CoulerClient,
-                                                  nats_server: NatsServer) -> None:
+                                                  nats_server: NatsServer,
+                                                  generator: GeneratorService) -> None:
+        """The real generator cannot plan the text and says so; the run fails with its
+        reason (the issue lines of a rejection: tests/unit/test_submitter_rejection.py)."""
         sub = client.submitter.submit("book me a flight to Paris")
-        rejected = events_pb2.WorkflowRejected(
-            run_id=sub.run_id, stage="generator", reason="cannot plan 'book me a flight'",
-            issues=[common_pb2.Issue(workflow="w", step="s", field="f", message="bad")])
-        publish(nats_server, "couler.workflow.rejected", rejected, f"{sub.run_id}.rejected")
         run = wait_state(client, sub.run_id, RunState.FAILED)
-        assert "rejected by the generator: cannot plan 'book me a flight'" in run.message
-        assert "workflow 'w', step 's', field 'f': bad" in run.message
+        assert run.message.startswith("rejected by the generator: "), run.message
+        assert "cannot plan" in run.message and "book me a flight" in run.message
+        [(_, rejected, headers)] = stored(nats_server, "COULER_WORKFLOW",
+                                          "couler.workflow.rejected",
+                                          events_pb2.WorkflowRejected, sub.run_id)
+        assert rejected.stage == "generator" and rejected.reason in run.message
+        assert headers["Nats-Msg-Id"] == f"{sub.run_id}.rejected"
         finished = wait_for("finished", lambda: stored(
             nats_server, "COULER_WORKFLOW", "couler.workflow.finished",
             events_pb2.WorkflowFinished, sub.run_id))
         assert run_from_proto(finished[0][1].run).state is RunState.FAILED
 
+    @pytest.mark.usefixtures("optimizer")
     def test_cancel_stops_the_processes(self, client: CoulerClient, nats_server: NatsServer,
                                         state: Path, tmp_path: Path) -> None:
         wf = marker_workflow(unique("sleepy"), tmp_path / "m", sleep=300)
         sub = client.submitter.submit(wf)
-        optimize(nats_server, sub.run_id, wf)
+        planned(nats_server, sub.run_id)
         run_dir = state / "runs" / sub.run_id
         wait_for("the sleeping step", lambda: "second-start" in lines(tmp_path / "m"))
         procs = wait_for("its process", lambda: processes_in(run_dir))
@@ -518,15 +655,19 @@ class TestService:
         assert client.submitter.cancel(sub.run_id).revision == run.revision  # no-op now
 
     def test_cancel_before_the_plan_and_the_late_plan_is_ignored(
-            self, client: CoulerClient, nats_server: NatsServer, state: Path) -> None:
+            self, client: CoulerClient, nats_server: NatsServer, state: Path,
+            optimizer: RealOptimizer) -> None:
         wf = greeting_workflow(unique("early"))
+        optimizer.stop()  # the optimizer is down: the request waits in the stream
         sub = client.submitter.submit(wf)
         assert client.submitter.cancel(sub.run_id).state is RunState.CANCELLED
-        optimize(nats_server, sub.run_id, wf)
+        optimizer.start()  # back: it plans the run, and the plan comes late
+        planned(nats_server, sub.run_id)
         wait_for("the plan consumed", lambda: _acked(nats_server, "submitter-optimized"))
         assert client.submitter.get(sub.run_id).state is RunState.CANCELLED
         assert not (state / "runs" / sub.run_id).exists()
 
+    @pytest.mark.usefixtures("optimizer")
     def test_retry_resumes_from_the_failure_point(
             self, client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
         flag = tmp_path / "flag"
@@ -534,7 +675,7 @@ class TestService:
                   "    sys.exit('no flag yet')\nprint('two')")
         wf = marker_workflow(unique("retry"), tmp_path / "m", second=second)
         sub = client.submitter.submit(wf)
-        optimize(nats_server, sub.run_id, wf)
+        planned(nats_server, sub.run_id)
         failed = wait_state(client, sub.run_id, RunState.FAILED, RunState.SUCCEEDED)
         assert failed.state is RunState.FAILED and "second" in failed.message
         assert failed.step("second").failure_class is ir.FailureClass.TRANSIENT
@@ -565,21 +706,23 @@ class TestService:
 
     def test_a_cached_step_is_restored_from_the_artifact_store(
             self, client: CoulerClient, nats_server: NatsServer, state: Path,
-            tmp_path: Path) -> None:
+            tmp_path: Path, cached_optimizer: CachedOptimizer) -> None:
         marker = tmp_path / "ran"
         wf = make_and_use(unique("cached"), f"import pathlib\n"
                           f"pathlib.Path({str(marker)!r}).write_text('x')")
         blob = LocalBlobStore(state / "blobs").put_bytes(b"from-cache")
-        entry = CacheEntry(key="c" * 64, workflow=wf.name, step="make", outputs={"said": "old"},
+        key = workflow_keys(wf)["make"]
+        entry = CacheEntry(key=key, workflow=wf.name, step="make", outputs={"said": "old"},
                            artifacts={"data": StoredArtifact(
                                "sha256:" + blob.removeprefix("sha256/"), 10)})
+        assert cached_optimizer.client.cache.commit(entry).created
         sub = client.submitter.submit(wf)
-        optimize(nats_server, sub.run_id, wf, cached={"make": entry})
+        assert set(planned(nats_server, sub.run_id).cached) == {"make"}  # the cache's entry
         run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
         assert run.state is RunState.SUCCEEDED, run.message
         made = run.step("make")
         assert (made.state, made.cached, made.attempts) == (StepState.CACHED, True, 0)
-        assert made.cache_key == "c" * 64 and made.outputs == {"said": "old"}
+        assert made.cache_key == key and made.outputs == {"said": "old"}
         assert run.step("use").outputs == {"seen": "from-cache old"}  # downstream sees it
         assert not marker.exists()  # the cached step never ran
         assert not (state / "runs" / ".cache" / sub.run_id).exists()  # fetched copy removed
@@ -589,7 +732,7 @@ class TestService:
 
     def test_a_directory_artifact_is_stored_and_restored_from_the_cache(
             self, client: CoulerClient, nats_server: NatsServer, state: Path,
-            tmp_path: Path) -> None:
+            tmp_path: Path, cached_optimizer: CachedOptimizer) -> None:
         marker = tmp_path / "ran"
         make = script(
             "make", "import pathlib\n"
@@ -613,7 +756,7 @@ class TestService:
         seen = "config.json=13 tok/vocab.txt=5 weights.bin=128"
         # First run: the directory is packed into the store under the engine's digest of it.
         first = client.submitter.submit(wf)
-        optimize(nats_server, first.run_id, wf)
+        planned(nats_server, first.run_id)
         run = wait_state(client, first.run_id, RunState.SUCCEEDED, RunState.FAILED)
         assert run.state is RunState.SUCCEEDED, [(s.name, s.message) for s in run.steps]
         made = run.step("make")
@@ -630,11 +773,16 @@ class TestService:
         used = run.step("use")
         assert used.outputs == {"seen": seen} and used.cache_key
         assert lines(marker) == ["make"]
+        # The cache committed both steps from their events; "use" is evicted, so that the
+        # second run reuses "make" only.
+        entry = cached_optimizer.entry(made.cache_key)
+        assert entry.artifacts["model"].digest == art.digest
+        cached_optimizer.entry(used.cache_key)
+        assert cached_optimizer.client.cache.evict([used.cache_key]).evicted == (
+            used.cache_key,)
         # Second run: the plan marks "make" cached; the directory comes back from the store.
-        entry = CacheEntry(key=made.cache_key, workflow=wf.name, step="make",
-                           outputs=dict(made.outputs), artifacts=dict(made.artifacts))
         second = client.submitter.submit(wf)
-        optimize(nats_server, second.run_id, wf, cached={"make": entry})
+        assert set(planned(nats_server, second.run_id).cached) == {"make"}
         again = wait_state(client, second.run_id, RunState.SUCCEEDED, RunState.FAILED)
         assert again.state is RunState.SUCCEEDED, [(s.name, s.message) for s in again.steps]
         cached = again.step("make")
@@ -650,7 +798,7 @@ class TestService:
 
     def test_map_items_are_committed_and_reused_item_by_item(
             self, client: CoulerClient, nats_server: NatsServer, state: Path,
-            tmp_path: Path) -> None:
+            tmp_path: Path, cached_optimizer: CachedOptimizer) -> None:
         """Each succeeded item is stored with its artifact and goes to the cache as an entry of
         its own; a plan that reuses two of three items runs only the third."""
         marker = tmp_path / "ran"
@@ -665,7 +813,7 @@ class TestService:
         sq = dataclasses.replace(sq, body=dataclasses.replace(sq.body, args=("{{inputs.n}}",)))
         wf = ir.Workflow(name=unique("sweep"), steps=(sq,))
         first = client.submitter.submit(wf)
-        optimize(nats_server, first.run_id, wf)
+        planned(nats_server, first.run_id)
         run = wait_state(client, first.run_id, RunState.SUCCEEDED, RunState.FAILED)
         assert run.state is RunState.SUCCEEDED, [(s.name, s.message) for s in run.steps]
         items = [run.step("sq", str(i)) for i in range(3)]
@@ -680,13 +828,15 @@ class TestService:
         assert committed == {(i.key, i.cache_key) for i in items}  # what the cache consumes
         assert sorted(lines(marker)) == ["2", "3", "4"]
 
-        # A plan reusing items 0 and 2 (as the optimizer names them): only item 1 runs.
-        cached = {f"sq[{i.key}]": CacheEntry(key=i.cache_key, workflow=wf.name, step="sq",
-                                             outputs=dict(i.outputs),
-                                             artifacts=dict(i.artifacts))
-                  for i in (items[0], items[2])}
+        # The cache committed each item from its event; item 1's entry is evicted, so the
+        # plan reuses items 0 and 2 (as the optimizer names them): only item 1 runs.
+        for item in items:
+            assert cached_optimizer.entry(item.cache_key).artifacts["sq"] == item.artifacts["sq"]
+        assert cached_optimizer.client.cache.evict([items[1].cache_key]).evicted == (
+            items[1].cache_key,)
         second = client.submitter.submit(wf)
-        optimize(nats_server, second.run_id, wf, cached=cached)
+        assert set(planned(nats_server, second.run_id).cached) == {
+            f"sq[{items[0].key}]", f"sq[{items[2].key}]"}
         again = wait_state(client, second.run_id, RunState.SUCCEEDED, RunState.FAILED)
         assert again.state is RunState.SUCCEEDED, [(s.name, s.message) for s in again.steps]
         assert sorted(lines(marker)) == ["2", "3", "3", "4"]  # item 1 (value 3) ran again
@@ -698,20 +848,21 @@ class TestService:
         assert restored.read_text() == "16"  # the hit's artifact, from the store
         assert not (state / "runs" / ".cache" / second.run_id).exists()  # fetched copy removed
 
+    @pytest.mark.usefixtures("optimizer")
     def test_a_redelivered_plan_starts_nothing_twice(
             self, client: CoulerClient, nats_server: NatsServer, state: Path,
             tmp_path: Path) -> None:
         gate = tmp_path / "release"
         wf = marker_workflow(unique("twice"), tmp_path / "m", gate=gate)
         sub = client.submitter.submit(wf)
-        optimize(nats_server, sub.run_id, wf)
+        planned(nats_server, sub.run_id)
         wait_for("the second step", lambda: "second-start" in lines(tmp_path / "m"))
-        optimize(nats_server, sub.run_id, wf, msg_id=f"{sub.run_id}.optimized.again")
+        deliver_again(nats_server, sub.run_id, f"{sub.run_id}.optimized.again")
         wait_for("the redelivered plan consumed",
                  lambda: _acked(nats_server, "submitter-optimized"))
         gate.touch()  # the redelivery arrived while the run was running
         run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
-        optimize(nats_server, sub.run_id, wf, msg_id=f"{sub.run_id}.optimized.late")
+        deliver_again(nats_server, sub.run_id, f"{sub.run_id}.optimized.late")
         wait_for("the plans consumed", lambda: _acked(nats_server, "submitter-optimized"))
         assert run.state is RunState.SUCCEEDED
         assert lines(tmp_path / "m") == ["first", "second-start", "second-end"]
@@ -722,24 +873,25 @@ class TestService:
                            events_pb2.WorkflowSubmitted, sub.run_id)
         assert len(submitted) == 1
 
+    @pytest.mark.usefixtures("optimizer")
     def test_engines_not_configured_and_dry_runs(self, client: CoulerClient,
                                                  nats_server: NatsServer, state: Path) -> None:
         wf = greeting_workflow(unique("argo"))
         sub = client.submitter.submit(wf, engine="argo")
-        optimize(nats_server, sub.run_id, wf, engine="argo")
+        planned(nats_server, sub.run_id)
         run = wait_state(client, sub.run_id, RunState.FAILED)
         assert "engine 'argo' is not configured" in run.message
         assert "COULER_ENGINES" in run.message
         dry = client.submitter.submit(wf, engine="dryrun")
-        optimize(nats_server, dry.run_id, wf, engine="dryrun")
+        planned(nats_server, dry.run_id)
         run = wait_state(client, dry.run_id, RunState.SUCCEEDED, RunState.FAILED)
         assert run.state is RunState.SUCCEEDED
         assert {s.name: s.state for s in run.steps} == {"hello": StepState.SUCCEEDED,
                                                          "shout": StepState.SUCCEEDED}
         assert not (state / "runs" / dry.run_id).exists()  # nothing ran
-        planned = client.submitter.submit(wf, dry_run=True)
-        optimize(nats_server, planned.run_id, wf)
-        run = wait_state(client, planned.run_id, RunState.SUCCEEDED)
+        plan_only = client.submitter.submit(wf, dry_run=True)
+        planned(nats_server, plan_only.run_id)
+        run = wait_state(client, plan_only.run_id, RunState.SUCCEEDED)
         assert run.dry_run and run.steps == () and "not run" in run.message
         with pytest.raises(ValidationError):
             client.submitter.submit(ir.Workflow(name="bad", steps=(
@@ -795,12 +947,13 @@ class TestService:
         assert [r.run_id for r in cancelled.runs] == [ids[0]]
 
 
+    @pytest.mark.usefixtures("optimizer")
     def test_a_nats_restart_mid_run_loses_nothing(
             self, client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
         gate = tmp_path / "release"
         wf = marker_workflow(unique("restart"), tmp_path / "m", gate=gate)
         sub = client.submitter.submit(wf)
-        optimize(nats_server, sub.run_id, wf)
+        planned(nats_server, sub.run_id)
         wait_for("the second step", lambda: "second-start" in lines(tmp_path / "m"))
         nats_server.restart()  # the store directory is kept; clients reconnect
         gate.touch()  # the second step ends after the restart
@@ -836,6 +989,7 @@ def _acked(nats_server: NatsServer, durable: str) -> bool:
 class TestOnSQLite:
     """The embedded default: the same flow on SQLite."""
 
+    @pytest.mark.usefixtures("optimizer")
     def test_runs_on_sqlite(self, nats_server: NatsServer, tmp_path: Path) -> None:
         svc = ServiceThread(settings_for(nats_server, tmp_path,
                                          f"sqlite:///{tmp_path / 'submitter.db'}")).start()
@@ -843,7 +997,7 @@ class TestOnSQLite:
             with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
                 wf = greeting_workflow(unique("lite"))
                 sub = client.submitter.submit(wf)
-                optimize(nats_server, sub.run_id, wf)
+                planned(nats_server, sub.run_id)
                 run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
                 assert run.state is RunState.SUCCEEDED, run.message
                 assert run.step("shout").outputs == {"loud": "HELLO"}
@@ -881,6 +1035,7 @@ class TestOnSQLite:
             svc.stop()
 
 
+    @pytest.mark.usefixtures("optimizer")
     def test_a_graceful_stop_interrupts_and_the_next_start_resumes(
             self, nats_server: NatsServer, tmp_path: Path) -> None:
         settings = settings_for(nats_server, tmp_path, f"sqlite:///{tmp_path / 's.db'}")
@@ -890,7 +1045,7 @@ class TestOnSQLite:
         try:
             with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
                 sub = client.submitter.submit(wf)
-                optimize(nats_server, sub.run_id, wf)
+                planned(nats_server, sub.run_id)
                 wait_for("the second step", lambda: "second-start" in lines(marker))
             run_dir = tmp_path / "runs" / sub.run_id
             procs = processes_in(run_dir)
@@ -921,26 +1076,33 @@ class TestOnSQLite:
 
 
 class RecordingAdapter:
-    """An EngineAdapter stand-in (the real adapters are tested against their engines):
-    records what it was given and reports the run's steps as a remote engine would."""
+    """A remote engine behind the EngineAdapter protocol (the real adapters are tested
+    against their engines): records what it was given and reports each step of the
+    workflow it got as a remote engine does -- running, then succeeded with every declared
+    output ("hi") -- and the run with them."""
 
     def __init__(self) -> None:
         self.submitted: list[tuple[str, str | None]] = []
+        self._workflows: dict[str, ir.Workflow] = {}
 
     def submit(self, wf: ir.Workflow, secrets: Sequence[SecretMaterial] = (), *,
                idempotency_key: str | None = None) -> str:
         self.submitted.append((wf.name, idempotency_key))
-        return f"remote-{idempotency_key}"
+        run_id = f"remote-{idempotency_key}"
+        self._workflows[run_id] = wf
+        return run_id
 
     def status(self, run_id: str) -> RunStatus:
         return list(self.watch(run_id))[-1]
 
     def watch(self, run_id: str, timeout: float | None = None) -> Iterator[RunStatus]:
-        step = StepStatus("hello", StepState.RUNNING, attempts=1, started_at=1.0)
-        yield RunStatus(run_id, "remote", EngineRunState.RUNNING, (step,))
-        done = StepStatus("hello", StepState.SUCCEEDED, attempts=1, started_at=1.0,
-                          finished_at=2.0, outputs={"said": "hi"})
-        yield RunStatus(run_id, "remote", EngineRunState.SUCCEEDED, (done,), 1.0, 2.0)
+        steps = self._workflows[run_id].steps
+        yield RunStatus(run_id, "remote", EngineRunState.RUNNING, tuple(
+            StepStatus(s.name, StepState.RUNNING, attempts=1, started_at=1.0) for s in steps))
+        yield RunStatus(run_id, "remote", EngineRunState.SUCCEEDED, tuple(
+            StepStatus(s.name, StepState.SUCCEEDED, attempts=1, started_at=1.0,
+                       finished_at=2.0, outputs={o.name: "hi" for o in s.outputs})
+            for s in steps), 1.0, 2.0)
 
     def logs(self, run_id: str, step: str, key: str = "") -> str:
         return ""
@@ -992,6 +1154,7 @@ def step_events(nats_server: NatsServer, run_id: str) -> dict[str, StepRecord]:
 class TestAdapters:
     """Remote engines plug in as EngineAdapters; unknown engine settings are refused."""
 
+    @pytest.mark.usefixtures("optimizer")
     def test_a_plugged_in_adapter_runs_the_plan(self, nats_server: NatsServer,
                                                 tmp_path: Path) -> None:
         adapter = RecordingAdapter()
@@ -1003,17 +1166,20 @@ class TestAdapters:
             with CoulerClient({"submitter": svc.address}, timeout=WAIT) as client:
                 wf = greeting_workflow(unique("remote"))
                 sub = client.submitter.submit(wf, engine="argo")
-                optimize(nats_server, sub.run_id, wf, engine="argo")
+                planned(nats_server, sub.run_id)
                 run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
                 assert run.state is RunState.SUCCEEDED, run.message
                 assert adapter.submitted == [(wf.name, sub.run_id)]  # the run id as key
                 assert run.engine_run_id == f"remote-{sub.run_id}"
-                assert run.step("hello").outputs == {"said": "hi"}
+                assert {s.name: (s.state, s.outputs) for s in run.steps} == {
+                    "hello": (StepState.SUCCEEDED, {"said": "hi"}),
+                    "shout": (StepState.SUCCEEDED, {"loud": "hi"})}
                 with pytest.raises(NotFoundError):
                     list(client.submitter.watch("run-unknown"))
         finally:
             svc.stop()
 
+    @pytest.mark.usefixtures("optimizer")
     def test_argo_configured_from_settings_runs_through_the_kubernetes_api(
             self, nats_server: NatsServer, tmp_path: Path) -> None:
         """COULER_ENGINES=local,argo with COULER_KUBE_HOST/TOKEN: the submitter builds the
@@ -1023,7 +1189,7 @@ class TestAdapters:
                 "hello", "print('hi')",
                 outputs=(ir.OutputParameter("said", source=ir.OutputSource.STDOUT),)),))
             sub = client.submitter.submit(wf, engine="argo")
-            optimize(nats_server, sub.run_id, wf, engine="argo")
+            planned(nats_server, sub.run_id)
             (name,) = wait_for("the Workflow object", lambda: kube.names("workflows", "argo"))
             obj = kube.get("workflows", "argo", name)
             annotations = obj["metadata"]["annotations"]
@@ -1042,6 +1208,7 @@ class TestAdapters:
 
     @pytest.mark.parametrize("argo_reports_it", [False, True],
                              ids=["hook-not-reported", "hook-reported-skipped"])
+    @pytest.mark.usefixtures("optimizer")
     def test_an_exit_hook_that_did_not_fire_on_argo_is_recorded_skipped_saying_why(
             self, nats_server: NatsServer, tmp_path: Path, argo_reports_it: bool) -> None:
         """The run succeeds, so the hook ``on failed`` does not fire. Argo reports such a
@@ -1053,7 +1220,7 @@ class TestAdapters:
         with argo_submitter(nats_server, tmp_path) as (kube, client):
             wf = hooked_workflow(unique("argo-hooks"))
             sub = client.submitter.submit(wf, engine="argo")
-            optimize(nats_server, sub.run_id, wf, engine="argo")
+            planned(nats_server, sub.run_id)
             (name,) = wait_for("the Workflow object", lambda: kube.names("workflows", "argo"))
             exit_id = f"{name}-exit"
             nodes = [
@@ -1094,6 +1261,7 @@ class TestAdapters:
             assert events[f"{sub.run_id}.always..1.succeeded"].outputs == {"result": "bye"}
             assert not any(".always." in k and k.endswith(".skipped") for k in events)
 
+    @pytest.mark.usefixtures("optimizer")
     def test_a_cancelled_argo_run_records_what_never_ran(self, nats_server: NatsServer,
                                                          tmp_path: Path) -> None:
         """Cancel terminates the Argo workflow (``spec.shutdown: Terminate``): the running
@@ -1103,7 +1271,7 @@ class TestAdapters:
         with argo_submitter(nats_server, tmp_path) as (kube, client):
             wf = hooked_workflow(unique("argo-cancel"))
             sub = client.submitter.submit(wf, engine="argo")
-            optimize(nats_server, sub.run_id, wf, engine="argo")
+            planned(nats_server, sub.run_id)
             (name,) = wait_for("the Workflow object", lambda: kube.names("workflows", "argo"))
             root = argo_node(name, name, name, "DAG", "Running", children=(f"{name}-1",))
             work = argo_node(name, f"{name}-1", "work", "Pod", "Running")
@@ -1202,6 +1370,7 @@ class ServiceProcess:
 class TestCrash:
     """SIGKILL the submitter while a run is RUNNING; the restarted one completes it."""
 
+    @pytest.mark.usefixtures("optimizer")
     def test_a_killed_submitter_resumes_its_runs(self, nats_server: NatsServer,
                                                  postgres_url: str, tmp_path: Path) -> None:
         env = process_env(nats_server, postgres_url, tmp_path)
@@ -1212,7 +1381,7 @@ class TestCrash:
         try:
             with CoulerClient({"submitter": first.address}, timeout=WAIT) as client:
                 sub = client.submitter.submit(wf)
-                optimize(nats_server, sub.run_id, wf)
+                planned(nats_server, sub.run_id)
                 wait_for("the second step", lambda: "second-start" in lines(marker))
                 running = client.submitter.get(sub.run_id)
                 assert running.state is RunState.RUNNING

@@ -1,9 +1,10 @@
 """The submitter runs split plans: chunk after chunk, hand-offs filled, crash-safe.
 
 Against a real nats-server and PostgreSQL; steps run for real on the local engine. The
-tests play the optimizer: the plan's chunks come from :func:`couler.optimize.split.
-split_workflow` (the optimizer's own pass) with a budget of one or two steps per chunk, so
-each hand-off crosses a chunk boundary as a ``x--STEP--OUTPUT`` parameter.
+plans come from the real optimizer service (on the same bus, ``COULER_MAX_STEPS_PER_CHUNK``
+1, default retry off): every step is a chunk of its own, so each hand-off crosses a chunk
+boundary as a ``x--STEP--OUTPUT`` parameter. A chunk whose hand-off the engine did not
+report is a unit test of the submitter's chunk runner (tests/unit/test_submitter_chunks.py).
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ import pytest
 from couler import ir
 from couler.engines.base import StepState
 from couler.errors import NotFoundError
-from couler.optimize.split import Budget, split_workflow
 from couler.v1 import events_pb2
 from couler_runtime.client import CoulerClient
-from couler_runtime.rpc.records import Chunk, PassReport, Plan, RunState, plan_to_proto
+from couler_runtime.rpc.records import Plan, RunState, plan_from_proto
 from tests.integration.test_submitter_service import (
     WAIT,
+    RealOptimizer,
     ServiceProcess,
     ServiceThread,
     fresh_database,
     lines,
+    optimizer_settings,
+    planned,
     process_env,
-    publish,
     script,
     settings_for,
     stored,
@@ -71,20 +73,22 @@ def chain(name: str, marker: Path, *, fail_unless: Path | None = None,
     return ir.Workflow(name=name, steps=(a, b, c))
 
 
-def split_plan(wf: ir.Workflow, max_steps: int = 1) -> Plan:
-    result = split_workflow(wf, Budget(max_steps=max_steps), measure=lambda w: 0)
-    chunks = tuple(Chunk(c.name, c.steps, c.depends_on, c.workflow, c.size_bytes)
-                   for c in result.chunks)
-    assert len(chunks) > 1
-    return Plan(workflow=wf, engine="local", chunks=chunks,
-                passes=(PassReport("split", True, result.notes, 0.1),),
-                workflow_digest=ir.digest(wf))
+@pytest.fixture
+def optimizer(nats_server: NatsServer, tmp_path: Path) -> Iterator[RealOptimizer]:
+    """The real optimizer, splitting every workflow into chunks of one step."""
+    settings = optimizer_settings(nats_server, tmp_path / "optimizer")
+    running = RealOptimizer(settings.model_copy(update={"max_steps_per_chunk": 1})).start()
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
-def send_plan(nats_server: NatsServer, run_id: str, plan: Plan) -> None:
-    publish(nats_server, "couler.workflow.optimized",
-            events_pb2.WorkflowOptimized(run_id=run_id, plan=plan_to_proto(plan)),
-            f"{run_id}.optimized")
+def split_plan(nats_server: NatsServer, run_id: str) -> Plan:
+    """The optimizer's (split) plan for ``run_id``."""
+    plan = plan_from_proto(planned(nats_server, run_id))
+    assert len(plan.chunks) > 1
+    return plan
 
 
 def submitted_events(nats_server: NatsServer, run_id: str) -> int:
@@ -109,14 +113,14 @@ def client(nats_server: NatsServer, postgres_url: str, state: Path) -> Iterator[
         svc.stop()
 
 
+@pytest.mark.usefixtures("optimizer")
 def test_chunks_run_in_order_and_hand_off_outputs(client: CoulerClient,
                                                   nats_server: NatsServer, state: Path,
                                                   tmp_path: Path) -> None:
     wf = chain(unique("split"), tmp_path / "m")
-    plan = split_plan(wf)
-    assert [c.steps for c in plan.chunks] == [("a",), ("b",), ("c",)]
     sub = client.submitter.submit(wf)
-    send_plan(nats_server, sub.run_id, plan)
+    plan = split_plan(nats_server, sub.run_id)
+    assert [c.steps for c in plan.chunks] == [("a",), ("b",), ("c",)]
     run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
     assert run.state is RunState.SUCCEEDED, run.message
     # the value crossed two chunk boundaries as hand-off parameters
@@ -132,6 +136,7 @@ def test_chunks_run_in_order_and_hand_off_outputs(client: CoulerClient,
     assert submitted_events(nats_server, sub.run_id) == 1
 
 
+@pytest.mark.usefixtures("optimizer")
 def test_independent_chunks_run_side_by_side(client: CoulerClient,
                                              nats_server: NatsServer) -> None:
     """Two branches in two chunks, joined by a third: both branch outputs reach the join."""
@@ -144,23 +149,22 @@ def test_independent_chunks_run_side_by_side(client: CoulerClient,
                           ir.InputParameter("r", ir.StepOutputRef("right", "v"))),
                   dependencies=(ir.Dependency("left"), ir.Dependency("right")))
     wf = ir.Workflow(name=unique("fan"), steps=(left, right, join))
-    plan = split_plan(wf)
+    sub = client.submitter.submit(wf)
+    plan = split_plan(nats_server, sub.run_id)
     roots = [c for c in plan.chunks if not c.depends_on]
     assert len(roots) == 2  # the branches do not wait for each other
-    sub = client.submitter.submit(wf)
-    send_plan(nats_server, sub.run_id, plan)
     run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
     assert run.state is RunState.SUCCEEDED, run.message
     assert run.step("join").outputs == {"v": "LR"}
 
 
+@pytest.mark.usefixtures("optimizer")
 def test_a_failed_chunk_stops_the_rest_and_retry_goes_on_from_it(
         client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     wf = chain(unique("split-fail"), tmp_path / "m", fail_unless=gate)
-    plan = split_plan(wf)
     sub = client.submitter.submit(wf)
-    send_plan(nats_server, sub.run_id, plan)
+    plan = split_plan(nats_server, sub.run_id)
     run = wait_state(client, sub.run_id, RunState.FAILED, RunState.SUCCEEDED)
     assert run.state is RunState.FAILED
     failed_chunk = next(c.name for c in plan.chunks if "b" in c.steps)
@@ -181,36 +185,12 @@ def test_a_failed_chunk_stops_the_rest_and_retry_goes_on_from_it(
     assert lines(tmp_path / "m") == ["a", "b", "b", "c"]
 
 
-def test_a_missing_hand_off_output_fails_naming_chunk_step_and_output(
-        client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
-    """An engine that reports no value for a hand-off: the chunk is not started on a guess."""
-    wf = chain(unique("split-missing"), tmp_path / "m")
-    plan = split_plan(wf)
-    second = plan.chunks[1]
-    assert second.workflow is not None
-    # the chunk asks for an output step a never reports
-    bad = ir.Workflow(name=second.workflow.name, steps=second.workflow.steps,
-                      parameters=(*second.workflow.parameters,
-                                  ir.Parameter("x--a--nothing")))
-    plan = Plan(workflow=plan.workflow, engine="local", workflow_digest=plan.workflow_digest,
-                chunks=(plan.chunks[0], Chunk(second.name, second.steps, second.depends_on, bad),
-                        *plan.chunks[2:]))
-    sub = client.submitter.submit(wf)
-    send_plan(nats_server, sub.run_id, plan)
-    run = wait_state(client, sub.run_id, RunState.FAILED, RunState.SUCCEEDED)
-    assert run.state is RunState.FAILED
-    for part in (wf.name, repr(second.name), "'x--a--nothing'", "step 'a'", "output 'nothing'"):
-        assert part in run.message, run.message
-    assert {s.name: s.state for s in run.steps} == {
-        "a": StepState.SUCCEEDED, "b": StepState.SKIPPED, "c": StepState.SKIPPED}
-    assert lines(tmp_path / "m") == ["a"]
-
-
+@pytest.mark.usefixtures("optimizer")
 def test_cancel_stops_the_running_chunk_and_starts_no_other(
         client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
     wf = chain(unique("split-cancel"), tmp_path / "m", sleep=60)
     sub = client.submitter.submit(wf)
-    send_plan(nats_server, sub.run_id, split_plan(wf))
+    split_plan(nats_server, sub.run_id)
     wait_for("b to start", lambda: "b" in lines(tmp_path / "m"))
     run = client.submitter.cancel(sub.run_id, "enough")
     run = wait_state(client, sub.run_id, RunState.CANCELLED, RunState.FAILED,
@@ -221,6 +201,7 @@ def test_cancel_stops_the_running_chunk_and_starts_no_other(
     assert lines(tmp_path / "m") == ["a", "b"]
 
 
+@pytest.mark.usefixtures("optimizer")
 @pytest.mark.parametrize("how", ["sigkill", "sigterm"])
 def test_a_restarted_submitter_resumes_a_split_run(nats_server: NatsServer, postgres_url: str,
                                                    tmp_path: Path, how: str) -> None:
@@ -230,13 +211,12 @@ def test_a_restarted_submitter_resumes_a_split_run(nats_server: NatsServer, post
     env = process_env(nats_server, postgres_url, tmp_path)
     marker, hold = tmp_path / "m", tmp_path / "release"
     wf = chain(unique("split-crash"), marker, hold=hold)
-    plan = split_plan(wf)
     first = ServiceProcess(env, tmp_path / "submitter.log").start()
     second: ServiceProcess | None = None
     try:
         with CoulerClient({"submitter": first.address}, timeout=WAIT) as client:
             sub = client.submitter.submit(wf)
-            send_plan(nats_server, sub.run_id, plan)
+            plan = split_plan(nats_server, sub.run_id)
             wait_for("b to start", lambda: "b" in lines(marker))
         if how == "sigkill":
             first.kill()
@@ -264,17 +244,16 @@ def test_a_restarted_submitter_resumes_a_split_run(nats_server: NatsServer, post
             second.stop()
 
 
-def test_logs_of_a_run(client: CoulerClient, nats_server: NatsServer, tmp_path: Path) -> None:
+def test_logs_of_a_run(client: CoulerClient, nats_server: NatsServer, tmp_path: Path,
+                      optimizer: RealOptimizer) -> None:
     """Logs: the step's text from the engine, the end of it when long, clear errors."""
     noisy = script("noisy", "import sys\nprint('x' * 5000)\nprint('oops', file=sys.stderr)")
     wf = ir.Workflow(name=unique("logs"), steps=(noisy,))
+    optimizer.stop()  # no plan yet: the run waits for it
     sub = client.submitter.submit(wf)
     with pytest.raises(NotFoundError, match="has not reached its engine"):
         client.submitter.logs(sub.run_id, "noisy")
-    publish(nats_server, "couler.workflow.optimized",
-            events_pb2.WorkflowOptimized(run_id=sub.run_id, plan=plan_to_proto(Plan(
-                workflow=wf, engine="local", workflow_digest=ir.digest(wf)))),
-            f"{sub.run_id}.optimized")
+    optimizer.start()
     run = wait_state(client, sub.run_id, RunState.SUCCEEDED, RunState.FAILED)
     assert run.state is RunState.SUCCEEDED, run.message
     text = client.submitter.logs(sub.run_id, "noisy")
@@ -286,10 +265,6 @@ def test_logs_of_a_run(client: CoulerClient, nats_server: NatsServer, tmp_path: 
     with pytest.raises(NotFoundError, match="run 'run-does-not-exist' does not exist"):
         client.submitter.logs("run-does-not-exist", "noisy")
     dry = client.submitter.submit(wf, engine="dryrun")
-    publish(nats_server, "couler.workflow.optimized",
-            events_pb2.WorkflowOptimized(run_id=dry.run_id, plan=plan_to_proto(Plan(
-                workflow=wf, engine="dryrun", workflow_digest=ir.digest(wf)))),
-            f"{dry.run_id}.optimized")
     wait_state(client, dry.run_id, RunState.SUCCEEDED, RunState.FAILED)
     with pytest.raises(NotFoundError, match="dry run"):
         client.submitter.logs(dry.run_id, "noisy")

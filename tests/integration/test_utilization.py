@@ -5,7 +5,7 @@ batches on ``couler.metrics.batch``, the monitor stores them while the step goes
   plausible average cores, memory);
 * the submitter's adapter runner polling a remote engine's pod metrics (the Kubernetes
   stand-in of tests/k8s_fake.py serves PodMetrics), each reading passed on once;
-* the stack's submitter and monitor on a real nats-server: a sample of a running step is
+* the stack's submitter, optimizer and monitor on a real nats-server: a sample of a running step is
   stored by the monitor before the step ends.
 
 Waits are bounds, never assertions about speed: a step that waits for the test to let it
@@ -14,7 +14,6 @@ finish stays running as long as the test needs.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import uuid
@@ -27,14 +26,14 @@ from kubernetes import client as k8s_client
 
 from couler import ir
 from couler.engines.base import StepSample, StepState, StepStatus
-from couler.v1 import events_pb2
 from couler_monitor.main import MonitorSettings
 from couler_monitor.main import build as build_monitor
+from couler_optimizer.main import OptimizerSettings
+from couler_optimizer.main import build as build_optimizer
 from couler_runtime.argo import ArgoAdapter, pod_name
-from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
 from couler_runtime.local import LocalEngine
-from couler_runtime.rpc.records import PassReport, Plan, RunState, plan_to_proto
+from couler_runtime.rpc.records import RunState
 from couler_submitter.engines import AdapterRunner
 from couler_submitter.main import SubmitterSettings
 from couler_submitter.main import build as build_submitter
@@ -187,27 +186,15 @@ def test_the_adapter_runner_polls_a_remote_engines_pod_metrics() -> None:
 # ----------------------------------------------------------------------------- the stack
 
 
-def optimize(nats: NatsServer, run_id: str, wf: ir.Workflow) -> None:
-    """Play the optimizer: the plan of ``run_id`` on the bus."""
-    plan = Plan(workflow=wf, engine="local", passes=(PassReport("validate", False, (), 0.1),),
-                workflow_digest=ir.digest(wf))
-
-    async def send() -> None:
-        bus = await Bus.connect(nats.url, name="utilization-test")
-        try:
-            await bus.ensure_streams()
-            await bus.publish("couler.workflow.optimized", events_pb2.WorkflowOptimized(
-                run_id=run_id, plan=plan_to_proto(plan)), msg_id=f"{run_id}.optimized")
-        finally:
-            await bus.close()
-
-    asyncio.run(send())
-
-
 @pytest.fixture
 def stack(nats_server: NatsServer, tmp_path: Path) -> Iterator[CoulerClient]:
-    """The submitter (batches every 0.5 s, the local engine sampling every 0.25 s) and the
-    monitor, in threads, on the session's nats-server."""
+    """The submitter (batches every 0.5 s, the local engine sampling every 0.25 s), the
+    optimizer that plans its runs and the monitor, in threads, on the session's
+    nats-server."""
+    optimizer = ServiceThread(OptimizerSettings.load(
+        "optimizer", nats_url=nats_server.url, grpc_address="127.0.0.1:0",
+        state_dir=tmp_path / "optimizer", database_url=f"sqlite:///{tmp_path / 'opt.db'}",
+        auth_token=None, otel_endpoint=None, bus_insecure=True), build_optimizer).start()
     sub = ServiceThread(SubmitterSettings.load(
         "submitter", nats_url=nats_server.url, grpc_address="127.0.0.1:0",
         state_dir=tmp_path / "submitter", database_url=f"sqlite:///{tmp_path / 'sub.db'}",
@@ -226,6 +213,7 @@ def stack(nats_server: NatsServer, tmp_path: Path) -> Iterator[CoulerClient]:
         client.close()
         sub.stop()
         mon.stop()
+        optimizer.stop()
 
 
 def test_the_monitor_stores_a_running_steps_series_before_it_ends(
@@ -235,8 +223,7 @@ def test_the_monitor_stores_a_running_steps_series_before_it_ends(
     work = script("work", f"import os\nwhile not os.path.exists({str(release)!r}):\n"
                           "    sum(range(20000))\n")
     wf = ir.Workflow(name=f"series-{uuid.uuid4().hex[:6]}", steps=(work,))
-    run_id = stack.submitter.submit(wf).run_id
-    optimize(nats_server, run_id, wf)
+    run_id = stack.submitter.submit(wf).run_id  # planned by the optimizer
     # Samples of the running step reach the monitor through couler.metrics.batch ...
     usage = wait_for("samples stored while the step runs", lambda: (
         u if len((u := stack.monitor.utilization(run_id=run_id)).samples) >= 2 else None))

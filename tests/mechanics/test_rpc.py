@@ -65,7 +65,7 @@ FAILURES: dict[str, BaseException] = {
 }
 
 
-class FailingCache:
+class FakeFailingCache:
     """Lookup raises the exception named by the first key; Stats answers."""
 
     async def Lookup(self, request: cache_service_pb2.LookupRequest,
@@ -76,14 +76,14 @@ class FailingCache:
         return cache_service_pb2.StatsResponse(entries=2, bytes=300, budget_bytes=1000)
 
 
-class PartialCache(cache_service_pb2_grpc.CacheServiceServicer):
+class FakePartialCache(cache_service_pb2_grpc.CacheServiceServicer):
     """Subclasses the generated base and implements only Stats."""
 
     async def Stats(self, request: object, context: object) -> cache_service_pb2.StatsResponse:
         return cache_service_pb2.StatsResponse(entries=1)
 
 
-class Runs:
+class FakeRuns:
     """Get and a three-state Watch for run "r-1"."""
 
     STATES = (common_pb2.RUN_STATE_PENDING, common_pb2.RUN_STATE_RUNNING,
@@ -110,7 +110,7 @@ class Runs:
 
 def test_health_is_serving_for_each_service_and_the_server(
         serve: Callable[..., RpcServer]) -> None:
-    server = serve({CACHE: FailingCache(), SUBMITTER: Runs()})
+    server = serve({CACHE: FakeFailingCache(), SUBMITTER: FakeRuns()})
     with connect(address(server)) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for name in ("", CACHE, SUBMITTER):
@@ -132,7 +132,7 @@ def list_services(channel: grpc.Channel, metadata: Any = None) -> set[str]:
 
 def test_reflection_lists_the_services_and_serves_their_descriptors(
         serve: Callable[..., RpcServer]) -> None:
-    server = serve({CACHE: FailingCache(), SUBMITTER: Runs()})
+    server = serve({CACHE: FakeFailingCache(), SUBMITTER: FakeRuns()})
     with connect(address(server)) as channel:
         assert list_services(channel) == {
             CACHE, SUBMITTER, "grpc.health.v1.Health",
@@ -145,7 +145,7 @@ def test_reflection_lists_the_services_and_serves_their_descriptors(
 
 
 def test_health_after_stop_is_gone(loop: LoopThread) -> None:
-    server = loop.run(start_server("127.0.0.1:0", {CACHE: FailingCache()}))
+    server = loop.run(start_server("127.0.0.1:0", {CACHE: FakeFailingCache()}))
     loop.run(server.stop(None))
     with connect(address(server)) as channel, pytest.raises(grpc.RpcError) as info:
         health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
@@ -178,7 +178,7 @@ def raw_lookup(channel: grpc.Channel) -> Any:
 ])
 def test_server_maps_errors_to_status_codes(serve: Callable[..., RpcServer], key: str,
                                             code: grpc.StatusCode) -> None:
-    server = serve({CACHE: FailingCache()})
+    server = serve({CACHE: FakeFailingCache()})
     with connect(address(server)) as channel, pytest.raises(grpc.RpcError) as info:
         raw_lookup(channel)(cache_service_pb2.LookupRequest(keys=[key]), timeout=10)
     assert info.value.code() is code
@@ -187,7 +187,7 @@ def test_server_maps_errors_to_status_codes(serve: Callable[..., RpcServer], key
 
 
 def test_validation_status_names_workflow_step_field(serve: Callable[..., RpcServer]) -> None:
-    server = serve({CACHE: FailingCache()})
+    server = serve({CACHE: FakeFailingCache()})
     with connect(address(server)) as channel, pytest.raises(grpc.RpcError) as info:
         raw_lookup(channel)(cache_service_pb2.LookupRequest(keys=["invalid"]), timeout=10)
     assert "workflow 'train', step 'fit', field 'dependencies'" in info.value.details()
@@ -197,7 +197,7 @@ def test_validation_status_names_workflow_step_field(serve: Callable[..., RpcSer
 
 @pytest.mark.parametrize("key", [k for k in FAILURES if k != "bug"])
 def test_client_raises_the_servers_exception(serve: Callable[..., RpcServer], key: str) -> None:
-    server = serve({CACHE: FailingCache()})
+    server = serve({CACHE: FakeFailingCache()})
     with CoulerClient(address(server)) as client, pytest.raises(errors.CoulerError) as info:
         client.cache.lookup([key])
     sent = FAILURES[key]
@@ -211,7 +211,7 @@ def test_client_raises_the_servers_exception(serve: Callable[..., RpcServer], ke
 
 def test_unexpected_exception_is_internal_generic_and_logged(
         serve: Callable[..., RpcServer], caplog: pytest.LogCaptureFixture) -> None:
-    server = serve({CACHE: FailingCache()})
+    server = serve({CACHE: FakeFailingCache()})
     with caplog.at_level(logging.ERROR, logger="couler_runtime.rpc.server"), \
             CoulerClient(address(server)) as client, \
             pytest.raises(errors.CoulerError) as info:
@@ -225,7 +225,7 @@ def test_unexpected_exception_is_internal_generic_and_logged(
 
 def test_generated_servicer_base_and_missing_methods_are_unimplemented(
         serve: Callable[..., RpcServer]) -> None:
-    server = serve({CACHE: PartialCache(), SUBMITTER: object()})
+    server = serve({CACHE: FakePartialCache(), SUBMITTER: object()})
     with CoulerClient(address(server)) as client:
         assert client.cache.stats().entries == 1
         with pytest.raises(errors.UserError) as info:
@@ -237,7 +237,7 @@ def test_generated_servicer_base_and_missing_methods_are_unimplemented(
 
 def test_generated_stub_talks_to_a_descriptor_registered_servicer(
         serve: Callable[..., RpcServer]) -> None:
-    server = serve({SUBMITTER: Runs()})
+    server = serve({SUBMITTER: FakeRuns()})
     with connect(address(server)) as channel:
         stub = submitter_service_pb2_grpc.SubmitterServiceStub(channel)
         run = stub.Get(submitter_service_pb2.GetRunRequest(run_id="r-1"), timeout=10)
@@ -248,7 +248,7 @@ def test_generated_stub_talks_to_a_descriptor_registered_servicer(
 
 
 def test_token_required_when_configured(serve: Callable[..., RpcServer]) -> None:
-    server = serve({CACHE: FailingCache()}, token=TOKEN)
+    server = serve({CACHE: FakeFailingCache()}, token=TOKEN)
     for token in (None, "wrong"):
         with CoulerClient(address(server), token=token) as client, \
                 pytest.raises(errors.UserError, match="bearer token") as info:
@@ -260,7 +260,7 @@ def test_token_required_when_configured(serve: Callable[..., RpcServer]) -> None
 
 def test_token_guards_streams_and_reflection_but_not_health(
         serve: Callable[..., RpcServer]) -> None:
-    server = serve({SUBMITTER: Runs()}, token=TOKEN)
+    server = serve({SUBMITTER: FakeRuns()}, token=TOKEN)
     with connect(address(server)) as channel:
         resp = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=SUBMITTER), timeout=10)
@@ -282,7 +282,7 @@ def test_trace_id_survives_client_to_server(serve: Callable[..., RpcServer]) -> 
     server_spans = InMemorySpanExporter()
     server_provider = telemetry.setup_tracing("couler-cache", exporter=server_spans,
                                               set_global=False)
-    server = serve({CACHE: FailingCache()}, tracer_provider=server_provider, token=TOKEN)
+    server = serve({CACHE: FakeFailingCache()}, tracer_provider=server_provider, token=TOKEN)
     client_provider = TracerProvider()
     with client_provider.get_tracer("cli").start_as_current_span("couler submit") as parent, \
             CoulerClient(address(server), token=TOKEN) as client:
@@ -308,7 +308,7 @@ def test_aio_channel_sends_token_and_trace_and_translates_errors(
         serve: Callable[..., RpcServer], loop: LoopThread) -> None:
     spans = InMemorySpanExporter()
     provider = telemetry.setup_tracing("couler-submitter", exporter=spans, set_global=False)
-    server = serve({SUBMITTER: Runs()}, tracer_provider=provider, token=TOKEN)
+    server = serve({SUBMITTER: FakeRuns()}, tracer_provider=provider, token=TOKEN)
 
     async def call() -> tuple[int, list[int], str]:
         channel = aio_connect(address(server), token=TOKEN)
@@ -335,7 +335,7 @@ def test_aio_channel_sends_token_and_trace_and_translates_errors(
         return span.get_span_context().trace_id, states, message
 
     trace_id, states, message = loop.run(call())
-    assert states == list(Runs.STATES)
+    assert states == list(FakeRuns.STATES)
     assert message == "run 'nope' not found"
     finished = spans.get_finished_spans()
     assert len(finished) == 3
@@ -347,7 +347,7 @@ def test_aio_channel_sends_token_and_trace_and_translates_errors(
 
 
 def test_watch_streams_every_change_until_terminal(serve: Callable[..., RpcServer]) -> None:
-    server = serve({SUBMITTER: Runs()})
+    server = serve({SUBMITTER: FakeRuns()})
     with CoulerClient(address(server)) as client:
         runs = list(client.submitter.watch("r-1"))
         assert [r.state for r in runs] == [RunState.PENDING, RunState.RUNNING,

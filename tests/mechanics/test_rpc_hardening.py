@@ -43,7 +43,7 @@ from couler_runtime.rpc.server import (
     TokenInterceptor,
 )
 from tests.integration.loop_thread import LoopThread
-from tests.integration.test_rpc import address
+from tests.mechanics.test_rpc import address
 
 TOKEN = "hardening-token-91c2"
 MI = 1024 * 1024
@@ -90,7 +90,7 @@ def refused(call: Callable[[], object]) -> grpc.RpcError:
     return info.value
 
 
-class Runs:
+class FakeRuns:
     """SubmitterService.Get and Watch for any run id."""
 
     async def Get(self, request: submitter_service_pb2.GetRunRequest,
@@ -111,7 +111,7 @@ class Runs:
 def test_garbage_without_a_valid_token_is_unauthenticated(
         serve: Callable[..., RpcServer], body: bytes, token: str | None, method: str,
         streaming: bool) -> None:
-    server = serve({SUBMITTER: Runs()}, token=TOKEN)
+    server = serve({SUBMITTER: FakeRuns()}, token=TOKEN)
     with grpc.insecure_channel(address(server)) as channel:
         err = refused(lambda: raw_call(channel, SUBMITTER, method, streaming, body, token))
     assert err.code() is grpc.StatusCode.UNAUTHENTICATED
@@ -252,12 +252,12 @@ def test_a_bad_body_is_a_user_error_for_couler_clients_and_traced(
 
 
 def test_the_server_limits_requests_and_responses(serve: Callable[..., RpcServer]) -> None:
-    class Big:
+    class FakeBigRuns:
         async def Get(self, request: submitter_service_pb2.GetRunRequest,
                       context: object) -> common_pb2.Run:
             return common_pb2.Run(run_id="r", message="x" * int(request.run_id))
 
-    server = serve({SUBMITTER: Big()}, max_message_bytes=4096)
+    server = serve({SUBMITTER: FakeBigRuns()}, max_message_bytes=4096)
     with connect(address(server)) as channel:
         get = channel.unary_unary(
             f"/{SUBMITTER}/Get",
@@ -275,7 +275,7 @@ def test_the_server_limits_requests_and_responses(serve: Callable[..., RpcServer
 
 def test_the_clients_take_the_limit_too(serve: Callable[..., RpcServer],
                                         loop: LoopThread) -> None:
-    server = serve({SUBMITTER: Runs()})
+    server = serve({SUBMITTER: FakeRuns()})
     request = submitter_service_pb2.GetRunRequest(run_id="r" * 2048)
     with connect(address(server), max_message_bytes=1024) as channel:
         get = channel.unary_unary(
