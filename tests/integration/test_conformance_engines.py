@@ -12,7 +12,9 @@ tests/integration/test_ray.py).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -49,8 +51,10 @@ for path in sys.argv[3:]:
     cwd = root.parent / "cwd" / name
     cwd.mkdir(parents=True)
     os.chdir(cwd)  # programs write relative files (retry markers): one directory each
+    # programs/tune.py: the ask / tell / best steps find the study's database in this secret
+    secrets = {**LOCAL_SECRETS, ("couler-tune", "url"): f"sqlite:///{root / name}.db"}
     try:
-        runs = K.run_locally(wf, str(root / name), secrets=LOCAL_SECRETS)
+        runs = K.run_locally(wf, str(root / name), secrets=secrets)
     except UnsupportedFeatureError as exc:
         out[name] = {"state": "unsupported", "feature": exc.feature}
         continue
@@ -84,7 +88,8 @@ for path in sys.argv[3:]:
             steps[step.name] = {"state": "skipped", "outputs": {}, "attempts": 0}
             continue
         outputs = {}
-        for o in step.outputs:
+        # a tune step's task (its best step, under its name) has the tune outputs
+        for o in (ir.tune_outputs(step.tune) if step.tune is not None else step.outputs):
             ident = re.sub(r"\W", "_", o.name)
             files = sorted((p for d in run_dirs for p in d.glob(f"**/{step.name}/{ident}")),
                            key=lambda p: [int(n) for n in re.findall(r"iteration-(\d+)", str(p))])
@@ -116,7 +121,7 @@ KFP_RUN = ["artifacts", "basic_steps", "cron", "edge_conditions", "exit_hooks", 
            "interpolation", "job_step", "map_static", "map_upstream", "omitted_upstream",
            "oom_policies", "placement", "resources_cache", "retry_backoff", "retry_timeout",
            "secrets", "sibling_whens", "skip_propagation", "strict_succeeded", "subworkflows",
-           "when_else", "while_loop", "workflow_params"]
+           "tune", "when_else", "while_loop", "workflow_params"]
 
 # Where kfp.local differs from the expected answers, each naming the exception.
 KFP_DIFFERENCES: dict[str, dict[str, Any]] = {
@@ -146,10 +151,14 @@ def kfp_runs(kfp_outcomes: dict[str, harness.Outcome],
     tmp = tmp_path_factory.mktemp("kfp-conformance")
     helper = tmp / "kfp_run.py"
     helper.write_text(KFP_RUN_HELPER, encoding="utf-8")
+    # programs/tune.py: local mode runs `python -m couler_runtime.tune` on the host, with
+    # the `python` found first: this (the main) environment's, which has optuna
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable),
+                                                 os.environ.get("PATH", "")]))
     proc = subprocess.run([str(harness.KFP_PYTHON), str(helper), str(harness.ROOT),
                            str(tmp / "root"), *(str(PATHS[n]) for n in names)],
                           capture_output=True, text=True, check=False, timeout=300,
-                          cwd=tmp)  # programs write relative files (retry markers)
+                          cwd=tmp, env=env)  # programs write relative files (retry markers)
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sorted(runs) == sorted(names)

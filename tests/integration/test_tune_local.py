@@ -391,6 +391,26 @@ def test_ask_tell_best_against_sqlite(tmp_path: Path) -> None:
     assert study.study_name.startswith("wf.train.abc.")  # the context is in the name
 
 
+def test_ask_writes_text_params_and_tell_takes_trial_numbers_as_floats(
+        tmp_path: Path) -> None:
+    """What KFP's map and list rendering need (couler.compilers.kfp: --text-params)."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    common = ["--study", "wf.train.kfp", "--spec", ir.to_json(SPEC)]
+    asked = _cli("ask", *common, "--n", "2", "--text-params", storage=storage)
+    assert asked.returncode == 0, asked.stderr
+    params = json.loads(asked.stdout)
+    assert all(isinstance(v, str) for p in params for v in p.values())
+    assert all(str(int(p["depth"])) == p["depth"] for p in params)  # "5", not "5.0"
+    told = _cli("tell", *common, "--trials", "[0.0, 1.0]", "--values", '["0.7", "0.8"]',
+                storage=storage)
+    assert told.returncode == 0, told.stderr
+    study = _study(storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    assert all(isinstance(t.params["depth"], int) for t in study.trials)  # its own types
+    bad = _cli("tell", *common, "--trials", "[0.5]", "--values", '["0.7"]', storage=storage)
+    assert bad.returncode != 0 and "not a trial number" in bad.stderr
+
+
 def test_cli_errors(tmp_path: Path) -> None:
     bad = _cli("best", "--study", "s", "--spec", "{", storage=f"sqlite:///{tmp_path}/x.db")
     assert bad.returncode == 2 and "--spec is not a tune spec" in bad.stderr

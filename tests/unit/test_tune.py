@@ -307,6 +307,20 @@ def test_with_a_pruner_the_trials_get_what_they_need_to_report_to_the_study() ->
     assert plain["train-1"].env == ()
 
 
+def test_expand_tune_for_kfp_compiles_no_pruning_and_text_parameters() -> None:
+    by = {s.name: s for s in expand_tune(_tuned(), prune=False, text=True).steps}
+    args = by["train-ask-0"].body.args  # type: ignore[union-attr]
+    assert "--text-params" in args and "--tag-trials" not in args
+    assert by["train-1"].env == ()  # no study / trial number for report()
+    assert "--text-params" not in _ask_args(expand_tune(_tuned()))
+
+
+def _ask_args(wf: ir.Workflow) -> tuple[str, ...]:
+    step = wf.step("train-ask-0")
+    assert step is not None and isinstance(step.body, ir.ContainerSpec)
+    return step.body.args
+
+
 def test_engines_without_the_rewrite_reject_tune_naming_the_step() -> None:
     from couler.compilers import tekton
 

@@ -1,8 +1,8 @@
 """Tune steps (:class:`couler.ir.Tune`): the study's name, and the rewrite for static engines.
 
 The local engine and Ray drive an optuna study themselves. An engine that runs a fixed
-document (Argo, Airflow) cannot: :func:`expand_tune` rewrites each tune step, a pure IR rewrite,
-into ``ceil(budget / parallel)`` rounds of
+document (Argo, Airflow, KFP) cannot: :func:`expand_tune` rewrites each tune step, a pure IR
+rewrite, into ``ceil(budget / parallel)`` rounds of
 
 * ``STEP-ask-R``: ``python -m couler_runtime.tune ask`` asks the study for up to
   ``parallel`` trials and writes their parameter sets (a JSON list of objects, output
@@ -187,11 +187,11 @@ def _reporting_env(step: ir.Step) -> tuple[ir.EnvVar, ...]:
     return tuple(env)
 
 
-def _expand_step(wf_name: str, step: ir.Step) -> list[ir.Step]:
+def _expand_step(wf_name: str, step: ir.Step, prune: bool, text: bool) -> list[ir.Step]:
     spec = step.tune
     assert spec is not None
     trial = dataclasses.replace(step, tune=None)
-    prunes = spec.pruner is not ir.TunePruner.NONE
+    prunes = prune and spec.pruner is not ir.TunePruner.NONE
     if prunes:
         trial = dataclasses.replace(trial, env=(*trial.env, *_reporting_env(step)))
     steps: list[ir.Step] = []
@@ -201,7 +201,8 @@ def _expand_step(wf_name: str, step: ir.Step) -> list[ir.Step]:
         steps.append(_tool(
             step, ask, "ask",
             ["--n", str(spec.parallel), "--params-out", f"{_OUT_DIR}/params.json",
-             "--trials-out", f"{_OUT_DIR}/trials.json", *(["--tag-trials"] if prunes else [])],
+             "--trials-out", f"{_OUT_DIR}/trials.json", *(["--tag-trials"] if prunes else []),
+             *(["--text-params"] if text else [])],
             inputs=(),
             outputs=(ir.OutputParameter("params", ir.OutputSource.PATH,
                                         f"{_OUT_DIR}/params.json", ir.ValueType.LIST),
@@ -231,10 +232,17 @@ def _expand_step(wf_name: str, step: ir.Step) -> list[ir.Step]:
     return steps
 
 
-def expand_tune(wf: ir.Workflow) -> ir.Workflow:
+def expand_tune(wf: ir.Workflow, *, prune: bool = True, text: bool = False) -> ir.Workflow:
     """``wf`` with every top-level tune step rewritten into ask/trials/tell rounds and a
     best step of the same name (see the module docstring); ``wf`` itself when it has
-    none. Pure: the study is reached only when the rewritten steps run."""
+    none. Pure: the study is reached only when the rewritten steps run.
+
+    ``prune=False`` compiles no pruning, for an engine that cannot set a trial's
+    environment from its item (KFP sets literal values only): the trial is not told its
+    study and trial number, so ``couler_runtime.tune.report`` is a no-op in it and every
+    trial runs to its end. ``text=True`` has the ask step write each parameter's value as
+    its text (``--text-params``), for an engine whose map turns an integer item field
+    into a float (KFP)."""
     if not any(s.tune is not None for s in wf.steps):
         return wf
     steps: list[ir.Step] = []
@@ -242,5 +250,5 @@ def expand_tune(wf: ir.Workflow) -> ir.Workflow:
         if step.tune is None:
             steps.append(step)
         else:
-            steps.extend(_expand_step(wf.name, step))
+            steps.extend(_expand_step(wf.name, step, prune, text))
     return dataclasses.replace(wf, steps=tuple(steps))

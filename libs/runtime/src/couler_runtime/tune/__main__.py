@@ -12,7 +12,8 @@
 is) and prints their parameter sets as a JSON list of objects (also written to
 ``--params-out``), their trial numbers to ``--trials-out``; with ``--tag-trials`` each set
 also holds the trial's number and the study's full name (keys ``couler_trial`` and
-``couler_study``), which the trial step reads to report to the study itself (pruning).
+``couler_study``), which the trial step reads to report to the study itself (pruning);
+with ``--text-params`` each value is written as its text (KFP's map would make ``2`` ``2.0``).
 ``tell`` records the objective value of each asked trial, in the same order (a value that
 is not a number fails its trial; a trial the study has finished already, one pruned while
 it ran, is left as it is). ``best`` prints the best trial's outputs (``best_params``,
@@ -71,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
                            help=f"add each trial's number ({TRIAL_KEY}) and the study's name "
                                 f"({STUDY_KEY}) to its parameter set, for a trial that "
                                 "reports intermediate values to the study itself")
+            p.add_argument("--text-params", action="store_true",
+                           help="write each parameter's value as its text (a string as it "
+                                "is, another value as JSON), for an engine whose map would "
+                                "turn an integer into a float (KFP: 2 → 2.0)")
         elif name == "tell":
             p.add_argument("--trials", required=True, help="the asked trial numbers (JSON)")
             p.add_argument("--values", required=True,
@@ -142,6 +147,8 @@ def _run(args: argparse.Namespace, study: Study, spec: ir.Tune, name: str) -> in
         for _ in range(n):
             number, p, _known = driver.ask()
             numbers.append(number)
+            if args.text_params:
+                p = {k: v if isinstance(v, str) else json.dumps(v) for k, v in p.items()}
             if args.tag_trials:
                 p = {**p, TRIAL_KEY: number, STUDY_KEY: name}
             params.append(p)
@@ -159,7 +166,7 @@ def _run(args: argparse.Namespace, study: Study, spec: ir.Tune, name: str) -> in
         for trial_no, value in zip(numbers_in, values, strict=True):
             v = parse_value(json.dumps(value) if not isinstance(value, str) else value)
             state = "complete" if v is not None else "fail"
-            _tell(study, int(str(trial_no)), TrialOutcome(state, v))
+            _tell(study, _number(trial_no), TrialOutcome(state, v))
         print(json.dumps({"told": len(values)}))
         return 0
     try:
@@ -176,6 +183,15 @@ def _run(args: argparse.Namespace, study: Study, spec: ir.Tune, name: str) -> in
         _write(path, outputs[key])
     print(json.dumps(outputs, sort_keys=True))
     return 0
+
+
+def _number(value: object) -> int:
+    """A trial number as the engine passed it back: ``3``, ``"3"`` or ``3.0`` (KFP renders
+    a list's numbers as floats)."""
+    number = float(str(value))
+    if not number.is_integer():
+        raise SystemExit(f"tune: --trials: {value!r} is not a trial number")
+    return int(number)
 
 
 def _tell(study: Study, number: int, outcome: TrialOutcome) -> None:

@@ -44,7 +44,14 @@ Shape of the output (the faithful, container mode):
   output, so KFP compares numbers, not strings.
 * A map becomes ``dsl.ParallelFor`` over static items (leaf values rendered as
   text) or over an upstream list output (declared ``list``), with
-  ``parallelism``. Reading a mapped step's outputs downstream is rejected.
+  ``parallelism``. A later step reads one output of a mapped step as a list in item
+  order: ``dsl.Collected`` of it (the output of the sub-pipeline holding an upstream-driven
+  map, below); a second output of the same mapped step is rejected.
+* Tune steps: :func:`couler.optimize.tune.expand_tune` rewrites them into rounds of ask
+  task, mapped trials and tell task (reading the collected objectives), then the best
+  task; ``{{workflow.uid}}`` (the run, in the study's name) becomes
+  ``{{$.pipeline_job_uuid}}`` (local mode: the run's log directory). No pruning (KFP
+  sets environment variables to literals, so a trial cannot be told its trial number).
 * A step whose map or condition an upstream task output drives, and a conditional or
   guarded step (above), sits in a sub-pipeline (task ``couler-STEP``): the values the
   step reads (and its conditions compare) become the sub-pipeline's inputs
@@ -164,6 +171,7 @@ from typing import Any
 from couler import ir
 from couler.engines.base import check_capabilities, plain_edges
 from couler.errors import UserError
+from couler.optimize.tune import expand_tune
 
 from ._builder import _Builder
 from ._capabilities import CAPABILITIES, ENGINE, LIMITS, MAX_UNROLL
@@ -244,6 +252,10 @@ def build_pipeline(wf: ir.Workflow, *, validate: bool = True, local: bool = Fals
     if validate:
         ir.validate(wf)
     wf = plain_edges(wf)  # A.Succeeded from a step without a when is a plain edge
+    # tune steps become ask / trials / tell rounds (no-op without); no pruning: KFP sets
+    # env to literals only, so a trial cannot be told its study and trial number; the
+    # parameters as text: a ParallelFor item's integer field would read 2.0
+    wf = expand_tune(wf, prune=False, text=True)
     check_capabilities(ENGINE, CAPABILITIES, wf)
     return _Builder(wf, local=local, workdir=workdir).build()
 

@@ -90,6 +90,10 @@ class _StepPlan:
         return self.item_keys[key]
 
 
+_RUN_MARK = "couler:run"  # the mark of {{workflow.uid}} (no input is named so)
+_LOCAL_RUN_ID = f"os.path.basename(os.environ.get({LOCAL_DIR_ENV!r}, ''))"
+
+
 class _Builder:
     def __init__(self, wf: ir.Workflow, *, local: bool, workdir: str | None,
                  prefix: str = "") -> None:
@@ -112,6 +116,9 @@ class _Builder:
         # step → (sub-pipeline, what its inputs carry)
         self.subs: dict[str, tuple[Any, list[ir.ValueSource | ir.StepArtifactRef]]] = {}
         self.output_types: dict[tuple[str, str], ir.ValueType] = {}
+        # mapped step → the one output later steps read, collected over its items (in item
+        # order) with dsl.Collected: a list input of the reader
+        self.collected: dict[str, str] = {}
         self.plans: dict[str, _StepPlan] = {}
         self.param_ids: dict[str, str] = {}
         # looped step → (its iteration 2 pipeline, the outputs / values that pipeline takes)
@@ -201,13 +208,26 @@ class _Builder:
                 if isinstance(i.value, ir.StepOutputRef):
                     up = by_name.get(i.value.step)
                     if up is not None and up.foreach is not None:
-                        raise self._fail(step.name, "reading a mapped step's output",
-                                         "needs dsl.Collected, not mapped")
+                        self._check_collected(step, up, i.value.output)
             if step in self.hooks_exit and any(isinstance(i.value, ir.StepOutputRef)
                                               for i in step.inputs):
                 raise self._fail(step.name, Feature.EXIT_HOOKS,
                                  "the exit task is created before the tasks it would read")
         return self._order(wf.steps)
+
+    def _check_collected(self, step: ir.Step, up: ir.Step, output: str) -> None:
+        """``step`` reads ``output`` of the mapped step ``up``: dsl.Collected gathers it over
+        the map's items (a list, in item order), one output per mapped step."""
+        problem = ""
+        if up.loop is not None or self._levels(up) or up in self.hooks_exit:
+            problem = "the mapped step is looped, memory-escalating or an exit hook"
+        elif self.collected.get(up.name, output) != output:
+            problem = (f"{up.name!r}'s outputs {self.collected[up.name]!r} and {output!r}: "
+                       "Couler collects one output per mapped step")
+        if problem:
+            raise self._fail(step.name, "reading a mapped step's output",
+                             f"dsl.Collected is not used here: {problem}")
+        self.collected[up.name] = output
 
     def _check_handlers(self, by_name: Mapping[str, ir.Step]) -> None:
         """Steps on a failed / completed / any edge: KFP's ``ignore_upstream_failure``.
@@ -505,6 +525,8 @@ class _Builder:
             p = self.wf.parameter(v.name)
             return _PY_TYPE[p.type] if p is not None else str
         if isinstance(v, ir.StepOutputRef):
+            if self.collected.get(v.step) == v.output:
+                return list  # dsl.Collected over the map's items
             return _PY_TYPE[self.output_types.get((v.step, v.output), ir.ValueType.STRING)]
         return str
 
@@ -541,6 +563,8 @@ class _Builder:
                     if step.foreach is None:
                         raise self._fail(step.name, "item placeholder", "outside a map")
                     return f"\0{plan.item_input(expr[5:])}\0"
+                if expr == "workflow.uid":  # the run's id (a tune step's study name)
+                    return f"\0{_RUN_MARK}\0"
                 return m.group(0)
             return _PLACEHOLDER.sub(repl, text)
 
@@ -604,7 +628,8 @@ class _Builder:
 
             def fill(word: str) -> str:
                 parts = word.split("\0")
-                return "".join(values[p] if k % 2 else p for k, p in enumerate(parts))
+                return "".join((dsl.PIPELINE_JOB_ID_PLACEHOLDER if p == _RUN_MARK else values[p])
+                               if k % 2 else p for k, p in enumerate(parts))
 
             words = self._wrapped(policy, [fill(w) for w in argv])
             if not wrap:
@@ -675,7 +700,8 @@ class _Builder:
 
             def fill(word: str) -> str:
                 parts = word.split("\0")
-                return "".join(values[p] if k % 2 else p for k, p in enumerate(parts))
+                return "".join((dsl.PIPELINE_JOB_ID_PLACEHOLDER if p == _RUN_MARK else values[p])
+                               if k % 2 else p for k, p in enumerate(parts))
 
             return dsl.ContainerSpec(image=kube_job.JOB_IMAGE,
                                      command=[fill(w) for w in command],
@@ -703,8 +729,12 @@ class _Builder:
         exprs = []
         for k, word in enumerate(argv):
             parts = word.split("\0")
-            pieces = [f"str({p})" if i % 2 else repr(p) for i, p in enumerate(parts)
-                      if i % 2 or p]
+            # the run's id: run_locally's log directory, one per run
+            # a list / dict value (a collected output) as JSON, as KFP renders it
+            pieces = [(_LOCAL_RUN_ID if p == _RUN_MARK else
+                       f"(json.dumps({p}) if isinstance({p}, (list, dict)) else str({p}))")
+                      if i % 2 else repr(p)
+                      for i, p in enumerate(parts) if i % 2 or p]
             expr = " + ".join(pieces) or "''"
             if k == 0 and isinstance(body, ir.ScriptSpec) and word in ("python", "python3"):
                 expr = "sys.executable"
@@ -1081,18 +1111,32 @@ class _Builder:
                         else self._input_type(v)))
             for k, v in enumerate(values)]
 
-        def sub(*args: Any) -> None:
+        collected = self.collected.get(step.name)
+
+        def sub(*args: Any) -> Any:
             self.scope = dict(zip(values, args, strict=True))
+            inner: dict[str, Any] = {}
             try:
                 with contextlib.ExitStack() as stack:
                     for k, when in enumerate(self.guards.get(step.name, ())):
                         expr = self._condition(step, when, {}, {}, None)
                         stack.enter_context(self.dsl.If(expr, name=f"{step.name}-guard-{k}"))
-                    self._add(step, components, {}, {}, nested=True)
+                    self._add(step, components, inner, {}, nested=True)
             finally:
                 self.scope = {}
+            if collected is None:
+                return None
+            # the sub-pipeline's one output: the read output over the map's items
+            output = inner[step.name].outputs[self.plans[step.name].outputs[collected]]
+            return self.dsl.Collected(output)
 
-        sub.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        returns: Any = inspect.Signature.empty
+        if collected is not None:
+            item_type = _PY_TYPE[self.output_types.get((step.name, collected),
+                                                        ir.ValueType.STRING)]
+            returns = list[item_type]  # type: ignore[valid-type]
+        sub.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            params, return_annotation=returns)
         sub.__name__ = _ident(f"couler_{step.name}", set())
         return self.dsl.pipeline(name=f"couler-{step.name}")(sub), values
 
@@ -1199,6 +1243,10 @@ class _Builder:
             if up is None:
                 raise self._fail(step.name, Feature.PARAMETERS,
                                  f"reads {v.step}.{v.output}, which is not a task here")
+            if self.collected.get(v.step) == v.output:
+                if v.step in self.subs:  # its sub-pipeline returns the collected list
+                    return up.output
+                return self.dsl.Collected(up.outputs[self.plans[v.step].outputs[v.output]])
             return up.outputs[self.plans[v.step].outputs[v.output]]
         if item is None:
             raise self._fail(step.name, "item reference", "outside a map")

@@ -83,8 +83,9 @@ CAPABILITIES: dict[Feature, Capability] = {
         _N, "dsl.ParallelFor over the static items (leaf values rendered as text)"),
     Feature.MAP_DYNAMIC: Capability(
         _N, "dsl.ParallelFor over an upstream output declared as a list (in a sub-pipeline "
-            "taking the list as an input); reading a mapped step's outputs downstream "
-            "(dsl.Collected) is rejected"),
+            "taking the list as an input); a later step reads one output of a mapped step "
+            "as a list in item order (dsl.Collected, returned by the sub-pipeline), a second "
+            "output of the same mapped step is rejected"),
     Feature.MAP_PARALLELISM: Capability(_N, "dsl.ParallelFor(parallelism=N) (iteratorPolicy)"),
     Feature.LOOP: Capability(
         _R, "KFP v2 has no loops (kubeflow/pipelines#10748): unrolled into at most 16 "
@@ -163,9 +164,15 @@ CAPABILITIES: dict[Feature, Capability] = {
             "limits are rejected (KFP has none of them)"),
     Feature.EVENT_TRIGGERS: Capability(_U, "KFP has no event triggers"),
     Feature.TUNE: Capability(
-        _U, "not compiled for KFP yet: the tell step reads the mapped trials' outputs, which "
-            "KFP v2 collects only for dsl.Collected artifacts (use Katib, the local engine, Ray "
-            "or Argo)"),
+        _R, "rounds of an ask task (python -m couler_runtime.tune ask, parameter values as "
+            "text: a ParallelFor item's integer field would read 2.0), a ParallelFor of trial "
+            "tasks over its list (parallelism = parallel) in a sub-pipeline returning the "
+            "objectives as dsl.Collected, and a tell task, then a best task producing the "
+            "outputs (couler.optimize.tune.expand_tune); the study is named after the run "
+            "({{$.pipeline_job_uuid}}) and its URL comes from the storage secret "
+            "(kubernetes.use_secret_as_env). No pruning: KFP sets environment variables to "
+            "literals only, so a trial cannot be told its trial number "
+            "(couler_runtime.tune.report is a no-op, every trial runs to its end)"),
 }
 
 _KFP_DOCS = "https://www.kubeflow.org/docs/components/pipelines/"

@@ -180,8 +180,14 @@ CAPABILITIES: dict[Feature, Capability] = {
             "CEL identifier is rejected. Checked structurally, not against a Triggers schema "
             "(none ships on PyPI or npm)"),
     Feature.TUNE: Capability(
-        _U, "the trials' map reads keyed items (one per parameter) and is bounded by a "
-            "parallelism, neither of which a Tekton matrix expresses"),
+        _U, "not compiled for Tekton yet (couler.optimize.tune.expand_tune's rounds need two "
+            "things the compiler lacks): the trials' matrix over the ask task's array result "
+            "gives each trial one string, the JSON object of its parameters, and Tekton "
+            "substitutes no field of it (item.NAME over an upstream result is refused); and "
+            "the tell task reads the trials' objectives, a mapped step's output, which Tekton "
+            "passes on only as an array ($(tasks.T.results.R[*]), one argument per trial), "
+            "not yet compiled. The parallelism bound is no obstacle: each ask task asks for "
+            "at most `parallel` trials"),
 }
 
 _TEKTON_DOCS = "https://tekton.dev/docs/pipelines/"
