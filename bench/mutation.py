@@ -117,6 +117,8 @@ def main() -> None:
                         help="site-packages of a venv holding mutmut 2.5.1")
     parser.add_argument("--target", action="append", choices=[t.name for t in TARGETS])
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--without", action="append", default=[], metavar="TEST_FILE",
+                        help="leave this test file out (the 'before' runs)")
     parser.add_argument("--list", action="store_true", help="count the mutants, run nothing")
     args = parser.parse_args()
     sys.path.append(args.mutmut_site)
@@ -152,7 +154,8 @@ def main() -> None:
                   flush=True)
             if args.list:
                 continue
-            tests = tuple(t for t in target.tests if (copy / t.split("::")[0]).exists())
+            tests = tuple(t for t in target.tests
+                          if (copy / t).exists() and t not in args.without)
             start = time.monotonic()
             base = run_tests(copy, tests, timeout=600)
             base_s = time.monotonic() - start

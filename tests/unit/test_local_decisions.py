@@ -15,6 +15,7 @@ import pytest
 
 from couler import ir
 from couler.engines.base import StepState
+from couler.semantics import failed_leaves
 from couler_runtime.local.engine import LocalEngine, LocalRun, skipped_without_running
 from couler_runtime.local.journal import _Record
 
@@ -212,3 +213,43 @@ def test_a_when_that_cannot_be_evaluated_skips_the_step_by_its_when(tmp_path: Pa
 def test_skipped_without_running_tells_omitted_from_skipped_by_when() -> None:
     assert skipped_without_running("dependency 'a' did not reach succeeded")
     assert not skipped_without_running("its when condition is false")
+
+
+# ------------------------------------------------------------- rule S7: failed leaves
+
+
+def chain(*specs: tuple[str, tuple[str, ...]]) -> list[ir.Step]:
+    return [ctr(n, dependencies=tuple(ir.Dependency(d) for d in ds)) for n, ds in specs]
+
+
+def test_a_failure_travels_down_through_steps_that_did_not_run() -> None:
+    steps = chain(("a", ()), ("b", ("a",)), ("c", ("b",)), ("d", ("c",)))
+    out = {"a": "failed", "b": "skipped", "c": "skipped", "d": "skipped"}
+    assert failed_leaves(steps, out.__getitem__) == ["d"]
+    out["c"] = "succeeded"  # c ran (an edge on a's failure) and succeeded: handled
+    assert failed_leaves(steps, out.__getitem__) == []
+    out["d"] = "failed"  # the leaf's own failure
+    assert failed_leaves(steps, out.__getitem__) == ["d"]
+
+
+def test_a_join_is_decided_after_all_its_parents() -> None:
+    """A diamond whose failed branch is listed last still reaches the skipped join."""
+    steps = chain(("top", ()), ("ok", ("top",)), ("bad", ("top",)), ("join", ("ok", "bad")))
+    out = {"top": "succeeded", "ok": "succeeded", "bad": "failed", "join": "skipped"}
+    assert failed_leaves(steps, out.__getitem__) == ["join"]
+    steps = chain(("top", ()), ("bad", ("top",)), ("ok", ("top",)), ("join", ("bad", "ok")))
+    assert failed_leaves(steps, out.__getitem__) == ["join"]
+
+
+def test_failed_leaves_come_in_step_order_and_ignore_outside_parents() -> None:
+    # "outer" is not one of the steps (an edge out of a sub-workflow's scope): ignored
+    steps = chain(("z", ("outer",)), ("a", ()), ("m", ()))
+    out = {"z": "failed", "a": "failed", "m": "succeeded"}
+    assert failed_leaves(steps, out.__getitem__) == ["z", "a"]
+
+
+def test_a_step_not_run_at_all_carries_its_parents_branch() -> None:
+    steps = chain(("a", ()), ("b", ("a",)))
+    for not_run in ("skipped", "pending", "cancelled"):
+        assert failed_leaves(steps, {"a": "failed", "b": not_run}.__getitem__) == ["b"]
+        assert failed_leaves(steps, {"a": "succeeded", "b": not_run}.__getitem__) == []
