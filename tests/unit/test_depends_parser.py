@@ -102,6 +102,7 @@ def test_a_non_string_is_refused_as_empty() -> None:
             "found 'b'"),
     ("(a || b", "depends expression '(a || b': expected ')' at position 7, found the end"),
     ("(a b)", "depends expression '(a b)': expected ')' at position 3, found 'b'"),
+    ("(a !b)", "depends expression '(a !b)': expected ')' at position 3, found '!'"),
     ("a && )", "depends expression 'a && )': expected a step name, '!' or '(' at "
                "position 5, found ')'"),
     ("a &&  $b", "depends expression 'a &&  $b': unexpected character '$' at position 6"),

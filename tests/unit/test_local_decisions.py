@@ -253,3 +253,16 @@ def test_a_step_not_run_at_all_carries_its_parents_branch() -> None:
     for not_run in ("skipped", "pending", "cancelled"):
         assert failed_leaves(steps, {"a": "failed", "b": not_run}.__getitem__) == ["b"]
         assert failed_leaves(steps, {"a": "succeeded", "b": not_run}.__getitem__) == []
+
+
+def test_with_depends_a_step_still_waits_for_every_listed_dependency(
+        tmp_path: Path) -> None:
+    """The expression decides whether it runs; the dependencies, when it may decide."""
+    c = ctr("c", dependencies=(ir.Dependency("a"), ir.Dependency("b", E.ANY)),
+            depends=ir.DependsTerm("a"))
+    run = new_run(tmp_path, ctr("a"), ctr("b"), c)
+    put(run, "a", "succeeded")
+    run._records[("b", "")] = _Record("b", "", S.RUNNING)
+    assert run._decide(c) is None
+    put(run, "b", "failed")
+    assert run._decide(c) == ""
