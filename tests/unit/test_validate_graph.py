@@ -117,3 +117,27 @@ def test_exit_hook_steps_are_a_scope_of_their_own() -> None:
     empty = ir.ExitHook(ir.RunStatus.FAILED, ())
     assert issues(step("a"), exit_hooks=(empty,)) == [
         ("", "exit_hooks[0]", "an exit hook needs at least one step")]
+
+
+def test_a_cycle_entered_from_a_finished_step_is_still_a_cycle() -> None:
+    # "a" has two upstreams: "f" (free) and "b" (on the cycle); finishing f must not free a
+    cycle = "dependency cycle: b -> a -> b"
+    assert issues(step("f"), step("a", "f", "b"), step("b", "a")) == [
+        ("b", "dependencies", cycle), ("a", "dependencies", cycle)]
+
+
+def test_a_cycle_beside_as_many_free_steps_is_found() -> None:
+    found = issues(step("e1"), step("e2"), step("a", "b"), step("b", "a"))
+    assert [f[:2] for f in found] == [("b", "dependencies"), ("a", "dependencies")]
+
+
+def test_free_steps_named_before_the_cycle_are_not_reported_on_it() -> None:
+    cycle = "dependency cycle: y -> x -> y"
+    assert issues(step("a"), step("b", "a"), step("x", "y"), step("y", "x")) == [
+        ("y", "dependencies", cycle), ("x", "dependencies", cycle)]
+
+
+def test_a_when_reading_an_unknown_step_is_reported_on_the_when_field() -> None:
+    cond = ir.Condition(ir.StepOutputRef("nope", "out"), ir.CompareOp.EQ, ir.Literal.of("1"))
+    assert issues(step("a", when=ir.When(cond))) == [
+        ("a", "when.left", "refers to unknown step 'nope'")]
