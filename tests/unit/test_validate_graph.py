@@ -141,3 +141,20 @@ def test_a_when_reading_an_unknown_step_is_reported_on_the_when_field() -> None:
     cond = ir.Condition(ir.StepOutputRef("nope", "out"), ir.CompareOp.EQ, ir.Literal.of("1"))
     assert issues(step("a", when=ir.When(cond))) == [
         ("a", "when.left", "refers to unknown step 'nope'")]
+
+
+def test_a_when_cannot_read_its_own_steps_output_but_a_loop_can() -> None:
+    own = ir.Condition(ir.StepOutputRef("a", "out"), ir.CompareOp.EQ, ir.Literal.of("1"))
+    outputs = (ir.OutputParameter("out", selector="/tmp/out"),)
+    found = issues(step("a", when=ir.When(own), outputs=outputs))
+    assert [f[:2] for f in found] == [("a", "when.left")]
+    assert issues(step("a", loop=ir.Loop(own, max_iterations=1), outputs=outputs)) == []
+    assert issues(step("a", loop=ir.Loop(own, max_iterations=0), outputs=outputs)) == [
+        ("a", "loop.max_iterations", "must be at least 1")]
+
+
+def test_a_step_cannot_both_loop_and_map() -> None:
+    cond = ir.Condition(ir.Literal.of("1"), ir.CompareOp.EQ, ir.Literal.of("1"))
+    both = step("a", loop=ir.Loop(cond), foreach=ir.ForEach(items=(ir.Literal.of(1),)))
+    assert issues(both) == [
+        ("a", "loop", "a step cannot both loop and map; wrap one in a sub-workflow")]
