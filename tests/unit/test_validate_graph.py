@@ -158,3 +158,23 @@ def test_a_step_cannot_both_loop_and_map() -> None:
     both = step("a", loop=ir.Loop(cond), foreach=ir.ForEach(items=(ir.Literal.of(1),)))
     assert issues(both) == [
         ("a", "loop", "a step cannot both loop and map; wrap one in a sub-workflow")]
+
+
+def test_a_steps_counts_are_checked_on_their_own_fields() -> None:
+    found = issues(step("a", timeout_seconds=0, parallelism=-1,
+                        cache=ir.CachePolicy(max_age_seconds=0)))
+    assert found == [("a", "timeout_seconds", "must be positive, got 0"),
+                     ("a", "parallelism", "must be positive, got -1"),
+                     ("a", "cache.max_age_seconds", "must be positive, got 0")]
+    assert issues(step("a", timeout_seconds=1, parallelism=1,
+                       cache=ir.CachePolicy(max_age_seconds=1))) == []
+
+
+def test_volume_mounts_name_a_declared_volume_at_an_absolute_path() -> None:
+    vols = (ir.Volume("data", claim_name="pvc-data"),)
+    ok = (ir.VolumeMount("data", "/data"), ir.VolumeMount("couler-out-dir-0", "/out"))
+    assert issues(step("a", volume_mounts=ok), volumes=vols) == []
+    bad = (ir.VolumeMount("other", "/x"), ir.VolumeMount("data", "rel/path"))
+    assert issues(step("a", volume_mounts=bad), volumes=vols) == [
+        ("a", "volume_mounts", "mounts unknown volume 'other'"),
+        ("a", "volume_mounts", "mount path 'rel/path' is not absolute")]
