@@ -178,3 +178,12 @@ def test_volume_mounts_name_a_declared_volume_at_an_absolute_path() -> None:
     assert issues(step("a", volume_mounts=bad), volumes=vols) == [
         ("a", "volume_mounts", "mounts unknown volume 'other'"),
         ("a", "volume_mounts", "mount path 'rel/path' is not absolute")]
+
+
+def test_a_steps_labels_and_node_selector_values_are_label_values() -> None:
+    bad = (("team", "not a value!"),)
+    assert issues(step("a", labels=bad, node_selector=bad)) == [
+        ("a", "node_selector", "'not a value!' is not a valid value for 'team'"),
+        ("a", "labels", "'not a value!' is not a valid value for 'team'")]
+    good = (("team", "ml"),)
+    assert issues(step("a", labels=good, node_selector=good)) == []
