@@ -187,3 +187,10 @@ def test_a_steps_labels_and_node_selector_values_are_label_values() -> None:
         ("a", "labels", "'not a value!' is not a valid value for 'team'")]
     good = (("team", "ml"),)
     assert issues(step("a", labels=good, node_selector=good)) == []
+
+
+def test_a_step_downstream_of_a_cycle_is_not_reported_on_it() -> None:
+    # "a" is stuck (it waits on the cycle) and sorts first, but is not on the cycle
+    cycle = "dependency cycle: y -> x -> y"
+    assert issues(step("a", "x"), step("x", "y"), step("y", "x")) == [
+        ("y", "dependencies", cycle), ("x", "dependencies", cycle)]
