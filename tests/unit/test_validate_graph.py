@@ -194,3 +194,9 @@ def test_a_step_downstream_of_a_cycle_is_not_reported_on_it() -> None:
     cycle = "dependency cycle: y -> x -> y"
     assert issues(step("a", "x"), step("x", "y"), step("y", "x")) == [
         ("y", "dependencies", cycle), ("x", "dependencies", cycle)]
+
+
+def test_a_loop_condition_reading_an_unknown_step_is_reported_on_its_field() -> None:
+    cond = ir.Condition(ir.StepOutputRef("nope", "out"), ir.CompareOp.EQ, ir.Literal.of("1"))
+    assert issues(step("a", loop=ir.Loop(cond))) == [
+        ("a", "loop.condition.left", "refers to unknown step 'nope'")]
