@@ -200,3 +200,15 @@ def test_a_loop_condition_reading_an_unknown_step_is_reported_on_its_field() -> 
     cond = ir.Condition(ir.StepOutputRef("nope", "out"), ir.CompareOp.EQ, ir.Literal.of("1"))
     assert issues(step("a", loop=ir.Loop(cond))) == [
         ("a", "loop.condition.left", "refers to unknown step 'nope'")]
+
+
+def test_a_steps_retry_policy_issues_name_the_retry_field() -> None:
+    policy = ir.RetryPolicy(limit=-1, on=(), backoff=ir.Backoff(base_seconds=0, factor=0.5),
+                            memory_factor=1.0)
+    assert issues(step("a", retry=policy)) == [
+        ("a", "retry.limit", "must not be negative"),
+        ("a", "retry.on", "name at least one failure class to retry"),
+        ("a", "retry.backoff.base_seconds", "must be positive"),
+        ("a", "retry.backoff.factor", "must be at least 1"),
+        ("a", "retry.memory_factor", "must be greater than 1"),
+    ]
