@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil  # type: ignore[import-untyped]
 import pytest
 
 from couler.errors import UserError
@@ -161,6 +162,8 @@ def test_adopt_only_the_process_recorded(tmp_path: Path,
                                          records: dict[str, ProcessRecord]) -> None:
     outside = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
+        # until the child has exec'd, its command line is the test's own Python, not sleep
+        _until(None, lambda: psutil.Process(outside.pid).cmdline()[:1] == ["sleep"], "exec")
         prog = Program("svc", tmp_path / "svc.log",
                        lambda: Launch(["sh", "-c", "echo READY; exec sleep 60"],
                                       dict(os.environ)), _says("READY", tmp_path / "svc.log"),
