@@ -268,3 +268,32 @@ def test_the_cache_panels_count_reuse_bytes_and_compute_saved(console: Console) 
             '<section class="panel cache-total">', 1)[1].split())
         # over every record kept: the engines' own figures only (12 s)
         assert "4.0 Mi of outputs reused, 12.0 s of compute saved." in totals
+
+
+def test_a_run_whose_record_cannot_be_shown_gets_a_page_saying_so(
+        console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stored data never takes the page down: when part of a run's record cannot be read
+    (here the monitor's step details raise as an undecodable row would), the page names the
+    run and the problem with a 200, and other runs' pages are not affected."""
+    m, loop = console.monitor, console.loop
+    t0 = time.time()
+    for rid in ("damaged-1", "healthy-1"):
+        loop.run(m.record_submitted(rid, workflow="damaged", engine="local", at=t0))
+        loop.run(m.record_step(rid, "damaged", "local", StepRecord(
+            "work", StepState.SUCCEEDED, attempts=1, started_at=t0, finished_at=t0 + 1),
+            t0 + 1))
+    details = m.step_details
+
+    async def unreadable(run_id: str) -> Any:
+        if run_id == "damaged-1":
+            raise ValueError("Expecting value: line 1 column 1 (char 0)")
+        return await details(run_id)
+
+    monkeypatch.setattr(m, "step_details", unreadable)
+    with console.client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        page = http.get("/runs/damaged-1")
+        healthy = http.get("/runs/healthy-1")
+    assert page.status_code == 200, page.text[:300]
+    assert "run &#39;damaged-1&#39;: part of its stored record cannot be read (ValueError)" \
+        in page.text
+    assert healthy.status_code == 200 and 'data-step="work"' in healthy.text

@@ -28,9 +28,11 @@ from couler import ir
 from couler.v1 import common_pb2, events_pb2
 from couler_monitor.main import MonitorSettings
 from couler_monitor.main import build as build_monitor
+from couler_optimizer.main import OptimizerSettings
+from couler_optimizer.main import build as build_optimizer
 from couler_runtime.bus import Bus
 from couler_runtime.client import CoulerClient
-from couler_runtime.rpc.records import PassReport, Plan, RunState, plan_to_proto
+from couler_runtime.rpc.records import RunState
 from couler_submitter.main import SubmitterSettings
 from couler_submitter.main import build as build_submitter
 from tests.cdp import Browser
@@ -61,21 +63,18 @@ class Stack:
 
         asyncio.run(send())
 
-    def optimize(self, run_id: str, wf: ir.Workflow) -> None:
-        """Play the optimizer: the plan the submitter runs and the monitor draws."""
-        plan = Plan(workflow=wf, engine="local", cached={},
-                    passes=(PassReport("validate", False, ("valid",), 0.1),),
-                    workflow_digest=ir.digest(wf))
-        self.publish([("couler.workflow.optimized", events_pb2.WorkflowOptimized(
-            run_id=run_id, plan=plan_to_proto(plan)), f"{run_id}.optimized")])
-
 
 @pytest.fixture(scope="module")
 def stack(nats_server: NatsServer, postgres_url: str,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The submitter (local engine sampling every 0.25 s, batches every 0.5 s), then the
-    monitor pointed at it (COULER_SUBMITTER_ADDRESS), both behind TOKEN."""
+    """The real optimizer, the submitter (local engine sampling every 0.25 s, batches every
+    0.5 s), then the monitor pointed at it (COULER_SUBMITTER_ADDRESS), all behind TOKEN."""
     tmp = tmp_path_factory.mktemp("console")
+    opt = ServiceThread(OptimizerSettings.load(
+        "optimizer", nats_url=nats_server.url, grpc_address="127.0.0.1:0",
+        state_dir=tmp / "optimizer", database_url=f"sqlite:///{tmp / 'opt.db'}",
+        artifacts=str(tmp / "blobs"), auth_token=TOKEN, otel_endpoint=None,
+        bus_insecure=True), build_optimizer).start()
     sub = ServiceThread(SubmitterSettings.load(
         "submitter", nats_url=nats_server.url, grpc_address="127.0.0.1:0",
         state_dir=tmp / "submitter", database_url=f"sqlite:///{tmp / 'sub.db'}",
@@ -98,6 +97,7 @@ def stack(nats_server: NatsServer, postgres_url: str,
                 mon.stop()
     finally:
         sub.stop()
+        opt.stop()
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +152,7 @@ def test_a_running_run_live_dag_plot_logs_and_actions(stack: Stack, logged_in: B
                                          memory_request="64Mi", memory_limit="256Mi"))
     report = script("report", "print('done')", dependencies=(ir.Dependency("work"),))
     wf = ir.Workflow(name=f"console-{uuid.uuid4().hex[:6]}", steps=(prep, shard, work, report))
-    run_id = stack.client.submitter.submit(wf).run_id
-    stack.optimize(run_id, wf)
+    run_id = stack.client.submitter.submit(wf).run_id  # the optimizer plans it
     page = f"{stack.url}/runs/{quote(run_id, safe='')}"
 
     # The runs list shows it, and follows it live: its row turns "running" in place.
@@ -255,7 +254,6 @@ def test_a_running_run_live_dag_plot_logs_and_actions(stack: Stack, logged_in: B
     assert f"resubmitted as run {new_id}" in browser.evaluate(
         "document.querySelector('.notice').textContent")
     assert stack.client.submitter.get(new_id).workflow == wf.name
-    stack.optimize(new_id, wf)  # no optimizer in this stack: the test plays it
     eventually(lambda: stack.client.submitter.get(new_id).state is RunState.SUCCEEDED,
                "the resubmitted run succeeded", WAIT)
     assert browser.take_problems() == []

@@ -635,6 +635,19 @@ def create_app(monitor: Monitor, *, token: str | None = None,
 
     @app.get("/runs/{run_id:path}", response_class=HTMLResponse)
     async def run_page(request: Request, run_id: str) -> HTMLResponse:
+        try:
+            return await full_run_page(request, run_id)
+        except _HttpError:
+            raise
+        except Exception as exc:  # stored data never takes a page down: say what is wrong
+            log.exception("console: run %r: its page could not be built", run_id)
+            return render("error.html", title=f"Run {run_id}: damaged record",
+                          message=(f"run {run_id!r}: part of its stored record cannot be "
+                                   f"read ({type(exc).__name__}); the monitor's log names "
+                                   "it, and /api/runs/ shows what can be read"),
+                          session=session_of(request))
+
+    async def full_run_page(request: Request, run_id: str) -> HTMLResponse:
         values = await run_values(run_id)
         run: Run = values["run"]
         session = session_of(request)
