@@ -10,9 +10,11 @@ did not produce it, skips the task; each step's ``script`` runs with /bin/sh and
 ``args`` (``/tmp/`` is redirected to a directory per task); a non-zero exit fails the task
 unless ``onError: continue``; a failed task stops new tasks from starting and fails the
 run; ``finally`` tasks run last with ``$(tasks.status)``; secret env values come from
-``secrets``. Images are ignored: the commands run on this machine, so programs whose
-commands exist here (sh, python3) are runnable. Not modelled: Tekton's own ``retries``
-(a new pod), volumes mounted at fixed paths, tasks running at the same time.
+``secrets``; ``$(context.pipelineRun.name|uid)`` are the run's (a new uid per run).
+Images are ignored: the commands run on this machine, so programs whose commands exist
+here (sh, python3) are runnable; ``python`` and ``python3`` are this test's interpreter,
+with couler-runtime on its path (the tune steps' image has it). Not modelled: Tekton's own
+``retries`` (a new pod), volumes mounted at fixed paths, tasks running at the same time.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import json
 import os
 import re
 import subprocess
+import sys
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +36,7 @@ _WORKSPACE = re.compile(r"\$\(workspaces\.([-a-zA-Z0-9_]+)\.path\)")
 _WS = "<workspaces>"  # the params key holding the run's workspace root
 _SHARED = "<shared>"  # the params key holding a directory every task sees as it is
 _SECRETS = "<secrets>"  # the params key holding {(secret, key): value}
+_CONTEXT = re.compile(r"\$\((context\.pipelineRun\.(?:name|uid))\)")
 
 
 class _MissingResultError(Exception):
@@ -45,6 +50,8 @@ class TaskRun:
     state: str  # "succeeded", "failed" or "skipped" (Tekton's view)
     results: dict[str, Any] = field(default_factory=dict)  # str, or list for a matrix
     exit_codes: list[int] = field(default_factory=list)
+    stdout: list[str] = field(default_factory=list)  # per run of the step (matrix: each)
+    stderr: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -53,6 +60,7 @@ class PipelineRun:
 
     status: str
     tasks: dict[str, TaskRun]
+    uid: str = ""  # $(context.pipelineRun.uid)
 
 
 def _value(text: str, done: dict[str, TaskRun]) -> Any:
@@ -87,7 +95,7 @@ def _subst(text: str, params: dict[str, Any], tmp: str) -> str:
 
 
 def _run_one(spec: dict[str, Any], params: dict[str, Any], work: Path,
-             ) -> tuple[int, dict[str, str]]:
+             ) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
     work.mkdir(parents=True)
     tmp = str(work / "tmp")
     Path(tmp).mkdir()
@@ -101,7 +109,12 @@ def _run_one(spec: dict[str, Any], params: dict[str, Any], work: Path,
     for a in step.get("args", []):
         m = re.fullmatch(r"\$\(params\.([-a-zA-Z0-9_.]+)\[\*\]\)", a)
         args += [str(x) for x in params[m.group(1)]] if m else [_subst(a, params, tmp)]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    bin_dir = work / "bin"  # python is this test's, with couler-runtime
+    bin_dir.mkdir()
+    for name in ("python", "python3"):
+        (bin_dir / name).symlink_to(sys.executable)
+    env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     env.update({e["name"]: _subst(e["value"], params, tmp) for e in step.get("env", [])
                 if "value" in e})
     secrets = params.get(_SECRETS, {})
@@ -114,7 +127,7 @@ def _run_one(spec: dict[str, Any], params: dict[str, Any], work: Path,
     proc = subprocess.run(["/bin/sh", str(path), *args], cwd=work, env=env,
                           capture_output=True, text=True, check=False)
     results = {f.name: f.read_text() for f in res_dir.iterdir()}
-    return proc.returncode, results
+    return proc, results
 
 
 def _pipeline_params(value: Any, run_params: dict[str, Any]) -> Any:
@@ -124,7 +137,14 @@ def _pipeline_params(value: Any, run_params: dict[str, Any]) -> Any:
     m = re.fullmatch(r"\$\(params\.([-a-zA-Z0-9_.]+)\[\*\]\)", value)
     if m:
         return run_params[m.group(1)]
+    value = _CONTEXT.sub(lambda m: str(run_params[m.group(1)]), value)
     return _PARAM.sub(lambda m: str(run_params.get(m.group(1), m.group(0))), value)
+
+
+def _status_in(value: Any, status: str) -> Any:
+    """``$(tasks.status)`` in a finally task's param value."""
+    return value.replace("$(tasks.status)", status) if isinstance(value, str) and status \
+        else value
 
 
 def _when_holds(when: list[dict[str, Any]], done: dict[str, TaskRun], status: str,
@@ -142,7 +162,8 @@ def _when_holds(when: list[dict[str, Any]], done: dict[str, TaskRun], status: st
 def _run_task(task: dict[str, Any], done: dict[str, TaskRun], work: Path,
               extra: dict[str, Any], status: str = "") -> TaskRun:
     try:
-        params = {p["name"]: _value(_pipeline_params(p["value"], extra), done)
+        params = {p["name"]: _value(_pipeline_params(_status_in(p["value"], status), extra),
+                                    done)
                   for p in task.get("params", [])}
         if not _when_holds(task.get("when", []), done, status, extra):
             return TaskRun("skipped")
@@ -159,17 +180,19 @@ def _run_task(task: dict[str, Any], done: dict[str, TaskRun], work: Path,
         return TaskRun("skipped")
     spec = task["taskSpec"]
     on_error = spec["steps"][0].get("onError", "stopAndFail")
-    codes, outs = [], []
+    codes, outs, procs = [], [], []
     for i, combo in enumerate(combos):
-        code, results = _run_one(spec, {**extra, **params, **combo}, work / f"{task['name']}-{i}")
-        codes.append(code)
+        proc, results = _run_one(spec, {**extra, **params, **combo}, work / f"{task['name']}-{i}")
+        codes.append(proc.returncode)
+        procs.append(proc)
         outs.append(results)
     failed = any(codes) and on_error != "continue"
     if matrix:
         merged: dict[str, Any] = {n: [o.get(n, "") for o in outs] for n in outs[0]}
     else:
         merged = outs[0]
-    return TaskRun("failed" if failed else "succeeded", merged, codes)
+    return TaskRun("failed" if failed else "succeeded", merged, codes,
+                   [p.stdout for p in procs], [p.stderr for p in procs])
 
 
 def run_pipeline(docs: list[dict[str, Any]], work: Path, *, shared: Path | None = None,
@@ -187,6 +210,8 @@ def run_pipeline(docs: list[dict[str, Any]], work: Path, *, shared: Path | None 
     run_params[_WS] = str(work / "workspaces")
     run_params[_SHARED] = str(shared or "")
     run_params[_SECRETS] = dict(secrets or {})
+    run_params["context.pipelineRun.uid"] = str(uuid.uuid4())
+    run_params["context.pipelineRun.name"] = f"{docs[0]['metadata']['name']}-run"
     (work / "workspaces").mkdir(parents=True)
     for w in docs[1]["spec"].get("workspaces", []):
         claim = (w.get("persistentVolumeClaim") or {}).get("claimName")
@@ -214,4 +239,4 @@ def run_pipeline(docs: list[dict[str, Any]], work: Path, *, shared: Path | None 
     for task in spec.get("finally", []):
         run = _run_task(task, done, work, run_params, status)
         done[task["name"]] = run
-    return PipelineRun(status, done)
+    return PipelineRun(status, done, run_params["context.pipelineRun.uid"])

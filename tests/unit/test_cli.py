@@ -222,10 +222,11 @@ def test_compile_for_tekton_gives_pipeline_and_run() -> None:
 
 def test_compile_for_tekton_names_an_unsupported_feature() -> None:
     status, _, err = run_cli(
-        "compile", str(ROOT / "examples" / "tune_logistic.py"), "--engine", "tekton"
+        "compile", str(ROOT / "tests" / "conformance" / "programs" / "daemon.py"),
+        "--engine", "tekton"
     )
     assert status == 2
-    assert "tekton" in err and "hyperparameter tuning" in err
+    assert "tekton" in err and "daemon step" in err
 
 
 def test_compile_for_tekton_adds_the_cronjob_of_a_schedule() -> None:

@@ -345,7 +345,9 @@ def test_the_programs_not_run_here_are_compiled_ones() -> None:
 def test_every_compiled_program_runs_as_expected(program: str, tmp_path: Path,
                                                             ) -> None:
     wf = _program(program)
-    run = run_pipeline(compile_ok(wf), tmp_path, secrets=LOCAL_SECRETS)
+    # a tune step's study: the storage secret's URL (a new SQLite file)
+    secrets = {**LOCAL_SECRETS, ("couler-tune", "url"): f"sqlite:///{tmp_path / 'tune.db'}"}
+    run = run_pipeline(compile_ok(wf), tmp_path / "run", secrets=secrets)
     problems = _compare(EXPECTED[program], run, wf)
     if program in FAIL_FAST:
         assert problems and all(p.split(": ", 1)[1].startswith("not run != ") for p in problems)

@@ -11,9 +11,9 @@ import couler
 from couler import ir
 from couler.compilers.argo import compile_workflow
 from couler.engines.base import Feature, features_used
-from couler.errors import UnsupportedFeatureError, UserError, ValidationError
+from couler.errors import UserError, ValidationError
 from couler.optimize.cache_key import item_cache_key, not_cacheable_reason
-from couler.optimize.tune import expand_tune, rounds, study_name
+from couler.optimize.tune import budget, expand_tune, round_sizes, rounds, study_name
 from couler_runtime.codec import workflow_from_proto, workflow_to_proto
 from tests.argo_schema import assert_valid_argo
 
@@ -321,11 +321,33 @@ def _ask_args(wf: ir.Workflow) -> tuple[str, ...]:
     return step.body.args
 
 
-def test_engines_without_the_rewrite_reject_tune_naming_the_step() -> None:
-    from couler.compilers import tekton
+def test_the_slots_rewrite_unrolls_each_round_into_one_step_per_trial() -> None:
+    wf = expand_tune(_tuned(), slots=True)
+    tune = _tuned().step("train").tune  # type: ignore[union-attr]
+    assert tune is not None
+    sizes = round_sizes(tune)
+    assert sum(sizes) == budget(tune) and all(0 < n <= tune.parallel for n in sizes)
+    for r, size in enumerate(sizes):
+        ask = _slot_args(wf, f"train-ask-{r}")
+        assert ask[ask.index("--n") + 1] == str(size) and "--slots-out" in ask
+        trials = [s for s in wf.steps if s.name.startswith(f"train-{r}-")]
+        assert [s.name for s in trials] == [f"train-{r}-{k}" for k in range(size)]
+        for k, s in enumerate(trials):
+            assert s.foreach is None and s.tune is None
+            refs = {i.value for i in s.inputs if isinstance(i.value, ir.StepOutputRef)}
+            mine = {ref for ref in refs if ref.step == f"train-ask-{r}"}
+            assert {ref.output for ref in mine} == {f"t{k}-p0", f"t{k}-p1", f"t{k}-trial",
+                                                    "study"}  # pruning: it reports itself
+            assert refs - mine == {ir.StepOutputRef("data", "n")}  # what it read before
+        tell = _slot_args(wf, f"train-tell-{r}")
+        assert tell.count("--trial") == size and tell.count("--value") == size
+    assert wf.step("train") is not None  # the best step keeps the name later steps read
 
-    with pytest.raises(UnsupportedFeatureError, match="train"):
-        tekton.compile_workflow(_tuned())
+
+def _slot_args(wf: ir.Workflow, name: str) -> tuple[str, ...]:
+    step = wf.step(name)
+    assert step is not None and isinstance(step.body, ir.ContainerSpec)
+    return step.body.args
 
 
 # --------------------------------------------------------------------------- generator

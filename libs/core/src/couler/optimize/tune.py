@@ -32,6 +32,17 @@ records the value in the study and asks the pruner; a pruned trial is told PRUNE
 ``pruned`` as its objective and exits 0 (its round goes on; the tell step leaves finished
 trials as they are). The trial's image needs ``couler-runtime`` for this; a trial that
 never reports is never pruned.
+
+**Slots** (``slots=True``, Tekton). An engine whose map cannot select a field of an item
+from an upstream list (a Tekton matrix over an array result gives each trial one string)
+gets each round as ``STEP-R-K`` steps instead of one map: slot ``K`` of round ``R`` reads
+its parameters from the ask step's outputs ``tK-pJ`` (parameter ``J`` of the space, as
+text) and, when pruning, its trial number ``tK-trial`` and the study's name ``study``;
+the tell step reads the slots' objectives one by one (``--trial N --value V`` pairs). How
+many trials a round asks for is known when compiling (``parallel``, the rest of the budget
+in the last round), and ask is told to give exactly that many (``--slots-out``): the study
+is the run's own (its name holds the run's uid), so anything else is an error, not a
+shorter round.
 """
 
 from __future__ import annotations
@@ -40,7 +51,8 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 
 from couler import ir
 
@@ -53,7 +65,9 @@ __all__ = [
     "expand_tune",
     "grid_size",
     "has_tune",
+    "round_sizes",
     "rounds",
+    "slot_output",
     "spec_digest",
     "study_name",
 ]
@@ -63,6 +77,7 @@ __all__ = [
 DEFAULT_IMAGE = "ghcr.io/couler-dev/couler-submitter:0.2.0"
 DEFAULT_STORAGE_SECRET = ir.SecretRef("couler-tune", "url")
 _OUT_DIR = "/tmp/couler-tune"
+_SLOTS_DIR = f"{_OUT_DIR}/slots"  # three levels deep: an engine mapping paths maps it too
 #: The keys a tagged parameter set holds besides the parameters (see "Pruning" above).
 TRIAL_KEY = "couler_trial"
 STUDY_KEY = "couler_study"
@@ -113,6 +128,21 @@ def budget(spec: ir.Tune) -> int:
 def rounds(spec: ir.Tune) -> int:
     """How many ask/trials/tell rounds a static engine compiles for ``spec``."""
     return max(math.ceil(budget(spec) / spec.parallel), 1)
+
+
+def round_sizes(spec: ir.Tune) -> list[int]:
+    """How many trials each round asks for: ``parallel``, the rest of the budget last."""
+    total = budget(spec)
+    return [min(spec.parallel, total - r * spec.parallel) for r in range(rounds(spec))] \
+        if total else [0]
+
+
+def slot_output(slot: int, what: str) -> str:
+    """The ask step's output holding ``what`` for trial slot ``slot`` (slots mode):
+    ``tK-pJ`` (parameter ``J`` of the space, as text), ``tK-trial`` (the trial's number),
+    ``tK`` (the whole parameter set as a JSON object) for ``what`` = ``pJ``, ``trial``,
+    ``""``."""
+    return f"t{slot}-{what}" if what else f"t{slot}"
 
 
 def has_tune(wf: ir.Workflow) -> bool:
@@ -223,16 +253,134 @@ def _expand_step(wf_name: str, step: ir.Step, prune: bool, text: bool) -> list[i
                                       ir.ValueType.JSON)),
             outputs=(), deps=[ask, mapped], wf_name=wf_name))
         prev = [tell]
-    outputs = ir.tune_outputs(spec)
-    out_args = [arg for o in outputs for arg in ("--out", f"{o.name}={o.selector}")]
-    steps.append(dataclasses.replace(
-        _tool(step, step.name, "best", out_args, inputs=(), outputs=outputs, deps=prev,
-              wf_name=wf_name),
-        template=step.template or step.name))
+    steps.append(_best(step, prev, wf_name))
     return steps
 
 
-def expand_tune(wf: ir.Workflow, *, prune: bool = True, text: bool = False) -> ir.Workflow:
+_ITEM = re.compile(r"\{\{\s*item(?:\.([^}\s]*))?\s*\}\}")
+
+
+def _map_texts(value: object, fn: Callable[[str], str]) -> object:
+    """``value`` (a step body, an env var) with ``fn`` applied to every string in it."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, tuple):
+        return tuple(_map_texts(v, fn) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _map_texts(getattr(value, f.name), fn)
+                   for f in dataclasses.fields(value)
+                   if isinstance(getattr(value, f.name), (str, tuple))}
+        return dataclasses.replace(value, **changes)
+    return value
+
+
+def _slot_trial(step: ir.Step, trial: ir.Step, ask: str, slot: int, prunes: bool
+                ) -> tuple[ir.Step, set[str]]:
+    """Slot ``slot`` of a round: ``trial`` reading its parameters from ``ask``'s slot
+    outputs instead of a map item; also the ask outputs it reads."""
+    spec = step.tune
+    assert spec is not None
+    index = {p.name: j for j, p in enumerate(spec.space)}
+    used: set[str] = set()
+
+    def source(key: str) -> ir.StepOutputRef:
+        out = slot_output(slot, f"p{index[key]}" if key else "")
+        used.add(out)
+        return ir.StepOutputRef(ask, out)
+
+    inputs = [dataclasses.replace(i, value=source(i.value.key))
+              if isinstance(i.value, ir.ItemRef) else i for i in trial.inputs]
+    extra: dict[str, ir.InputParameter] = {}
+
+    def text(s: str) -> str:
+        def sub(m: re.Match[str]) -> str:
+            key = m.group(1) or ""
+            name = f"tune-p{index[key]}" if key else "tune-params"
+            if name not in extra:
+                extra[name] = ir.InputParameter(name, source(key), ir.ValueType.STRING)
+            return f"{{{{inputs.{name}}}}}"
+        return _ITEM.sub(sub, s) if "{{" in s else s
+
+    body = _map_texts(trial.body, text)
+    env = tuple(_map_texts(e, text) for e in trial.env)
+    if prunes:
+        for name, out in (("tune-trial", slot_output(slot, "trial")), ("tune-study", "study")):
+            used.add(out)
+            extra[name] = ir.InputParameter(name, ir.StepOutputRef(ask, out),
+                                            ir.ValueType.STRING)
+        own = ("COULER_TUNE_TRIAL", "COULER_TUNE_STUDY")
+        env = (*env, *(e for e in _reporting_env(step) if e.name not in own),
+               ir.EnvVar("COULER_TUNE_STUDY", "{{inputs.tune-study}}"),
+               ir.EnvVar("COULER_TUNE_TRIAL", "{{inputs.tune-trial}}"))
+    return dataclasses.replace(trial, body=body, env=env,  # type: ignore[arg-type]
+                               inputs=(*inputs, *extra.values())), used
+
+
+def _slot_type(spec: ir.Tune, output: str) -> ir.ValueType:
+    """The type of an ask step's slot output (see :func:`slot_output`)."""
+    what = output.partition("-")[2]
+    if what.startswith("p"):
+        return spec.space[int(what[1:])].value_type
+    return {"trial": ir.ValueType.INT, "": ir.ValueType.JSON}.get(what, ir.ValueType.STRING)
+
+
+def _expand_slots(wf_name: str, step: ir.Step, prune: bool) -> list[ir.Step]:
+    spec = step.tune
+    assert spec is not None
+    trial = dataclasses.replace(step, tune=None)
+    prunes = prune and spec.pruner is not ir.TunePruner.NONE
+    steps: list[ir.Step] = []
+    prev: list[str] = []
+    for r, size in enumerate(round_sizes(spec)):
+        if size == 0:
+            break
+        ask, tell = f"{step.name}-ask-{r}", f"{step.name}-tell-{r}"
+        slots = [_slot_trial(step, trial, ask, k, prunes) for k in range(size)]
+        used = sorted({o for _, outs in slots for o in outs} | {
+            slot_output(k, "trial") for k in range(size)})
+        steps.append(_tool(
+            step, ask, "ask",
+            ["--n", str(size), "--slots-out", _SLOTS_DIR],
+            inputs=(),
+            outputs=tuple(ir.OutputParameter(o, ir.OutputSource.PATH, f"{_SLOTS_DIR}/{o}",
+                                             _slot_type(spec, o)) for o in used),
+            deps=prev, wf_name=wf_name))
+        names = []
+        for k, (slot, _) in enumerate(slots):
+            name = f"{step.name}-{r}-{k}"
+            names.append(name)
+            edges = _edges(step, [ask])
+            steps.append(dataclasses.replace(slot, name=name, dependencies=edges[0],
+                                             depends=edges[1], when=edges[2]))
+        pairs = [a for k in range(size)
+                 for a in ("--trial", f"{{{{inputs.trial-{k}}}}}",
+                           "--value", f"{{{{inputs.value-{k}}}}}")]
+        steps.append(_tool(
+            step, tell, "tell", pairs,
+            inputs=(*(ir.InputParameter(f"trial-{k}",
+                                        ir.StepOutputRef(ask, slot_output(k, "trial")),
+                                        ir.ValueType.STRING) for k in range(size)),
+                    *(ir.InputParameter(f"value-{k}", ir.StepOutputRef(n, spec.objective),
+                                        ir.ValueType.STRING) for k, n in enumerate(names))),
+            outputs=(), deps=[ask, *names], wf_name=wf_name))
+        prev = [tell]
+    steps.append(_best(step, prev, wf_name))
+    return steps
+
+
+def _best(step: ir.Step, prev: Sequence[str], wf_name: str) -> ir.Step:
+    """The tune step itself after its rounds: the study's best trial's outputs."""
+    assert step.tune is not None
+    outputs = ir.tune_outputs(step.tune)
+    out_args = [arg for o in outputs for arg in ("--out", f"{o.name}={o.selector}")]
+    return dataclasses.replace(
+        _tool(step, step.name, "best", out_args, inputs=(), outputs=outputs, deps=prev,
+              wf_name=wf_name),
+        template=step.template or step.name)
+
+
+def expand_tune(wf: ir.Workflow, *, prune: bool = True, text: bool = False,
+                slots: bool = False) -> ir.Workflow:
     """``wf`` with every top-level tune step rewritten into ask/trials/tell rounds and a
     best step of the same name (see the module docstring); ``wf`` itself when it has
     none. Pure: the study is reached only when the rewritten steps run.
@@ -242,7 +390,9 @@ def expand_tune(wf: ir.Workflow, *, prune: bool = True, text: bool = False) -> i
     study and trial number, so ``couler_runtime.tune.report`` is a no-op in it and every
     trial runs to its end. ``text=True`` has the ask step write each parameter's value as
     its text (``--text-params``), for an engine whose map turns an integer item field
-    into a float (KFP)."""
+    into a float (KFP). ``slots=True`` unrolls each round's trials into one step per
+    trial reading the ask step's per-slot outputs (see "Slots" above), for an engine whose
+    map cannot select a field of an upstream item (Tekton)."""
     if not any(s.tune is not None for s in wf.steps):
         return wf
     steps: list[ir.Step] = []
@@ -250,5 +400,6 @@ def expand_tune(wf: ir.Workflow, *, prune: bool = True, text: bool = False) -> i
         if step.tune is None:
             steps.append(step)
         else:
-            steps.extend(_expand_step(wf.name, step, prune, text))
+            steps.extend(_expand_slots(wf.name, step, prune) if slots
+                         else _expand_step(wf.name, step, prune, text))
     return dataclasses.replace(wf, steps=tuple(steps))

@@ -6,6 +6,7 @@
         [--params-out FILE] [--trials-out FILE] [--context VALUE ...]
     python -m couler_runtime.tune tell --study NAME --spec TUNE_JSON \\
         --trials '[3, 4]' --values '[0.91, 0.87]' [--context VALUE ...]
+    python -m couler_runtime.tune tell ... --trial 3 --value 0.91 --trial 4 --value 0.87
     python -m couler_runtime.tune best --study NAME --spec TUNE_JSON [--out NAME=FILE ...]
 
 ``ask`` asks for up to K new trials (fewer when the budget is nearly spent, none when it
@@ -14,6 +15,11 @@ is) and prints their parameter sets as a JSON list of objects (also written to
 also holds the trial's number and the study's full name (keys ``couler_trial`` and
 ``couler_study``), which the trial step reads to report to the study itself (pruning);
 with ``--text-params`` each value is written as its text (KFP's map would make ``2`` ``2.0``).
+``--slots-out DIR`` (Tekton, whose map cannot select a field of an item) writes one file
+per trial slot and parameter instead: ``DIR/tK-pJ`` (parameter ``J`` of the space, as
+text), ``DIR/tK-trial`` (the trial's number), ``DIR/tK`` (the set as a JSON object) and
+``DIR/study`` (the study's full name); there the round's size is fixed when compiling, so
+ask fails (status 1) when the study cannot give exactly ``--n`` trials.
 ``tell`` records the objective value of each asked trial, in the same order (a value that
 is not a number fails its trial; a trial the study has finished already, one pruned while
 it ran, is left as it is). ``best`` prints the best trial's outputs (``best_params``,
@@ -72,14 +78,22 @@ def _parser() -> argparse.ArgumentParser:
                            help=f"add each trial's number ({TRIAL_KEY}) and the study's name "
                                 f"({STUDY_KEY}) to its parameter set, for a trial that "
                                 "reports intermediate values to the study itself")
+            p.add_argument("--slots-out", default="", metavar="DIR",
+                           help="write each trial's parameters, number and the study's name "
+                                "to files in DIR (tK-pJ, tK-trial, tK, study), exactly --n "
+                                "trials")
             p.add_argument("--text-params", action="store_true",
                            help="write each parameter's value as its text (a string as it "
                                 "is, another value as JSON), for an engine whose map would "
                                 "turn an integer into a float (KFP: 2 → 2.0)")
         elif name == "tell":
-            p.add_argument("--trials", required=True, help="the asked trial numbers (JSON)")
-            p.add_argument("--values", required=True,
+            p.add_argument("--trials", default=None, help="the asked trial numbers (JSON)")
+            p.add_argument("--values", default=None,
                            help="their objective values, in order (JSON list)")
+            p.add_argument("--trial", action="append", default=[],
+                           help="one asked trial's number (repeatable, with --value)")
+            p.add_argument("--value", action="append", default=[],
+                           help="that trial's objective value, as its text")
         else:
             p.add_argument("--out", action="append", default=[], metavar="NAME=FILE",
                            help="write output NAME to FILE (repeatable)")
@@ -142,6 +156,11 @@ def _run(args: argparse.Namespace, study: Study, spec: ir.Tune, name: str) -> in
     if args.command == "ask":
         driver = Driver(study, spec)
         n = max(min(args.n, budget(spec) - finished_count(study)), 0)
+        if args.slots_out and n != args.n:
+            print(f"tune: study {name!r} has {n} trials left of its budget of "
+                  f"{budget(spec)}, but this round has {args.n} slots (the study is the "
+                  "run's own: was it shared with another run?)", file=sys.stderr)
+            return 1
         params: list[dict[str, object]] = []
         numbers: list[int] = []
         for _ in range(n):
@@ -153,13 +172,23 @@ def _run(args: argparse.Namespace, study: Study, spec: ir.Tune, name: str) -> in
                 p = {**p, TRIAL_KEY: number, STUDY_KEY: name}
             params.append(p)
         text = json.dumps(params, sort_keys=True)
+        if args.slots_out:
+            _write_slots(Path(args.slots_out), spec, params, numbers, name)
         _write(args.params_out, text)
         _write(args.trials_out, json.dumps(numbers))
         print(text)
         return 0
     if args.command == "tell":
-        numbers_in = _list(args.trials, "trials")
-        values = _list(args.values, "values")
+        lists = args.trials is not None or args.values is not None
+        if lists == bool(args.trial or args.value) or \
+                (lists and (args.trials is None or args.values is None)):
+            print("tune: tell takes --trials and --values (JSON lists) or --trial and --value "
+                  "pairs", file=sys.stderr)
+            return 2
+        numbers_in: list[object] = list(args.trial)
+        values: list[object] = list(args.value)
+        if args.trials is not None:
+            numbers_in, values = _list(args.trials, "trials"), _list(args.values, "values")
         if len(values) != len(numbers_in):
             print(f"tune: {len(numbers_in)} trials but {len(values)} values", file=sys.stderr)
             return 2
@@ -183,6 +212,22 @@ def _run(args: argparse.Namespace, study: Study, spec: ir.Tune, name: str) -> in
         _write(path, outputs[key])
     print(json.dumps(outputs, sort_keys=True))
     return 0
+
+
+def _text(value: object) -> str:
+    """A parameter's value as a step reads it: a string as it is, another value as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _write_slots(out: Path, spec: ir.Tune, params: Sequence[dict[str, object]],
+                 numbers: Sequence[int], study: str) -> None:
+    """The files of ``--slots-out``: each slot's parameters, number and set, the study."""
+    for k, (p, number) in enumerate(zip(params, numbers, strict=True)):
+        for j, param in enumerate(spec.space):
+            _write(str(out / f"t{k}-p{j}"), _text(p[param.name]))
+        _write(str(out / f"t{k}-trial"), str(number))
+        _write(str(out / f"t{k}"), json.dumps(p, sort_keys=True))
+    _write(str(out / "study"), study)
 
 
 def _number(value: object) -> int:

@@ -33,6 +33,7 @@ from couler.compilers.tekton.capabilities import (
 )
 from couler.engines.base import Feature, check_capabilities, plain_edges
 from couler.errors import UnsupportedFeatureError
+from couler.optimize.tune import expand_tune
 
 __all__ = ["compile_workflow", "to_yaml"]
 
@@ -76,6 +77,9 @@ def compile_workflow(wf: ir.Workflow, *, validate: bool = True) -> list[dict[str
     if validate:
         ir.validate(wf)
     wf = plain_edges(wf)  # A.Succeeded from a step without a when is a plain edge
+    # tune steps become rounds of ask / one task per trial / tell (no-op without): a matrix
+    # over the ask task's array result could not select a parameter of a trial's set
+    wf = expand_tune(wf, slots=True)
     check_capabilities(ENGINE, CAPABILITIES, wf)
     return _Compiler(wf).compile()
 
@@ -153,6 +157,14 @@ class _StatusPlan:
 
 _WHEN_PARAMS = ("couler-when-l", "couler-when-r")
 
+# The run's own values a step may read, as task params set from Tekton's variables (a
+# param is substituted everywhere in an embedded task spec): ``{{workflow.status}}`` only in
+# a finally task, where it reads Succeeded, Failed, Completed (succeeded, some tasks
+# skipped) or None.
+_RUN_VARS = {"workflow.name": ("couler-run-name", "$(context.pipelineRun.name)"),
+             "workflow.uid": ("couler-run-uid", "$(context.pipelineRun.uid)"),
+             "workflow.status": ("couler-run-status", "$(tasks.status)")}
+
 
 @dataclasses.dataclass(slots=True)
 class _Info:
@@ -175,6 +187,7 @@ class _Compiler:
         self.caches: dict[str, str] = {}  # cache workspace -> its claim
         self.by_name: dict[str, ir.Step] = {}
         self.edges: dict[str, tuple[ir.Dependency, ...]] = {}
+        self.run_vars: set[str] = set()  # the run's values the task being built reads
 
     # ------------------------------------------------------------------ errors
 
@@ -557,6 +570,9 @@ class _Compiler:
                 key = expr[len("item."):] if expr.startswith("item.") else ""
                 items.add(key)
                 return f"$(params.{_item_param(key)})"
+            if expr in _RUN_VARS:
+                self.run_vars.add(expr)
+                return f"$(params.{_RUN_VARS[expr][0]})"
             return m.group(0)
 
         return _PLACEHOLDER.sub(sub, text)
@@ -804,7 +820,19 @@ class _Compiler:
         if self.status and not hook:  # a finally task has no edges to test
             plan, status_params = self._status_plan(step)
             params += status_params
+        self.run_vars = set()
         spec = self._task_spec(step, items, plan)
+        if "workflow.status" in self.run_vars and not hook:
+            raise self._fail(step.name, Feature.PARAMETERS,
+                             "{{workflow.status}} is known on Tekton only in an exit hook "
+                             "(a finally task reads $(tasks.status))")
+        if self.run_vars:
+            declared = list(spec.pop("params", []))
+            for var in sorted(self.run_vars):
+                name, value = _RUN_VARS[var]
+                params.append({"name": name, "value": value})
+                declared.append({"name": name, "type": "string"})
+            spec = {"params": declared, **spec}
         matrix = self._matrix(step, item_inputs, items)
         run_after = list(dict.fromkeys(d.step for d in step.dependencies))
         if run_after:

@@ -180,14 +180,17 @@ CAPABILITIES: dict[Feature, Capability] = {
             "CEL identifier is rejected. Checked structurally, not against a Triggers schema "
             "(none ships on PyPI or npm)"),
     Feature.TUNE: Capability(
-        _U, "not compiled for Tekton yet (couler.optimize.tune.expand_tune's rounds need two "
-            "things the compiler lacks): the trials' matrix over the ask task's array result "
-            "gives each trial one string, the JSON object of its parameters, and Tekton "
-            "substitutes no field of it (item.NAME over an upstream result is refused); and "
-            "the tell task reads the trials' objectives, a mapped step's output, which Tekton "
-            "passes on only as an array ($(tasks.T.results.R[*]), one argument per trial), "
-            "not yet compiled. The parallelism bound is no obstacle: each ask task asks for "
-            "at most `parallel` trials"),
+        _R, "rounds of an ask task (python -m couler_runtime.tune ask --slots-out: each "
+            "trial's parameters, number and the study's name as results tK-pJ, tK-trial, "
+            "study), one task per trial of the round reading them (a matrix over the ask "
+            "task's array result could not select a parameter of a trial's set), and a "
+            "tell task reading each trial's objective result "
+            "(couler.optimize.tune.expand_tune(slots=True)); a round's size is fixed when "
+            "compiling (parallel, the rest of the budget last). The study is named after "
+            "the run ($(context.pipelineRun.uid)), its URL is the storage secret's "
+            "(COULER_TUNE_STORAGE); pruning: each trial gets its study and number from the "
+            "ask task's results and reports to the study itself "
+            "(couler_runtime.tune.report, couler-runtime in the trial's image)"),
 }
 
 _TEKTON_DOCS = "https://tekton.dev/docs/pipelines/"
