@@ -13,7 +13,7 @@ from couler.compilers import tekton
 from couler.compilers.tekton import _job
 from couler.errors import UnsupportedFeatureError
 from tests.conformance.loader import load_program, program_paths
-from tests.unit.test_tekton_compiler import compile_ok, tasks, wf_of
+from tests.unit.test_tekton_compiler import compile_ok, schema_errors, tasks, wf_of
 from tests.unit.test_tekton_retry import run_step
 
 FAKE_KUBECTL = """#!/bin/sh
@@ -110,3 +110,61 @@ def test_unreadable_conditions_and_wrapped_features_are_refused() -> None:
                      cache=ir.CachePolicy())
     with pytest.raises(UnsupportedFeatureError, match="a cache policy"):
         tekton.compile_workflow(wf_of(cached))
+
+
+# --------------------------------------------------------------------------- references
+
+FAKE_TKN = """#!/bin/sh
+echo "$*" >> {log}
+case "$1" in
+  create) cp "$3" {manifest}; echo pipelinerun.tekton.dev/child-x7;;
+  get)
+    case "$*" in
+      *'{{.status.conditions[0].status}}'*)
+        n=$(cat {polls} 2>/dev/null || echo 0); echo $((n + 1)) > {polls}
+        if [ "$n" -ge 1 ]; then printf '%s' "{final}"; else printf Unknown; fi;;
+    esac;;
+esac
+"""
+
+
+def _ref_task(tmp_path: Path, final: str, **step: object) -> dict[str, object]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    kubectl = bin_dir / "kubectl"
+    kubectl.write_text(FAKE_TKN.format(log=tmp_path / "calls", manifest=tmp_path / "m",
+                                       polls=tmp_path / "polls", final=final))
+    kubectl.chmod(0o755)
+    ref = ir.Step("child", ir.SubWorkflowSpec(name="child", digest="sha256:ab12"), **step)
+    return tasks(compile_ok(wf_of(ref)))["child"]
+
+
+def test_a_reference_creates_a_pipelinerun_of_the_named_pipeline_and_waits(
+        tmp_path: Path) -> None:
+    task = _ref_task(tmp_path, "True", inputs=(
+        ir.InputParameter("rows", ir.Literal.of(10)),))
+    assert task["params"] == [{"name": "rows", "value": "10"}]
+    (step,) = task["taskSpec"]["steps"]  # type: ignore[index]
+    step["script"] = step["script"].replace("$(params.rows)", "10")  # as Tekton does
+    rc, _, _ = run_step(task, tmp_path)
+    assert rc == 0
+    run = json.loads((tmp_path / "m").read_text())
+    assert schema_errors(run) == []  # a valid PipelineRun
+    assert run["spec"] == {"pipelineRef": {"name": "child"},
+                           "params": [{"name": "rows", "value": "10"}]}
+    assert run["metadata"]["generateName"] == "child-"
+    assert run["metadata"]["annotations"] == {"couler.io/digest": "sha256:ab12"}
+    assert run["metadata"]["ownerReferences"][0]["kind"] == "TaskRun"
+    assert (tmp_path / "polls").read_text().strip() == "2"  # Unknown, then True
+
+
+def test_a_failed_child_run_fails_the_step(tmp_path: Path) -> None:
+    rc, _, _ = run_step(_ref_task(tmp_path, "False"), tmp_path)
+    assert rc == 1
+
+
+def test_a_reference_declaring_outputs_is_refused() -> None:
+    ref = ir.Step("child", ir.SubWorkflowSpec(name="child"), outputs=(
+        ir.OutputParameter("n", ir.OutputSource.PATH, "/tmp/n"),))
+    with pytest.raises(UnsupportedFeatureError, match=r"'child'.*cannot be read back"):
+        tekton.compile_workflow(wf_of(ref))

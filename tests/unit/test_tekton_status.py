@@ -313,6 +313,9 @@ NOT_RUN_HERE = {
     "job_step": "its Job needs a Kubernetes API (test_tekton_job.py runs its script "
                 "against a fake kubectl)",
     "placement": "its volume is mounted at a fixed path the stand-in cannot mount",
+    "subworkflow_ref": "its child PipelineRun needs a Kubernetes API and a Tekton "
+                       "controller (test_tekton_job.py runs its script against a fake "
+                       "kubectl)",
     "retry_timeout": "a Tekton retry is a new pod: the marker file the program leaves in "
                      "its working directory for the next attempt is gone (the stand-in does "
                      "not model retries)",

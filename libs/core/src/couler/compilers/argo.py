@@ -93,6 +93,7 @@ from couler.alloc import gc_paused
 from couler.compilers import emit
 from couler.compilers.argo_capabilities import CAPABILITIES, ENGINE
 from couler.compilers.kube import (
+    DIGEST_ANNOTATION,
     cron_policy,
     dns_settings,
     resource_requirements,
@@ -116,7 +117,6 @@ __all__ = [
 
 API_VERSION = "argoproj.io/v1alpha1"
 TRIGGERS_ANNOTATION = "couler.io/triggers"
-DIGEST_ANNOTATION = "couler.io/digest"
 DEFAULT_CACHE = "couler-cache"
 EXIT_HANDLER = "exit-handler"
 

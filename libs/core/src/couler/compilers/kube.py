@@ -9,6 +9,7 @@ from couler import ir
 from couler.ir import parse_quantity
 
 __all__ = [
+    "DIGEST_ANNOTATION",
     "cron_policy",
     "dns_settings",
     "memory_levels",
@@ -16,6 +17,10 @@ __all__ = [
     "se_linux_options",
 ]
 
+
+#: The annotation recording the pinned digest of a referenced workflow on the run created
+#: for a sub-workflow reference (Argo's child Workflow, Tekton's child PipelineRun).
+DIGEST_ANNOTATION = "couler.io/digest"
 
 def resource_requirements(r: ir.Resources) -> dict[str, Any]:
     """A container's ``resources`` (requests and limits; GPUs as a limit of their resource)."""

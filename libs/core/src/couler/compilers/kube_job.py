@@ -12,7 +12,8 @@ step, the success condition ends it. Without conditions the step succeeds once t
 action did, as in Argo.
 
 Conditions use Argo's syntax, a comma-separated list of requirements on the object's
-fields, all of which must hold: ``PATH OP VALUE`` with ``==`` / ``=`` / ``!=`` (text),
+fields, all of which must hold: ``PATH OP VALUE`` (``PATH`` dotted, with list indexes
+``[N]``) with ``==`` / ``=`` / ``!=`` (text),
 ``>`` / ``<`` (integers), ``in (a, b)`` / ``notin (a, b)``, a bare ``PATH`` (the field is
 set) and ``!PATH`` (it is not). Each field is read with ``kubectl get -o jsonpath``.
 Outputs read with a JSONPath are read the same way once the step succeeded, the jq
@@ -39,7 +40,7 @@ WHOLE_OBJECT = "."  # the jq filter of the whole object: kubectl get -o json
 MANIFEST_PATH = "/tmp/couler-manifest.json"  # where the script writes the manifest
 
 _REQUIREMENT = re.compile(
-    r"^\s*(?P<neg>!)?\s*(?P<path>[A-Za-z_][\w.\-/]*)\s*"
+    r"^\s*(?P<neg>!)?\s*(?P<path>[A-Za-z_][\w.\-/]*(?:\[\d+\][\w.\-/]*)*)\s*"
     r"(?:(?P<op>==|=|!=|>|<|\bin\b|\bnotin\b)\s*(?P<value>.*?))?\s*$")
 _ACTIONS = {
     ir.JobAction.CREATE: "kubectl create -f {m} -o name",

@@ -43,8 +43,12 @@ CAPABILITIES: dict[Feature, Capability] = {
             "workflow's own; group-level settings (when, map, loop, retry, resources, edge "
             "conditions, outputs...) and claim templates mounted inside are rejected"),
     Feature.SUBWORKFLOW_REF: Capability(
-        _U, "KFP compiles one pipeline at a time; a reference to another workflow is not "
-            "resolved"),
+        _U, "a KFP pipeline nests another only as a component compiled into the same "
+            "PipelineSpec, and the referenced workflow's definition is not in the document "
+            "(only its name); a run of a pipeline registered under that name is created "
+            "through the KFP API server (RunService), not as a Kubernetes object, so the "
+            "kubectl job-step rewrite that runs a reference on Tekton does not apply, and a "
+            "task has no KFP endpoint or credentials to call the API with"),
     Feature.PARAMETERS: Capability(
         _R, "component input parameters ({{$.inputs.parameters['X']}}); outputs are "
             "dsl.OutputPath outputs written by a /bin/sh -c wrapper (stdout or the file's "

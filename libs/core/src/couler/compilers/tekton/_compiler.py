@@ -11,6 +11,7 @@ from typing import Any
 from couler import ir
 from couler.compilers import emit, entrypoint
 from couler.compilers.kube import (
+    DIGEST_ANNOTATION,
     dns_settings,
     memory_levels,
     resource_requirements,
@@ -748,6 +749,28 @@ class _Compiler:
                       ) -> tuple[Sequence[_status.Upstream], str, str] | None:
         return None if plan is None else (plan.ups, plan.gate, plan.when)
 
+    def _reference_job(self, step: ir.Step, body: ir.SubWorkflowSpec) -> ir.JobSpec:
+        """A reference to another workflow: a job step creating a PipelineRun of the
+        Pipeline deployed under its name, the step's inputs as its params, and waiting for
+        its Succeeded condition (Tekton runs no pipeline inside a pipeline, TEP-0056)."""
+        if step.outputs or step.output_artifacts or step.input_artifacts:
+            raise self._fail(step.name, Feature.SUBWORKFLOW_REF,
+                             "the referenced pipeline's results cannot be read back from its "
+                             "PipelineRun's task results by name; a reference declaring "
+                             "outputs or artifacts is refused on Tekton")
+        metadata: Doc = {"generateName": f"{body.name}-"}
+        if body.digest:
+            metadata["annotations"] = {DIGEST_ANNOTATION: body.digest}
+        spec: Doc = {"pipelineRef": {"name": body.name}}
+        if step.inputs:
+            spec["params"] = [{"name": i.name, "value": f"{{{{inputs.{i.name}}}}}"}
+                              for i in step.inputs]
+        # a PipelineRun has one condition, Succeeded: True, False, or Unknown while it runs
+        return ir.JobSpec.of({"apiVersion": API_VERSION, "kind": "PipelineRun",
+                              "metadata": metadata, "spec": spec},
+                             success_condition="status.conditions[0].status == True",
+                             failure_condition="status.conditions[0].status == False")
+
     def _job_spec(self, step: ir.Step, job: ir.JobSpec, items: set[str],
                   plan: _StatusPlan | None) -> Doc:
         """A job step: one kubectl step that acts on the manifest and waits (:mod:`._job`)."""
@@ -920,8 +943,10 @@ class _Compiler:
         body = step.body
         if isinstance(body, ir.JobSpec):
             return self._job_spec(step, body, items, plan)
+        if isinstance(body, ir.SubWorkflowSpec) and not body.steps:
+            return self._job_spec(step, self._reference_job(step, body), items, plan)
         if not isinstance(body, (ir.ContainerSpec, ir.ScriptSpec)):
-            raise self._fail(step.name, Feature.SUBWORKFLOW_REF, "not expressible on Tekton")
+            raise self._fail(step.name, Feature.SUBWORKFLOW_INLINE, "not expressible on Tekton")
         tstep: Doc = {"name": "main", "image": body.image}
         if body.image_pull_policy:
             tstep["imagePullPolicy"] = body.image_pull_policy

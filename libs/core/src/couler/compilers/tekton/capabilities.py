@@ -58,8 +58,14 @@ CAPABILITIES: dict[Feature, Capability] = {
             "dependencies, dependents run after every inner step; group-level when/map/loop/"
             "policies are rejected"),
     Feature.SUBWORKFLOW_REF: Capability(
-        _U, "PipelineTask.pipelineRef exists in the v1 schema but pipelines-in-pipelines "
-            "(TEP-0056) is not implemented by the Tekton controller"),
+        _R, "PipelineTask.pipelineRef exists in the v1 schema but pipelines-in-pipelines "
+            "(TEP-0056) is not implemented by the Tekton controller, so the step is a job "
+            "step (the kubectl step of job steps) creating a PipelineRun of the Pipeline "
+            "deployed under the referenced name (generateName NAME-, the step's inputs as "
+            "its params, the pinned digest in the couler.io/digest annotation, owned by the "
+            "TaskRun) and waiting for its Succeeded condition (True: the step succeeds, "
+            "False: it fails); the child's results cannot be read back, so a reference "
+            "declaring outputs or artifacts is refused"),
     Feature.PARAMETERS: Capability(
         _R, "inputs are task params; outputs are task results, written to $(results.NAME.path) "
             "by a /bin/sh wrapper script that copies file outputs and captures stdout "
