@@ -51,6 +51,15 @@ TARGETS = (
            ("_Checker.check_scope", "_Checker.check_edge", "_Checker.check_cycles",
             "_Checker.check_step", "_terms", "_find_cycle"),
            ("tests/unit/test_ir.py", "tests/unit/test_validate_graph.py")),
+    # the data-flow rules: what a step reads (inputs, placeholders, maps, conditions) and
+    # the parameters a run is given
+    Target("validate-flow", "libs/core/src/couler/ir/validate.py",
+           ("check_parameters", "_type_problem", "_Checker.literal_ok", "_Checker.check_body",
+            "_Checker.check_env", "_Checker.check_text", "_Checker.check_io",
+            "_Checker.check_forwarded_output", "_Checker.check_step_ref",
+            "_Checker.check_source", "_Checker.check_condition", "_Checker.check_foreach"),
+           ("tests/unit/test_ir.py", "tests/unit/test_validate_graph.py",
+            "tests/unit/test_ir_parameters.py", "tests/unit/test_validate_flow.py")),
     Target("depends", "libs/core/src/couler/api/depends.py", (),
            ("tests/unit/test_api.py", "tests/unit/test_depends_parser.py")),
     Target("semantics", "libs/core/src/couler/semantics.py", ("failed_leaves",),
