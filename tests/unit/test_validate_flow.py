@@ -349,3 +349,46 @@ def test_a_map_has_items_or_a_list_source_and_a_positive_bound() -> None:
                outputs=(ir.OutputParameter("rows", ir.OutputSource.STDOUT, "",
                                            ir.ValueType.LIST),))
     assert _fields(own) == [("r", "foreach.source")]  # not its own output
+
+
+# --------------------------------------------------------------------------- the rest
+
+
+def test_a_step_does_not_read_its_own_artifact_but_a_loop_reads_its_own_outputs() -> None:
+    own = _ctr("s", output_artifacts=(ir.OutputArtifact("m", "/m"),), input_artifacts=(
+        ir.InputArtifact("m2", "/m2", ir.StepArtifactRef("s", "m")),))
+    assert _found(own) == [("s", "input_artifacts.m2", "reads step 's' but does not depend "
+                                                       "on it; add it to dependencies")]
+
+    def looping(output: str) -> ir.Step:
+        cond = ir.Condition(ir.StepOutputRef("s", output), ir.CompareOp.EQ, ir.Literal.of("1"))
+        return _ctr("s", outputs=(ir.OutputParameter("n", ir.OutputSource.STDOUT, ""),),
+                    loop=ir.Loop(condition=cond, max_iterations=3))
+
+    assert _found(looping("n")) == []
+    # its own output is looked up like any other: an unknown one is named
+    assert _found(looping("nope")) == [
+        ("s", "loop.condition.left", "step 's' has no output 'nope'")]
+
+
+def test_names_and_duplicates_of_inputs_and_outputs_say_what_is_wrong() -> None:
+    out = ir.OutputParameter("o", ir.OutputSource.STDOUT, "")
+    step = _ctr("s", inputs=(_inp("a", ir.Literal.of("x")), _inp("a", ir.Literal.of("y")),
+                             _inp("1a", ir.Literal.of("z"))),
+                outputs=(out, out, dataclasses.replace(out, name="o o")))
+    assert _found(step) == [
+        ("s", "inputs.a", "input is declared twice"),
+        ("s", "inputs.1a", "'1a' is not a valid parameter name"),
+        ("s", "outputs.o", "output is declared twice"),
+        ("s", "outputs.o o", "'o o' is not a valid parameter name")]
+
+
+def test_run_parameter_messages_name_the_value_and_the_type() -> None:
+    w = _wf(STEP, params=(ir.Parameter("n", ir.ValueType.INT, ir.Literal.of(1)),
+                          ir.Parameter("f", ir.ValueType.BOOL, ir.Literal.of(True)),
+                          ir.Parameter("l", ir.ValueType.LIST, ir.Literal.of([]))))
+    found = _problems(ir.check_parameters, w, {"n": "x", "f": "yes", "l": "{}"})
+    assert found[1:] == ["|parameters.f: 'yes' is not a valid bool: expected true or false",
+                         "|parameters.l: '{}' is not a valid list: expected a JSON list, "
+                         "e.g. [1, 2]"]
+    assert found[0].startswith("|parameters.n: 'x' is not a valid int: invalid literal")
