@@ -201,15 +201,13 @@ def test_the_cli_flags_win_and_engine_errors_are_repaired(
         fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("COULER_LLM_BASE_URL", "http://127.0.0.1:9/v1")  # the flag wins
     monkeypatch.setenv("COULER_LLM_API_KEY", API_KEY)
-    tuned = answer(fit={"tune": {"trials": 4, "objective": "validation_score",
-                                 "direction": "maximize",
-                                 "space": {"learning-rate": ["0.01", "0.1"]}}})
-    fake.say(tuned, tuned)  # Tekton cannot run a study (its matrix has no keyed items)
+    mapped = answer(fit={"foreach": {"items": ["eu", "us"]}})
+    fake.say(mapped, mapped)  # KFP cannot set a task's env from a map's item
     code, _, err = cli(REQUEST, "--llm-url", fake.url, "--llm-model", "fake-2", "--engine",
-                       "tekton", "--llm-rounds", "2", "-o", str(tmp_path / "wf.yaml"))
+                       "kfp", "--llm-rounds", "2", "-o", str(tmp_path / "wf.yaml"))
     assert code == 2
     assert "no valid workflow after 2 rounds" in err
-    assert ("engine 'tekton' does not support hyperparameter tuning"
+    assert ("step 'fit': engine 'kfp' does not support env from a run-time value"
             in last_user(fake.seen()[1]))
     assert not (tmp_path / "wf.yaml").exists()
 
