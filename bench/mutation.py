@@ -11,8 +11,12 @@ a mutant is *killed* when the tests fail (or time out), *survived* when they pas
 
     python3 -m venv /tmp/mutvenv && /tmp/mutvenv/bin/pip install 'mutmut==2.5.1'
     nice -n 19 .venv/bin/python bench/mutation.py --mutmut-site \\
-        /tmp/mutvenv/lib/python3.11/site-packages [--target validate|depends|engine] \\
+        /tmp/mutvenv/lib/python3.11/site-packages [--target NAME ...] \\
         [--json bench/results-mutation.json]
+
+Targets: validate (the graph rules of ir/validate.py), validate-flow (its data-flow rules),
+validate-rest (workflow-level fields and policies), validate-entry (its entry points),
+depends, semantics, engine (the local engine's decisions).
 
 The project's venv runs the tests; mutmut is only imported from ``--mutmut-site`` (appended
 to ``sys.path``), so the project's environment is not changed.
@@ -69,6 +73,11 @@ TARGETS = (
             "_dns_message"),
            ("tests/unit/test_ir.py", "tests/unit/test_validate_graph.py",
             "tests/unit/test_ir_limits.py", "tests/unit/test_validate_flow.py",
+            "tests/unit/test_validate_rest.py")),
+    # the entry points: validate() raising on findings, find_issues(), the checker's record
+    Target("validate-entry", "libs/core/src/couler/ir/validate.py",
+           ("validate", "find_issues", "_Checker.__init__", "_Checker.add"),
+           ("tests/unit/test_ir.py", "tests/unit/test_validate_flow.py",
             "tests/unit/test_validate_rest.py")),
     Target("depends", "libs/core/src/couler/api/depends.py", (),
            ("tests/unit/test_api.py", "tests/unit/test_depends_parser.py")),

@@ -82,6 +82,11 @@ def test_labels_annotations_and_node_selectors() -> None:
     assert _found(node_selector=(("pool", "gpu pool"),)) == [
         ("", "node_selector", "'gpu pool' is not a valid value for 'pool'")]
     assert _found(labels=(("example.com/app", "a.b-c_d"),)) == []
+    # the limits are inclusive: a 63-character name (after any prefix) and value are valid
+    name63, value63 = "k" * 63, "v" * 63
+    assert _found(labels=(("example.com/" + name63, value63), (name63, "ok"))) == []
+    assert _found(labels=(("example.com/" + name63 + "k", "ok"),)) == [
+        ("", "labels", f"{'example.com/' + name63 + 'k'!r} is not a valid key")]
 
 
 def test_volumes() -> None:
@@ -106,11 +111,12 @@ def test_schedules_and_triggers() -> None:
         assert _found(schedule=ir.CronSchedule(ok)) == []
     assert _found(schedule=ir.CronSchedule("every night")) == [
         ("", "schedule.schedule", "'every night' is not a cron expression of 5 fields")]
-    for ok in ("data.ready", "data.*", "data.>"):
-        assert _found(triggers=(ir.EventTrigger(ok),)) == []
-    assert _found(triggers=(ir.EventTrigger("data ready"), ir.EventTrigger("a..b"))) == [
-        ("", "triggers.subject", "'data ready' is not a valid subject"),
-        ("", "triggers.subject", "'a..b' is not a valid subject")]
+    # wildcards are whole tokens: * anywhere, > only last (as NATS reads them)
+    for ok in ("data.ready", "data.*", "data.>", "*.ready", ">", "*", "a.*.c.>"):
+        assert _found(triggers=(ir.EventTrigger(ok),)) == [], ok
+    bad = ("data ready", "a..b", "a.>.c", "a.b*", "a.*b", ".a", "a.", "")
+    assert _found(triggers=tuple(ir.EventTrigger(b) for b in bad)) == [
+        ("", "triggers.subject", f"{b!r} is not a valid subject") for b in bad]
 
 
 @pytest.mark.parametrize("name", ["timeout_seconds", "ttl_seconds", "parallelism"])
@@ -186,6 +192,10 @@ def test_resources() -> None:
                                           "'2Gi')")]
     assert _found(_step(resources=Rs(cpu_limit="-1"))) == [
         ("s", "resources.cpu_limit", "'-1' is negative")]
+    # zero is a quantity (not negative); a negative side is not compared with the other
+    assert _found(_step(resources=Rs(cpu_request="0", memory_limit="0"))) == []
+    assert _found(_step(resources=Rs(cpu_request="2", cpu_limit="-1"))) == [
+        ("s", "resources.cpu_limit", "'-1' is negative")]
 
 
 def test_secrets_and_artifact_locations() -> None:
@@ -200,6 +210,9 @@ def test_secrets_and_artifact_locations() -> None:
         ("s", "output_artifacts.m.access_key", "'key id' is not a valid secret key")]
     assert _found(_step(output_artifacts=(ir.OutputArtifact("m", "/m", A(
         St.S3, bucket="b", secret_key=bad)),)))[0][1] == "output_artifacts.m.secret_key"
+    for kind in (St.S3, St.OSS, St.GCS):  # object stores need a bucket
+        assert _found(_step(output_artifacts=(ir.OutputArtifact("m", "/m", A(kind)),))) == [
+            ("s", "output_artifacts.m", f"a {kind.value} artifact needs a bucket")]
     for kind in (St.GIT, St.HTTP):
         assert _found(_step(output_artifacts=(ir.OutputArtifact("m", "/m", A(kind)),))) == [
             ("s", "output_artifacts.m", f"a {kind.value} artifact needs a url")]
@@ -267,6 +280,7 @@ def test_tune_objective_counts_sampler_storage_and_seed() -> None:
     for t in (ir.ValueType.INT, ir.ValueType.STRING, ir.ValueType.JSON):
         assert _tuned(outputs=(ir.OutputParameter("v", ir.OutputSource.STDOUT, "", t),)) == []
     assert _tuned(trials=0) == [("t", "tune.trials", "must be at least 1, got 0")]
+    assert _tuned(trials=1) == _tuned(parallel=1) == []  # one trial, one at a time: valid
     assert _tuned(trials=MAX_TUNE_TRIALS) == []
     assert _tuned(trials=MAX_TUNE_TRIALS + 1) == [
         ("t", "tune.trials", f"at most {MAX_TUNE_TRIALS}, got {MAX_TUNE_TRIALS + 1}")]

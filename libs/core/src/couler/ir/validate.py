@@ -241,7 +241,7 @@ class _Checker:
                     f"{wf.schedule.schedule!r} is not a cron expression of 5 fields",
                 )
         for t in wf.triggers:
-            if not NATS_SUBJECT.match(t.subject.replace(".*", ".x").replace(".>", ".x")):
+            if not _subject_ok(t.subject):
                 self.add("", "triggers.subject", f"{t.subject!r} is not a valid subject")
         for name in ("timeout_seconds", "ttl_seconds", "parallelism"):
             self.check_positive("", name, getattr(wf, name))
@@ -857,6 +857,14 @@ def _find_cycle(stuck: list[str], by_name: dict[str, Step]) -> list[str]:
     cycle = path[index[node] :]
     cycle.reverse()  # report in execution order: upstream -> downstream
     return cycle
+
+
+def _subject_ok(subject: str) -> bool:
+    """A NATS subject to subscribe to: dot-separated tokens, each a name, ``*`` (one token)
+    or, last, ``>`` (the rest)."""
+    tokens = subject.split(".")
+    return all(t == "*" or (t == ">" and i == len(tokens) - 1) or NATS_SUBJECT.match(t)
+               for i, t in enumerate(tokens))
 
 
 def _dns_message(name: str, limit: int) -> str:
