@@ -272,3 +272,48 @@ def test_a_gerund_names_the_action_and_once_clauses_order_it() -> None:
     tasks = parse_request("Roll out the model as a canary; once it has looked healthy for an "
                           "hour, promote it to 100%.").tasks
     assert [t.verb for t in tasks] == ["roll", "promote"]
+
+
+@pytest.mark.parametrize(("text", "cron"), [
+    ("Every weekend at 4am, retrain the recommender.", "0 4 * * 0,6"),
+    ("Twice a week (Tuesday and Thursday at 05:30): pull the sales.", "30 5 * * 2,4"),
+    ("Three times a week, on Monday, Wednesday and Friday at 18:00, rebuild the index.",
+     "0 18 * * 1,3,5"),
+])
+def test_weekends_and_named_days_a_few_times_a_week(text: str, cron: str) -> None:
+    assert parse_request(text).schedule == cron
+
+
+@pytest.mark.parametrize(("phrase", "seconds"), [
+    ("an hour and a half", 5400), ("half an hour", 1800), ("two and a half hours", 9000),
+])
+def test_halves_of_hours_are_timeouts(phrase: str, seconds: int) -> None:
+    [task] = parse_request(f"Fine-tune the ranker with a time limit of {phrase}.").tasks
+    assert task.timeout == seconds
+
+
+@pytest.mark.parametrize(("value", "op"), [
+    ("0.88 or higher", ">="), ("0.88 or better", ">="), ("0.88 or lower", "<="),
+    ("0.88 or less", "<="),
+])
+def test_a_value_or_higher_includes_the_value(value: str, op: str) -> None:
+    tasks = parse_request(f"Evaluate macro F1 on the holdout; if F1 is {value}, deploy the "
+                          "model, otherwise notify the team.").tasks
+    deploy, notify = tasks[1], tasks[2]
+    assert deploy.condition is not None and notify.condition is not None
+    assert (deploy.condition.op, deploy.condition.value, deploy.condition.otherwise) == (
+        op, "0.88", False)
+    assert (notify.condition.op, notify.condition.otherwise) == (op, True)
+
+
+def test_if_not_after_a_comma_is_the_else_branch() -> None:
+    tasks = parse_request("Evaluate HR@10, and if HR@10 beats 0.25 push the embeddings to "
+                          "Milvus, if not ping #recsys on Slack.").tasks
+    assert [(t.verb, t.condition.otherwise if t.condition else None) for t in tasks] == [
+        ("evaluate", None), ("push", False), ("ping", True)]
+
+
+def test_once_a_stage_is_done_names_no_new_step() -> None:
+    tasks = parse_request("Fine-tune LayoutLMv3 on s3://x/ocr/. When training is done, "
+                          "evaluate macro F1 on the holdout.").tasks
+    assert [(t.verb, t.stage) for t in tasks] == [("fine-tune", 0), ("evaluate", 1)]

@@ -250,7 +250,8 @@ _DAY_LIST = re.compile(r"\b(?:(?:every|each|on)\s+)?(" + _DAY + r"s?(?:\s*(?:,|a
 _ANCHORS = re.compile(
     r"\b(?:every|each)\s+(?:day|night|morning|evening|afternoon|weekday|business\s+day|week|"
     r"month|quarter|year)\b|\b(?:on\s+)?(?:weekdays|weekends|business\s+days)\b|"
-    r"\btwice\s+(?:a\s+day|daily)\b|\b(?:three|four)\s+times\s+a\s+day\b|\bquarterly\b|"
+    r"\btwice\s+(?:a\s+day|daily)\b|\b(?:twice|two\s+times|three\s+times)\s+(?:a|per)\s+week\b|"
+    r"\b(?:every|each)\s+weekend\b|\b(?:three|four)\s+times\s+a\s+day\b|\bquarterly\b|"
     r"\bonce\s+(?:a|per|every)\s+(?:day|week|month)\b|"
     r"\b(?:daily|nightly|weekly|monthly)(?=\s+(?:at|from)\s+\d)|"
     r"(?:^|[,.;:]\s*|\b(?:run|runs|ran|scheduled|is|be|it|them|this|that|job|pipeline|workflow|"
@@ -583,6 +584,13 @@ def _comparison(text: str) -> tuple[str, str, str] | None:
     if m is not None and not re.match(r"\d", m.group(2)):
         op = ">=" if "least" in m.group(0).lower() else "<="
         return m.group(2), op, m.group(1).replace("%", "").strip()
+    # "if F1 is 0.88 or higher", "a recall of 0.6 or better": the value is included
+    m = re.search(r"^(.*?)\s+(?:(?:is|are|of|comes?\s+out\s+at)\s+)?" + _VALUE + r"\s+or\s+"
+                  r"(higher|above|more|better|greater|over|lower|below|less|fewer|under|worse)\b",
+                  text, re.I)
+    if m is not None and m.group(1).strip():
+        up = m.group(3).lower() in ("higher", "above", "more", "better", "greater", "over")
+        return m.group(1), ">=" if up else "<=", m.group(2).replace("%", "").strip()
     for phrase, op in _COMPARATORS:
         m = re.search(r"^(.*?)\s+" + phrase + r"\s+(?:a\s+|an\s+|the\s+)?(?:value\s+of\s+|"
                       r"score\s+of\s+)?" + _VALUE, text, re.I)
@@ -642,7 +650,7 @@ _EITHER = re.compile(r"^\s*(?:and\s+)?(?:either\s+way|in\s+both\s+cases|regardle
 # --------------------------------------------------------------------------- clauses
 
 _SPLIT = re.compile(
-    r"\s*(?:->|=>|\u2192)\s*|\s*;\s*|\s*,\s*(?=(?:else|otherwise)\b)|\s*:\s+|[,;]?\s*(?<![\w.=+*/^<>-])\(?(?:\d{1,2}|[a-h])\)\s+|\s+\d{1,2}\.\s+(?=[A-Za-z])|"
+    r"\s*(?:->|=>|\u2192)\s*|\s*;\s*|\s*,\s*(?=(?:else|otherwise|if\s+not)\b)|\s*:\s+|[,;]?\s*(?<![\w.=+*/^<>-])\(?(?:\d{1,2}|[a-h])\)\s+|\s+\d{1,2}\.\s+(?=[A-Za-z])|"
     r"\s*(?:^|\s)[-*\u2022]\s+|,?\s+and\s+then\s+|,\s*then\s+|\s+then\s+(?=[a-z])|"
     r",?\s+and\s+after\s+that,?\s+|,?\s+after\s+that,?\s+|\.?\s+afterwards,?\s+|"
     r",?\s+and\s+afterwards,?\s+|,?\s+and\s+finally,?\s+|,?\s+finally,?\s+",
@@ -655,6 +663,10 @@ _SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|o
                           r"provided|as\s+long\s+as|no\s+matter|after\s+each|for\s+(?:each|"
                           r"every))\b", re.I)
 _WEAK_VERBS = frozenset({"take", "use"})
+# "once training is done,": a stage of the work already asked for, not a step of its own
+_STAGE = re.compile(r"(?:the\s+)?(?:training|fine-?tuning|tuning|evaluation|scoring|ingestion|"
+                    r"loading|preprocessing|processing|export|import|the\s+(?:model|run|job|"
+                    r"pipeline|workflow|step))", re.I)
 _FRAME = re.compile(r"^(?:(?:can|could|would)\s+you\s+)?(?:please\s+)?"
                     r"(?:set\s+up|build|create|make|write|give\s+me|define|design|"
                     r"implement|i\s+need|we\s+need|i\s+want|we\s+want)\s+(?:(?:a|an|the|one)\s+"
@@ -1079,6 +1091,11 @@ def _normalize(text: str) -> str:
     text = re.sub(r"\b(\d+)\s*[x\u00d7]\s*(?=" + _GPU_NAMES + r"\b)", r"\1 ", text, flags=re.I)
     text = re.sub(r"(\bretr(?:y|ies|ied)\b[^.;,()]{0,20}?\b)(\d+)\s*[x\u00d7](?=\W|$)",
                   r"\1\2 times", text, flags=re.I)
+    # "an hour and a half", "two and a half hours", "half an hour": minutes
+    text = re.sub(r"\b(?:an|one)\s+hour\s+and\s+a\s+half\b", "90 minutes", text, flags=re.I)
+    text = re.sub(r"\bhalf\s+an\s+hour\b", "30 minutes", text, flags=re.I)
+    text = re.sub(r"\b(\d+|" + _NUM[1:-1] + r")\s+and\s+a\s+half\s+hours\b",
+                  lambda m: f"{_num(m.group(1)) * 60 + 30} minutes", text, flags=re.I)
     text = re.sub(r"\s*([,;:])\s*\(?\d{1,2}[.)]\s+(?=[A-Za-z])",
                   lambda m: ": " if m.group(1) == ":" else "; ", text)
     dash = r"[\u2014\u2013]"
@@ -1155,6 +1172,7 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         clause = clause[m.end():]
         if (_referenced(out.tasks, _unmask(m.group(1), kept)) is None
                 and _content(m.group(1)) - {"everything", "all", "them", "they", "job", "step"}
+                and not _STAGE.fullmatch(m.group(1).strip())
                 and not re.match(r"(?:all|each|every|both)\b", m.group(1), re.I)):
             pre_task = _unmask(m.group(1), kept)
         elif re.match(r"(?:all|each|every|both)\b", m.group(1), re.I):

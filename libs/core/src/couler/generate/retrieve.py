@@ -37,7 +37,7 @@ _VERB_CATEGORY = {
     **dict.fromkeys(_wordset(
         "deploy publish push register promote release notify email post send page "
         "upsert upload write store save persist serve open alert archive append "
-        "report ping"), "deliver"),
+        "report ping roll file"), "deliver"),
 }
 _STOP = _wordset("a an the of to in on for from with and or by at as into it its this that "
                   "them their our we all each every any is are be using via")

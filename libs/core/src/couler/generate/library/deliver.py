@@ -57,7 +57,7 @@ def templates() -> tuple[Template, ...]:
             "deliver",
             ("Deploy a model for online serving: upload it and apply a KServe InferenceService."),
             "deploy, deployment, serve, serving, endpoint, online inference, kserve, "
-            "inferenceservice, kubernetes, rollout, production, release",
+            "inferenceservice, kubernetes, rollout, roll out, canary, production, release",
             image=TABULAR_IMAGE,
             params=(
                 param("name", None, "the service's name (DNS-1123)"),
@@ -112,7 +112,8 @@ def templates() -> tuple[Template, ...]:
                 "webhook (URL from a secret)."
             ),
             "notify, notification, alert, message, post, slack, slack channel, teams, "
-            "microsoft teams, discord, webhook, chat, ping, #channel",
+            "microsoft teams, discord, webhook, chat, ping, #channel, ticket, jira, "
+            "github issue, incident, pagerduty, opsgenie",
             image=TABULAR_IMAGE,
             params=(
                 param("message", "Workflow finished", "the text posted"),
