@@ -317,3 +317,23 @@ def test_once_a_stage_is_done_names_no_new_step() -> None:
     tasks = parse_request("Fine-tune LayoutLMv3 on s3://x/ocr/. When training is done, "
                           "evaluate macro F1 on the holdout.").tasks
     assert [(t.verb, t.stage) for t in tasks] == [("fine-tune", 0), ("evaluate", 1)]
+
+
+def test_a_scope_inside_the_clause_fans_the_step_out() -> None:
+    tasks = parse_request("Train a separate LightFM recommender for each market (br, mx, cl) "
+                          "on that market's history, then merge the metrics.").tasks
+    assert [(t.verb, t.items) for t in tasks] == [("train", ("br", "mx", "cl")), ("merge", ())]
+    tasks = parse_request("Cluster the reviews with BERTopic, and after that summarize each of "
+                          "the 20 largest topics with an LLM, then compile the summaries.").tasks
+    assert [(t.verb, len(t.items)) for t in tasks] == [
+        ("cluster", 0), ("summarize", 20), ("compile", 0)]
+
+
+def test_a_passive_once_clause_is_a_step_before_the_rest() -> None:
+    tasks = parse_request("Once the review dump at /mnt/reviews.jsonl has been deduplicated, "
+                          "cluster the reviews with BERTopic.").tasks
+    assert [(t.verb, t.stage) for t in tasks] == [("deduplicate", 0), ("cluster", 1)]
+    assert "/mnt/reviews.jsonl" in tasks[0].obj
+    tasks = parse_request("Train a forest and an SVM. When they have all finished, compare "
+                          "their accuracy.").tasks
+    assert [(t.verb, t.stage) for t in tasks] == [("train", 0), ("train", 0), ("compare", 1)]

@@ -975,8 +975,8 @@ _FRAME_ONLY = re.compile(r"^(?:build|create|set\s+up|make|write|put\s+together|w
 _LEAD_SEQUENCE = re.compile(r"^(?:after\s+that|afterwards|then|next|finally|first(?:ly)?|"
                             r"lastly|last|second(?:ly)?|also)\s*,?\s+", re.I)
 _BEFORE = re.compile(r"\s+before\s+(\w+ing)\b\s*(.*)$", re.I)
-_AGGREGATE = _wordset("roll aggregate collate combine merge stitch average summarize summarise "
-                       "join concatenate gather collect rank select pick compare report "
+_AGGREGATE = _wordset("roll aggregate collate combine compile merge stitch average summarize "
+                       "summarise join concatenate gather collect rank select pick compare report "
                        "publish upsert load")
 _NAMES = re.compile(r"((?:[A-Z][\w-]*|[a-z]+-[a-z]+-\d+)(?:\s*,\s*(?:[A-Z][\w-]*|"
                     r"[a-z]+-[a-z]+-\d+))+,?\s+(?:and|or)\s+(?:[A-Z][\w-]*|[a-z]+-[a-z]+-\d+))")
@@ -1149,6 +1149,7 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         listed = [_unmask(i, kept) for i in _split_list(named.group(2))]
         if len(listed) >= 2 and all(len(i.split()) <= 3 for i in listed):
             state.named[stem(named.group(1))] = listed
+    clause = _scope_first(clause)
     found, clause = _scope_phrase(clause, state, kept)
     if found == []:
         phrase = original[: len(original) - len(_unmask(clause, kept))].strip(" ,")
@@ -1165,7 +1166,20 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         clause, meanwhile = clause[m.end():], True
     # "once parsing is done," / "once the integration tests pass,"
     pre_task = ""
-    m = re.match(r"^(?:once|after|when)\s+(.+?)\s+(?:is|are|has|have)?\s*(?:done|finished|"
+    passive = re.match(r"^(?:once|after|when)\s+(.+?)\s+(?:has|have|is|are)\s+(?:been\s+)?"
+                       r"((?:\w+-)?\w+(?:ed|en|wn))\s*,\s*", clause, re.I)
+    if passive is not None and _participle(passive.group(2)) and \
+            _participle(passive.group(2)) not in ("do", "finish", "complete") and \
+            _referenced(out.tasks, _unmask(passive.group(1), kept)) is None:
+        # "once the review dump has been deduplicated, cluster …": the deduplication is a
+        # step of its own, before the rest
+        verb = _participle(passive.group(2))
+        subject = _unmask(passive.group(1), kept)
+        out.tasks.append(Task(f"{verb} {subject}", verb, subject, state.stage, hook=hook))
+        state.stage += 1
+        clause = clause[passive.end():]
+    m = re.match(r"^(?:once|after|when)\s+(.+?)\s+(?:is|are|has|have)?\s*(?:all\s+|both\s+)?"
+                 r"(?:done|finished|"
                  r"complete[d]?|pass(?:es)?|succeeds?|finish(?:es)?|ready|over)\s*,\s*",
                  clause, re.I)
     if m is not None:
@@ -1363,14 +1377,15 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     m = re.match(r"^(?:it|them|this|that)\s+to\s+(\w+)\s+(.*)$", obj, re.I)
     if verb == "use" and m is not None and m.group(1).lower() in VERBS:
         verb, obj = m.group(1).lower(), m.group(2)
-    if verb in _AGGREGATE:
-        scope = []
+    if verb in _AGGREGATE and found is None:
+        scope = []  # "…, then merge the results": one step over what the scope made
     into = re.search(r"\binto\s+(\d+|" + _NUM[1:-1] + r")\s+(?:[\w-]+\s+){0,2}?([a-z][\w-]*s)\b",
                      obj, re.I)
     if verb in _SPLIT_VERBS and into is not None and _num(into.group(1)) >= 2:
         # "split the scene into 64 patches, run the U-Net on each patch": how many patches
         state.counts.setdefault(stem(into.group(2)), _num(into.group(1)))
-    items, obj, shards = _fanout(obj, mods, state, scope=scope, fan_trials=fan_trials, verb=verb)
+    items, obj, shards = _fanout(obj, mods, state, scope=scope, fan_trials=fan_trials, verb=verb,
+                                 own_scope=found is not None)
     subjects = [obj]
     if not (mods.parallel or meanwhile) and not items and verb in _TRAIN_VERBS:
         # "train an XGBoost and a LightGBM model": several models are parallel work
@@ -1444,6 +1459,22 @@ def _scope_without_comma(clause: str) -> re.Match[str] | None:
     if not m.group(3) and not verb_form(clause[m.end():].split(maxsplit=1)[0]):
         return None
     return m
+
+
+def _scope_first(clause: str) -> str:
+    """A scope inside the clause, moved before it: "train a model for each market (br, mx,
+    cl)" reads as "for each market (br, mx, cl) train a model"; "summarize each of the 20
+    largest topics with an LLM" as "for each of the 20 largest topics, summarize it with an
+    LLM"."""
+    m = re.match(r"^(\w[\w-]*)\s+each\s+of\s+(?:the|our|these|those|its|their)\s+((?:\d+|"
+                 + _NUM[1:-1] + r")\s+(?:[\w-]+\s+){0,2}?[\w-]+s)\b(.*)$", clause, re.I)
+    if m is not None and verb_form(m.group(1)):
+        return f"for each of the {m.group(2)}, {m.group(1)} it{m.group(3)}"
+    m = re.match(r"^(\w[\w-]*\s.*?)\s+(for\s+(?:each|every)\s+(?:[\w-]+\s+){0,2}?[\w-]+\s*"
+                 r"\([^()]*,[^()]*\))(.*)$", clause, re.I)
+    if m is not None and verb_form(m.group(1).split()[0]):
+        return f"{m.group(2)} {m.group(1)}{m.group(3)}"
+    return clause
 
 
 def _scope_phrase(clause: str, state: _State, kept: list[str]) -> tuple[list[str] | None, str]:
@@ -1548,8 +1579,9 @@ def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods:
 
 
 def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trials: int,
-            verb: str) -> tuple[list[str], str, int]:
-    """(items, object without the list, shards this task makes)."""
+            verb: str, own_scope: bool = False) -> tuple[list[str], str, int]:
+    """(items, object without the list, shards this task makes); ``own_scope``: the clause
+    itself said "for each …" (an aggregating verb then works per item)."""
     split_into = re.search(r"\b(?:into|in)\s+(\d+|" + _NUM[1:-1] + r")\s+(shards?|chunks?|"
                            r"parts?|partitions?|batches|pieces|splits|folds?)\b", obj, re.I)
     if split_into is not None and verb in ("split", "shard", "partition", "chunk", "divide",
@@ -1564,7 +1596,7 @@ def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trial
     if fan is not None and (mods.parallel or per is not None or mods.max_parallel
                             or mods.per_item or re.search(r"\b(?:each|every)\b", obj, re.I)):
         return fan[0], fan[1], 0
-    if verb in _AGGREGATE:
+    if verb in _AGGREGATE and not (own_scope and scope):
         return [], obj, 0  # "merge the shards", "collate the scores": one step over all
     counted = re.match(r"^\s*(?:the\s+)?(\d+|" + _NUM[1:-1] + r")\s+(?:[\w-]+\s+){0,2}?(folds|"
                        r"shards|partitions|chunks|batches|splits|replicas|seeds|copies|variants|"
