@@ -74,9 +74,10 @@ TARGETS = (
            ("tests/unit/test_ir.py", "tests/unit/test_validate_graph.py",
             "tests/unit/test_ir_limits.py", "tests/unit/test_validate_flow.py",
             "tests/unit/test_validate_rest.py")),
-    # the entry points: validate() raising on findings, find_issues(), the checker's record
+    # the entry points (validate() raising on findings, find_issues(), the checker's
+    # record) and the trigger subject's tokens
     Target("validate-entry", "libs/core/src/couler/ir/validate.py",
-           ("validate", "find_issues", "_Checker.__init__", "_Checker.add"),
+           ("validate", "find_issues", "_Checker.__init__", "_Checker.add", "_subject_ok"),
            ("tests/unit/test_ir.py", "tests/unit/test_validate_flow.py",
             "tests/unit/test_validate_rest.py")),
     Target("depends", "libs/core/src/couler/api/depends.py", (),

@@ -307,3 +307,18 @@ def test_an_empty_request_is_refused_before_asking() -> None:
     with pytest.raises(UserError, match="empty"):
         generate("  ", model)
     assert model.seen == []
+
+
+def test_a_report_on_a_fetched_model_measures_rows_and_keeps_its_order() -> None:
+    # a report compares measured models; the model here is fetched, not trained, so the
+    # added evaluation reads the rows of the steps before (it had none: the workflow was
+    # invalid), and the report still runs after the scoring step the request put first
+    wf, _ = plan("Read the new rows of the Hive table fin.card_txn, normalize the amount "
+                 "features, score them with an Isolation Forest, and write a report of the "
+                 "flagged transactions.")
+    ir.validate(wf)
+    [evaluation] = [s.name for s in wf.steps if s.name.startswith("evaluate")]
+    [score] = [s.name for s in wf.steps if s.name.startswith("score")]
+    [report] = [s.name for s in wf.steps if s.name.startswith("write")]
+    assert any(d.startswith("normalize") for d in deps(wf, evaluation))
+    assert {score, evaluation} <= deps(wf, report)

@@ -512,7 +512,8 @@ class _Builder:
                     if added:
                         extra.extend(added)
                         by_name.update((a.name, a) for a in added)
-                        step.after = [a.name for a in added]
+                        # after the measurements, and still after the steps before it
+                        step.after = list(dict.fromkeys([*step.after, *(a.name for a in added)]))
                         continue
                 if kind == "report":
                     continue  # assemble names what is missing
@@ -558,10 +559,25 @@ class _Builder:
             name = self._name(Task(task.text, "evaluate", f"{metric} {model.name}", 0), "evaluate")
             evaluation = _Step(task, name, template, {}, [model.name])
             evaluation.params = self._params(task, template, name)
+            self._rows_for(evaluation, model, upstream, by_name)
             out.append(evaluation)
             self.subtasks.append(_describe(task, template) + f" (added: {step.name} compares "
                                  "measured models)")
         return out
+
+    @staticmethod
+    def _rows_for(evaluation: _Step, model: _Step, upstream: list[_Step],
+                  by_name: Mapping[str, _Step]) -> None:
+        """An evaluation measures rows: when nothing before its model makes any (a fetched
+        model), it also runs after the nearest step before ``upstream``'s owner that does."""
+        wants = set(evaluation.template.consumes) & {"data", "predictions"}
+        if not wants or any(wants & set(u.template.produces)
+                            for u in [model, *_upstream(model, by_name)]):
+            return
+        rows = next((u for u in upstream if u is not model and wants & set(u.template.produces)),
+                    None)
+        if rows is not None:
+            evaluation.after.append(rows.name)
 
     def _data_for(self, step: _Step, extra: list[_Step], by_name: dict[str, _Step]) -> _Step:
         """The step ``step`` reads its data from: a load (one per source), and for training
