@@ -34,13 +34,19 @@ esac
 """
 
 
-def _fake(tmp_path: Path, failed: str = "") -> None:
+def _kubectl(tmp_path: Path, script: str, **fields: str) -> None:
+    """Install ``script`` (formatted with the call log, manifest and poll files) as
+    ``tmp_path/bin/kubectl``."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     kubectl = bin_dir / "kubectl"
-    kubectl.write_text(FAKE_KUBECTL.format(log=tmp_path / "calls", manifest=tmp_path / "m",
-                                           polls=tmp_path / "polls", failed=failed))
+    kubectl.write_text(script.format(log=tmp_path / "calls", manifest=tmp_path / "m",
+                                     polls=tmp_path / "polls", **fields))
     kubectl.chmod(0o755)
+
+
+def _fake(tmp_path: Path, failed: str = "") -> None:
+    _kubectl(tmp_path, FAKE_KUBECTL, failed=failed)
 
 
 def _job_program() -> ir.Workflow:
@@ -129,12 +135,7 @@ esac
 
 
 def _ref_task(tmp_path: Path, final: str, **step: object) -> dict[str, object]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    kubectl = bin_dir / "kubectl"
-    kubectl.write_text(FAKE_TKN.format(log=tmp_path / "calls", manifest=tmp_path / "m",
-                                       polls=tmp_path / "polls", final=final))
-    kubectl.chmod(0o755)
+    _kubectl(tmp_path, FAKE_TKN, final=final)
     ref = ir.Step("child", ir.SubWorkflowSpec(name="child", digest="sha256:ab12"), **step)
     return tasks(compile_ok(wf_of(ref)))["child"]
 
