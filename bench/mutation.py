@@ -78,7 +78,8 @@ TARGETS = (
     # record) and the trigger subject's tokens
     Target("validate-entry", "libs/core/src/couler/ir/validate.py",
            ("validate", "find_issues", "_Checker.__init__", "_Checker.add", "_subject_ok"),
-           ("tests/unit/test_ir.py", "tests/unit/test_validate_flow.py",
+           ("tests/unit/test_ir.py", "tests/unit/test_validate_graph.py",
+            "tests/unit/test_validate_flow.py",
             "tests/unit/test_validate_rest.py")),
     Target("depends", "libs/core/src/couler/api/depends.py", (),
            ("tests/unit/test_api.py", "tests/unit/test_depends_parser.py")),
