@@ -337,3 +337,12 @@ def test_a_passive_once_clause_is_a_step_before_the_rest() -> None:
     tasks = parse_request("Train a forest and an SVM. When they have all finished, compare "
                           "their accuracy.").tasks
     assert [(t.verb, t.stage) for t in tasks] == [("train", 0), ("train", 0), ("compare", 1)]
+
+
+def test_a_trailing_at_the_same_time_runs_the_step_beside_the_one_before() -> None:
+    tasks = parse_request("Score the rows. If the anomaly score exceeds 3.5, notify #ops on "
+                          "Slack and email ops@example.com at the same time.").tasks
+    assert [(t.verb, t.stage) for t in tasks] == [("score", 0), ("notify", 1), ("email", 1)]
+    assert all(t.condition is not None for t in tasks[1:])
+    tasks = parse_request("Score the rows, then notify #ops on Slack and email ops@x.com.").tasks
+    assert [(t.verb, t.stage) for t in tasks] == [("score", 0), ("notify", 1), ("email", 2)]

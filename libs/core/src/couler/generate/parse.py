@@ -1409,6 +1409,12 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         stage = max(state.condition_stage, 0)
     elif meanwhile and out.tasks and out.tasks[-1].hook == hook:
         stage = out.tasks[-1].stage  # "…, and in the meantime run the Soda checks"
+    elif (len(subjects) == 1 and not items and out.tasks and out.tasks[-1].hook == hook
+          and out.tasks[-1].stage == state.stage - 1 and out.tasks[-1].condition == condition
+          and re.search(r"\b(?:at\s+the\s+same\s+time|simultaneously|concurrently)\s*[.!]?\s*$",
+                        original, re.I)):
+        # "notify #ops on Slack and email ops@x.com at the same time": with the step before
+        stage = out.tasks[-1].stage
     extra = " ".join(x for x in (state.carry, heading) if x)
     state.carry = ""
     for subject in subjects:
