@@ -336,12 +336,17 @@ def test_launches_need_a_launch_credential(live: Stack) -> None:
             # the server knows the new key once it has reloaded: until then it refuses
             deadline = asyncio.get_running_loop().time() + 30
             while True:
+                nc = NatsClient()
                 try:
-                    return await nats.connect(
+                    await nc.connect(
                         live.nats_url, nkeys_seed=str(seed), error_cb=on_error,
                         inbox_prefix=f"_INBOX.{seed.stem}", allow_reconnect=False,
                         max_reconnect_attempts=0, tls=live.files.client_tls())
+                    return nc
                 except (nats.errors.Error, OSError):
+                    # without reconnects nats-py raises with its socket still open: close
+                    # it here, not in a later test's garbage collection (ResourceWarning)
+                    await nc.close()
                     if asyncio.get_running_loop().time() > deadline:
                         raise
                     await asyncio.sleep(0.1)
