@@ -322,3 +322,99 @@ def test_a_report_on_a_fetched_model_measures_rows_and_keeps_its_order() -> None
     [report] = [s.name for s in wf.steps if s.name.startswith("write")]
     assert any(d.startswith("normalize") for d in deps(wf, evaluation))
     assert {score, evaluation} <= deps(wf, report)
+
+
+def _step(wf: ir.Workflow, prefix: str) -> ir.Step:
+    [step] = [s for s in wf.steps if s.name.startswith(prefix)]
+    return step
+
+
+def _args(step: ir.Step) -> list[str]:
+    assert isinstance(step.body, ir.ScriptSpec)
+    return list(step.body.args)
+
+
+def test_a_passive_request_and_its_elided_auxiliary_are_two_steps() -> None:
+    # "… are to be pulled from Redshift and outliers clipped with …": the second part leaves
+    # out its "are"; both parts are steps, in order, before the training
+    wf, report = plan("The order features are to be pulled from Redshift (sales.orders) and "
+                      "outliers clipped with the 99th percentile; after that a LightGBM "
+                      "regressor is trained.")
+    ir.validate(wf)
+    names = [s.name for s in wf.steps]
+    pull = next(n for n in names if n.startswith("pull"))
+    clip = next(n for n in names if n.startswith("clip"))
+    train = next(n for n in names if n.startswith("train"))
+    assert pull in deps(wf, clip) and clip in deps(wf, train)
+    assert any("ingest-sql" in c for c in report.choices if c.startswith("pull"))
+
+
+def test_a_model_named_without_a_verb_is_trained_per_fold() -> None:
+    wf, report = plan("lightgbm over /mnt/data/churn.parquet, 3-fold CV with one job per "
+                      "fold, 12Gi each, then average the F1 across folds")
+    ir.validate(wf)
+    train = _step(wf, "train")
+    assert train.template == "train-lightgbm"
+    assert train.foreach is not None and len(train.foreach.items) == 3
+    assert any("as: train it" in n for n in report.notes)
+    load = _step(wf, "load")
+    assert "/mnt/data/churn.parquet" in json.dumps(ir.to_json(wf)) and load is not None
+
+
+def test_trials_after_a_colon_fan_out_the_step_before() -> None:
+    wf, _ = plan("Tune the dropout for a RoBERTa intent classifier on the support tickets: "
+                 "12 trials, every trial as its own job on 1 GPU, no more than 3 at once.")
+    ir.validate(wf)
+    tune = _step(wf, "tune")
+    assert tune.foreach is not None and len(tune.foreach.items) == 12
+    assert tune.foreach.parallelism == 3
+    assert tune.template == "train-nlp-finetune"  # "RoBERTa" names it, not a stray word
+
+
+def test_a_fan_out_over_named_models_trains_each_with_its_own_estimator() -> None:
+    wf, _ = plan("Fan out over four scikit-learn models on the iris table (ridge, random "
+                 "forest, naive bayes and k-nearest neighbors), three at a time, then compare "
+                 "their accuracy.")
+    ir.validate(wf)
+    train = _step(wf, "train")
+    assert train.template == "train-sklearn"
+    assert train.foreach is not None
+    assert [i.value for i in train.foreach.items] == [
+        "ridge", "random forest", "naive bayes", "k-nearest neighbors"]
+    args = _args(train)
+    assert args[args.index("--estimator") + 1] == "{{item}}"
+
+
+def test_a_path_in_a_verbless_lead_in_is_the_data_loaded() -> None:
+    wf, _ = plan("Using the export at /srv/exports/claims_2024.csv, train a CatBoost "
+                 "classifier and report its F1.")
+    ir.validate(wf)
+    load = _step(wf, "load")
+    assert "/srv/exports/claims_2024.csv" in json.dumps(ir.to_json(load))
+
+
+def test_a_condition_on_the_data_is_measured_before_the_step_it_guards() -> None:
+    wf, _ = plan("Unless the check finds a missing-price share above 0.05, train an "
+                      "XGBoost regressor on s3://shop/prices.csv.")
+    ir.validate(wf)
+    measure = _step(wf, "measure")
+    train = _step(wf, "train")
+    assert measure.template == "measure-table"
+    assert measure.name in deps(wf, train.name)
+    assert any(d.startswith("split") or d.startswith("load") for d in deps(wf, measure.name))
+    args = _args(measure)
+    assert args[args.index("--stat") + 1] == "share"
+    assert args[args.index("--where") + 1] == "price.isnull()"
+    assert train.when is not None
+
+
+@pytest.mark.parametrize("metric, want", [
+    ("a null-label rate", {"stat": "share", "where": "label.isnull()"}),
+    ("the number of rows where email is missing", {"stat": "count", "where": "email.isnull()"}),
+    ("the p95 of latency", {"stat": "p95", "column": "latency"}),
+    ("more than 15 windows come out anomalous", {}),
+])
+def test_a_table_statistic_is_read_from_the_metric(metric: str, want: dict[str, str]) -> None:
+    from couler.generate.planner import _table_stat
+
+    assert _table_stat(metric) == want

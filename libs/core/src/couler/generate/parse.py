@@ -112,7 +112,7 @@ _SPLIT_VERBS = frozenset({"split", "shard", "partition", "chunk", "slice", "cut"
                           "divide", "break", "batch", "bucket", "repartition"})
 _TRAIN_VERBS = frozenset({"train", "fit", "fine-tune", "finetune", "retrain", "backtest",
                           "pretrain", "refit", "tune"})
-_MODEL_WORDS = re.compile(
+MODEL_WORDS = re.compile(
     r"\b(?:xgboost|xgb|lightgbm|lgbm|catboost|gbm|forest|boost\w*|regression|regressor|"
     r"classifier|svm|svc|bayes|ridge|lasso|elastic\s?net|knn|mlp|tree|trees|prophet|arima|"
     r"sarima|smoothing|n-beats|lstm|gru|transformer|bert|roberta|t5|resnet|vit|yolo\w*|"
@@ -663,6 +663,10 @@ _SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|o
                           r"provided|as\s+long\s+as|no\s+matter|after\s+each|for\s+(?:each|"
                           r"every))\b", re.I)
 _WEAK_VERBS = frozenset({"take", "use"})
+# "xgboost on s3://…", "a LightGBM baseline over the churn table": a model and what it
+# works on, no verb
+_MODEL_HEAD = re.compile(r"^\s*(?:an?\s+|the\s+)?(?:[\w.-]+\s+){0,2}?" + MODEL_WORDS.pattern[2:]
+                         + r"(?:\s+[\w.-]+){0,2}?\s+(?:on|over|against|using|for)\s", re.I)
 # "once training is done,": a stage of the work already asked for, not a step of its own
 _STAGE = re.compile(r"(?:the\s+)?(?:training|fine-?tuning|tuning|evaluation|scoring|ingestion|"
                     r"loading|preprocessing|processing|export|import|the\s+(?:model|run|job|"
@@ -691,10 +695,13 @@ retry give cap limit allow set let make keep stop repeat
 """)
 _CAUSATIVE = re.compile(r"^(?:have|let|get|make)\s+([\w.@/-]+(?:\s+[\w.@/-]+){0,2}?)\s+(\w+)\b",
                         re.I)
-_PASSIVE = re.compile(r"\b(?:get|gets|are|is|be|should\s+be|must\s+be|will\s+be|to\s+be)\s+"
-                      r"((?:\w+-)?\w+(?:ed|en|wn|ne))\b", re.I)
 _IRREGULAR = {"written": "write", "done": "do", "run": "run", "sent": "send", "built": "build",
-              "kept": "keep", "taken": "take", "shown": "show", "drawn": "draw", "split": "split"}
+              "kept": "keep", "taken": "take", "shown": "show", "drawn": "draw", "split": "split",
+              "read": "read", "fed": "feed", "put": "put", "made": "make", "rebuilt": "rebuild",
+              "rerun": "rerun", "retaken": "retake"}
+_PASSIVE = re.compile(r"\b(?:(?:are|is|has|have|needs?)\s+to\s+be|get|gets|are|is|be|should\s+be|"
+                      r"must\s+be|will\s+be|to\s+be)\s+"
+                      r"((?:\w+-)?\w+(?:ed|en|wn|ne)|" + "|".join(_IRREGULAR) + r")\b", re.I)
 
 
 def verb_form(word: str) -> str:
@@ -1033,6 +1040,7 @@ def parse_request(text: str) -> Request:
             # "Set up a pipeline that ingests …, resamples …": its verbs are the steps
             sentence = _third_person_list(sentence[framed.end():])
         hook, sentence = _hook(sentence, tail=False)
+        sentence = _elliptical_passive(sentence)
         clauses = _clauses(sentence)
         # "Score all records with the model: split …, score the shards …": a heading
         # whose verb the clauses after the colon repeat describes them, it is not a task
@@ -1080,11 +1088,43 @@ def parse_request(text: str) -> Request:
     return out
 
 
+_DESCRIBING = _wordset("stored located based hosted named called kept partitioned landed found "
+                       "placed saved listed labeled labelled sorted grouped keyed indexed")
+
+
+def _elliptical_passive(sentence: str) -> str:
+    """"The features are to be read from BigQuery and missing values imputed with the
+    median": the auxiliary the second part leaves out is put back ("… and missing values
+    are imputed …"), so each part reads as a step."""
+    if _PASSIVE.search(sentence) is None:
+        return sentence
+
+    def fill(m: re.Match[str]) -> str:
+        subject, participle = m.group(2), m.group(3)
+        if (not _participle(participle) or participle.lower() in _DESCRIBING
+                or subject.split()[-1].lower() in ("is", "are", "be", "been", "was", "were")
+                or subject.split()[0].lower() in _NOT_IMPERATIVE - {"the", "all", "any"}
+                or verb_form(subject.split()[0])):
+            return m.group(0)
+        return f"{m.group(1)}{subject} are {participle}"
+
+    return re.sub(r"((?:,|;)?\s+and\s+|;\s+)((?:the\s+|all\s+|any\s+)?[\w-]+(?:\s+[\w-]+){0,2}?)"
+                  r"\s+((?:\w+-)?\w+ed|" + "|".join(_IRREGULAR) + r")(?=\s+(?:with|by|into|to|from|"
+                  r"using|via|on|in|as|against|per)\b)", fill, sentence)
+
+
 def _normalize(text: str) -> str:
     """Shorthand engineers type, in the words the clause rules read: "w/" (with), "GPUs x4"
     and "4x A100" (4 GPUs), "retry up to 6x" (6 times), a list set off by dashes
     ("for each region — us, eu, apac — run …": a parenthesized list)."""
     text = re.sub(r"\bw/o\b", "without", text, flags=re.I)
+    # "fan out over five models (…)": the models are trained, anything else is run, once
+    # per item
+    text = re.sub(r"\bfan\s+out\s+(?:over|across|on|to)\s+(?:the\s+)?(?=([^.;]{0,200}))",
+                  lambda m: ("train each of the " if re.search(
+                      MODEL_WORDS.pattern + r"|\b(?:models|estimators|algorithms)\b",
+                      re.match(r"[^(,]*(?:\([^)]*\))?", m.group(1)).group(0),  # type: ignore
+                      re.I) else "run each of the "), text, flags=re.I)
     text = re.sub(r"\bfall\s+back\s+to\b", "switch to", text, flags=re.I)
     text = re.sub(r"\bw/(?=\s|\d)", "with", text, flags=re.I)
     text = re.sub(r"\b(" + _GPU_NAMES + r")\s*[x\u00d7]\s*(\d+)\b", r"\2 \1", text, flags=re.I)
@@ -1347,6 +1387,19 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         # "run at most 2 plants at a time", "RAG ingestion, run daily:": nothing to run
         # but the modifiers of the steps before it
         verb = ""
+    if not verb and not condition and _MODEL_HEAD.match(clause) and not re.search(
+            r"\b(?:is|are|was|were|lives?|sits?|comes?)\b", clause, re.I):
+        # "xgboost on s3://risk/loans.csv, 5-fold CV": a model named with what it works
+        # on, no verb; training it is what is asked
+        verb, obj = "train", clause.strip()
+        out.notes.append(f"read {_unmask(clause, kept).strip()[:60]!r} as: train it")
+    if not verb and (fan_trials or tune_trials) and out.tasks:
+        # "…: 24 trials, each its own job, at most 4 at once": the trials of the step before
+        target = next((t for t in reversed(out.tasks) if not t.hook), out.tasks[-1])
+        if fan_trials and not target.items:
+            target.items = tuple(f"trial-{i}" for i in range(1, fan_trials + 1))
+        elif tune_trials and not target.tune_trials and not target.items:
+            target.tune_trials, target.tune_sampler = tune_trials, tune_sampler
     if not verb and mods.any() and out.tasks and re.search(
             r"\b(?:each|every|all|any)\s+(?:of\s+the\s+)?(?:steps?|tasks?|jobs?)\b", original,
             re.I):
@@ -1390,7 +1443,7 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
     if not (mods.parallel or meanwhile) and not items and verb in _TRAIN_VERBS:
         # "train an XGBoost and a LightGBM model": several models are parallel work
         co = _coordinated(obj)
-        if co is not None and len(co[1]) >= 2 and all(_MODEL_WORDS.search(p) for p in co[1]):
+        if co is not None and len(co[1]) >= 2 and all(MODEL_WORDS.search(p) for p in co[1]):
             subjects = [" ".join(f"{co[0]}{p}{co[2]}".split()) for p in co[1]]
     if (mods.parallel or meanwhile) and not items and len(subjects) == 1:
         co = _coordinated(obj)
@@ -1475,7 +1528,15 @@ def _scope_first(clause: str) -> str:
     m = re.match(r"^(\w[\w-]*)\s+each\s+of\s+(?:the|our|these|those|its|their)\s+((?:\d+|"
                  + _NUM[1:-1] + r")\s+(?:[\w-]+\s+){0,2}?[\w-]+s)\b(.*)$", clause, re.I)
     if m is not None and verb_form(m.group(1)):
-        return f"for each of the {m.group(2)}, {m.group(1)} it{m.group(3)}"
+        rest = m.group(3)
+        listed = re.search(r"\s*\(([^()]*,[^()]*)\)", rest)
+        count = _num(m.group(2).split()[0])
+        if listed is not None and len(_split_list(listed.group(1))) == count:
+            # "train each of the five models on the wine data (forest, …, knn)": the list
+            # names the items
+            return (f"for each of the {m.group(2)} ({listed.group(1)}), {m.group(1)} it"
+                    f"{rest[: listed.start()]}{rest[listed.end():]}")
+        return f"for each of the {m.group(2)}, {m.group(1)} it{rest}"
     m = re.match(r"^(\w[\w-]*\s.*?)\s+(for\s+(?:each|every)\s+(?:[\w-]+\s+){0,2}?[\w-]+\s*"
                  r"\([^()]*,[^()]*\))(.*)$", clause, re.I)
     if m is not None and verb_form(m.group(1).split()[0]):
@@ -1577,6 +1638,9 @@ def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods:
         state.context_items = [_unmask(n, kept) for n in _split_list(names.group(1))]
     out.sources.extend(kept[int(i)] for i in re.findall(r"\x00(\d+)\x01", clause)
                        if "://" in kept[int(i)])
+    # "Using the local file /data/claims/2023.csv, train …": a path is where the data is
+    out.sources.extend(m.group(0) for m in re.finditer(
+        r"(?<![\w/:])(?:~|\.{1,2})?/[\w.@+-]+(?:/[\w.@*+-]+)+/?", text))
     if re.search(r"\b(?:data|dataset|table|records|logs|files|images|recordings)\b.*\b(?:comes?|"
                  r"is|are|lives?|sits?|stored|located|kept|landed|lands)\s+(?:from|in|on|at)\b",
                  text, re.I):
@@ -1717,8 +1781,9 @@ def _tuning(clause: str) -> tuple[int, str, int, str]:
     if m is None:
         return 0, "", 0, clause
     n = _num(m.group(1))
-    if re.search(r"\bseparate\s+jobs?\b|\bone\s+job\s+(?:per|each)\b|\bas\s+(?:separate\s+)?"
-                 r"jobs\b|\bat\s+a\s+time\b", clause, re.I):
+    if re.search(r"\bseparate\s+(?:jobs?|pods?|tasks?)\b|\bone\s+(?:job|pod)\s+(?:per|each)\b|"
+                 r"\bas\s+(?:separate\s+)?jobs\b|\bat\s+a\s+time\b|\bat\s+once\b|"
+                 r"\bown\s+(?:job|pod|task|container)\b", clause, re.I):
         return 0, "", n, clause
     if not re.search(r"\b(?:tun\w+|optuna|bayes\w*|tpe|hyper-?parameter|search|optimi[sz]\w*|"
                      r"random\s+search|trials?)\b", clause, re.I):

@@ -25,7 +25,15 @@ from dataclasses import dataclass, field
 
 from couler import ir
 from couler.errors import UserError
-from couler.generate.parse import Request, Task, parse_request, stem, verb_form, words
+from couler.generate.parse import (
+    MODEL_WORDS,
+    Request,
+    Task,
+    parse_request,
+    stem,
+    verb_form,
+    words,
+)
 from couler.generate.retrieve import Retriever
 from couler.generate.spec import COMPATIBLE as _COMPATIBLE
 from couler.generate.spec import (
@@ -188,6 +196,8 @@ class _Builder:
         self.sources = list(parsed.sources)
         self.data = list(parsed.data)
         self.measured: dict[tuple[str, str, str], _Step] = {}  # condition -> its metric step
+        # (a check of the data, the step that runs only if it passes)
+        self.data_checks: list[tuple[_Step, _Step]] = []
         self.loads: dict[str, _Step] = {}  # source -> its load step
         self.splits: dict[str, _Step] = {}  # load step -> the split after it
 
@@ -216,7 +226,8 @@ class _Builder:
 
         # the clause's verb and object: its modifiers (GPUs, retries, "in 8 chunks") and
         # the sentence's heading do not say which template does the work
-        hits = self.retriever.search(f"{task.verb} {task.obj}", verb=task.verb,
+        models = " ".join(task.items) if _model_items(task) else ""
+        hits = self.retriever.search(f"{task.verb} {task.obj} {models}", verb=task.verb,
                                      category=category, allow=allow)
         template = hits[0][0]
         others = ", ".join(f"{t.name} {score:.1f}" for t, score in hits[1:3])
@@ -257,6 +268,8 @@ class _Builder:
                 elif into is not None and low in ("target", "destination", "dest", "registry",
                                                   "table", "index", "sink"):
                     value = _trim(into.group(1))
+            elif low in _MODEL_PARAMS and _model_items(task):
+                value = "{{item}}"  # "for each of the five models (forest, …)": each copy's
             elif low in _MODEL_PARAMS:
                 tool = _tool(task, template)
                 if tool:
@@ -265,6 +278,8 @@ class _Builder:
                 metric = _metric_word(text, template)
                 if metric:
                     value = metric
+            elif low in ("stat", "where", "column") and "stat" in names and "where" in names:
+                value = _table_stat(text).get(low, "")
             elif low in ("shards", "parts", "n", "num_shards", "chunks") and task.shards:
                 value = str(task.shards)
             if value:
@@ -350,6 +365,15 @@ class _Builder:
             previous = group
         self._implicit_loads(built, extra)
         by_name = {s.name: s for s in (*built, *extra)}
+        for check, step in self.data_checks:
+            # the check reads the data the step it guards reads
+            if any("data" in u.template.produces for u in _upstream(check, by_name)):
+                continue
+            source = next((u for u in _upstream(step, by_name) if u is not check
+                           and "data" in u.template.produces
+                           and check not in _upstream(u, by_name)), None)
+            if source is not None:
+                check.after = [*check.after, source.name]
         for step in built:
             if step.when is not None and step.when.step in by_name:
                 # the measuring step's template may have changed to one that can run here
@@ -459,6 +483,19 @@ class _Builder:
             measured = next((s for s in reversed(candidates) if says(s)), None)
             if measured is None and candidates and any(c in previous for c in candidates):
                 measured = candidates[-1]
+        if measured is None and _about_data(cond.metric):
+            # "unless the validation step reports a null-label rate above 0.02, fine-tune
+            # …": a property of the data the step reads, measured before the step
+            task = Task(f"measure {cond.metric}", "measure", cond.metric, step.task.stage)
+            template = self._pick(task, category="evaluate", available=frozenset({"data"}))
+            if template.metric:
+                measured = _Step(task, self._name(task, "measure"), template, {},
+                                 [p.name for p in previous])
+                measured.params = self._params(task, template, measured.name)
+                extra.append(measured)
+                self.data_checks.append((measured, step))
+                self.subtasks.append(_describe(task, template) + " (added: the condition "
+                                     "needs a measured value, of the data)")
         if measured is None:
             # nothing reports the metric: measure it after the step it is about
             earlier = built[:index]
@@ -690,6 +727,48 @@ def _expand_named(tasks: list[Task]) -> list[Task]:
                 copy.obj = f"{copy.obj} {item}"
             out.append(copy)
     return out
+
+
+_DATA_WORDS = re.compile(r"\b(?:nulls?|missing|duplicates?|duplicated|schema|invalid|empty|"
+                         r"nans?|row\s+count|rows|records|freshness|stale|malformed|"
+                         r"(?:data|input)\s+(?:quality|validation|check))\b", re.I)
+_MODEL_METRICS = re.compile(r"\b(?:auc|f1|accuracy|precision|recall|rmse|mae|mape|loss|"
+                            r"perplexity|wer|bleu|ndcg|map|latency|drift)\b", re.I)
+
+
+def _about_data(metric: str) -> bool:
+    """Whether a condition's metric is a property of data ("a null-label rate", "the
+    number of duplicate rows"), not of a model."""
+    return bool(_DATA_WORDS.search(metric)) and not _MODEL_METRICS.search(metric)
+
+
+def _table_stat(text: str) -> dict[str, str]:
+    """measure-table's statistic for a metric: "a null-label rate" is the share of rows
+    whose label is null; "the p99 latency" a percentile; otherwise a row count."""
+    rate = re.search(r"\b(?:rate|share|fraction|percent(?:age)?|ratio|proportion)\b|%", text, re.I)
+    generic = ("the", "a", "an", "any", "of", "values", "value", "rows", "data", "rate", "share")
+    column = ""
+    for pattern in (r"\b(?:nulls?|missing|empty|nan)[\s-]+([a-z]\w*)",
+                    r"\b([a-z]\w*)[\s-]+(?:is\s+|are\s+)?(?:nulls?|missing|empty)\b"):
+        column = next((m.group(1) for m in re.finditer(pattern, text, re.I)
+                       if m.group(1).lower() not in generic), "")
+        if column:
+            break
+    if column:
+        return {"stat": "share" if rate else "count", "where": f"{column}.isnull()"}
+    percentile = re.search(r"\bp(\d{2}(?:\.\d+)?)\s+(?:of\s+(?:the\s+)?)?([a-z]\w*)", text, re.I)
+    if percentile is not None:
+        return {"stat": f"p{percentile.group(1)}", "column": percentile.group(2)}
+    return {}
+
+
+def _model_items(task: Task) -> bool:
+    """Whether ``task`` fans out over models it names ("random forest, SVM and k-nearest
+    neighbors"): each copy trains or uses its own."""
+    return bool(task.items) and all(
+        MODEL_WORDS.search(i) or re.search(r"\b(?:neighbou?rs|nb|bayes|boosting|ols|"
+                                           r"perceptron|[a-z]+net)\b", i, re.I)
+        for i in task.items)
 
 
 def _one_item(text: str, items: tuple[str, ...]) -> str:
