@@ -19,6 +19,7 @@ from couler.api.capture import capture_program
 from couler.compilers import tekton
 from couler.engines.base import Feature, first_unsupported
 from couler.errors import UnsupportedFeatureError
+from tests.unit.tekton_sim import run_pipeline
 from tests.unit.k8s_schema import kube_errors, triggers_errors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +118,7 @@ def test_golden_program(program: Path) -> None:
         assert e.step and e.feature and e.step in str(e)
         # policies: a cache on a memory-escalating step (the cache keeps results only);
         # job_apply: kubectl apply of a manifest without a name (generateName)
-        assert program.stem in {"when_else", "while_loop", "policies", "job_apply"}, str(e)
+        assert program.stem in {"while_loop", "policies", "job_apply"}, str(e)
         return
     for doc in docs:
         assert schema_errors(doc) == []
@@ -133,7 +134,7 @@ def test_golden_outcomes() -> None:
             compiled.add(program.stem)
         except UnsupportedFeatureError:
             rejected.add(program.stem)
-    assert rejected == {"job_apply", "policies", "when_else", "while_loop"}
+    assert rejected == {"job_apply", "policies", "while_loop"}
     assert "concurrent_subtasks" in compiled and "map_upstream" in compiled
 
 
@@ -192,11 +193,59 @@ def test_when_and_else() -> None:
     assert t["tails"]["when"] == [{"input": ref, "operator": "notin", "values": ["heads"]}]
 
 
-def test_ordering_comparison_is_rejected() -> None:
-    cond = ir.Condition(ir.StepOutputRef("flip", "result"), ir.CompareOp.GT, L(0.5))
-    step = S("big", ctr("echo"), dependencies=(ir.Dependency("flip"),), when=ir.When(cond))
-    with pytest.raises(UnsupportedFeatureError, match=r"'big'.*when condition"):
-        tekton.compile_workflow(wf_of(_flip(), step))
+def _score(value: str) -> ir.Step:
+    return S("score", ctr("sh", "-c", f"echo {value}"),
+             outputs=(ir.OutputParameter("auc", ir.OutputSource.STDOUT),))
+
+
+def _guarded(value: str) -> ir.Workflow:
+    dep = (ir.Dependency("score"),)
+    at_least = ir.Condition(ir.StepOutputRef("score", "auc"), ir.CompareOp.GE, L(0.8))
+    above = ir.Condition(ir.StepOutputRef("score", "auc"), ir.CompareOp.GT, L(0.95))
+    return wf_of(_score(value),
+                 S("ship", ctr("echo", "ship"), dependencies=dep, when=ir.When(at_least)),
+                 S("retrain", ctr("echo", "again"), dependencies=dep,
+                   when=ir.When(at_least, expect=False)),
+                 S("celebrate", ctr("echo", "!"), dependencies=dep, when=ir.When(above)))
+
+
+def test_an_ordered_comparison_is_tested_by_a_guard_task() -> None:
+    # Tekton's when expressions test set membership only: STEP-when compares as numbers
+    t = tasks(compile_ok(_guarded("0.9")))
+    assert t["ship"]["when"] == [{"input": "$(tasks.ship-when.results.holds)",
+                                  "operator": "in", "values": ["true"]}]
+    guard = t["ship-when"]
+    assert [p["value"] for p in guard["params"]] == ["$(tasks.score.results.auc)", "0.8"]
+    assert ">= (r + 0)" in guard["taskSpec"]["steps"][0]["script"]
+    # the else branch tests the negation
+    assert "< (r + 0)" in t["retrain-when"]["taskSpec"]["steps"][0]["script"]
+
+
+@pytest.mark.parametrize("value, ran", [
+    ("0.9", {"ship"}), ("0.5", {"retrain"}), ("0.97", {"ship", "celebrate"}),
+    ("0.8", {"ship"}), ("1e-3", {"retrain"})])
+def test_guarded_steps_run_as_the_numbers_say(tmp_path: Path, value: str,
+                                              ran: set[str]) -> None:
+    run = run_pipeline(compile_ok(_guarded(value)), tmp_path)
+    assert run.status == "Succeeded"
+    done = {n for n, r in run.tasks.items() if r.state == "succeeded" and
+            not n.endswith("-when") and n != "score"}
+    assert done == ran
+
+
+def test_a_guard_fails_on_a_value_that_is_not_a_number(tmp_path: Path) -> None:
+    run = run_pipeline(compile_ok(_guarded("high")), tmp_path)
+    assert run.status == "Failed"
+    assert run.tasks["ship-when"].state == "failed"
+    assert "not both numbers" in "".join(run.tasks["ship-when"].stderr)
+    assert "ship" not in run.tasks or run.tasks["ship"].state != "succeeded"
+
+
+def test_a_step_named_like_a_guard_is_refused() -> None:
+    wf = _guarded("0.9")
+    clash = S("ship-when", ctr("true"))
+    with pytest.raises(UnsupportedFeatureError, match=r"'ship'.*guard task name"):
+        tekton.compile_workflow(wf_of(*wf.steps, clash))
 
 
 def test_static_map_is_matrix_include() -> None:

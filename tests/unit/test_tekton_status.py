@@ -366,3 +366,29 @@ def test_fail_fast_is_warned_only_where_the_step_status_rewrite_is_not_used() ->
     assert "E1" not in ids("edge_conditions")  # independent branches run to completion
     assert "E1" in ids("skip_propagation") and "E1" in ids("sibling_whens")
     assert "E5" in ids("unusual_edges")
+
+
+@pytest.mark.parametrize("value, ran", [("0.9", {"ship"}), ("0.97", {"ship", "celebrate"}),
+                                        ("0.5", set()), ("n/a", set())])
+def test_an_ordered_when_in_status_mode_is_tested_as_numbers(tmp_path: Path, value: str,
+                                                             ran: set[str]) -> None:
+    # an edge on any outcome puts the workflow in status mode: the script tests the when
+    # (a value that is not a number makes an ordered comparison false)
+    score = ir.Step("score", ctr("sh", "-c", f"echo {value}"),
+                    outputs=(ir.OutputParameter("auc", ir.OutputSource.STDOUT),))
+    dep = (ir.Dependency("score"),)
+    auc = ir.StepOutputRef("score", "auc")
+    wf = wf_of(score,
+               ir.Step("ship", ctr("echo", "ship"), dependencies=dep, when=ir.When(
+                   ir.Condition(auc, ir.CompareOp.GE, ir.Literal.of(0.8)))),
+               ir.Step("celebrate", ctr("echo", "!"), dependencies=dep, when=ir.When(
+                   ir.Condition(auc, ir.CompareOp.GT, ir.Literal.of(0.95)))),
+               ir.Step("tidy", ctr("true"), dependencies=(
+                   ir.Dependency("score", ir.EdgeCondition.ANY),)))
+    docs = compile_ok(wf)
+    assert "ship-when" not in tasks(docs)  # no guard task: the script tests it
+    run = run_pipeline(docs, tmp_path)
+    assert run.status == "Succeeded"
+    states = {n: step_view(run, n)[0] for n in ("ship", "celebrate")}
+    assert {n for n, s in states.items() if s == "succeeded"} == ran
+    assert all(s == "skipped" for n, s in states.items() if n not in ran)

@@ -44,7 +44,11 @@ Shape of the output:
   "succeeded (or skipped by its own when)" edge. A task that *reads a result*
   of a skipped task is skipped too (Tekton's resource dependency).
 * ``when`` with ``==`` / ``!=`` becomes a when expression ``in`` / ``notin``;
-  the else branch uses the negated operator. Ordering comparisons are rejected.
+  the else branch uses the negated operator. An ordering comparison (``>``,
+  ``>=``, ``<``, ``<=``) is tested by a guard task ``STEP-when`` (``/bin/sh``
+  and awk, the two values compared as numbers; a value that is not a number
+  fails it) whose ``holds`` result the step's when expression tests ``in
+  ["true"]``; loops' ordered conditions are still rejected.
 * A map becomes a ``matrix``: static items as explicit ``include``
   combinations (one per item, so items are zipped, not crossed), an upstream
   list as a matrix param fed by a whole array result

@@ -97,6 +97,31 @@ def _duration(seconds: int) -> str:
     return f"{int(seconds)}s"
 
 
+_GUARD_SUFFIX = "-when"
+_GUARD_RESULT = "holds"
+_AWK_OPS = {ir.CompareOp.GT: ">", ir.CompareOp.GE: ">=", ir.CompareOp.LT: "<",
+            ir.CompareOp.LE: "<="}
+
+
+def guard_script(op: ir.CompareOp, result_path: str, step: str) -> str:
+    """The guard task's ``/bin/sh`` script: compare ``$1`` and ``$2`` as numbers with
+    ``op`` and write ``true`` or ``false`` to ``result_path``; exit 2 naming the values
+    when one is not a number."""
+    number = r"^[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?$"
+    sym = _AWK_OPS[op]
+    return "\n".join([
+        "#!/bin/sh",
+        "set -u",
+        f"awk -v l=\"$1\" -v r=\"$2\" 'BEGIN {{ n = \"{number}\"; "
+        f"if (l !~ n || r !~ n) {{ printf \"couler: step {step}: its when compares %s {sym} "
+        f"%s, which are not both numbers\\n\", l, r > \"/dev/stderr\"; exit 2 }} "
+        f"exit !((l + 0) {sym} (r + 0)) }}'",
+        "rc=$?",
+        f'if [ "$rc" -eq 0 ]; then printf true > "{result_path}"; '
+        f'elif [ "$rc" -eq 1 ]; then printf false > "{result_path}"; else exit "$rc"; fi',
+        ""])
+
+
 def _task_ref(step: str, output: str, array: bool = False) -> str:
     return f"$(tasks.{step}.results.{output}{'[*]' if array else ''})"
 
@@ -189,6 +214,7 @@ class _Compiler:
         self.by_name: dict[str, ir.Step] = {}
         self.edges: dict[str, tuple[ir.Dependency, ...]] = {}
         self.run_vars: set[str] = set()  # the run's values the task being built reads
+        self.guards: dict[str, Doc] = {}  # step -> the task testing its ordered when
 
     # ------------------------------------------------------------------ errors
 
@@ -654,6 +680,11 @@ class _Compiler:
         return _ladder.rungs(task, self._memory_levels(step), names, retry)
 
     def _step_tasks(self, step: ir.Step) -> list[Doc]:
+        tasks = self._step_tasks_of(step)
+        guard = self.guards.pop(step.name, None)
+        return [guard, *tasks] if guard is not None else tasks
+
+    def _step_tasks_of(self, step: ir.Step) -> list[Doc]:
         task = self._task(step)
         if len(self._rung_names(step)) > 1:
             return self._rungs(step, task)
@@ -866,8 +897,15 @@ class _Compiler:
             task["matrix"] = matrix
         if step.when is not None and plan is None:  # status mode: the script tests it
             feature = Feature.WHEN if step.when.expect else Feature.ELSE
-            task["when"] = [self._when_expr(step.name, step.when.condition, step.when.expect,
-                                            feature)]
+            cond, expect = step.when.condition, step.when.expect
+            op = cond.op if expect else cond.op.negated()
+            if op in (ir.CompareOp.EQ, ir.CompareOp.NE):
+                task["when"] = [self._when_expr(step.name, cond, expect, feature)]
+            else:
+                guard = self._guard_task(step, cond, op, feature)
+                self.guards[step.name] = guard
+                task["when"] = [{"input": _task_ref(guard["name"], _GUARD_RESULT),
+                                 "operator": "in", "values": ["true"]}]
         retry = step.retry or d.retry
         if retry is not None and not entrypoint.needs_wrapper(retry) and plan is None \
                 and not self._memory_levels(step):
@@ -891,6 +929,27 @@ class _Compiler:
         task["taskSpec"] = spec
         self._add_task_pod(step, step.name)
         return task
+
+    def _guard_task(self, step: ir.Step, cond: ir.Condition, op: ir.CompareOp,
+                    feature: Feature) -> Doc:
+        """The task that tests an ordered comparison for ``step``'s when: Tekton's when
+        expressions test set membership only, so ``STEP-when`` compares the two values as
+        numbers and writes ``true`` or ``false``, which the step's when tests. A value
+        that is not a number fails the guard task, naming both."""
+        name = f"{step.name}{_GUARD_SUFFIX}"
+        if name in self.by_name:
+            raise self._fail(step.name, feature, f"the when's guard task name {name!r} is "
+                             "taken by another step")
+        params = [{"name": "left", "value": self._value(step.name, cond.left, feature=feature)},
+                  {"name": "right", "value": self._value(step.name, cond.right,
+                                                         feature=feature)}]
+        script = guard_script(op, f"$(results.{_GUARD_RESULT}.path)", step.name)
+        return {"name": name, "params": params, "taskSpec": {
+            "params": [{"name": "left", "type": "string"}, {"name": "right", "type": "string"}],
+            "results": [{"name": _GUARD_RESULT, "type": "string",
+                         "description": f"whether {step.name}'s when holds"}],
+            "steps": [{"name": "compare", "image": _status.STATUS_IMAGE,
+                       "args": ["$(params.left)", "$(params.right)"], "script": script}]}}
 
     def _matrix(self, step: ir.Step, item_inputs: Mapping[str, str], items: set[str]) -> Doc:
         fe = step.foreach

@@ -233,7 +233,10 @@ def when_test(op: ir.CompareOp) -> str:
         return '[ "$COULER_WHEN_L" = "$COULER_WHEN_R" ]'
     if op is ir.CompareOp.NE:
         return '[ "$COULER_WHEN_L" != "$COULER_WHEN_R" ]'
-    raise ValueError(f"the comparison {op.value!r} is not compiled on Tekton")
+    # an ordered comparison is of numbers: a value that is not one makes it false
+    number = r"^[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?$"
+    return (f"awk -v l=\"$COULER_WHEN_L\" -v r=\"$COULER_WHEN_R\" 'BEGIN {{ n = \"{number}\"; "
+            f"exit !(l ~ n && r ~ n && (l + 0) {op.value} (r + 0)) }}'")
 
 
 def run_status_script(leaves: Sequence[tuple[str, Upstream]]) -> str:

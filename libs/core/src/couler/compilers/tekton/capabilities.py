@@ -92,9 +92,12 @@ CAPABILITIES: dict[Feature, Capability] = {
         _R, "the step-status rewrite (see edge conditions): the expression's and / or / not "
             "become an sh test over the upstreams' couler-status results"),
     Feature.WHEN: Capability(
-        _N, "when expression `in` (==) / `notin` (!=); ordering comparisons (>, <, >=, <=) are "
-            "rejected because CEL when expressions are alpha-gated"),
-    Feature.ELSE: Capability(_N, "when expression with the negated operator (`notin` / `in`)"),
+        _N, "when expression `in` (==) / `notin` (!=); an ordering comparison (>, <, >=, <=) "
+            "is tested as numbers by a guard task `STEP-when` (CEL when expressions are "
+            "alpha-gated) whose `holds` result the when expression tests; in status mode the "
+            "step's script tests it"),
+    Feature.ELSE: Capability(_N, "when expression with the negated operator (`notin` / `in`), "
+                                 "or the guard task of the negated comparison"),
     Feature.MAP_STATIC: Capability(
         _N, "matrix with one explicit `include` combination per item (zipped, not crossed); "
             "at most 256 items (default-max-matrix-combinations-count)"),
