@@ -19,8 +19,8 @@ from couler.api.capture import capture_program
 from couler.compilers import tekton
 from couler.engines.base import Feature, first_unsupported
 from couler.errors import UnsupportedFeatureError
-from tests.unit.tekton_sim import run_pipeline
 from tests.unit.k8s_schema import kube_errors, triggers_errors
+from tests.unit.tekton_sim import run_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "tests" / "data" / "schemas" / "tekton"
