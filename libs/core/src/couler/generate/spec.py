@@ -636,15 +636,21 @@ def _ref(value: str, by_name: Mapping[str, StepSpec]) -> ir.ValueSource:
     return _literal(value)
 
 
+_ITEM_TEXT = re.compile(r"\{\{\s*item(?:\.[\w-]+)?\s*\}\}")
+
+
 def _build(wf: str, s: StepSpec, by_name: Mapping[str, StepSpec],
            templates: Mapping[str, Template], issues: list[Issue]) -> ir.Step:
     deps = list(dict.fromkeys(s.after))
-    env = [ir.EnvVar("TASK", s.task)] if s.task else []
+    # TASK describes the step (the request's words); a literal, so every engine can set it
+    # (KFP sets environment variables to literal values only): a catalog step reads its
+    # item from its arguments, a custom step from ITEM
+    env = [ir.EnvVar("TASK", _ITEM_TEXT.sub("each item", s.task))] if s.task else []
     inputs: list[ir.InputParameter] = []
     outputs: list[ir.OutputParameter] = []
     input_artifacts: list[ir.InputArtifact] = []
     output_artifacts: list[ir.OutputArtifact] = []
-    if s.foreach is not None:
+    if s.foreach is not None and not s.template:
         env.append(ir.EnvVar("ITEM", "{{item}}"))
     if s.template:
         t = templates[s.template]
