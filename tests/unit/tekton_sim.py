@@ -10,7 +10,8 @@ did not produce it, skips the task; each step's ``script`` runs with /bin/sh and
 ``args`` (``/tmp/`` is redirected to a directory per task); a non-zero exit fails the task
 unless ``onError: continue``; a failed task stops new tasks from starting and fails the
 run; ``finally`` tasks run last with ``$(tasks.status)``; secret env values come from
-``secrets``; ``$(context.pipelineRun.name|uid)`` are the run's (a new uid per run).
+``secrets``; ``$(context.pipelineRun.name|uid)`` are the run's (a new uid per run);
+``$(context.taskRun.name)`` is RUN-TASK, with -INDEX for a matrix combination.
 Images are ignored: the commands run on this machine, so programs whose commands exist
 here (sh, python3) are runnable; ``python`` and ``python3`` are this test's interpreter,
 with couler-runtime on its path (the tune steps' image has it). Not modelled: Tekton's own
@@ -90,6 +91,8 @@ def _subst(text: str, params: dict[str, Any], tmp: str) -> str:
     shared = params.get(_SHARED, "")
     keep = f"(?!{re.escape(shared.removeprefix('/tmp/'))})" if shared.startswith("/tmp/") else ""
     text = re.sub("/tmp/" + keep, tmp + "/", _PARAM.sub(sub, text))
+    if "context.taskRun.name" in params:
+        text = text.replace("$(context.taskRun.name)", str(params["context.taskRun.name"]))
     # every workspace of the run is one directory (Tekton mounts the bound volume)
     return _WORKSPACE.sub(lambda m: f"{params[_WS]}/{m.group(1)}", text)
 
@@ -182,7 +185,12 @@ def _run_task(task: dict[str, Any], done: dict[str, TaskRun], work: Path,
     on_error = spec["steps"][0].get("onError", "stopAndFail")
     codes, outs, procs = [], [], []
     for i, combo in enumerate(combos):
-        proc, results = _run_one(spec, {**extra, **params, **combo}, work / f"{task['name']}-{i}")
+        # a TaskRun's name: the run's, the task's, and (a matrix) the combination's index
+        run_name = f"{extra.get('context.pipelineRun.name', 'run')}-{task['name']}" + (
+            f"-{i}" if matrix else "")
+        proc, results = _run_one(spec, {**extra, **params, **combo,
+                                        "context.taskRun.name": run_name},
+                                 work / f"{task['name']}-{i}")
         codes.append(proc.returncode)
         procs.append(proc)
         outs.append(results)

@@ -224,7 +224,7 @@ def test_a_directory_artifact_and_a_missing_one(tmp_path: Path) -> None:
     assert run.status == "Failed"
 
 
-def test_artifacts_from_object_stores_and_mapped_steps_are_refused() -> None:
+def test_artifacts_from_object_stores_and_read_from_mapped_steps_are_refused() -> None:
     s3 = ir.ArtifactLocation(ir.StorageKind.S3, bucket="b", key="k")
     with pytest.raises(UnsupportedFeatureError, match="s3 storage"):
         tekton.compile_workflow(wf_of(_art_step("a", "true", input_artifacts=(
@@ -232,8 +232,11 @@ def test_artifacts_from_object_stores_and_mapped_steps_are_refused() -> None:
     mapped = _art_step("m", "true", output_artifacts=(ir.OutputArtifact("x", "/tmp/x"),),
                        inputs=(ir.InputParameter("i", ir.ItemRef()),),
                        foreach=ir.ForEach(items=(ir.Literal.of(1),)))
-    with pytest.raises(UnsupportedFeatureError, match="mapped or looped"):
-        tekton.compile_workflow(wf_of(mapped))
+    compile_ok(wf_of(mapped))  # each item keeps its own (see below)
+    reader = _art_step("r", "true", dependencies=(ir.Dependency("m"),), input_artifacts=(
+        ir.InputArtifact("x", "/tmp/x", ir.StepArtifactRef("m", "x")),))
+    with pytest.raises(UnsupportedFeatureError, match="not a single container or script"):
+        tekton.compile_workflow(wf_of(mapped, reader))
 
 
 def test_artifacts_inside_an_inline_sub_workflow_follow_the_renamed_steps(tmp_path: Path,
@@ -392,3 +395,33 @@ def test_an_ordered_when_in_status_mode_is_tested_as_numbers(tmp_path: Path, val
     states = {n: step_view(run, n)[0] for n in ("ship", "celebrate")}
     assert {n for n, s in states.items() if s == "succeeded"} == ran
     assert all(s == "skipped" for n, s in states.items() if n not in ran)
+
+
+def test_each_item_of_a_map_keeps_its_own_artifacts(tmp_path: Path) -> None:
+    # a map's items write their artifacts under their TaskRun's name: none overwrites another
+    source = ir.Step("source", ctr("sh", "-c", "mkdir -p /tmp/d && echo rows > /tmp/d/t.csv"),
+                     output_artifacts=(ir.OutputArtifact("data", "/tmp/d"),))
+    train = ir.Step(
+        "train", ctr("sh", "-c", "mkdir -p /tmp/m && cat /tmp/in/t.csv > /tmp/m/card && "
+                     "echo {{item}} >> /tmp/m/card"),
+        dependencies=(ir.Dependency("source"),),
+        input_artifacts=(ir.InputArtifact("data", "/tmp/in", ir.StepArtifactRef("source",
+                                                                                "data")),),
+        output_artifacts=(ir.OutputArtifact("model", "/tmp/m"),),
+        foreach=ir.ForEach(items=tuple(ir.Literal.of(r) for r in ("eu", "us", "apac"))))
+    docs = compile_ok(wf_of(source, train))
+    run = run_pipeline(docs, tmp_path)
+    assert run.status == "Succeeded"
+    stored = tmp_path / "workspaces" / "couler-artifacts" / "train"
+    cards = sorted((d / "model" / "card").read_text() for d in stored.iterdir())
+    assert cards == ["rows\napac\n", "rows\neu\n", "rows\nus\n"]
+
+
+def test_a_looped_steps_artifacts_are_still_refused() -> None:
+    step = ir.Step("again", ctr("sh", "-c", "echo 1 > /tmp/x"),
+                   outputs=(ir.OutputParameter("n", ir.OutputSource.STDOUT),),
+                   output_artifacts=(ir.OutputArtifact("x", "/tmp/x"),),
+                   loop=ir.Loop(ir.Condition(ir.StepOutputRef("again", "n"), ir.CompareOp.EQ,
+                                             ir.Literal.of("2")), 3))
+    with pytest.raises(UnsupportedFeatureError, match="looped step"):
+        tekton.compile_workflow(wf_of(step))

@@ -92,7 +92,7 @@ dependencies between exit-hook steps, a workflow-wide parallelism bound, a
 parallelism bound on a map over an upstream list, edge conditions in a
 workflow with an inline sub-workflow or a loop, memory escalation of a mapped
 or looped step or together with edge conditions, artifacts from or to
-object stores or of mapped or looped steps, a cache on a step with output
+object stores, of looped steps or read from a mapped step, a cache on a step with output
 artifacts or memory escalation, and a job step with a condition it cannot
 read, a jq output other than ``.``, a non-create action on a manifest without
 ``metadata.name``, or retries by class, a cache, artifacts or edge conditions.

@@ -737,10 +737,10 @@ class _Compiler:
         command, and output artifacts into it (under STEP/ARTIFACT) after it."""
         if not (step.input_artifacts or step.output_artifacts):
             return [], []
-        if step.foreach is not None or step.loop is not None:
+        if step.loop is not None:
             raise self._fail(step.name, Feature.ARTIFACTS,
-                             "artifacts of a mapped or looped step would share one place in "
-                             "the artifacts workspace on Tekton")
+                             "artifacts of a looped step would share one place in the "
+                             "artifacts workspace on Tekton")
         self.artifacts = True
         root = f"$(workspaces.{ARTIFACTS_WORKSPACE}.path)"
         fetch = []
@@ -767,8 +767,11 @@ class _Compiler:
                 raise self._fail(step.name, Feature.ARTIFACTS,
                                  f"output artifact {o.name!r} goes to {o.location.storage.value} "
                                  "storage; Tekton keeps artifacts in a workspace only")
-            dest = f'"{root}/{step.name}/{o.name}"'
-            store.append(f'mkdir -p "{root}/{step.name}" && rm -rf {dest} && '
+            # a map's items each keep theirs, under their TaskRun's name (no step reads
+            # them back: consuming a mapped step's artifact is refused, as on Argo)
+            where = f"{step.name}/$(context.taskRun.name)" if step.foreach else step.name
+            dest = f'"{root}/{where}/{o.name}"'
+            store.append(f'mkdir -p "{root}/{where}" && rm -rf {dest} && '
                          f"cp -R {shlex.quote(o.path)} {dest}")
         return fetch, store
 

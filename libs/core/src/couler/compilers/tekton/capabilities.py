@@ -78,8 +78,10 @@ CAPABILITIES: dict[Feature, Capability] = {
             "ReadWriteOnce; Tekton's affinity assistant keeps the run's pods on one node) "
             "bound by the PipelineRun: the producer's script copies each output artifact to "
             "STEP/ARTIFACT there after its command succeeds, the consumer's copies it to its "
-            "path before its command; artifacts from or to object stores, and of mapped or "
-            "looped steps, are rejected"),
+            "path before its command; a mapped step's items store theirs under "
+            "STEP/$(context.taskRun.name)/ARTIFACT (not read back by other steps); artifacts "
+            "from or to object stores, of looped steps, and read from a mapped step are "
+            "rejected"),
     Feature.EDGE_CONDITIONS: Capability(
         _R, "step-status rewrite (only finally tasks may read $(tasks.X.status)): every "
             "step runs as a /bin/sh script with onError: continue that writes results "
