@@ -85,7 +85,7 @@ Shape of the output:
 
 What Tekton cannot express raises :class:`~couler.errors.UnsupportedFeatureError`
 (see :data:`CAPABILITIES` for the features and why), plus, found while
-compiling: ordering comparisons in conditions, loops longer than
+compiling: ordering comparisons in loop conditions, loops longer than
 :data:`MAX_UNROLL`, maps larger than the matrix limit, reading the output of a
 mapped or looped step, group-level policies on an inline sub-workflow,
 dependencies between exit-hook steps, a workflow-wide parallelism bound, a
