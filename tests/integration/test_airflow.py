@@ -447,3 +447,25 @@ def test_cache_reuses_outputs_across_runs(airflow_env: AirflowEnv, tmp_path: Pat
     assert runs.read_text().split() == ["ran"]  # the second run reused the outputs
     assert seen.read_text().split() == ["value-7", "value-7"]
     assert "compute reused its cached outputs" in proc.stdout
+
+
+def test_a_map_steps_items_keep_their_own_artifacts(airflow_env: AirflowEnv,
+                                                     tmp_path: Path) -> None:
+    """Each item of a map step stores its artifact under RUN_ID/STEP/NAME/item-INDEX: none
+    overwrites another's."""
+    store = tmp_path / "store"
+    train = S("train", _sh('mkdir -p "$1" && echo "$2" > "$1/card"', str(tmp_path / "m"),
+                           "{{item}}"),
+              output_artifacts=(ir.OutputArtifact("model", str(tmp_path / "m")),),
+              foreach=ir.ForEach(items=(ir.Literal.of("eu"), ir.Literal.of("us"))))
+    wf = ir.Workflow("couler-e2e-map-artifacts", (train,))
+    (airflow_env.dags / "map_artifacts.py").write_text(airflow.compile_workflow(wf),
+                                                       encoding="utf-8")
+    env = {**airflow_env.env, "AIRFLOW_VAR_COULER_ARTIFACT_ROOT": f"file://{store}"}
+    proc = subprocess.run([str(AIRFLOW), "dags", "test", wf.name], env=env,
+                          cwd=airflow_env.home, text=True, timeout=300, check=False,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0, _tail(proc)
+    (run,) = store.iterdir()  # RUN_ID
+    cards = {d.name: (d / "card").read_text() for d in (run / "train" / "model").iterdir()}
+    assert cards == {"item-0": "eu\n", "item-1": "us\n"}

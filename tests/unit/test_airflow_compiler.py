@@ -626,8 +626,8 @@ def test_artifact_locations() -> None:
 @pytest.mark.parametrize("step", [
     S("s", ctr("true"), input_artifacts=(ir.InputArtifact("src", "/src", ir.ArtifactLocation(
         ir.StorageKind.GIT, url="https://example.org/r.git")),)),
-    S("s", ctr("true"), output_artifacts=(ir.OutputArtifact("o", "/o"),),
-      foreach=ir.ForEach(items=(L(1), L(2)))),
+    S("s", ctr("true"), output_artifacts=(ir.OutputArtifact("o", "/o", ir.ArtifactLocation(
+        ir.StorageKind.S3, bucket="b", key="k")),), foreach=ir.ForEach(items=(L(1), L(2)))),
 ])
 def test_artifacts_object_storage_cannot_carry_are_refused(step: ir.Step) -> None:
     with pytest.raises(UnsupportedFeatureError) as err:
@@ -840,3 +840,19 @@ def test_job_outputs_are_fields_of_the_resource() -> None:
     with pytest.raises(UnsupportedFeatureError) as err:
         airflow.compile_workflow(wf_of(bad))
     assert err.value.step == "j" and "field paths" in str(err.value)
+
+
+def test_a_map_steps_artifacts_are_kept_per_item_and_not_read_back() -> None:
+    mapped = S("m", ctr("true"), output_artifacts=(ir.OutputArtifact("x", "/tmp/x"),),
+               foreach=ir.ForEach(items=(L("a"), L("b"))))
+    dag = compile_ok(wf_of(mapped))
+    assert dag.steps["m"]["output_artifacts"][0]["to"] == {"key": "m/x", "per_item": True}
+    reader = S("r", ctr("true"), dependencies=(ir.Dependency("m"),), input_artifacts=(
+        ir.InputArtifact("x", "/tmp/x", ir.StepArtifactRef("m", "x")),))
+    with pytest.raises(UnsupportedFeatureError, match="a map step's: each item keeps its own"):
+        airflow.compile_workflow(ir.Workflow("w", (mapped, reader)))
+    pinned = S("p", ctr("true"), foreach=ir.ForEach(items=(L("a"), L("b"))),
+               output_artifacts=(ir.OutputArtifact("x", "/tmp/x", location=ir.ArtifactLocation(
+                   ir.StorageKind.S3, bucket="b", key="k")),))
+    with pytest.raises(UnsupportedFeatureError, match="has its own location"):
+        airflow.compile_workflow(ir.Workflow("w", (pinned,)))

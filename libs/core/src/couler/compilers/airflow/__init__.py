@@ -124,7 +124,8 @@ Rejected while compiling (:class:`~couler.errors.UnsupportedFeatureError`):
 mixed edge conditions on one step, dependencies between exit-hook steps,
 group-level policies on an inline sub-workflow, static maps longer than
 ``max_map_length``, cron ``replace`` concurrency, depends terms naming a TaskGroup,
-git artifact locations, output artifacts of map steps, cached steps with output
+git artifact locations, a map step's artifacts with their own location or read by
+another step, cached steps with output
 artifacts, pod steps with maps / loops / artifacts, claim templates mounted by several
 pod steps, and sub-workflow references that declare outputs.
 """
@@ -218,8 +219,10 @@ CAPABILITIES: dict[Feature, Capability] = {
             "local directory, enough for dag.test on one machine) under RUN_ID/STEP/NAME -- "
             "and fetches an input artifact to the path the step reads it from before the "
             "command; an ArtifactLocation (s3 / gcs / oss / hdfs bucket + key, http url, "
-            "endpoint and credential secrets as Variables) is used as is; git locations and "
-            "output artifacts of map steps are refused"),
+            "endpoint and credential secrets as Variables) is used as is; a map step's items "
+            "store theirs under RUN_ID/STEP/NAME/item-MAP_INDEX; git locations, a map "
+            "step's artifacts with their own location and reading a map step's artifact are "
+            "refused"),
     Feature.EDGE_CONDITIONS: Capability(
         _N, "the task's trigger_rule: failed/errored → all_failed, skipped → all_skipped, "
             "completed/any → all_done (succeeded → none_failed, succeeded_only → "
@@ -491,8 +494,11 @@ def _couler_store(where: dict[str, Any]) -> Any:
         if "cache" in where:  # shared by every run of every workflow
             return ObjectStoragePath(f"{root.rstrip('/')}/cache/{where['cache']}",
                                      conn_id=conn_id)
-        run_id = str(get_current_context()["run_id"])
-        return ObjectStoragePath(f"{root.rstrip('/')}/{run_id}/{where['key']}",
+        context = get_current_context()
+        key = where["key"]
+        if where.get("per_item"):  # a map step's item keeps its own
+            key = f"{key}/item-{context['ti'].map_index}"
+        return ObjectStoragePath(f"{root.rstrip('/')}/{context['run_id']}/{key}",
                                  conn_id=conn_id)
     options: dict[str, Any] = {}
     if where.get("access_key"):
@@ -1230,15 +1236,19 @@ class _Compiler:
 
     def _artifacts(self, scope: _Scope, step: ir.Step) -> dict[str, Any]:
         """Input artifacts (fetched before the command) and output artifacts (stored after
-        it) of one step, keyed RUN_ID/STEP/NAME in the artifact store."""
+        it) of one step, keyed RUN_ID/STEP/NAME in the artifact store (a map step's items
+        RUN_ID/STEP/NAME/item-INDEX; no step reads those back)."""
         key = scope.key(step.name)
-        if step.output_artifacts and step.foreach is not None:
-            raise self._fail(step.name, Feature.ARTIFACTS,
-                             "a map step's items would overwrite one another's artifacts")
-        outputs = [{"name": a.name, "path": a.path,
-                    "to": self._location(step, a.location or ir.ArtifactLocation(),
-                                         f"{key}/{a.name}")}
-                   for a in step.output_artifacts]
+        outputs = []
+        for a in step.output_artifacts:
+            to = self._location(step, a.location or ir.ArtifactLocation(), f"{key}/{a.name}")
+            if step.foreach is not None:
+                if "key" not in to:
+                    raise self._fail(step.name, Feature.ARTIFACTS,
+                                     f"output artifact {a.name!r} has its own location: a "
+                                     "map step's items would overwrite one another's")
+                to["per_item"] = True  # RUN_ID/STEP/NAME/item-MAP_INDEX
+            outputs.append({"name": a.name, "path": a.path, "to": to})
         inputs = []
         for a in step.input_artifacts:
             src = a.source
@@ -1250,6 +1260,10 @@ class _Compiler:
                     raise self._fail(step.name, Feature.ARTIFACTS,
                                      f"artifact {src.step}.{src.artifact} is not an output "
                                      "of a step in this step's scope")
+                if producer.foreach is not None:
+                    raise self._fail(step.name, Feature.ARTIFACTS,
+                                     f"artifact {src.step}.{src.artifact} is a map step's: "
+                                     "each item keeps its own, none is the step's")
                 where = self._location(producer, art.location or ir.ArtifactLocation(),
                                        f"{scope.key(src.step)}/{src.artifact}")
             else:
