@@ -1240,15 +1240,16 @@ class _Compiler:
         RUN_ID/STEP/NAME/item-INDEX; no step reads those back)."""
         key = scope.key(step.name)
         outputs = []
-        for a in step.output_artifacts:
-            to = self._location(step, a.location or ir.ArtifactLocation(), f"{key}/{a.name}")
+        for out in step.output_artifacts:
+            to = self._location(step, out.location or ir.ArtifactLocation(),
+                                f"{key}/{out.name}")
             if step.foreach is not None:
                 if "key" not in to:
                     raise self._fail(step.name, Feature.ARTIFACTS,
-                                     f"output artifact {a.name!r} has its own location: a "
+                                     f"output artifact {out.name!r} has its own location: a "
                                      "map step's items would overwrite one another's")
                 to["per_item"] = True  # RUN_ID/STEP/NAME/item-MAP_INDEX
-            outputs.append({"name": a.name, "path": a.path, "to": to})
+            outputs.append({"name": out.name, "path": out.path, "to": to})
         inputs = []
         for a in step.input_artifacts:
             src = a.source
