@@ -469,3 +469,84 @@ def test_a_map_steps_items_keep_their_own_artifacts(airflow_env: AirflowEnv,
     (run,) = store.iterdir()  # RUN_ID
     cards = {d.name: (d / "card").read_text() for d in (run / "train" / "model").iterdir()}
     assert cards == {"item-0": "eu\n", "item-1": "us\n"}
+
+
+# The pod step's pod, run on this host: the provider's KubernetesPodOperator.execute is
+# replaced by one that runs the (wrapped) command with sh and records the volumes the
+# operator would mount -- there is no cluster here. Everything before it (the step runner's
+# gates, the Variables, the artifact wrapper) and the worker steps around it are Airflow's.
+POD_ON_HOST = r"""
+import json, subprocess, sys
+from pathlib import Path
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+seen = {}
+
+def on_host(self, context):
+    seen[self.task_id] = {
+        "volumes": [v.to_dict() for v in self.volumes],
+        "mounts": [m.to_dict() for m in self.volume_mounts]}
+    proc = subprocess.run([*self.cmds, *self.arguments], capture_output=True, text=True)
+    sys.stderr.write(proc.stdout + proc.stderr)
+    if proc.returncode:
+        raise RuntimeError(f"pod exited {proc.returncode}: {proc.stderr[-500:]}")
+
+KubernetesPodOperator.execute = on_host
+import importlib.util
+spec = importlib.util.spec_from_file_location("dag_module", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+run = module.dag.test()
+states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+print("COULER-JSON " + json.dumps({"states": states, "seen": seen}, default=str))
+"""
+
+
+def test_a_pod_steps_artifacts_pass_through_the_claim(airflow_env: AirflowEnv,
+                                                      tmp_path: Path) -> None:
+    """A worker step's artifact reaches a GPU pod step through the claim the workers mount
+    at couler_artifact_root, and the pod step's output artifact reaches the next step."""
+    claim = tmp_path / "claim"  # where the workers (and the pod) mount the claim
+    prep = S("prep", _sh('mkdir -p "$1" && echo "a,b" > "$1/t.csv"', str(tmp_path / "p")),
+             output_artifacts=(ir.OutputArtifact("data", str(tmp_path / "p")),))
+    train = S("train", _sh('mkdir -p "$(dirname "$2")" && wc -l < "$1/t.csv" > "$2"',
+                           str(tmp_path / "in"), str(tmp_path / "out" / "m.txt")),
+              dependencies=(ir.Dependency("prep"),),
+              resources=ir.Resources(memory_limit="1Gi", gpu=1),
+              input_artifacts=(ir.InputArtifact("data", str(tmp_path / "in"),
+                                                ir.StepArtifactRef("prep", "data")),),
+              output_artifacts=(ir.OutputArtifact("model", str(tmp_path / "out" / "m.txt")),))
+    report = S("report", _sh('cp "$1" "$2"', str(tmp_path / "got"), str(tmp_path / "seen")),
+               dependencies=(ir.Dependency("train"),),
+               input_artifacts=(ir.InputArtifact("model", str(tmp_path / "got"),
+                                                 ir.StepArtifactRef("train", "model")),))
+    wf = ir.Workflow("couler-e2e-pod-artifacts", (prep, train, report))
+    dag_file = airflow_env.dags / "pod_artifacts.py"  # dag.test() parses the DAG folder
+    dag_file.write_text(airflow.compile_workflow(wf), encoding="utf-8")
+    driver = tmp_path / "driver.py"
+    driver.write_text(POD_ON_HOST, encoding="utf-8")
+    env = {**airflow_env.env, "AIRFLOW_VAR_COULER_ARTIFACT_ROOT": f"file://{claim}",
+           "AIRFLOW_VAR_COULER_ARTIFACT_CLAIM": "ml-artifacts"}
+    proc = subprocess.run([str(PYTHON), str(driver), str(dag_file)], env=env,
+                          cwd=airflow_env.home, text=True, timeout=300, check=False,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("COULER-JSON ")), "")
+    assert line, _tail(proc)
+    out = json.loads(line.removeprefix("COULER-JSON "))
+    assert out["states"] == {"prep": "success", "train": "success", "report": "success"}, \
+        _tail(proc)
+    assert (tmp_path / "seen").read_text().strip() == "1"
+    pod = out["seen"]["train"]
+    volume, mount = pod["volumes"][-1], pod["mounts"][-1]
+    assert volume["name"] == mount["name"] == "couler-artifacts"
+    assert volume["persistent_volume_claim"]["claim_name"] == "ml-artifacts"
+    assert mount["mount_path"] == str(claim)
+
+    # without the claim's Variable the pod step fails, naming what to set
+    env.pop("AIRFLOW_VAR_COULER_ARTIFACT_CLAIM")
+    proc = subprocess.run([str(PYTHON), str(driver), str(dag_file)], env=env,
+                          cwd=airflow_env.home, text=True, timeout=300, check=False,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert "set the Airflow Variables couler_artifact_claim" in proc.stdout, _tail(proc)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("COULER-JSON ")), "")
+    assert line and json.loads(line.removeprefix("COULER-JSON "))["states"]["train"] == "failed"

@@ -694,8 +694,9 @@ def test_steps_with_resources_or_placement_become_pods() -> None:
 @pytest.mark.parametrize(("step", "feature"), [
     (S("s", ctr("x"), resources=ir.Resources(cpu_request="1"),
        foreach=ir.ForEach(items=(L(1),))), Feature.MAP_STATIC),
-    (S("s", ctr("x"), node_selector=(("a", "b"),),
-       output_artifacts=(ir.OutputArtifact("o", "/o"),)), Feature.ARTIFACTS),
+    (S("s", ctr("x"), node_selector=(("a", "b"),), input_artifacts=(ir.InputArtifact(
+        "o", "/o", ir.ArtifactLocation(ir.StorageKind.HTTP, url="https://x/o")),)),
+     Feature.ARTIFACTS),
 ])
 def test_what_a_pod_step_cannot_carry_is_refused(step: ir.Step, feature: Feature) -> None:
     with pytest.raises(UnsupportedFeatureError) as err:
@@ -856,3 +857,59 @@ def test_a_map_steps_artifacts_are_kept_per_item_and_not_read_back() -> None:
                    ir.StorageKind.S3, bucket="b", key="k")),))
     with pytest.raises(UnsupportedFeatureError, match="has its own location"):
         airflow.compile_workflow(ir.Workflow("w", (pinned,)))
+
+
+def _pod_runtime(names: str) -> dict[str, Any]:
+    """The pod runtime's functions from ``names``'s first definition to ``class _Couler``."""
+    source = POD_RUNTIME[POD_RUNTIME.index(names):POD_RUNTIME.index("class _Couler")]
+    namespace: dict[str, Any] = {"json": json, "os": os, "shlex": shlex, "Any": Any}
+    exec(source, namespace)
+    return namespace
+
+
+def test_a_pod_steps_artifacts_are_copied_through_the_claim(tmp_path: Path) -> None:
+    """The wrapper (run here with sh) copies the inputs from the claim's RUN_ID directory,
+    runs the command, and copies the outputs back in the workers' layout."""
+    wrapper = _pod_runtime("ARTIFACT_CLAIM_VARIABLE = ")["_couler_artifact_wrapper"]
+    run = tmp_path / "claim" / "run-1"
+    (run / "prep" / "data").mkdir(parents=True)
+    (run / "prep" / "data" / "t.csv").write_text("a,b\n")
+    spec = {"input_artifacts": [{"name": "data", "path": str(tmp_path / "in" / "data"),
+                                 "from": {"key": "prep/data"}}],
+            "output_artifacts": [{"name": "model", "path": str(tmp_path / "out" / "m.txt"),
+                                  "to": {"key": "train/model"}}]}
+    script = wrapper("train", spec, str(run))
+    command = f'mkdir -p {tmp_path}/out && wc -l < {tmp_path}/in/data/t.csv > {tmp_path}/out/m.txt'
+    proc = subprocess.run(["sh", "-c", script, "couler", "sh", "-c", command],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (run / "train" / "model").read_text().strip() == "1"
+    # a missing input fails before the command, naming it; a failed command stores nothing
+    (run / "train" / "model").unlink()
+    spec["input_artifacts"][0]["from"] = {"key": "nowhere/data"}
+    proc = subprocess.run(["sh", "-c", wrapper("train", spec, str(run)), "couler", "true"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 1 and "input artifact data is missing" in proc.stderr
+    spec["input_artifacts"] = []
+    proc = subprocess.run(["sh", "-c", wrapper("train", spec, str(run)), "couler", "sh", "-c",
+                           "exit 3"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 3 and not (run / "train" / "model").exists()
+
+
+def test_a_pod_step_with_artifacts_compiles_and_own_locations_are_refused() -> None:
+    prep = S("prep", ctr("true"), output_artifacts=(ir.OutputArtifact("data", "/tmp/d"),))
+    train = S("train", ctr("true"), dependencies=(ir.Dependency("prep"),),
+              resources=ir.Resources(memory_limit="2Gi", gpu=1),
+              input_artifacts=(ir.InputArtifact("data", "/in", ir.StepArtifactRef("prep",
+                                                                                   "data")),),
+              output_artifacts=(ir.OutputArtifact("model", "/tmp/m"),))
+    dag = compile_ok(wf_of(prep, train))
+    assert dag.steps["train"]["input_artifacts"][0]["from"] == {"key": "prep/data"}
+    assert dag.steps["train"]["output_artifacts"][0]["to"] == {"key": "train/model"}
+    assert "_CoulerPod(" in dag.source
+    pinned = S("train", ctr("true"), resources=ir.Resources(memory_limit="2Gi"),
+               output_artifacts=(ir.OutputArtifact("m", "/tmp/m", ir.ArtifactLocation(
+                   ir.StorageKind.S3, bucket="b", key="k")),))
+    with pytest.raises(UnsupportedFeatureError, match="writes artifacts to the artifact "
+                                                      "store's claim only"):
+        airflow.compile_workflow(wf_of(pinned))

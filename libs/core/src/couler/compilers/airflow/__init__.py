@@ -95,6 +95,8 @@ Shape of the generated file:
   or volumes (its own or the workflow's) is a ``_CoulerPod`` task, a
   ``KubernetesPodOperator`` subclass running the step's image
   (:mod:`couler.compilers.airflow.pods`); every other step stays a worker subprocess.
+  Its artifacts pass through a claim the workers mount too (the Variables
+  ``couler_artifact_claim`` and ``couler_artifact_root`` = ``file://PATH``).
 * **Sub-workflow references** trigger the referenced workflow's own DAG and wait for
   it (``_CoulerTrigger``, a ``TriggerDagRunOperator``; :mod:`couler.compilers.airflow.refs`).
 * **Cache policies**: the runner (and the pod operator) keeps a step's outputs in the
@@ -125,9 +127,9 @@ mixed edge conditions on one step, dependencies between exit-hook steps,
 group-level policies on an inline sub-workflow, static maps longer than
 ``max_map_length``, cron ``replace`` concurrency, depends terms naming a TaskGroup,
 git artifact locations, a map step's artifacts with their own location or read by
-another step, cached steps with output
-artifacts, pod steps with maps / loops / artifacts, claim templates mounted by several
-pod steps, and sub-workflow references that declare outputs.
+another step, cached steps with output artifacts, pod steps with maps / loops /
+artifacts with their own location, claim templates mounted by several pod steps, and
+sub-workflow references that declare outputs.
 """
 
 from __future__ import annotations
@@ -220,9 +222,12 @@ CAPABILITIES: dict[Feature, Capability] = {
             "and fetches an input artifact to the path the step reads it from before the "
             "command; an ArtifactLocation (s3 / gcs / oss / hdfs bucket + key, http url, "
             "endpoint and credential secrets as Variables) is used as is; a map step's items "
-            "store theirs under RUN_ID/STEP/NAME/item-MAP_INDEX; git locations, a map "
-            "step's artifacts with their own location and reading a map step's artifact are "
-            "refused"),
+            "store theirs under RUN_ID/STEP/NAME/item-MAP_INDEX; a pod step's pass through "
+            "the PersistentVolumeClaim in the Variable couler_artifact_claim, mounted at the "
+            "file:// path of couler_artifact_root (the workers mount it there too) and copied "
+            "by a shell wrapper; git locations, a map step's artifacts with their own location, "
+            "reading a map step's artifact and a pod step's artifacts with their own location "
+            "are refused"),
     Feature.EDGE_CONDITIONS: Capability(
         _N, "the task's trigger_rule: failed/errored → all_failed, skipped → all_skipped, "
             "completed/any → all_done (succeeded → none_failed, succeeded_only → "

@@ -14,9 +14,16 @@ exit code and log tail, and raises the memory limit on a retry after an OOM kill
 (``memory_factor``, up to ``memory_ceiling``; earlier tries' pods are kept and read
 by their labels).
 
-Not carried by a pod step (refused): maps, loops, artifacts (the pod has no object
-storage client), and claim-template volumes mounted by more than one step (a pod's
-ephemeral volume is not shared).
+A pod step's artifacts pass through a PersistentVolumeClaim the workers mount too: the
+Airflow Variable ``couler_artifact_claim`` names it and ``couler_artifact_root`` is
+``file://PATH``, where the workers mount it; the pod mounts the claim at PATH and a shell
+wrapper copies the input artifacts from PATH/RUN_ID/STEP/NAME to the paths the step reads
+before its command and the output artifacts there after it (the image needs ``/bin/sh``
+and ``cp``, as for outputs). Without those Variables the step fails, naming them.
+
+Not carried by a pod step (refused): maps, loops, artifacts with their own location, and
+claim-template volumes mounted by more than one step (a pod's ephemeral volume is not
+shared).
 
 Pure: no I/O.
 """
@@ -104,10 +111,16 @@ def pod_kwargs(wf: ir.Workflow, step: ir.Step, claim_users: dict[str, int], fail
             raise fail(step.name, Feature.MAP_STATIC if what == "a map" else Feature.LOOP,
                        f"{what} of a Kubernetes pod step (resources / placement) is not "
                        "generated: the pod operator runs one command")
-    if step.input_artifacts or step.output_artifacts:
-        raise fail(step.name, Feature.ARTIFACTS, "a Kubernetes pod step (resources / "
-                   "placement) cannot reach the artifact store: the pod has no object "
-                   "storage client")
+    for a in step.input_artifacts:
+        if not isinstance(a.source, ir.StepArtifactRef):
+            raise fail(step.name, Feature.ARTIFACTS, f"input artifact {a.name!r} reads its "
+                       "own location: a pod step (resources / placement) reads artifacts from "
+                       "the artifact store's claim only")
+    for o in step.output_artifacts:
+        if o.location is not None and o.location != ir.ArtifactLocation():
+            raise fail(step.name, Feature.ARTIFACTS, f"output artifact {o.name!r} has its own "
+                       "location: a pod step (resources / placement) writes artifacts to the "
+                       "artifact store's claim only")
     body = step.body
     if isinstance(body, ir.ContainerSpec):
         argv = [*body.command, *body.args]
@@ -288,6 +301,51 @@ def _couler_wrapper(outputs: list[dict[str, Any]],
     return "\n".join(lines)
 
 
+ARTIFACT_CLAIM_VARIABLE = "couler_artifact_claim"  # a claim the workers mount too
+
+
+def _couler_artifact_wrapper(step: str, spec: dict[str, Any], run: str) -> str:
+    """A POSIX shell script copying the step's input artifacts from ``run`` (the claim's
+    RUN_ID directory) to their paths, running "$@", then copying its output artifacts back
+    -- the layout the workers' artifact store has (a file, or a directory tree)."""
+    q = shlex.quote
+    lines = []
+    for art in spec.get("input_artifacts", []):
+        src, dest = q(f"{run}/{art['from']['key']}"), q(art["path"])
+        why = q(f"couler: step {step}: input artifact {art['name']} is missing at ")
+        lines += [f"[ -e {src} ] || {{ echo {why}{src} >&2; exit 1; }}",
+                  f'mkdir -p "$(dirname {dest})" && rm -rf {dest} && cp -R {src} {dest} || '
+                  "exit 1"]
+    lines += ['"$@"', "rc=$?", '[ "$rc" -eq 0 ] || exit "$rc"']
+    for art in spec.get("output_artifacts", []):
+        src, dest = q(art["path"]), q(f"{run}/{art['to']['key']}")
+        why = q(f"couler: step {step}: output artifact {art['name']} was not written at ")
+        lines += [f"[ -e {src} ] || {{ echo {why}{src} >&2; exit 1; }}",
+                  f'mkdir -p "$(dirname {dest})" && rm -rf {dest} && cp -R {src} {dest} || '
+                  "exit 1"]
+    return "\n".join(lines)
+
+
+def _couler_artifact_mount(step: str, spec: dict[str, Any]) -> tuple[str, str]:
+    """(claim, path): where a pod step's artifacts are, from the Airflow Variables."""
+    claim = Variable.get(ARTIFACT_CLAIM_VARIABLE, default=None)
+    root = Variable.get(ARTIFACT_ROOT_VARIABLE, default=None) or ""
+    if not claim or not root.startswith("file:///"):
+        raise AirflowFailException(
+            f"step {step}: a pod step's artifacts pass through a PersistentVolumeClaim the "
+            f"workers mount too: set the Airflow Variables {ARTIFACT_CLAIM_VARIABLE} (the "
+            f"claim's name) and {ARTIFACT_ROOT_VARIABLE} (file://PATH, where the workers "
+            f"mount it; the pod mounts it at PATH); now {ARTIFACT_CLAIM_VARIABLE}="
+            f"{claim!r}, {ARTIFACT_ROOT_VARIABLE}={root!r}")
+    for art in spec.get("input_artifacts", []) + spec.get("output_artifacts", []):
+        where = art.get("from") or art.get("to") or {}
+        if "key" not in where:
+            raise AirflowFailException(
+                f"step {step}: artifact {art['name']!r} is not in the artifact store (it has "
+                "its own location): a pod step reads and writes the claim only")
+    return claim, root[len("file://"):].rstrip("/") or "/"
+
+
 class _CoulerPod(KubernetesPodOperator):
     """A step run as a Kubernetes pod: the step runner's gates and placeholders first,
     then the pod; its outputs pushed one XCom each; a failure classified from the pod."""
@@ -307,6 +365,16 @@ class _CoulerPod(KubernetesPodOperator):
         self.arguments = [fill(word) for word in self.arguments]
         if spec["outputs"]:
             self.cmds, self.arguments = (["sh", "-c", _couler_wrapper(spec["outputs"]),
+                                          "couler", *self.cmds, *self.arguments], [])
+        if spec.get("input_artifacts") or spec.get("output_artifacts"):
+            claim, path = _couler_artifact_mount(step, spec)
+            self.volumes = [*(self.volumes or []), k8s.V1Volume(
+                name="couler-artifacts", persistent_volume_claim=(
+                    k8s.V1PersistentVolumeClaimVolumeSource(claim_name=claim)))]
+            self.volume_mounts = [*(self.volume_mounts or []), k8s.V1VolumeMount(
+                name="couler-artifacts", mount_path=path)]
+            run = f"{path.rstrip('/')}/{context['run_id']}"
+            self.cmds, self.arguments = (["sh", "-c", _couler_artifact_wrapper(step, spec, run),
                                           "couler", *self.cmds, *self.arguments], [])
         for var in self.env_vars or []:
             if getattr(var, "value", None) is not None:
