@@ -201,13 +201,20 @@ def test_the_cli_flags_win_and_engine_errors_are_repaired(
         fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("COULER_LLM_BASE_URL", "http://127.0.0.1:9/v1")  # the flag wins
     monkeypatch.setenv("COULER_LLM_API_KEY", API_KEY)
-    mapped = answer(fit={"foreach": {"items": ["eu", "us"]}})
-    fake.say(mapped, mapped)  # KFP cannot set a task's env from a map's item
+    # a custom step over items reads its item from ITEM: KFP cannot set a task's env from
+    # a map's item
+    data = json.loads(answer())
+    data["steps"].append({"name": "per-region", "task": "report per region", "after": ["score"],
+                          "image": "python:3.12-slim", "command": [
+                              "python", "-c", "import os; print(os.environ['ITEM'])"],
+                          "foreach": {"items": ["eu", "us"]}})
+    mapped = json.dumps(data)
+    fake.say(mapped, mapped)
     code, _, err = cli(REQUEST, "--llm-url", fake.url, "--llm-model", "fake-2", "--engine",
                        "kfp", "--llm-rounds", "2", "-o", str(tmp_path / "wf.yaml"))
     assert code == 2
     assert "no valid workflow after 2 rounds" in err
-    assert ("step 'fit': engine 'kfp' does not support env from a run-time value"
+    assert ("step 'per-region': engine 'kfp' does not support env from a run-time value"
             in last_user(fake.seen()[1]))
     assert not (tmp_path / "wf.yaml").exists()
 

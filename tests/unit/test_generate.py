@@ -418,3 +418,23 @@ def test_a_table_statistic_is_read_from_the_metric(metric: str, want: dict[str, 
     from couler.generate.planner import _table_stat
 
     assert _table_stat(metric) == want
+
+
+def test_tuned_parameters_are_identifiers_and_task_env_is_literal() -> None:
+    # KFP's loop sub-variables must be identifiers and its env literal values: a tuned
+    # "n-estimators" is item key n_estimators (the argument keeps its spelling), and a
+    # fanned-out catalog step's TASK names no placeholder
+    wf, _ = plan("Use Optuna to tune a LightGBM ranker for 12 trials with 3 running in "
+                 "parallel, then retrain the best configuration.")
+    ir.validate(wf)
+    tuned = next(s for s in wf.steps if s.tune is not None)
+    assert tuned.tune is not None
+    assert all(p.name.isidentifier() for p in tuned.tune.space)
+    args = _args(tuned)
+    for p in tuned.tune.space:
+        assert f"{{{{item.{p.name}}}}}" in args
+    fanned, _ = plan("For each of the 4 regions (na, emea, apac, latam), train a CatBoost "
+                     "model on s3://sales/regions.csv, two at a time.")
+    assert any(s.foreach is not None for s in fanned.steps)
+    for step in fanned.steps:
+        assert all("{{" not in e.value for e in step.env if e.value), step.name

@@ -636,6 +636,13 @@ def _ref(value: str, by_name: Mapping[str, StepSpec]) -> ir.ValueSource:
     return _literal(value)
 
 
+def _tune_key(name: str) -> str:
+    """A tuned parameter's name in the study and in its trial's item: an identifier
+    ("n-estimators" → "n_estimators"), as KFP's loop sub-variables must be; the step's
+    argument keeps the template's spelling."""
+    return re.sub(r"\W", "_", name)
+
+
 _ITEM_TEXT = re.compile(r"\{\{\s*item(?:\.[\w-]+)?\s*\}\}")
 
 
@@ -658,7 +665,7 @@ def _build(wf: str, s: StepSpec, by_name: Mapping[str, StepSpec],
         values = {p.name: p.default for p in t.params}
         values.update(s.params)
         if s.tune is not None:
-            values.update({k: f"{{{{item.{k}}}}}" for k in s.tune.space})
+            values.update({k: f"{{{{item.{_tune_key(k)}}}}}" for k in s.tune.space})
         for p in t.params:
             value = values.get(p.name)
             if value:
@@ -765,9 +772,9 @@ def _tune(wf: str, s: StepSpec, templates: Mapping[str, Template],
                 kind = (ir.TuneKind.INT if all(v.lstrip("-").isdigit() for v in rng)
                         else ir.TuneKind.LOGUNIFORM if low > 0 and high / low >= 100
                         else ir.TuneKind.UNIFORM)
-                space.append(ir.TuneParam(pname, kind, low, high))
+                space.append(ir.TuneParam(_tune_key(pname), kind, low, high))
             else:
-                space.append(ir.TuneParam(pname, ir.TuneKind.CHOICE,
+                space.append(ir.TuneParam(_tune_key(pname), ir.TuneKind.CHOICE,
                                           choices=tuple(_literal(v) for v in rng)))
         except ValueError as exc:
             issues.append(Issue(wf, s.name, f"tune.space.{pname}", str(exc)))
