@@ -77,8 +77,21 @@ def test_a_generated_tuning_study_runs_its_trials(tmp_path: Path, ml_python: Pat
     [tuned] = [s for s in wf.steps if s.tune is not None]
     assert tuned.tune is not None and tuned.tune.trials == 4
     assert tuned.tune.objective == "validation_score"
-    assert {p.name for p in tuned.tune.space} >= {"learning-rate", "max-depth"}
+    assert {p.name for p in tuned.tune.space} >= {"learning_rate", "max_depth"}
     status = _engine(tmp_path, ml_python).run(wf)
     assert status.state is RunState.SUCCEEDED, [(s.step, s.message) for s in status.steps]
     result = next(s for s in status.steps if s.step == tuned.name)
     assert 0.5 < float(result.outputs["best_value"]) <= 1.0
+
+
+def test_a_generated_recommender_is_measured_by_the_metric_asked(tmp_path: Path,
+                                                                  ml_python: Path) -> None:
+    wf, _ = plan("Load sample://ratings, train an SVD recommender on it and evaluate its "
+                 "NDCG@5.")
+    [evaluation] = [s for s in wf.steps if s.template == "evaluate-recommender"]
+    status = _engine(tmp_path, ml_python).run(wf)
+    assert status.state is RunState.SUCCEEDED, [(s.step, s.message) for s in status.steps]
+    result = next(s for s in status.steps if s.step == evaluation.name)
+    assert 0.0 <= float(result.outputs["score"]) <= 1.0
+    report = next((tmp_path / "runs").rglob("metrics.json"), None)
+    assert report is not None and "ndcg_at_k" in report.read_text()

@@ -363,7 +363,7 @@ def test_the_planner_maps_bayesian_optimization_to_a_tune_step() -> None:
     assert dict(step.labels)["couler.io/catalog"] == "train-vision-finetune"
     assert (step.tune.trials, step.tune.parallel, step.tune.sampler, step.tune.objective) == (
         30, 4, ir.TuneSampler.TPE, "accuracy")
-    assert {p.name for p in step.tune.space} == {"learning-rate", "batch-size", "epochs"}
+    assert {p.name for p in step.tune.space} == {"learning_rate", "batch_size", "epochs"}
     assert any("30 trials of Bayesian optimization" in t for t in report.subtasks)
     assert_valid_argo(compile_workflow(wf))
 
@@ -399,7 +399,7 @@ def test_a_spec_may_tune_a_step_whose_template_reports_a_metric() -> None:
     assert (step.tune.trials, step.tune.parallel, step.tune.sampler, step.tune.objective) == (
         6, 3, ir.TuneSampler.RANDOM, "accuracy")
     kinds = {p.name: p.kind for p in step.tune.space}
-    assert kinds == {"learning-rate": ir.TuneKind.LOGUNIFORM, "batch-size": ir.TuneKind.CHOICE}
+    assert kinds == {"learning_rate": ir.TuneKind.LOGUNIFORM, "batch_size": ir.TuneKind.CHOICE}
     bad = text.replace('"sampler": "random"', '"sampler": "annealing"')
     with pytest.raises(ValidationError,
                        match=r"step 'tune', field 'tune': .*sampler \(tpe, random"):

@@ -76,9 +76,9 @@ class Retriever:
         to the templates it accepts.
         """
         tokens = [stem(w) for w in words(text) if w not in _STOP]
-        # "BERT-base", "ResNet-50", "xgboost_v2": the parts name things too
-        present = set(tokens) | {stem(p) for w in words(text) if re.search(r"[-_]", w)
-                                 for p in re.split(r"[-_]+", w) if len(p) > 2
+        # "BERT-base", "ResNet-50", "xgboost_v2", "NDCG@10": the parts name things too
+        present = set(tokens) | {stem(p) for w in words(text) if re.search(r"[-_@]", w)
+                                 for p in re.split(r"[-_@]+", w) if len(p) > 2
                                  and not p.isdigit() and p not in _STOP}
         # names of systems and tools ("Snowflake", "XGBoost") say more than common words
         named = {stem(w.lower()) for w in re.findall(r"(?<!^)(?<![.!?]\s)\b[A-Z][\w.+-]*", text)}

@@ -170,17 +170,19 @@ def templates() -> tuple[Template, ...]:
         define(
             "evaluate-recommender",
             "evaluate",
-            ("Evaluate a recommender: recall@k and precision@k of held-out interactions."),
-            "evaluate, recall@k, recall at k, precision@k, hit rate, recommender quality, "
-            "ranking, top-k recommendations",
+            ("Evaluate a recommender on held-out interactions: recall@k, precision@k, NDCG@k, "
+             "hit rate@k or MAP@k."),
+            "evaluate, recall@k, recall at k, precision@k, hit rate, ndcg, ndcg@k, map@k, "
+            "recommender quality, ranking quality, top-k recommendations",
             image=TABULAR_IMAGE,
             params=(
                 param("k", "10"),
                 param("exclude-seen", "true", "skip items in the training data"),
+                param("metric", "recall", "recall, precision, ndcg, hit_rate or map (@K)"),
             ),
             consumes=("model", "data"),
             produces=("report",),
-            metric="recall_at_k",
+            metric="score",
         ),
         define(
             "rank-models",

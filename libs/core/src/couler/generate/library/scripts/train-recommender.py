@@ -12,6 +12,7 @@ p.add_argument("--iterations", default="15")
 p.add_argument("--regularization", default="0.05")
 p.add_argument("--seed", default="42")
 args = p.parse_args()
+args.algorithm = args.algorithm.strip().lower()  # "ALS", "SVD" as a request spells them
 
 np = need("numpy")
 sparse = need("scipy.sparse", package="scipy")
