@@ -346,3 +346,50 @@ def test_a_trailing_at_the_same_time_runs_the_step_beside_the_one_before() -> No
     assert all(t.condition is not None for t in tasks[1:])
     tasks = parse_request("Score the rows, then notify #ops on Slack and email ops@x.com.").tasks
     assert [(t.verb, t.stage) for t in tasks] == [("score", 0), ("notify", 1), ("email", 2)]
+
+
+@pytest.mark.parametrize(("text", "timeout"), [
+    ("Train a U-Net on the scans and kill the job if it's still running after 3 hours.", 10800),
+    ("Fine-tune T5 on the summaries with a 7 hour ceiling.", 25200),
+    ("Fit the reconciliation model; allow up to 1.5 hours.", 5400),
+    ("Classify the filings with FinBERT. Cap the FinBERT step at 40 minutes.", 2400),
+])
+def test_more_ways_to_say_a_timeout(text: str, timeout: int) -> None:
+    assert parse_request(text).tasks[0].timeout == timeout
+
+
+@pytest.mark.parametrize(("text", "retries"), [
+    ("Fetch the index pages, retrying failed fetches up to 6 times.", 6),
+    ("Copy the table into Redshift and retry the copy as many as 3 times.", 3),
+    ("Score every shard and retry each shard up to twice.", 2),
+])
+def test_more_ways_to_say_retries(text: str, retries: int) -> None:
+    assert max(t.retries for t in parse_request(text).tasks) == retries
+
+
+def test_a_per_heading_with_a_dashed_list_fans_out() -> None:
+    [task, merge] = parse_request("Per region: north, south, east - train a Prophet model on "
+                                  "that region's sales, then merge the forecasts.").tasks
+    assert task.items == ("north", "south", "east") and not merge.items
+
+
+def test_a_list_named_in_a_heading_is_the_scope_of_for_each() -> None:
+    [run, publish] = parse_request(
+        "Build banners per store (S1, S2, S3, S4): for each store run the ranker, limiting "
+        "it to 2 stores concurrently, and then publish the banners.").tasks
+    assert run.items == ("S1", "S2", "S3", "S4") and run.max_parallel == 2
+    assert not publish.items
+
+
+def test_one_model_per_listed_group_is_a_fan_out_and_a_day_night_clock_a_schedule() -> None:
+    parsed = parse_request("Saturday nights at 23:30 we refit: one ARIMA model per warehouse "
+                           "(w1, w2, w3), no more than two at once, then email the planners.")
+    assert parsed.schedule == "30 23 * * 6"
+    assert parsed.tasks[0].verb == "train" and parsed.tasks[0].items == ("w1", "w2", "w3")
+    assert parsed.tasks[0].max_parallel == 2
+
+
+def test_a_plural_subject_before_its_auxiliary_is_not_a_verb() -> None:
+    # "forecasts are to be saved": the verb is save, not forecast
+    [save] = parse_request("The reconciled forecasts are to be saved under s3://f/r/.").tasks
+    assert save.verb == "save"

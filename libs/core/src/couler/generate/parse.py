@@ -425,6 +425,19 @@ _TIMEOUTS = [
     re.compile(r"\b(?:(?:each|every\s+[\w-]+|it|they|all)\s+)?(?:capped|limited|bounded)\s+"
                r"(?:at|to)\s+" + _DUR, re.I),
     re.compile(r"\b(?:taking|lasting|running)\s+no\s+(?:longer|more)\s+than\s+" + _DUR, re.I),
+    # "kill the job if it's still running after 6 hours"
+    re.compile(r"\b(?:kill|stop|abort|cancel)\s+(?:it|them|(?:the|each|any)\s+[\w-]+)\s+(?:if|when|"
+               r"once)\s+(?:it'?s|it\s+is|they'?re|they\s+are)\s+still\s+(?:running|going)\s+"
+               r"(?:after|past|beyond)\s+" + _DUR, re.I),
+    # "a 5 hour ceiling", "an 8-hour wall clock"
+    re.compile(_DUR + r"[\s-]+(?:ceiling|wall[\s-]?clock|runtime\s+(?:limit|cap)|max(?:imum)?)\b",
+               re.I),
+    # "allow up to 2.5 hours", "give it at most 90 minutes"
+    re.compile(r"\b(?:allow|allowing|give\s+it|giving\s+it)\s+(?:it\s+)?(?:up\s+to|at\s+most|no\s+"
+               r"more\s+than)\s+" + _DUR, re.I),
+    # "Cap the FinBERT step at 50 minutes"
+    re.compile(r"\b(?:cap|limit)\s+the\s+(?:[\w-]+\s+){0,3}?(?:step|job|task|stage|run)\s+(?:at|to)\s+"
+               + _DUR, re.I),
 ]
 _GPU_NAMES = r"(?:gpus?|v100s?|a100s?|h100s?|t4s?|l4s?|a10g?s?|rtx\s?\d+s?|cuda\s+devices?)"
 _GPUS = [
@@ -450,11 +463,17 @@ _RETRIES = [
     re.compile(r"\b(?:be\s+)?retr(?:y|ied|ies)\s+(?:it\s+|them\s+|((?:each|every|all|any|the)\s+"
                r"(?:failed\s+|failing\s+)?[\w-]+(?:\s+[\w-]+)?)\s+|(?:failed|failing)\s+[\w-]+\s+)?"
                r"(twice|thrice)\b", re.I),
+    # "retrying failed fetches up to 5 times", "retry the copy as many as 4 times", "retry
+    # each partition up to twice"
+    re.compile(r"\b(?:be\s+)?retr(?:y|ying|ied|ies)\s+(?:it\s+|them\s+|((?:each|every|all|any|the)\s+"
+               r"(?:failed\s+|failing\s+)?[\w-]+(?:\s+[\w-]+)?)\s+|(?:failed|failing)\s+[\w-]+\s+)?"
+               r"(?:up\s+to|as\s+many\s+as|at\s+most|a\s+maximum\s+of)\s+(twice|thrice|(?:" + _NUM[1:-1]
+               + r")(?:\s+times)?)\b", re.I),
 ]
 _MAX_PARALLEL = [
     re.compile(r"\b(?:in\s+)?(?:parallel\s+)?(?:batches|groups|waves)\s+of\s+" + _NUM + r"\b",
                re.I),
-    re.compile(r"\b(?:no\s+more\s+than|at\s+most|up\s+to|max(?:imum)?(?:\s+of)?|limit(?:ed)?"
+    re.compile(r"\b(?:no\s+more\s+than|at\s+most|up\s+to|max(?:imum)?(?:\s+of)?|limit(?:ed|ing)?"
                r"\s+(?:it\s+|them\s+|this\s+)?to)\s+" + _NUM
                + r"\s+(?:\w+\s+){0,2}?(?:at\s+a\s+time|at\s+once|"
                r"(?:running\s+|run\s+)?(?:concurrently|in\s+parallel|simultaneously|in\s+flight|together|"
@@ -508,6 +527,11 @@ def _modifiers(text: str) -> tuple[_Mods, str]:
                 n = 2 if m.group(2).lower() == "twice" else 3
                 mods.about = ""
                 text = f"{text} {m.group(1) or ''}"  # "each shard" still says what is mapped
+            elif pattern is _RETRIES[3]:
+                count = re.sub(r"\s+times$", "", m.group(2).lower())
+                n = {"twice": 2, "thrice": 3}.get(count) or _num(count)
+                mods.about = ""
+                text = f"{text} {m.group(1) or ''}"
             else:
                 n = _num(m.group(len(m.groups())) if pattern is _RETRIES[1] else m.group(1))
             # "up to 3 attempts": the first run and two retries
@@ -620,7 +644,8 @@ _HOOK_FAILURE = re.compile(
     r"(?:the|a|this|our)\s+(?:[\w-]+\s+){0,3}?[\w-]+)\s+" + _FAILS + r"\s*,?\s*(?:then\s+)?|"
     r"^\s*(?:on|upon|in\s+case\s+of)\s+(?:any\s+)?(?:failure|error)s?\s*,?\s*", re.I)
 _HOOK_FAILURE_TAIL = re.compile(
-    r",?\s+(?:if|when|whenever|in\s+case|should)\s+(?:any\s+(?:step|task|job)|anything|something|"
+    r",?\s+(?:if|when|whenever|in\s+case|should)\s+(?:any\s+(?:step|task|job|stage|part)|"
+    r"anything|something|"
     r"the\s+(?:whole\s+)?(?:workflow|pipeline|run|job|dag)|it)\s+" + _FAILS + r"\s*$|"
     r",?\s+(?:on|upon|in\s+case\s+of)\s+(?:any\s+)?failure\s*$", re.I)
 _HOOK_SUCCESS = re.compile(
@@ -665,8 +690,8 @@ _SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|o
 _WEAK_VERBS = frozenset({"take", "use"})
 # "xgboost on s3://…", "a LightGBM baseline over the churn table": a model and what it
 # works on, no verb
-_MODEL_HEAD = re.compile(r"^\s*(?:an?\s+|the\s+)?(?:[\w.-]+\s+){0,2}?" + MODEL_WORDS.pattern[2:]
-                         + r"(?:\s+[\w.-]+){0,2}?\s+(?:on|over|against|using|for)\s", re.I)
+_MODEL_HEAD = re.compile(r"^\s*(?:an?\s+|the\s+|one\s+)?(?:[\w.-]+\s+){0,2}?" + MODEL_WORDS.pattern[2:]
+                         + r"(?:\s+[\w.-]+){0,2}?\s+(?:on|over|against|using|for|per)\s", re.I)
 # "once training is done,": a stage of the work already asked for, not a step of its own
 _STAGE = re.compile(r"(?:the\s+)?(?:training|fine-?tuning|tuning|evaluation|scoring|ingestion|"
                     r"loading|preprocessing|processing|export|import|the\s+(?:model|run|job|"
@@ -809,6 +834,10 @@ def _first_verb(text: str) -> tuple[str, str]:
     # "each iteration trains a ResNet-50": a short subject, a verb in the third person
     for j in range(i + 1, min(i + 4, len(tokens))):
         base = _third_person(tokens[j])
+        after = tokens[j + 1].lower() if j + 1 < len(tokens) else ""
+        if base and after in ("are", "is", "were", "was", "will", "should", "must", "get", "have",
+                              "has", "need", "needs"):
+            break  # "the reconciled forecasts are to be saved": a subject, not a verb
         if base and tokens[i].lower() in ("each", "every", "the", "it", "this", "that", "one",
                                           "a", "an", "then", "we", "they"):
             return base, " ".join(tokens[j + 1:])
@@ -1041,6 +1070,7 @@ def parse_request(text: str) -> Request:
             sentence = _third_person_list(sentence[framed.end():])
         hook, sentence = _hook(sentence, tail=False)
         sentence = _elliptical_passive(sentence)
+        _note_named(state, sentence, kept)  # "carousels per market (BR, MX, …): for each market"
         clauses = _clauses(sentence)
         # "Score all records with the model: split …, score the shards …": a heading
         # whose verb the clauses after the colon repeat describes them, it is not a task
@@ -1131,6 +1161,9 @@ def _normalize(text: str) -> str:
     text = re.sub(r"\b(\d+)\s*[x\u00d7]\s*(?=" + _GPU_NAMES + r"\b)", r"\1 ", text, flags=re.I)
     text = re.sub(r"(\bretr(?:y|ies|ied)\b[^.;,()]{0,20}?\b)(\d+)\s*[x\u00d7](?=\W|$)",
                   r"\1\2 times", text, flags=re.I)
+    # "2.5 hours": minutes (a decimal point is masked later, and would hide the number)
+    text = re.sub(r"\b(\d+\.\d+)\s*(hours?|hrs?|h)\b",
+                  lambda m: f"{round(float(m.group(1)) * 60)} minutes", text, flags=re.I)
     # "an hour and a half", "two and a half hours", "half an hour": minutes
     text = re.sub(r"\b(?:an|one)\s+hour\s+and\s+a\s+half\b", "90 minutes", text, flags=re.I)
     text = re.sub(r"\bhalf\s+an\s+hour\b", "30 minutes", text, flags=re.I)
@@ -1138,6 +1171,14 @@ def _normalize(text: str) -> str:
                   lambda m: f"{_num(m.group(1)) * 60 + 30} minutes", text, flags=re.I)
     text = re.sub(r"\s*([,;:])\s*\(?\d{1,2}[.)]\s+(?=[A-Za-z])",
                   lambda m: ": " if m.group(1) == ":" else "; ", text)
+    # "Sunday nights at 22:00": every Sunday at 22:00 (a 24-hour or am/pm clock says which
+    # part of the day; "Friday evening at 7" is read elsewhere)
+    text = re.sub(r"\b((?:mon|tues|wednes|thurs|fri|satur|sun)day)s?\s+(?:nights?|mornings?|"
+                  r"evenings?|afternoons?)(?=\s*,?\s*at\s+(?:\d{1,2}:\d{2}|\d{1,2}\s*[ap]\.?m\b))", r"every \1",
+                  text, flags=re.I)
+    # "Per country: US, UK, DE, FR - fine-tune …": for each country (US, …), fine-tune …
+    text = re.sub(r"(?:^|(?<=[.;]\s))(?:per|for\s+each)\s+([\w-]+)\s*:\s*([^:;.]{1,200}?,[^:;.]{1,200}?)"
+                  r"\s+[-\u2014\u2013]+\s+", r"For each \1 (\2), ", text, flags=re.I)
     dash = r"[\u2014\u2013]"
     return re.sub(r"\s+" + dash + r"\s+([^\u2014\u2013]{1,200}?,[^\u2014\u2013]{1,200}?)\s+" + dash
                   + r"\s+", r" (\1) ", text)
@@ -1185,10 +1226,7 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
                  condition=None)
         clause = clause[lead_in.end():]
     original = _unmask(clause, kept)
-    for named in re.finditer(r"\b([a-z][\w-]*)\s*\(([^()]*,[^()]*)\)", clause, re.I):
-        listed = [_unmask(i, kept) for i in _split_list(named.group(2))]
-        if len(listed) >= 2 and all(len(i.split()) <= 3 for i in listed):
-            state.named[stem(named.group(1))] = listed
+    _note_named(state, clause, kept)
     clause = _scope_first(clause)
     found, clause = _scope_phrase(clause, state, kept)
     if found == []:
@@ -1547,7 +1585,12 @@ def _scope_first(clause: str) -> str:
 def _scope_phrase(clause: str, state: _State, kept: list[str]) -> tuple[list[str] | None, str]:
     """Items of a leading "for each of the 7 call centers," / "across the three regions
     (NA, EMEA and APAC)," / "for every site," phrase, and the clause after it."""
-    m = _SCOPE.match(clause) or _scope_without_comma(clause)
+    m = _SCOPE.match(clause)
+    bare = _scope_without_comma(clause)
+    if (m is not None and bare is not None and bare.end() < m.end()
+            and any(verb_form(w) for w in m.group(2).split()[1:])):
+        m = bare  # "for each store run the ranker, …": the phrase ends before its verb
+    m = m or bare
     if m is None or not re.match(r"^(?:for|in|across|over|on)\s+(?:each|every|all|the\s+\d|"
                                  r"the\s+(?:two|three|four|five|six|seven|eight|nine|ten)\b|"
                                  r"\w+(?:\s+\w+)*\s*\()", clause, re.I):
@@ -1599,6 +1642,14 @@ def _note_counts(state: _State, text: str) -> None:
                              text, re.I):
         if _num(count.group(1)) >= 2:
             state.counts.setdefault(stem(count.group(2)), _num(count.group(1)))
+
+
+def _note_named(state: _State, text: str, kept: list[str]) -> None:
+    """Remember "market (BR, MX, AR)" for a later "for each market"."""
+    for named in re.finditer(r"\b([a-z][\w-]*)\s*\(([^()]*,[^()]*)\)", text, re.I):
+        listed = [_unmask(i, kept) for i in _split_list(named.group(2))]
+        if len(listed) >= 2 and all(len(i.split()) <= 3 for i in listed):
+            state.named[stem(named.group(1))] = listed
 
 
 def _no_verb(out: Request, state: _State, clause: str, kept: list[str], *, mods: _Mods,
@@ -1662,6 +1713,11 @@ def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trial
     per = re.search(r"\b(?:one|a|an|separate)\s+" + _FAN_WORDS + r"?\s*(?:per|for\s+each)"
                     r"\s+([\w-]+)|\bper\s+([\w-]+)|\bfor\s+each\s+(?:of\s+the\s+)?"
                     r"(?:(\d+|\w+)\s+)?([\w-]+)|\beach\s+([\w-]+)\b", obj, re.I)
+    listed = re.search(r"\b(?:per|for\s+each|each)\s+(?:[\w-]+\s+){0,2}?[\w-]+\s*\(([^()]*,[^()]*)\)",
+                       obj, re.I)
+    if listed is not None and len(_split_list(listed.group(1))) >= 2:
+        # "one DeepAR model per product category (grocery, electronics, …)"
+        return _split_list(listed.group(1)), obj[: listed.start(1) - 1] + obj[listed.end():], 0
     fan = _fanout_list(obj)
     if fan is not None and (mods.parallel or per is not None or mods.max_parallel
                             or mods.per_item or re.search(r"\b(?:each|every)\b", obj, re.I)):
