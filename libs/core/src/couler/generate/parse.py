@@ -467,8 +467,8 @@ _RETRIES = [
     # each partition up to twice"
     re.compile(r"\b(?:be\s+)?retr(?:y|ying|ied|ies)\s+(?:it\s+|them\s+|((?:each|every|all|any|the)\s+"
                r"(?:failed\s+|failing\s+)?[\w-]+(?:\s+[\w-]+)?)\s+|(?:failed|failing)\s+[\w-]+\s+)?"
-               r"(?:up\s+to|as\s+many\s+as|at\s+most|a\s+maximum\s+of)\s+(twice|thrice|(?:" + _NUM[1:-1]
-               + r")(?:\s+times)?)\b", re.I),
+               r"(?:up\s+to|as\s+many\s+as|at\s+most|a\s+maximum\s+of)\s+(twice|thrice|(?:"
+               + _NUM[1:-1] + r")(?:\s+times)?)\b", re.I),
 ]
 _MAX_PARALLEL = [
     re.compile(r"\b(?:in\s+)?(?:parallel\s+)?(?:batches|groups|waves)\s+of\s+" + _NUM + r"\b",
@@ -690,7 +690,8 @@ _SUBORDINATE = re.compile(r"^(?:and\s+|but\s+)?(?:only\s+)?(?:if|when|whenever|o
 _WEAK_VERBS = frozenset({"take", "use"})
 # "xgboost on s3://…", "a LightGBM baseline over the churn table": a model and what it
 # works on, no verb
-_MODEL_HEAD = re.compile(r"^\s*(?:an?\s+|the\s+|one\s+)?(?:[\w.-]+\s+){0,2}?" + MODEL_WORDS.pattern[2:]
+_MODEL_HEAD = re.compile(r"^\s*(?:an?\s+|the\s+|one\s+)?(?:[\w.-]+\s+){0,2}?"
+                         + MODEL_WORDS.pattern[2:]
                          + r"(?:\s+[\w.-]+){0,2}?\s+(?:on|over|against|using|for|per)\s", re.I)
 # "once training is done,": a stage of the work already asked for, not a step of its own
 _STAGE = re.compile(r"(?:the\s+)?(?:training|fine-?tuning|tuning|evaluation|scoring|ingestion|"
@@ -1174,11 +1175,12 @@ def _normalize(text: str) -> str:
     # "Sunday nights at 22:00": every Sunday at 22:00 (a 24-hour or am/pm clock says which
     # part of the day; "Friday evening at 7" is read elsewhere)
     text = re.sub(r"\b((?:mon|tues|wednes|thurs|fri|satur|sun)day)s?\s+(?:nights?|mornings?|"
-                  r"evenings?|afternoons?)(?=\s*,?\s*at\s+(?:\d{1,2}:\d{2}|\d{1,2}\s*[ap]\.?m\b))", r"every \1",
-                  text, flags=re.I)
+                  r"evenings?|afternoons?)(?=\s*,?\s*at\s+(?:\d{1,2}:\d{2}|\d{1,2}\s*[ap]\.?m\b))",
+                  r"every \1", text, flags=re.I)
     # "Per country: US, UK, DE, FR - fine-tune …": for each country (US, …), fine-tune …
-    text = re.sub(r"(?:^|(?<=[.;]\s))(?:per|for\s+each)\s+([\w-]+)\s*:\s*([^:;.]{1,200}?,[^:;.]{1,200}?)"
-                  r"\s+[-\u2014\u2013]+\s+", r"For each \1 (\2), ", text, flags=re.I)
+    text = re.sub(r"(?:^|(?<=[.;]\s))(?:per|for\s+each)\s+([\w-]+)\s*:\s*"
+                  r"([^:;.]{1,200}?,[^:;.]{1,200}?)\s+[-\u2014\u2013]+\s+", r"For each \1 (\2), ",
+                  text, flags=re.I)
     dash = r"[\u2014\u2013]"
     return re.sub(r"\s+" + dash + r"\s+([^\u2014\u2013]{1,200}?,[^\u2014\u2013]{1,200}?)\s+" + dash
                   + r"\s+", r" (\1) ", text)
@@ -1713,8 +1715,8 @@ def _fanout(obj: str, mods: _Mods, state: _State, *, scope: list[str], fan_trial
     per = re.search(r"\b(?:one|a|an|separate)\s+" + _FAN_WORDS + r"?\s*(?:per|for\s+each)"
                     r"\s+([\w-]+)|\bper\s+([\w-]+)|\bfor\s+each\s+(?:of\s+the\s+)?"
                     r"(?:(\d+|\w+)\s+)?([\w-]+)|\beach\s+([\w-]+)\b", obj, re.I)
-    listed = re.search(r"\b(?:per|for\s+each|each)\s+(?:[\w-]+\s+){0,2}?[\w-]+\s*\(([^()]*,[^()]*)\)",
-                       obj, re.I)
+    listed = re.search(r"\b(?:per|for\s+each|each)\s+(?:[\w-]+\s+){0,2}?[\w-]+\s*"
+                       r"\(([^()]*,[^()]*)\)", obj, re.I)
     if listed is not None and len(_split_list(listed.group(1))) >= 2:
         # "one DeepAR model per product category (grocery, electronics, …)"
         return _split_list(listed.group(1)), obj[: listed.start(1) - 1] + obj[listed.end():], 0
