@@ -393,3 +393,23 @@ def test_a_plural_subject_before_its_auxiliary_is_not_a_verb() -> None:
     # "forecasts are to be saved": the verb is save, not forecast
     [save] = parse_request("The reconciled forecasts are to be saved under s3://f/r/.").tasks
     assert save.verb == "save"
+
+
+def test_a_request_opening_with_a_name_and_its_data_trains_it() -> None:
+    [train, write] = parse_request("bert4rec on the purchase histories, 2 gpus, 32Gi mem, then "
+                                   "write the picks to Redis").tasks
+    assert (train.verb, train.gpu, train.memory) == ("train", 2, "32Gi")
+    assert "bert4rec" in train.text and write.stage > train.stage
+
+
+def test_a_list_after_through_fans_out_one_job_each() -> None:
+    [run, _] = parse_request("Run the checkpoint through ARC, HellaSwag and MMLU, each "
+                             "benchmark as its own job, then collect the scores.").tasks
+    assert run.items == ("ARC", "HellaSwag", "MMLU")
+
+
+def test_in_the_meantime_after_modifiers_starts_parallel_work() -> None:
+    [a, b, c] = parse_request("Train the acoustic model with 2 GPUs and a 4 hour ceiling, and "
+                              "in the meantime build a KenLM model from the corpus. Then "
+                              "decode the test set.").tasks
+    assert a.stage == b.stage < c.stage and a.timeout == 14400

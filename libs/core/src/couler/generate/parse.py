@@ -978,7 +978,7 @@ def _fanout_list(obj: str) -> tuple[list[str], str] | None:
     """A list of names the clause works through: "for German, French and Dutch",
     "to us-east-1, eu-central-1 and ap-northeast-1", "on the English, Turkish and Arabic
     test sets"."""
-    m = re.search(r"\b(?:for|to|in|on|across|over|of)\s+(?:the\s+|all\s+|each\s+of\s+)?"
+    m = re.search(r"\b(?:for|to|in|on|across|over|of|through)\s+(?:the\s+|all\s+|each\s+of\s+)?"
                   r"((?:[\w@./-]+\s*,\s*)+[\w@./-]+,?\s+and\s+[\w@./-]+)", obj, re.I)
     if m is None:
         return None
@@ -1427,10 +1427,14 @@ def _clause(out: Request, state: _State, clause: str, kept: list[str], *, hook: 
         # "run at most 2 plants at a time", "RAG ingestion, run daily:": nothing to run
         # but the modifiers of the steps before it
         verb = ""
-    if not verb and not condition and _MODEL_HEAD.match(clause) and not re.search(
+    opening = re.match(r"^\s*([a-z][\w.-]{2,})\s+(?:on|over)\s+\S", clause)
+    name = opening.group(1) if opening is not None else ""
+    named_first = bool(name) and not out.tasks and not verb_form(name) and all(
+        name not in group for group in (_STOP, _NOT_IMPERATIVE, _ADVERBS, _DAYS))
+    if not verb and not condition and (_MODEL_HEAD.match(clause) or named_first) and not re.search(
             r"\b(?:is|are|was|were|lives?|sits?|comes?)\b", clause, re.I):
-        # "xgboost on s3://risk/loans.csv, 5-fold CV": a model named with what it works
-        # on, no verb; training it is what is asked
+        # "xgboost on s3://risk/loans.csv, 5-fold CV", "sasrec on the listening histories":
+        # a model named with what it works on, no verb; training it is what is asked
         verb, obj = "train", clause.strip()
         out.notes.append(f"read {_unmask(clause, kept).strip()[:60]!r} as: train it")
     if not verb and (fan_trials or tune_trials) and out.tasks:
@@ -1552,6 +1556,9 @@ def _scope_without_comma(clause: str) -> re.Match[str] | None:
     """A scope phrase the clause goes on from without a comma: "for each plant (A, B, C)
     resample …", "for each type run …" -- it ends at its parenthesized list, or before a
     verb."""
+    if re.match(r"in\s+(?:the\s+meantime|that\s+case|parallel|turn|addition|the\s+end)\b", clause,
+                re.I):
+        return None  # a sequence phrase, not a scope
     m = _SCOPE_OPEN.match(clause)
     if m is None or not clause[m.end():].split():
         return None
