@@ -385,6 +385,17 @@ def test_retry_by_failure_class(airflow_env: AirflowEnv, tmp_path: Path) -> None
     assert tries_flaky.read_text().split() == ["x", "x"]  # exit 3 seen once: transient
 
 
+def _run_with_store(airflow_env: AirflowEnv, wf: ir.Workflow, store: Path) -> None:
+    """Run ``wf`` with ``airflow dags test``, its artifact store the directory ``store``."""
+    (airflow_env.dags / f"{wf.name.replace('-', '_')}.py").write_text(
+        airflow.compile_workflow(wf), encoding="utf-8")
+    env = {**airflow_env.env, "AIRFLOW_VAR_COULER_ARTIFACT_ROOT": f"file://{store}"}
+    proc = subprocess.run([str(AIRFLOW), "dags", "test", wf.name], env=env,
+                          cwd=airflow_env.home, text=True, timeout=300, check=False,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0, _tail(proc)
+
+
 def test_artifacts_through_object_storage(airflow_env: AirflowEnv, tmp_path: Path) -> None:
     """Output artifacts are copied to the artifact store (the Airflow Variable
     couler_artifact_root) under RUN_ID/STEP/NAME, input artifacts fetched to the path the
@@ -410,14 +421,8 @@ def test_artifacts_through_object_storage(airflow_env: AirflowEnv, tmp_path: Pat
             ir.InputArtifact("pin", str(into / "pin.txt"),
                              ir.ArtifactLocation(ir.StorageKind.LOCAL, key=str(pinned)))),
         dependencies=(ir.Dependency("producer"),))
-    wf = ir.Workflow("couler-e2e-artifacts", (producer, consumer))
-    (airflow_env.dags / "artifacts.py").write_text(airflow.compile_workflow(wf),
-                                                   encoding="utf-8")
-    env = {**airflow_env.env, "AIRFLOW_VAR_COULER_ARTIFACT_ROOT": f"file://{store}"}
-    proc = subprocess.run([str(AIRFLOW), "dags", "test", wf.name], env=env,
-                          cwd=airflow_env.home, text=True, timeout=300, check=False,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.returncode == 0, _tail(proc)
+    _run_with_store(airflow_env, ir.Workflow("couler-e2e-artifacts", (producer, consumer)),
+                    store)
     assert (tmp_path / "seen").read_text().split() == ["report", "one", "two", "pin"]
     (run,) = store.iterdir()  # RUN_ID
     assert (run / "producer" / "report").read_text() == "report\n"
@@ -458,14 +463,7 @@ def test_a_map_steps_items_keep_their_own_artifacts(airflow_env: AirflowEnv,
                            "{{item}}"),
               output_artifacts=(ir.OutputArtifact("model", str(tmp_path / "m")),),
               foreach=ir.ForEach(items=(ir.Literal.of("eu"), ir.Literal.of("us"))))
-    wf = ir.Workflow("couler-e2e-map-artifacts", (train,))
-    (airflow_env.dags / "map_artifacts.py").write_text(airflow.compile_workflow(wf),
-                                                       encoding="utf-8")
-    env = {**airflow_env.env, "AIRFLOW_VAR_COULER_ARTIFACT_ROOT": f"file://{store}"}
-    proc = subprocess.run([str(AIRFLOW), "dags", "test", wf.name], env=env,
-                          cwd=airflow_env.home, text=True, timeout=300, check=False,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    assert proc.returncode == 0, _tail(proc)
+    _run_with_store(airflow_env, ir.Workflow("couler-e2e-map-artifacts", (train,)), store)
     (run,) = store.iterdir()  # RUN_ID
     cards = {d.name: (d / "card").read_text() for d in (run / "train" / "model").iterdir()}
     assert cards == {"item-0": "eu\n", "item-1": "us\n"}
