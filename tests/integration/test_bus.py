@@ -291,6 +291,9 @@ async def test_consumer_survives_nats_server_restart(nats_server: NatsServer) ->
         for i in range(3):
             await bus.publish(subject, StringValue(value=f"before{i}"), msg_id=f"before{i}")
         await aeventually(lambda: len(seen) == 3, "handled before the restart")
+        # the handler has seen the third message before the bus acks it: wait for the acks to
+        # reach the server, or a restart in between redelivers that message
+        await settled(bus, "COULER_FEEDBACK", durable)
 
         nats_server.restart()  # same port, same store directory
 
